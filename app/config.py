@@ -1,0 +1,153 @@
+"""Typed, validated run configuration.
+
+A run is configured by a flat mapping of keys to scalars (Flower's run-config:
+``[tool.flwr.app.config]`` in ``pyproject.toml``, overridden by ``flwr run
+--run-config`` or ``python -m app.run --set``). Keys shared by every method are
+plain (``strategy``, ``dataset``, ...); per-method keys carry the method as a
+prefix (``kcagc.local-factor``). Every key is declared once as a :class:`Param`;
+:func:`validate` turns a raw mapping into a :class:`RunConfig` or raises
+:class:`ConfigError` with one line naming the bad value and the valid choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One run-config key.
+
+    ``kind`` is the Python type (bool, int, float, str). Numbers may carry an
+    inclusive range ``low``/``high``; strings may carry ``choices``.
+    """
+
+    key: str
+    kind: type
+    default: Scalar
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    def coerce(self, value: Any) -> Scalar:
+        """Return ``value`` as this parameter's type, or raise ConfigError."""
+        value = _parse(value, self.kind, self.key)
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(
+                f"invalid value {value!r} for '{self.key}'; valid choices: "
+                + ", ".join(self.choices)
+            )
+        if self.kind in (int, float):
+            if (self.low is not None and value < self.low) or (
+                self.high is not None and value > self.high
+            ):
+                raise ConfigError(
+                    f"value {value!r} for '{self.key}' is out of range; "
+                    f"valid range: [{_fmt(self.low, '-inf')}, {_fmt(self.high, 'inf')}]"
+                )
+        return value
+
+
+def _fmt(bound: float | None, unbounded: str) -> str:
+    return unbounded if bound is None else f"{bound:g}"
+
+
+def _parse(value: Any, kind: type, key: str) -> Scalar:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"invalid value {value!r} for '{key}'; valid choices: true, false")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"invalid value {value!r} for '{key}'; expected an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"invalid value {value!r} for '{key}'; expected an integer")
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"invalid value {value!r} for '{key}'; expected a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"invalid value {value!r} for '{key}'; expected a number")
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"invalid value {value!r} for '{key}'; expected a string")
+    raise TypeError(f"unsupported parameter type {kind!r} for '{key}'")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated configuration: every declared key present, typed and in range."""
+
+    values: Mapping[str, Scalar]
+
+    def __getitem__(self, key: str) -> Scalar:
+        return self.values[key]
+
+    def get(self, key: str, default: Scalar | None = None) -> Scalar | None:
+        return self.values.get(key, default)
+
+    def section(self, prefix: str) -> dict[str, Scalar]:
+        """Keys under ``prefix.`` as Python keyword names (``p-in`` -> ``p_in``)."""
+        start = prefix + "."
+        return {
+            k[len(start):].replace("-", "_"): v
+            for k, v in self.values.items()
+            if k.startswith(start)
+        }
+
+    def as_dict(self) -> dict[str, Scalar]:
+        return dict(self.values)
+
+
+@dataclass
+class Schema:
+    """The set of declared parameters."""
+
+    params: dict[str, Param] = field(default_factory=dict)
+
+    def add(self, params: Iterable[Param]) -> None:
+        for p in params:
+            if p.key in self.params:
+                raise ValueError(f"run-config key '{p.key}' declared twice")
+            self.params[p.key] = p
+
+    def defaults(self) -> dict[str, Scalar]:
+        return {k: p.default for k, p in self.params.items()}
+
+    def validate(self, raw: Mapping[str, Any]) -> RunConfig:
+        unknown = sorted(set(raw) - set(self.params))
+        if unknown:
+            raise ConfigError(
+                f"unknown config key '{unknown[0]}'; valid keys: "
+                + ", ".join(sorted(self.params))
+            )
+        values = self.defaults()
+        for key, value in raw.items():
+            values[key] = self.params[key].coerce(value)
+        return RunConfig(values)

@@ -1,0 +1,129 @@
+"""DMoN (Tsitsulin et al., "Graph clustering with graph neural networks") model and loss.
+
+Shared by the centralised reference (:func:`app.baselines.train_dmon`) and the
+federated DMoN strategy (FedAvg over :class:`DMoNModel` weights, each client
+minimising :func:`dmon_loss` on its own subgraph).
+
+Model (as in the federated community-detection paper): one GCN layer
+``H = SELU(A_hat X W_1 + b_1)`` with ``A_hat = D~^-1/2 (A + I) D~^-1/2`` (PyG
+``GCNConv``), dropout, a linear head and a softmax over the k clusters:
+``S = softmax(H W_2 + b_2)``.
+
+Loss (DMoN paper, eq. for the spectral modularity objective with the collapse
+regulariser; ``A`` = adjacency without self-loops, ``d = A 1``, ``2m = 1' A 1``)::
+
+    L(S) = -(1/2m) Tr(S' A S - S' d d' S / 2m)  +  lambda * (sqrt(k)/n * ||sum_i S_i||_2 - 1)
+
+computed sparsely: ``Tr(S' A S) = sum_{(i,j) in E} A_ij <S_i, S_j>`` (both
+directions stored) and ``Tr(S' d d' S) = ||S' d||^2``, so the cost is
+O(|E| k + n k), never n x n.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["DMoNModel", "dmon_loss", "adj_to_edge_index", "features_to_tensor"]
+
+
+def adj_to_edge_index(adj: Any) -> tuple[Tensor, Tensor]:
+    """scipy (sparse) adjacency -> (``edge_index`` [2, E] long, ``edge_weight`` [E] float32).
+
+    Every stored entry becomes one directed edge (a symmetric matrix gives both
+    directions); explicit zeros are dropped.
+    """
+    coo = sp.coo_matrix(adj)
+    keep = coo.data != 0
+    row, col, w = coo.row[keep], coo.col[keep], coo.data[keep]
+    edge_index = torch.from_numpy(np.vstack([row, col]).astype(np.int64))
+    return edge_index, torch.from_numpy(w.astype(np.float32))
+
+
+def features_to_tensor(x: Any, num_nodes: int | None = None) -> Tensor:
+    """Dense float32 feature tensor; ``None`` -> identity features (one-hot node ids)."""
+    if x is None:
+        if num_nodes is None:
+            raise ValueError("features are None and num_nodes is unknown")
+        return torch.eye(num_nodes, dtype=torch.float32)
+    if sp.issparse(x):
+        x = x.toarray()
+    return torch.as_tensor(np.asarray(x, dtype=np.float32))
+
+
+class DMoNModel(nn.Module):
+    """One GCN layer with SELU to ``hidden`` dims, dropout, linear head to ``k``, softmax.
+
+    ``forward(x, edge_index, edge_weight=None)`` returns the soft assignment
+    matrix S (n x k, rows sum to 1). Weights are Xavier-uniform initialised.
+    """
+
+    def __init__(self, in_channels: int, k: int, hidden: int = 64, dropout: float = 0.5):
+        super().__init__()
+        if k < 1:
+            raise ValueError(f"invalid number of clusters k={k}; need k >= 1")
+        if in_channels < 1:
+            raise ValueError(f"invalid in_channels={in_channels}; need >= 1")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"invalid dropout={dropout}; valid range [0, 1)")
+        from torch_geometric.nn import GCNConv
+
+        self.k = k
+        self.dropout = dropout
+        self.conv = GCNConv(in_channels, hidden)
+        self.head = nn.Linear(hidden, k)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.conv.reset_parameters()  # glorot (Xavier uniform) weight, zero bias
+        nn.init.xavier_uniform_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None = None) -> Tensor:
+        h = F.selu(self.conv(x, edge_index, edge_weight))
+        h = F.dropout(h, p=self.dropout, training=self.training)
+        return torch.softmax(self.head(h), dim=-1)
+
+
+def dmon_loss(
+    s: Tensor,
+    edge_index: Tensor,
+    edge_weight: Tensor | None = None,
+    collapse_regularization: float = 1.0,
+    return_terms: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """DMoN loss of soft assignments ``s`` (n x k) on the graph ``edge_index``.
+
+    ``spectral = -(1/2m) (sum_{(i,j)} w_ij <s_i, s_j> - ||s' d||^2 / 2m)`` and
+    ``collapse = sqrt(k)/n * ||sum_i s_i||_2 - 1``; returns
+    ``spectral + collapse_regularization * collapse`` (and the two terms if
+    ``return_terms``). ``edge_index`` must hold both directions of every
+    undirected edge (as :func:`adj_to_edge_index` does); self-loops, if any,
+    count once, as ``A_ii`` in the dense formula.
+    """
+    if s.dim() != 2:
+        raise ValueError(f"assignments must be n x k, got shape {tuple(s.shape)}")
+    n, k = s.shape
+    if edge_weight is None:
+        edge_weight = torch.ones(edge_index.shape[1], dtype=s.dtype, device=s.device)
+    edge_weight = edge_weight.to(s.dtype)
+    src, dst = edge_index[0], edge_index[1]
+    degrees = torch.zeros(n, dtype=s.dtype, device=s.device).index_add_(0, src, edge_weight)
+    two_m = degrees.sum()
+    if float(two_m) <= 0:
+        spectral = s.new_zeros(())
+    else:
+        intra = (edge_weight * (s[src] * s[dst]).sum(dim=1)).sum()  # Tr(S' A S)
+        sd = degrees @ s  # S' d, length k
+        spectral = -(intra - (sd * sd).sum() / two_m) / two_m
+    collapse = s.sum(dim=0).norm() / n * math.sqrt(k) - 1.0
+    total = spectral + collapse_regularization * collapse
+    if return_terms:
+        return total, spectral, collapse
+    return total

@@ -1,0 +1,657 @@
+"""Pairwise-mask secure aggregation over any message phase (kCAGC Protocol 4).
+
+Plain classes and functions, no Flower imports; the Flower layer carries the
+bytes/arrays produced here in its messages and keeps a party's private state
+(``SecAggParty.to_bytes()``) in ``context.state`` between phases.
+
+Protocol (honest-but-curious server, all parties follow the protocol)
+--------------------------------------------------------------------
+1. **Advertise.**  Each client ``u`` runs ``SecAggParty.generate(u, session_id)``
+   and uploads ``public_key_bytes()`` (a 32-byte X25519 public key).
+   *Leaves the client:* the public key only.
+2. **Relay/agree.**  The server checks and relays all public keys
+   (:func:`relay_public_keys`); every client calls ``agree(peer_keys)``.  For
+   every pair ``{u, v}`` both sides compute the X25519 shared secret and run
+   HKDF-SHA256 over it with ``info`` binding the protocol label, the session id
+   and both party ids, giving a 32-byte mask seed ``s_uv`` and a 32-byte
+   channel key ``k_uv`` (the latter only used by the dropout-recovery variant).
+   The server never learns ``s_uv`` (it only sees public keys).
+3. **Masked upload.**  For a tag (round, tensor, ...) client ``u`` fixed-point
+   encodes its float array into Z_2^64 (:class:`FixedPointEncoder`) and adds,
+   for every peer ``v``, ``+PRG(s_uv, tag)`` if ``u < v`` and ``-PRG(s_uv, tag)``
+   if ``u > v``.  ``PRG`` is the ChaCha20 keystream (``cryptography``) under the
+   key ``BLAKE2b(key=s_uv, tag)``, so every (pair, tag) gets a fresh
+   independent mask; a party refuses to mask twice under the same tag.
+   *Leaves the client:* one uint64 array of the input's shape, uniformly
+   distributed in Z_2^64 for anyone not holding the pair seeds.
+4. **Unmask.**  The server adds the masked arrays modulo 2^64
+   (:func:`unmask_sum`); every pairwise mask appears once with ``+`` and once
+   with ``-`` and cancels exactly.  *The server learns:* the sum of the inputs
+   (to the fixed-point resolution ``1/scale``) and nothing else about any
+   single input (against a server not colluding with clients).
+
+Overflow: the encoder refuses any value with ``|x| > bound`` and refuses to be
+built unless ``num_parties * round(bound * scale) < 2^63``, so the true sum
+never wraps in the signed interpretation of Z_2^64.
+
+Dropouts
+--------
+The simple protocol (:func:`unmask_sum`) cannot remove the masks of a missing
+party: it raises :class:`SecAggDropoutError` naming the missing ids.
+
+The recovery variant (SecAgg / SecAgg+ style double masking, Bonawitz et al.
+2017) lets the aggregation continue with the survivors:
+
+* upload: :meth:`SecAggParty.mask_recoverable` additionally adds a fresh
+  per-tag self mask ``PRG(b_u)`` and returns Shamir shares (threshold ``t``,
+  field GF(2^255-19)) of ``b_u``, one per peer, each encrypted with
+  ChaCha20-Poly1305 under ``k_uv`` (authenticated data binds session, tag and
+  both ids).  *Leaves the client:* the masked array and one 60-byte ciphertext (12-byte nonce, 32-byte share, 16-byte tag)
+  per peer that only that peer can open.
+* unmask: the server sends each survivor the survivor/dropped sets and the
+  ciphertexts addressed to it; :meth:`SecAggParty.unmask_response` returns the
+  decrypted shares of the survivors' self-mask seeds and, for the dropped
+  parties, the sum of its own signed pairwise masks with them.  A party
+  answers at most one (survivors, dropped) split per tag, so the server can
+  never obtain both the self-mask seed and the pairwise masks of the same
+  party (a late upload of a "dropped" party stays hidden by its self mask).
+* :func:`recover_sum` reconstructs the survivors' self-mask seeds from ``t``
+  shares each, removes self masks and dropped parties' pairwise masks and
+  returns the survivors' sum.  *The server learns:* the survivors' sum.
+* Limits: semi-honest (honest-but-curious) server.  An actively malicious
+  server could send different survivor sets to different parties; SecAgg's
+  signed consistency-check round is not implemented.  If parties are missing
+  from the upload phase, every survivor must answer the unmask phase (their
+  corrections are needed); a survivor lost during unmasking then aborts the
+  aggregation with :class:`SecAggDropoutError`.  Without dropouts, any
+  ``threshold`` unmask answers suffice.
+
+Wiring into Flower messages (one possible layout)
+-------------------------------------------------
+``query.secagg_setup``: client ``generate`` -> reply ConfigRecord
+``{"pk": bytes}``; state ``context.state["secagg"] = ConfigRecord({"party": party.to_bytes()})``.
+``query.secagg_agree``: server sends ``pack_id_bytes(relay_public_keys(...))``
+(str keys, ConfigRecord); client ``agree(unpack_id_bytes(...))``, stores state.
+Any later phase: client ``mask(values, tag, encoder)`` -> ArrayRecord uint64
+(store state again: used tags); server ``unmask_sum``.  Recovery variant:
+reply also ``pack_id_bytes(share_ciphertexts)``; unmask phase sends each
+survivor its ciphertexts (str keys), survivors reply shares (packed) and the
+correction array; server ``recover_sum``.  All parties and the server must
+use the same encoder parameters (``FixedPointEncoder.params()``).
+
+Pairwise seeds are session-long; a party that dropped out of a tag can rejoin
+later tags (its pairwise masks of the dropped tag were revealed, but the
+masks of other tags are independent PRG outputs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from base64 import b64decode, b64encode
+from typing import Iterable, Mapping
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+__all__ = [
+    "SecAggError",
+    "SecAggDropoutError",
+    "SecAggOverflowError",
+    "FixedPointEncoder",
+    "SecAggParty",
+    "relay_public_keys",
+    "unmask_sum",
+    "recover_sum",
+    "sum_masked",
+    "prg_uint64",
+    "shamir_split",
+    "pack_id_bytes",
+    "unpack_id_bytes",
+    "shamir_reconstruct",
+    "SHAMIR_PRIME",
+]
+
+_PROTO = b"app.privacy.secagg/v1"
+_RING_BITS = 64
+_SIGNED_MAX = 2**63 - 1
+SHAMIR_PRIME = 2**255 - 19  # prime field for Shamir shares of 32-byte seeds
+_SHARE_BYTES = 32
+
+
+class SecAggError(RuntimeError):
+    """Protocol violation (bad keys, shapes, reused tag, inconsistent sets)."""
+
+
+class SecAggDropoutError(SecAggError):
+    """An expected party's upload is missing; the simple protocol must abort."""
+
+    def __init__(self, missing: Iterable[int], detail: str = ""):
+        self.missing = sorted(int(m) for m in missing)
+        msg = f"secure aggregation aborted: missing upload from party id(s) {self.missing}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class SecAggOverflowError(ValueError):
+    """A value exceeds the encoder's declared bound (the sum could wrap)."""
+
+
+# --------------------------------------------------------------------------- encoding
+class FixedPointEncoder:
+    """Fixed-point encoding of floats into Z_2^64 with an overflow guard.
+
+    ``q = round(x * scale)`` stored as two's complement uint64.  The declared
+    ``bound`` is checked on every ``encode`` so that a sum of ``num_parties``
+    encoded values satisfies ``|sum| <= num_parties * round(bound*scale) < 2^63``
+    and decodes exactly (no wrap).  Resolution is ``1/scale`` per value; the
+    decoded sum has an absolute error of at most ``num_parties / (2*scale)``.
+    """
+
+    def __init__(self, scale: float, bound: float, num_parties: int):
+        scale = float(scale)
+        bound = float(bound)
+        num_parties = int(num_parties)
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"FixedPointEncoder: scale must be finite and > 0, got {scale}")
+        if not (np.isfinite(bound) and bound > 0):
+            raise ValueError(f"FixedPointEncoder: bound must be finite and > 0, got {bound}")
+        if num_parties < 1:
+            raise ValueError(f"FixedPointEncoder: num_parties must be >= 1, got {num_parties}")
+        self.scale = scale
+        self.bound = bound
+        self.num_parties = num_parties
+        self.max_q = int(round(bound * scale))
+        if num_parties * self.max_q > _SIGNED_MAX or bound * scale >= 2.0**63:
+            raise SecAggOverflowError(
+                f"FixedPointEncoder: num_parties*bound*scale = {num_parties}*{bound}*{scale} "
+                f"= {num_parties * bound * scale:.4g} does not fit in the signed range of Z_2^64 (< 2^63)"
+            )
+
+    def encode(self, values) -> np.ndarray:
+        """float array -> uint64 array (same shape). Raises on |x| > bound or non-finite."""
+        x = np.asarray(values, dtype=np.float64)
+        if x.size:
+            if not np.all(np.isfinite(x)):
+                raise SecAggOverflowError("FixedPointEncoder.encode: non-finite value (nan/inf) in input")
+            m = float(np.max(np.abs(x)))
+            if m > self.bound:
+                raise SecAggOverflowError(
+                    f"FixedPointEncoder.encode: max |value| = {m:.6g} exceeds the declared bound {self.bound:.6g}"
+                )
+        q = np.rint(x * self.scale).astype(np.int64)
+        return q.view(np.uint64)
+
+    def decode(self, sum_uint64) -> np.ndarray:
+        """uint64 (sum of encodings mod 2^64) -> float64, two's-complement interpretation."""
+        s = np.asarray(sum_uint64)
+        if s.dtype != np.uint64:
+            raise SecAggError(f"FixedPointEncoder.decode: expected uint64, got {s.dtype}")
+        return s.view(np.int64).astype(np.float64) / self.scale
+
+    def params(self) -> dict:
+        return {"scale": self.scale, "bound": self.bound, "num_parties": self.num_parties}
+
+
+# --------------------------------------------------------------------------- PRG
+_ZEROS = bytearray(0)
+
+
+def _zeros(nbytes: int) -> memoryview:
+    global _ZEROS
+    if len(_ZEROS) < nbytes:
+        _ZEROS = bytearray(max(nbytes, 2 * len(_ZEROS)))
+    return memoryview(_ZEROS)[:nbytes]
+
+
+def _tag_bytes(tag) -> bytes:
+    return tag if isinstance(tag, bytes) else str(tag).encode("utf-8")
+
+
+def _prg_into(seed: bytes, tag: bytes, buf: bytearray, n: int) -> np.ndarray:
+    """Fill ``buf`` with n uint64 of ChaCha20 keystream under key BLAKE2b(seed, tag)."""
+    key = hashlib.blake2b(tag, key=seed, digest_size=32, person=b"secagg-prg-v1").digest()
+    enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    nbytes = 8 * n
+    enc.update_into(_zeros(nbytes), buf)
+    return np.frombuffer(buf, dtype=np.uint64, count=n)
+
+
+def prg_uint64(seed: bytes, tag, n: int) -> np.ndarray:
+    """n pseudo-random uint64 from a 32-byte seed and a tag (ChaCha20 keystream)."""
+    buf = bytearray(8 * n + 64)
+    return _prg_into(bytes(seed), _tag_bytes(tag), buf, n).copy()
+
+
+# --------------------------------------------------------------------------- Shamir
+def shamir_split(secret: int, xs: list[int], threshold: int) -> dict[int, int]:
+    """Shamir shares of ``secret`` in GF(SHAMIR_PRIME) at the points ``xs`` (nonzero)."""
+    p = SHAMIR_PRIME
+    if not (1 <= threshold <= len(xs)):
+        raise ValueError(f"shamir_split: need 1 <= threshold <= {len(xs)}, got {threshold}")
+    coeffs = [secret % p] + [secrets.randbelow(p) for _ in range(threshold - 1)]
+    out = {}
+    for x in xs:
+        if x % p == 0:
+            raise ValueError("shamir_split: evaluation point must be nonzero")
+        acc = 0
+        for c in reversed(coeffs):
+            acc = (acc * x + c) % p
+        out[x] = acc
+    return out
+
+
+def shamir_reconstruct(shares: Mapping[int, int]) -> int:
+    """Lagrange interpolation at 0 from {x: y} (needs at least ``threshold`` shares)."""
+    p = SHAMIR_PRIME
+    xs = list(shares)
+    total = 0
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                num = (num * (-xj)) % p
+                den = (den * (xi - xj)) % p
+        total = (total + shares[xi] * num * pow(den, -1, p)) % p
+    return total
+
+
+def _share_x(party_id: int) -> int:
+    return int(party_id) + 1
+
+
+# --------------------------------------------------------------------------- party
+def _hkdf_pair(shared: bytes, session: bytes, a: int, b: int) -> tuple[bytes, bytes]:
+    lo, hi = (a, b) if a < b else (b, a)
+    info = _PROTO + b"|session=" + session + f"|pair={lo},{hi}".encode()
+    okm = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=info).derive(shared)
+    return okm[:32], okm[32:]
+
+
+class SecAggParty:
+    """Client-side secure-aggregation state for one party.
+
+    Private state: the X25519 private key, derived pair seeds/channel keys, the
+    set of tags already used and the recovery decisions per tag.  Serialise
+    with :meth:`to_bytes` / :meth:`from_bytes` (or :meth:`to_array` /
+    :meth:`from_array` for an ``ArrayRecord``) to keep it in Flower's
+    ``context.state`` between phases; it never leaves the client.
+    """
+
+    def __init__(self, party_id: int, private_key: X25519PrivateKey, session_id: bytes | str = b""):
+        self.party_id = int(party_id)
+        if self.party_id < 0:
+            raise ValueError("SecAggParty: party_id must be a non-negative integer")
+        self._sk = private_key
+        self.session_id = _tag_bytes(session_id)
+        self._seeds: dict[int, bytes] = {}  # peer -> 32-byte mask seed
+        self._chan: dict[int, bytes] = {}  # peer -> 32-byte channel key
+        self._used_tags: set[str] = set()
+        self._unmask_decisions: dict[str, list] = {}  # tag -> [sorted survivors, sorted dropped]
+
+    # --- keys
+    @classmethod
+    def generate(cls, party_id: int, session_id: bytes | str = b"") -> "SecAggParty":
+        """Fresh X25519 key pair for ``party_id`` (bound to ``session_id`` in HKDF)."""
+        return cls(party_id, X25519PrivateKey.generate(), session_id)
+
+    def public_key_bytes(self) -> bytes:
+        """32-byte raw X25519 public key (the only thing sent in the advertise phase)."""
+        return self._sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @property
+    def peers(self) -> list[int]:
+        return sorted(self._seeds)
+
+    def agree(self, peer_public_keys: Mapping[int, bytes]) -> None:
+        """Derive pair seeds with every peer (X25519 + HKDF-SHA256).
+
+        ``peer_public_keys`` maps party id -> 32-byte public key for all parties
+        of the aggregation; the own entry, if present, must equal our key.
+        """
+        own = self.public_key_bytes()
+        seen = {}
+        seeds, chans = {}, {}
+        for pid, pk in peer_public_keys.items():
+            pid = int(pid)
+            pk = bytes(pk)
+            if len(pk) != 32:
+                raise SecAggError(f"party {pid}: public key must be 32 bytes, got {len(pk)}")
+            if pk in seen and seen[pk] != pid:
+                raise SecAggError(f"parties {seen[pk]} and {pid} advertised the same public key")
+            seen[pk] = pid
+            if pid == self.party_id:
+                if pk != own:
+                    raise SecAggError(f"relayed public key of own id {pid} does not match this party's key")
+                continue
+            if pk == own:
+                raise SecAggError(f"party {pid} advertised this party's public key")
+            try:
+                shared = self._sk.exchange(X25519PublicKey.from_public_bytes(pk))
+            except ValueError as e:  # low-order point etc.
+                raise SecAggError(f"X25519 exchange with party {pid} failed: {e}") from None
+            seeds[pid], chans[pid] = _hkdf_pair(shared, self.session_id, self.party_id, pid)
+        if not seeds:
+            raise SecAggError("secure aggregation needs at least 2 parties")
+        self._seeds, self._chan = seeds, chans
+
+    # --- masking
+    def _check_ready(self, tag: str, encoder: FixedPointEncoder, n_parties: int | None = None) -> None:
+        if not self._seeds:
+            raise SecAggError("SecAggParty: call agree() before mask()")
+        if tag in self._used_tags:
+            raise SecAggError(f"party {self.party_id}: tag {tag!r} already used (masks must never be reused)")
+        n_parties = len(self._seeds) + 1 if n_parties is None else n_parties
+        if encoder.num_parties < n_parties:
+            raise SecAggOverflowError(
+                f"encoder declared num_parties={encoder.num_parties} < {n_parties} parties in the aggregation"
+            )
+
+    def _pairwise(self, acc: np.ndarray, tagb: bytes, peers: Iterable[int], sign: int = 1) -> np.ndarray:
+        n = acc.size
+        buf = bytearray(8 * n + 64)
+        for v in peers:
+            m = _prg_into(self._seeds[v], tagb, buf, n)
+            if (self.party_id < v) == (sign > 0):
+                np.add(acc, m, out=acc)
+            else:
+                np.subtract(acc, m, out=acc)
+        return acc
+
+    def mask(
+        self, values, tag: str, encoder: FixedPointEncoder, participants: Iterable[int] | None = None
+    ) -> np.ndarray:
+        """Encode ``values`` and add all pairwise masks for ``tag``; returns uint64 (same shape).
+
+        Output is what the client uploads; alone it is uniform in Z_2^64.
+        ``participants`` (optional): the ids taking part in this aggregation
+        (this party and a subset of its agreed peers, announced by the server,
+        e.g. the clients sampled for a round); default: all agreed parties.
+        The server must then call :func:`unmask_sum` with the same set.
+        """
+        tag = str(tag)
+        peers = self.peers
+        if participants is not None:
+            part = set(int(p) for p in participants)
+            if self.party_id not in part:
+                raise SecAggError(f"party {self.party_id} is not among the participants")
+            unknown = part - set(peers) - {self.party_id}
+            if unknown:
+                raise SecAggError(f"participants {sorted(unknown)} have no agreed key with party {self.party_id}")
+            if len(part) < 2:
+                raise SecAggError("secure aggregation needs at least 2 participants")
+            peers = sorted(part - {self.party_id})
+        self._check_ready(tag, encoder, len(peers) + 1)
+        q = encoder.encode(values)
+        shape = q.shape
+        acc = np.ascontiguousarray(q).reshape(-1).copy()
+        self._pairwise(acc, (tag).encode(), peers)
+        self._used_tags.add(tag)
+        return acc.reshape(shape)
+
+    # --- recovery variant (double masking)
+    def _aad(self, tag: str, sender: int, receiver: int) -> bytes:
+        return _PROTO + b"|share|session=" + self.session_id + f"|tag={tag}|from={sender}|to={receiver}".encode()
+
+    def mask_recoverable(
+        self, values, tag: str, encoder: FixedPointEncoder, threshold: int
+    ) -> tuple[np.ndarray, dict[int, bytes]]:
+        """Masked upload that survives dropouts (double masking).
+
+        Returns ``(masked_uint64, share_ciphertexts)`` where ``share_ciphertexts[v]``
+        is an encrypted Shamir share (threshold ``threshold``) of this party's
+        fresh self-mask seed for ``tag``, readable only by party ``v``.  The own
+        share is kept in the private state.
+        """
+        tag = str(tag)
+        self._check_ready(tag, encoder)
+        n_parties = len(self._seeds) + 1
+        if not (2 <= threshold <= n_parties):
+            raise ValueError(f"threshold must be in [2, {n_parties}], got {threshold}")
+        q = encoder.encode(values)
+        shape = q.shape
+        acc = np.ascontiguousarray(q).reshape(-1).copy()
+        b = secrets.randbelow(SHAMIR_PRIME)
+        tagb = tag.encode()
+        np.add(acc, prg_uint64(b.to_bytes(32, "little"), b"self|" + tagb, acc.size), out=acc)
+        self._pairwise(acc, tagb, self.peers)
+        ids = [self.party_id] + self.peers
+        shares = shamir_split(b, [_share_x(i) for i in ids], threshold)
+        cts = {}
+        for v in self.peers:
+            nonce = os.urandom(12)
+            pt = shares[_share_x(v)].to_bytes(_SHARE_BYTES, "little")
+            cts[v] = nonce + ChaCha20Poly1305(self._chan[v]).encrypt(nonce, pt, self._aad(tag, self.party_id, v))
+        self._own_shares = getattr(self, "_own_shares", {})
+        self._own_shares[tag] = shares[_share_x(self.party_id)]
+        self._used_tags.add(tag)
+        return acc.reshape(shape), cts
+
+    def unmask_response(
+        self,
+        tag: str,
+        survivors: Iterable[int],
+        dropped: Iterable[int],
+        share_ciphertexts: Mapping[int, bytes],
+        size: int,
+    ) -> tuple[dict[int, bytes], np.ndarray]:
+        """Answer the server's unmask request for ``tag``.
+
+        ``share_ciphertexts[u]`` is the ciphertext party ``u`` (a survivor)
+        addressed to this party.  Returns ``(self_seed_shares, correction)``:
+        32-byte Shamir shares of the survivors' self-mask seeds (including
+        our own), and the uint64 vector (length ``size``) of this party's signed
+        pairwise masks with the dropped parties, which the server subtracts.
+        Refuses a second, different (survivors, dropped) split for the same tag.
+        """
+        tag = str(tag)
+        surv = sorted(int(s) for s in survivors)
+        drop = sorted(int(d) for d in dropped)
+        if self.party_id not in surv:
+            raise SecAggError(f"party {self.party_id} is not listed among the survivors")
+        if set(surv) & set(drop):
+            raise SecAggError("survivor and dropped sets overlap")
+        allp = set(self.peers) | {self.party_id}
+        if set(surv) | set(drop) != allp:
+            raise SecAggError("survivors + dropped must be exactly the parties of the agreement")
+        if tag not in self._used_tags or tag not in getattr(self, "_own_shares", {}):
+            raise SecAggError(f"party {self.party_id} made no recoverable upload under tag {tag!r}")
+        prev = self._unmask_decisions.get(tag)
+        if prev is not None and prev != [surv, drop]:
+            raise SecAggError(f"party {self.party_id}: tag {tag!r} was already unmasked with a different dropout set")
+        self._unmask_decisions[tag] = [surv, drop]
+        out = {self.party_id: self._own_shares[tag].to_bytes(_SHARE_BYTES, "little")}
+        for u in surv:
+            if u == self.party_id:
+                continue
+            ct = share_ciphertexts.get(u)
+            if ct is None:
+                raise SecAggError(f"missing share ciphertext from survivor {u}")
+            ct = bytes(ct)
+            try:
+                pt = ChaCha20Poly1305(self._chan[u]).decrypt(ct[:12], ct[12:], self._aad(tag, u, self.party_id))
+            except InvalidTag:
+                raise SecAggError(f"share ciphertext from party {u} failed authentication") from None
+            out[u] = pt
+        corr = np.zeros(int(size), dtype=np.uint64)
+        self._pairwise(corr, tag.encode(), drop)
+        return out, corr
+
+    # --- state (de)serialisation
+    def to_bytes(self) -> bytes:
+        """Private state as bytes (keep in ``context.state``; never upload)."""
+        sk = self._sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        d = {
+            "v": 1,
+            "id": self.party_id,
+            "session": b64encode(self.session_id).decode(),
+            "sk": b64encode(sk).decode(),
+            "seeds": {str(k): b64encode(v).decode() for k, v in self._seeds.items()},
+            "chan": {str(k): b64encode(v).decode() for k, v in self._chan.items()},
+            "used": sorted(self._used_tags),
+            "decisions": self._unmask_decisions,
+            "own_shares": {k: str(v) for k, v in getattr(self, "_own_shares", {}).items()},
+        }
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "SecAggParty":
+        d = json.loads(bytes(data).decode())
+        if d.get("v") != 1:
+            raise SecAggError("SecAggParty.from_bytes: unknown state version")
+        p = cls(d["id"], X25519PrivateKey.from_private_bytes(b64decode(d["sk"])), b64decode(d["session"]))
+        p._seeds = {int(k): b64decode(v) for k, v in d["seeds"].items()}
+        p._chan = {int(k): b64decode(v) for k, v in d["chan"].items()}
+        p._used_tags = set(d["used"])
+        p._unmask_decisions = {k: [list(a), list(b)] for k, (a, b) in d["decisions"].items()}
+        p._own_shares = {k: int(v) for k, v in d.get("own_shares", {}).items()}
+        return p
+
+    def to_array(self) -> np.ndarray:
+        """Private state as a uint8 numpy array (for an ArrayRecord)."""
+        return np.frombuffer(self.to_bytes(), dtype=np.uint8).copy()
+
+    @classmethod
+    def from_array(cls, arr) -> "SecAggParty":
+        return cls.from_bytes(np.asarray(arr, dtype=np.uint8).tobytes())
+
+
+# --------------------------------------------------------------------------- transport helpers
+def pack_id_bytes(d: Mapping[int, bytes]) -> dict[str, bytes]:
+    """{party id: bytes} -> {str id: bytes} (Flower ConfigRecord keys must be str)."""
+    return {str(int(k)): bytes(v) for k, v in d.items()}
+
+
+def unpack_id_bytes(d: Mapping[str, bytes]) -> dict[int, bytes]:
+    """Inverse of :func:`pack_id_bytes`."""
+    return {int(k): bytes(v) for k, v in d.items()}
+
+
+# --------------------------------------------------------------------------- server
+def relay_public_keys(uploads: Mapping[int, bytes], expected_parties: Iterable[int] | None = None) -> dict[int, bytes]:
+    """Server: validate advertised keys (32 bytes, distinct, none missing) and return the relay map."""
+    out = {int(k): bytes(v) for k, v in uploads.items()}
+    if expected_parties is not None:
+        missing = set(int(e) for e in expected_parties) - set(out)
+        if missing:
+            raise SecAggDropoutError(missing, "no public key advertised")
+    for k, v in out.items():
+        if len(v) != 32:
+            raise SecAggError(f"party {k}: public key must be 32 bytes, got {len(v)}")
+    if len(set(out.values())) != len(out):
+        raise SecAggError("two parties advertised the same public key")
+    if len(out) < 2:
+        raise SecAggError("secure aggregation needs at least 2 parties")
+    return out
+
+
+def _check_uploads(masked_uploads: Mapping[int, np.ndarray]) -> tuple[tuple, list]:
+    shape = None
+    arrs = []
+    for pid in sorted(masked_uploads):
+        a = np.asarray(masked_uploads[pid])
+        if a.dtype != np.uint64:
+            raise SecAggError(f"party {pid}: masked upload must be uint64, got {a.dtype}")
+        if shape is None:
+            shape = a.shape
+        elif a.shape != shape:
+            raise SecAggError(f"party {pid}: masked upload shape {a.shape} differs from {shape}")
+        arrs.append(a)
+    return shape, arrs
+
+
+def sum_masked(arrays: list[np.ndarray]) -> np.ndarray:
+    """Sum uint64 arrays modulo 2^64 (numpy wraps unsigned integers)."""
+    acc = np.array(arrays[0], dtype=np.uint64, copy=True)
+    for a in arrays[1:]:
+        np.add(acc, a, out=acc)
+    return acc
+
+
+def unmask_sum(
+    masked_uploads: Mapping[int, np.ndarray], expected_parties: Iterable[int], encoder: FixedPointEncoder
+) -> np.ndarray:
+    """Server: sum the masked uploads mod 2^64 and decode to float64.
+
+    Raises :class:`SecAggDropoutError` if any expected party is missing (the
+    masks of a missing party cannot be removed in the simple protocol), and
+    :class:`SecAggError` on unexpected parties, dtype or shape mismatch.
+    """
+    expected = set(int(e) for e in expected_parties)
+    got = set(int(k) for k in masked_uploads)
+    missing = expected - got
+    if missing:
+        raise SecAggDropoutError(missing)
+    extra = got - expected
+    if extra:
+        raise SecAggError(f"uploads from unexpected party id(s) {sorted(extra)}")
+    if not got:
+        raise SecAggError("no uploads")
+    _, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()})
+    return encoder.decode(sum_masked(arrs))
+
+
+def recover_sum(
+    masked_uploads: Mapping[int, np.ndarray],
+    expected_parties: Iterable[int],
+    encoder: FixedPointEncoder,
+    responses: Mapping[int, tuple[Mapping[int, bytes], np.ndarray]],
+    threshold: int,
+    tag: str,
+) -> np.ndarray:
+    """Server, recovery variant: survivors' sum after removing self and dropped masks.
+
+    ``masked_uploads``: uploads of ``mask_recoverable`` (survivors only);
+    ``responses[v] = unmask_response(...)`` of survivors that answered the
+    unmask phase (at least ``threshold`` of them).  Raises
+    :class:`SecAggDropoutError` if fewer than ``threshold`` parties answer.
+    """
+    expected = set(int(e) for e in expected_parties)
+    surv = set(int(k) for k in masked_uploads)
+    if surv - expected:
+        raise SecAggError(f"uploads from unexpected party id(s) {sorted(surv - expected)}")
+    dropped = expected - surv
+    if len(surv) < threshold:
+        raise SecAggDropoutError(dropped, f"only {len(surv)} uploads, threshold {threshold}")
+    answered = set(int(k) for k in responses)
+    if answered - surv:
+        raise SecAggError(f"unmask responses from non-survivors {sorted(answered - surv)}")
+    if len(answered) < threshold:
+        raise SecAggDropoutError(surv - answered, f"only {len(answered)} unmask responses, threshold {threshold}")
+    shape, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()})
+    acc = sum_masked(arrs).reshape(-1)
+    n = acc.size
+    tagb = str(tag).encode()
+    for u in sorted(surv):
+        shares = {}
+        for v in sorted(answered):
+            sh = responses[v][0].get(u)
+            if sh is not None:
+                shares[_share_x(v)] = int.from_bytes(bytes(sh), "little")
+            if len(shares) == threshold:
+                break
+        if len(shares) < threshold:
+            raise SecAggDropoutError([u], f"only {len(shares)} shares of its self-mask seed, threshold {threshold}")
+        b = shamir_reconstruct(shares)
+        np.subtract(acc, prg_uint64(b.to_bytes(32, "little"), b"self|" + tagb, n), out=acc)
+    if dropped:
+        missing_corr = surv - answered
+        if missing_corr:
+            raise SecAggDropoutError(
+                missing_corr, f"survivors must all answer to remove masks of dropped parties {sorted(dropped)}"
+            )
+        for v in sorted(answered):
+            corr = np.asarray(responses[v][1])
+            if corr.dtype != np.uint64 or corr.size != n:
+                raise SecAggError(f"party {v}: bad correction vector (dtype {corr.dtype}, size {corr.size} != {n})")
+            np.subtract(acc, corr.reshape(-1), out=acc)
+    return encoder.decode(acc.reshape(shape))

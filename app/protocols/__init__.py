@@ -1,0 +1,1 @@
+"""Protocol math of each method as plain functions over arrays (no Flower)."""

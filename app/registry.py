@@ -1,0 +1,84 @@
+"""Strategy registry and the full run-config schema.
+
+``STRATEGIES`` maps each strategy name to its (server Strategy class, client
+class); a method plugs in by adding one line here. :func:`validate` checks a
+raw run-config against the keys shared by all methods, the data keys and every
+strategy's own keys, then the chosen strategy's cross-key rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping
+
+from app.config import ConfigError, Param, RunConfig, Schema
+from app.data import DATASETS
+from app.data.params import DATA_PARAMS
+from app.data.partition import PARTITIONERS
+from app.transport import POLL_MODES
+from clients.fedkmeans import FedKMeansClient
+from strategies.fedkmeans import FedKMeans
+
+
+@dataclass(frozen=True)
+class Entry:
+    strategy: type
+    client: type
+
+
+STRATEGIES: dict[str, Entry] = {
+    "fedkmeans": Entry(FedKMeans, FedKMeansClient),
+}
+
+
+def get(name: str) -> Entry:
+    """The registered entry for ``name``, or a one-line ConfigError."""
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {name!r}; valid choices: " + ", ".join(STRATEGIES))
+    return STRATEGIES[name]
+
+
+def core_params() -> list[Param]:
+    """Keys every method shares."""
+    return [
+        Param("strategy", str, "fedkmeans", "clustering method", choices=tuple(STRATEGIES)),
+        Param("dataset", str, "sbm", "dataset name", choices=tuple(DATASETS)),
+        Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0),
+        Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",
+              choices=("auto",) + tuple(PARTITIONERS)),
+        Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0),
+        Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1),
+        Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
+        Param("timeout", float, 600.0, "seconds to wait for the clients' replies in one step", low=0.001),
+        Param("transport", str, "backoff",
+              "reply polling: backoff (2-50 ms, default) or flower (Grid.send_and_receive)",
+              choices=POLL_MODES),
+        Param("secagg.scale", float, float(2**20),
+              "secure aggregation: fixed-point scale (resolution 1/scale)", low=1.0, high=float(2**40)),
+        Param("secagg.bound", float, 1e6,
+              "secure aggregation: largest |value| one client may contribute", low=1e-9),
+        Param("reference", bool, True, "also run the centralised reference on the pooled data"),
+        Param("out-dir", str, "", "where result.json goes; empty = results/<strategy>-<dataset>-<time>"),
+    ]
+
+
+@lru_cache(maxsize=1)
+def schema() -> Schema:
+    s = Schema()
+    s.add(core_params())
+    s.add(DATA_PARAMS)
+    for entry in STRATEGIES.values():
+        s.add(entry.strategy.params)
+    return s
+
+
+def validate(raw: Mapping[str, Any]) -> RunConfig:
+    """Typed, complete, checked config; ``partitioner=auto`` resolved."""
+    config = schema().validate(raw)
+    strategy = get(str(config["strategy"])).strategy
+    strategy.check(config)
+    values = config.as_dict()
+    if values["partitioner"] == "auto":
+        values["partitioner"] = strategy.partitioners[0]
+    return RunConfig(values)

@@ -1,0 +1,131 @@
+"""The Flower ServerApp (Message API).
+
+``run_server`` is the whole server side of one experiment: validate the
+run-config, connect to the clients (``hello`` handshake), run the configured
+strategy, evaluate its clustering against the ground truth and against the
+centralised reference on the pooled data, and write ``result.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from logging import ERROR, INFO
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from flwr.app import Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from app import registry
+from app.config import ConfigError, RunConfig
+from app.data.params import dataset_kwargs
+from app.data.shards import server_data
+from app.data.types import GraphCollection
+from app.metrics import agreement, evaluate
+from app.result import default_out_dir, summary_table, write_result
+from app.session import ServerSession
+
+
+def evaluation_data(config: RunConfig):
+    """The pooled dataset, for evaluation and the centralised reference only."""
+    return server_data(
+        dataset=str(config["dataset"]),
+        seed=int(config["seed"]),
+        data_root=str(config["data-root"]) or None,
+        dataset_kwargs=dataset_kwargs(config.as_dict()),
+    )
+
+
+def _score(labels: np.ndarray, data) -> dict:
+    """Metrics of ``labels`` against the data's labels and graph."""
+    if isinstance(data, GraphCollection):
+        return evaluate(labels, y_true=data.y)
+    known = labels >= 0
+    if known.all():
+        return evaluate(labels, y_true=data.y, adj=data.adj)
+    idx = np.flatnonzero(known)
+    y = None if data.y is None else data.y[idx]
+    scores = evaluate(labels[idx], y_true=y, adj=data.adj[idx][:, idx])
+    scores["coverage"] = float(known.mean())
+    return scores
+
+
+def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
+    """Run one experiment over ``grid``; return the result dict (also written)."""
+    started = time.perf_counter()
+    config = registry.validate(raw_config)
+    data = evaluation_data(config)
+    num_items = len(data.graphs) if isinstance(data, GraphCollection) else data.num_nodes
+    values = config.as_dict()
+    if values["num-clusters"] == 0:
+        values["num-clusters"] = int(np.unique(data.y[data.y >= 0]).size) if data.y is not None else 0
+        if values["num-clusters"] < 1:
+            raise ConfigError(f"dataset '{config['dataset']}' has no labels; set num-clusters >= 1")
+
+    session = ServerSession(grid, config)
+    values["num-clients"] = len(session.connect())
+    config = session.config = RunConfig(values)
+    strategy = registry.get(str(config["strategy"])).strategy(config)
+    setup_rounds = len(session.stats.rounds)
+    protocol_start = time.perf_counter()
+    output = strategy.run(session)
+    protocol_s = time.perf_counter() - protocol_start
+    labels = output.dense_labels(num_items)
+
+    metrics = {**_score(labels, data), **output.metrics}
+    reference: dict | None = None
+    if config["reference"]:
+        ref_start = time.perf_counter()
+        ref_labels = strategy.reference(data)
+        if ref_labels is not None:
+            reference = {**_score(np.asarray(ref_labels), data), "time_s": time.perf_counter() - ref_start}
+            known = labels >= 0
+            reference["agreement"] = agreement(np.asarray(ref_labels)[known], labels[known])
+            metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
+
+    rounds = session.stats.rounds[setup_rounds:]
+    result = {
+        "strategy": config["strategy"],
+        "dataset": config["dataset"],
+        "num_clients": int(config["num-clients"]),
+        "config": config.as_dict(),
+        "metrics": metrics,
+        "reference": reference,
+        "timing": {
+            "total_s": time.perf_counter() - started,
+            "protocol_s": protocol_s,
+            "handshake_s": session.stats.rounds[0]["seconds"],
+            "rounds": len(rounds),
+            "per_round_s": [r["seconds"] for r in rounds],
+            "per_round": rounds,
+        },
+        "communication": {**session.stats.as_dict(), "rejected": session.rejects},
+        "privacy": session.ledger.to_dict(),
+        "history": output.history,
+    }
+    out_dir = str(config["out-dir"]) or default_out_dir(str(config["strategy"]), str(config["dataset"]))
+    path = write_result(result, out_dir, labels)
+    result["path"] = str(path)
+    log(INFO, "\n%s\nresult written to %s", summary_table(result), path)
+    return result
+
+
+def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
+    """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``."""
+    overrides = dict(overrides or {})
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            run_server(grid, {**context.run_config, **overrides})
+        except ConfigError as err:
+            log(ERROR, "config error: %s", err)
+            raise SystemExit(2) from None
+
+    return app
+
+
+app = build_server_app()

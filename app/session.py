@@ -1,0 +1,239 @@
+"""What a strategy sees of the federation: ordered clients and a fast exchange.
+
+:class:`ServerSession` wraps a Flower ``Grid``. It waits for the configured
+number of SuperNodes, runs the ``hello`` handshake (each client says which
+partition it holds and how big its shard is: sizes only, no data), orders the
+clients by partition id, and then gives the strategy :meth:`exchange` /
+:meth:`broadcast`, which go through :func:`app.transport.exchange` and record
+per-round timings, traffic, rejected replies and the uploads in the privacy
+ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+import numpy as np
+
+from app.config import RunConfig
+from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
+from app.privacy.secagg import FixedPointEncoder, pack_id_bytes, relay_public_keys, unmask_sum
+from app.transport import (
+    ArraySpec,
+    CommStats,
+    ProtocolError,
+    ReplySpec,
+    exchange,
+    pack,
+    unpack,
+)
+
+HELLO = "hello"
+HELLO_SPEC = ReplySpec(values=("partition_id", "num_partitions"))
+SECAGG_SETUP = "secagg_setup"
+SECAGG_AGREE = "secagg_agree"
+SETTLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """One connected client: its Flower node id, partition id and shard sizes."""
+
+    node_id: int
+    partition_id: int
+    summary: dict
+
+
+class ServerSession:
+    """The server's view of one run (see module docstring)."""
+
+    def __init__(self, grid: Grid, config: RunConfig) -> None:
+        self.grid = grid
+        self.config = config
+        self.timeout = float(config["timeout"])
+        self.stats = CommStats()
+        self.ledger = PrivacyLedger()
+        self.rejects: list[dict] = []
+        self.clients: list[ClientInfo] = []
+        self._round = 0
+        self._secagg_ready = False
+        self._order: dict[int, int] = {}
+
+    # -- set-up ---------------------------------------------------------------
+    def connect(self) -> list[ClientInfo]:
+        """Wait for the SuperNodes, then run the ``hello`` handshake.
+
+        ``num-clients`` > 0 waits for that many nodes; 0 takes every node
+        connected once their number has been stable for ``SETTLE_S`` seconds.
+        """
+        nodes = self._wait_for_nodes(int(self.config["num-clients"]))
+        want = len(nodes)
+        replies = self.exchange(HELLO, {n: RecordDict() for n in nodes}, HELLO_SPEC, record=False)
+        clients = []
+        for node, content in replies.items():
+            _, values = unpack(content)
+            if values["num_partitions"] != want:
+                raise ProtocolError(
+                    f"node {node} holds partition {values['partition_id']} of "
+                    f"{values['num_partitions']}, but num-clients={want}"
+                )
+            clients.append(ClientInfo(node, int(values["partition_id"]), values))
+        clients.sort(key=lambda c: c.partition_id)
+        ids = [c.partition_id for c in clients]
+        if ids != list(range(want)):
+            raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
+        self.clients = clients
+        self._order = {c.node_id: c.partition_id for c in clients}
+        self._record_uploads(HELLO, replies, HELLO_SPEC)
+        return clients
+
+    def _wait_for_nodes(self, want: int) -> list[int]:
+        deadline = time.monotonic() + self.timeout
+        nodes, stable_since = sorted(self.grid.get_node_ids()), time.monotonic()
+        while True:
+            now = time.monotonic()
+            if want and len(nodes) >= want:
+                return nodes[:want]
+            if not want and nodes and now - stable_since >= SETTLE_S:
+                return nodes
+            if now > deadline:
+                raise ProtocolError(
+                    f"only {len(nodes)} SuperNodes connected within timeout={self.timeout:g} s "
+                    f"(num-clients={want})"
+                )
+            time.sleep(0.05)
+            current = sorted(self.grid.get_node_ids())
+            if current != nodes:
+                nodes, stable_since = current, time.monotonic()
+
+    @property
+    def node_ids(self) -> list[int]:
+        """Node ids ordered by partition id."""
+        return [c.node_id for c in self.clients]
+
+    def partition_of(self, node_id: int) -> int:
+        return self._order[node_id]
+
+    # -- messaging ------------------------------------------------------------
+    def exchange(
+        self,
+        action: str,
+        contents: Mapping[int, RecordDict],
+        expect: ReplySpec | Mapping[int, ReplySpec] | None = None,
+        *,
+        category: str = "query",
+        require_all: bool = True,
+        record: bool = True,
+    ) -> dict[int, RecordDict]:
+        """Send ``contents[node]`` to each node as ``<category>.<action>``.
+
+        Returns the valid replies keyed by node id, in partition order (so
+        results do not depend on arrival order). Rejected replies are
+        recorded; with ``require_all`` any reject stops the run with a
+        :class:`ProtocolError` naming the clients and reasons. Accepted
+        uploads go into the privacy ledger unless ``record`` is False.
+        """
+        self._round += 1
+        messages = [
+            Message(content, dst_node_id=node, message_type=f"{category}.{action}",
+                    group_id=str(self._round), ttl=self.timeout + 60)
+            for node, content in contents.items()
+        ]
+        result = exchange(self.grid, messages, expect, self.timeout, self.stats, str(self.config["transport"]))
+        self.stats.rounds.append(
+            {
+                "action": action,
+                "seconds": result.seconds,
+                "bytes_up": result.bytes_up,
+                "bytes_down": result.bytes_down,
+                "replies": len(result.replies),
+            }
+        )
+        for node, reason in sorted(result.rejected.items()):
+            self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
+        if result.rejected and require_all:
+            detail = "; ".join(f"node {n}: {r}" for n, r in sorted(result.rejected.items()))
+            raise ProtocolError(f"step '{action}' rejected {len(result.rejected)} client(s): {detail}")
+        replies = dict(sorted(result.replies.items(), key=lambda item: self._order.get(item[0], item[0])))
+        if record:
+            self._record_uploads(action, replies, expect)
+        return replies
+
+    def broadcast(
+        self,
+        action: str,
+        content: RecordDict,
+        expect: ReplySpec | Mapping[int, ReplySpec] | None = None,
+        **kwargs,
+    ) -> dict[int, RecordDict]:
+        """Send the same content to every client (see :meth:`exchange`)."""
+        return self.exchange(action, {n: content for n in self.node_ids}, expect, **kwargs)
+
+    def _record_uploads(self, action, replies, expect) -> None:
+        for node, content in replies.items():
+            spec = expect.get(node) if isinstance(expect, Mapping) else expect
+            arrays, values = unpack(content)
+            client = self.partition_of(node)
+            for name, array in arrays.items():
+                aspec = spec.arrays.get(name, ArraySpec()) if spec else ArraySpec()
+                self.ledger.add_upload(
+                    action, client, name, tuple(array.shape), str(array.dtype),
+                    masked=aspec.masked, noised=aspec.noised,
+                )
+            for name, value in values.items():
+                self.ledger.add_upload(action, client, name, (), type(value).__name__)
+
+    # -- secure aggregation ---------------------------------------------------
+    def setup_secure_aggregation(self) -> None:
+        """Key agreement for pairwise masking (two message rounds, once per run).
+
+        ``secagg_setup``: each client creates an X25519 key pair and uploads
+        its public key. ``secagg_agree``: the server relays all public keys;
+        each pair of clients derives its shared mask seed (HKDF), which the
+        server never sees. Party ids are the clients' partition ids.
+        """
+        if self._secagg_ready:
+            return
+        session_id = f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
+        replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": session_id}),
+                                 ReplySpec(values=("public_key",)))
+        keys = {self.partition_of(n): bytes(unpack(c)[1]["public_key"]) for n, c in replies.items()}
+        relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
+        self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(values=("peers",)))
+        self.ledger.add_mechanism(
+            "secure-aggregation",
+            protects="every upload marked masked: the server sees only the sum over all clients",
+            params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20", "ring": "Z_2^64",
+                    "scale": float(self.config["secagg.scale"])},
+            guarantee=GUARANTEE_SECAGG,
+        )
+        self._secagg_ready = True
+
+    def secagg_values(self, name: str, bound: float) -> dict:
+        """Message values telling the clients how to mask array ``name``.
+
+        A fresh tag per call gives fresh masks; ``bound`` is the largest
+        absolute value any single client may contribute (checked on the
+        client, so the true sum cannot wrap around the ring).
+        """
+        if not self._secagg_ready:
+            raise ProtocolError("secure aggregation used before setup_secure_aggregation()")
+        return {
+            "secagg_tag": f"{self._round + 1}:{name}",
+            "secagg_scale": float(self.config["secagg.scale"]),
+            "secagg_bound": float(bound),
+            "secagg_parties": len(self.clients),
+        }
+
+    def secure_sum(self, replies: Mapping[int, RecordDict], name: str, values: Mapping) -> np.ndarray:
+        """Unmask the sum of the masked arrays ``name`` (all clients must be present)."""
+        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
+        uploads = {self.partition_of(n): unpack(c)[0][name] for n, c in replies.items()}
+        total = unmask_sum(uploads, set(range(len(self.clients))), encoder)
+        self.stats.secure_aggregations += 1
+        return total

@@ -1,0 +1,228 @@
+"""Fast message exchange with the clients, reply validation and traffic counts.
+
+Flower's ``Grid.send_and_receive`` sleeps a fixed interval between polls (3 s
+on a real SuperLink, 0.1 s in simulation), so a protocol with hundreds of short
+rounds spends most of its time asleep. :func:`exchange` pushes a batch of
+messages and polls with a short exponential back-off (2 ms doubling to 50 ms),
+then checks every reply against a :class:`ReplySpec` before a strategy sees it.
+
+Wire format used by every strategy (see :func:`pack` / :func:`unpack`): a
+``RecordDict`` with an ``ArrayRecord`` under ``"arrays"`` (numpy arrays) and a
+``ConfigRecord`` under ``"values"`` (scalars, strings, lists of scalars).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+ARRAYS = "arrays"
+VALUES = "values"
+
+POLL_START_S = 0.002
+POLL_MAX_S = 0.05
+
+
+class ProtocolError(RuntimeError):
+    """A protocol step cannot continue (e.g. too few valid replies)."""
+
+
+def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
+    """Build message content from numpy arrays and plain values."""
+    content = RecordDict()
+    if arrays:
+        content[ARRAYS] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    if values:
+        content[VALUES] = ConfigRecord(dict(values))
+    return content
+
+
+def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict]:
+    """Inverse of :func:`pack`: ``(arrays, values)``."""
+    arrays = {}
+    if ARRAYS in content.array_records:
+        arrays = {k: v.numpy() for k, v in content.array_records[ARRAYS].items()}
+    values = dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
+    return arrays, values
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Expected array: shape (``None`` = any size on that axis) and dtype kind.
+
+    ``kind`` is a numpy dtype-kind string of accepted kinds, e.g. ``"f"`` for
+    floats, ``"iu"`` for integers. Floating arrays must be finite unless
+    ``finite`` is False. ``masked`` / ``noised`` say whether the client
+    uploads it under secure aggregation / with added noise (for the ledger).
+    """
+
+    shape: tuple[int | None, ...] | None = None
+    kind: str = "f"
+    finite: bool = True
+    masked: bool = False
+    noised: bool = False
+
+    def check(self, name: str, array: np.ndarray) -> str | None:
+        """Return why ``array`` does not match, or None."""
+        if array.dtype.kind not in self.kind:
+            return f"array '{name}' has dtype {array.dtype}, expected kind '{self.kind}'"
+        if self.shape is not None:
+            ok = array.ndim == len(self.shape) and all(
+                want is None or want == got for want, got in zip(self.shape, array.shape)
+            )
+            if not ok:
+                return f"array '{name}' has shape {tuple(array.shape)}, expected {self.shape}"
+        if self.finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
+            return f"array '{name}' contains NaN or Inf"
+        return None
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    """What a valid reply must contain: named arrays and named values."""
+
+    arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
+    values: Sequence[str] = ()
+
+    def check(self, content: RecordDict) -> str | None:
+        """Return why ``content`` is not a valid reply, or None."""
+        try:
+            arrays, values = unpack(content)
+        except Exception as err:  # malformed records from a misbehaving client
+            return f"malformed reply: {err}"
+        for name, spec in self.arrays.items():
+            if name not in arrays:
+                return f"missing array '{name}'"
+            reason = spec.check(name, arrays[name])
+            if reason:
+                return reason
+        for name in self.values:
+            if name not in values:
+                return f"missing value '{name}'"
+            value = values[name]
+            if isinstance(value, float) and not np.isfinite(value):
+                return f"value '{name}' is {value}"
+        return None
+
+
+@dataclass
+class CommStats:
+    """Traffic counters for one run.
+
+    Bytes are the sizes of the objects Flower deflates a message into for the
+    wire (records and array chunks, content-addressed), i.e. exactly what a
+    SuperLink stores and forwards, excluding gRPC framing.
+    """
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    messages: int = 0
+    secure_aggregations: int = 0
+    rounds: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "messages": self.messages,
+            "secure_aggregations": self.secure_aggregations,
+        }
+
+
+def message_bytes(message: Message) -> int:
+    """Size of ``message`` as Flower's object store would hold it."""
+    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+
+
+@dataclass
+class Exchange:
+    """Outcome of one exchange: accepted reply contents, rejects and timings."""
+
+    replies: dict[int, RecordDict]
+    rejected: dict[int, str]
+    seconds: float
+    bytes_up: int
+    bytes_down: int
+
+
+def _push_and_poll(grid: Grid, messages: Sequence[Message], deadline: float) -> list[Message]:
+    """Push, then pull until every reply is in or ``deadline`` passes.
+
+    The sleep between empty polls starts at 2 ms and doubles up to 50 ms;
+    any reply resets it, since the others are usually close behind.
+    """
+    pending = set(grid.push_messages(messages))
+    received: list[Message] = []
+    delay = POLL_START_S
+    while pending:
+        got = list(grid.pull_messages(pending))
+        received.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if not pending or time.perf_counter() > deadline:
+            break
+        if got:
+            delay = POLL_START_S
+        else:
+            time.sleep(delay)
+            delay = min(2 * delay, POLL_MAX_S)
+    return received
+
+
+POLL_MODES = ("backoff", "flower")
+
+
+def exchange(
+    grid: Grid,
+    messages: Sequence[Message],
+    expect: ReplySpec | Mapping[int, ReplySpec] | None,
+    timeout: float,
+    stats: CommStats,
+    poll: str = "backoff",
+) -> Exchange:
+    """Send ``messages`` and collect the replies with a back-off poll.
+
+    ``poll="flower"`` uses Flower's own ``grid.send_and_receive`` instead
+    (fixed sleep between polls), for comparison.
+
+    Every reply is checked: an error reply, a reply that does not match
+    ``expect`` (missing key, wrong shape or dtype, NaN/Inf) or no reply within
+    ``timeout`` seconds puts the node in ``rejected`` with the reason; only
+    valid replies are returned in ``replies``.
+    """
+    start = time.perf_counter()
+    down = sum(message_bytes(m) for m in messages)
+    sent = {m.metadata.dst_node_id for m in messages}
+    if poll == "flower":
+        received = list(grid.send_and_receive(messages, timeout=timeout))
+    else:
+        received = _push_and_poll(grid, messages, start + timeout)
+
+    replies: dict[int, RecordDict] = {}
+    rejected: dict[int, str] = {}
+    up = 0
+    for reply in received:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            rejected[node] = f"client error: {reply.error.reason}"
+            continue
+        up += message_bytes(reply)
+        spec = expect.get(node) if isinstance(expect, Mapping) else expect
+        reason = spec.check(reply.content) if spec is not None else None
+        if reason:
+            rejected[node] = reason
+        else:
+            replies[node] = reply.content
+    for node in sent - set(replies) - set(rejected):
+        rejected[node] = f"no reply within {timeout:g} s"
+
+    seconds = time.perf_counter() - start
+    stats.bytes_down += down
+    stats.bytes_up += up
+    stats.messages += len(messages) + len(received)
+    return Exchange(replies, rejected, seconds, up, down)

@@ -1,0 +1,1 @@
+"""Client side of each clustering method: one ClusteringClient per module."""

@@ -1,0 +1,97 @@
+"""Base class of every method's client side.
+
+The ClientApp builds one client object per message and calls
+:meth:`ClusteringClient.handle`; the client answers the protocol step named by
+the message's action. Anything a client must remember between steps goes into
+``context.state`` (Flower keeps it per node for the whole run) via
+:meth:`save` / :meth:`load`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, RecordDict
+
+from app.config import RunConfig
+from app.data.types import Shard
+from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
+from app.transport import pack, unpack
+
+
+class ClusteringClient:
+    """Client side of one method. Subclasses add one ``on_<action>`` per step."""
+
+    actions: ClassVar[tuple[str, ...]] = ()
+    #: steps every client answers, whatever the method
+    common_actions: ClassVar[tuple[str, ...]] = ("hello", "labels", "secagg_setup", "secagg_agree")
+
+    def __init__(self, shard: Shard, config: RunConfig, context: Context) -> None:
+        self.shard = shard
+        self.config = config
+        self.context = context
+
+    def handle(self, action: str, content: RecordDict) -> RecordDict:
+        """Answer protocol step ``action`` (``on_<action>(arrays, values)``)."""
+        arrays, values = unpack(content)
+        reply_arrays, reply_values = getattr(self, f"on_{action}")(arrays, values)
+        return pack(reply_arrays, reply_values)
+
+    # -- steps every method shares -------------------------------------------
+    def on_hello(self, arrays, values):
+        """Say which partition this node holds and its size (counts only)."""
+        s = self.shard
+        summary = {
+            "partition_id": s.client_id,
+            "num_partitions": s.num_clients,
+            "dataset": s.dataset,
+            "partitioner": s.partitioner,
+            "num_rows": int(len(s.node_ids)) if s.node_ids is not None else 0,
+        }
+        return {}, summary
+
+    def on_labels(self, arrays, values):
+        """Receive the final cluster labels of this client's items and keep them."""
+        self.save("labels", labels=arrays["labels"])
+        return {}, {"received": int(arrays["labels"].size)}
+
+    # -- secure aggregation (see app.privacy.secagg) -------------------------
+    def on_secagg_setup(self, arrays, values):
+        """Create this party's X25519 key pair; upload the public key only."""
+        party = SecAggParty.generate(self.shard.client_id, str(values["session_id"]))
+        self._save_party(party)
+        return {}, {"public_key": party.public_key_bytes()}
+
+    def on_secagg_agree(self, arrays, values):
+        """Derive the pairwise mask seeds from the relayed public keys."""
+        party = self._load_party()
+        party.agree(unpack_id_bytes(values))
+        self._save_party(party)
+        return {}, {"peers": len(party.peers)}
+
+    def masked(self, array: np.ndarray, values) -> np.ndarray:
+        """``array`` fixed-point encoded and pairwise masked (uint64) for a secure sum.
+
+        ``values`` are the message values from ``ServerSession.secagg_values``.
+        """
+        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
+        party = self._load_party()
+        out = party.mask(np.asarray(array, dtype=np.float64), str(values["secagg_tag"]), encoder)
+        self._save_party(party)  # the party remembers used tags
+        return out
+
+    def _save_party(self, party: SecAggParty) -> None:
+        self.context.state["secagg"] = ArrayRecord({"party": Array(party.to_array())})
+
+    def _load_party(self) -> SecAggParty:
+        return SecAggParty.from_array(self.context.state.array_records["secagg"]["party"].numpy())
+
+    # -- state between steps --------------------------------------------------
+    def save(self, record: str, **arrays: np.ndarray) -> None:
+        """Keep ``arrays`` in ``context.state[record]`` (replacing it)."""
+        self.context.state[record] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+    def load(self, record: str) -> dict[str, np.ndarray]:
+        """Arrays saved by :meth:`save` (KeyError if the step before was skipped)."""
+        return {k: v.numpy() for k, v in self.context.state.array_records[record].items()}

@@ -1,0 +1,1 @@
+"""Server side of each clustering method: one ClusteringStrategy per module."""

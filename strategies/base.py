@@ -1,0 +1,75 @@
+"""Base class of every clustering strategy (the server side of a method).
+
+A strategy drives its whole protocol through a :class:`app.session.ServerSession`
+(``session.broadcast`` / ``session.exchange``) and returns a
+:class:`StrategyOutput`. It also names the centralised method a user would run
+if the data could be pooled (:meth:`reference`), computed on the same data and
+seed and reported beside the federated result.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from app.config import ConfigError, Param, RunConfig
+
+
+@dataclass
+class StrategyOutput:
+    """Result of a federated run.
+
+    ``labels``: cluster labels of the items ``ids`` (global node ids, or graph
+    ids for graph-level methods); ``ids`` None means ``labels[i]`` is item i.
+    Items no client labelled are -1; an item labelled by several clients (node
+    overlap) keeps the label of the first occurrence.
+    ``metrics``: extra method-specific figures (e.g. classification accuracy).
+    ``history``: per-round records (for metric-vs-round plots).
+    """
+
+    labels: np.ndarray
+    ids: np.ndarray | None = None
+    metrics: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
+
+    def dense_labels(self, num_items: int) -> np.ndarray:
+        """Labels indexed by item id, -1 where no client gave one."""
+        if self.ids is None:
+            return np.asarray(self.labels, dtype=np.int64)
+        out = np.full(num_items, -1, dtype=np.int64)
+        ids, first = np.unique(np.asarray(self.ids), return_index=True)
+        out[ids] = np.asarray(self.labels)[first]
+        return out
+
+
+class ClusteringStrategy(ABC):
+    """Server side of one method; subclasses set the class attributes."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    params: ClassVar[tuple[Param, ...]] = ()
+    partitioners: ClassVar[tuple[str, ...]]  # first one is the default
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def check(cls, config: RunConfig) -> None:
+        """Cross-key checks; raise ConfigError with one line."""
+        partitioner = config["partitioner"]
+        if partitioner != "auto" and partitioner not in cls.partitioners:
+            raise ConfigError(
+                f"partitioner {partitioner!r} does not fit strategy '{cls.name}'; "
+                "valid choices: auto, " + ", ".join(cls.partitioners)
+            )
+
+    @abstractmethod
+    def run(self, session) -> StrategyOutput:
+        """Run the protocol; return the clustering."""
+
+    def reference(self, data) -> np.ndarray | None:
+        """Labels of the centralised counterpart on the pooled ``data``."""
+        return None

@@ -1,0 +1,96 @@
+"""Strategy ``fedkmeans``: federated Lloyd k-means on horizontally split rows.
+
+A plain baseline every other method can be compared with. Wire protocol
+(``app.protocols.fedkmeans`` holds the math):
+
+1. ``kmeans_init`` (down: k, seed) -> up: ``centres`` (k x f local k-means++
+   centres) and ``counts`` (k). A local centre of a one-member cluster is that
+   member's feature row, so this step reveals coarse data summaries.
+2. ``kmeans_step`` x num-rounds (down: ``centres``) -> up: ``stats``, the
+   per-cluster sums (k x f), counts (k) and the inertia in one vector; stops
+   early when no centre moves more than ``fedkmeans.tol``. With
+   ``fedkmeans.secure`` the vector is pairwise-masked (secure aggregation,
+   set up once with two extra rounds) and the server learns only the sum over
+   clients.
+3. ``kmeans_assign`` (down: final ``centres``) -> up: ``node_ids`` and
+   ``labels`` of the client's rows, for evaluation only; labels stay on the
+   client as well.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.config import Param
+from app.protocols import fedkmeans as proto
+from app.transport import ArraySpec, ReplySpec, pack, unpack
+from strategies.base import ClusteringStrategy, StrategyOutput
+
+
+class FedKMeans(ClusteringStrategy):
+    name = "fedkmeans"
+    summary = "federated Lloyd k-means on rows split over clients (baseline)"
+    partitioners = ("node-random", "node-community", "node-dirichlet", "sample", "sample-dirichlet")
+    params = (
+        Param("fedkmeans.filter-order", int, 0,
+              "AGC low-pass filter order applied to each client's local subgraph first", low=0, high=1000),
+        Param("fedkmeans.tol", float, 1e-6, "stop when no centre moves more than this", low=0.0),
+        Param("fedkmeans.secure", bool, False, "secure aggregation of the per-round statistics"),
+    )
+
+    def run(self, session) -> StrategyOutput:
+        k = int(self.config["num-clusters"])
+        seed = int(self.config["seed"])
+        init = session.broadcast(
+            "kmeans_init",
+            pack(values={"k": k, "seed": seed}),
+            ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,))}),
+        )
+        local = [unpack(c)[0] for c in init.values()]
+        centres = proto.merge_seeds(
+            np.vstack([a["centres"] for a in local]), np.concatenate([a["counts"] for a in local]), k, seed
+        )
+        secure = bool(self.config["fedkmeans.secure"])
+        if secure:
+            session.setup_secure_aggregation()
+        size = centres.size + k + 1
+        step_spec = ReplySpec(arrays={"stats": ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
+        history = []
+        for round_ in range(1, int(self.config["num-rounds"]) + 1):
+            values = session.secagg_values("stats", float(self.config["secagg.bound"])) if secure else {}
+            replies = session.broadcast("kmeans_step", pack({"centres": centres}, values), step_spec)
+            if secure:
+                total = session.secure_sum(replies, "stats", values)
+            else:
+                total = sum(unpack(c)[0]["stats"] for c in replies.values())
+            sums, counts, inertia = proto.split_statistics(total, k)
+            new = proto.update_centres(centres, sums, counts)
+            shift = float(np.abs(new - centres).max())
+            centres = new
+            history.append({"round": round_, "inertia": inertia, "shift": shift})
+            if shift <= float(self.config["fedkmeans.tol"]):
+                break
+        final = session.broadcast(
+            "kmeans_assign", pack({"centres": centres}),
+            ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu"), "labels": ArraySpec((None,), kind="iu")}),
+        )
+        ids = np.concatenate([unpack(c)[0]["node_ids"] for c in final.values()])
+        labels = np.concatenate([unpack(c)[0]["labels"] for c in final.values()])
+        return StrategyOutput(labels=labels, ids=ids, history=history)
+
+    def reference(self, data) -> np.ndarray:
+        """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""
+        from app.baselines import kmeans
+
+        x = node_features(data.x, data.adj, int(self.config["fedkmeans.filter-order"]))
+        return kmeans(x, int(self.config["num-clusters"]), seed=int(self.config["seed"]))
+
+
+def node_features(x, adj, order: int) -> np.ndarray:
+    """Dense float64 features, low-pass filtered ``order`` times over ``adj``."""
+    x = np.asarray(x.todense() if hasattr(x, "todense") else x, dtype=np.float64)
+    if order > 0 and adj is not None and adj.nnz:
+        from app.baselines import low_pass_filter
+
+        x = np.asarray(low_pass_filter(x, adj, order))
+    return x

@@ -1,0 +1,26 @@
+"""Shared fixtures: a temp results dir and the shared datasets root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+
+# Keep torch / BLAS to one thread per process: the machine has 2 cores and
+# the simulation tests run clients in parallel.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    return tmp_path / "out"
+
+
+def shared_datasets_or_skip() -> Path:
+    if not SHARED_DATASETS.exists():
+        pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")
+    return SHARED_DATASETS

@@ -1,0 +1,126 @@
+"""The whole loop: ServerApp -> ClientApps -> ServerApp -> result.json.
+
+Most runs use the in-process grid (same ServerApp/ClientApp code, no Ray);
+one test goes through Flower's simulation engine (``run_simulation``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+
+from app.data import load_dataset
+from app.metrics import ari
+from app.protocols import fedkmeans as proto
+from app.result import RESULT_FILE
+from app.client_app import build_client_app
+from app.inprocess import InProcessGrid
+from app.run import run_experiment
+from app.server_app import run_server
+from app.transport import unpack
+
+TOP_KEYS = {"strategy", "dataset", "num_clients", "config", "metrics", "reference", "timing",
+            "communication", "privacy"}
+
+
+def check_result_file(result: dict, out_dir) -> dict:
+    on_disk = json.loads((out_dir / RESULT_FILE).read_text())
+    assert TOP_KEYS <= set(on_disk)
+    assert {"total_s", "protocol_s", "rounds"} <= set(on_disk["timing"])
+    assert {"bytes_up", "bytes_down", "messages", "secure_aggregations"} <= set(on_disk["communication"])
+    assert on_disk["metrics"] == pytest.approx(result["metrics"])
+    assert np.load(out_dir / "labels.npy").shape[0] > 0
+    return on_disk
+
+
+def test_fedkmeans_inprocess_result_has_stable_schema(out_dir):
+    result = run_experiment("fedkmeans", "sbm", 4, {"seed": 1}, out_dir)
+    on_disk = check_result_file(result, out_dir)
+    assert on_disk["num_clients"] == 4 and on_disk["config"]["partitioner"] == "node-random"
+    assert {"acc", "nmi", "ari", "f1", "modularity", "conductance", "cluster_similarity"} <= set(on_disk["metrics"])
+    assert {"acc", "nmi", "agreement"} <= set(on_disk["reference"])
+    assert set(on_disk["reference"]["agreement"]) == {"ari", "nmi", "cluster_similarity"}
+    # one round per exchange after the handshake: init + Lloyd steps + assign
+    assert on_disk["timing"]["rounds"] == len(on_disk["history"]) + 2
+    uploads = {(u["action"], u["name"]) for u in on_disk["privacy"]["uploads"]}
+    assert ("kmeans_step", "stats") in uploads and ("kmeans_assign", "labels") in uploads
+    assert all(isinstance(u["client"], int) and 0 <= u["client"] < 4 for u in on_disk["privacy"]["uploads"])
+
+
+def test_fedkmeans_one_client_equals_centralised_lloyd(out_dir):
+    rounds = 8
+    result = run_experiment("fedkmeans", "sbm", 1, {"num-rounds": rounds, "fedkmeans.tol": 0.0}, out_dir)
+    data = load_dataset("sbm", seed=0)
+    x = np.asarray(data.x, dtype=np.float64)
+    k = result["config"]["num-clusters"]
+    centres, counts = proto.local_seeds(x, k, 0)
+    init = proto.merge_seeds(centres, counts, k, 0)
+    lloyd = KMeans(k, init=init, n_init=1, max_iter=rounds, tol=0.0, algorithm="lloyd").fit(x)
+    labels = np.load(out_dir / "labels.npy")
+    assert ari(lloyd.labels_, labels) == 1.0
+    assert result["history"][-1]["inertia"] == pytest.approx(lloyd.inertia_, rel=1e-6)
+
+
+def test_federated_clustering_recovers_planted_blocks(out_dir):
+    result = run_experiment("fedkmeans", "sbm", 3, {"fedkmeans.filter-order": 2}, out_dir)
+    assert result["metrics"]["ari"] > 0.9
+    assert result["reference"]["agreement"]["ari"] > 0.9
+
+
+def test_bad_config_inside_the_run_writes_nothing(out_dir):
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="valid choices"):
+        run_experiment("fedkmeans", "sbm", 2, {"partitioner": "vertical"}, out_dir)
+    assert not out_dir.exists()
+
+
+@pytest.mark.simulation
+def test_run_simulation_smoke_on_karate(out_dir):
+    """Flower's simulation engine end to end (Ray start-up dominates)."""
+    result = run_experiment("fedkmeans", "karate", 2, {"num-rounds": 3}, out_dir, engine="simulation")
+    on_disk = check_result_file(result, out_dir)
+    assert on_disk["dataset"] == "karate" and on_disk["num_clients"] == 2
+    assert on_disk["config"]["num-clusters"] == 4
+    assert on_disk["communication"]["messages"] > 0
+
+
+class RecordingGrid(InProcessGrid):
+    """In-process grid that keeps every reply the server pulls."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list = []
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        self.seen.extend(replies)
+        return replies
+
+
+def test_secure_aggregation_gives_the_same_clustering_and_hides_client_sums(out_dir, tmp_path):
+    plain = run_experiment("fedkmeans", "sbm", 3, {"num-rounds": 5}, tmp_path / "plain")
+    raw = {"strategy": "fedkmeans", "dataset": "sbm", "num-clients": 3, "num-rounds": 5,
+           "fedkmeans.secure": True, "out-dir": str(out_dir)}
+    grid = RecordingGrid(build_client_app(raw), 3)
+    secure = run_server(grid, raw)
+    # what the server received in each step: uniform-looking uint64, never the
+    # client's own statistics in fixed point
+    steps = [m for m in grid.seen if m.metadata.message_type == "query.kmeans_step"]
+    assert len(steps) == 3 * len(secure["history"])
+    for reply in steps:
+        stats = unpack(reply.content)[0]["stats"]
+        assert stats.dtype == np.uint64
+        top_bits = stats >> np.uint64(60)
+        assert len(np.unique(top_bits)) > 8  # fixed-point of small values would sit at 0 or 15
+    assert np.array_equal(np.load(tmp_path / "plain" / "labels.npy"), np.load(out_dir / "labels.npy"))
+    for p, s in zip(plain["history"], secure["history"]):
+        assert s["inertia"] == pytest.approx(p["inertia"], abs=1e-4)
+    assert secure["communication"]["secure_aggregations"] == len(secure["history"])
+    steps = [u for u in secure["privacy"]["uploads"] if u["action"] == "kmeans_step"]
+    assert steps and all(u["masked"] and u["dtype"] == "uint64" for u in steps)
+    mechanisms = {m["name"] for m in secure["privacy"]["mechanisms"]}
+    assert "secure-aggregation" in mechanisms

@@ -1,0 +1,142 @@
+"""The fast transport: reply validation, rejects, byte counting, back-off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from app.config import RunConfig
+from app import registry
+from app.inprocess import InProcessGrid
+from app.session import ServerSession
+from app.transport import ArraySpec, CommStats, ProtocolError, ReplySpec, exchange, message_bytes, pack, unpack
+
+N = 50
+
+
+def make_client_app(bad: dict[int, str]) -> ClientApp:
+    """Answers ``query.block`` with an N x 3 block; partition ids in ``bad`` misbehave."""
+    app = ClientApp()
+
+    @app.query("hello")
+    def hello(message, context):
+        pid = context.node_config["partition-id"]
+        values = {"partition_id": pid, "num_partitions": context.node_config["num-partitions"]}
+        return Message(pack(values=values), reply_to=message)
+
+    @app.query("block")
+    def block(message, context):
+        pid = context.node_config["partition-id"]
+        arrays, _ = unpack(message.content)
+        out = np.full((N, 3), float(pid)) + arrays["v"]
+        kind = bad.get(pid)
+        if kind == "nan":
+            out[3, 1] = np.nan
+        if kind == "inf":
+            out[0, 0] = np.inf
+        if kind == "shape":
+            out = out[:, :2]
+        if kind == "dtype":
+            out = out.astype(np.int64)
+        if kind == "raise":
+            raise RuntimeError("disk on fire")
+        if kind == "missing":
+            return Message(pack(values={"count": 1}), reply_to=message)
+        return Message(pack({"block": out}, {"count": N}), reply_to=message)
+
+    return app
+
+
+SPEC = ReplySpec(arrays={"block": ArraySpec((N, 3))}, values=("count",))
+
+
+def session_for(app, num_nodes=4, **config) -> ServerSession:
+    grid = InProcessGrid(app, num_nodes)
+    session = ServerSession(grid, registry.validate({"num-clients": num_nodes, "timeout": 5, **config}))
+    session.connect()
+    return session
+
+
+def test_valid_replies_pass_and_clients_are_ordered_by_partition():
+    session = session_for(make_client_app({}))
+    assert [c.partition_id for c in session.clients] == [0, 1, 2, 3]
+    replies = session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+    for node, content in replies.items():
+        arrays, values = unpack(content)
+        assert np.all(arrays["block"] == session.partition_of(node))
+        assert values["count"] == N
+    assert session.rejects == []
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("nan", "contains NaN or Inf"),
+        ("inf", "contains NaN or Inf"),
+        ("shape", "shape (50, 2), expected (50, 3)"),
+        ("dtype", "dtype int64, expected kind 'f'"),
+        ("missing", "missing array 'block'"),
+        ("raise", "client error: RuntimeError: disk on fire"),
+    ],
+)
+def test_malformed_reply_is_rejected_and_reported(kind, reason):
+    session = session_for(make_client_app({2: kind}))
+    content = pack({"v": np.zeros((N, 3))})
+    with pytest.raises(ProtocolError, match="step 'block' rejected 1 client"):
+        session.broadcast("block", content, SPEC)
+    assert session.rejects[-1]["reason"].endswith(reason) or reason in session.rejects[-1]["reason"]
+    # tolerant steps go on with the valid replies only
+    replies = session.broadcast("block", content, SPEC, require_all=False)
+    assert sorted(session.partition_of(n) for n in replies) == [0, 1, 3]
+    assert len(session.rejects) == 2
+
+
+def test_silent_node_times_out_and_is_reported():
+    session = session_for(make_client_app({}))
+    session.timeout = 0.5
+    session.grid.dropped.add(session.node_ids[1])
+    with pytest.raises(ProtocolError, match="no reply within 0.5 s"):
+        session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+
+
+def test_bytes_add_up_and_scale_with_payload():
+    session = session_for(make_client_app({}))
+    before = (session.stats.bytes_down, session.stats.bytes_up, session.stats.messages)
+    session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+    last = session.stats.rounds[-1]
+    assert session.stats.bytes_down - before[0] == last["bytes_down"]
+    assert session.stats.bytes_up - before[1] == last["bytes_up"]
+    assert session.stats.messages - before[2] == 8
+    payload = N * 3 * 8
+    # down: 4 copies of the N x 3 float64 array; up: 4 blocks of the same size
+    assert 4 * payload < last["bytes_down"] < 4 * payload + 4 * 2000
+    assert 4 * payload < last["bytes_up"] < 4 * payload + 4 * 2000
+    assert sum(r["bytes_up"] for r in session.stats.rounds) == session.stats.bytes_up
+    assert sum(r["bytes_down"] for r in session.stats.rounds) == session.stats.bytes_down
+
+
+def test_message_bytes_grows_by_exactly_the_extra_payload():
+    small = Message(pack({"a": np.arange(1000.0)}), dst_node_id=5, message_type="query.x", group_id="1")
+    large = Message(pack({"a": np.arange(3000.0)}), dst_node_id=5, message_type="query.x", group_id="1")
+    extra = message_bytes(large) - message_bytes(small)
+    assert 2000 * 8 <= extra <= 2000 * 8 + 8  # payload plus a longer length prefix
+
+
+def test_uploads_reach_the_ledger_with_shapes():
+    session = session_for(make_client_app({}))
+    session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+    uploads = session.ledger.to_dict()["uploads"]
+    blocks = [u for u in uploads if u["action"] == "block" and u["name"] == "block"]
+    assert sorted(u["client"] for u in blocks) == [0, 1, 2, 3]
+    assert all(u["shape"] == [N, 3] and not u["masked"] for u in blocks)
+
+
+def test_handshake_refuses_inconsistent_partitions():
+    app = make_client_app({})
+    grid = InProcessGrid(app, 2, node_configs=[{"partition-id": 0, "num-partitions": 2},
+                                               {"partition-id": 0, "num-partitions": 2}])
+    session = ServerSession(grid, registry.validate({"num-clients": 2, "timeout": 5}))
+    with pytest.raises(ProtocolError, match=r"partition ids \[0, 0\] are not 0..1"):
+        session.connect()
