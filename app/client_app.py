@@ -61,11 +61,15 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         handler.__name__ = f"on_{action}"
         return handler
 
-    actions = set(ClusteringClient.common_actions)
+    queries = set(ClusteringClient.common_actions)
+    trains = set()
     for entry in registry.STRATEGIES.values():
-        actions.update(entry.client.actions)
-    for action in sorted(actions):
+        queries.update(entry.client.actions)
+        trains.update(entry.client.train_actions)
+    for action in sorted(queries):
         app.query(action)(make_handler(action))
+    for action in sorted(trains):
+        app.train(action)(make_handler(action))
     return app
 
 

@@ -72,15 +72,20 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     protocol_start = time.perf_counter()
     output = strategy.run(session)
     protocol_s = time.perf_counter() - protocol_start
-    labels = output.dense_labels(num_items)
+    if output.truth is not None:
+        labels = np.asarray(output.labels, dtype=np.int64)
+        score = lambda predicted: evaluate(predicted, y_true=output.truth)  # noqa: E731
+    else:
+        labels = output.dense_labels(num_items)
+        score = lambda predicted: _score(predicted, data)  # noqa: E731
 
-    metrics = {**_score(labels, data), **output.metrics}
+    metrics = {**score(labels), **output.metrics}
     reference: dict | None = None
     if config["reference"]:
         ref_start = time.perf_counter()
         ref_labels = strategy.reference(data)
         if ref_labels is not None:
-            reference = {**_score(np.asarray(ref_labels), data), "time_s": time.perf_counter() - ref_start}
+            reference = {**score(np.asarray(ref_labels)), "time_s": time.perf_counter() - ref_start}
             known = labels >= 0
             reference["agreement"] = agreement(np.asarray(ref_labels)[known], labels[known])
             metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]

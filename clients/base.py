@@ -23,7 +23,8 @@ from app.transport import pack, unpack
 class ClusteringClient:
     """Client side of one method. Subclasses add one ``on_<action>`` per step."""
 
-    actions: ClassVar[tuple[str, ...]] = ()
+    actions: ClassVar[tuple[str, ...]] = ()  # answered as ``query.<action>``
+    train_actions: ClassVar[tuple[str, ...]] = ()  # answered as ``train.<action>`` (weight training)
     #: steps every client answers, whatever the method
     common_actions: ClassVar[tuple[str, ...]] = ("hello", "labels", "secagg_setup", "secagg_agree")
 

@@ -26,12 +26,16 @@ class StrategyOutput:
     ids for graph-level methods); ``ids`` None means ``labels[i]`` is item i.
     Items no client labelled are -1; an item labelled by several clients (node
     overlap) keeps the label of the first occurrence.
+    ``truth``: ground truth for ``labels`` when the items are not the
+    dataset's own nodes/graphs (e.g. centre-label pseudo-labels of k-hop
+    subgraphs); then only label metrics are computed, against it.
     ``metrics``: extra method-specific figures (e.g. classification accuracy).
     ``history``: per-round records (for metric-vs-round plots).
     """
 
     labels: np.ndarray
     ids: np.ndarray | None = None
+    truth: np.ndarray | None = None
     metrics: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
 
