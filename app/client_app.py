@@ -25,7 +25,9 @@ from clients.base import ClusteringClient
 def node_shard(config: RunConfig, node_config: Mapping[str, Any]) -> Shard:
     """This node's shard: its own file in a deployment, else its partition."""
     if node_config.get("shard"):
-        return load_shard_file(str(node_config["shard"]))
+        # refuses a shard cut from another dataset or by another partitioner
+        return load_shard_file(str(node_config["shard"]), dataset=str(config["dataset"]),
+                               partitioner=str(config["partitioner"]))
     values = config.as_dict()
     partitioner = str(config["partitioner"])
     return client_shard(

@@ -53,7 +53,8 @@ class InProcessGrid(Grid):
             )
             for i, cfg in enumerate(configs)
         }
-        self.dropped: set[int] = set()
+        self.dropped: set[int] = set()  # disconnected: gone from get_node_ids, never answer
+        self.silent: set[int] = set()  # connected but never answer (hung client)
         self._replies: dict[str, Message] = {}
         TaskIdentity.run_id = self.run_id
         TaskIdentity.node_id = SERVER_NODE_ID
@@ -80,8 +81,8 @@ class InProcessGrid(Grid):
             message.metadata.__dict__["_message_id"] = message_id
             ids.append(message_id)
             node = message.metadata.dst_node_id
-            if node in self.dropped or node not in self.contexts:
-                continue  # a dropped node never answers
+            if node in self.dropped or node in self.silent or node not in self.contexts:
+                continue
             inbound = Message(metadata=message.metadata, content=_wire_copy(message.content))
             try:
                 reply = self.client_app(inbound, self.contexts[node])

@@ -223,8 +223,9 @@ def nmi(y_true: Any, y_pred: Any) -> float:
 
 
 def _entropy(counts: np.ndarray, n: int) -> float:
-    p = counts[counts > 0] / n
-    return float(-(p * np.log(p)).sum())
+    """``-sum_i (c_i/n) log(c_i/n)``, in scikit-learn's order of operations."""
+    c = counts[counts > 0].astype(np.float64)
+    return float(-np.sum((c / n) * (np.log(c) - np.log(n))))
 
 
 def _nmi(ct: Contingency) -> float:
@@ -233,15 +234,18 @@ def _nmi(ct: Contingency) -> float:
         return 1.0
     if ka == 1 or kb == 1:
         return 0.0
-    n = ct.n
+    n = float(ct.n)
     nij = ct.counts.astype(np.float64)
-    outer = ct.a[ct.rows].astype(np.float64) * ct.b[ct.cols].astype(np.float64)
-    mi = (nij / n) * (np.log(nij) + np.log(n) - np.log(outer))
+    outer = ct.a[ct.rows].astype(np.int64) * ct.b[ct.cols].astype(np.int64)
+    p_ij = nij / n
+    log_outer = -np.log(outer.astype(np.float64)) + 2.0 * np.log(n)
+    mi = p_ij * (np.log(nij) - np.log(n)) + p_ij * log_outer
+    mi = np.where(np.abs(mi) < np.finfo(np.float64).eps, 0.0, mi)
     mi = float(np.clip(mi.sum(), 0.0, None))
-    if mi <= 1e-15:
+    if mi == 0.0:
         return 0.0
-    denom = 0.5 * (_entropy(ct.a, n) + _entropy(ct.b, n))
-    return float(min(1.0, mi / denom)) if denom > 0 else 1.0
+    denom = 0.5 * (_entropy(ct.a, ct.n) + _entropy(ct.b, ct.n))
+    return float(mi / denom)
 
 
 def _pair_confusion(ct: Contingency) -> tuple[int, int, int, int]:
@@ -354,10 +358,18 @@ def _graph(adj: Any, labels: Any) -> tuple[sp.coo_matrix, np.ndarray, int]:
     return coo, codes, k
 
 
-def _intra_weight(coo: sp.coo_matrix, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _graph_metrics(adj: Any, labels: Any) -> tuple[float, float]:
+    """(modularity, conductance) from one pass over the stored entries."""
+    coo, codes, k = _graph(adj, labels)
+    data = coo.data.astype(np.float64, copy=False)
+    total = float(data.sum())
     cr = codes[coo.row]
-    same = cr == codes[coo.col]
-    return same, cr
+    cc = codes[coo.col]
+    w_in = float(data[cr == cc].sum())
+    vol_out = np.bincount(cr, weights=data, minlength=k)
+    vol_in = np.bincount(cc, weights=data, minlength=k)
+    q = w_in / total - float(np.dot(vol_out, vol_in)) / (total * total)
+    return float(q), float((total - w_in) / total)
 
 
 def modularity(adj: Any, labels: Any) -> float:
@@ -369,14 +381,7 @@ def modularity(adj: Any, labels: Any) -> float:
     with ``M = sum A`` (networkx's directed convention). Equals
     ``networkx.community.modularity`` on graphs without self-loops.
     """
-    coo, codes, k = _graph(adj, labels)
-    data = coo.data.astype(np.float64)
-    total = float(data.sum())
-    same, cr = _intra_weight(coo, codes)
-    w_in = float(data[same].sum())
-    vol_out = np.bincount(cr, weights=data, minlength=k)
-    vol_in = np.bincount(codes[coo.col], weights=data, minlength=k)
-    return float(w_in / total - np.dot(vol_out, vol_in) / (total * total))
+    return _graph_metrics(adj, labels)[0]
 
 
 def conductance(adj: Any, labels: Any) -> float:
@@ -385,11 +390,7 @@ def conductance(adj: Any, labels: Any) -> float:
     Total cut weight over total volume summed over all clusters (the DMoN
     authors' ``metrics.conductance``); 0 = no edge leaves its cluster.
     """
-    coo, codes, _ = _graph(adj, labels)
-    data = coo.data.astype(np.float64)
-    same, _ = _intra_weight(coo, codes)
-    total = float(data.sum())
-    return float((total - float(data[same].sum())) / total)
+    return _graph_metrics(adj, labels)[1]
 
 
 # ---------------------------------------------------------------------------
@@ -422,10 +423,9 @@ def evaluate(labels: Any, y_true: Any = None, adj: Any = None) -> dict[str, floa
             out["ari"] = _ari(ct)
             out["f1"] = float(f1.mean())
     if adj is not None:
-        nnz = adj.nnz if sp.issparse(adj) else int(np.count_nonzero(np.asarray(adj)))
-        if nnz > 0:
-            out["modularity"] = modularity(adj, labels)
-            out["conductance"] = conductance(adj, labels)
+        weight = float(abs(adj).sum()) if sp.issparse(adj) else float(np.abs(np.asarray(adj)).sum())
+        if weight > 0:
+            out["modularity"], out["conductance"] = _graph_metrics(adj, labels)
     return out
 
 

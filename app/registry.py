@@ -17,8 +17,18 @@ from app.data import DATASETS
 from app.data.params import DATA_PARAMS
 from app.data.partition import PARTITIONERS
 from app.transport import POLL_MODES
+from clients.fedavg_dmon import FedAvgDMoNClient
 from clients.fedkmeans import FedKMeansClient
+from strategies.fedavg_dmon import FedAvgDMoN
 from strategies.fedkmeans import FedKMeans
+from clients.fedspectral import FedSpectralClient, FedSpectralPlusClient
+from strategies.fedspectral import FedSpectral, FedSpectralPlus
+from clients.gw_ldp import GWLDPClient
+from strategies.gw_ldp import GWLDP
+from clients.fedsc import FedSCClient
+from strategies.fedsc import FedSC
+from clients.kcagc import KCAGCClient
+from strategies.kcagc import KCAGC, KCAGCBasic
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,13 @@ class Entry:
 
 STRATEGIES: dict[str, Entry] = {
     "fedkmeans": Entry(FedKMeans, FedKMeansClient),
+    "gw-ldp": Entry(GWLDP, GWLDPClient),
+    "fedspectral": Entry(FedSpectral, FedSpectralClient),
+    "fedspectral-plus": Entry(FedSpectralPlus, FedSpectralPlusClient),
+    "fedavg-dmon": Entry(FedAvgDMoN, FedAvgDMoNClient),
+    "fedsc": Entry(FedSC, FedSCClient),
+    "kcagc": Entry(KCAGC, KCAGCClient),
+    "kcagc-basic": Entry(KCAGCBasic, KCAGCClient),
 }
 
 
@@ -50,6 +67,8 @@ def core_params() -> list[Param]:
         Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0),
         Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1),
         Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
+        Param("min-clients", int, 1,
+              "strategies that tolerate dropouts stop when fewer clients remain", low=1, high=1024),
         Param("timeout", float, 600.0, "seconds to wait for the clients' replies in one step", low=0.001),
         Param("transport", str, "backoff",
               "reply polling: backoff (2-50 ms, default) or flower (Grid.send_and_receive)",
@@ -59,6 +78,8 @@ def core_params() -> list[Param]:
         Param("secagg.bound", float, 1e6,
               "secure aggregation: largest |value| one client may contribute", low=1e-9),
         Param("reference", bool, True, "also run the centralised reference on the pooled data"),
+        Param("eval-file", str, "",
+              "server-side evaluation file (deployment); empty = load the dataset (simulation)"),
         Param("out-dir", str, "", "where result.json goes; empty = results/<strategy>-<dataset>-<time>"),
     ]
 

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from app import registry
 from app.config import ConfigError, RunConfig
 from app.data.params import dataset_kwargs
+from app.data.evaluation import load_evaluation
 from app.data.shards import server_data
 from app.data.types import GraphCollection
 from app.metrics import agreement, evaluate
@@ -29,7 +30,11 @@ from app.session import ServerSession
 
 
 def evaluation_data(config: RunConfig):
-    """The pooled dataset, for evaluation and the centralised reference only."""
+    """What the server scores against: the ``eval-file`` in a deployment,
+    else the pooled dataset (simulation), used for evaluation and the
+    centralised reference only, never sent to a client."""
+    if config["eval-file"]:
+        return load_evaluation(str(config["eval-file"]))
     return server_data(
         dataset=str(config["dataset"]),
         seed=int(config["seed"]),
@@ -57,7 +62,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     started = time.perf_counter()
     config = registry.validate(raw_config)
     data = evaluation_data(config)
-    num_items = len(data.graphs) if isinstance(data, GraphCollection) else data.num_nodes
+    num_items = len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
     values = config.as_dict()
     if values["num-clusters"] == 0:
         values["num-clusters"] = int(np.unique(data.y[data.y >= 0]).size) if data.y is not None else 0
@@ -81,7 +86,9 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
 
     metrics = {**score(labels), **output.metrics}
     reference: dict | None = None
-    if config["reference"]:
+    if config["reference"] and data.meta.get("evaluation") == "labels-only":
+        reference = {"skipped": "the eval-file holds labels only; the reference needs the pooled data"}
+    elif config["reference"]:
         ref_start = time.perf_counter()
         ref_labels = strategy.reference(data)
         if ref_labels is not None:
@@ -106,7 +113,8 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
             "per_round_s": [r["seconds"] for r in rounds],
             "per_round": rounds,
         },
-        "communication": {**session.stats.as_dict(), "rejected": session.rejects},
+        "communication": {**session.stats.as_dict(), "rejected": session.rejects,
+                          "dropped": [{"node": n, **d} for n, d in session.dropped.items()]},
         "privacy": session.ledger.to_dict(),
         "history": output.history,
     }

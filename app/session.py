@@ -63,6 +63,8 @@ class ServerSession:
         self._round = 0
         self._secagg_ready = False
         self._order: dict[int, int] = {}
+        self.dropped: dict[int, dict] = {}
+        self.min_clients = max(1, int(config["min-clients"]))
 
     # -- set-up ---------------------------------------------------------------
     def connect(self) -> list[ClientInfo]:
@@ -113,8 +115,8 @@ class ServerSession:
 
     @property
     def node_ids(self) -> list[int]:
-        """Node ids ordered by partition id."""
-        return [c.node_id for c in self.clients]
+        """Ids of the clients still taking part, ordered by partition id."""
+        return [c.node_id for c in self.clients if c.node_id not in self.dropped]
 
     def partition_of(self, node_id: int) -> int:
         return self._order[node_id]
@@ -135,8 +137,12 @@ class ServerSession:
         Returns the valid replies keyed by node id, in partition order (so
         results do not depend on arrival order). Rejected replies are
         recorded; with ``require_all`` any reject stops the run with a
-        :class:`ProtocolError` naming the clients and reasons. Accepted
-        uploads go into the privacy ledger unless ``record`` is False.
+        :class:`ProtocolError` naming the clients and reasons. Without it
+        (strategies that can continue with fewer clients) rejected clients
+        are dropped for the rest of the run (``dropped``, reported in
+        result.json) and the run stops only when fewer than ``min-clients``
+        remain. Accepted uploads go into the privacy ledger unless ``record``
+        is False.
         """
         self._round += 1
         messages = [
@@ -156,9 +162,20 @@ class ServerSession:
         )
         for node, reason in sorted(result.rejected.items()):
             self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
-        if result.rejected and require_all:
-            detail = "; ".join(f"node {n}: {r}" for n, r in sorted(result.rejected.items()))
-            raise ProtocolError(f"step '{action}' rejected {len(result.rejected)} client(s): {detail}")
+        if result.rejected:
+            detail = "; ".join(
+                f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(result.rejected.items())
+            )
+            if require_all:
+                raise ProtocolError(f"step '{action}' rejected {len(result.rejected)} client(s): {detail}")
+            for node, reason in result.rejected.items():
+                self.dropped[node] = {"round": self._round, "action": action, "reason": reason,
+                                      "client": self._order.get(node)}
+            remaining = len(self.node_ids)
+            if remaining < self.min_clients:
+                raise ProtocolError(
+                    f"step '{action}': {remaining} client(s) left, below min-clients={self.min_clients} ({detail})"
+                )
         replies = dict(sorted(result.replies.items(), key=lambda item: self._order.get(item[0], item[0])))
         if record:
             self._record_uploads(action, replies, expect)

@@ -27,6 +27,7 @@ VALUES = "values"
 
 POLL_START_S = 0.002
 POLL_MAX_S = 0.05
+LIVENESS_EVERY_S = 1.0
 
 
 class ProtocolError(RuntimeError):
@@ -151,27 +152,43 @@ class Exchange:
     bytes_down: int
 
 
-def _push_and_poll(grid: Grid, messages: Sequence[Message], deadline: float) -> list[Message]:
+def _push_and_poll(
+    grid: Grid, messages: Sequence[Message], deadline: float
+) -> tuple[list[Message], set[int]]:
     """Push, then pull until every reply is in or ``deadline`` passes.
 
     The sleep between empty polls starts at 2 ms and doubles up to 50 ms;
-    any reply resets it, since the others are usually close behind.
+    any reply resets it, since the others are usually close behind. About
+    once a second the grid's node list is checked: a destination that has
+    left the federation will not answer, so it is given up at once instead
+    of at the deadline. Returns the replies and the nodes that left.
     """
-    pending = set(grid.push_messages(messages))
+    ids = list(grid.push_messages(messages))
+    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages)}
+    pending = set(ids)
     received: list[Message] = []
+    gone: set[int] = set()
     delay = POLL_START_S
+    next_liveness = time.perf_counter() + LIVENESS_EVERY_S
     while pending:
         got = list(grid.pull_messages(pending))
         received.extend(got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending or time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if pending and now >= next_liveness:
+            alive = set(grid.get_node_ids())
+            left = {mid for mid in pending if node_of[mid] not in alive}
+            gone.update(node_of[mid] for mid in left)
+            pending -= left
+            next_liveness = now + LIVENESS_EVERY_S
+        if not pending or now > deadline:
             break
         if got:
             delay = POLL_START_S
         else:
             time.sleep(delay)
             delay = min(2 * delay, POLL_MAX_S)
-    return received
+    return received, gone
 
 
 POLL_MODES = ("backoff", "flower")
@@ -191,23 +208,28 @@ def exchange(
     (fixed sleep between polls), for comparison.
 
     Every reply is checked: an error reply, a reply that does not match
-    ``expect`` (missing key, wrong shape or dtype, NaN/Inf) or no reply within
-    ``timeout`` seconds puts the node in ``rejected`` with the reason; only
+    ``expect`` (missing key, wrong shape or dtype, NaN/Inf), a node that left
+    the federation, or no reply within ``timeout`` seconds puts the node in
+    ``rejected`` with the reason; only
     valid replies are returned in ``replies``.
     """
     start = time.perf_counter()
     down = sum(message_bytes(m) for m in messages)
     sent = {m.metadata.dst_node_id for m in messages}
+    gone: set[int] = set()
     if poll == "flower":
         received = list(grid.send_and_receive(messages, timeout=timeout))
     else:
-        received = _push_and_poll(grid, messages, start + timeout)
+        received, gone = _push_and_poll(grid, messages, start + timeout)
 
+    # Attribute replies through the message they answer: an error reply the
+    # SuperLink writes for an unreachable node comes from the SuperLink itself.
+    node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     replies: dict[int, RecordDict] = {}
     rejected: dict[int, str] = {}
     up = 0
     for reply in received:
-        node = reply.metadata.src_node_id
+        node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
         if reply.has_error():
             rejected[node] = f"client error: {reply.error.reason}"
             continue
@@ -218,6 +240,8 @@ def exchange(
             rejected[node] = reason
         else:
             replies[node] = reply.content
+    for node in gone - set(replies) - set(rejected):
+        rejected[node] = "left the federation (SuperNode disconnected)"
     for node in sent - set(replies) - set(rejected):
         rejected[node] = f"no reply within {timeout:g} s"
 

@@ -96,9 +96,33 @@ def test_malformed_reply_is_rejected_and_reported(kind, reason):
 def test_silent_node_times_out_and_is_reported():
     session = session_for(make_client_app({}))
     session.timeout = 0.5
-    session.grid.dropped.add(session.node_ids[1])
-    with pytest.raises(ProtocolError, match="no reply within 0.5 s"):
+    session.grid.silent.add(session.node_ids[1])
+    with pytest.raises(ProtocolError, match="client 1 .*no reply within 0.5 s"):
         session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+
+
+def test_disconnected_node_is_given_up_before_the_timeout():
+    session = session_for(make_client_app({}))
+    session.timeout = 60
+    session.grid.dropped.add(session.node_ids[2])
+    with pytest.raises(ProtocolError, match="client 2 .*left the federation"):
+        session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+    assert session.stats.rounds[-1]["seconds"] < 30  # well before the 60 s timeout
+
+
+def test_tolerant_step_drops_the_client_and_stops_below_min_clients():
+    session = session_for(make_client_app({}), **{"min-clients": 3})
+    content = pack({"v": np.zeros((N, 3))})
+    session.grid.dropped.add(session.node_ids[0])
+    replies = session.broadcast("block", content, SPEC, require_all=False)
+    assert sorted(session.partition_of(n) for n in replies) == [1, 2, 3]
+    assert [d["client"] for d in session.dropped.values()] == [0]
+    assert len(session.node_ids) == 3  # the dropped client gets no more messages
+    replies = session.broadcast("block", content, SPEC, require_all=False)
+    assert len(replies) == 3 and len(session.rejects) == 1
+    session.grid.dropped.add(session.node_ids[0])
+    with pytest.raises(ProtocolError, match="2 client\\(s\\) left, below min-clients=3"):
+        session.broadcast("block", content, SPEC, require_all=False)
 
 
 def test_bytes_add_up_and_scale_with_payload():

@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="data run-config key, e.g. sbm.nodes=5000 (repeatable)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--eval-file", default=None,
+                   help="also write the server's evaluation file here (see app/data/evaluation.py)")
+    p.add_argument("--eval-contents", default="labels-only", help="labels-only (default) or full")
+    p.add_argument("--eval-graph", action="store_true",
+                   help="labels-only file: include the adjacency for modularity/conductance")
     return p
 
 
@@ -83,6 +88,11 @@ def run(argv: list[str] | None = None) -> dict:
                                                                             "circles") else None,
     }
     manifest = write_shards(shards, args.out, info)
+    if args.eval_file:
+        from .evaluation import write_evaluation
+
+        write_evaluation(data, args.eval_file, args.eval_contents, args.eval_graph)
+        print(f"wrote evaluation file ({args.eval_contents}) to {args.eval_file}")
     dt = time.perf_counter() - t0
     for c in manifest["clients"]:
         print(f"{args.out}/{c['file']}: nodes={c['num_nodes']} edges={c['num_edges']} "

@@ -1,0 +1,77 @@
+"""Evaluation files: what a deployed ServerApp may know for scoring a run.
+
+In a deployment the server has no dataset. For experiments that report
+metrics against ground truth, the operator gives the server an explicit
+evaluation file (run-config ``eval-file``), written by
+``python -m app.data.prepare ... --eval-file PATH``:
+
+* ``labels-only`` (default): node labels (or graph labels), plus the graph's
+  adjacency when ``--eval-graph`` is given (for modularity/conductance);
+* ``full``: the pooled dataset, so the server can also run the centralised
+  reference; only for research set-ups where pooling is allowed.
+
+Format: one ``.npz`` (no pickle) with a JSON header.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from app.config import ConfigError
+from app.data.shards import _get_graphs, _get_matrix, _put_graphs, _put_matrix
+from app.data.types import GraphCollection, GraphData
+
+CONTENTS = ("labels-only", "full")
+
+
+def write_evaluation(data: GraphData | GraphCollection, path: str | Path, contents: str = "labels-only",
+                     with_graph: bool = False) -> Path:
+    """Write the evaluation file for ``data`` (see module docstring)."""
+    if contents not in CONTENTS:
+        raise ConfigError(f"invalid evaluation contents {contents!r}; valid choices: " + ", ".join(CONTENTS))
+    arrays: dict[str, np.ndarray] = {}
+    header = {"name": data.name, "contents": contents, "collection": isinstance(data, GraphCollection)}
+    if isinstance(data, GraphCollection):
+        arrays["y"] = np.asarray(data.y)
+        if contents == "full":
+            header["graphs"] = _put_graphs(arrays, data.graphs)
+    else:
+        if data.y is not None:
+            arrays["y"] = np.asarray(data.y)
+        header["num_nodes"] = data.num_nodes
+        if contents == "full" or with_graph:
+            header["adj"] = _put_matrix(arrays, "adj", data.adj)
+        if contents == "full":
+            header["x"] = _put_matrix(arrays, "x", data.x)
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return path
+
+
+def load_evaluation(path: str | Path) -> GraphData | GraphCollection:
+    """Read an evaluation file; ``meta['evaluation']`` says what it holds."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"eval-file {str(path)!r} does not exist; write one with "
+                          "python -m app.data.prepare ... --eval-file PATH")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        header = json.loads(arrays.pop("__header__").tobytes())
+    except Exception as err:
+        raise ConfigError(f"eval-file {str(path)!r} is not a valid evaluation file: {err}") from None
+    meta = {"evaluation": header["contents"]}
+    if header["collection"]:
+        graphs = _get_graphs(arrays, header["graphs"]) if "graphs" in header else []
+        return GraphCollection(header["name"], graphs, arrays["y"], meta=meta)
+    n = int(header["num_nodes"])
+    adj = _get_matrix(arrays, "adj", header["adj"]) if "adj" in header else sp.csr_matrix((n, n))
+    x = _get_matrix(arrays, "x", header["x"]) if "x" in header else None
+    return GraphData(header["name"], sp.csr_matrix(adj, dtype=np.float64), x, arrays.get("y"), meta)

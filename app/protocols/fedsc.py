@@ -1,0 +1,361 @@
+"""FedSC: federated spectral clustering by secure similarity reconstruction.
+
+Qiao, Ding & Fan (2023), with the algorithm details of the authors' code
+(``../shared/papers/NOTES.md``). Plain numpy/scipy functions, no Flower.
+
+Notation (rows are samples, unlike the paper's columns): client ``p`` holds
+``X_p`` (``N_p x m``); the shared landmarks are ``Z`` (``d x m``); client
+``p``'s coefficients are ``C_p`` (``d x N_p``). Gaussian kernel
+``k(x, y) = exp(-||x - y||^2 / (2 sigma^2))`` so ``phi(x)' phi(y) = k(x, y)``.
+The federated problem is
+
+    min_{Z, C}  sum_p f_p(Z, C_p),
+    f_p = 1/2 ||phi(X_p) - phi(Z) C_p||_F^2 + lambda/2 ||C_p||_F^2
+        = 1/2 [N_p - 2 tr(C_p' K_zx) + tr(C_p' K_zz C_p)] + lambda/2 ||C_p||_F^2.
+
+One round (:func:`client_round`): with the averaged ``Z`` from the server the
+client solves ``C_p = (K_zz + lambda I)^-1 K(Z, X_p)`` in closed form, then
+takes one preconditioned gradient step on its copy of ``Z`` and uploads it
+(:func:`landmark_step`). The server averages the uploads (:func:`average`).
+
+At the end the clients upload ``C_p``; the server forms
+``K_hat = C' K(Z, Z) C`` (``C = [C_1 ... C_P]``, ``n x n``; it approximates
+the full kernel matrix ``K(X, X)`` without seeing any ``x``), scales it to
+[0, 1], keeps the ``ceil(ln n)`` largest entries of each row (symmetrised by
+max) and runs normalised spectral clustering (:func:`cluster_affinity`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+#: singular-value mass the landmark count must carry (the authors' rule)
+DEFAULT_MASS = 0.99
+DEFAULT_LAMBDA = 1e-4
+
+
+# ---------------------------------------------------------------------------
+# kernel, bandwidth, landmark count
+# ---------------------------------------------------------------------------
+def sq_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances between the rows of ``a`` and ``b`` (>= 0)."""
+    d2 = (a * a).sum(1)[:, None] - 2.0 * a @ b.T + (b * b).sum(1)[None, :]
+    return np.maximum(d2, 0.0)
+
+
+def kernel(a: np.ndarray, b: np.ndarray, sigma: float) -> np.ndarray:
+    """Gaussian kernel matrix ``K[i, j] = exp(-||a_i - b_j||^2 / (2 sigma^2))``."""
+    return np.exp(-sq_distances(a, b) / (2.0 * sigma * sigma))
+
+
+def local_distance_sum(x: np.ndarray) -> tuple[float, float]:
+    """Client: sum of the pairwise distances of its own rows and the number of pairs.
+
+    Only these two numbers leave the client; :func:`combine_bandwidth` turns
+    them into the shared sigma.
+    """
+    n = len(x)
+    if n < 2:
+        return 0.0, 0.0
+    d = np.sqrt(sq_distances(x, x)[np.triu_indices(n, 1)])
+    return float(d.sum()), float(d.size)
+
+
+def combine_bandwidth(sums, pairs) -> float:
+    """Server: sigma = mean distance over all within-client pairs.
+
+    With one client this is exactly the mean pairwise distance of the data
+    (the authors' choice); with samples split at random it is an unbiased
+    estimate of it.
+    """
+    total = float(np.sum(pairs))
+    if total <= 0:
+        raise ValueError("no client holds two samples; cannot estimate the kernel bandwidth")
+    sigma = float(np.sum(sums)) / total
+    if not sigma > 0:
+        raise ValueError("all samples coincide (mean pairwise distance 0); cannot set the kernel bandwidth")
+    return sigma
+
+
+def mass_rank(k: np.ndarray, mass: float = DEFAULT_MASS) -> int:
+    """Smallest ``d`` whose ``d`` largest singular values of ``k`` carry ``mass`` of their sum."""
+    s = np.linalg.svd(k, compute_uv=False)
+    total = s.sum()
+    if total <= 0:
+        return 1
+    return int(np.searchsorted(np.cumsum(s) / total, mass - 1e-12) + 1)
+
+
+def local_landmark_count(x: np.ndarray, sigma: float, mass: float = DEFAULT_MASS) -> int:
+    """Client: the spectral-mass rule applied to its own kernel matrix ``K(X_p, X_p)``."""
+    return mass_rank(kernel(x, x, sigma), mass)
+
+
+def combine_landmark_counts(counts) -> int:
+    """Server: the largest local count.
+
+    A local kernel is a principal submatrix of the full one, and the full
+    kernel usually needs more landmarks for the same mass (measured on digits,
+    8 clients: largest local count 119, full kernel 286; Iris 6-7 vs 7), so
+    for high-rank kernels this underestimates and ``fedsc.landmarks`` should
+    be set (the authors hand-picked d as well).
+    """
+    return int(max(1, max(int(c) for c in counts)))
+
+
+def init_landmarks(d: int, m: int, seed: int) -> np.ndarray:
+    """Initial landmarks ``Z ~ N(0, 1)`` (``d x m``), as in the authors' code."""
+    return np.random.default_rng([int(seed), 7]).standard_normal((int(d), int(m)))
+
+
+# ---------------------------------------------------------------------------
+# client round
+# ---------------------------------------------------------------------------
+def solve_coefficients(x: np.ndarray, z: np.ndarray, sigma: float, lam: float = DEFAULT_LAMBDA) -> np.ndarray:
+    """C-step: ``C_p = argmin_C f_p(Z, C) = (K_zz + lambda I)^-1 K(Z, X_p)`` (``d x N_p``)."""
+    return _solve(kernel(z, z, sigma), kernel(z, x, sigma), lam)
+
+
+def _solve(kzz: np.ndarray, kzx: np.ndarray, lam: float) -> np.ndarray:
+    a = kzz + lam * np.eye(len(kzz))
+    try:
+        return np.linalg.solve(a, kzx)
+    except np.linalg.LinAlgError:  # exactly singular (duplicate landmarks and lam = 0)
+        return np.linalg.lstsq(a, kzx, rcond=None)[0]
+
+
+def _fit(n: int, kzz: np.ndarray, kzx: np.ndarray, c: np.ndarray, lam: float, g: np.ndarray | None = None) -> float:
+    """``f_p`` from precomputed kernel blocks (``g = C C'`` when already known:
+    ``tr(C' K_zz C) = sum(K_zz o C C')``)."""
+    g = c @ c.T if g is None else g
+    fit = n - 2.0 * float(np.sum(c * kzx)) + float(np.sum(kzz * g))
+    return 0.5 * fit + 0.5 * lam * float(np.trace(g))
+
+
+def objective(x: np.ndarray, z: np.ndarray, c: np.ndarray, sigma: float, lam: float = DEFAULT_LAMBDA) -> float:
+    """``f_p(Z, C_p)`` (the kernel's diagonal is 1, so ``||phi(X_p)||^2 = N_p``)."""
+    return _fit(len(x), kernel(z, z, sigma), kernel(z, x, sigma), c, lam)
+
+
+def _blocks(x, z, c, sigma, kzz=None, kzx=None, g=None):
+    kzz = kernel(z, z, sigma) if kzz is None else kzz
+    kzx = kernel(z, x, sigma) if kzx is None else kzx
+    g = c @ c.T if g is None else g
+    return kzz, kzx, c * kzx, g * kzz
+
+
+def landmark_gradient(x: np.ndarray, z: np.ndarray, c: np.ndarray, sigma: float,
+                      kzz: np.ndarray | None = None, kzx: np.ndarray | None = None,
+                      g: np.ndarray | None = None):
+    """Gradient of ``f_p`` in ``Z``, its linear part ``A`` and a diagonal preconditioner.
+
+    With ``W = C o K_zx`` and ``V = (C C') o K_zz`` (``o`` elementwise; using
+    ``d k(z, y) / dz = k(z, y) (y - z) / sigma^2``),
+
+        grad = (1/sigma^2) (A Z - W X),   A = diag(W 1 - V 1) + V      (d x m).
+
+    Returns ``(grad, A, h)`` with ``h = (|W| 1 + |V| 1) / sigma^2`` (one
+    positive number per landmark, the fallback preconditioner).
+    ``kzz``/``kzx``/``g = C C'`` may be passed when already computed.
+    """
+    _, _, w, v = _blocks(x, z, c, sigma, kzz, kzx, g)
+    a = np.diag(w.sum(1) - v.sum(1)) + v
+    s2 = sigma * sigma
+    grad = (a @ z - w @ x) / s2
+    h = (np.abs(w).sum(1) + np.abs(v).sum(1)) / s2
+    return grad, a, h
+
+
+def landmark_step(
+    x: np.ndarray,
+    z: np.ndarray,
+    c: np.ndarray,
+    sigma: float,
+    lam: float = DEFAULT_LAMBDA,
+    max_halvings: int = 20,
+    kzz: np.ndarray | None = None,
+    kzx: np.ndarray | None = None,
+) -> np.ndarray:
+    """Z-step: one preconditioned gradient step on ``f_p(., C_p)``.
+
+    The gradient ``(1/sigma^2)(A Z - W X)`` is linear in ``Z`` when the kernel
+    values are frozen; the preconditioned step ``Z - sigma^2 A^-1 grad =
+    A^-1 W X`` solves that linear system (a Newton step with frozen kernel
+    terms). Backtracking halves the step (at most ``max_halvings`` times)
+    until the local objective decreases; if ``A`` is singular or no step
+    decreases it, the diagonal preconditioner ``h`` is tried the same way, and
+    failing that ``Z`` is returned unchanged. So ``f_p(Z_p, C_p) <= f_p(Z, C_p)``.
+    """
+    kzz = kernel(z, z, sigma) if kzz is None else kzz
+    kzx = kernel(z, x, sigma) if kzx is None else kzx
+    g = c @ c.T
+    grad, a, h = landmark_gradient(x, z, c, sigma, kzz, kzx, g)
+    f0 = _fit(len(x), kzz, kzx, c, lam, g)
+    directions = []
+    try:
+        directions.append(np.linalg.solve(a, grad * sigma * sigma))
+    except np.linalg.LinAlgError:
+        pass
+    directions.append(grad / np.maximum(h, 1e-300)[:, None])
+    for direction in directions:
+        if not np.all(np.isfinite(direction)):
+            continue
+        step = 1.0
+        for _ in range(max_halvings + 1):
+            new = z - step * direction
+            if _fit(len(x), kernel(new, new, sigma), kernel(new, x, sigma), c, lam, g) < f0:
+                return new
+            step *= 0.5
+    return z.copy()
+
+
+def client_round(x: np.ndarray, z: np.ndarray, sigma: float, lam: float = DEFAULT_LAMBDA):
+    """One client round: ``C_p`` in closed form, then one Z-step.
+
+    Returns ``(C_p, Z_p, f_p(Z, C_p))``: ``Z_p`` is uploaded, ``C_p`` stays on
+    the client until the end, ``f_p`` (one number) is uploaded for the
+    objective history.
+    """
+    with _one_thread():
+        kzz = kernel(z, z, sigma)
+        kzx = kernel(z, x, sigma)
+        c = _solve(kzz, kzx, lam)
+        f = _fit(len(x), kzz, kzx, c, lam)
+        return c, landmark_step(x, z, c, sigma, lam, kzz=kzz, kzx=kzx), f
+
+
+_CONTROLLER = None
+
+
+def _one_thread():
+    """BLAS on one thread: these products are small, and thread spin-waits on a
+    shared machine make them several times slower. (The controller scans the
+    loaded libraries once: ~40 ms, too slow to repeat every round.)"""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        from threadpoolctl import ThreadpoolController
+
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=1)
+
+
+def average(zs) -> np.ndarray:
+    """Server: ``Z = (1/P) sum_p Z_p``."""
+    zs = list(zs)
+    return np.sum(zs, axis=0) / len(zs)
+
+
+# ---------------------------------------------------------------------------
+# noise
+# ---------------------------------------------------------------------------
+def perturb(array: np.ndarray, ratio: float, rng) -> np.ndarray:
+    """The paper's rule ``M + ratio * std(M) * N(0, 1)`` (no formal guarantee)."""
+    from app.privacy.gaussian import noise_ratio_perturb
+
+    if ratio <= 0:
+        return np.asarray(array, dtype=np.float64)
+    return noise_ratio_perturb(array, ratio, rng)
+
+
+def client_rng(seed: int, client: int, purpose: int) -> np.random.Generator:
+    """Independent noise stream per (run seed, client, purpose)."""
+    return np.random.default_rng([int(seed), int(client), int(purpose), 0xFEDC])
+
+
+# ---------------------------------------------------------------------------
+# reconstruction and spectral clustering
+# ---------------------------------------------------------------------------
+def reconstruct(z: np.ndarray, c: np.ndarray, sigma: float) -> np.ndarray:
+    """``K_hat = C' K(Z, Z) C`` (``n x n``) from the landmarks and all coefficients."""
+    return c.T @ (kernel(z, z, sigma) @ c)
+
+
+def reconstruction_error(x: np.ndarray, z: np.ndarray, c: np.ndarray, sigma: float) -> float:
+    """``||K(X, X) - C' K(Z, Z) C||_F / ||K(X, X)||_F`` (evaluation only: needs the pooled data)."""
+    k = kernel(x, x, sigma)
+    return float(np.linalg.norm(k - reconstruct(z, c, sigma)) / np.linalg.norm(k))
+
+
+def knn_count(n: int) -> int:
+    """Neighbours kept per row: ``ceil(ln n)`` (at least 1, at most n - 1)."""
+    return int(min(max(1, math.ceil(math.log(max(n, 2)))), max(n - 1, 1)))
+
+
+def knn_affinity(k_hat: np.ndarray, neighbours: int | None = None) -> sp.csr_matrix:
+    """Min-max scale ``k_hat`` to [0, 1], keep each row's ``neighbours`` largest
+    off-diagonal entries, symmetrise by max (sparse ``n x n``).
+
+    Vectorised: one ``argpartition`` over the rows.
+    """
+    k_hat = np.asarray(k_hat, dtype=np.float64)
+    n = k_hat.shape[0]
+    if n < 2:
+        return sp.csr_matrix((n, n))
+    lo, hi = float(k_hat.min()), float(k_hat.max())
+    scaled = (k_hat - lo) / (hi - lo) if hi > lo else np.ones_like(k_hat)
+    q = knn_count(n) if neighbours is None else int(neighbours)
+    masked = scaled.copy()
+    np.fill_diagonal(masked, -np.inf)
+    cols = np.argpartition(-masked, q - 1, axis=1)[:, :q]
+    rows = np.repeat(np.arange(n), q)
+    cols = cols.ravel()
+    w = sp.csr_matrix((scaled[rows, cols], (rows, cols)), shape=(n, n))
+    return w.maximum(w.T).tocsr()
+
+
+def cluster_affinity(k_hat: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
+    """Normalised spectral clustering of the kNN graph of ``k_hat`` (NJW, :func:`app.baselines.spectral_affinity`)."""
+    from app.baselines import spectral_affinity
+
+    return spectral_affinity(knn_affinity(k_hat), int(k), int(seed), n_init=n_init)
+
+
+def centralised_sc(x: np.ndarray, sigma: float, k: int, seed: int, n_init: int = 10) -> np.ndarray:
+    """The reference: the same pipeline on the exact kernel ``K(X, X)`` of the pooled data."""
+    return cluster_affinity(kernel(x, x, sigma), k, seed, n_init)
+
+
+# ---------------------------------------------------------------------------
+# the whole protocol in memory (same functions, no transport)
+# ---------------------------------------------------------------------------
+def simulate(
+    xs: list[np.ndarray],
+    k: int,
+    seed: int,
+    rounds: int = 20,
+    lam: float = DEFAULT_LAMBDA,
+    landmarks: int = 0,
+    mass: float = DEFAULT_MASS,
+    z0: np.ndarray | None = None,
+    callback=None,
+) -> dict:
+    """Run FedSC on the client blocks ``xs`` without any transport.
+
+    Same functions as the Flower strategy (noise-free). ``callback(round, Z,
+    [C_p])`` is called after each round (e.g. to track the reconstruction
+    error). Returns ``sigma``, ``d``, ``z``, ``c`` (``d x n``, clients in
+    order), ``objective`` per round and ``labels``.
+    """
+    sums, pairs = zip(*(local_distance_sum(x) for x in xs))
+    sigma = combine_bandwidth(sums, pairs)
+    if z0 is not None:
+        z = np.asarray(z0, dtype=np.float64)
+    else:
+        d = landmarks or combine_landmark_counts(local_landmark_count(x, sigma, mass) for x in xs)
+        z = init_landmarks(d, xs[0].shape[1], seed)
+    history = []
+    cs = []
+    for r in range(1, rounds + 1):
+        out = [client_round(x, z, sigma, lam) for x in xs]
+        cs = [o[0] for o in out]
+        history.append(float(sum(o[2] for o in out)))
+        if callback is not None:
+            callback(r, z, cs)
+        z = average(o[1] for o in out)
+    cs = [solve_coefficients(x, z, sigma, lam) for x in xs]
+    c = np.hstack(cs)
+    labels = cluster_affinity(reconstruct(z, c, sigma), k, seed)
+    return {"sigma": sigma, "d": len(z), "z": z, "c": c, "objective": history, "labels": labels}

@@ -1,0 +1,344 @@
+"""FedSpectral and FedSpectral+ (Thakkar & Joshi): spectral clustering over
+edge-partitioned graphs. Plain numpy/scipy, no Flower.
+
+Setting: every client knows all ``N`` node ids and holds some of the edges
+of one global graph, ``A_c`` (N x N, 0/1, global indexing). An edge may be held
+by ``r`` clients; the partition protocol tells each client ``r`` per edge
+(``Shard.edge_weight``), so ``sum_c A_c / r = A`` exactly.
+
+FedSpectral+ (paper Algorithms 3-4, ``mode="paper"``)
+    Server: random ``V`` (N x K), orthonormal. Each round every client returns
+    ``P_c = M_c^iters V`` with its *local* normalised adjacency
+    ``M_c = D_c^-1/2 A_c D_c^-1/2`` (``= I - L_c``); the server averages the
+    ``P_c`` and orthonormalises with QR. k-means on the rows of ``V`` at the
+    end. This is a heuristic: the average of local operators is not the
+    global ``M = D^-1/2 A D^-1/2`` (local degrees differ from global ones,
+    and powers do not commute with the average).
+
+Exact orthogonal iteration (``mode="exact"``, beyond the paper)
+    Once: the server learns the global degree vector ``d = sum_c A_c 1 / r``
+    by a secure sum (only the sum over clients). Each round the server sends
+    ``Y = D^-1/2 X``; client ``c`` returns ``Z_c = (A_c / r) Y``; the server's
+    ``D^-1/2 sum_c Z_c = M X`` is *exactly* the global normalised operator
+    applied to ``X`` (overlapping edges are weighted 1/r, so they count once;
+    without the 1/r weights an edge held by r clients would count r times,
+    i.e. the operator of a reweighted graph. With the ``edge`` partitioner's
+    uniform r that reweighting is ``r A`` and cancels in ``D^-1/2 A D^-1/2``;
+    it biases the result when multiplicities differ between edges, which the
+    per-edge weights handle). :func:`chebyshev_subspace_iteration`
+    runs Chebyshev-filtered subspace iteration (orthogonal iteration with a
+    polynomial filter, one ``M X`` per round) with Rayleigh-Ritz extraction and
+    stops when the top-k Ritz subspace stops moving. Its limit is the top-k
+    eigenspace of ``M``, i.e. what :func:`app.baselines.spectral_graph`
+    computes centrally, followed by the same row normalisation and k-means.
+
+FedSpectral (baseline, paper Algorithms 1-2)
+    Each client clusters its local graph with normalised spectral clustering
+    and uploads the N labels. The server's co-association similarity
+    ``S = (1/C) sum_c H_c H_c^T`` (``H_c`` one-hot, N x K; ``S_ij`` = fraction
+    of clients putting i and j together, ``S_ii = 1`` as in the paper's loop)
+    is never formed: ``S = B B^T`` with ``B = [H_1 .. H_C] / sqrt(C)`` (N x CK,
+    sparse), so the top eigenvectors of ``D^-1/2 S D^-1/2`` come from the small
+    CK x CK Gram matrix (:func:`coassociation_embedding`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from app.baselines import kmeans
+
+# --------------------------------------------------------------------------- client side
+
+
+def local_normalised_operator(adj: sp.csr_matrix) -> sp.csr_matrix:
+    """Paper client operator ``I - L_c = D_c^-1/2 A_c D_c^-1/2`` (local degrees;
+    a node with no local edge gets a zero row and column)."""
+    adj = sp.csr_matrix(adj, dtype=np.float64)
+    deg = np.asarray(adj.sum(axis=1)).ravel()
+    inv = np.zeros_like(deg)
+    inv[deg > 0] = 1.0 / np.sqrt(deg[deg > 0])
+    return sp.csr_matrix(sp.diags(inv) @ adj @ sp.diags(inv))
+
+
+def weighted_local_adjacency(adj: sp.csr_matrix, edge_weight: np.ndarray | None) -> sp.csr_matrix:
+    """``A_c / r``: each local edge divided by the number of clients holding it
+    (``edge_weight`` aligned with ``adj.data``); None means r = 1."""
+    out = sp.csr_matrix(adj, dtype=np.float64, copy=True)
+    if edge_weight is not None:
+        w = np.asarray(edge_weight, dtype=np.float64)
+        if w.shape != out.data.shape:
+            raise ValueError(f"edge_weight has shape {w.shape}, expected {out.data.shape} (one per stored edge)")
+        if np.any(w <= 0):
+            raise ValueError("edge_weight must be > 0 (number of clients holding each edge)")
+        out.data = out.data / w
+    return out
+
+
+def paper_client_step(op: sp.csr_matrix, v: np.ndarray, iters: int) -> np.ndarray:
+    """Algorithm 3: ``op^iters v`` (``iters`` sparse products)."""
+    out = np.asarray(v, dtype=np.float64)
+    for _ in range(int(iters)):
+        out = op @ out
+    return out
+
+
+def local_degrees(weighted_adj: sp.csr_matrix) -> np.ndarray:
+    """``(A_c / r) 1``: this client's share of every node's degree."""
+    return np.asarray(weighted_adj.sum(axis=1)).ravel()
+
+
+# --------------------------------------------------------------------------- server side
+
+
+def init_block(n: int, b: int, seed: int) -> np.ndarray:
+    """Seeded random orthonormal N x b block (QR of a Gaussian matrix)."""
+    if b > n:
+        raise ValueError(f"block of {b} columns does not fit {n} nodes")
+    rng = np.random.default_rng([int(seed), 0x5EC7])
+    return orthonormalise(rng.standard_normal((n, b)))
+
+
+def orthonormalise(x: np.ndarray) -> np.ndarray:
+    """Q of the thin QR decomposition (``numpy.linalg.qr``, as in the paper)."""
+    q, _ = np.linalg.qr(np.asarray(x, dtype=np.float64))
+    return q
+
+
+def paper_server_step(blocks: list[np.ndarray] | np.ndarray, num_clients: int) -> np.ndarray:
+    """Algorithm 4 aggregation: average of the client blocks (or their sum
+    divided by ``num_clients``), then QR."""
+    total = blocks if isinstance(blocks, np.ndarray) else np.sum(blocks, axis=0)
+    return orthonormalise(total / float(num_clients))
+
+
+def inverse_sqrt_degrees(d: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """``d^-1/2`` where ``d > floor``, else 0 (isolated node: zero row of M)."""
+    d = np.asarray(d, dtype=np.float64)
+    out = np.zeros_like(d)
+    ok = d > floor
+    out[ok] = 1.0 / np.sqrt(d[ok])
+    return out
+
+
+def ritz(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rayleigh-Ritz on span(v) (v orthonormal, w = M v): Ritz values in
+    decreasing order and the k x k rotation ``S`` (Ritz vectors ``v @ S``)."""
+    h = v.T @ w
+    theta, s = np.linalg.eigh((h + h.T) * 0.5)
+    return theta[::-1], s[:, ::-1]
+
+
+def subspace_distance(u: np.ndarray, u_prev: np.ndarray) -> float:
+    """Sine of the largest principal angle between span(u) and span(u_prev)
+    (both orthonormal, same width): ``||(I - P P^T) U||_2``."""
+    e = u - u_prev @ (u_prev.T @ u)
+    g = e.T @ e
+    return float(math.sqrt(max(0.0, float(np.linalg.eigvalsh((g + g.T) * 0.5)[-1]))))
+
+
+@dataclass
+class IterationResult:
+    """Outcome of :func:`chebyshev_subspace_iteration`."""
+
+    vectors: np.ndarray  # N x k top Ritz vectors (orthonormal)
+    values: np.ndarray  # their Ritz values (decreasing)
+    rounds: int  # products M X used (= federated rounds)
+    converged: bool
+    stop: str  # "converged" | "stagnated" | "max-rounds"
+    history: list[dict] = field(default_factory=list)
+
+
+def chebyshev_subspace_iteration(
+    apply: Callable[[np.ndarray], np.ndarray],
+    n: int,
+    k: int,
+    block: int,
+    degree: int,
+    tol: float,
+    max_rounds: int,
+    seed: int,
+    lower: float = -1.0,
+    patience: int = 8,
+) -> IterationResult:
+    """Top-k eigenvectors of a symmetric ``M`` with spectrum in ``[lower, 1]``,
+    given only ``apply(X) = M X`` (one call = one federated round).
+
+    Orthogonal iteration on a block of ``block >= k`` columns with a Chebyshev
+    filter: each cycle starts from an orthonormal ``V``, gets ``W = M V``
+    (Rayleigh-Ritz: Ritz values ``theta``), then applies the degree-``degree``
+    Chebyshev polynomial that is bounded by 1 on the unwanted interval
+    ``[lower, theta_block]`` and grows fast above it (``degree - 1`` more
+    products), and re-orthonormalises (QR). ``degree=1`` is plain shifted
+    orthogonal iteration. Stops when the top-k Ritz subspace moves less than
+    ``tol`` (sine of the largest principal angle) between cycles
+    ("converged"), when that distance has not halved for ``patience`` cycles
+    because the products carry noise (fixed-point rounding of secure
+    aggregation, DP noise: "stagnated"), or before a cycle would exceed
+    ``max_rounds`` products ("max-rounds").
+    """
+    if not 1 <= k <= block <= n:
+        raise ValueError(f"need 1 <= k <= block <= n, got k={k}, block={block}, n={n}")
+    if degree < 1:
+        raise ValueError(f"Chebyshev degree must be >= 1, got {degree}")
+    v = init_block(n, block, seed)
+    rounds, history, prev_u, best, since_best = 0, [], None, math.inf, 0
+    stop = "max-rounds"
+    while True:
+        w = apply(v)
+        rounds += 1
+        theta, s = ritz(v, w)
+        u = v @ s[:, :k]
+        dist = math.inf if prev_u is None else subspace_distance(u, prev_u)
+        history.append({"round": rounds, "subspace_change": None if prev_u is None else dist,
+                        "ritz_k": float(theta[k - 1]), "ritz_cut": float(theta[-1])})
+        prev_u = u
+        if dist <= tol:
+            stop = "converged"
+            break
+        if math.isfinite(dist):
+            if dist < 0.5 * best:
+                best, since_best = dist, 0
+            else:
+                since_best += 1
+                if since_best >= patience:
+                    stop = "stagnated"
+                    break
+        if rounds + degree > max_rounds:
+            break
+        hi = float(theta[-1])
+        if hi <= lower:  # degenerate block; fall back to the shifted power step
+            hi = lower + 1e-3
+        c, e = (hi + lower) * 0.5, (hi - lower) * 0.5
+        y_prev, y = v, (w - c * v) / e
+        for _ in range(degree - 1):
+            y_next = 2.0 * (apply(y) - c * y) / e - y_prev
+            rounds += 1
+            y_prev, y = y, y_next
+        v = orthonormalise(y)
+    theta_k = theta[:k]
+    return IterationResult(u, theta_k, rounds, stop == "converged", stop, history)
+
+
+def embedding_labels(u: np.ndarray, k: int, seed: int, n_init: int = 10,
+                     connected: np.ndarray | None = None) -> np.ndarray:
+    """Labels from a spectral embedding exactly as :func:`app.baselines.spectral_graph`
+    does: rows normalised to unit length, k-means (k-means++, ``n_init``) on the
+    rows of ``connected`` nodes; the others (zero rows) join the cluster whose
+    centre is nearest the origin."""
+    u = np.array(u, dtype=np.float64)
+    n = u.shape[0]
+    norms = np.linalg.norm(u, axis=1)
+    ok = norms > 1e-12
+    u[ok] /= norms[ok, None]
+    u[~ok] = 0.0
+    connected = ok if connected is None else (np.asarray(connected, bool) & ok)
+    labels = np.zeros(n, dtype=np.int64)
+    idx = np.flatnonzero(connected)
+    if idx.size == 0:
+        return labels
+    sub, centres = kmeans(u[idx], min(k, idx.size), seed, n_init=n_init, return_centers=True)
+    labels[idx] = sub
+    if idx.size < n:
+        labels[~connected] = int(np.argmin((centres ** 2).sum(axis=1)))
+    return labels
+
+
+# --------------------------------------------------------------------------- bounds for secure sums and DP
+
+
+def product_bound(y: np.ndarray, max_degree: float) -> float:
+    """Largest |entry| any client's ``(A_c / r) Y`` can have: a row sums at most
+    ``d_i <= max_degree`` entries of Y, each weighted <= 1."""
+    return float(max_degree) * float(np.abs(y).max(initial=0.0))
+
+
+def paper_bound(y: np.ndarray) -> float:
+    """Largest |entry| of ``M_c^t Y``: ``||M_c||_2 <= 1`` so every entry is at
+    most ``||Y||_F``."""
+    return float(np.linalg.norm(y))
+
+
+def exact_edge_sensitivity(y: np.ndarray) -> float:
+    """L2 change of the released products when one global edge (i, j) is added
+    or removed (at all r clients holding it): rows i and j of ``sum_c Z_c`` move
+    by ``Y_j`` and ``Y_i`` (each holder by 1/r of it), so at most
+    ``sqrt(top1^2 + top2^2)`` of the row norms of Y (also bounds the stacked
+    per-client uploads: ``sqrt(r) / r <= 1``)."""
+    norms = np.sort(np.linalg.norm(y, axis=1))[::-1]
+    top = norms[:2] if norms.size >= 2 else np.concatenate([norms, [0.0]])
+    return float(math.sqrt(float(top[0]) ** 2 + float(top[1]) ** 2))
+
+
+DEGREE_SENSITIVITY = math.sqrt(2.0)  # one edge moves two degrees by 1
+
+
+def paper_edge_sensitivity(y: np.ndarray, iters: int) -> float:
+    """L2 change of ``M_c^t Y`` when one local edge changes: ``M_c - M_c'`` lives
+    in rows/columns i, j, each row of a normalised adjacency has norm <= 1, so
+    ``||M_c - M_c'||_F <= 4``; telescoping ``M^t - M'^t`` gives ``<= 4 t ||Y||_2``."""
+    return 4.0 * int(iters) * float(np.linalg.norm(y, 2))
+
+
+# --------------------------------------------------------------------------- FedSpectral baseline
+
+
+def local_spectral_labels(adj: sp.csr_matrix, k: int, seed: int, n_init: int = 10) -> np.ndarray:
+    """Algorithm 1: normalised spectral clustering of the local graph (isolated
+    nodes, i.e. no local edge, all go to one cluster, see ``spectral_graph``)."""
+    from app.baselines import spectral_graph
+
+    return spectral_graph(adj, k, seed, n_init=n_init)
+
+
+def coassociation_matrix(label_sets: list[np.ndarray]) -> sp.csr_matrix:
+    """Sparse ``B = [H_1 .. H_C] / sqrt(C)`` (N x sum_c K_c): ``S = B B^T`` is the
+    paper's similarity graph (equation 1)."""
+    c = len(label_sets)
+    if c == 0:
+        raise ValueError("no label sets")
+    n = len(label_sets[0])
+    blocks = []
+    for labels in label_sets:
+        labels = np.asarray(labels)
+        if labels.shape != (n,):
+            raise ValueError(f"label sets differ in length: {labels.shape} vs ({n},)")
+        _, codes = np.unique(labels, return_inverse=True)
+        blocks.append(sp.csr_matrix((np.ones(n), (np.arange(n), codes)), shape=(n, int(codes.max()) + 1)))
+    return sp.csr_matrix(sp.hstack(blocks) / math.sqrt(c))
+
+
+def coassociation_embedding(label_sets: list[np.ndarray], k: int) -> np.ndarray:
+    """Top-k eigenvectors of ``D^-1/2 S D^-1/2`` with ``S = B B^T`` (never N x N).
+
+    ``d = S 1 = B (B^T 1)``; with ``F = D^-1/2 B`` the nonzero eigenpairs of
+    ``F F^T`` are ``(s^2, F w / s)`` for the eigenpairs ``(s^2, w)`` of the
+    small Gram matrix ``F^T F``. Returns N x k (columns by decreasing eigenvalue;
+    if rank(S) < k the remaining columns are zero).
+    """
+    b = coassociation_matrix(label_sets)
+    d = b @ np.asarray(b.sum(axis=0)).ravel()
+    f = sp.csr_matrix(sp.diags(inverse_sqrt_degrees(d)) @ b)
+    gram = (f.T @ f).toarray()
+    vals, w = np.linalg.eigh((gram + gram.T) * 0.5)
+    vals, w = vals[::-1], w[:, ::-1]
+    m = min(k, int(np.sum(vals > 1e-12 * max(vals[0], 1e-300))))
+    u = np.zeros((b.shape[0], k))
+    u[:, :m] = (f @ w[:, :m]) / np.sqrt(vals[:m])
+    return u
+
+
+def coassociation_dense(label_sets: list[np.ndarray]) -> np.ndarray:
+    """The paper's N x N similarity graph (equation 1), for tests on small N only."""
+    b = coassociation_matrix(label_sets)
+    return (b @ b.T).toarray()
+
+
+def coassociation_labels(label_sets: list[np.ndarray], k: int, seed: int, n_init: int = 10) -> np.ndarray:
+    """Algorithm 2 server side: spectral clustering of the co-association graph."""
+    return embedding_labels(coassociation_embedding(label_sets, k), k, seed, n_init)

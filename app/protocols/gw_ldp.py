@@ -1,0 +1,502 @@
+"""GW-LDP (Jin & Chen): FedAvg-trained GNN, LDP-encoded node embeddings and a
+server-side Gromov-Wasserstein (GW) pairwise matrix between graphs.
+
+Plain functions, no Flower (the transport is strategies/gw_ldp.py and
+clients/gw_ldp.py):
+
+* **Models** (:func:`build_model`): GCN (2 ``GCNConv`` layers, hidden 16) or
+  GIN (5 ``GINConv`` layers, hidden 64, then two linear layers). Both end in
+  per-node class scores ``z_v`` (``C`` = number of classes); the graph score is
+  their mean (average pooling), the node embedding is ``H_v = softmax(z_v)`` in
+  ``[0, 1]^C`` (alpha = 0, beta = 1 as in the paper).
+* **Local training** (:func:`local_train`): ``E`` full-batch Adam epochs on the
+  client's training graphs (graph classification: cross-entropy of the pooled
+  score; k-hop subgraphs: cross-entropy of the centre node's score, the centre
+  label being the subgraph's pseudo-label). FedAvg: :func:`fedavg`.
+* **LDP** (:func:`encode_graph`, paper Algorithm 1): the multi-bit encoder of
+  :mod:`app.privacy.ldp` applied to the ``n x C`` embedding of one graph with
+  budget ``epsilon_g`` for the whole graph: each row gets ``epsilon_g / n``
+  and ``m = max(1, min(C, floor(epsilon_g / 2.18)))`` sampled coordinates, so
+  each sampled entry is an ``epsilon_g/(m n)``-randomised response exactly as
+  in Algorithm 1 and the ``n m`` entries compose to ``epsilon_g``-LDP for the
+  graph's embedding. Output: int8 codes in ``{-1, 0, +1}``, ``m`` non-zeros
+  per row. The paper's default is ``epsilon_g = 1/|V|``.
+* **GW** (:func:`gw_matrix`): per graph the Euclidean intra-distance matrix
+  of the (encoded) embeddings (:func:`intra_distance`) or all-pairs shortest
+  paths (:func:`shortest_path_matrix`, topology-only baseline GW_A), uniform
+  node weights, ``ot.gromov.gromov_wasserstein2`` (square loss) for every
+  pair, in a process pool.
+* **Downstream**: SVC on the precomputed kernel ``exp(-gamma D)`` with C and
+  gamma picked on the validation split (:func:`svc_select`); clustering of
+  the graphs by spectral clustering of that affinity or k-medoids on ``D``
+  (:func:`cluster_gw`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from app.privacy.ldp import default_m, multibit_encode
+
+MODELS = ("gcn", "gin")
+CLUSTERINGS = ("spectral", "kmedoids")
+SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST = 0, 1, 2
+C_GRID = tuple(10.0**e for e in range(-7, 8))
+GAMMA_GRID = tuple(2.0**e for e in range(-10, 11))
+
+
+# --------------------------------------------------------------------------- features, splits
+
+
+def node_features(graph, degree_dim: int) -> np.ndarray:
+    """Dense float32 node features of one graph; graphs without features
+    (IMDB-BINARY) get a one-hot of ``min(degree, degree_dim - 1)``."""
+    if graph.x is not None:
+        x = graph.x.toarray() if sp.issparse(graph.x) else np.asarray(graph.x)
+        return x.astype(np.float32)
+    deg = np.asarray(graph.adj.sum(axis=1)).ravel().astype(np.int64)
+    out = np.zeros((graph.adj.shape[0], degree_dim), dtype=np.float32)
+    out[np.arange(deg.size), np.minimum(deg, degree_dim - 1)] = 1.0
+    return out
+
+
+def split_items(n: int, seed: int, client: int, ratios=(0.7, 0.2, 0.1)) -> np.ndarray:
+    """Random train/val/test split (codes 0/1/2) of ``n`` items, 7:2:1 by
+    default, seeded per client; at least one training item when ``n >= 1``."""
+    rng = np.random.default_rng([int(seed), 8, int(client)])
+    n_test = int(round(ratios[2] * n))
+    n_val = int(round(ratios[1] * n))
+    if n - n_test - n_val < 1:
+        n_test = min(n_test, max(0, n - 1))
+        n_val = max(0, n - 1 - n_test)
+    split = np.full(n, SPLIT_TRAIN, dtype=np.int8)
+    perm = rng.permutation(n)
+    split[perm[:n_val]] = SPLIT_VAL
+    split[perm[n_val:n_val + n_test]] = SPLIT_TEST
+    return split
+
+
+# --------------------------------------------------------------------------- models
+
+
+class torch_threads:
+    """Context manager: run torch with ``n`` intra-op threads, then restore.
+
+    The per-client models here are tiny; with the default thread pool on a
+    shared 2-core machine one local step was measured 10x slower than with 1.
+    """
+
+    def __init__(self, n: int = 1):
+        self.n = n
+
+    def __enter__(self):
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.before)
+        return False
+
+
+def build_model(kind: str, in_dim: int, num_classes: int, seed: int):
+    """GCN (2 layers, hidden 16) or GIN (5 layers, hidden 64 + 2 linear), seeded."""
+    import torch
+    from torch import nn
+    from torch_geometric.nn import GCNConv, GINConv
+
+    if kind not in MODELS:
+        raise ValueError(f"unknown model {kind!r}; valid choices: " + ", ".join(MODELS))
+    torch.manual_seed(int(seed))
+
+    class GCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = GCNConv(in_dim, 16)
+            self.conv2 = GCNConv(16, num_classes)
+
+        def forward(self, x, edge_index):
+            h = torch.relu(self.conv1(x, edge_index))
+            h = nn.functional.dropout(h, 0.5, self.training)
+            return self.conv2(h, edge_index)
+
+    class GIN(nn.Module):
+        def __init__(self, hidden=64, layers=5):
+            super().__init__()
+            dims = [in_dim] + [hidden] * layers
+            self.convs = nn.ModuleList(
+                GINConv(nn.Sequential(nn.Linear(a, hidden), nn.ReLU(), nn.Linear(hidden, hidden)))
+                for a in dims[:-1]
+            )
+            self.lin1 = nn.Linear(hidden, hidden)
+            self.lin2 = nn.Linear(hidden, num_classes)
+
+        def forward(self, x, edge_index):
+            h = x
+            for conv in self.convs:
+                h = torch.relu(conv(h, edge_index))
+            h = torch.relu(self.lin1(h))
+            h = nn.functional.dropout(h, 0.5, self.training)
+            return self.lin2(h)
+
+    return GCN() if kind == "gcn" else GIN()
+
+
+def get_weights(model) -> dict[str, np.ndarray]:
+    """The model's parameters as float32 numpy arrays, by name."""
+    return {k: v.detach().cpu().numpy().astype(np.float32).copy() for k, v in model.state_dict().items()}
+
+
+def set_weights(model, weights: dict[str, np.ndarray]) -> None:
+    import torch
+
+    state = model.state_dict()
+    missing = set(state) ^ set(weights)
+    if missing:
+        raise ValueError(f"weights do not match the model: {sorted(missing)}")
+    model.load_state_dict({k: torch.as_tensor(np.asarray(weights[k])).reshape(state[k].shape) for k in state})
+
+
+def fedavg(weights: Sequence[dict[str, np.ndarray]], counts: Sequence[float]) -> dict[str, np.ndarray]:
+    """Weighted average of the clients' weights by their sample counts."""
+    total = float(sum(counts))
+    if total <= 0:
+        raise ValueError("fedavg: total sample count is 0")
+    return {
+        k: sum(np.asarray(w[k], dtype=np.float64) * (c / total) for w, c in zip(weights, counts)).astype(np.float32)
+        for k in weights[0]
+    }
+
+
+@dataclass
+class GraphBatch:
+    """Block-diagonal batch of graphs for full-batch training."""
+
+    x: "object"            # torch float tensor (total nodes x f)
+    edge_index: "object"   # torch long tensor (2 x E)
+    batch: "object"        # torch long tensor: graph index of each node
+    offsets: np.ndarray    # first node of each graph (num_graphs + 1,)
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.offsets) - 1
+
+
+def make_batch(graphs, degree_dim: int) -> GraphBatch:
+    import torch
+
+    xs, edges, sizes = [], [], []
+    start = 0
+    for g in graphs:
+        xs.append(node_features(g, degree_dim))
+        coo = sp.coo_matrix(g.adj)
+        edges.append(np.vstack([coo.row, coo.col]).astype(np.int64) + start)
+        sizes.append(g.adj.shape[0])
+        start += g.adj.shape[0]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return GraphBatch(
+        x=torch.from_numpy(np.vstack(xs)) if xs else torch.zeros((0, 1)),
+        edge_index=torch.from_numpy(np.hstack(edges)) if edges else torch.zeros((2, 0), dtype=torch.long),
+        batch=torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes).astype(np.int64)),
+        offsets=offsets,
+    )
+
+
+def _scores(model, batch: GraphBatch, task: str, select: np.ndarray):
+    """Scores of the selected graphs: mean of node scores (task "graph") or the
+    centre node's score (task "centre": node 0 of each subgraph)."""
+    import torch
+
+    z = model(batch.x, batch.edge_index)
+    if task == "centre":
+        return z[torch.from_numpy(batch.offsets[:-1][select])]
+    sums = torch.zeros((batch.num_graphs, z.shape[1]), dtype=z.dtype).index_add_(0, batch.batch, z)
+    sizes = torch.from_numpy(np.diff(batch.offsets)).to(z.dtype).clamp(min=1)
+    return (sums / sizes[:, None])[torch.from_numpy(select)]
+
+
+def local_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarray, task: str,
+                epochs: int, lr: float, seed: int) -> float:
+    """``epochs`` full-batch Adam steps on the selected graphs; returns the last loss."""
+    import torch
+
+    torch.manual_seed(int(seed))
+    select = np.asarray(select, dtype=np.int64)
+    if select.size == 0 or epochs == 0:
+        return 0.0
+    y = torch.from_numpy(np.asarray(labels, dtype=np.int64)[select])
+    opt = torch.optim.Adam(model.parameters(), lr=float(lr))
+    model.train()
+    loss = torch.zeros(())
+    for _ in range(int(epochs)):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(_scores(model, batch, task, select), y)
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
+
+
+def node_embeddings(model, batch: GraphBatch) -> list[np.ndarray]:
+    """Per graph, the ``n_i x C`` softmax node embedding (rows in [0,1], sum 1)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        h = torch.softmax(model(batch.x, batch.edge_index), dim=1).numpy().astype(np.float64)
+    return [h[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+
+
+def predict_graphs(model, batch: GraphBatch, task: str) -> np.ndarray:
+    """The GNN's own class predictions (for reference next to the SVC)."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return _scores(model, batch, task, np.arange(batch.num_graphs)).argmax(1).numpy()
+
+
+# --------------------------------------------------------------------------- LDP (Algorithm 1)
+
+
+def graph_epsilon(num_nodes: int, epsilon: float) -> float:
+    """LDP budget of one graph's embedding: ``epsilon``, or ``1/|V|`` when 0 (paper default)."""
+    if epsilon < 0 or math.isnan(epsilon):
+        raise ValueError(f"epsilon must be >= 0 or inf, got {epsilon}")
+    return 1.0 / max(1, int(num_nodes)) if epsilon == 0 else float(epsilon)
+
+
+def encode_graph(h: np.ndarray, epsilon_g: float, rng) -> tuple[np.ndarray, dict]:
+    """Algorithm 1 on one graph's ``n x d`` embedding with graph budget ``epsilon_g``.
+
+    Per row: budget ``epsilon_g / n`` spread over ``m = default_m(epsilon_g, d)``
+    sampled coordinates (each an ``epsilon_g/(m n)`` randomised response), so
+    the whole matrix is ``epsilon_g``-LDP. ``epsilon_g = inf``: no noise, the
+    embedding itself (float64). Returns ``(codes, stats)``.
+    """
+    h = np.asarray(h, dtype=np.float64)
+    n, d = h.shape
+    if math.isinf(epsilon_g):
+        return multibit_encode(h, math.inf, 0.0, 1.0)
+    m = default_m(epsilon_g, d)
+    return multibit_encode(h, epsilon_g / n, 0.0, 1.0, m=m, rng=rng)
+
+
+# --------------------------------------------------------------------------- GW
+
+
+def intra_distance(h: np.ndarray) -> np.ndarray:
+    """Euclidean distances between the rows of one graph's (encoded) embedding."""
+    h = np.asarray(h, dtype=np.float64)
+    sq = (h * h).sum(1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * h @ h.T, 0.0)
+    np.fill_diagonal(d2, 0.0)
+    return np.sqrt(d2)
+
+
+def shortest_path_matrix(adj) -> np.ndarray:
+    """All-pairs shortest path lengths (hops); unreachable pairs get max + 1."""
+    from scipy.sparse.csgraph import shortest_path
+
+    c = shortest_path(sp.csr_matrix(adj), unweighted=True, directed=False)
+    finite = np.isfinite(c)
+    c[~finite] = (c[finite].max() if finite.any() else 0.0) + 1.0
+    return c
+
+
+def merge_duplicates(h: np.ndarray, decimals: int = 9) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of ``h`` and their weights (multiplicity / n).
+
+    Nodes with identical embeddings are at distance 0 from each other and
+    equidistant from every other node, so the uniform metric-measure space of
+    ``h`` and the space of its distinct rows weighted by multiplicity are
+    weakly isomorphic: their GW discrepancy to any third space is the same
+    (GW is 0 between them). LDP codes with ``m`` non-zeros in ``{-1,0,1}^d``
+    have at most ``C(d,m) 2^m`` distinct rows, so this shrinks the GW problem
+    from ``n`` to a handful of points.
+
+    Float embeddings are compared after rounding to ``decimals`` (rows of
+    nodes with the same GNN colour can differ in the last float32 bits from
+    the summation order); the rounding moves a point by < 1e-9 per coordinate.
+    """
+    h = np.round(np.asarray(h, dtype=np.float64), decimals)
+    rows, counts = np.unique(h, axis=0, return_counts=True)
+    return rows, counts / counts.sum()
+
+
+def embedding_space(h: np.ndarray, merge: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(intra-distance matrix, node weights) of one graph's embedding: uniform
+    weights over nodes, or over distinct rows weighted by multiplicity."""
+    if merge:
+        rows, w = merge_duplicates(h)
+        return intra_distance(rows), w
+    h = np.asarray(h, dtype=np.float64)
+    return intra_distance(h), np.full(len(h), 1.0 / len(h))
+
+
+def gw_pair(c1: np.ndarray, c2: np.ndarray, p=None, q=None, max_iter: int = 10_000) -> float:
+    """GW discrepancy (square loss; uniform node weights unless ``p``/``q``
+    given) by POT's conditional gradient, ``ot.gromov.gromov_wasserstein2``."""
+    import ot
+
+    p = np.full(c1.shape[0], 1.0 / c1.shape[0]) if p is None else np.asarray(p, dtype=np.float64)
+    q = np.full(c2.shape[0], 1.0 / c2.shape[0]) if q is None else np.asarray(q, dtype=np.float64)
+    return float(ot.gromov.gromov_wasserstein2(c1, c2, p, q, "square_loss", symmetric=True,
+                                               max_iter=max_iter))
+
+
+_POOL_SPACES: list = []
+
+
+def _gw_chunk(args) -> list[tuple[int, int, float]]:
+    pairs, max_iter = args
+    sp_ = _POOL_SPACES
+    return [(i, j, gw_pair(sp_[i][0], sp_[j][0], sp_[i][1], sp_[j][1], max_iter)) for i, j in pairs]
+
+
+def _pool_init(spaces) -> None:
+    global _POOL_SPACES
+    _POOL_SPACES = spaces
+
+
+def gw_matrix(spaces: Sequence, workers: int = 2, max_iter: int = 10_000,
+              stats: dict | None = None) -> np.ndarray:
+    """Symmetric matrix of GW discrepancies between all pairs (zero diagonal).
+
+    ``spaces``: per item a distance matrix (uniform weights) or a pair
+    ``(distance matrix, weights)``. Items with identical spaces get GW 0 (the
+    exact value) and each distinct pair of spaces is solved once with
+    :func:`gw_pair` (POT), in ``workers`` processes (0 = all cores); pairs are
+    dealt to the workers in cost-balanced chunks. ``stats`` (optional dict)
+    receives ``pairs``, ``distinct_spaces`` and ``solved_pairs``.
+    """
+    global _POOL_SPACES
+    items = []
+    for s in spaces:
+        c, w = (s if isinstance(s, tuple) else (s, None))
+        c = np.ascontiguousarray(c, dtype=np.float64)
+        w = np.full(c.shape[0], 1.0 / c.shape[0]) if w is None else np.ascontiguousarray(w, dtype=np.float64)
+        items.append((c, w))
+    n = len(items)
+    index: dict[bytes, int] = {}
+    uniq, which = [], np.empty(n, dtype=np.int64)
+    for t, (c, w) in enumerate(items):
+        key = c.shape[0].to_bytes(4, "little") + c.tobytes() + w.tobytes()
+        if key not in index:
+            index[key] = len(uniq)
+            uniq.append((c, w))
+        which[t] = index[key]
+    u = len(uniq)
+    small = np.zeros((u, u))
+    iu, ju = np.triu_indices(u, k=1)
+    if stats is not None:
+        stats.update({"pairs": n * (n - 1) // 2, "distinct_spaces": u, "solved_pairs": int(iu.size)})
+    if iu.size:
+        sizes = np.array([c.shape[0] for c, _ in uniq], dtype=np.float64)
+        order = np.argsort(-(sizes[iu] * sizes[ju]), kind="stable")
+        pairs = list(zip(iu[order].tolist(), ju[order].tolist()))
+        workers = int(workers) or (os.cpu_count() or 1)
+        if workers <= 1 or len(pairs) < 256:
+            _POOL_SPACES = uniq
+            results = _gw_chunk((pairs, max_iter))
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            chunks = workers * 16
+            parts = [(pairs[c::chunks], max_iter) for c in range(chunks)]
+            ctx = mp.get_context("fork")
+            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init, initargs=(uniq,)) as ex:
+                results = [r for part in ex.map(_gw_chunk, parts) for r in part]
+        for i, j, v in results:
+            small[i, j] = small[j, i] = v
+    return small[np.ix_(which, which)]
+
+
+# --------------------------------------------------------------------------- downstream
+
+
+def normalise(dist: np.ndarray) -> np.ndarray:
+    """``D / median`` of the off-diagonal entries (the gamma grid is then
+    relative to a typical distance; a pure rescaling, same for all sources)."""
+    off = dist[~np.eye(len(dist), dtype=bool)]
+    med = float(np.median(off)) if off.size else 0.0
+    return dist / med if med > 0 else dist.copy()
+
+
+def svc_select(dist: np.ndarray, y: np.ndarray, split: np.ndarray,
+               c_grid=C_GRID, gamma_grid=GAMMA_GRID) -> dict:
+    """SVC with precomputed kernel ``exp(-gamma D)``: fit on the train split
+    for every (C, gamma), keep the best validation accuracy (ties: first in
+    grid order), report its test accuracy and predictions for every item."""
+    from sklearn.svm import SVC
+
+    tr, va, te = (np.flatnonzero(split == s) for s in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
+    if np.unique(y[tr]).size < 2:
+        raise ValueError("svc_select: the training split has fewer than 2 classes")
+    d = normalise(dist)
+    best = None
+    for gamma in gamma_grid:
+        k = np.exp(-gamma * d)
+        for c in c_grid:
+            model = SVC(C=c, kernel="precomputed").fit(k[np.ix_(tr, tr)], y[tr])
+            val = float((model.predict(k[np.ix_(va, tr)]) == y[va]).mean()) if va.size else 0.0
+            if best is None or val > best[0]:
+                best = (val, c, gamma, model)
+    val, c, gamma, model = best
+    k = np.exp(-gamma * d)
+    pred = model.predict(k[:, tr])
+    test = float((pred[te] == y[te]).mean()) if te.size else float("nan")
+    return {"C": c, "gamma": gamma, "val_acc": val, "test_acc": test, "predictions": pred.astype(np.int64)}
+
+
+def kmedoids(dist: np.ndarray, k: int, seed: int, n_init: int = 10, max_iter: int = 100) -> np.ndarray:
+    """Alternating k-medoids (Voronoi iteration) on a distance matrix, k-means++
+    style seeding, best of ``n_init`` by total distance to the medoids."""
+    n = len(dist)
+    rng = np.random.default_rng(seed)
+    best_cost, best = np.inf, None
+    for _ in range(n_init):
+        med = [int(rng.integers(n))]
+        for _ in range(1, k):
+            dmin = dist[:, med].min(1) ** 2
+            med.append(int(rng.choice(n, p=dmin / dmin.sum())) if dmin.sum() > 0 else int(rng.integers(n)))
+        med = np.array(med)
+        for _ in range(max_iter):
+            labels = dist[:, med].argmin(1)
+            new = med.copy()
+            for j in range(k):
+                members = np.flatnonzero(labels == j)
+                if members.size:
+                    new[j] = members[dist[np.ix_(members, members)].sum(1).argmin()]
+            if np.array_equal(new, med):
+                break
+            med = new
+        labels = dist[:, med].argmin(1)
+        cost = dist[np.arange(n), med[labels]].sum()
+        if cost < best_cost:
+            best_cost, best = cost, labels
+    return best.astype(np.int64)
+
+
+def cluster_gw(dist: np.ndarray, k: int, method: str, seed: int) -> np.ndarray:
+    """Cluster items from their GW matrix: spectral clustering of the
+    affinity ``exp(-D / median(D))`` (zero diagonal) or k-medoids on ``D``."""
+    if method not in CLUSTERINGS:
+        raise ValueError(f"unknown clustering {method!r}; valid choices: " + ", ".join(CLUSTERINGS))
+    if method == "kmedoids":
+        return kmedoids(dist, k, seed)
+    from app.baselines import spectral_affinity
+
+    aff = np.exp(-normalise(dist))
+    np.fill_diagonal(aff, 0.0)
+    return spectral_affinity(aff, k, seed)

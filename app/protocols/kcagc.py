@@ -1,0 +1,219 @@
+"""kCAGC (Zhang et al., "Attributed Graph Clustering in Collaborative Settings"): protocol math.
+
+Setting: L parties hold different feature columns ``X^l`` of the same n nodes
+and share the graph. Every function here is plain numpy (no Flower); the
+strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs.
+
+Per party (Protocol 1, local):
+  * :func:`embedding` - AGC filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
+    applied ``psi`` times to ``X^l`` and projected on its top ``d`` left
+    singular vectors (``Z^l``, n x d; exactly AGC's embedding for ``d = k``).
+  * :func:`local_clusters` - k-means (k-means++ seeding, restarts) of ``Z^l``
+    into ``k_hat`` local clusters.
+
+Server (Protocol 3, lines 4-10):
+  * :func:`intersect` - the virtual nodes: the non-empty intersections of the
+    parties' local clusters (node -> virtual node index, weights = sizes).
+  * :func:`tree_groups` - the binary-tree arrangement of parties.
+
+Per party, on the virtual nodes:
+  * :func:`virtual_block` - party l's block of every virtual node: the mean of
+    its members' ``Z^l`` rows (``y_v^l``).
+  * :func:`partial_distances` - ``D^l[r, v, j] = ||y_v^l - mu_{r,j}^l||^2``,
+    party l's part of each squared distance; the full distance is the sum
+    over parties (the only thing the server learns, by secure aggregation).
+  * :func:`update_centres` - weighted means of the virtual nodes of each
+    cluster (``mu_j^l = sum_{a(v)=j} w_v y_v^l / sum_{a(v)=j} w_v``); an
+    empty cluster keeps its centre.
+
+Server, on the summed distances:
+  * :func:`assign` - nearest centre and weighted inertia per restart.
+  * :func:`seeding_step` - one step of weighted k-means++ seeding
+    (probability of a virtual node proportional to ``w_v * min_j D[v, j]``).
+
+With every node its own virtual node (``kcagc-basic``, Protocol 2) the same
+loop is Lloyd's algorithm on the concatenation ``[Z^1, ..., Z^L]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+#: Filter order psi the kCAGC paper fixes per dataset (Section 4.1).
+PAPER_ORDER = {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2}
+
+EMBEDDINGS = ("svd", "filtered")
+
+
+def filter_order(dataset: str, configured: int) -> int | None:
+    """The filter order psi to use: ``configured`` if > 0; for 0 the paper's
+    value for its four datasets; ``None`` (AGC's adaptive rule) otherwise
+    (``configured`` < 0, or 0 on another dataset)."""
+    if configured > 0:
+        return int(configured)
+    if configured == 0 and dataset in PAPER_ORDER:
+        return PAPER_ORDER[dataset]
+    return None
+
+
+def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "svd",
+              k_adaptive: int | None = None) -> tuple[np.ndarray, int]:
+    """Party-local features ``Z^l`` (n x dim) and the filter order used.
+
+    ``kind="svd"``: top-``dim`` left singular vectors of ``G^psi X^l`` (AGC,
+    via :func:`app.baselines.agc_embedding`); ``"filtered"``: ``G^psi X^l``
+    itself (``dim`` ignored). ``order=None`` picks psi by AGC's adaptive rule
+    on this party's own columns (:func:`app.baselines.agc` with
+    ``k_adaptive`` clusters).
+    """
+    from app.baselines import agc, agc_embedding, low_pass_filter
+
+    if kind not in EMBEDDINGS:
+        raise ValueError(f"unknown embedding {kind!r}; valid choices: " + ", ".join(EMBEDDINGS))
+    if order is None:
+        _, order = agc(x, adj, int(k_adaptive or dim), seed, order=None, n_init=3)
+    if kind == "filtered":
+        return low_pass_filter(x, adj, order), order
+    dim = int(min(dim, x.shape[1], x.shape[0]))
+    return np.asarray(agc_embedding(x, adj, dim, order, seed)), order
+
+
+def local_clusters(z: np.ndarray, k_hat: int, seed: int, n_init: int = 10) -> np.ndarray:
+    """Party-local k-means (k-means++ seeding, ``n_init`` restarts) into ``k_hat`` clusters.
+
+    ``k_hat >= n`` makes every node its own local cluster.
+    """
+    from app.baselines import kmeans
+
+    n = z.shape[0]
+    if k_hat >= n:
+        return np.arange(n, dtype=np.int64)
+    return kmeans(z, int(k_hat), seed, n_init=n_init)
+
+
+def intersect(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Virtual nodes from the parties' local clusterings (Protocol 3, lines 4-10).
+
+    ``labels[l][i]`` is node i's local cluster at party l. Returns
+    ``(members, weights)``: ``members[i]`` the index of node i's virtual node
+    (the intersection of its local clusters; only non-empty intersections
+    exist, numbered in lexicographic order of the label tuples) and
+    ``weights[v]`` its member count.
+    """
+    if not labels:
+        raise ValueError("no local clusterings to intersect")
+    n = len(labels[0])
+    if any(len(a) != n for a in labels):
+        raise ValueError(f"local clusterings cover different numbers of nodes: {[len(a) for a in labels]}")
+    key = np.stack([np.asarray(a, dtype=np.int64) for a in labels], axis=1)
+    _, members, weights = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+    return members.ravel().astype(np.int64), weights.astype(np.float64)
+
+
+def _indicator(members: np.ndarray, m: int) -> sp.csr_matrix:
+    n = len(members)
+    return sp.csr_matrix((np.ones(n), (members, np.arange(n))), shape=(m, n))
+
+
+def virtual_block(z: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Party l's block of the virtual nodes: ``y_v^l = mean_{i: members[i]=v} Z^l_i`` (m x d)."""
+    members = np.asarray(members, dtype=np.int64)
+    m = int(members.max()) + 1 if len(members) else 0
+    counts = np.bincount(members, minlength=m).astype(np.float64)
+    if np.any(counts == 0):
+        raise ValueError("virtual node indices must be 0..m-1 with every index used")
+    return np.asarray(_indicator(members, m) @ z) / counts[:, None]
+
+
+def partial_distances(y: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """``D[r, v, j] = ||y_v - centres[r, j]||^2`` on this party's columns.
+
+    ``y``: m x d, ``centres``: R x kk x d (one set per restart) -> R x m x kk.
+    """
+    yy = np.einsum("vd,vd->v", y, y)
+    cc = np.einsum("rjd,rjd->rj", centres, centres)
+    d = yy[None, :, None] - 2.0 * np.einsum("vd,rjd->rvj", y, centres) + cc[:, None, :]
+    return np.maximum(d, 0.0)
+
+
+def seed_distances(y: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Partial squared distances of every virtual node to the virtual nodes ``index`` (R,) -> R x m."""
+    c = y[np.asarray(index, dtype=np.int64)]  # R x d
+    return np.maximum(
+        np.einsum("vd,vd->v", y, y)[None, :] - 2.0 * c @ y.T + np.einsum("rd,rd->r", c, c)[:, None], 0.0
+    )
+
+
+def update_centres(y: np.ndarray, weights: np.ndarray, assignment: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """Weighted means per cluster for every restart; empty clusters keep their centre.
+
+    ``assignment``: R x m cluster indices; ``centres``: R x kk x d (previous).
+    """
+    R, kk, _ = centres.shape
+    out = centres.copy()
+    for r in range(R):
+        a = assignment[r]
+        w = np.bincount(a, weights=weights, minlength=kk)
+        sums = np.asarray(sp.csr_matrix((weights, (a, np.arange(len(a)))), shape=(kk, len(a))) @ y)
+        nonempty = w > 0
+        out[r, nonempty] = sums[nonempty] / w[nonempty, None]
+    return out
+
+
+def assign(distances: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest centre per restart and the weighted inertia ``sum_v w_v min_j D[r, v, j]``.
+
+    ``distances``: R x m x kk (summed over parties) -> (R x m int64, R floats).
+    """
+    a = distances.argmin(axis=2)
+    best = np.take_along_axis(distances, a[:, :, None], axis=2)[:, :, 0]
+    return a.astype(np.int64), (np.maximum(best, 0.0) * weights[None, :]).sum(axis=1)
+
+
+def first_seeds(weights: np.ndarray, restarts: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ first centre of each restart: a virtual node with probability proportional to its weight."""
+    p = weights / weights.sum()
+    return rng.choice(len(weights), size=restarts, p=p).astype(np.int64)
+
+
+def seeding_step(closest: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Next k-means++ centre of each restart (R,) from the squared distance of every
+    virtual node to its nearest chosen centre (``closest``: R x m)."""
+    out = np.empty(closest.shape[0], dtype=np.int64)
+    for r, d in enumerate(closest):
+        p = np.maximum(d, 0.0) * weights
+        total = p.sum()
+        if total <= 0:  # every virtual node already coincides with a centre
+            p = weights
+            total = p.sum()
+        out[r] = rng.choice(len(p), p=p / total)
+    return out
+
+
+def tree_groups(num_parties: int) -> list[list[list[int]]]:
+    """Binary-tree levels: each level is a list of groups of party ids.
+
+    Level 0 is every party alone; each next level merges neighbouring pairs
+    (an odd group out moves up unchanged) until one group holds all parties.
+    """
+    levels = [[[p] for p in range(num_parties)]]
+    while len(levels[-1]) > 1:
+        prev = levels[-1]
+        levels.append([sum(prev[i:i + 2], []) for i in range(0, len(prev), 2)])
+    return levels
+
+
+def lloyd_reference(z: np.ndarray, weights: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
+    """Plain weighted Lloyd from ``init`` (kk x d), ``iterations`` updates, final
+    labels = assignment to the last centres (stops early when labels repeat):
+    what the secure protocol computes, in one place (for tests)."""
+    centres = init[None].copy()
+    prev = None
+    for _ in range(iterations + 1):
+        a, _ = assign(partial_distances(z, centres), weights)
+        if prev is not None and np.array_equal(a, prev):
+            break
+        prev = a
+        centres = update_centres(z, weights, a, centres)
+    return prev[0]

@@ -1,0 +1,339 @@
+"""FedSpectral / FedSpectral+ benchmarks (issue 6).
+
+    python benchmarks/fedspectral.py table    # paper table: `python -m app.bench fedspectral` (harness)
+    python benchmarks/fedspectral.py curves   # the paper's figures: similarity vs iters/rounds/overlap/clients
+    python benchmarks/fedspectral.py cost     # protocol time and bytes per round, federated vs centralised
+    python benchmarks/fedspectral.py scale    # 1,000,000-node SBM over 10 clients, K = 10
+    python benchmarks/fedspectral.py report   # rewrite the RESULTS.md section from the JSON files
+
+Every run goes through ``app.run.run_experiment(..., engine="inprocess")``
+(same ServerApp/ClientApp as Flower, messages serialised like the wire).
+Each part writes ``benchmarks/results/fedspectral_<part>.json`` (+ PNG) and the
+section between ``<!-- fedspectral:start -->`` and ``<!-- fedspectral:end -->``
+of ``benchmarks/RESULTS.md`` is rebuilt from whatever JSON exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.run import run_experiment  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+RUNS = RESULTS / "fedspectral_runs"
+MD = ROOT / "benchmarks" / "RESULTS.md"
+START, END = "<!-- fedspectral:start -->", "<!-- fedspectral:end -->"
+BASE = {"num-clusters": 10, "partition.overlap": 0.4}
+PLUS_PAPER = {"ego-facebook": 98.85, "email-eu-core": 99.8}
+BASE_PAPER = {"ego-facebook": 77.63, "email-eu-core": 87.05}
+
+
+def run(strategy: str, dataset: str, clients: int, overrides: dict, tag: str) -> dict:
+    out = RUNS / re.sub(r"[^A-Za-z0-9_.=-]+", "_", tag)
+    t0 = time.perf_counter()
+    r = run_experiment(strategy, dataset, clients, {**BASE, **overrides}, out, engine="inprocess")
+    ag = (r.get("reference") or {}).get("agreement") or {}
+    rec = {
+        "strategy": strategy, "dataset": dataset, "clients": clients, "overrides": overrides,
+        "cluster_similarity": ag.get("cluster_similarity"), "ari_vs_central": ag.get("ari"),
+        "nmi_vs_central": ag.get("nmi"), "nmi_truth": r["metrics"].get("nmi"), "ari_truth": r["metrics"].get("ari"),
+        "protocol_rounds": r["metrics"].get("protocol_rounds"), "stop": r["metrics"].get("stop"),
+        "protocol_s": r["timing"]["protocol_s"], "reference_s": (r.get("reference") or {}).get("time_s"),
+        "bytes_up": r["communication"]["bytes_up"], "bytes_down": r["communication"]["bytes_down"],
+        "per_round": r["timing"]["per_round"], "wall_s": time.perf_counter() - t0,
+        "epsilon": r["privacy"].get("epsilon"),
+    }
+    print(f"  {tag}: cs={_pct(rec['cluster_similarity'])} ari={_f(rec['ari_vs_central'])} "
+          f"rounds={rec['protocol_rounds']} protocol={rec['protocol_s']:.2f}s", flush=True)
+    return rec
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.2f}"
+
+
+def _f(v, d=3) -> str:
+    return "–" if v is None else f"{v:.{d}f}"
+
+
+def _save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"fedspectral_{name}.json"
+    path.write_text(json.dumps(payload, indent=1, default=float) + "\n")
+    return path
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / f"fedspectral_{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def curves(seeds: list[int], quick: bool) -> dict:
+    """The paper's Figures 1a, 1b, 3a, 3b (paper mode), with exact mode and the baseline beside."""
+    plus = "fedspectral-plus"
+    series: dict[str, list[dict]] = {}
+
+    def add(name, strategy, dataset, clients, over, x):
+        for seed in seeds:
+            tag = f"{name}-{dataset}-{x}-s{seed}"
+            rec = run(strategy, dataset, clients, {**over, "seed": seed}, tag)
+            rec["x"], rec["seed"] = x, seed
+            series.setdefault(name, []).append(rec)
+
+    iters = [1, 2, 4, 6, 8, 10] if not quick else [1, 6]
+    for dataset, rounds in (("ego-facebook", 20), ("email-eu-core", 1)):
+        for it in iters:  # Figure 1a
+            add(f"iters/{dataset}", plus, dataset, 5,
+                {"fedspectral-plus.iters": it, "fedspectral-plus.rounds": rounds}, it)
+    for dataset in ("ego-facebook", "email-eu-core"):
+        for rd in ([1, 2, 5, 10, 20, 40] if not quick else [1, 20]):  # Figure 1b (iters 10)
+            add(f"rounds/{dataset}", plus, dataset, 5,
+                {"fedspectral-plus.iters": 10, "fedspectral-plus.rounds": rd}, rd)
+    for r in ([1, 2, 3, 4, 5] if not quick else [1, 2]):  # Figure 3a: edge copies r of 5 clients
+        over = {"partition.replicas": r}
+        add("overlap/paper", plus, "ego-facebook", 5, over, r / 5)
+        add("overlap/exact", plus, "ego-facebook", 5, {**over, "fedspectral-plus.mode": "exact"}, r / 5)
+        add("overlap/baseline", "fedspectral", "ego-facebook", 5, over, r / 5)
+    for c in ([2, 3, 5, 8, 10] if not quick else [2, 5]):  # Figure 3b: 40% overlap
+        add("clients/paper", plus, "ego-facebook", c, {}, c)
+        add("clients/exact", plus, "ego-facebook", c, {"fedspectral-plus.mode": "exact"}, c)
+        add("clients/baseline", "fedspectral", "ego-facebook", c, {}, c)
+    payload = {"seeds": seeds, "quick": quick, "series": series,
+               "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _save("curves", payload)
+    _plot_curves(payload)
+    return payload
+
+
+def _mean_by_x(recs: list[dict], key: str) -> tuple[list, list]:
+    xs = sorted({r["x"] for r in recs})
+    ys = []
+    for x in xs:
+        vals = [r[key] for r in recs if r["x"] == x and r[key] is not None]
+        ys.append(sum(vals) / len(vals) if vals else float("nan"))
+    return xs, ys
+
+
+def _plot_curves(payload: dict) -> list[Path]:
+    from app.plots import _pyplot, _save as save_fig
+
+    plt = _pyplot()
+    s = payload["series"]
+    panels = [
+        ("iters", "power iterations per client", [k for k in s if k.startswith("iters/")]),
+        ("rounds", "global rounds (iters 10)", [k for k in s if k.startswith("rounds/")]),
+        ("overlap", "overlap (edge copies / clients), ego-facebook", [k for k in s if k.startswith("overlap/")]),
+        ("clients", "clients (40% overlap), ego-facebook", [k for k in s if k.startswith("clients/")]),
+    ]
+    paths = []
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for ax, (name, xlabel, keys) in zip(axes.ravel(), panels):
+        for key in keys:
+            xs, ys = _mean_by_x(s[key], "cluster_similarity")
+            ax.plot(xs, [100 * y for y in ys], marker="o", label=f"{key.split('/', 1)[1]} clusterSimilarity")
+            xs, ys = _mean_by_x(s[key], "ari_vs_central")
+            ax.plot(xs, [100 * y for y in ys], marker="x", ls="--", label=f"{key.split('/', 1)[1]} ARI")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("% vs centralised spectral clustering")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    paths.append(save_fig(fig, RESULTS / "fedspectral_curves.png"))
+    return paths
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def cost(seeds: list[int]) -> dict:
+    """Protocol time / bytes per round and the federated / centralised time ratio, in one run each."""
+    rows = []
+    for dataset in ("ego-facebook", "email-eu-core"):
+        for name, strategy, over in (
+            ("baseline", "fedspectral", {}),
+            ("paper", "fedspectral-plus", {}),
+            ("exact", "fedspectral-plus", {"fedspectral-plus.mode": "exact"}),
+            ("exact float32 wire", "fedspectral-plus", {"fedspectral-plus.mode": "exact",
+                                                        "fedspectral-plus.wire-dtype": "float32"}),
+            ("exact secure", "fedspectral-plus", {"fedspectral-plus.mode": "exact", "fedspectral-plus.secure": True,
+                                                  "secagg.scale": 2.0**32}),
+            ("exact DP (noise multiplier 1)", "fedspectral-plus",
+             {"fedspectral-plus.mode": "exact", "fedspectral-plus.noise-multiplier": 1.0,
+              "fedspectral-plus.rounds": 200}),
+        ):
+            for seed in seeds:
+                rec = run(strategy, dataset, 5, {**over, "seed": seed}, f"cost-{name}-{dataset}-s{seed}")
+                steps = [r for r in rec.pop("per_round") if r["action"] in
+                         ("fedspectral_power", "fedspectral_product", "fedspectral_local")]
+                rec.update({
+                    "name": name, "seed": seed, "iteration_rounds": len(steps),
+                    "round_s_mean": sum(r["seconds"] for r in steps) / max(1, len(steps)),
+                    "round_bytes_up": sum(r["bytes_up"] for r in steps) / max(1, len(steps)),
+                    "round_bytes_down": sum(r["bytes_down"] for r in steps) / max(1, len(steps)),
+                    "ratio_protocol_to_central": rec["protocol_s"] / rec["reference_s"] if rec["reference_s"] else None,
+                })
+                rows.append(rec)
+    payload = {"seeds": seeds, "rows": rows, "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _save("cost", payload)
+    return payload
+
+
+# --------------------------------------------------------------------------- scale
+
+
+def scale(nodes: int, clients: int, wire: str, reference: bool) -> dict:
+    """SBM with ``nodes`` nodes, 10 planted blocks (mean degree ~20), ``clients`` clients, exact mode."""
+    over = {
+        "sbm.nodes": nodes, "sbm.blocks": 10, "sbm.p-in": 16 * 10 / nodes, "sbm.p-out": 4 * 10 / (9 * nodes),
+        "sbm.features": 0, "num-clusters": 10, "partition.overlap": 0.0,
+        "fedspectral-plus.mode": "exact", "fedspectral-plus.block": 14, "fedspectral-plus.tol": 1e-4,
+        "fedspectral-plus.wire-dtype": wire, "fedspectral-plus.n-init": 3, "reference": reference,
+    }
+    t0 = time.perf_counter()
+    out = Path(tempfile.gettempdir()) / f"fedspectral-scale-{nodes}-{wire}"  # labels.npy is N int64
+    r = run_experiment("fedspectral-plus", "sbm", clients, over, out, engine="inprocess")
+    wall = time.perf_counter() - t0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak = usage.ru_maxrss / 1024 / 1024  # GB (Linux: KiB)
+    iter_steps = [x for x in r["timing"]["per_round"] if x["action"] == "fedspectral_product"]
+    rec = {
+        "nodes": nodes, "clients": clients, "k": 10, "wire": wire, "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime, "load_avg_1min_at_end": os.getloadavg()[0],
+        "total_s": r["timing"]["total_s"], "protocol_s": r["timing"]["protocol_s"],
+        "reference_s": (r.get("reference") or {}).get("time_s"),
+        "peak_rss_gb": peak, "ari_truth": r["metrics"]["ari"], "nmi_truth": r["metrics"]["nmi"],
+        "ari_vs_central": ((r.get("reference") or {}).get("agreement") or {}).get("ari"),
+        "protocol_rounds": r["metrics"]["protocol_rounds"], "stop": r["metrics"]["stop"],
+        "bytes_up": r["communication"]["bytes_up"], "bytes_down": r["communication"]["bytes_down"],
+        "round_s_mean": sum(x["seconds"] for x in iter_steps) / max(1, len(iter_steps)),
+        "message_mb": (iter_steps[0]["bytes_up"] / clients / 1e6) if iter_steps else None,
+        "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(json.dumps({k: v for k, v in rec.items()}, default=float), flush=True)
+    old = _load("scale") or {"runs": []}
+    old["runs"] = [x for x in old["runs"] if (x["nodes"], x["wire"]) != (nodes, wire)] + [rec]
+    _save("scale", old)
+    return rec
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _table_rows(payload: dict) -> list[str]:
+    """Paper-layout table from the harness JSON (results/fedspectral.json)."""
+    lines = ["| strategy | dataset | clusterSimilarity: paper | ours (mean ± std) | Δ | ARI vs centralised "
+             "| NMI vs centralised | NMI vs departments | rounds | protocol s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in payload["experiments"]:
+        s = e["summary"]
+        cs, ag = s["agreement"].get("cluster_similarity"), s["agreement"]
+        paper = e["paper"].get("cluster_similarity")
+        nmi = s["metrics"].get("nmi")
+        rounds = s["metrics"].get("protocol_rounds")
+        nmi_s = "–" if not nmi else f"{nmi['mean']:.3f}"
+        rounds_s = "–" if not rounds else f"{rounds['mean']:.0f}"
+        lines.append(
+            f"| {e['row']} | {e['dataset']} | {paper:.2f} | {100 * cs['mean']:.2f} ± {100 * cs['std']:.2f} | "
+            f"{100 * cs['mean'] - paper:+.2f} | {ag['ari']['mean']:.3f} | {ag['nmi']['mean']:.3f} | "
+            f"{nmi_s} | {rounds_s} | {s['timing']['protocol_s']['mean']:.2f} |")
+    return lines
+
+
+def report() -> Path:
+    lines = ["## FedSpectral / FedSpectral+ (issue 6): curves, cost, scale", ""]
+    table = json.loads((RESULTS / "fedspectral.json").read_text()) if (RESULTS / "fedspectral.json").exists() else None
+    if table:
+        lines += [f"Paper table (`python -m app.bench fedspectral`, seeds {table['seeds']}, 5 clients, "
+                  "K = 10, 40% overlap = each edge on 2 of 5 clients; reference = `app.baselines.spectral_graph`):",
+                  ""] + _table_rows(table) + [""]
+    c = _load("curves")
+    if c:
+        lines += [f"Curves (`python benchmarks/fedspectral.py curves`, seeds {c['seeds']}"
+                  f"{', quick' if c['quick'] else ''}; paper Figures 1a, 1b, 3a, 3b; "
+                  "plot `results/fedspectral_curves.png`). clusterSimilarity % / ARI vs centralised:", ""]
+        for key, recs in c["series"].items():
+            xs, cs = _mean_by_x(recs, "cluster_similarity")
+            _, ar = _mean_by_x(recs, "ari_vs_central")
+            lines.append(f"- `{key}`: " + ", ".join(f"{x:g}: {100 * a:.2f} / {b:.3f}" for x, a, b in zip(xs, cs, ar)))
+        lines.append("")
+    k = _load("cost")
+    if k:
+        lines += ["Cost (`python benchmarks/fedspectral.py cost`, one process; machine shared with other jobs):", "",
+                  "| run | dataset | rounds | s / round | bytes up / round | bytes down / round | protocol s "
+                  "| centralised s | ratio | clusterSimilarity | ARI vs centralised | epsilon |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in k["rows"]:
+            lines.append(
+                f"| {r['name']} | {r['dataset']} | {r['iteration_rounds']} | {r['round_s_mean']:.3f} | "
+                f"{r['round_bytes_up']:,.0f} | {r['round_bytes_down']:,.0f} | {r['protocol_s']:.2f} | "
+                f"{_f(r['reference_s'], 2)} | {_f(r['ratio_protocol_to_central'], 1)} | "
+                f"{_pct(r['cluster_similarity'])} | {_f(r['ari_vs_central'])} | {_f(r['epsilon'], 2)} |")
+        lines.append("")
+    sc = _load("scale")
+    if sc:
+        lines += ["Scale (`python benchmarks/fedspectral.py scale`): exact mode, SBM with 10 planted blocks "
+                  "(mean degree ~20), 10 clients, K = 10, block 14, tol 1e-4; peak RSS of the whole "
+                  "in-process federation (server + all clients):", "",
+                  "| nodes | wire | rounds | stop | s / round | MB per client message | protocol s | total s "
+                  "| process CPU s | load avg | centralised s | peak RSS GB | ARI vs planted | ARI vs centralised |",
+                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in sc["runs"]:
+            lines.append(
+                f"| {r['nodes']:,} | {r['wire']} | {r['protocol_rounds']} | {r['stop']} | {r['round_s_mean']:.2f} | "
+                f"{_f(r['message_mb'], 1)} | {r['protocol_s']:.1f} | {r['total_s']:.1f} | {_f(r.get('cpu_s'), 0)} | "
+                f"{_f(r.get('load_avg_1min_at_end'), 1)} | {_f(r['reference_s'], 1)} | "
+                f"{r['peak_rss_gb']:.2f} | {r['ari_truth']:.4f} | {_f(r['ari_vs_central'], 4)} |")
+        lines.append("")
+    notes = ROOT / "benchmarks" / "fedspectral_notes.md"
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
+    block = f"{START}\n" + "\n".join(lines) + f"\n{END}\n"
+    text = MD.read_text() if MD.exists() else "# Benchmark results\n"
+    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.S)
+    text = pattern.sub(lambda _: block, text, count=1) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
+    MD.write_text(text)
+    print("\n".join(lines))
+    return MD
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("part", choices=("table", "curves", "cost", "scale", "report"))
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--nodes", type=int, default=1_000_000)
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--wire", default="float64", choices=("float64", "float32"))
+    p.add_argument("--no-reference", action="store_true")
+    a = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    seeds = list(range(a.seeds))
+    if a.part == "table":
+        from app.bench import run_suite
+
+        run_suite("fedspectral", seeds=seeds if a.seeds != 1 else None, quick=a.quick)
+    elif a.part == "curves":
+        curves(seeds, a.quick)
+    elif a.part == "cost":
+        cost(seeds)
+    elif a.part == "scale":
+        scale(a.nodes, a.clients, a.wire, not a.no_reference)
+    report()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,351 @@
+"""kCAGC benchmark (issue 10): Tables II and IV of the paper and the secure-aggregation count.
+
+``python benchmarks/kcagc.py [--seeds 5] [--datasets cora,citeseer,wiki] [--clients 2,4,8,16] [--factors 1,2,4,8]``
+
+Every cell runs ``kcagc`` through ``app.run.run_experiment`` (in-process
+engine: the same ServerApp/ClientApp code, no Ray start-up) on the
+``vertical`` split (contiguous column blocks), filter order psi = 9 / 15 / 2
+(cora / citeseer / wiki, the paper's values), k_hat = factor x k, Q = 10
+iterations, 10 k-means++ seedings side by side; ``kcagc-basic`` per
+(dataset, L); centralised AGC (``app.baselines.agc``, same psi, 10 k-means
+restarts) per seed. Seeds 0..N-1 change the k-means seeding (data and split
+are fixed).
+
+* Table II: ACC / NMI / F1 mean and std over the seeds, paper's ACC beside.
+* Table IV: protocol time (``timing.protocol_s``: secure-aggregation key
+  agreement, local clustering, intersections, secure Lloyd; process and
+  framework start-up excluded), mean over seeds, paper's seconds beside
+  (paper: C++ / GMP, 48 cores, LAN, one process per party; here: Python,
+  all parties in one process on a shared 2-core machine).
+* Secure aggregation: scalars aggregated and uploaded bytes of ``kcagc``
+  vs ``kcagc-basic`` (paper: 1.8% of basic for Cora, L=2, k_hat=k).
+
+Writes ``benchmarks/results/kcagc.json`` (updated after every run, so a
+partial grid is kept), PNG plots next to it and the ``kcagc`` section of
+``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.baselines import agc  # noqa: E402
+from app.data import load_dataset  # noqa: E402
+from app.metrics import evaluate  # noqa: E402
+from app.protocols.kcagc import PAPER_ORDER  # noqa: E402
+from app.run import run_experiment  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+MD = ROOT / "benchmarks" / "RESULTS.md"
+FACTORS = (1, 2, 4, 8)
+CLIENTS = (2, 4, 8, 16)
+
+# kCAGC paper, Table II (ACC %, mean over >= 5 runs): [factor][L]
+PAPER_ACC = {
+    "cora": {1: (67.81, 68.12, 67.85, 66.83), 2: (69.69, 72.44, 71.28, 71.97),
+             4: (72.12, 70.30, 71.89, 72.78), 8: (70.49, 71.16, 71.87, 70.96)},
+    "citeseer": {1: (68.89, 69.67, 69.26, 70.19), 2: (69.74, 69.63, 69.33, 70.32),
+                 4: (69.28, 69.90, 69.96, 69.86), 8: (69.60, 69.71, 69.83, 69.84)},
+    "pubmed": {1: (69.67, 65.61, 69.67, 69.79), 2: (69.71, 66.14, 69.85, 69.83),
+               4: (69.71, 69.85, 69.77, 69.80), 8: (69.72, 69.76, 69.67, 69.81)},
+    "wiki": {1: (45.72, 51.59, 52.78, 52.88), 2: (49.63, 51.16, 53.46, 53.08),
+             4: (50.45, 53.57, 53.33, 52.93), 8: (50.35, 53.17, 53.54, 52.07)},
+}
+PAPER_BASIC = {"cora": (67.6, 69.24, 70.27, 69.63), "citeseer": (68.29, 68.66, 68.51, 67.81),
+               "pubmed": (69.69, 69.77, 69.74, 69.80), "wiki": (50.05, 50.92, 52.21, 52.02)}
+PAPER_AGC = {"cora": 68.17, "citeseer": 68.40, "pubmed": 69.78, "wiki": 46.50}
+# Table IV (LAN, seconds): [factor][L]
+PAPER_TIME = {
+    "cora": {1: (1.16, 3.43, 7.86, 16.67), 2: (1.47, 4.28, 9.40, 19.10),
+             4: (2.49, 5.80, 11.52, 22.56), 8: (5.18, 12.62, 26.25, 53.27)},
+    "citeseer": {1: (1.15, 3.31, 7.69, 16.39), 2: (1.50, 3.97, 9.04, 18.49),
+                 4: (2.28, 5.42, 10.94, 20.84), 8: (4.23, 9.69, 19.89, 40.38)},
+    "pubmed": {1: (1.17, 3.23, 7.26, 15.57), 2: (1.82, 3.81, 7.93, 16.70),
+               4: (3.03, 5.45, 10.43, 19.93), 8: (5.88, 9.18, 14.00, 24.17)},
+    "wiki": {1: (2.23, 5.09, 10.56, 19.92), 2: (3.81, 7.40, 14.01, 26.91),
+             4: (9.78, 21.70, 43.04, 92.25), 8: (58.52, 153.40, 326.42, 753.64)},
+}
+KEEP = ("acc", "nmi", "f1", "ari")
+
+
+def one_run(strategy: str, dataset: str, clients: int, factor: int, seed: int, tmp: Path) -> dict:
+    overrides = {"seed": seed, "reference": False, "kcagc.filter-order": 0}
+    if strategy == "kcagc":
+        overrides["kcagc.local-factor"] = factor
+    out = tmp / f"{strategy}-{dataset}-{clients}-{factor}-{seed}"
+    r = run_experiment(strategy, dataset, clients, overrides, out, engine="inprocess")
+    m = r["metrics"]
+    return {
+        "strategy": strategy, "dataset": dataset, "clients": clients, "factor": factor, "seed": seed,
+        **{k: m[k] for k in KEEP},
+        "protocol_s": r["timing"]["protocol_s"],
+        "aggregated_values": m["aggregated_values"],
+        "secure_sums": r["communication"]["secure_aggregations"],
+        "bytes_up": r["communication"]["bytes_up"], "bytes_down": r["communication"]["bytes_down"],
+        "virtual_nodes": m["virtual_nodes"], "lloyd_iterations": m["lloyd_iterations"],
+    }
+
+
+def agc_runs(dataset: str, seeds: list[int]) -> list[dict]:
+    data = load_dataset(dataset)
+    k = data.num_classes
+    out = []
+    for seed in seeds:
+        t0 = time.perf_counter()
+        labels, _ = agc(data.x, data.adj, k, seed, order=PAPER_ORDER[dataset])
+        s = time.perf_counter() - t0
+        m = evaluate(labels, y_true=data.y)
+        out.append({"seed": seed, **{key: m[key] for key in KEEP}, "time_s": s})
+    return out
+
+
+def stats(runs: list[dict], key: str) -> tuple[float, float]:
+    v = np.array([r[key] for r in runs], dtype=float)
+    return float(v.mean()), float(v.std())
+
+
+def cell(runs, strategy, dataset, clients, factor=None):
+    return [r for r in runs if r["strategy"] == strategy and r["dataset"] == dataset and r["clients"] == clients
+            and (factor is None or r["factor"] == factor)]
+
+
+def render(summary: dict) -> str:
+    runs = summary["runs"]
+    lines = [
+        "## kCAGC (`kcagc`, `kcagc-basic`) - issue 10",
+        "",
+        f"`python benchmarks/kcagc.py --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
+        f"{summary['elapsed_s'] / 60:.1f} min on a shared 2-core machine). Vertical split into contiguous "
+        "column blocks, psi = 9 / 15 / 2 (cora / citeseer / wiki), k_hat = factor x k, Q = 10, "
+        "10 k-means++ seedings side by side; mean (std) over seeds "
+        f"{summary['seeds']}. Each cell: paper / ours / difference (ACC %). PubMed is not in the data root.",
+        "",
+    ]
+    for ds in summary["datasets"]:
+        lines += [f"### Table II - {ds} (ACC %)", "",
+                  "| | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
+                  "|---|" + "---|" * len(summary["clients"])]
+        for f in summary["factors"]:
+            row = [f"k_hat={f}k" if f > 1 else "k_hat=k"]
+            for i, c in enumerate(summary["clients"]):
+                rs = cell(runs, "kcagc", ds, c, f)
+                if not rs:
+                    row.append("-")
+                    continue
+                mu, sd = stats(rs, "acc")
+                p = PAPER_ACC[ds][f][CLIENTS.index(c)]
+                row.append(f"{p:.2f} / **{100 * mu:.2f}** ({100 * sd:.2f}) / {100 * mu - p:+.2f}")
+            lines.append("| " + " | ".join(row) + " |")
+        row = ["b-kCAGC"]
+        for c in summary["clients"]:
+            rs = cell(runs, "kcagc-basic", ds, c)
+            if not rs:
+                row.append("-")
+                continue
+            mu, sd = stats(rs, "acc")
+            p = PAPER_BASIC[ds][CLIENTS.index(c)]
+            row.append(f"{p:.2f} / **{100 * mu:.2f}** ({100 * sd:.2f}) / {100 * mu - p:+.2f}")
+        lines.append("| " + " | ".join(row) + " |")
+        a = summary["agc"].get(ds)
+        if a:
+            mu, sd = stats(a, "acc")
+            lines.append(f"| AGC (centralised) | {PAPER_AGC[ds]:.2f} / **{100 * mu:.2f}** ({100 * sd:.2f}) / "
+                         f"{100 * mu - PAPER_AGC[ds]:+.2f} |" + " |" * (len(summary["clients"]) - 1))
+        best = max((stats(cell(runs, "kcagc", ds, c, f), "acc")[0], c, f) for c in summary["clients"]
+                   for f in summary["factors"] if cell(runs, "kcagc", ds, c, f))
+        paper_best = max(v for f in FACTORS for v in PAPER_ACC[ds][f])
+        below = [(c, f, 100 * stats(cell(runs, "kcagc", ds, c, f), "acc")[0] - PAPER_ACC[ds][f][CLIENTS.index(c)])
+                 for c in summary["clients"] for f in summary["factors"] if cell(runs, "kcagc", ds, c, f)]
+        worst = min(below, key=lambda t: t[2])
+        lines += ["", f"Best cell {100 * best[0]:.2f} (L={best[1]}, k_hat={best[2]}k) vs paper best {paper_best:.2f}; "
+                  f"cells more than 2 points below the paper: {sum(d < -2 for _, _, d in below)} of {len(below)} "
+                  f"(worst L={worst[0]}, k_hat={worst[1]}k: {worst[2]:+.2f}).", ""]
+        lines += [f"NMI / F1 (%) of `kcagc`, {ds}:", "",
+                  "| | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
+                  "|---|" + "---|" * len(summary["clients"])]
+        for f in summary["factors"]:
+            row = [f"k_hat={f}k"]
+            for c in summary["clients"]:
+                rs = cell(runs, "kcagc", ds, c, f)
+                row.append(f"{100 * stats(rs, 'nmi')[0]:.2f} / {100 * stats(rs, 'f1')[0]:.2f}" if rs else "-")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    lines += ["### Table IV - protocol time (s): paper (C++/GMP, LAN) / ours (mean over seeds)", "",
+              "| dataset | k_hat | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
+              "|---|---|" + "---|" * len(summary["clients"])]
+    slower = 0
+    total = 0
+    for ds in summary["datasets"]:
+        for f in summary["factors"]:
+            row = [ds, f"{f}k"]
+            for c in summary["clients"]:
+                rs = cell(runs, "kcagc", ds, c, f)
+                if not rs:
+                    row.append("-")
+                    continue
+                t = stats(rs, "protocol_s")[0]
+                p = PAPER_TIME[ds][f][CLIENTS.index(c)]
+                total += 1
+                slower += t > p
+                row.append(f"{p:.2f} / **{t:.2f}**")
+            lines.append("| " + " | ".join(row) + " |")
+    lines += ["", f"Cells slower than the paper: {slower} of {total}.", ""]
+    lines += ["### Secure aggregation: `kcagc` vs `kcagc-basic` (seed-mean)", "",
+              "| dataset | L | k_hat | virtual nodes | aggregated scalars | % of basic | secure sums | "
+              "upload MB | basic upload MB |", "|---|---|---|---|---|---|---|---|---|"]
+    for ds in summary["datasets"]:
+        for c in summary["clients"]:
+            b = cell(runs, "kcagc-basic", ds, c)
+            for f in summary["factors"]:
+                rs = cell(runs, "kcagc", ds, c, f)
+                if not rs or not b:
+                    continue
+                vals, bvals = stats(rs, "aggregated_values")[0], stats(b, "aggregated_values")[0]
+                vn = np.mean([r["virtual_nodes"][-1] for r in rs])
+                lines.append(f"| {ds} | {c} | {f}k | {vn:.0f} | {vals:.0f} | {100 * vals / bvals:.1f}% | "
+                             f"{stats(rs, 'secure_sums')[0]:.0f} | {stats(rs, 'bytes_up')[0] / 1e6:.2f} | "
+                             f"{stats(b, 'bytes_up')[0] / 1e6:.2f} |")
+    lines += ["", "Paper: kCAGC needs 1.8% of basic's secure aggregations for Cora at L=2, k_hat=k "
+              "(k^2/n with k^2 intersections). Both counts here include the k-1 k-means++ seeding rounds "
+              "and the 10 seedings run side by side.", ""]
+    for p in summary.get("plots", []):
+        lines.append(f"![{Path(p).stem}](results/{Path(p).name})")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_md(summary: dict) -> None:
+    start, end = "<!-- kcagc:start -->", "<!-- kcagc:end -->"
+    block = f"{start}\n{render(summary)}{end}\n"
+    text = MD.read_text() if MD.exists() else "# Benchmark results\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
+    text = pattern.sub(lambda _: block, text, count=1) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
+    MD.write_text(text)
+
+
+def plots(summary: dict) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    runs = summary["runs"]
+    fig, axes = plt.subplots(1, len(summary["datasets"]), figsize=(5 * len(summary["datasets"]), 4), squeeze=False)
+    for ax, ds in zip(axes[0], summary["datasets"]):
+        for f in summary["factors"]:
+            xs = [c for c in summary["clients"] if cell(runs, "kcagc", ds, c, f)]
+            ax.plot(xs, [100 * stats(cell(runs, "kcagc", ds, c, f), "acc")[0] for c in xs], "o-", label=f"ours k_hat={f}k")
+            ax.plot(CLIENTS, PAPER_ACC[ds][f], "x:", alpha=0.5, label=f"paper k_hat={f}k")
+        xs = [c for c in summary["clients"] if cell(runs, "kcagc-basic", ds, c)]
+        ax.plot(xs, [100 * stats(cell(runs, "kcagc-basic", ds, c), "acc")[0] for c in xs], "ks-", label="ours basic")
+        if summary["agc"].get(ds):
+            ax.axhline(100 * stats(summary["agc"][ds], "acc")[0], color="grey", ls="--", label="AGC (ours)")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{ds}: ACC vs participants")
+        ax.set_xlabel("L")
+        ax.set_ylabel("ACC %")
+    axes[0][-1].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    path = RESULTS / "kcagc_acc.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(str(path))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for ds in summary["datasets"]:
+        for f in summary["factors"]:
+            xs = [c for c in summary["clients"] if cell(runs, "kcagc", ds, c, f)]
+            ax.plot(xs, [stats(cell(runs, "kcagc", ds, c, f), "protocol_s")[0] for c in xs], "o-", label=f"{ds} {f}k")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("L")
+    ax.set_ylabel("protocol seconds")
+    ax.set_title("kcagc protocol time")
+    ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    path = RESULTS / "kcagc_time.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(str(path))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--datasets", default="cora,citeseer,wiki")
+    ap.add_argument("--clients", default="2,4,8,16")
+    ap.add_argument("--factors", default="1,2,4,8")
+    ap.add_argument("--out", default=str(RESULTS / "kcagc.json"))
+    ap.add_argument("--no-report", action="store_true", help="only write --out (a part of the grid)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="merge partial JSONs (e.g. datasets run in parallel) into --out, plots and RESULTS.md")
+    args = ap.parse_args(argv)
+    if args.merge:
+        parts = [json.loads(Path(p).read_text()) for p in args.merge]
+        summary = {**parts[0], "runs": [r for p in parts for r in p["runs"]],
+                   "agc": {k: v for p in parts for k, v in p["agc"].items()},
+                   "datasets": [d for p in parts for d in p["datasets"]],
+                   "elapsed_s": max(p["elapsed_s"] for p in parts)}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        summary["plots"] = plots(summary)
+        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+        write_md(summary)
+        print(render(summary))
+        return 0
+    seeds = list(range(args.seeds))
+    datasets = [d for d in args.datasets.split(",") if d]
+    clients = [int(c) for c in args.clients.split(",")]
+    factors = [int(f) for f in args.factors.split(",")]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    summary = {"generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets, "clients": clients,
+               "factors": factors, "agc": {}, "runs": []}
+    started = time.time()
+    path = Path(args.out)
+
+    def save():
+        summary["elapsed_s"] = time.time() - started
+        summary["generated_utc"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for ds in datasets:
+            summary["agc"][ds] = agc_runs(ds, seeds)
+            print(f"{ds} AGC acc {100 * stats(summary['agc'][ds], 'acc')[0]:.2f}", flush=True)
+            for c in clients:
+                for seed in seeds:
+                    r = one_run("kcagc-basic", ds, c, 0, seed, Path(tmp))
+                    summary["runs"].append(r)
+                    print(f"{ds} L={c} basic seed={seed} acc={100 * r['acc']:.2f} t={r['protocol_s']:.2f}s", flush=True)
+                for f in factors:
+                    for seed in seeds:
+                        r = one_run("kcagc", ds, c, f, seed, Path(tmp))
+                        summary["runs"].append(r)
+                        print(f"{ds} L={c} k_hat={f}k seed={seed} acc={100 * r['acc']:.2f} "
+                              f"vn={r['virtual_nodes']} t={r['protocol_s']:.2f}s", flush=True)
+                    save()
+    if args.no_report:
+        return 0
+    summary["plots"] = plots(summary)
+    save()
+    write_md(summary)
+    print(render(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Client side of ``fedavg-dmon`` (see strategies/fedavg_dmon.py for the wire protocol).
+
+Kept in ``context.state`` between rounds: the local model, the Adam moments
+(``fedavg-dmon.optimizer-state=keep``), the torch generator state that drives
+dropout, and in isolated/centralised mode the best local weights so far.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.protocols import fedavg_dmon as proto
+from clients.base import ClusteringClient
+
+_GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
+
+
+class FedAvgDMoNClient(ClusteringClient):
+    actions = ("dmon_init", "dmon_eval", "dmon_assign")
+    train_actions = ("dmon_train",)
+
+    # -- helpers ---------------------------------------------------------------
+    def handle(self, action, content):
+        import torch
+
+        torch.set_num_threads(1)  # one thread per client (shared CPU; also makes runs bit-reproducible)
+        return super().handle(action, content)
+
+    def _p(self, key):
+        return self.config[f"fedavg-dmon.{key}"]
+
+    def graph(self):
+        """This client's tensors and edge split, built once per process."""
+        s = self.shard
+        val, test = float(self._p("val-fraction")), float(self._p("test-fraction"))
+        seed = int(self.config["seed"])
+        sparse = bool(self._p("sparse-features"))
+        key = (id(s), s.dataset, s.partitioner, s.client_id, s.num_clients, seed, val, test, sparse)
+        hit = _GRAPHS.get(key)
+        if hit is None or hit[0] is not s:
+            train, vadj, tadj = proto.split_adjacency(s.adj, np.asarray(s.node_ids), seed, val, test)
+            hit = (s, proto.make_graph(s.x, train, sparse), vadj, tadj, train)
+            if len(_GRAPHS) > 64:
+                _GRAPHS.clear()
+            _GRAPHS[key] = hit
+        return hit[1], hit[2], hit[3]
+
+    def _model_kw(self):
+        return {"hidden": int(self._p("hidden")), "dropout": float(self._p("dropout"))}
+
+    def _state(self, k, weights):
+        if "dmon_state" in self.context.state.array_records:
+            return proto.LocalState.from_arrays(self.load("dmon_state"))
+        if weights is None:
+            raise ValueError("first training round without initial weights")
+        kw = self._model_kw()
+        return proto.start_state(weights, int(self.config["seed"]), self.shard.client_id, k, kw["hidden"], kw["dropout"])
+
+    def _local_select(self) -> bool:
+        return self._p("mode") != "federated" and self._p("select") == "val-modularity"
+
+    def _score(self, weights, k):
+        graph, vadj, _ = self.graph()
+        return proto.validation_score(proto.assign(weights, graph, k, int(self._p("hidden"))), vadj)
+
+    def _keep_if_best(self, weights, score):
+        best = self.load("dmon_best") if "dmon_best" in self.context.state.array_records else None
+        if best is None or score > float(best["score"][0]):
+            self.save("dmon_best", score=np.array([score]), **{f"w/{n}": weights[n] for n in proto.PARAM_NAMES})
+
+    # -- steps -------------------------------------------------------------------
+    def on_dmon_init(self, arrays, values):
+        """Sizes only: feature dimension, nodes held, edges per split."""
+        graph, vadj, tadj = self.graph()
+        return {}, {
+            "num_features": int(graph.x.shape[1]),
+            "num_nodes": int(graph.x.shape[0]),
+            "train_edges": int(graph.edge_index.shape[1] // 2),
+            "val_edges": int(vadj.nnz // 2),
+            "test_edges": int(tadj.nnz // 2),
+        }
+
+    def on_dmon_train(self, arrays, values):
+        k = int(values["k"])
+        received = {n: arrays[n] for n in proto.PARAM_NAMES} if proto.PARAM_NAMES[0] in arrays else None
+        state = self._state(k, received)
+        start = received if received is not None else state.weights
+        score, edges = self._score(start, k)
+        if self._local_select():
+            self._keep_if_best(start, score)
+        kw = self._model_kw()
+        state, losses = proto.local_train(
+            state, self.graph()[0], k, int(self._p("local-epochs")), lr=float(self._p("lr")),
+            collapse=float(self._p("collapse")), weights=received,
+            keep_optimizer=self._p("optimizer-state") == "keep", **kw,
+        )
+        self.save("dmon_state", **state.to_arrays())
+        reply_values = {"val_modularity": score, "val_edges": edges, "losses": losses,
+                        "num_nodes": int(len(self.shard.node_ids))}
+        if self._p("mode") != "federated":
+            return {}, reply_values  # isolated / centralised: the weights never leave
+        upload = state.weights
+        if float(self._p("dp-clip")) > 0:
+            upload = proto.dp_update(received, state.weights, self._mechanism())
+        if "secagg_tag" in values:
+            vector = float(values["factor"]) * proto.flatten(upload)
+            return {"weights": self.masked(vector, values)}, reply_values
+        return dict(upload), reply_values
+
+    def _mechanism(self):
+        from strategies.fedavg_dmon import dp_mechanism
+
+        return dp_mechanism(self.config)
+
+    def on_dmon_eval(self, arrays, values):
+        score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
+        return {}, {"val_modularity": score, "val_edges": edges}
+
+    def on_dmon_assign(self, arrays, values):
+        """Labels of this client's nodes (for evaluation) and its own metrics."""
+        k = int(values["k"])
+        graph, vadj, tadj = self.graph()
+        if proto.PARAM_NAMES[0] in arrays:
+            weights = {n: arrays[n] for n in proto.PARAM_NAMES}
+            score, _ = self._score(weights, k)
+        else:  # isolated / centralised: this client's own model
+            weights = proto.LocalState.from_arrays(self.load("dmon_state")).weights
+            score, _ = self._score(weights, k)
+            if self._local_select():
+                self._keep_if_best(weights, score)
+                best = self.load("dmon_best")
+                weights = {n: best[f"w/{n}"] for n in proto.PARAM_NAMES}
+                score = float(best["score"][0])
+        labels = proto.assign(weights, graph, k, int(self._p("hidden")))
+        self.save("labels", labels=labels)
+        metrics = proto.client_metrics(labels, self.shard.y, tadj, self.shard.adj)
+        owned = self.shard.owned if self.shard.owned is not None else np.ones(len(labels), bool)
+        return (
+            {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels,
+             "owned": np.asarray(owned, dtype=np.int8)},
+            {**metrics, "val_modularity": float(score)},
+        )

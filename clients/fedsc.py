@@ -1,0 +1,67 @@
+"""Client side of ``fedsc`` (see strategies/fedsc.py for the wire protocol).
+
+The client's samples ``X_p`` never leave it: it uploads distance statistics
+(two numbers), a landmark count (one number), its landmark copy ``Z_p`` each
+round (optionally masked and/or noised) and, once, its coefficients ``C_p``.
+Noise for ``fedsc.noise-z/noise-c/dp-epsilon`` comes from the operating
+system's entropy (the server cannot regenerate it); ``fedsc.data-noise`` is
+drawn from a stream seeded by (seed, client) so that the centralised
+reference can be computed on the same perturbed data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.protocols import fedsc as proto
+from clients.base import ClusteringClient
+from strategies.fedsc import client_features
+
+
+class FedSCClient(ClusteringClient):
+    actions = ("fedsc_bandwidth", "fedsc_rank", "fedsc_round", "fedsc_final")
+
+    def features(self) -> np.ndarray:
+        """This client's (filtered, perturbed) sample rows, computed once per run."""
+        if "fedsc" not in self.context.state.array_records:
+            self.save("fedsc", x=client_features(self.shard, self.config))
+        return self.load("fedsc")["x"]
+
+    def on_fedsc_bandwidth(self, arrays, values):
+        x = self.features()
+        total, pairs = proto.local_distance_sum(x) if values.get("estimate", True) else (0.0, 0.0)
+        return {}, {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
+
+    def on_fedsc_rank(self, arrays, values):
+        d = proto.local_landmark_count(self.features(), float(values["sigma"]), float(values["mass"]))
+        return {}, {"landmarks": int(d)}
+
+    def on_fedsc_round(self, arrays, values):
+        x = self.features()
+        _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
+        if "dp_nm_z" in values:
+            z_p = self._gaussian(z_p, values["dp_clip_z"], values["dp_nm_z"], per_row=False)
+            update = z_p.ravel()  # the objective value is not protected: left out
+        else:
+            z_p = proto.perturb(z_p, float(self.config["fedsc.noise-z"]), np.random.default_rng())
+            update = np.concatenate([z_p.ravel(), [f]])
+        if "secagg_tag" in values:
+            update = self.masked(update, values)
+        return {"update": update}, {}
+
+    def on_fedsc_final(self, arrays, values):
+        c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
+        if "dp_nm_c" in values:
+            # rows of c.T are the samples' columns c_i: clip each, add noise
+            c = self._gaussian(c.T, values["dp_clip_c"], values["dp_nm_c"], per_row=True).T
+        else:
+            c = proto.perturb(c, float(self.config["fedsc.noise-c"]), np.random.default_rng())
+        return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}, {}
+
+    @staticmethod
+    def _gaussian(array: np.ndarray, clip: float, noise_multiplier: float, per_row: bool) -> np.ndarray:
+        """Clip (whole array or each row) and add N(0, (noise_multiplier * clip)^2) noise."""
+        from app.privacy.gaussian import GaussianMechanism
+
+        mech = GaussianMechanism(float(clip), float(noise_multiplier), per_row=per_row)
+        return mech.apply(array, np.random.default_rng())

@@ -1,0 +1,73 @@
+"""Client side of ``fedspectral`` and ``fedspectral-plus`` (wire protocol in
+strategies/fedspectral.py). The client's edges (``shard.adj``) never leave it:
+it uploads local spectral labels (baseline), or products of its local operator
+with the block the server sent, optionally noised and pairwise masked."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.protocols import fedspectral as proto
+from clients.base import ClusteringClient
+
+_OPERATORS: dict[tuple[int, str], tuple[object, object]] = {}
+
+
+def _cached(shard, kind: str, make):
+    """Per-process cache of a shard's derived operator (shards are cached per
+    process too; the shard object is kept alive with the entry)."""
+    key = (id(shard), kind)
+    hit = _OPERATORS.get(key)
+    if hit is None or hit[0] is not shard:
+        if len(_OPERATORS) > 32:
+            _OPERATORS.clear()
+        hit = _OPERATORS[key] = (shard, make())
+    return hit[1]
+
+
+class FedSpectralClient(ClusteringClient):
+    """Baseline: spectral clustering of the local graph, labels uploaded."""
+
+    actions = ("fedspectral_local",)
+
+    def on_fedspectral_local(self, arrays, values):
+        labels = proto.local_spectral_labels(self.shard.adj, int(values["k"]), int(values["seed"]),
+                                             int(values["n_init"]))
+        return {"labels": labels.astype(np.int64)}, {}
+
+
+class FedSpectralPlusClient(ClusteringClient):
+    """Power iteration steps on the local graph (see the strategy docstring)."""
+
+    actions = ("fedspectral_power", "fedspectral_degrees", "fedspectral_product")
+
+    def _block(self, arrays) -> np.ndarray:
+        y = np.asarray(arrays["block"], dtype=np.float64)
+        n = self.shard.adj.shape[0]
+        if y.ndim != 2 or y.shape[0] != n:
+            raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
+        return y
+
+    def _upload(self, name: str, out: np.ndarray, values) -> tuple[dict, dict]:
+        std = float(values.get("noise_std", 0.0))
+        if std > 0:
+            # fresh OS entropy: the server must not be able to predict the noise
+            out = out + np.random.default_rng().normal(0.0, std, size=out.shape)
+        if "secagg_tag" in values:
+            return {name: self.masked(out, values)}, {}
+        return {name: out.astype(str(values.get("wire_dtype", "float64")))}, {}
+
+    def weighted_adjacency(self):
+        """``A_c / r`` (each local edge divided by the number of clients holding it)."""
+        return _cached(self.shard, "weighted",
+                       lambda: proto.weighted_local_adjacency(self.shard.adj, self.shard.edge_weight))
+
+    def on_fedspectral_power(self, arrays, values):
+        op = _cached(self.shard, "normalised", lambda: proto.local_normalised_operator(self.shard.adj))
+        return self._upload("block", proto.paper_client_step(op, self._block(arrays), int(values["iters"])), values)
+
+    def on_fedspectral_degrees(self, arrays, values):
+        return self._upload("degrees", proto.local_degrees(self.weighted_adjacency()), values)
+
+    def on_fedspectral_product(self, arrays, values):
+        return self._upload("block", self.weighted_adjacency() @ self._block(arrays), values)

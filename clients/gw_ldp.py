@@ -1,0 +1,123 @@
+"""Client side of ``gw-ldp`` (see strategies/gw_ldp.py for the wire protocol).
+
+What leaves this client: its feature width and graph counts, locally trained
+GNN weights each round (optionally clipped and noised), and once (or every s
+rounds) the LDP-encoded softmax node embeddings of its graphs with their
+sizes, graph ids, split codes and labels. Never an adjacency or feature matrix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from app.protocols import gw_ldp as proto
+from clients.base import ClusteringClient
+
+_CACHE: dict = {}
+
+
+class GWLDPClient(ClusteringClient):
+    actions = ("gw_describe", "gw_embed")
+    train_actions = ("fit",)
+
+    # -- local data ----------------------------------------------------------
+    def _task(self) -> str:
+        return "centre" if self.shard.partitioner == "khop" else "graph"
+
+    def _local(self):
+        """(batch, labels, split) of this client's graphs, built once per process."""
+        degree_dim = int(self.config["gw-ldp.degree-dim"])
+        key = (id(self.shard), degree_dim, int(self.config["seed"]))
+        if key not in _CACHE:
+            s = self.shard
+            if not s.graphs:
+                raise ValueError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
+            batch = proto.make_batch(s.graphs, degree_dim)
+            labels = np.asarray(s.graph_y, dtype=np.int64)
+            split = proto.split_items(len(s.graphs), int(self.config["seed"]), s.client_id)
+            _CACHE[key] = (batch, labels, split)
+        return _CACHE[key]
+
+    def _model(self, arrays, num_classes: int | None = None):
+        batch, _, _ = self._local()
+        weights = {k[2:]: v for k, v in arrays.items() if k.startswith("w.")}
+        if num_classes is None:
+            num_classes = int(np.asarray(weights[_last_bias(weights)]).shape[0])
+        model = proto.build_model(str(self.config["gw-ldp.model"]), int(batch.x.shape[1]), num_classes, 0)
+        proto.set_weights(model, weights)
+        return model
+
+    # -- steps ---------------------------------------------------------------
+    def handle(self, action, content):
+        with proto.torch_threads(1):
+            return super().handle(action, content)
+
+    def on_gw_describe(self, arrays, values):
+        batch, labels, split = self._local()
+        return {}, {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
+                    "train": int((split == proto.SPLIT_TRAIN).sum())}
+
+    def on_fit(self, arrays, values):
+        batch, labels, split = self._local()
+        model = self._model(arrays)
+        start = proto.get_weights(model)
+        train = np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
+        seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
+        loss = proto.local_train(model, batch, labels, train, self._task(), int(values["epochs"]),
+                                 float(values["lr"]), seed)
+        new = proto.get_weights(model)
+        values = {"num_examples": int(train.size)}
+        if self.config["gw-ldp.dp"] == "client":
+            new = self._privatise(start, new, seed)
+        else:
+            values["loss"] = loss  # not sent under DP: it is not covered by the noise
+        return {f"w.{k}": v for k, v in new.items()}, values
+
+    def _privatise(self, start, new, seed):
+        """Client-level DP-FedAvg: clip the update (all weights as one vector) and
+        add N(0, (noise * clip)^2) to every coordinate (app.privacy.gaussian)."""
+        from app.privacy.gaussian import GaussianMechanism
+
+        keys = list(new)
+        delta = np.concatenate([(new[k] - start[k]).ravel().astype(np.float64) for k in keys])
+        mech = GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
+                                 delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
+        noised = mech.apply(delta, rng=np.random.default_rng([seed, 77]))
+        out, pos = {}, 0
+        for k in keys:
+            size = start[k].size
+            out[k] = (start[k] + noised[pos:pos + size].reshape(start[k].shape)).astype(np.float32)
+            pos += size
+        return out
+
+    def on_gw_embed(self, arrays, values):
+        batch, labels, split = self._local()
+        model = self._model(arrays)
+        eps = float(values["epsilon"])
+        rng = np.random.default_rng([int(values["seed"]), 31, self.shard.client_id])
+        rows = []
+        for h in proto.node_embeddings(model, batch):
+            if math.isinf(eps):
+                rows.append(h)
+            else:
+                codes, _ = proto.encode_graph(h, proto.graph_epsilon(len(h), eps), rng)
+                rows.append(codes)
+        out = np.vstack(rows)
+        return {
+            "embeddings": out.astype(np.float64) if math.isinf(eps) else out.astype(np.int8),
+            "sizes": np.diff(batch.offsets).astype(np.int64),
+            "graph_ids": np.asarray(self.shard.graph_ids, dtype=np.int64),
+            "split": split.astype(np.int8),
+            "labels": np.where(split == proto.SPLIT_TEST, -1, labels).astype(np.int64),
+            "eval_labels": labels.astype(np.int64),
+        }, {}
+
+
+def _last_bias(weights: dict) -> str:
+    """Name of the output layer's bias (its length is the number of classes)."""
+    for name in ("lin2.bias", "conv2.bias"):
+        if name in weights:
+            return name
+    raise KeyError("no output-layer bias among the weights")

@@ -1,0 +1,78 @@
+"""Client side of ``kcagc`` / ``kcagc-basic`` (wire protocol: strategies/kcagc.py).
+
+What leaves this client: the local cluster of every node (``kcagc_local``,
+kcagc only) and, in every ``kcagc_step``, a pairwise-masked uint64 vector
+whose sum over all clients is the summed squared distances; its features,
+embedding, virtual nodes and centre blocks never leave it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.protocols import kcagc as proto
+from clients.base import ClusteringClient
+
+
+class KCAGCClient(ClusteringClient):
+    actions = ("kcagc_local", "kcagc_step")
+
+    def features(self, values) -> np.ndarray:
+        """This client's embedding ``Z^l`` (n x d), computed once per run and kept in state.
+
+        Scaled by sqrt(n) (k-means is unchanged by a global scale) so that
+        squared distances are O(1) and the fixed-point resolution of the
+        secure sum (1 / secagg.scale) is small next to them.
+        """
+        state = self.context.state.array_records
+        if "kcagc_z" not in state:
+            order = proto.filter_order(self.shard.dataset, int(values["order"]))
+            z, used = proto.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
+                                      int(values["seed"]), str(values["embedding"]), int(values["k"]))
+            z = z * np.sqrt(z.shape[0]) if str(values["embedding"]) == "svd" else z
+            self.save("kcagc_z", z=z, order=np.array([used]))
+        return self.load("kcagc_z")["z"]
+
+    def on_kcagc_local(self, arrays, values):
+        """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters)."""
+        z = self.features(values)
+        labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
+                                      n_init=int(self.config["kcagc.local-restarts"]))
+        order = int(self.load("kcagc_z")["order"][0])
+        return {"labels": labels.astype(np.int64)}, {"order": order}
+
+    def on_kcagc_step(self, arrays, values):
+        """One secure-aggregation round of the weighted k-means on the virtual nodes.
+
+        ``stage="seed"``: partial squared distances of every virtual node to the
+        newest seed of each restart (R x m). ``stage="lloyd"``: set (``seeds``)
+        or update (``assign``) this client's centre blocks, then partial squared
+        distances of every virtual node to every centre (R x m x kk). The
+        result is written at ``offset`` into a zero vector of length ``total``
+        (the parts of other groups stay 0) and masked.
+        """
+        out = np.zeros(int(values["total"]))
+        size = int(values["size"])
+        if size:
+            if "members" in arrays:  # first round of this level: build the virtual nodes
+                members = arrays["members"].astype(np.int64)
+                y = proto.virtual_block(self.features(values), members)
+                weights = np.bincount(members).astype(np.float64)
+                self.save("kcagc_vn", y=y, weights=weights)
+            vn = self.load("kcagc_vn")
+            y, weights = vn["y"], vn["weights"]
+            if values["stage"] == "seed":
+                part = proto.seed_distances(y, arrays["index"])
+            else:
+                if "seeds" in arrays:
+                    centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
+                else:
+                    centres = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
+                                                   self.load("kcagc_centres")["c"])
+                self.save("kcagc_centres", c=centres)
+                part = proto.partial_distances(y, centres)
+            if part.size != size:
+                raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
+            offset = int(values["offset"])
+            out[offset:offset + size] = part.ravel()
+        return {"d": self.masked(out, values) if "secagg_tag" in values else out}, {}

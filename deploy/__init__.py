@@ -1,0 +1,1 @@
+"""Deployment helpers: certificates, SuperNode keys, a local TLS federation."""

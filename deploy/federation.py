@@ -1,0 +1,180 @@
+"""A real Flower deployment on this machine: SuperLink + SuperNodes as processes.
+
+:class:`LocalFederation` starts ``flower-superlink`` with TLS (certificates
+from :mod:`deploy.pki`) and SuperNode authentication, registers SuperNode
+public keys with ``flwr supernode register``, starts ``flower-supernode``
+processes, each pointed at its own shard file (``--node-config
+"shard='...'"``), and runs the app with ``flwr run`` against that SuperLink.
+Every process runs in its own process group and is killed by :meth:`close`
+(also on errors: use it as a context manager). Everything listens on
+127.0.0.1; across machines the same commands work with real addresses (see
+the README, "Deploying on several machines").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import psutil
+
+BIN = Path(sys.executable).parent
+CONNECTION = "fedgraph"
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``, its process group and any descendant that left it
+    (SuperLink and SuperNode start ServerApp/ClientApp processes)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value as ``flwr run --run-config`` expects it (TOML)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "") + "'"
+
+
+def run_config_arg(values: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
+
+
+class LocalFederation:
+    """SuperLink and SuperNodes on loopback (see module docstring)."""
+
+    def __init__(self, workdir: Path, pki: Path | None, *, auth: bool = True) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.pki = Path(pki) if pki else None
+        self.auth = auth and self.pki is not None
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.home = self.workdir / "flwr-home"
+        self.home.mkdir(exist_ok=True)
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            # use this environment instead of a fresh `uv sync` per run
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            # SuperExec checks for new tasks every second by default
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "OMP_NUM_THREADS": "1",
+        }
+        self._write_cli_config()
+
+    def _write_cli_config(self) -> None:
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
+                 f'address = "{self.address}"']
+        if self.pki:
+            lines.append(f'root-certificates = "{(self.pki / "ca.crt").resolve()}"')
+        else:
+            lines.append("insecure = true")
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    # -- processes --------------------------------------------------------------
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                cwd=self.workdir, start_new_session=True)
+        self.processes[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start_superlink(self, timeout: float = 120.0) -> None:
+        cmd = [str(BIN / "flower-superlink"), "--port", str(self.port),
+               "--disable-runtime-dependency-installation"]
+        if self.pki:
+            cmd += ["--ssl-ca-certfile", str(self.pki / "ca.crt"),
+                    "--ssl-certfile", str(self.pki / "superlink.crt"),
+                    "--ssl-keyfile", str(self.pki / "superlink.key")]
+        else:
+            cmd += ["--insecure"]
+        if self.auth:
+            cmd += ["--enable-supernode-auth"]
+        proc = self._spawn("superlink", cmd)
+        deadline = time.monotonic() + timeout
+        while "Uvicorn running" not in self.log("superlink"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"SuperLink did not start:\n{self.log('superlink')[-2000:]}")
+            time.sleep(0.2)
+
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode public key (only registered SuperNodes may join)."""
+        proc = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), CONNECTION],
+                              env=self.env, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0 or "registered successfully" not in proc.stdout:
+            raise RuntimeError(f"registering {public_key} failed:\n{proc.stdout}\n{proc.stderr}")
+
+    def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
+                        root_certificates: Path | None = None, node_config: str | None = None) -> subprocess.Popen:
+        cmd = [str(BIN / "flower-supernode"), "--superlink", self.address, "--port", str(free_port())]
+        cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
+        if private_key:
+            cmd += ["--auth-supernode-private-key", str(private_key)]
+        config = node_config if node_config is not None else f"shard='{Path(shard).resolve()}'"
+        cmd += ["--node-config", config]
+        return self._spawn(name, cmd)
+
+    def start_nodes(self, shards: list[Path]) -> None:
+        """Register and start one authenticated TLS SuperNode per shard."""
+        for i, shard in enumerate(shards):
+            key = self.pki / f"supernode-{i}" if self.auth else None
+            if self.auth:
+                self.register(self.pki / f"supernode-{i}.pub")
+            root = self.pki / "ca.crt" if self.pki else None
+            self.start_supernode(f"supernode-{i}", shard, private_key=key, root_certificates=root)
+
+    def run_app(self, app_dir: Path, run_config: Mapping[str, Any], timeout: float = 900.0) -> subprocess.CompletedProcess:
+        """``flwr run APP <connection> --stream --run-config ...``; returns the finished process."""
+        cmd = [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
+               "--run-config", run_config_arg(run_config)]
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def kill(self, name: str) -> None:
+        """Kill one started process and everything it started (SIGKILL: a crash, not a shutdown)."""
+        proc = self.processes.pop(name, None)
+        if proc is not None:
+            _kill_tree(proc)
+
+    def close(self) -> None:
+        """Stop every process this federation started, children included."""
+        for name in list(self.processes):
+            self.kill(name)
+
+    def __enter__(self) -> "LocalFederation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

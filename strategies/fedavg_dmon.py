@@ -1,0 +1,267 @@
+"""Strategy ``fedavg-dmon``: federated community detection, FedAvg of DMoN GNN weights.
+
+Leeney & McConville, "A Framework for Exploring Federated Community
+Detection" (2023). Clients hold node-partitioned subgraphs of one graph
+(cross-client edges lost; ``partition.overlap`` lets clients share nodes),
+all with the same features. Math and the edge split / model selection rules:
+``app.protocols.fedavg_dmon``.
+
+Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
+
+* ``federated``: FedAvg weighted by node counts every round;
+* ``isolated``: same rounds and epochs, but clients never aggregate (each
+  trains, selects and labels with its own model; no weights leave a client);
+* ``centralised``: as isolated with exactly one client holding the whole
+  graph (``--num-clients 1``; any node partitioner with one client gives it
+  every node and edge).
+
+Wire protocol (what leaves each client in **bold**):
+
+1. ``query.dmon_init`` (down: k) -> up: **sizes only**: feature dimension,
+   nodes held, train/val/test edge counts.
+2. ``train.dmon_train`` x num-rounds. Down: the global weights ``W_r`` (4
+   float32 arrays, ``DMoNModel.state_dict()`` names; isolated/centralised:
+   round 1 only, the common initialisation) and ``k``. The client scores
+   ``W_r`` on its validation edges, trains ``local-epochs`` Adam epochs,
+   and replies **the validation modularity and its edge count, the
+   per-epoch losses, its node count**, and in federated mode **its trained
+   weights W_c** (exact shapes, finite; a bad upload is rejected and that
+   client left out of the average for the round). With ``dp-clip > 0`` the
+   weights are ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level
+   DP-FedAvg); with ``secure`` the upload is instead one uint64 vector, the
+   pairwise-masked fixed-point ``(N_c/N) * W_c`` (the server learns only the
+   weighted sum, i.e. the new global model; every client must answer).
+3. ``query.dmon_eval`` (federated, ``select=val-modularity``; down: the
+   final global weights) -> up: **validation modularity and edge count**.
+4. ``query.dmon_assign`` (down: the selected global weights; isolated:
+   nothing) -> up: **node ids, cluster labels, owned flags and the client's
+   own metrics** (macro-F1/NMI on its nodes, modularity/conductance on its
+   test edges), for evaluation only.
+
+Server: ``W_{r+1} = sum_c (N_c/N) W_c`` over the valid uploads; model
+selection keeps the global weights with the best validation-edge-weighted
+mean validation modularity (federated), or each client keeps its own best
+(isolated/centralised).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from app.config import ConfigError, Param
+from app.protocols import fedavg_dmon as proto
+from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from strategies.base import ClusteringStrategy, StrategyOutput
+
+MODES = ("federated", "isolated", "centralised")
+SELECT = ("val-modularity", "last")
+OPT_STATE = ("keep", "reset")
+P = "fedavg-dmon."
+
+
+@lru_cache(maxsize=32)
+def _calibrated(epsilon: float, delta: float, rounds: int) -> float:
+    from app.privacy.gaussian import calibrate_noise_multiplier
+
+    return calibrate_noise_multiplier(epsilon, delta, rounds, adjacency="replace")
+
+
+def dp_noise_multiplier(config) -> float:
+    """``dp-noise``, or the multiplier reaching ``dp-epsilon`` after num-rounds releases."""
+    eps = float(config[P + "dp-epsilon"])
+    if eps > 0:
+        return _calibrated(eps, float(config[P + "dp-delta"]), int(config["num-rounds"]))
+    return float(config[P + "dp-noise"])
+
+
+def dp_mechanism(config):
+    """The client-level Gaussian mechanism (one release per client per round)."""
+    from app.privacy.gaussian import GaussianMechanism
+
+    return GaussianMechanism(float(config[P + "dp-clip"]), dp_noise_multiplier(config),
+                             delta=float(config[P + "dp-delta"]), adjacency="replace")
+
+
+class FedAvgDMoN(ClusteringStrategy):
+    name = "fedavg-dmon"
+    summary = "FedAvg of a DMoN GNN (modularity loss) over node-partitioned subgraphs"
+    partitioners = ("node-random", "node-community", "node-dirichlet")
+    params = (
+        Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "
+              "centralised (one client with the whole graph)", choices=MODES),
+        Param(P + "local-epochs", int, 5, "local Adam epochs per round", low=1, high=100_000),
+        Param(P + "lr", float, 1e-3, "Adam learning rate", low=1e-12, high=10.0),
+        Param(P + "hidden", int, 64, "GCN output dimension", low=1, high=100_000),
+        Param(P + "dropout", float, 0.5, "dropout after the GCN layer", low=0.0, high=0.99),
+        Param(P + "collapse", float, 1.0, "collapse regularisation lambda of the DMoN loss", low=0.0),
+        Param(P + "sparse-features", bool, True,
+              "feed the features to the GCN as a sparse tensor (same model; fast on bag-of-words)"),
+        Param(P + "optimizer-state", str, "keep",
+              "keep: each client's Adam moments persist between rounds; reset: fresh Adam every round",
+              choices=OPT_STATE),
+        Param(P + "val-fraction", float, 0.1, "fraction of edges held out for model selection", low=0.0, high=0.9),
+        Param(P + "test-fraction", float, 0.2, "fraction of edges held out for testing", low=0.0, high=0.9),
+        Param(P + "select", str, "val-modularity",
+              "model selection: best validation-edge modularity, or the last weights", choices=SELECT),
+        Param(P + "dp-clip", float, 0.0, "client-level DP-FedAvg: L2 clip of each update (0 = off)", low=0.0),
+        Param(P + "dp-noise", float, 1.0, "DP-FedAvg noise multiplier z (sigma = z * clip)", low=1e-6),
+        Param(P + "dp-epsilon", float, 0.0,
+              "DP-FedAvg: if > 0, calibrate z to reach this epsilon after num-rounds rounds", low=0.0),
+        Param(P + "dp-delta", float, 1e-5, "DP-FedAvg delta", low=1e-12, high=0.5),
+        Param(P + "secure", bool, False, "secure aggregation of the weighted weights"),
+    )
+
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        mode = config[P + "mode"]
+        if mode == "centralised" and int(config["num-clients"]) > 1:
+            raise ConfigError(f"fedavg-dmon.mode=centralised needs num-clients=1 (one client holding the whole "
+                              f"graph); got num-clients={config['num-clients']}")
+        if mode != "federated" and (float(config[P + "dp-clip"]) > 0 or bool(config[P + "secure"])):
+            raise ConfigError(f"fedavg-dmon.dp-clip and fedavg-dmon.secure apply to mode=federated only; "
+                              f"got mode={mode}")
+        total = float(config[P + "val-fraction"]) + float(config[P + "test-fraction"])
+        if total >= 1.0:
+            raise ConfigError(f"fedavg-dmon.val-fraction + fedavg-dmon.test-fraction = {total:g}; must be < 1")
+        if config[P + "select"] == "val-modularity" and float(config[P + "val-fraction"]) == 0:
+            raise ConfigError("fedavg-dmon.select=val-modularity needs fedavg-dmon.val-fraction > 0; "
+                              "valid choices: set val-fraction > 0 or select=last")
+
+    # ------------------------------------------------------------------ protocol
+    def run(self, session) -> StrategyOutput:
+        c = self.config
+        k, seed, rounds = int(c["num-clusters"]), int(c["seed"]), int(c["num-rounds"])
+        mode, select = str(c[P + "mode"]), str(c[P + "select"])
+        federated = mode == "federated"
+        if mode == "centralised" and len(session.clients) != 1:
+            raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} connected")
+        init = session.broadcast("dmon_init", pack(values={"k": k}), ReplySpec(
+            values=("num_features", "num_nodes", "train_edges", "val_edges", "test_edges")))
+        sizes = {n: unpack(v)[1] for n, v in init.items()}
+        feats = {int(s["num_features"]) for s in sizes.values()}
+        if len(feats) != 1:
+            raise ProtocolError(f"clients disagree on the feature dimension: {sorted(feats)}")
+        f = feats.pop()
+        counts = {n: int(s["num_nodes"]) for n, s in sizes.items()}
+        if min(counts.values()) < 1:
+            raise ProtocolError(f"a client holds no nodes: {counts}")
+        hidden, dropout = int(c[P + "hidden"]), float(c[P + "dropout"])
+        shapes = proto.param_shapes(f, k, hidden)
+        weights = proto.init_weights(f, k, seed, hidden, dropout)
+
+        dp = federated and float(c[P + "dp-clip"]) > 0
+        secure = federated and bool(c[P + "secure"])
+        mech = None
+        if dp:
+            mech = dp_mechanism(c)
+            mech.record(session.ledger, "dp-fedavg",
+                        "each client's whole local subgraph (client-level DP); one release of its model "
+                        "update per round")
+        if secure:
+            session.setup_secure_aggregation()
+        size = sum(int(np.prod(s)) for s in shapes.values())
+        if secure:
+            train_spec = ReplySpec(arrays={"weights": ArraySpec((size,), kind="u", masked=True, noised=dp)},
+                                   values=("val_modularity", "val_edges", "losses"))
+        elif federated:
+            train_spec = ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f", noised=dp) for n in proto.PARAM_NAMES},
+                                   values=("val_modularity", "val_edges", "losses"))
+        else:
+            train_spec = ReplySpec(values=("val_modularity", "val_edges", "losses"))
+
+        total_nodes = float(sum(counts.values()))
+        best, best_score, best_round = weights, -np.inf, 0
+        history = []
+        for r in range(1, rounds + 1):
+            send_weights = federated or r == 1
+            values = {"k": k, "round": r}
+            if secure:
+                values.update(session.secagg_values("weights", float(c["secagg.bound"])))
+            contents = {
+                node: pack(weights if send_weights else None,
+                           {**values, "factor": counts[node] / total_nodes} if secure else values)
+                for node in session.node_ids
+            }
+            replies = session.exchange("dmon_train", contents, train_spec, category="train",
+                                       require_all=secure)
+            if not replies:
+                raise ProtocolError(f"round {r}: no valid client reply")
+            excluded = [session.partition_of(n) for n in session.node_ids if n not in replies]
+            vals = {n: unpack(v)[1] for n, v in replies.items()}
+            score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
+                                         [vals[n]["val_edges"] for n in replies])
+            if federated and score > best_score:  # score of W_r, the weights sent this round
+                best, best_score, best_round = weights, score, r
+            losses = np.mean([np.asarray(vals[n]["losses"], dtype=np.float64) for n in replies], axis=0)
+            if secure:
+                weights = proto.unflatten(session.secure_sum(replies, "weights", values), shapes)
+            elif federated:
+                uploads = [unpack(replies[n])[0] for n in replies]
+                weights = proto.fedavg(uploads, [counts[n] for n in replies])
+            if mech is not None:
+                mech.step()
+            history.append({"round": r, "val_modularity": score, "loss": float(losses[-1]),
+                            "losses": [float(v) for v in losses], "excluded": excluded})
+
+        if federated:
+            if select == "val-modularity":
+                ev = session.broadcast("dmon_eval", pack(weights, {"k": k}),
+                                       ReplySpec(values=("val_modularity", "val_edges")), require_all=False)
+                if ev:
+                    vals = [unpack(v)[1] for v in ev.values()]
+                    score = proto.combine_scores([v["val_modularity"] for v in vals], [v["val_edges"] for v in vals])
+                    if score > best_score:
+                        best, best_score, best_round = weights, score, rounds + 1
+                final = best
+            else:
+                final, best_round = weights, rounds + 1
+        if mech is not None:
+            mech.record(session.ledger, "dp-fedavg",
+                        "each client's whole local subgraph (client-level DP); one release of its model "
+                        "update per round")
+
+        assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu"),
+                                        "labels": ArraySpec((None,), kind="iu"),
+                                        "owned": ArraySpec((None,), kind="iu")})
+        out = session.broadcast("dmon_assign", pack(final if federated else None, {"k": k}), assign_spec)
+        ids, labels, per_client = [], [], []
+        for node, content in out.items():
+            arrays, vals = unpack(content)
+            n = arrays["node_ids"].size
+            if arrays["labels"].size != n or arrays["owned"].size != n:
+                raise ProtocolError(f"client {session.partition_of(node)}: node_ids, labels, owned differ in length")
+            own = arrays["owned"].astype(bool)
+            ids.append(arrays["node_ids"][own])
+            labels.append(arrays["labels"][own])
+            per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
+                               **{k_: float(v) for k_, v in vals.items()}})
+        metrics = {"mode": mode, "select": select, "selected_round": int(best_round) if federated else None,
+                   "clients": per_client}
+        for key in ("f1", "nmi", "acc", "modularity_test", "conductance_test", "modularity_local"):
+            got = [p[key] for p in per_client if key in p]
+            if got:
+                metrics[f"client_mean_{key}"] = float(np.mean(got))
+        if mech is not None:
+            metrics["dp_epsilon"] = mech.epsilon()
+            metrics["dp_noise_multiplier"] = mech.noise_multiplier
+        return StrategyOutput(labels=np.concatenate(labels), ids=np.concatenate(ids), history=history,
+                              metrics=metrics)
+
+    def reference(self, data) -> np.ndarray:
+        """Centralised DMoN (``app.baselines.train_dmon``) on the pooled graph's training
+        edges (same global edge split and seed), num-rounds x local-epochs epochs,
+        last weights (no model selection)."""
+        from app.baselines import train_dmon
+
+        c = self.config
+        train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), int(c["seed"]),
+                                            float(c[P + "val-fraction"]), float(c[P + "test-fraction"]))
+        labels, _ = train_dmon(data.x, train, int(c["num-clusters"]), int(c["seed"]),
+                               epochs=int(c["num-rounds"]) * int(c[P + "local-epochs"]), lr=float(c[P + "lr"]),
+                               dropout=float(c[P + "dropout"]), hidden=int(c[P + "hidden"]),
+                               collapse_regularization=float(c[P + "collapse"]),
+                               sparse_features=bool(c[P + "sparse-features"]))
+        return labels

@@ -1,0 +1,290 @@
+"""Strategy ``fedsc``: federated spectral clustering by secure similarity reconstruction.
+
+Qiao, Ding & Fan (2023). Samples (rows) are split over the clients; together
+they factorise the Gaussian kernel's feature map, ``phi(X_p) ~ phi(Z) C_p``,
+with shared landmarks ``Z`` (d x m) and private coefficients ``C_p``
+(d x N_p); the server then clusters ``C' K(Z, Z) C``, an approximation of the
+full n x n kernel matrix. Math in ``app.protocols.fedsc``.
+
+Wire protocol (what leaves a client, step by step):
+
+1. ``fedsc_bandwidth`` (down: whether to estimate) -> up: values
+   ``features`` (the dimension m), ``distance_sum`` and ``pairs`` (sum and
+   number of the pairwise distances among the client's own samples; 0 when
+   ``fedsc.sigma`` > 0 is given). The server sets sigma = sum / pairs.
+2. ``fedsc_rank`` (down: sigma, mass), only when ``fedsc.landmarks = 0`` ->
+   up: value ``landmarks``, the spectral-mass count of the client's own kernel
+   matrix. The server takes the largest.
+3. ``fedsc_round`` x ``num-rounds`` (down: ``z`` = current landmarks Z, sigma,
+   lambda) -> up: ``update`` = ``[Z_p.ravel(), f_p]``: the client's landmarks
+   after its C-step and one preconditioned Z-step, and its objective value
+   (one number; left out under ``fedsc.dp-epsilon``). With ``fedsc.secure``
+   the vector is pairwise masked (uint64) and the server learns only the sum
+   over clients, i.e. the average Z. With ``fedsc.noise-z`` / ``dp-epsilon``
+   Z_p is noised before it leaves.
+4. ``fedsc_final`` (down: final Z) -> up: ``c`` = C_p (d x N_p, noised with
+   ``fedsc.noise-c`` / ``dp-epsilon``) and ``node_ids`` (global ids of the
+   client's samples, for evaluation only). The server forms
+   ``C' K(Z, Z) C``, scales it to [0, 1], keeps ceil(ln n) neighbours per row
+   (symmetrised by max) and runs normalised spectral clustering.
+5. ``labels`` (down: the labels of the client's own samples) -> up: a count.
+
+No sample ``x`` ever leaves a client; ``C_p`` columns and ``Z`` are
+functions of them (the paper's privacy discussion is about exactly these two
+factors). Noise variants: ``fedsc.data-noise`` (each client perturbs its own
+samples once, ``X + ratio * std(X) * N(0,1)``), ``fedsc.noise-z`` /
+``fedsc.noise-c`` (the paper's factor-perturbation ratios; recorded in the
+ledger as heuristic noise with no formal guarantee) and ``fedsc.dp-epsilon``
+(clip + calibrated Gaussian noise on every Z_p upload and on C_p; the Opacus
+accountant reports (epsilon, delta), see :meth:`FedSC._dp_mechanisms`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from app.config import ConfigError, Param
+from app.protocols import fedsc as proto
+from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from strategies.base import ClusteringStrategy, StrategyOutput
+
+
+class FedSC(ClusteringStrategy):
+    name = "fedsc"
+    summary = "federated spectral clustering by kernel factorisation (secure similarity reconstruction)"
+    partitioners = ("sample", "sample-dirichlet", "node-random", "node-community", "node-dirichlet")
+    params = (
+        Param("fedsc.landmarks", int, 0,
+              "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000),
+        Param("fedsc.mass", float, proto.DEFAULT_MASS,
+              "spectral-mass rule: fraction of the singular-value mass d landmarks must carry",
+              low=1e-6, high=1.0),
+        Param("fedsc.lambda", float, proto.DEFAULT_LAMBDA, "ridge weight lambda of the coefficients C",
+              low=0.0, high=1e6),
+        Param("fedsc.sigma", float, 0.0,
+              "Gaussian kernel bandwidth (0: mean pairwise distance, estimated from the clients)", low=0.0),
+        Param("fedsc.secure", bool, False, "secure aggregation of the landmark uploads Z_p"),
+        Param("fedsc.filter-order", int, 0,
+              "graph data: AGC low-pass filter order applied to each client's features first", low=0, high=1000),
+        Param("fedsc.data-noise", float, 0.0,
+              "perturbed data: each client uses X + ratio * std(X) * N(0,1) (paper: 0.3, 0.7)", low=0.0),
+        Param("fedsc.noise-z", float, 0.0, "perturbed factors: Z_p noise ratio alpha_z each round", low=0.0),
+        Param("fedsc.noise-c", float, 0.0, "perturbed factors: C_p noise ratio alpha_c at the end", low=0.0),
+        Param("fedsc.dp-epsilon", float, 0.0,
+              "calibrated Gaussian mechanism on Z_p and C_p with this total epsilon (0: off)", low=0.0),
+        Param("fedsc.dp-delta", float, 1e-5, "total delta of the calibrated mechanism", low=1e-12, high=0.5),
+        Param("fedsc.dp-clip-z", float, 100.0,
+              "L2 clip of each client's whole Z_p upload (client-level unit)", low=1e-9),
+        Param("fedsc.dp-clip-c", float, 10.0,
+              "L2 clip of each sample's coefficient column c_i (sample-level unit)", low=1e-9),
+        Param("fedsc.n-init", int, 10, "k-means restarts in the final spectral clustering", low=1, high=1000),
+    )
+
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        if config["fedsc.dp-epsilon"] > 0 and (config["fedsc.noise-z"] > 0 or config["fedsc.noise-c"] > 0):
+            raise ConfigError(
+                "fedsc.dp-epsilon and fedsc.noise-z/noise-c are alternative noise variants; "
+                "valid choices: set either dp-epsilon or the noise ratios, not both"
+            )
+
+    # ------------------------------------------------------------------ protocol
+    def run(self, session) -> StrategyOutput:
+        cfg = self.config
+        k, seed = int(cfg["num-clusters"]), int(cfg["seed"])
+        lam = float(cfg["fedsc.lambda"])
+        self._record_noise(session)
+        sigma, m = self._bandwidth(session)
+        d = self._landmark_count(session, sigma)
+        z = proto.init_landmarks(d, m, seed)
+        rounds = int(cfg["num-rounds"])
+        dp = self._dp_mechanisms(rounds) if cfg["fedsc.dp-epsilon"] > 0 else None
+        if dp:
+            self._record_dp(session, dp)
+        secure = bool(cfg["fedsc.secure"])
+        if secure:
+            session.setup_secure_aggregation()
+        size = d * m + (0 if dp else 1)
+        spec = ReplySpec(arrays={"update": ArraySpec(
+            (size,), kind="u" if secure else "f", masked=secure,
+            noised=bool(dp) or cfg["fedsc.noise-z"] > 0)})
+        common = {"sigma": sigma, "lambda": lam}
+        if dp:
+            common.update(dp_clip_z=dp["z"].clip, dp_nm_z=dp["z"].noise_multiplier,
+                          dp_clip_c=dp["c"].clip, dp_nm_c=dp["c"].noise_multiplier)
+        history = []
+        num = len(session.clients)
+        for r in range(1, rounds + 1):
+            values = dict(common, round=r)
+            if secure:
+                values.update(session.secagg_values("update", float(cfg["secagg.bound"])))
+            replies = session.broadcast("fedsc_round", pack({"z": z}, values), spec)
+            if secure:
+                total = session.secure_sum(replies, "update", values)
+            else:
+                total = np.sum([unpack(c)[0]["update"] for c in replies.values()], axis=0)
+            if dp:
+                dp["z"].step()
+            z_new = total[: d * m].reshape(d, m) / num
+            record = {"round": r, "shift": float(np.abs(z_new - z).max())}
+            if not dp:
+                record["objective"] = float(total[-1])  # sum_p f_p(Z^{r-1}, C_p)
+            history.append(record)
+            z = z_new
+        # each client's reply must have one column (and one id) per sample it announced in hello
+        noised_c = bool(dp) or cfg["fedsc.noise-c"] > 0
+        final_specs = {
+            info.node_id: ReplySpec(arrays={
+                "c": ArraySpec((d, int(info.summary["num_rows"])), noised=noised_c),
+                "node_ids": ArraySpec((int(info.summary["num_rows"]),), kind="iu")})
+            for info in session.clients
+        }
+        final = session.broadcast("fedsc_final", pack({"z": z}, common), final_specs)
+        if dp:
+            dp["c"].step()
+            self._record_dp(session, dp)  # refresh the release counts in the ledger
+        blocks = [unpack(content)[0] for content in final.values()]
+        c = np.hstack([b["c"] for b in blocks])
+        ids = np.concatenate([b["node_ids"] for b in blocks]).astype(np.int64)
+        labels = proto.cluster_affinity(proto.reconstruct(z, c, sigma), k, seed, int(cfg["fedsc.n-init"]))
+        start = 0
+        contents = {}
+        for node, b in zip(final, blocks):
+            n_p = b["c"].shape[1]
+            contents[node] = pack({"labels": labels[start:start + n_p]})
+            start += n_p
+        session.exchange("labels", contents, ReplySpec(values=("received",)))
+        metrics = {"sigma": sigma, "landmarks": d}
+        return StrategyOutput(labels=labels, ids=ids, history=history, metrics=metrics)
+
+    def _bandwidth(self, session) -> tuple[float, int]:
+        """Step 1: sigma (given, or from the clients' distance sums) and the feature dimension m."""
+        estimate = not self.config["fedsc.sigma"] > 0
+        replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}),
+                                    ReplySpec(values=("distance_sum", "pairs", "features")))
+        vals = [unpack(c)[1] for c in replies.values()]
+        dims = sorted({int(v["features"]) for v in vals})
+        if len(dims) != 1:
+            raise ProtocolError(f"clients disagree on the feature dimension: {dims}")
+        if not estimate:
+            return float(self.config["fedsc.sigma"]), dims[0]
+        try:
+            sigma = proto.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
+        except ValueError as err:
+            raise ConfigError(f"fedsc.sigma=0 cannot be estimated: {err}; set fedsc.sigma > 0") from None
+        return sigma, dims[0]
+
+    @staticmethod
+    def _record_dp(session, dp: dict) -> None:
+        dp["z"].record(session.ledger, "fedsc:gaussian-z",
+                       "each client's landmark upload Z_p, every round (client-level unit: the whole array)")
+        dp["c"].record(session.ledger, "fedsc:gaussian-c",
+                       "each sample's coefficient column c_i of the final C_p upload (sample-level unit)")
+
+    def _landmark_count(self, session, sigma: float) -> int:
+        """Step 2: d from ``fedsc.landmarks``, else the spectral-mass rule on each client's kernel (largest count)."""
+        if self.config["fedsc.landmarks"] > 0:
+            return int(self.config["fedsc.landmarks"])
+        values = {"sigma": sigma, "mass": float(self.config["fedsc.mass"])}
+        replies = session.broadcast("fedsc_rank", pack(values=values), ReplySpec(values=("landmarks",)))
+        return proto.combine_landmark_counts(unpack(c)[1]["landmarks"] for c in replies.values())
+
+    def _record_noise(self, session) -> None:
+        from app.privacy.gaussian import record_noise_ratio
+
+        cfg = self.config
+        if cfg["fedsc.data-noise"] > 0:
+            record_noise_ratio(session.ledger, "fedsc:data-noise",
+                               "each client's samples, perturbed once before anything is computed",
+                               float(cfg["fedsc.data-noise"]))
+        if cfg["fedsc.noise-z"] > 0:
+            record_noise_ratio(session.ledger, "fedsc:noise-z", "each client's landmark upload Z_p, every round",
+                               float(cfg["fedsc.noise-z"]))
+        if cfg["fedsc.noise-c"] > 0:
+            record_noise_ratio(session.ledger, "fedsc:noise-c", "each client's final coefficients C_p",
+                               float(cfg["fedsc.noise-c"]))
+
+    def _dp_mechanisms(self, rounds: int) -> dict:
+        """Calibrated Gaussian mechanisms for the Z_p uploads and for C_p.
+
+        The total (epsilon, delta) is split in half. Z: the whole array Z_p is
+        the unit (client-level, replace adjacency, sensitivity 2 * clip), one
+        release per round, so any change of a client's samples, in particular
+        of one sample, is covered. C: each column c_i depends on sample i only
+        (``c_i = (K_zz + lambda I)^-1 k(Z, x_i)``), so per-column clipping
+        gives a sample-level release, once. The ledger composes the two by
+        summation: (epsilon, delta)-DP per sample for everything the server
+        sees (the per-round objective value is then not uploaded). The
+        server's mechanism objects only account (``step()`` per release); the
+        clients clip and add the noise, from their own entropy, so the
+        ledger's ``clipped`` count stays 0 (the server does not learn it).
+        """
+        from app.privacy.gaussian import GaussianMechanism
+
+        eps = float(self.config["fedsc.dp-epsilon"]) / 2
+        delta = float(self.config["fedsc.dp-delta"]) / 2
+        nm_z = _noise_multiplier(eps, delta, rounds)
+        nm_c = _noise_multiplier(eps, delta, 1)
+        return {
+            "z": GaussianMechanism(float(self.config["fedsc.dp-clip-z"]), nm_z, delta=delta),
+            "c": GaussianMechanism(float(self.config["fedsc.dp-clip-c"]), nm_c, delta=delta, per_row=True),
+        }
+
+    # ----------------------------------------------------------------- reference
+    def reference(self, data) -> np.ndarray:
+        """Centralised spectral clustering on the exact kernel ``K(X, X)`` of the pooled samples.
+
+        Same features as the clients use (filtered, perturbed with the same
+        noise when ``fedsc.data-noise`` > 0), same sigma (the same estimate
+        from the same per-client statistics), same kNN rule and k-means.
+        """
+        x, ids, sigma = pooled_features(data, self.config)
+        labels = proto.centralised_sc(x, sigma, int(self.config["num-clusters"]), int(self.config["seed"]),
+                                      int(self.config["fedsc.n-init"]))
+        out = np.full(data.num_nodes, -1, dtype=np.int64)
+        out[ids[::-1]] = labels[::-1]  # first occurrence wins, as in StrategyOutput
+        return out
+
+
+@lru_cache(maxsize=64)
+def _noise_multiplier(epsilon: float, delta: float, steps: int) -> float:
+    """Opacus calibration (a binary search, ~1 s), cached per process."""
+    from app.privacy.gaussian import calibrate_noise_multiplier
+
+    return calibrate_noise_multiplier(epsilon, delta, steps)
+
+
+def client_features(shard, config) -> np.ndarray:
+    """What a client clusters: its (filtered) feature rows, perturbed with
+    ``fedsc.data-noise`` from a stream seeded by (seed, client)."""
+    from strategies.fedkmeans import node_features
+
+    if shard.x is None:
+        raise ConfigError(f"dataset '{shard.dataset}' has no features; fedsc clusters feature rows")
+    x = node_features(shard.x, shard.adj, int(config["fedsc.filter-order"]))
+    ratio = float(config["fedsc.data-noise"])
+    if ratio > 0:
+        x = proto.perturb(x, ratio, proto.client_rng(int(config["seed"]), shard.client_id, 1))
+    return x
+
+
+def pooled_features(data, config) -> tuple[np.ndarray, np.ndarray, float]:
+    """Evaluation only: every client's features stacked (client order), their
+    global ids and the sigma the clients would agree on."""
+    from app.data.params import partition_kwargs
+    from app.data.partition import partition
+
+    partitioner = str(config["partitioner"])
+    shards = partition(data, partitioner, int(config["num-clients"]), seed=int(config["seed"]),
+                       **partition_kwargs(partitioner, config.as_dict()))
+    xs = [client_features(s, config) for s in shards]
+    ids = np.concatenate([np.asarray(s.node_ids, dtype=np.int64) for s in shards])
+    if config["fedsc.sigma"] > 0:
+        sigma = float(config["fedsc.sigma"])
+    else:
+        sums, pairs = zip(*(proto.local_distance_sum(x) for x in xs))
+        sigma = proto.combine_bandwidth(sums, pairs)
+    return np.vstack(xs), ids, sigma

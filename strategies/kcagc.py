@@ -1,0 +1,274 @@
+"""Strategies ``kcagc`` (Protocol 3) and ``kcagc-basic`` (Protocol 2) of kCAGC.
+
+Setting (partitioner ``vertical``): every client holds all n nodes, the shared
+graph and its own block of feature columns. The math is in
+``app.protocols.kcagc``; this module only moves data. Wire protocol:
+
+``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
+   seed) -> up: ``labels`` (n int64): the local cluster of every node, i.e.
+   the node-ID set of each of the client's k_hat local clusters. The client
+   filters its columns (AGC filter, order psi), projects them on their top
+   singular vectors and runs k-means++ / Lloyd locally. Nothing else about
+   its features leaves it.
+
+2. The server intersects the local clusters into virtual nodes (a node's
+   virtual node = the tuple of its local clusters; weight = member count).
+   ``kcagc-basic`` uses every node as its own virtual node (weight 1).
+
+3. Weighted k-means on the virtual nodes, distances only under secure
+   aggregation (``kcagc_step``; pairwise masks set up once, two rounds):
+
+   * seeding (k-means++, ``kcagc.restarts`` independent seedings run side by
+     side in the same messages): down ``members`` (n, the virtual node of
+     every node; first message only) and ``index`` (R, the newest seed of
+     each restart) -> up ``d`` (uint64, masked): the client's part of the
+     squared distance of every virtual node to each new seed (R x m). The
+     server unmasks only the sum over clients and samples the next seed.
+   * Lloyd: down ``seeds`` (R x kk, first iteration) or ``assign`` (R x m,
+     the clusters of the last iteration) -> the client sets / updates its
+     block of the centres (weighted means of its block of the virtual
+     nodes) and uploads ``d`` (uint64, masked): its part of the squared
+     distance of every virtual node to every centre (R x m x kk). The server
+     learns the summed distances, assigns each virtual node to the nearest
+     centre and broadcasts the assignment. One message round per iteration;
+     at most ``kcagc.iterations`` (Q) updates, fewer when the assignment
+     repeats. The restart with the smallest weighted inertia wins.
+
+   With ``kcagc.tree`` the parties sit at the leaves of a binary tree: each
+   level runs step 3 for all its internal nodes at once (a client outside a
+   pair's group uploads masked zeros for that part), each pair
+   re-clustering the intersection of its children's clusters into k_hat
+   clusters, the root into k.
+
+4. ``labels`` (down: the final cluster of every node) -> the clients keep it.
+
+The server never sees a client's features, centres or individual distances:
+only node-ID sets of local clusters, and sums over all clients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.config import ConfigError, Param
+from app.protocols import kcagc as proto
+from app.transport import ArraySpec, ReplySpec, pack, unpack
+from strategies.base import ClusteringStrategy, StrategyOutput
+
+PARAMS = (
+    Param("kcagc.filter-order", int, 0,
+          "AGC filter order psi; 0 = the paper's value (cora 9, citeseer 15, pubmed 60, wiki 2), "
+          "AGC's adaptive rule on other datasets; -1 = adaptive (per client)", low=-1, high=1000),
+    Param("kcagc.local-factor", int, 1,
+          "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
+          low=1, high=10**7),
+    Param("kcagc.embedding", str, "svd",
+          "client features: svd = top singular vectors of the filtered block (AGC), filtered = G^psi X",
+          choices=proto.EMBEDDINGS),
+    Param("kcagc.embed-dim", int, 0,
+          "singular vectors kept per client for the svd embedding; 0 = k", low=0, high=10**6),
+    Param("kcagc.iterations", int, 10, "Lloyd iterations Q (stops earlier when assignments repeat)",
+          low=0, high=10**4),
+    Param("kcagc.restarts", int, 10,
+          "k-means++ seedings run side by side (same messages); the lowest weighted inertia wins",
+          low=1, high=1000),
+    Param("kcagc.local-restarts", int, 10, "k-means++ restarts of each client's local clustering",
+          low=1, high=1000),
+    Param("kcagc.tree", bool, False, "kcagc: binary-tree arrangement of the clients (for many clients)"),
+)
+
+
+class KCAGC(ClusteringStrategy):
+    name = "kcagc"
+    summary = "kCAGC: intersections of local clusters, weighted k-means with secure aggregation (vertical split)"
+    partitioners = ("vertical",)
+    params = PARAMS
+    basic = False
+
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        if str(config["dataset"]) in ("mutag", "proteins", "imdb-binary"):
+            raise ConfigError(f"dataset {config['dataset']!r} is a graph collection; "
+                              f"strategy '{cls.name}' needs one attributed graph")
+
+    # -- settings sent to the clients ----------------------------------------
+    def embed_values(self, k: int) -> dict:
+        return {
+            "k": k,
+            "order": int(self.config["kcagc.filter-order"]),
+            "embedding": str(self.config["kcagc.embedding"]),
+            "dim": int(self.config["kcagc.embed-dim"]) or k,
+            "seed": int(self.config["seed"]),
+        }
+
+    def run(self, session) -> StrategyOutput:
+        k = int(self.config["num-clusters"])
+        seed = int(self.config["seed"])
+        n = int(session.clients[0].summary["num_rows"])
+        num = len(session.clients)
+        if k > n:
+            raise ConfigError(f"num-clusters={k} exceeds the {n} nodes")
+        embed = self.embed_values(k)
+        secure = num > 1  # one client: its own sum, nothing to hide from anyone
+        if secure:
+            session.setup_secure_aggregation()
+        rng = np.random.default_rng([seed, 10])
+        metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": []}
+        history: list[dict] = []
+
+        if self.basic:
+            jobs = [Job(list(range(num)), np.arange(n, dtype=np.int64), np.ones(n), k)]
+            labels = self.secure_kmeans(session, jobs, embed, rng, metrics, history, level=1)[0]
+        else:
+            k_hat = min(int(self.config["kcagc.local-factor"]) * k, n)
+            replies = session.broadcast(
+                "kcagc_local", pack(values={**embed, "k_hat": k_hat}),
+                ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")}, values=("order",)),
+            )
+            local = [unpack(c)[0]["labels"].astype(np.int64) for c in replies.values()]
+            metrics["filter_order"] = [int(unpack(c)[1]["order"]) for c in replies.values()]
+            metrics["k_hat"] = k_hat
+            if any(a.min() < 0 or a.max() >= k_hat for a in local):
+                raise_bad_labels(k_hat)
+            levels = proto.tree_groups(num) if self.config["kcagc.tree"] else [[[p] for p in range(num)],
+                                                                              [list(range(num))]]
+            current = {tuple(g): local[g[0]] for g in levels[0]}  # group -> node labels
+            for depth, level in enumerate(levels[1:], start=1):
+                top = depth == len(levels) - 1
+                jobs, passthrough = [], {}
+                prev_groups = list(current)
+                for group in level:
+                    children = [c for c in prev_groups if set(c) <= set(group)]
+                    if len(children) == 1 and not top:
+                        passthrough[tuple(group)] = current[children[0]]
+                        continue
+                    members, weights = proto.intersect([current[c] for c in children])
+                    jobs.append(Job(list(group), members, weights, k if top else k_hat))
+                results = self.secure_kmeans(session, jobs, embed, rng, metrics, history, level=depth)
+                current = {tuple(j.parties): lab for j, lab in zip(jobs, results)}
+                current.update(passthrough)
+            labels = current[tuple(range(num))]
+
+        session.broadcast("labels", pack({"labels": labels}), ReplySpec(values=("received",)))
+        metrics["secure_aggregations"] = int(session.stats.secure_aggregations)
+        return StrategyOutput(labels=labels, ids=np.arange(n), history=history, metrics=metrics)
+
+    # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
+    def secure_kmeans(self, session, jobs, embed, rng, metrics, history, level) -> list[np.ndarray]:
+        """Run step 3 for every job (a group of clients with its virtual nodes) side by side.
+
+        Returns the cluster of every node, per job.
+        """
+        R = int(self.config["kcagc.restarts"])
+        secure = len(session.clients) > 1
+        Q = int(self.config["kcagc.iterations"])
+        bound = float(self.config["secagg.bound"])
+        num = len(session.clients)
+        job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
+        for job in jobs:
+            if len(job.weights) < job.kk:
+                raise ConfigError(f"only {len(job.weights)} virtual nodes for {job.kk} clusters; "
+                                  "increase kcagc.local-factor or use fewer clusters")
+            metrics["virtual_nodes"].append(int(len(job.weights)))
+
+        first = [True]  # the first round also carries each job's node -> virtual node map
+
+        def round_(stage: str, arrays_of, sizes: list[int]):
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+            total = int(offsets[-1])
+            values = session.secagg_values("d", bound) if secure else {}
+            contents = {}
+            for node in session.node_ids:
+                j = job_of.get(session.partition_of(node), -1)
+                arrays = arrays_of(j) if j >= 0 else {}
+                if j >= 0 and first[0]:
+                    arrays["members"] = jobs[j].members
+                v = {**values, **embed, "stage": stage, "total": total, "level": level, "restarts": R,
+                     "offset": int(offsets[j]) if j >= 0 else 0, "size": int(sizes[j]) if j >= 0 else 0}
+                contents[node] = pack(arrays, v)
+            replies = session.exchange("kcagc_step", contents, ReplySpec(arrays={"d": ArraySpec(
+                (total,), kind="u" if secure else "f", masked=secure)}))
+            first[0] = False
+            summed = session.secure_sum(replies, "d", values) if secure else unpack(next(iter(replies.values())))[0]["d"]
+            metrics["aggregated_values"] += total
+            return [summed[offsets[j]:offsets[j + 1]] for j in range(len(jobs))]
+
+        # k-means++ seeding: first seed by weight, then one distance round per further seed
+        seeds = [np.zeros((R, job.kk), dtype=np.int64) for job in jobs]
+        closest = [np.full((R, len(job.weights)), np.inf) for job in jobs]
+        for j, job in enumerate(jobs):
+            seeds[j][:, 0] = proto.first_seeds(job.weights, R, rng)
+        for c in range(1, max(job.kk for job in jobs)):
+            parts = round_("seed", lambda j, c=c: {"index": seeds[j][:, min(c, jobs[j].kk) - 1]},
+                           [R * len(job.weights) for job in jobs])
+            for j, job in enumerate(jobs):
+                if c < job.kk:
+                    closest[j] = np.minimum(closest[j], parts[j].reshape(R, len(job.weights)))
+                    seeds[j][:, c] = proto.seeding_step(closest[j], job.weights, rng)
+        for j in range(len(jobs)):
+            history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
+
+        # Lloyd: assignment of iteration t -> centres -> distances
+        assign = [None] * len(jobs)
+        inertia = [None] * len(jobs)
+        it = 0
+        while True:
+            def lloyd_arrays(j, it=it):
+                return {"seeds": seeds[j]} if it == 0 else {"assign": assign[j]}
+
+            sizes = [R * len(job.weights) * job.kk for job in jobs]
+            parts = round_("lloyd", lloyd_arrays, sizes)
+            changed = False
+            for j, job in enumerate(jobs):
+                a, inertia[j] = proto.assign(parts[j].reshape(R, len(job.weights), job.kk), job.weights)
+                changed |= assign[j] is None or not np.array_equal(a, assign[j])
+                assign[j] = a
+            history.append({"level": level, "stage": "lloyd", "iteration": it,
+                            "inertia": [float(i.min()) for i in inertia]})
+            if not changed or it >= Q:
+                break
+            it += 1
+        metrics["lloyd_iterations"].append(it)
+        out = []
+        for j, job in enumerate(jobs):
+            best = int(np.argmin(inertia[j]))
+            out.append(assign[j][best][job.members].astype(np.int64))
+        return out
+
+    def reference(self, data) -> np.ndarray:
+        """Centralised AGC on the pooled features (same filter order, top-k singular vectors, k-means)."""
+        from app.baselines import agc
+
+        order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]))
+        labels, _ = agc(data.x, data.adj, int(self.config["num-clusters"]), int(self.config["seed"]), order=order)
+        return labels
+
+
+class KCAGCBasic(KCAGC):
+    """Protocol 2: the same filter, embedding and secure Lloyd on all n nodes.
+
+    Uses the ``kcagc.*`` keys (filter order, embedding, iterations, restarts);
+    ``kcagc.local-factor`` and ``kcagc.tree`` do not apply.
+    """
+
+    name = "kcagc-basic"
+    summary = "basic kCAGC: Lloyd over all nodes, n x k distances per iteration by secure aggregation"
+    params = ()
+    basic = True
+
+
+class Job:
+    """One weighted k-means: its clients, virtual node of every node, weights, clusters."""
+
+    def __init__(self, parties: list[int], members: np.ndarray, weights: np.ndarray, kk: int) -> None:
+        self.parties = parties
+        self.members = np.asarray(members, dtype=np.int64)
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.kk = int(kk)
+
+
+def raise_bad_labels(k_hat: int):
+    from app.transport import ProtocolError
+
+    raise ProtocolError(f"a client sent local cluster labels outside 0..{k_hat - 1}")

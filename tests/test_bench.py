@@ -1,0 +1,178 @@
+"""app.bench harness (with a fake run function) and app.plots figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app import bench, plots
+from app.bench import Experiment, Suite
+
+
+def fake_run_factory(calls: list, fail_on: tuple = ()):
+    def fake_run(strategy, dataset, num_clients, overrides, out_dir=None, engine="inprocess"):
+        calls.append((strategy, dataset, num_clients, dict(overrides), out_dir, engine))
+        if (num_clients, overrides["seed"]) in fail_on:
+            raise RuntimeError("boom")
+        seed = overrides["seed"]
+        acc = 0.5 + 0.1 * num_clients + 0.01 * seed
+        return {
+            "strategy": strategy,
+            "dataset": dataset,
+            "num_clients": num_clients,
+            "config": dict(overrides),
+            "metrics": {"acc": acc, "nmi": 0.4, "cluster_similarity": 0.9},
+            "reference": {"acc": 0.8, "nmi": 0.5, "agreement": {"ari": 0.7, "nmi": 0.6, "cluster_similarity": 0.95}},
+            "timing": {"total_s": 1.5, "protocol_s": 1.0, "rounds": 3},
+            "communication": {"bytes_up": 1000, "bytes_down": 500, "messages": 6, "secure_aggregations": 0},
+            "privacy": {},
+            "history": [{"round": r, "acc": acc * r / 3} for r in (1, 2, 3)],
+            "isolated": {"acc": 0.3},
+        }
+
+    return fake_run
+
+
+@pytest.fixture
+def suite():
+    return Suite(
+        name="unit-suite",
+        title="Unit suite",
+        source="test",
+        experiments=(
+            Experiment("s", "d", 2, {"x": 1}, row="method", col="d L=2", paper={"acc": 70.0}),
+            Experiment("s", "d", 4, row="method", col="d L=4", paper={"acc": 95.0}, quick=False),
+        ),
+        metrics=("acc",),
+        seeds=(0, 1),
+        quick_seeds=(5,),
+        quick_overrides={"num-rounds": 1},
+    )
+
+
+def test_run_suite_writes_json_markdown_and_plots(tmp_path, suite):
+    calls = []
+    summary = bench.run_suite(suite, run_fn=fake_run_factory(calls), root=tmp_path, progress=False)
+    assert len(calls) == 4
+    assert calls[0][:4] == ("s", "d", 2, {"x": 1, "seed": 0}) and calls[0][5] == "inprocess"
+    assert Path(calls[0][4]) == tmp_path / "results" / "unit-suite" / Experiment("s", "d", 2, {"x": 1}).slug / "seed0"
+    data = json.loads((tmp_path / "results" / "unit-suite.json").read_text())
+    e0 = data["experiments"][0]
+    assert e0["summary"]["metrics"]["acc"]["mean"] == pytest.approx(0.705)
+    assert e0["summary"]["metrics"]["acc"]["std"] == pytest.approx(0.005)
+    assert e0["summary"]["agreement"]["ari"]["mean"] == pytest.approx(0.7)
+    assert e0["summary"]["reference"]["acc"]["mean"] == pytest.approx(0.8)
+    assert len(e0["runs"]) == 2 and e0["runs"][1]["seed"] == 1
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "<!-- bench:unit-suite:start -->" in md and "<!-- bench:unit-suite:end -->" in md
+    # paper 70.00, ours 70.50 +- 0.50, diff +0.50
+    assert "| method | 70.00 | 70.50 ± 0.50 | +0.50 | 95.00 | 90.50 ± 0.50 | -4.50 |" in md
+    assert "| method / d L=2 | 70.50 | 80.00 | 30.00 | 70.00 | 60.00 | 95.00 | 1.50 | 1,000 | 500 |" in md
+    for name in ("unit-suite_bars.png", "unit-suite_rounds.png"):
+        assert (tmp_path / "results" / name).stat().st_size > 1000
+    assert len(summary["plots"]) == 2
+
+
+def test_results_md_section_is_replaced_idempotently(tmp_path, suite):
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Results\n\nhand-written intro\n\n<!-- bench:other:start -->\nOTHER\n<!-- bench:other:end -->\n")
+    for _ in range(2):
+        bench.run_suite(suite, run_fn=fake_run_factory([]), root=tmp_path, progress=False, plots=False)
+    text = md.read_text()
+    assert text.count("<!-- bench:unit-suite:start -->") == 1
+    assert "hand-written intro" in text and "OTHER" in text
+    first = text
+    bench.run_suite(suite, run_fn=fake_run_factory([]), root=tmp_path, progress=False, plots=False)
+    strip = lambda t: "\n".join(l for l in t.splitlines() if "Generated" not in l)  # noqa: E731
+    assert strip(md.read_text()) == strip(first)
+
+
+def test_quick_mode_uses_quick_seeds_experiments_and_overrides(tmp_path, suite):
+    calls = []
+    bench.run_suite(suite, quick=True, run_fn=fake_run_factory(calls), root=tmp_path, progress=False, plots=False)
+    assert [(c[2], c[3]) for c in calls] == [(2, {"x": 1, "num-rounds": 1, "seed": 5})]
+    calls.clear()
+    bench.run_suite(suite, seeds=range(3), run_fn=fake_run_factory(calls), root=tmp_path, progress=False, plots=False)
+    assert [c[3]["seed"] for c in calls] == [0, 1, 2, 0, 1, 2]
+
+
+def test_failed_run_is_recorded_and_suite_continues(tmp_path, suite, monkeypatch):
+    monkeypatch.setitem(bench.SUITES, suite.name, suite)
+    calls = []
+    code = bench.main([suite.name, "--no-plots"], run_fn=fake_run_factory(calls, fail_on=((4, 1),)), root=tmp_path)
+    assert code == 1 and len(calls) == 4
+    data = json.loads((tmp_path / "results" / f"{suite.name}.json").read_text())
+    runs = data["experiments"][1]["runs"]
+    assert "RuntimeError: boom" in runs[1]["error"] and "error" not in runs[0]
+    assert data["experiments"][1]["summary"]["runs_failed"] == 1
+    assert "(1 failed)" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_unknown_suite_exits_2_with_one_line_listing_suites(tmp_path, capsys):
+    assert bench.main(["no-such-suite"], root=tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "no-such-suite" in err and "smoke" in err
+    assert bench.main(["smoke", "--seeds", "0"], root=tmp_path) == 2
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_drives_app_run_run_experiment(tmp_path, monkeypatch):
+    """Without an injected run function the harness calls app.run.run_experiment."""
+    import app.run
+
+    calls = []
+    monkeypatch.setattr(app.run, "run_experiment", fake_run_factory(calls))
+    assert bench.main(["smoke", "--quick", "--no-plots"], root=tmp_path) == 0
+    assert [(c[0], c[1], c[2]) for c in calls] == [("fedkmeans", "sbm", 2), ("fedkmeans", "sbm", 4)]
+
+
+def test_smoke_suite_end_to_end(tmp_path):
+    """The real smoke suite (fedkmeans on sbm, 2 and 4 clients) through app.run."""
+    code = bench.main(["smoke", "--quick", "--no-plots"], root=tmp_path)
+    data = json.loads((tmp_path / "results" / "smoke.json").read_text())
+    runs = [r for e in data["experiments"] for r in e["runs"]]
+    assert code == 0, [r.get("error") for r in runs]
+    for r in runs:
+        assert {"acc", "nmi"} <= set(r["metrics"])
+        assert {"ari", "nmi", "cluster_similarity"} <= set(r["reference"]["agreement"])
+    assert "| fedkmeans |" in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_suite_validation():
+    with pytest.raises(ValueError, match="unknown metric"):
+        Suite("x", "x", (Experiment("s", "d", 2),), metrics=("accuracy",))
+    with pytest.raises(ValueError, match="no experiments"):
+        Suite("x", "x", ())
+    with pytest.raises(ValueError, match="registered twice"):
+        bench.register_suite(bench.SUITES["smoke"])
+
+
+# ---------------------------------------------------------------------------
+# plots
+# ---------------------------------------------------------------------------
+def test_plots_write_files(tmp_path):
+    p1 = plots.plot_metric_vs_rounds({"fed": [0.1, 0.5, 0.7]}, tmp_path / "a" / "rounds.png",
+                                     metric="acc", reference={"centralised": 0.8})
+    p2 = plots.plot_grouped_bars(["L=2", "L=4"], {"federated": [0.6, 0.5], "centralised": [0.7, 0.7],
+                                                 "isolated": [0.4, float("nan")]}, tmp_path / "bars.png")
+    rng = np.random.default_rng(0)
+    x = np.vstack([rng.normal(0, 0.2, (30, 5)), rng.normal(3, 0.2, (30, 5))])
+    y = np.repeat([0, 1], 30)
+    for method in ("tsne", "pca"):
+        coords = plots.embedding_2d(x=x, method=method, seed=0)
+        assert coords.shape == (60, 2)
+    import scipy.sparse as sp
+
+    A = sp.csr_matrix(np.kron(np.eye(2), np.ones((30, 30))) - np.eye(60))
+    coords = plots.embedding_2d(adj=A, method="spectral")
+    assert coords.shape == (60, 2) and np.all(np.isfinite(coords))
+    p3 = plots.plot_embedding(coords, {"truth": y, "pred": 1 - y}, tmp_path / "emb.png", title="t")
+    for p in (p1, p2, p3):
+        assert Path(p).stat().st_size > 1000
+    with pytest.raises(ValueError, match="length mismatch"):
+        plots.plot_embedding(coords, {"bad": y[:10]}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="unknown embedding method"):
+        plots.embedding_2d(x=x, method="umap")

@@ -1,0 +1,93 @@
+"""Real deployment: SuperLink and SuperNodes as separate processes on loopback.
+
+TLS with a private CA, SuperNode authentication with registered keys, one
+shard file per SuperNode, ``flwr run`` against the SuperLink. Slow (every
+message starts a ClientApp process), so kept to small runs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from app.run import run_experiment
+from deploy.__main__ import REPO, run_local
+from deploy.federation import LocalFederation
+from deploy.pki import make_all, make_node_keys
+
+pytestmark = pytest.mark.deployment
+
+
+def test_deployed_run_equals_the_in_process_run(tmp_path):
+    path = run_local(3, "fedkmeans", "karate", "node-random", ["num-rounds=3"], tmp_path / "deployed")
+    deployed = json.loads(path.read_text())
+    local = run_experiment("fedkmeans", "karate", 3, {"num-rounds": 3, "partitioner": "node-random"},
+                           tmp_path / "inprocess")
+    assert np.array_equal(np.load(path.parent / "labels.npy"), np.load(tmp_path / "inprocess" / "labels.npy"))
+    for name in ("acc", "nmi", "ari", "modularity"):
+        assert deployed["metrics"][name] == pytest.approx(local["metrics"][name])
+    assert deployed["num_clients"] == 3 and deployed["timing"]["rounds"] == local["timing"]["rounds"]
+
+
+def connected(federation: LocalFederation, name: str) -> bool:
+    return "SuperNode ID:" in federation.log(name)
+
+
+def test_only_registered_nodes_with_the_ca_certificate_can_join(tmp_path):
+    pki = tmp_path / "pki"
+    make_all(pki, 1)
+    stranger_key, _ = make_node_keys(tmp_path, 99)  # never registered
+    other_ca = tmp_path / "other"
+    make_all(other_ca, 0)
+    shard = tmp_path / "unused.npz"
+    with LocalFederation(tmp_path / "fed", pki) as federation:
+        federation.start_superlink()
+        federation.register(pki / "supernode-0.pub")
+        federation.start_supernode("registered", shard, private_key=pki / "supernode-0",
+                                   root_certificates=pki / "ca.crt")
+        federation.start_supernode("unregistered", shard, private_key=stranger_key,
+                                   root_certificates=pki / "ca.crt")
+        federation.start_supernode("wrong-ca", shard, private_key=pki / "supernode-0",
+                                   root_certificates=other_ca / "ca.crt")
+        federation.start_supernode("no-tls", shard, private_key=pki / "supernode-0")
+        deadline = time.monotonic() + 240
+        while not connected(federation, "registered") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert connected(federation, "registered"), federation.log("registered")[-2000:]
+        time.sleep(10)  # the others had as long and more to get in
+        for name in ("unregistered", "wrong-ca", "no-tls"):
+            assert not connected(federation, name), federation.log(name)[-2000:]
+
+
+def test_killed_supernode_stops_a_run_that_needs_everyone_and_writes_no_result(tmp_path):
+    out = tmp_path / "run"
+    pki = out / "pki"
+    make_all(pki, 3)
+    from app.data import prepare
+
+    prepare.run(["--dataset", "sbm", "--partitioner", "node-random", "--num-clients", "3",
+                 "--out", str(out / "shards"), "--eval-file", str(out / "eval.npz")])
+    config = {"strategy": "fedkmeans", "dataset": "sbm", "partitioner": "node-random", "num-clients": 3,
+              "num-rounds": 200, "fedkmeans.tol": 0.0, "eval-file": str(out / "eval.npz"),
+              "reference": False, "timeout": 120.0, "out-dir": str(out / "result")}
+    with LocalFederation(out, pki) as federation:
+        federation.start_superlink()
+        federation.start_nodes([out / "shards" / f"client-{i}.npz" for i in range(3)])
+
+        def kill_after_round_2():
+            deadline = time.monotonic() + 600
+            while "ROUND 4]" not in federation.log("supernode-1") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            federation.kill("supernode-1")
+
+        killer = threading.Thread(target=kill_after_round_2, daemon=True)
+        killer.start()
+        proc = federation.run_app(REPO, config)
+        killer.join(timeout=5)
+    log = proc.stdout + proc.stderr
+    assert "step 'kmeans_step' rejected 1 client(s): client 1 " in log, log[-3000:]
+    assert not (out / "result" / "result.json").exists()

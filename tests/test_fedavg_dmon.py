@@ -1,0 +1,199 @@
+"""fedavg-dmon: FedAvg of DMoN weights over node-partitioned subgraphs.
+
+Protocol math is tested directly (edge split, FedAvg weighting, local training
+against app.baselines.train_dmon); the Flower layer end to end on the
+in-process grid (same ServerApp/ClientApp code, no Ray).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.baselines import train_dmon
+from app.config import ConfigError
+from app.data import load_dataset
+from app.metrics import ari
+from app.protocols import fedavg_dmon as proto
+from app.run import run_experiment
+from clients.fedavg_dmon import FedAvgDMoNClient
+
+torch.set_num_threads(1)  # the clients run with one thread; bitwise comparisons need the same
+
+FAST = {"reference": False, "fedavg-dmon.lr": 1e-2}
+
+
+# --------------------------------------------------------------------------- protocol math
+
+
+def test_edge_split_is_a_symmetric_disjoint_partition_restricted_consistently():
+    data = load_dataset("karate")
+    n = data.num_nodes
+    train, val, test = proto.split_adjacency(data.adj, np.arange(n), seed=4, val=0.1, test=0.2)
+    assert (train + val + test - data.adj).nnz == 0
+    for part in (train, val, test):
+        assert (part - part.T).nnz == 0
+    assert train.multiply(val).nnz == 0 and train.multiply(test).nnz == 0 and val.multiply(test).nnz == 0
+    # a client's split is the restriction of the global split to its nodes
+    ids = np.array([0, 2, 5, 7, 8, 13, 30, 32, 33])
+    local = proto.split_adjacency(data.adj[ids][:, ids], ids, seed=4, val=0.1, test=0.2)
+    for glob, loc in zip((train, val, test), local):
+        assert (glob[ids][:, ids] - loc).nnz == 0
+    # proportions on a large graph
+    cora = load_dataset("cora")
+    parts = proto.split_adjacency(cora.adj, np.arange(cora.num_nodes), seed=0, val=0.1, test=0.2)
+    fractions = np.array([p.nnz for p in parts]) / cora.adj.nnz
+    assert fractions == pytest.approx([0.7, 0.1, 0.2], abs=0.02)
+    with pytest.raises(ValueError, match="invalid edge split"):
+        proto.edge_split_codes(np.array([0]), np.array([1]), 0, 0.5, 0.5)
+
+
+def test_fedavg_weights_by_node_count_exactly():
+    rng = np.random.default_rng(0)
+    shapes = proto.param_shapes(5, 3, 4)
+    clients = [{n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()} for _ in range(3)]
+    counts = [10, 30, 60]
+    avg = proto.fedavg(clients, counts)
+    for name in proto.PARAM_NAMES:
+        want = sum(c / 100 * w[name].astype(np.float64) for c, w in zip(counts, clients)).astype(np.float32)
+        assert avg[name].dtype == np.float32 and np.array_equal(avg[name], want)
+        assert not np.allclose(avg[name], np.mean([w[name] for w in clients], axis=0))  # not unweighted
+    # one client, or identical clients: the weights come back bit for bit
+    assert all(np.array_equal(proto.fedavg([clients[0]], [7])[n], clients[0][n]) for n in shapes)
+    same = proto.fedavg([clients[1]] * 3, counts)
+    assert all(np.array_equal(same[n], clients[1][n]) for n in shapes)
+    with pytest.raises(ValueError, match="node counts"):
+        proto.fedavg(clients[:2], [1, 0])
+    flat = proto.flatten(clients[0])
+    assert all(np.array_equal(proto.unflatten(flat, shapes)[n], clients[0][n]) for n in shapes)
+
+
+def test_local_rounds_equal_centralised_training_step_for_step():
+    data = load_dataset("sbm", seed=2)
+    k, seed, rounds, epochs = 4, 5, 4, 3
+    train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), seed, 0.1, 0.2)
+    labels, model = train_dmon(data.x, train, k, seed, epochs=rounds * epochs, sparse_features=True)
+    graph = proto.make_graph(data.x, train, sparse_features=True)
+    weights = proto.init_weights(data.x.shape[1], k, seed)
+    state = proto.start_state(weights, seed, 0, k, 64, 0.5)
+    losses = []
+    for _ in range(rounds):
+        weights = proto.fedavg([state.weights], [data.num_nodes])
+        state, got = proto.local_train(state, graph, k, epochs, weights=weights)
+        losses += got
+    central = proto.get_weights(model)
+    assert all(np.array_equal(state.weights[n], central[n]) for n in proto.PARAM_NAMES)
+    assert losses == model.loss_history
+    assert np.array_equal(proto.assign(state.weights, graph, k), labels)
+    # resetting Adam every round is a different algorithm: the test can tell
+    state = proto.start_state(proto.init_weights(data.x.shape[1], k, seed), seed, 0, k, 64, 0.5)
+    reset = []
+    for _ in range(rounds):
+        state, got = proto.local_train(state, graph, k, epochs, keep_optimizer=False)
+        reset += got
+    assert reset[:epochs] == model.loss_history[:epochs] and reset != model.loss_history
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_one_client_federated_equals_centralised_dmon(out_dir, tmp_path):
+    rounds, epochs, seed = 6, 4, 3
+    cfg = {**FAST, "seed": seed, "num-rounds": rounds, "fedavg-dmon.local-epochs": epochs,
+           "fedavg-dmon.select": "last"}
+    fed = run_experiment("fedavg-dmon", "sbm", 1, cfg, out_dir)
+    cen = run_experiment("fedavg-dmon", "sbm", 1, {**cfg, "fedavg-dmon.mode": "centralised"}, tmp_path / "c")
+    data = load_dataset("sbm", seed=seed)
+    train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), seed, 0.1, 0.2)
+    labels, model = train_dmon(data.x, train, fed["config"]["num-clusters"], seed, epochs=rounds * epochs,
+                               lr=1e-2, sparse_features=True)
+    assert [v for h in fed["history"] for v in h["losses"]] == model.loss_history
+    assert [v for h in cen["history"] for v in h["losses"]] == model.loss_history
+    assert np.array_equal(np.load(out_dir / "labels.npy"), labels)
+    assert np.array_equal(np.load(tmp_path / "c" / "labels.npy"), labels)
+    assert fed["timing"]["rounds"] == 1 + rounds + 1  # init, train rounds, assign
+
+
+def test_federated_dmon_recovers_planted_blocks_and_reports_per_client(out_dir):
+    result = run_experiment("fedavg-dmon", "sbm", 3, {**FAST, "num-rounds": 15}, out_dir)
+    m = result["metrics"]
+    assert m["ari"] > 0.8 and m["client_mean_f1"] > 0.85
+    assert [c["client"] for c in m["clients"]] == [0, 1, 2]
+    assert {"f1", "nmi", "modularity_test", "conductance_test"} <= set(m["clients"][0])
+    assert 1 <= m["selected_round"] <= 16
+    assert result["history"][-1]["val_modularity"] > result["history"][0]["val_modularity"]
+    uploads = {(u["action"], u["name"]) for u in result["privacy"]["uploads"]}
+    assert ("dmon_train", "conv.lin.weight") in uploads and ("dmon_assign", "labels") in uploads
+    # isolated: the same rounds, but no weights ever leave a client
+    iso = run_experiment("fedavg-dmon", "sbm", 3, {**FAST, "num-rounds": 3, "fedavg-dmon.mode": "isolated"},
+                         out_dir.parent / "iso")
+    names = {u["name"] for u in iso["privacy"]["uploads"] if u["action"] == "dmon_train"}
+    assert names and not names & set(proto.PARAM_NAMES)
+    assert iso["metrics"]["selected_round"] is None
+
+
+def test_bad_weight_uploads_are_excluded_and_reported(out_dir, monkeypatch):
+    honest = FedAvgDMoNClient.on_dmon_train
+
+    def faulty(self, arrays, values):
+        reply, vals = honest(self, arrays, values)
+        if self.shard.client_id == 1:
+            reply["head.bias"] = np.full_like(reply["head.bias"], np.nan)
+        if self.shard.client_id == 2:
+            reply["conv.bias"] = reply["conv.bias"][:-1]
+        return reply, vals
+
+    monkeypatch.setattr(FedAvgDMoNClient, "on_dmon_train", faulty)
+    result = run_experiment("fedavg-dmon", "sbm", 3, {**FAST, "num-rounds": 2}, out_dir)
+    rejected = result["communication"]["rejected"]
+    assert len(rejected) == 4 and {r["action"] for r in rejected} == {"dmon_train"}
+    reasons = " ".join(r["reason"] for r in rejected)
+    assert "'head.bias' contains NaN" in reasons and "'conv.bias' has shape (63,)" in reasons
+    assert [h["excluded"] for h in result["history"]] == [[1, 2], [1, 2]]
+    assert np.isfinite(result["metrics"]["f1"])
+
+
+def test_dp_fedavg_records_epsilon_and_secure_aggregation_masks(out_dir, tmp_path):
+    cfg = {**FAST, "num-rounds": 3, "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-epsilon": 8.0,
+           "fedavg-dmon.secure": True}
+    result = run_experiment("fedavg-dmon", "sbm", 2, cfg, out_dir)
+    privacy = result["privacy"]
+    mech = {m["name"]: m for m in privacy["mechanisms"]}
+    assert "dp-fedavg" in mech and "secure-aggregation" in mech
+    assert mech["dp-fedavg"]["params"]["steps"] == 3
+    assert result["metrics"]["dp_epsilon"] == pytest.approx(8.0, rel=0.05)
+    weights = [u for u in privacy["uploads"] if u["action"] == "dmon_train" and u["name"] == "weights"]
+    assert [u["count"] for u in weights] == [3, 3]
+    assert all(u["masked"] and u["noised"] and u["dtype"] == "uint64" for u in weights)
+    assert result["communication"]["secure_aggregations"] == 3
+    # secure aggregation without noise gives the plain FedAvg model up to fixed-point rounding
+    plain = run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 3}, tmp_path / "p")
+    masked = run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 3, "fedavg-dmon.secure": True},
+                            tmp_path / "m")
+    assert ari(np.load(tmp_path / "p" / "labels.npy"), np.load(tmp_path / "m" / "labels.npy")) > 0.99
+    assert masked["history"][-1]["val_modularity"] == pytest.approx(plain["history"][-1]["val_modularity"], abs=1e-3)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"fedavg-dmon.mode": "centralised"}, "needs num-clients=1"),
+    ({"fedavg-dmon.mode": "isolated", "fedavg-dmon.dp-clip": 1.0}, "mode=federated only"),
+    ({"fedavg-dmon.val-fraction": 0.5, "fedavg-dmon.test-fraction": 0.5}, "must be < 1"),
+    ({"fedavg-dmon.val-fraction": 0.0}, "needs fedavg-dmon.val-fraction > 0"),
+    ({"fedavg-dmon.mode": "split"}, "valid choices: federated, isolated, centralised"),
+    ({"partitioner": "edge"}, "valid choices: auto, node-random"),
+])
+def test_bad_config_is_one_line_error(out_dir, overrides, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        run_experiment("fedavg-dmon", "sbm", 3, overrides, out_dir)
+    assert "\n" not in str(err.value)
+    assert not out_dir.exists()
+
+
+@pytest.mark.simulation
+def test_run_simulation_fedavg_dmon_on_karate(out_dir):
+    """Flower's simulation engine end to end (identity features: karate has none)."""
+    result = run_experiment("fedavg-dmon", "karate", 2, {**FAST, "num-rounds": 3}, out_dir, engine="simulation")
+    assert result["num_clients"] == 2 and len(result["history"]) == 3
+    assert result["communication"]["rejected"] == []
+    assert np.load(out_dir / "labels.npy").shape == (34,)

@@ -1,0 +1,328 @@
+"""FedSpectral / FedSpectral+: protocol math, end-to-end runs, privacy of uploads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as sla
+
+from app.baselines import spectral_affinity, spectral_graph
+from app.client_app import build_client_app
+from app.config import ConfigError
+from app.data import load_dataset
+from app.data.partition import partition
+from app.inprocess import InProcessGrid
+from app.metrics import ari
+from app.privacy.gaussian import GaussianMechanism
+from app.protocols import fedspectral as proto
+from app.registry import validate
+from app.run import run_experiment
+from app.server_app import run_server
+from app.transport import ProtocolError, unpack
+
+SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}
+K = 4
+
+
+def sbm_graph(seed: int = 0):
+    return load_dataset("sbm", seed=seed, nodes=300, blocks=4, p_in=0.12, p_out=0.01, features=0)
+
+
+def normalised(adj):
+    d = np.asarray(adj.sum(axis=1)).ravel()
+    inv = proto.inverse_sqrt_degrees(d)
+    return sp.csr_matrix(sp.diags(inv) @ adj @ sp.diags(inv))
+
+
+# --------------------------------------------------------------------------- protocol math
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_weighted_client_products_sum_to_the_global_operator(replicas):
+    data = sbm_graph()
+    shards = partition(data, "edge", 3, seed=1, replicas=replicas)
+    weighted = [proto.weighted_local_adjacency(s.adj, s.edge_weight) for s in shards]
+    assert abs(sum(weighted) - data.adj).max() < 1e-12
+    d = sum(proto.local_degrees(w) for w in weighted)
+    np.testing.assert_allclose(d, np.asarray(data.adj.sum(axis=1)).ravel(), atol=1e-12)
+    x = np.random.default_rng(0).standard_normal((data.num_nodes, 5))
+    dinv = proto.inverse_sqrt_degrees(d)
+    mx = dinv[:, None] * sum(w @ (dinv[:, None] * x) for w in weighted)
+    np.testing.assert_allclose(mx, normalised(data.adj) @ x, atol=1e-12)
+    if replicas > 1:  # without the 1/r weights overlapping edges count r times
+        unweighted = sum(s.adj for s in shards)
+        assert abs(unweighted - replicas * data.adj).max() == 0
+
+
+def test_weighted_adjacency_rejects_misaligned_weights():
+    adj = sbm_graph().adj
+    with pytest.raises(ValueError, match="edge_weight has shape"):
+        proto.weighted_local_adjacency(adj, np.ones(3))
+
+
+def test_qr_output_is_orthonormal_and_paper_step_averages():
+    rng = np.random.default_rng(3)
+    blocks = [rng.standard_normal((200, 6)) for _ in range(4)]
+    v = proto.paper_server_step(blocks, 4)
+    np.testing.assert_allclose(v.T @ v, np.eye(6), atol=1e-12)
+    mean = np.mean(blocks, axis=0)
+    # same column space as the average (QR only orthonormalises)
+    assert proto.subspace_distance(proto.orthonormalise(mean), v) < 1e-10
+    q = proto.init_block(200, 6, seed=5)
+    np.testing.assert_allclose(q.T @ q, np.eye(6), atol=1e-12)
+    assert np.array_equal(q, proto.init_block(200, 6, seed=5))
+
+
+def test_paper_client_step_is_local_normalised_adjacency_power():
+    shard = partition(sbm_graph(), "edge", 3, seed=0, replicas=2)[1]
+    a = shard.adj.toarray()
+    d = a.sum(1)
+    inv = np.where(d > 0, 1 / np.sqrt(np.maximum(d, 1e-300)), 0.0)
+    m = inv[:, None] * a * inv[None, :]  # I - L_c with the local degrees
+    v = np.random.default_rng(1).standard_normal((a.shape[0], 4))
+    got = proto.paper_client_step(proto.local_normalised_operator(shard.adj), v, 3)
+    np.testing.assert_allclose(got, m @ m @ m @ v, atol=1e-12)
+
+
+def test_chebyshev_iteration_finds_the_top_eigenspace():
+    data = sbm_graph(seed=2)
+    m = normalised(data.adj)
+    calls = []
+
+    def apply(x):
+        calls.append(1)
+        return m @ x
+
+    res = proto.chebyshev_subspace_iteration(apply, m.shape[0], K, 2 * K, 6, 1e-10, 2000, seed=0)
+    vals, vecs = sla.eigsh(m, k=K, which="LA", tol=1e-12)
+    assert res.converged and res.stop == "converged" and res.rounds == len(calls)
+    np.testing.assert_allclose(res.values, vals[::-1], atol=1e-9)
+    assert proto.subspace_distance(res.vectors, vecs) < 1e-7
+    np.testing.assert_allclose(res.vectors.T @ res.vectors, np.eye(K), atol=1e-10)
+
+
+def test_chebyshev_iteration_stops_on_a_noise_floor_and_on_max_rounds():
+    m = normalised(sbm_graph().adj)
+    rng = np.random.default_rng(0)
+    noisy = proto.chebyshev_subspace_iteration(
+        lambda x: m @ x + 1e-4 * rng.standard_normal(x.shape), m.shape[0], K, 8, 4, 1e-12, 5000, seed=0)
+    assert noisy.stop == "stagnated" and not noisy.converged and noisy.rounds < 5000
+    capped = proto.chebyshev_subspace_iteration(lambda x: m @ x, m.shape[0], K, 8, 4, 0.0, 21, seed=0)
+    assert capped.stop == "max-rounds" and capped.rounds <= 21
+    with pytest.raises(ValueError, match="k <= block"):
+        proto.chebyshev_subspace_iteration(lambda x: x, 10, 4, 3, 2, 1e-6, 10, seed=0)
+
+
+def test_coassociation_low_rank_equals_dense_similarity_graph():
+    rng = np.random.default_rng(0)
+    truth = np.repeat(np.arange(5), 40)
+    sets = []
+    for _ in range(4):  # noisy copies of a planted partition, relabelled
+        lab = truth.copy()
+        flip = rng.random(lab.size) < 0.15
+        lab[flip] = rng.integers(0, 5, flip.sum())
+        sets.append(rng.permutation(5)[lab])
+    s = proto.coassociation_dense(sets)
+    expected = np.mean([np.equal.outer(lab, lab) for lab in sets], axis=0)
+    np.testing.assert_allclose(s, expected, atol=1e-12)  # equation 1 incl. the diagonal
+    u = proto.coassociation_embedding(sets, 5)
+    d = s.sum(1)
+    mm = s / np.sqrt(np.outer(d, d))
+    vals, vecs = np.linalg.eigh(mm)
+    assert proto.subspace_distance(u, vecs[:, -5:]) < 1e-8
+    labels = proto.coassociation_labels(sets, 5, seed=0)
+    assert ari(spectral_affinity(s, 5, seed=0), labels) == 1.0
+    with pytest.raises(ValueError, match="differ in length"):
+        proto.coassociation_matrix([np.zeros(3), np.zeros(4)])
+
+
+def test_edge_sensitivity_bounds_hold():
+    rng = np.random.default_rng(0)
+    data = sbm_graph()
+    adj = data.adj.tolil()
+    y = rng.standard_normal((data.num_nodes, 4))
+    base_exact = data.adj @ y
+    base_paper = proto.paper_client_step(proto.local_normalised_operator(data.adj), proto.orthonormalise(y), 3)
+    q = proto.orthonormalise(y)
+    for _ in range(20):
+        i, j = rng.choice(data.num_nodes, 2, replace=False)
+        other = adj.copy()
+        other[i, j] = other[j, i] = 0.0 if adj[i, j] else 1.0
+        other = sp.csr_matrix(other)
+        other.eliminate_zeros()
+        assert np.linalg.norm(other @ y - base_exact) <= proto.exact_edge_sensitivity(y) + 1e-12
+        moved = proto.paper_client_step(proto.local_normalised_operator(other), q, 3) - base_paper
+        assert np.linalg.norm(moved) <= proto.paper_edge_sensitivity(q, 3) + 1e-12
+
+
+def test_bad_config_values_are_one_line_errors():
+    with pytest.raises(ConfigError, match="fedspectral-plus.mode.*valid choices: paper, exact"):
+        validate({"strategy": "fedspectral-plus", "fedspectral-plus.mode": "fast"})
+    with pytest.raises(ConfigError, match="block=2 is smaller than num-clusters=4"):
+        validate({"strategy": "fedspectral-plus", "num-clusters": 4, "fedspectral-plus.block": 2})
+    with pytest.raises(ConfigError, match="partitioner 'node-random' does not fit"):
+        validate({"strategy": "fedspectral", "partitioner": "node-random"})
+    with pytest.raises(ConfigError, match="wire-dtype"):
+        validate({"strategy": "fedspectral-plus", "fedspectral-plus.wire-dtype": "float16"})
+
+
+# --------------------------------------------------------------------------- end to end (in-process)
+
+
+def exact(**extra):
+    return {**SBM, "num-clusters": K, "fedspectral-plus.mode": "exact", **extra}
+
+
+def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir):
+    result = run_experiment("fedspectral-plus", "sbm", 1, exact(), out_dir)
+    assert result["metrics"]["converged"] and result["metrics"]["stop"] == "converged"
+    assert result["reference"]["agreement"]["ari"] == 1.0
+    labels = np.load(out_dir / "labels.npy")
+    data = sbm_graph()
+    assert np.array_equal(labels, spectral_graph(data.adj, K, 0))
+    assert ari(data.y, labels) == 1.0  # planted blocks recovered
+
+
+def test_exact_mode_with_overlapping_edges_equals_centralised(out_dir):
+    result = run_experiment("fedspectral-plus", "sbm", 3, exact(**{"partition.replicas": 2}), out_dir)
+    assert result["reference"]["agreement"]["ari"] == 1.0
+    degrees = [m for m in result["privacy"]["mechanisms"] if m["name"] == "fedspectral-plus:global-degrees"]
+    assert degrees and degrees[0]["guarantee"].startswith("none")
+    ups = [u for u in result["privacy"]["uploads"] if u["action"] == "fedspectral_degrees"]
+    assert len(ups) == 3 and all(u["masked"] and u["dtype"] == "uint64" for u in ups)
+
+
+class RecordingGrid(InProcessGrid):
+    """In-process grid keeping every reply; ``tamper(node, content)`` may rewrite one."""
+
+    def __init__(self, *args, tamper=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen, self.tamper = [], tamper
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        if self.tamper:
+            for reply in replies:
+                self.tamper(reply)
+        self.seen.extend(replies)
+        return replies
+
+
+def run_recorded(strategy, clients, overrides, out_dir, tamper=None):
+    raw = {**overrides, "strategy": strategy, "dataset": "sbm", "num-clients": clients, "out-dir": str(out_dir)}
+    grid = RecordingGrid(build_client_app(raw), clients, tamper=tamper)
+    return grid, run_server(grid, raw)
+
+
+@pytest.mark.parametrize("mode", ["exact", "paper"])
+def test_secure_aggregation_gives_the_same_labels(mode, tmp_path):
+    over = exact() if mode == "exact" else {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 6}
+    over = {**over, "partition.replicas": 2, "secagg.scale": 2.0**32}
+    plain = run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "plain")
+    grid, secure = run_recorded("fedspectral-plus", 3, {**over, "fedspectral-plus.secure": True}, tmp_path / "s")
+    assert np.array_equal(np.load(tmp_path / "plain" / "labels.npy"), np.load(tmp_path / "s" / "labels.npy"))
+    action = "query.fedspectral_product" if mode == "exact" else "query.fedspectral_power"
+    blocks = [unpack(m.content)[0]["block"] for m in grid.seen if m.metadata.message_type == action]
+    assert blocks and all(b.dtype == np.uint64 for b in blocks)
+    for b in blocks:  # masked: uniform-looking top bits, not small fixed-point numbers
+        assert len(np.unique(b >> np.uint64(60))) > 8
+    ups = [u for u in secure["privacy"]["uploads"] if u["name"] == "block"]
+    assert ups and all(u["masked"] for u in ups)
+    assert secure["communication"]["secure_aggregations"] >= len(blocks) // 3
+
+
+@pytest.mark.parametrize("bad", ["shape", "nan"])
+def test_malformed_block_is_rejected_and_reported(bad, out_dir):
+    def tamper(reply):
+        if reply.metadata.message_type != "query.fedspectral_power" or reply.metadata.src_node_id != 1002:
+            return
+        block = unpack(reply.content)[0]["block"]
+        block = block[:-1] if bad == "shape" else np.where(block == block.max(), np.nan, block)
+        from flwr.app import Array
+
+        reply.content.array_records["arrays"]["block"] = Array(np.ascontiguousarray(block))
+
+    with pytest.raises(ProtocolError) as err:
+        run_recorded("fedspectral-plus", 3, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 2},
+                     out_dir, tamper)
+    msg = str(err.value)
+    assert "fedspectral_power" in msg and "node 1002" in msg
+    assert ("has shape (299, 4), expected (300, 4)" in msg) if bad == "shape" else ("NaN" in msg)
+
+
+def test_uploads_never_carry_the_edge_list(out_dir):
+    """What leaves a client: N x b float blocks (plus) or N labels (baseline)."""
+    over = {**SBM, "num-clusters": K, "partition.replicas": 1, "fedspectral-plus.rounds": 3}
+    grid, result = run_recorded("fedspectral-plus", 2, over, out_dir / "plus")
+    data = sbm_graph()
+    shards = partition(data, "edge", 2, seed=0, replicas=1)
+    local_edges = {s.adj.nnz for s in shards} | {s.adj.nnz // 2 for s in shards}
+    for reply in grid.seen:
+        arrays, _ = unpack(reply.content)
+        for name, a in arrays.items():
+            assert name == "block" and a.shape == (data.num_nodes, K) and a.dtype == np.float64
+            assert not set(a.shape) & local_edges
+            assert np.count_nonzero(a) > 0.9 * a.size  # dense products, not 0/1 adjacency rows
+            # no row of a node with local edges looks like an adjacency row (0/1 entries); a
+            # node without local edges gets a zero row (documented: that fact does leak)
+            has_edges = np.diff(shards[reply.metadata.src_node_id - 1001].adj.indptr) > 0
+            assert not np.any(np.all(np.isin(a, (0.0, 1.0)), axis=1) & has_edges)
+            assert np.all(a[~has_edges] == 0)
+    grid, _ = run_recorded("fedspectral", 2, {**SBM, "num-clusters": K}, out_dir / "base")
+    got = [unpack(r.content)[0] for r in grid.seen if r.metadata.message_type == "query.fedspectral_local"]
+    assert len(got) == 2
+    for arrays in got:
+        assert set(arrays) == {"labels"} and arrays["labels"].shape == (data.num_nodes,)
+        assert arrays["labels"].min() >= 0 and arrays["labels"].max() < K
+
+
+def test_baseline_with_one_client_reproduces_centralised(out_dir):
+    result = run_experiment("fedspectral", "sbm", 1, {**SBM, "num-clusters": K}, out_dir)
+    assert result["reference"]["agreement"]["ari"] == 1.0
+    assert result["metrics"]["cluster_similarity"] == 1.0
+
+
+def test_paper_mode_recovers_planted_blocks_and_float32_wire(tmp_path):
+    over = {**SBM, "num-clusters": K, "partition.replicas": 2}
+    r64 = run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "a")
+    assert r64["metrics"]["protocol_rounds"] == 20 and r64["metrics"]["iters"] == 6  # paper defaults
+    assert r64["metrics"]["ari"] > 0.95
+    r32 = run_experiment("fedspectral-plus", "sbm", 3, {**over, "fedspectral-plus.wire-dtype": "float32"},
+                         tmp_path / "b")
+    assert np.array_equal(np.load(tmp_path / "a" / "labels.npy"), np.load(tmp_path / "b" / "labels.npy"))
+    assert r32["communication"]["bytes_up"] < 0.6 * r64["communication"]["bytes_up"]
+
+
+def test_gaussian_noise_is_accounted_per_edge(tmp_path):
+    over = exact(**{"fedspectral-plus.rounds": 30, "fedspectral-plus.noise-multiplier": 2.0})
+    res = run_experiment("fedspectral-plus", "sbm", 2, over, tmp_path / "a")
+    mech = {m["name"]: m for m in res["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
+    releases = mech["params"]["releases"]
+    assert releases == res["metrics"]["protocol_rounds"] + 1  # + the degree vector
+    eps = res["privacy"]["epsilon"]
+    assert eps is not None and 0 < eps < float("inf") and res["privacy"]["delta"] == pytest.approx(1e-5)
+    ups = [u for u in res["privacy"]["uploads"] if u["name"] in ("block", "degrees")]
+    assert ups and all(u["noised"] for u in ups)
+    ref = GaussianMechanism(1.0, 2.0, delta=1e-5, adjacency="remove")
+    ref.step(releases)
+    assert eps == pytest.approx(ref.epsilon(), rel=1e-9)  # RDP composition over every release
+    stronger = GaussianMechanism(1.0, 8.0, delta=1e-5, adjacency="remove")
+    stronger.step(releases)
+    assert stronger.epsilon() < eps
+
+
+# --------------------------------------------------------------------------- Flower simulation engine
+
+
+@pytest.mark.simulation
+def test_simulation_secure_exact_run_uploads_only_masked_blocks(out_dir):
+    over = exact(**{"fedspectral-plus.secure": True, "partition.replicas": 2, "secagg.scale": 2.0**32,
+                    "fedspectral-plus.tol": 1e-4, "fedspectral-plus.degree": 4})
+    result = run_experiment("fedspectral-plus", "sbm", 2, over, out_dir, engine="simulation")
+    assert result["reference"]["agreement"]["ari"] == 1.0
+    uploads = [u for u in result["privacy"]["uploads"] if u["action"].startswith("fedspectral")]
+    assert {u["name"] for u in uploads} == {"block", "degrees"}
+    for u in uploads:  # every array a client sent: masked uint64, N rows, never an edge list
+        assert u["masked"] and u["dtype"] == "uint64" and u["shape"][0] == 300
+        assert u["shape"] in ([300], [300, 2 * K])

@@ -1,0 +1,313 @@
+"""GW-LDP: protocol math (GW matrix, LDP encoder, FedAvg, SVC, k-medoids) and
+end-to-end runs on the in-process grid (k-hop Citeseer subgraphs, MUTAG)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import ot
+import pytest
+import scipy.sparse as sp
+
+from app.client_app import build_client_app
+from app.config import ConfigError
+from app.inprocess import InProcessGrid
+from app.privacy.ldp import default_m, multibit_probabilities
+from app.protocols import gw_ldp as proto
+from app.run import run_experiment
+from app.server_app import run_server
+from app.transport import unpack
+from tests.conftest import shared_datasets_or_skip
+
+
+def random_graph(rng, n, p=0.3):
+    a = sp.random(n, n, density=p, random_state=rng, data_rvs=np.ones)
+    a = ((a + a.T) > 0).astype(np.float64)
+    a.setdiag(0)
+    a.eliminate_zeros()
+    return sp.csr_matrix(a)
+
+
+# --------------------------------------------------------------------------- GW
+
+
+def test_gw_matrix_is_symmetric_zero_diagonal_and_equals_pot_directly():
+    rng = np.random.default_rng(0)
+    mats = [proto.shortest_path_matrix(random_graph(rng, int(n))) for n in rng.integers(5, 12, 9)]
+    d = proto.gw_matrix(mats, workers=1)
+    assert d.shape == (9, 9)
+    assert np.array_equal(d, d.T) and np.all(np.diag(d) == 0)
+    for i, j in [(0, 1), (2, 7), (3, 8)]:
+        p, q = ot.unif(len(mats[i])), ot.unif(len(mats[j]))
+        assert d[i, j] == pytest.approx(ot.gromov.gromov_wasserstein2(mats[i], mats[j], p, q, "square_loss"),
+                                        abs=1e-12)
+    # the process pool gives the same matrix
+    many = mats * 8  # 72 items, identical spaces are deduplicated: still 36 distinct pairs solved
+    stats = {}
+    big = proto.gw_matrix(many, workers=2, stats=stats)
+    assert stats == {"pairs": 72 * 71 // 2, "distinct_spaces": 9, "solved_pairs": 36}
+    assert np.allclose(big[:9, :9], d) and np.allclose(big[9:18, :9], d)
+
+
+def test_gw_pool_matches_sequential_on_many_distinct_pairs():
+    rng = np.random.default_rng(5)
+    mats = [proto.intra_distance(rng.random((int(n), 3))) for n in rng.integers(3, 7, 30)]  # 435 pairs
+    assert np.array_equal(proto.gw_matrix(mats, workers=2), proto.gw_matrix(mats, workers=1))
+
+
+def random_tree(rng, n):
+    """Random recursive tree (molecule-like sparse graph)."""
+    parents = [int(rng.integers(0, v)) for v in range(1, n)]
+    a = sp.coo_matrix((np.ones(n - 1), (parents, list(range(1, n)))), shape=(n, n)).tocsr()
+    return sp.csr_matrix(((a + a.T) > 0).astype(np.float64))
+
+
+def test_isomorphic_graphs_have_gw_near_zero():
+    rng = np.random.default_rng(1)
+    # topology (shortest paths), POT's conditional gradient from the default
+    # coupling p q': GW is non-convex, so CG can stop in a local minimum for
+    # some permutations, but typically it finds the isomorphism (GW = 0)
+    iso, other = [], []
+    for _ in range(20):
+        a = random_tree(rng, 10)
+        perm = rng.permutation(10)
+        iso.append(proto.gw_pair(proto.shortest_path_matrix(a), proto.shortest_path_matrix(a[perm][:, perm])))
+        other.append(proto.gw_pair(proto.shortest_path_matrix(a), proto.shortest_path_matrix(random_tree(rng, 10))))
+    assert np.median(iso) < 1e-9 and np.mean(np.abs(iso) < 1e-9) >= 0.5
+    assert np.mean(iso) < 0.5 * np.mean(other)
+    # embeddings: a node permutation gives the same metric-measure space, GW exactly 0
+    h = rng.random((12, 2))
+    d = proto.gw_matrix([proto.embedding_space(h), proto.embedding_space(h[rng.permutation(12)]),
+                         proto.embedding_space(rng.random((12, 2)))], workers=1)
+    assert d[0, 1] == 0.0 and d[0, 2] > 1e-6
+
+
+def test_merging_duplicate_rows_keeps_the_gw_value():
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        h1 = rng.random((3, 2))[rng.integers(0, 3, 15)]
+        h2 = rng.random((4, 2))[rng.integers(0, 4, 11)]
+        plain = proto.gw_pair(proto.intra_distance(h1), proto.intra_distance(h2))
+        c1, w1 = proto.embedding_space(h1)
+        c2, w2 = proto.embedding_space(h2)
+        assert len(w1) <= 3 and w1.sum() == pytest.approx(1.0)
+        assert proto.gw_pair(c1, c2, w1, w2) == pytest.approx(plain, abs=1e-7)
+
+
+# --------------------------------------------------------------------------- LDP (Algorithm 1)
+
+
+def test_ldp_encoder_range_sparsity_and_probabilities_match_algorithm_1():
+    rng = np.random.default_rng(3)
+    n, d = 40, 6
+    h = rng.dirichlet(np.ones(d), size=n)
+    for eps_g in (1.0 / n, 0.5, 30.0):
+        codes, stats = proto.encode_graph(h, eps_g, rng)
+        m = default_m(eps_g, d)
+        assert codes.dtype == np.int8 and codes.shape == (n, d)
+        assert set(np.unique(codes)) <= {-1, 0, 1}
+        assert np.all((codes != 0).sum(1) == m)  # m sampled coordinates per row
+        assert stats["epsilon"] == pytest.approx(eps_g / n) and stats["m"] == m
+    # P(+1) of a sampled entry is 1/(e^(eps/(mn))+1) + h (e^(eps/(mn))-1)/(e^(eps/(mn))+1)
+    eps_g, n = 200.0, 2
+    h = np.array([[0.9, 0.1, 0.5, 0.0], [0.2, 0.8, 0.5, 1.0]])
+    m = default_m(eps_g, 4)
+    draws = np.stack([proto.encode_graph(h, eps_g, rng)[0] for _ in range(4000)]).astype(float)
+    sampled = (draws != 0).mean(0)
+    assert np.allclose(sampled, m / 4, atol=0.03)
+    p_plus = (draws == 1).sum(0) / np.maximum((draws != 0).sum(0), 1)
+    e = math.exp(eps_g / (m * n))
+    want = 1 / (e + 1) + h * (e - 1) / (e + 1)
+    assert np.allclose(p_plus, want, atol=0.04)
+    assert np.allclose(want, multibit_probabilities(h, eps_g / n, 0.0, 1.0, m))
+
+
+def test_epsilon_inf_reproduces_the_plain_embedding_matrix():
+    rng = np.random.default_rng(4)
+    hs = [rng.dirichlet(np.ones(3), size=int(n)) for n in rng.integers(4, 9, 6)]
+    coded = [proto.encode_graph(h, math.inf, rng)[0] for h in hs]
+    assert all(np.array_equal(c, h) for c, h in zip(coded, hs))
+    plain = proto.gw_matrix([proto.intra_distance(h) for h in hs], workers=1)
+    assert np.allclose(proto.gw_matrix([proto.embedding_space(c) for c in coded], workers=1), plain, atol=1e-7)
+    assert proto.graph_epsilon(20, 0.0) == pytest.approx(1 / 20) and proto.graph_epsilon(20, 0.3) == 0.3
+    with pytest.raises(ValueError, match="epsilon"):
+        proto.graph_epsilon(5, -1.0)
+
+
+# --------------------------------------------------------------------------- FedAvg, SVC, clustering
+
+
+def test_fedavg_weights_by_sample_count():
+    a = {"w": np.array([1.0, 2.0], np.float32)}
+    b = {"w": np.array([3.0, 6.0], np.float32)}
+    assert np.allclose(proto.fedavg([a, b], [1, 3])["w"], [2.5, 5.0])
+    with pytest.raises(ValueError):
+        proto.fedavg([a], [0])
+    # the strategy aggregates with Flower's aggregate_arrayrecords: same result
+    from app import registry
+    from app.transport import pack
+    from strategies.gw_ldp import GWLDP
+
+    strategy = GWLDP(registry.validate({"strategy": "gw-ldp", "dataset": "mutag"}))
+    replies = {1: pack({"w.w": a["w"]}, {"num_examples": 1, "loss": 0.5}),
+               2: pack({"w.w": b["w"]}, {"num_examples": 3, "loss": 0.1}),
+               3: pack({"w.w": b["w"] * 100}, {"num_examples": 0, "loss": 0.0})}  # no training graphs
+    new, loss = strategy._aggregate(replies, a)
+    assert np.allclose(new["w"], [2.5, 5.0]) and loss == pytest.approx(0.2)
+
+
+def test_local_training_reduces_the_loss_for_both_models():
+    from app.data.types import GraphData
+
+    rng = np.random.default_rng(6)
+    graphs, y = [], []
+    for i in range(24):
+        dense = i % 2 == 0
+        a = random_graph(rng, 8, 0.7 if dense else 0.15)
+        graphs.append(GraphData(name="g", adj=a, x=None, y=None, meta={}))
+        y.append(int(dense))
+    batch = proto.make_batch(graphs, degree_dim=8)
+    y = np.array(y)
+    for kind in proto.MODELS:
+        model = proto.build_model(kind, 8, 2, seed=0)
+        with proto.torch_threads(1):
+            first = proto.local_train(model, batch, y, np.arange(24), "graph", 1, 0.01, 0)
+            last = proto.local_train(model, batch, y, np.arange(24), "graph", 25, 0.01, 0)
+        assert last < first
+        h = proto.node_embeddings(model, batch)
+        assert len(h) == 24 and all(x.shape == (8, 2) for x in h)
+        assert all(np.allclose(x.sum(1), 1.0) and x.min() >= 0 for x in h)
+
+
+def test_svc_and_kmedoids_recover_separable_groups():
+    rng = np.random.default_rng(7)
+    y = np.repeat([0, 1, 2], 20)
+    pts = rng.normal(size=(60, 2)) * 0.1 + np.array([[0, 0], [5, 0], [0, 5]])[y]
+    dist = np.linalg.norm(pts[:, None] - pts[None], axis=2) ** 2
+    split = proto.split_items(60, 0, 0)
+    assert np.bincount(split).tolist() == [42, 12, 6]
+    res = proto.svc_select(dist, y, split)
+    assert res["test_acc"] == 1.0 and res["val_acc"] == 1.0
+    from app.metrics import ari
+
+    assert ari(y, proto.kmedoids(dist, 3, seed=0)) == 1.0
+    assert ari(y, proto.cluster_gw(dist, 3, "spectral", seed=0)) == 1.0
+    with pytest.raises(ValueError, match="valid choices"):
+        proto.cluster_gw(dist, 3, "kmeans", 0)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+class RecordingGrid(InProcessGrid):
+    """In-process grid that keeps every message pushed and every reply pulled."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pushed, self.seen = [], []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.pushed.extend(messages)
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        self.seen.extend(replies)
+        return replies
+
+
+KHOP = {"partitioner": "khop", "khop.hops": 1, "khop.centres": 60, "gw-ldp.model": "gcn",
+        "num-rounds": 3, "gw-ldp.local-epochs": 2}
+
+
+def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir):
+    shared_datasets_or_skip()
+    raw = {"strategy": "gw-ldp", "dataset": "citeseer", "num-clients": 3, **KHOP,
+           "gw-ldp.epsilon": "inf", "out-dir": str(out_dir)}
+    grid = RecordingGrid(build_client_app(raw), 3)
+    result = run_server(grid, raw)
+    m = result["metrics"]
+    assert m["gw_pairs"] == 60 * 59 // 2 and {"acc", "nmi", "ari", "svc_test_acc"} <= set(m)
+    assert np.load(out_dir / "labels.npy").shape == (60,)
+    assert result["reference"] is not None and "agreement" in result["reference"]
+    assert len(result["history"]) == 3
+    # uploads of the last step are exactly the final model's softmax embeddings
+    from app.client_app import node_shard
+    from app import registry
+
+    config = registry.validate(raw)
+    down = next(msg for msg in grid.pushed if msg.metadata.message_type == "query.gw_embed")
+    weights = {k[2:]: v for k, v in unpack(down.content)[0].items()}
+    for reply in (r for r in grid.seen if r.metadata.message_type == "query.gw_embed"):
+        arrays, _ = unpack(reply.content)
+        part = next(i for i in range(3) if np.array_equal(
+            node_shard(config, {"partition-id": i, "num-partitions": 3}).graph_ids, arrays["graph_ids"]))
+        shard = node_shard(config, {"partition-id": part, "num-partitions": 3})
+        batch = proto.make_batch(shard.graphs, 64)
+        model = proto.build_model("gcn", batch.x.shape[1], 6, 0)
+        proto.set_weights(model, weights)
+        assert np.allclose(np.vstack(proto.node_embeddings(model, batch)), arrays["embeddings"])
+    mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
+    assert mech["ldp:multibit-embeddings"]["guarantee"].startswith("none")
+
+
+def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
+    shared_datasets_or_skip()
+    from app.data import load_dataset
+
+    raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 4, "num-rounds": 2, "reference": False,
+           "out-dir": str(out_dir)}
+    grid = RecordingGrid(build_client_app(raw), 4)
+    result = run_server(grid, raw)
+    data = load_dataset("mutag")
+    model_shapes = {f"w.{k}": v.shape for k, v in proto.get_weights(proto.build_model("gin", 7, 2, 0)).items()}
+    names = set()
+    for reply in grid.seen:  # every upload: model weights of the model's shapes, or 1-D / n x C arrays
+        arrays, _ = unpack(reply.content)
+        names.update(arrays)
+        for name, a in arrays.items():
+            if name.startswith("w."):
+                assert a.shape == model_shapes[name]
+            else:
+                assert a.ndim == 1 or (name == "embeddings" and a.shape[1] == 2)
+    weight_names = {n for n in names if n.startswith("w.")}
+    assert weight_names == set(model_shapes)
+    assert names - weight_names == {"embeddings", "sizes", "graph_ids", "split", "labels", "eval_labels"}
+    embed = [unpack(r.content)[0] for r in grid.seen if r.metadata.message_type == "query.gw_embed"]
+    codes = np.vstack([a["embeddings"] for a in embed])
+    assert codes.dtype == np.int8 and codes.shape == (sum(g.num_nodes for g in data.graphs), 2)
+    assert np.all((codes != 0).sum(1) == 1)  # m = 1 at epsilon = 1/|V|
+    labels = np.concatenate([a["labels"] for a in embed])
+    split = np.concatenate([a["split"] for a in embed])
+    assert np.all(labels[split == proto.SPLIT_TEST] == -1) and np.all(labels[split != proto.SPLIT_TEST] >= 0)
+    mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}["ldp:multibit-embeddings"]
+    smallest = min(g.num_nodes for g in data.graphs)
+    assert mech["epsilon"] == pytest.approx(1 / smallest) and mech["delta"] == 0.0
+    uploads = [u for u in result["privacy"]["uploads"] if u["name"] == "embeddings"]
+    assert len(uploads) == 4 and all(u["noised"] for u in uploads)
+    assert result["metrics"]["gw_pairs"] == 188 * 187 // 2
+    assert 0.0 <= result["metrics"]["svc_test_acc"] <= 1.0
+
+
+def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
+    shared_datasets_or_skip()
+    result = run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "gw-ldp.dp": "client",
+                                                       "gw-ldp.dp-noise": 2.0, "reference": False,
+                                                       "gw-ldp.svc": False}, out_dir)
+    mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
+    dp = mech["dp-fedavg:weights"]
+    assert dp["params"]["steps"] == 3 and 0 < dp["epsilon"] < math.inf and dp["delta"] == 1e-5
+    fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]
+    assert {u["name"] for u in fit if not u["name"].startswith("w.")} == {"num_examples"}  # no loss under DP
+    assert all(u["noised"] for u in fit if u["name"].startswith("w."))
+
+
+def test_bad_config_is_one_line_error(out_dir):
+    with pytest.raises(ConfigError, match="valid choices"):
+        run_experiment("gw-ldp", "mutag", 2, {"partitioner": "node-random"}, out_dir)
+    with pytest.raises(ConfigError, match="valid choices"):
+        run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.model": "gat"}, out_dir)
+    with pytest.raises(ConfigError, match="gw-ldp.epsilon"):
+        run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.epsilon": -1}, out_dir)

@@ -1,0 +1,207 @@
+"""kCAGC (``kcagc``, ``kcagc-basic``): protocol math and end-to-end runs on the in-process grid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+
+from app.baselines import agc
+from app.client_app import build_client_app
+from app.config import ConfigError
+from app.data import load_dataset
+from app.data.partition import partition
+from app.inprocess import InProcessGrid
+from app.metrics import ari
+from app.privacy.secagg import FixedPointEncoder, unmask_sum
+from app.protocols import kcagc as proto
+from app.result import RESULT_FILE
+from app.run import run_experiment
+from app.server_app import run_server
+from app.transport import ProtocolError, unpack
+
+N = 240
+SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}
+
+
+def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4) -> list[np.ndarray]:
+    """What each client computes locally (the same call the client makes)."""
+    data = load_dataset("sbm", seed=seed, nodes=N, features=12, blocks=4, signal=3.0)
+    shards = partition(data, "vertical", num_clients, seed=seed)
+    out = []
+    for s in shards:
+        z, _ = proto.embedding(s.x, s.adj, dim, order, seed, "svd", 4)
+        out.append(z * np.sqrt(z.shape[0]))
+    return out
+
+
+# --------------------------------------------------------------------------- protocol math
+def test_intersections_are_the_virtual_nodes():
+    a = np.array([0, 0, 1, 1, 2, 2, 0])
+    b = np.array([1, 1, 1, 0, 0, 0, 0])
+    members, weights = proto.intersect([a, b])
+    pairs = {(x, y) for x, y in zip(a, b)}
+    assert len(weights) == len(pairs) and weights.sum() == len(a)
+    for i in range(len(a)):
+        for j in range(len(a)):
+            assert (members[i] == members[j]) == ((a[i], b[i]) == (a[j], b[j]))
+    assert np.array_equal(np.bincount(members), weights)
+    with pytest.raises(ValueError, match="different numbers of nodes"):
+        proto.intersect([a, b[:-1]])
+
+
+def test_partial_distances_add_up_over_column_blocks():
+    rng = np.random.default_rng(0)
+    y, c = rng.normal(size=(30, 7)), rng.normal(size=(2, 5, 7))
+    full = proto.partial_distances(y, c)
+    split = proto.partial_distances(y[:, :3], c[:, :, :3]) + proto.partial_distances(y[:, 3:], c[:, :, 3:])
+    assert np.allclose(full, split)
+    brute = ((y[None, :, None, :] - c[:, None, :, :]) ** 2).sum(-1)
+    assert np.allclose(full, brute)
+
+
+def test_weighted_lloyd_on_virtual_nodes_equals_sklearn_from_the_same_centres():
+    rng = np.random.default_rng(1)
+    y = np.vstack([rng.normal(m, 1.0, size=(40, 3)) for m in (0, 4, 8)])
+    w = rng.integers(1, 20, size=len(y)).astype(float)
+    init = y[[0, 50, 100]]
+    ours = proto.lloyd_reference(y, w, init, iterations=20)
+    ref = KMeans(3, init=init, n_init=1, max_iter=20, tol=0.0, algorithm="lloyd").fit(y, sample_weight=w)
+    assert np.array_equal(ours, ref.labels_)
+
+
+def test_filter_order_defaults_and_tree_levels():
+    assert proto.filter_order("cora", 0) == 9 and proto.filter_order("wiki", 0) == 2
+    assert proto.filter_order("sbm", 0) is None and proto.filter_order("cora", -1) is None
+    assert proto.filter_order("cora", 3) == 3
+    assert proto.tree_groups(5) == [[[0], [1], [2], [3], [4]], [[0, 1], [2, 3], [4]], [[0, 1, 2, 3], [4]],
+                                    [[0, 1, 2, 3, 4]]]
+
+
+# --------------------------------------------------------------------------- end to end
+def test_one_client_equals_local_agc_kmeans(out_dir):
+    result = run_experiment("kcagc", "sbm", 1, {**SBM, "kcagc.filter-order": 2}, out_dir)
+    data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
+    ref, _ = agc(data.x, data.adj, 4, 0, order=2)
+    labels = np.load(out_dir / "labels.npy")
+    assert ari(ref, labels) == 1.0
+    assert result["metrics"]["virtual_nodes"] == [4]
+
+
+def test_every_node_its_own_virtual_node_equals_basic(tmp_path):
+    common = {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 3}
+    full = run_experiment("kcagc", "sbm", 3, {**common, "kcagc.local-factor": N}, tmp_path / "a")
+    basic = run_experiment("kcagc-basic", "sbm", 3, common, tmp_path / "b")
+    assert full["metrics"]["virtual_nodes"] == [N] == basic["metrics"]["virtual_nodes"]
+    assert np.array_equal(np.load(tmp_path / "a" / "labels.npy"), np.load(tmp_path / "b" / "labels.npy"))
+    assert full["metrics"]["aggregated_values"] == basic["metrics"]["aggregated_values"]
+
+
+def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir):
+    q = 6
+    result = run_experiment("kcagc-basic", "sbm", 3,
+                            {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1, "kcagc.iterations": q}, out_dir)
+    z = np.hstack(client_embeddings(3, order=2))
+    seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
+    ref = KMeans(4, init=z[seeds], n_init=1, max_iter=q, tol=0.0, algorithm="lloyd").fit(z)
+    labels = np.load(out_dir / "labels.npy")
+    assert np.array_equal(labels, ref.labels_)
+    assert np.array_equal(labels, proto.lloyd_reference(z, np.ones(N), z[seeds], q))
+    # one secure sum per seeding step and per Lloyd iteration
+    steps = [r for r in result["timing"]["per_round"] if r["action"] == "kcagc_step"]
+    lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
+    assert len(steps) == (4 - 1) + len(lloyd) == result["communication"]["secure_aggregations"]
+
+
+class RecordingGrid(InProcessGrid):
+    """Keeps every message the server sends and every reply it receives."""
+
+    def __init__(self, *args, drop_at_step: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent, self.seen, self.drop_at_step, self.steps = [], [], drop_at_step, 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "query.kcagc_step":
+            self.steps += 1
+            if self.steps == self.drop_at_step:  # a participant leaves mid-protocol
+                self.dropped.add(max(self.contexts))
+        self.sent.extend(messages)
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        self.seen.extend(replies)
+        return replies
+
+
+def test_secure_sum_equals_plain_sum_and_server_sees_only_masked_distances(out_dir):
+    raw = {**SBM, "strategy": "kcagc-basic", "dataset": "sbm", "num-clients": 2, "kcagc.filter-order": 2,
+           "kcagc.restarts": 1, "kcagc.iterations": 2, "out-dir": str(out_dir)}
+    grid = RecordingGrid(build_client_app(raw), 2)
+    result = run_server(grid, raw)
+    z = client_embeddings(2, order=2)
+    seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
+    # first Lloyd round: the distances to the seeds
+    down = [m for m in grid.sent if m.metadata.message_type == "query.kcagc_step"
+            and "seeds" in unpack(m.content)[0]]
+    assert len(down) == 2
+    values = unpack(down[0].content)[1]
+    ids = {m.metadata.message_id for m in down}
+    replies = {grid.contexts[r.metadata.src_node_id].node_config["partition-id"]: unpack(r.content)[0]["d"]
+               for r in grid.seen if r.metadata.reply_to_message_id in ids}
+    encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
+    summed = unmask_sum(replies, {0, 1}, encoder)
+    parts = [proto.partial_distances(zl, zl[seeds][None]).ravel() for zl in z]
+    assert np.allclose(summed, parts[0] + parts[1], atol=1e-5)
+    for p, d in replies.items():
+        assert d.dtype == np.uint64
+        assert not np.array_equal(d, encoder.encode(parts[p]))  # never the client's own distances
+        assert len(np.unique(d >> np.uint64(60))) > 8  # uniform-looking, not small fixed-point values
+    uploads = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"]
+    assert uploads and all(u["masked"] and u["dtype"] == "uint64" for u in uploads)
+    assert "secure-aggregation" in {m["name"] for m in result["privacy"]["mechanisms"]}
+
+
+def test_participant_dropping_mid_protocol_stops_with_a_clear_error(out_dir):
+    raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 3, "kcagc.filter-order": 2,
+           "kcagc.local-factor": 2, "timeout": 2.0, "out-dir": str(out_dir)}
+    grid = RecordingGrid(build_client_app(raw), 3, drop_at_step=3)
+    with pytest.raises(ProtocolError, match="kcagc_step.*no reply"):
+        run_server(grid, raw)
+    assert not (out_dir / RESULT_FILE).exists()
+
+
+def test_kcagc_recovers_blocks_with_fewer_secure_values_than_basic(tmp_path):
+    common = {**SBM, "kcagc.filter-order": 2}
+    fed = run_experiment("kcagc", "sbm", 2, common, tmp_path / "a")
+    basic = run_experiment("kcagc-basic", "sbm", 2, common, tmp_path / "b")
+    assert fed["metrics"]["ari"] > 0.8 and basic["metrics"]["ari"] > 0.8
+    assert fed["metrics"]["aggregated_values"] < 0.2 * basic["metrics"]["aggregated_values"]
+    assert fed["communication"]["bytes_up"] < basic["communication"]["bytes_up"]
+    local = [u for u in fed["privacy"]["uploads"] if u["action"] == "kcagc_local"]
+    assert {u["name"] for u in local} == {"labels", "order"} and not any(u["masked"] for u in local)
+
+
+def test_tree_variant_with_an_odd_number_of_clients(tmp_path):
+    common = {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2}
+    tree = run_experiment("kcagc", "sbm", 3, {**common, "kcagc.tree": True}, tmp_path / "t")
+    assert tree["metrics"]["ari"] > 0.6  # flat protocol: ~0.89; each internal node re-clusters to k_hat
+    # level 1: clients (0, 1) re-clustered to k_hat, client 2 passes up; level 2: root to k
+    assert len(tree["metrics"]["virtual_nodes"]) == 2
+    assert max(tree["metrics"]["lloyd_iterations"]) <= 10
+    # two clients: the tree is the flat protocol
+    flat2 = run_experiment("kcagc", "sbm", 2, common, tmp_path / "f2")
+    tree2 = run_experiment("kcagc", "sbm", 2, {**common, "kcagc.tree": True}, tmp_path / "t2")
+    assert np.array_equal(np.load(tmp_path / "f2" / "labels.npy"), np.load(tmp_path / "t2" / "labels.npy"))
+    assert flat2["metrics"]["aggregated_values"] == tree2["metrics"]["aggregated_values"]
+
+
+def test_bad_configuration_is_one_line(out_dir):
+    with pytest.raises(ConfigError, match="partitioner 'node-random' does not fit strategy 'kcagc'"):
+        run_experiment("kcagc", "sbm", 2, {"partitioner": "node-random"}, out_dir)
+    with pytest.raises(ConfigError, match="valid choices: svd, filtered"):
+        run_experiment("kcagc-basic", "sbm", 2, {"kcagc.embedding": "pca"}, out_dir)
+    with pytest.raises(ConfigError, match="kcagc.local-factor"):
+        run_experiment("kcagc", "sbm", 2, {"kcagc.local-factor": 0}, out_dir)
+    assert not out_dir.exists()
