@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from app.result import jsonable
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO_ROOT / "benchmarks"
 PERCENT_METRICS = ("acc", "f1", "nmi", "ari", "cluster_similarity")
@@ -272,30 +274,12 @@ def run_suite(
     }
     results_dir.mkdir(parents=True, exist_ok=True)
     json_path = results_dir / f"{suite.name}.json"
-    json_path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+    json_path.write_text(json.dumps(jsonable(summary), indent=2) + "\n")
     update_results_md(root / "RESULTS.md", suite, summary)
     if plots:
         summary["plots"] = [str(p) for p in _make_plots(suite, summary, results_dir)]
-        json_path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        json_path.write_text(json.dumps(jsonable(summary), indent=2) + "\n")
     return summary
-
-
-def _jsonable(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 # ---------------------------------------------------------------------------

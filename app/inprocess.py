@@ -35,13 +35,18 @@ class InProcessGrid(Grid):
     """``num_nodes`` in-process SuperNodes running ``client_app``.
 
     ``node_configs`` optionally gives each node its node-config (default:
-    ``partition-id`` i of ``num-partitions``, as in simulation).
+    ``partition-id`` i of ``num-partitions``, as in simulation). With
+    ``record`` every message pushed and every reply pulled is kept in
+    ``pushed`` / ``pulled``, so tests can check what went over the wire.
     """
 
     _run_ids = itertools.count(1)
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, node_configs=None) -> None:
+    def __init__(self, client_app: ClientApp, num_nodes: int, node_configs=None, record: bool = False) -> None:
         self.client_app = client_app
+        self.record = record
+        self.pushed: list[Message] = []
+        self.pulled: list[Message] = []
         self.run_id = next(self._run_ids)
         configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
@@ -77,6 +82,8 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for message in messages:
+            if self.record:
+                self.pushed.append(message)
             message_id = uuid4().hex
             message.metadata.__dict__["_message_id"] = message_id
             ids.append(message_id)
@@ -95,7 +102,10 @@ class InProcessGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+        replies = [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+        if self.record:
+            self.pulled.extend(replies)
+        return replies
 
     def send_and_receive(self, messages, *, timeout=None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))

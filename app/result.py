@@ -25,16 +25,19 @@ def default_out_dir(strategy: str, dataset: str) -> Path:
     return Path("results") / f"{strategy}-{dataset}-{stamp}"
 
 
-def _jsonable(value):
+def jsonable(value):
+    """``value`` with numpy arrays/scalars, paths and non-finite floats made JSON-safe."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    if isinstance(value, Path):
         return str(value)
     return value
 
@@ -52,7 +55,7 @@ def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = 
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".result-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(result), f, indent=2)
+            json.dump(jsonable(result), f, indent=2)
             f.write("\n")
         os.replace(tmp, out / RESULT_FILE)
     except BaseException:

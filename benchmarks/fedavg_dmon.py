@@ -51,6 +51,15 @@ def _key(r: dict) -> str:
     return "{suite}|{dataset}|{mode}|c{clients}|ov{overlap}|s{seed}|r{rounds}|eps{eps}".format(**r)
 
 
+def model_variant() -> str:
+    """Where app.models.DMoNModel applies dropout (the shared model changed during this work)."""
+    import inspect
+
+    from app.models import DMoNModel
+
+    return "dropout on logits" if "logits" in inspect.getsource(DMoNModel.forward) else "dropout on GCN output"
+
+
 def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, seed: int, rounds: int,
             eps: float = 0.0, clip: float = 0.0) -> dict:
     from app.run import run_experiment
@@ -74,6 +83,7 @@ def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, s
                                                           "conductance_test", "modularity_local")},
         "selected_round": m.get("selected_round"),
         "dp_epsilon": m.get("dp_epsilon"), "dp_noise_multiplier": m.get("dp_noise_multiplier"),
+        "model": model_variant(),
         "wall_s": wall, "cpu_s": cpu, "load_1min": load, "total_s": t["total_s"], "protocol_s": t["protocol_s"],
         "train_round_s_mean": sum(r["seconds"] for r in train_rounds) / max(1, len(train_rounds)),
         "train_round_bytes_up": sum(r["bytes_up"] for r in train_rounds) / max(1, len(train_rounds)),
@@ -144,7 +154,9 @@ def figures_table(runs: list[dict]) -> tuple[str, dict]:
             for overlap in sorted({r["overlap"] for r in sel if r["mode"] != "centralised"}):
                 figure = "Figure 1 (distinct nodes)" if overlap == 0 else f"Figure 2 (shared nodes, overlap {overlap})"
                 seeds = sorted({r["seed"] for r in sel})
-                lines += [f"**{dataset}, {figure}**, {rounds} rounds x 5 local epochs, seeds {seeds}; "
+                models = sorted({r.get("model", "dropout on GCN output") for r in sel})
+                lines += [f"**{dataset}, {figure}**, {rounds} rounds x 5 local epochs, seeds {seeds}, "
+                          f"DMoNModel with {' / '.join(models)}; "
                           f"centralised (1 client, whole graph): F1 {_pct(cf1)}, NMI {_pct(cnmi)}", "",
                           "| clients | federated F1 | isolated F1 | fed - iso | fed - central | "
                           "federated NMI | isolated NMI | federated union F1 | paper's claim |",
@@ -203,6 +215,7 @@ def dp_table(runs: list[dict]) -> tuple[str, list]:
         eps = "no DP" if r["eps"] == 0 else f"{r['eps']:g}"
         spent = "-" if r["dp_epsilon"] is None else f"{r['dp_epsilon']:.3g}"
         nm = "-" if r["dp_noise_multiplier"] is None else f"{r['dp_noise_multiplier']:.3g}"
+        eps += f" ({r.get('model', 'dropout on GCN output')})"
         lines.append(f"| {eps} | {spent} | {nm} | {r['clip'] or '-'} | {_pct(r['client']['f1'])} | "
                      f"{_pct(r['union']['f1'])} | {_pct(r['union']['nmi'])} |")
     return "\n".join(lines), dp
@@ -280,8 +293,13 @@ def render(db: dict) -> str:
              "3 F1 points). F1 = macro-F1 (Hungarian), mean over clients of each client's score on its own nodes; "
              "union F1 = one labelling of all nodes scored on the whole graph. Model selection: best validation-edge "
              "modularity (unsupervised; the paper selects on validation F1, i.e. with labels). Edge split 0.7/0.1/0.2; "
-             "the GCN sees training edges only. Machine shared with other engineers (2 cores, load 5-12): timings "
-             "are pessimistic.", ""]
+             "the GCN sees training edges only. Machine shared with other engineers (2 cores, load 3-12): timings "
+             "are pessimistic; the CPU column is the run's own CPU time.", "",
+             "What was run (reduced grid, not the paper's full one): `--suites cost` (250 rounds x 5 clients, Cora); "
+             "`--suites figures --datasets cora,citeseer --clients 2,5,10 --overlaps 0,0.2 --seeds 0 --rounds 100` "
+             "(Cora also `--seeds 1,2` where listed); `--suites dp --dp-rounds 100 --dp-clip 0.5` (Cora, 5 clients). "
+             "Figures use 100 rounds instead of the paper's 250 and clients 2/5/10 instead of 2..15; the overlap "
+             "fraction for Figure 2 (0.2) is ours, the paper does not give one.", ""]
     if fig_md:
         parts += ["### Figures 1 and 2: F1 vs number of clients", "", fig_md]
     cc = central_check(runs)

@@ -194,12 +194,12 @@ def cost(seeds: list[int]) -> dict:
 # --------------------------------------------------------------------------- scale
 
 
-def scale(nodes: int, clients: int, wire: str, reference: bool) -> dict:
+def scale(nodes: int, clients: int, wire: str, reference: bool, block: int = 12, tol: float = 1e-3) -> dict:
     """SBM with ``nodes`` nodes, 10 planted blocks (mean degree ~20), ``clients`` clients, exact mode."""
     over = {
         "sbm.nodes": nodes, "sbm.blocks": 10, "sbm.p-in": 16 * 10 / nodes, "sbm.p-out": 4 * 10 / (9 * nodes),
         "sbm.features": 0, "num-clusters": 10, "partition.overlap": 0.0,
-        "fedspectral-plus.mode": "exact", "fedspectral-plus.block": 14, "fedspectral-plus.tol": 1e-4,
+        "fedspectral-plus.mode": "exact", "fedspectral-plus.block": block, "fedspectral-plus.tol": tol,
         "fedspectral-plus.wire-dtype": wire, "fedspectral-plus.n-init": 3, "reference": reference,
     }
     t0 = time.perf_counter()
@@ -210,7 +210,7 @@ def scale(nodes: int, clients: int, wire: str, reference: bool) -> dict:
     peak = usage.ru_maxrss / 1024 / 1024  # GB (Linux: KiB)
     iter_steps = [x for x in r["timing"]["per_round"] if x["action"] == "fedspectral_product"]
     rec = {
-        "nodes": nodes, "clients": clients, "k": 10, "wire": wire, "wall_s": wall,
+        "nodes": nodes, "clients": clients, "k": 10, "wire": wire, "block": block, "tol": tol, "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime, "load_avg_1min_at_end": os.getloadavg()[0],
         "total_s": r["timing"]["total_s"], "protocol_s": r["timing"]["protocol_s"],
         "reference_s": (r.get("reference") or {}).get("time_s"),
@@ -224,7 +224,9 @@ def scale(nodes: int, clients: int, wire: str, reference: bool) -> dict:
     }
     print(json.dumps({k: v for k, v in rec.items()}, default=float), flush=True)
     old = _load("scale") or {"runs": []}
-    old["runs"] = [x for x in old["runs"] if (x["nodes"], x["wire"]) != (nodes, wire)] + [rec]
+    key = (nodes, wire, block, tol)
+    old["runs"] = [x for x in old["runs"] if (x["nodes"], x["wire"], x.get("block", 14), x.get("tol", 1e-4)) != key]
+    old["runs"].append(rec)
     _save("scale", old)
     return rec
 
@@ -285,17 +287,17 @@ def report() -> Path:
     sc = _load("scale")
     if sc:
         lines += ["Scale (`python benchmarks/fedspectral.py scale`): exact mode, SBM with 10 planted blocks "
-                  "(mean degree ~20), 10 clients, K = 10, block 14, tol 1e-4; peak RSS of the whole "
+                  "(mean degree ~20), 10 clients, K = 10; peak RSS of the whole "
                   "in-process federation (server + all clients):", "",
-                  "| nodes | wire | rounds | stop | s / round | MB per client message | protocol s | total s "
+                  "| nodes | wire | block | tol | rounds | stop | s / round | MB per client message | protocol s | total s "
                   "| process CPU s | load avg | centralised s | peak RSS GB | ARI vs planted | ARI vs centralised |",
-                  "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sc["runs"]:
             lines.append(
-                f"| {r['nodes']:,} | {r['wire']} | {r['protocol_rounds']} | {r['stop']} | {r['round_s_mean']:.2f} | "
+                f"| {r['nodes']:,} | {r['wire']} | {r.get('block', 14)} | {r.get('tol', 1e-4):g} | {r['protocol_rounds']} | {r['stop']} | {r['round_s_mean']:.2f} | "
                 f"{_f(r['message_mb'], 1)} | {r['protocol_s']:.1f} | {r['total_s']:.1f} | {_f(r.get('cpu_s'), 0)} | "
                 f"{_f(r.get('load_avg_1min_at_end'), 1)} | {_f(r['reference_s'], 1)} | "
-                f"{r['peak_rss_gb']:.2f} | {r['ari_truth']:.4f} | {_f(r['ari_vs_central'], 4)} |")
+                f"{r['peak_rss_gb']:.2f} | {r['ari_truth']:.5f} | {_f(r['ari_vs_central'], 4)} |")
         lines.append("")
     notes = ROOT / "benchmarks" / "fedspectral_notes.md"
     if notes.exists():

@@ -128,13 +128,15 @@ def render(summary: dict) -> str:
     lines = [
         "## kCAGC (`kcagc`, `kcagc-basic`) - issue 10",
         "",
-        f"`python benchmarks/kcagc.py --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
-        f"{summary['elapsed_s'] / 60:.1f} min on a shared 2-core machine). Vertical split into contiguous "
+        f"`python benchmarks/kcagc.py` ({summary['generated_utc']}, "
+        f"{summary['elapsed_s'] / 60:.1f} min of runs on a shared 2-core machine). Vertical split into contiguous "
         "column blocks, psi = 9 / 15 / 2 (cora / citeseer / wiki), k_hat = factor x k, Q = 10, "
         "10 k-means++ seedings side by side; mean (std) over seeds "
-        f"{summary['seeds']}. Each cell: paper / ours / difference (ACC %). PubMed is not in the data root.",
+        f"{summary['seeds']}. Each cell: paper / ours (std) / difference (ACC %). PubMed is not in the data root.",
         "",
     ]
+    if summary.get("note"):
+        lines += [summary["note"], ""]
     for ds in summary["datasets"]:
         lines += [f"### Table II - {ds} (ACC %)", "",
                   "| | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
@@ -193,7 +195,7 @@ def render(summary: dict) -> str:
         for f in summary["factors"]:
             row = [ds, f"{f}k"]
             for c in summary["clients"]:
-                rs = cell(runs, "kcagc", ds, c, f)
+                rs = cell(summary.get("timing_runs") or runs, "kcagc", ds, c, f)
                 if not rs:
                     row.append("-")
                     continue
@@ -292,15 +294,26 @@ def main(argv=None) -> int:
     ap.add_argument("--factors", default="1,2,4,8")
     ap.add_argument("--out", default=str(RESULTS / "kcagc.json"))
     ap.add_argument("--no-report", action="store_true", help="only write --out (a part of the grid)")
+    ap.add_argument("--skip-basic", action="store_true", help="only kcagc cells (e.g. a timing re-run)")
+    ap.add_argument("--timing", default="", help="with --merge: a JSON whose runs give Table IV (re-measured)")
+    ap.add_argument("--note", default="", help="with --merge: how the parts were run (goes into RESULTS.md)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="merge partial JSONs (e.g. datasets run in parallel) into --out, plots and RESULTS.md")
     args = ap.parse_args(argv)
     if args.merge:
         parts = [json.loads(Path(p).read_text()) for p in args.merge]
-        summary = {**parts[0], "runs": [r for p in parts for r in p["runs"]],
-                   "agc": {k: v for p in parts for k, v in p["agc"].items()},
-                   "datasets": [d for p in parts for d in p["datasets"]],
-                   "elapsed_s": max(p["elapsed_s"] for p in parts)}
+        agc_runs_ = {}
+        for part in parts:
+            for ds, v in part["agc"].items():
+                if len(v) > len(agc_runs_.get(ds, [])):
+                    agc_runs_[ds] = v
+        summary = {**parts[0], "runs": [r for p in parts for r in p["runs"]], "agc": agc_runs_,
+                   "datasets": list(dict.fromkeys(d for p in parts for d in p["datasets"])),
+                   "clients": sorted({c for p in parts for c in p["clients"]}),
+                   "seeds": sorted({s for p in parts for s in p["seeds"]}),
+                   "elapsed_s": sum(p["elapsed_s"] for p in parts), "note": args.note}
+        if args.timing:
+            summary["timing_runs"] = json.loads(Path(args.timing).read_text())["runs"]
         RESULTS.mkdir(parents=True, exist_ok=True)
         summary["plots"] = plots(summary)
         Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
@@ -327,7 +340,7 @@ def main(argv=None) -> int:
             summary["agc"][ds] = agc_runs(ds, seeds)
             print(f"{ds} AGC acc {100 * stats(summary['agc'][ds], 'acc')[0]:.2f}", flush=True)
             for c in clients:
-                for seed in seeds:
+                for seed in ([] if args.skip_basic else seeds):
                     r = one_run("kcagc-basic", ds, c, 0, seed, Path(tmp))
                     summary["runs"].append(r)
                     print(f"{ds} L={c} basic seed={seed} acc={100 * r['acc']:.2f} t={r['protocol_s']:.2f}s", flush=True)

@@ -1,8 +1,10 @@
 """Client side of ``fedsc`` (see strategies/fedsc.py for the wire protocol).
 
-The client's samples ``X_p`` never leave it: it uploads distance statistics
+The client's samples ``X_p`` are never sent: it uploads distance statistics
 (two numbers), a landmark count (one number), its landmark copy ``Z_p`` each
-round (optionally masked and/or noised) and, once, its coefficients ``C_p``.
+round (optionally masked and/or noised) and, once, its coefficients ``C_p``
+(from which, noise-free, the server can recover ``X_p``: see
+strategies/fedsc.py).
 Noise for ``fedsc.noise-z/noise-c/dp-epsilon`` comes from the operating
 system's entropy (the server cannot regenerate it); ``fedsc.data-noise`` is
 drawn from a stream seeded by (seed, client) so that the centralised

@@ -26,7 +26,8 @@ Wire protocol (what leaves each client in **bold**):
    and replies **the validation modularity and its edge count, the
    per-epoch losses, its node count**, and in federated mode **its trained
    weights W_c** (exact shapes, finite; a bad upload is rejected and that
-   client left out of the average for the round). With ``dp-clip > 0`` the
+   client left out of the average and, as ``ServerSession`` does for every
+   rejected reply, dropped for the rest of the run). With ``dp-clip > 0`` the
    weights are ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level
    DP-FedAvg); with ``secure`` the upload is instead one uint64 vector, the
    pairwise-masked fixed-point ``(N_c/N) * W_c`` (the server learns only the
@@ -189,7 +190,7 @@ class FedAvgDMoN(ClusteringStrategy):
                                        require_all=secure)
             if not replies:
                 raise ProtocolError(f"round {r}: no valid client reply")
-            excluded = [session.partition_of(n) for n in session.node_ids if n not in replies]
+            excluded = [session.partition_of(n) for n in contents if n not in replies]
             vals = {n: unpack(v)[1] for n, v in replies.items()}
             score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
                                          [vals[n]["val_edges"] for n in replies])
@@ -238,8 +239,9 @@ class FedAvgDMoN(ClusteringStrategy):
             labels.append(arrays["labels"][own])
             per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
                                **{k_: float(v) for k_, v in vals.items()}})
+        dropped = sorted(session.partition_of(n) for n in getattr(session, "dropped", {}))
         metrics = {"mode": mode, "select": select, "selected_round": int(best_round) if federated else None,
-                   "clients": per_client}
+                   "clients": per_client, "dropped_clients": dropped}
         for key in ("f1", "nmi", "acc", "modularity_test", "conductance_test", "modularity_local"):
             got = [p[key] for p in per_client if key in p]
             if got:

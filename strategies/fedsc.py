@@ -29,9 +29,13 @@ Wire protocol (what leaves a client, step by step):
    (symmetrised by max) and runs normalised spectral clustering.
 5. ``labels`` (down: the labels of the client's own samples) -> up: a count.
 
-No sample ``x`` ever leaves a client; ``C_p`` columns and ``Z`` are
-functions of them (the paper's privacy discussion is about exactly these two
-factors). Noise variants: ``fedsc.data-noise`` (each client perturbs its own
+No sample ``x`` is ever sent, but the factors are functions of the samples,
+and noise-free they reveal them: from ``Z``, sigma and a column ``c_i`` the
+server gets ``k(Z, x_i) = (K_zz + lambda I) c_i``, i.e. the distances of
+``x_i`` to ``d >= m + 1`` landmarks, and recovers ``x_i`` exactly
+(:func:`app.protocols.fedsc.invert_coefficients`, tested). Secure
+aggregation hides the individual ``Z_p`` only. Protection against the server
+therefore needs one of the noise variants: ``fedsc.data-noise`` (each client perturbs its own
 samples once, ``X + ratio * std(X) * N(0,1)``), ``fedsc.noise-z`` /
 ``fedsc.noise-c`` (the paper's factor-perturbation ratios; recorded in the
 ledger as heuristic noise with no formal guarantee) and ``fedsc.dp-epsilon``

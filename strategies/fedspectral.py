@@ -164,6 +164,18 @@ class FedSpectralPlus(ClusteringStrategy):
             return 1, rounds or EXACT_MAX_ROUNDS
         return iters or p_iters, rounds or p_rounds
 
+    def effective_tol(self, clients: int) -> float:
+        """``fedspectral-plus.tol``, raised to what the wire can resolve: blocks are
+        scaled to max |entry| 1, so float32 rounds them at 2^-24 and secure
+        aggregation at ``clients / secagg.scale``; the subspace cannot be pinned
+        down below ~32x that (measured on ego-Facebook: float32 floors near 1e-6)."""
+        tol = float(self.config["fedspectral-plus.tol"])
+        if bool(self.config["fedspectral-plus.secure"]):
+            tol = max(tol, 32.0 * clients / float(self.config["secagg.scale"]))
+        elif self.config["fedspectral-plus.wire-dtype"] == "float32":
+            tol = max(tol, 32.0 * 2.0**-24)
+        return tol
+
     # -- protocol -------------------------------------------------------------
     def run(self, session) -> StrategyOutput:
         cfg = self.config
@@ -212,8 +224,13 @@ class FedSpectralPlus(ClusteringStrategy):
         values["wire_dtype"] = self.wire
         if self.secure:
             values.update(self.session.secagg_values("block", bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12))
+        # Paper mode averages whatever blocks arrive, so it can go on without a
+        # client that dropped; exact mode (a sum that must cover every edge) and
+        # secure aggregation (masks cancel only over all parties) cannot.
+        tolerant = self.config["fedspectral-plus.mode"] == "paper" and not self.secure
         replies = self.session.broadcast(action, pack({"block": y.astype(self.wire)}, values),
-                                         self._block_spec(y.shape[1]))
+                                         self._block_spec(y.shape[1]), require_all=not tolerant)
+        self.contributors = len(replies)
         if self.secure:
             return self.session.secure_sum(replies, "block", values)
         total = np.zeros(y.shape, dtype=np.float64)
@@ -232,8 +249,8 @@ class FedSpectralPlus(ClusteringStrategy):
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
             total = self._round("fedspectral_power", y, proto.paper_bound(y),
-                                lambda: proto.paper_edge_sensitivity(y, iters), {"iters": iters})
-            new = proto.paper_server_step(total / scale, c)
+                                lambda: proto.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
+            new = proto.paper_server_step(total / scale, self.contributors)
             history.append({"round": round_, "subspace_change": proto.subspace_distance(new, v)})
             v = new
         labels = proto.embedding_labels(v, self.k, self.seed, int(self.config["fedspectral-plus.n-init"]))
@@ -272,7 +289,7 @@ class FedSpectralPlus(ClusteringStrategy):
         )
         connected = d > 0.5  # exact degrees are integers (sums of 1/r over r holders)
         dinv = proto.inverse_sqrt_degrees(d, floor=0.5)
-        dmax = float(d.max(initial=0.0)) + 1.0
+        dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         k = self.k
         block = min(int(cfg["fedspectral-plus.block"]) or 2 * k, n)
 
@@ -287,13 +304,13 @@ class FedSpectralPlus(ClusteringStrategy):
             return dinv[:, None] * z / scale
 
         _, max_rounds = self.settings()
+        tol = self.effective_tol(len(session.clients))
         result = proto.chebyshev_subspace_iteration(
-            apply, n, k, block, int(cfg["fedspectral-plus.degree"]), float(cfg["fedspectral-plus.tol"]),
-            max_rounds, self.seed)
+            apply, n, k, block, int(cfg["fedspectral-plus.degree"]), tol, max_rounds, self.seed)
         labels = proto.embedding_labels(result.vectors, k, self.seed, int(cfg["fedspectral-plus.n-init"]),
                                         connected=connected)
         return StrategyOutput(labels=labels, history=result.history, metrics={
-            "mode": "exact", "protocol_rounds": result.rounds, "converged": result.converged,
+            "mode": "exact", "protocol_rounds": result.rounds, "converged": result.converged, "tol": tol,
             "stop": result.stop, "block": block, "ritz_values": [float(t) for t in result.values],
             "final_subspace_change": result.history[-1]["subspace_change"] if result.history else None,
         })
@@ -308,7 +325,7 @@ class FedSpectralPlus(ClusteringStrategy):
                 "delta": self.dp.delta,
                 "releases": self.dp.steps,
                 "sensitivity": "per release from the broadcast block: exact mode sqrt(top-2 row norms^2), "
-                               "degrees sqrt(2); paper mode 4 * iters * ||V||_2",
+                               "degrees sqrt(2); paper mode 4 * iters * ||V||_2 * sqrt(clients) (r <= clients holders)",
                 "max_sensitivity": max(self.releases) if self.releases else 0.0,
                 "noise_std": "noise_multiplier * sensitivity, added by every client to its own upload",
                 "accountant": "rdp",

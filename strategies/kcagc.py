@@ -52,7 +52,7 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
-from app.transport import ArraySpec, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 PARAMS = (
@@ -130,9 +130,9 @@ class KCAGC(ClusteringStrategy):
             metrics["filter_order"] = [int(unpack(c)[1]["order"]) for c in replies.values()]
             metrics["k_hat"] = k_hat
             if any(a.min() < 0 or a.max() >= k_hat for a in local):
-                raise_bad_labels(k_hat)
-            levels = proto.tree_groups(num) if self.config["kcagc.tree"] else [[[p] for p in range(num)],
-                                                                              [list(range(num))]]
+                raise ProtocolError(f"a client sent local cluster labels outside 0..{k_hat - 1}")
+            flat = [[[p] for p in range(num)], [list(range(num))]]
+            levels = proto.tree_groups(num) if self.config["kcagc.tree"] and num > 2 else flat
             current = {tuple(g): local[g[0]] for g in levels[0]}  # group -> node labels
             for depth, level in enumerate(levels[1:], start=1):
                 top = depth == len(levels) - 1
@@ -266,9 +266,3 @@ class Job:
         self.members = np.asarray(members, dtype=np.int64)
         self.weights = np.asarray(weights, dtype=np.float64)
         self.kk = int(kk)
-
-
-def raise_bad_labels(k_hat: int):
-    from app.transport import ProtocolError
-
-    raise ProtocolError(f"a client sent local cluster labels outside 0..{k_hat - 1}")

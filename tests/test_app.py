@@ -88,28 +88,15 @@ def test_run_simulation_smoke_on_karate(out_dir):
     assert on_disk["communication"]["messages"] > 0
 
 
-class RecordingGrid(InProcessGrid):
-    """In-process grid that keeps every reply the server pulls."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: list = []
-
-    def pull_messages(self, message_ids):
-        replies = list(super().pull_messages(message_ids))
-        self.seen.extend(replies)
-        return replies
-
-
 def test_secure_aggregation_gives_the_same_clustering_and_hides_client_sums(out_dir, tmp_path):
     plain = run_experiment("fedkmeans", "sbm", 3, {"num-rounds": 5}, tmp_path / "plain")
     raw = {"strategy": "fedkmeans", "dataset": "sbm", "num-clients": 3, "num-rounds": 5,
            "fedkmeans.secure": True, "out-dir": str(out_dir)}
-    grid = RecordingGrid(build_client_app(raw), 3)
+    grid = InProcessGrid(build_client_app(raw), 3, record=True)
     secure = run_server(grid, raw)
     # what the server received in each step: uniform-looking uint64, never the
     # client's own statistics in fixed point
-    steps = [m for m in grid.seen if m.metadata.message_type == "query.kmeans_step"]
+    steps = [m for m in grid.pulled if m.metadata.message_type == "query.kmeans_step"]
     assert len(steps) == 3 * len(secure["history"])
     for reply in steps:
         stats = unpack(reply.content)[0]["stats"]

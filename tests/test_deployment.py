@@ -8,6 +8,7 @@ message starts a ClientApp process), so kept to small runs.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -22,11 +23,21 @@ from deploy.pki import make_all, make_node_keys
 pytestmark = pytest.mark.deployment
 
 
-def test_deployed_run_equals_the_in_process_run(tmp_path):
-    path = run_local(3, "fedkmeans", "karate", "node-random", ["num-rounds=3"], tmp_path / "deployed")
+SMALL_SBM = ["sbm.nodes=300", "sbm.features=8"]
+DEPLOYED = {
+    "fedspectral-plus": ("edge", ["fedspectral-plus.rounds=3", "fedspectral-plus.iters=2"]),
+    "kcagc": ("vertical", ["kcagc.iterations=2", "kcagc.restarts=1", "kcagc.local-restarts=1",
+                           "kcagc.filter-order=2"]),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(DEPLOYED))
+def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):
+    partitioner, sets = DEPLOYED[strategy]
+    path = run_local(3, strategy, "sbm", partitioner, SMALL_SBM + sets, tmp_path / "deployed")
     deployed = json.loads(path.read_text())
-    local = run_experiment("fedkmeans", "karate", 3, {"num-rounds": 3, "partitioner": "node-random"},
-                           tmp_path / "inprocess")
+    overrides = {"partitioner": partitioner, **dict(s.split("=", 1) for s in SMALL_SBM + sets)}
+    local = run_experiment(strategy, "sbm", 3, overrides, tmp_path / "inprocess")
     assert np.array_equal(np.load(path.parent / "labels.npy"), np.load(tmp_path / "inprocess" / "labels.npy"))
     for name in ("acc", "nmi", "ari", "modularity"):
         assert deployed["metrics"][name] == pytest.approx(local["metrics"][name])
@@ -63,31 +74,48 @@ def test_only_registered_nodes_with_the_ca_certificate_can_join(tmp_path):
             assert not connected(federation, name), federation.log(name)[-2000:]
 
 
-def test_killed_supernode_stops_a_run_that_needs_everyone_and_writes_no_result(tmp_path):
+KILLED = {
+    # needs every party: must stop with a clear error and write no result
+    "kcagc": ("vertical", {"kcagc.iterations": 100, "kcagc.restarts": 1, "kcagc.local-restarts": 1,
+                           "kcagc.filter-order": 2}),
+    # tolerates dropouts: finishes with the others and records who dropped
+    "fedavg-dmon": ("node-random", {"num-rounds": 7, "fedavg-dmon.local-epochs": 1, "min-clients": 2}),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(KILLED))
+def test_killing_a_supernode_mid_run(strategy, tmp_path):
+    partitioner, overrides = KILLED[strategy]
     out = tmp_path / "run"
     pki = out / "pki"
     make_all(pki, 3)
     from app.data import prepare
 
-    prepare.run(["--dataset", "sbm", "--partitioner", "node-random", "--num-clients", "3",
-                 "--out", str(out / "shards"), "--eval-file", str(out / "eval.npz")])
-    config = {"strategy": "fedkmeans", "dataset": "sbm", "partitioner": "node-random", "num-clients": 3,
-              "num-rounds": 200, "fedkmeans.tol": 0.0, "eval-file": str(out / "eval.npz"),
+    prepare.run(["--dataset", "sbm", "--partitioner", partitioner, "--num-clients", "3", "--out", str(out / "shards"),
+                 "--eval-file", str(out / "eval.npz"), *sum((["--set", s] for s in SMALL_SBM), [])])
+    config = {"strategy": strategy, "dataset": "sbm", "partitioner": partitioner, "num-clients": 3,
+              **dict(s.split("=", 1) for s in SMALL_SBM), **overrides, "eval-file": str(out / "eval.npz"),
               "reference": False, "timeout": 120.0, "out-dir": str(out / "result")}
     with LocalFederation(out, pki) as federation:
         federation.start_superlink()
         federation.start_nodes([out / "shards" / f"client-{i}.npz" for i in range(3)])
 
-        def kill_after_round_2():
+        def kill_mid_run():
             deadline = time.monotonic() + 600
-            while "ROUND 4]" not in federation.log("supernode-1") and time.monotonic() < deadline:
+            while "ROUND 6]" not in federation.log("supernode-1") and time.monotonic() < deadline:
                 time.sleep(0.2)
             federation.kill("supernode-1")
 
-        killer = threading.Thread(target=kill_after_round_2, daemon=True)
+        killer = threading.Thread(target=kill_mid_run, daemon=True)
         killer.start()
         proc = federation.run_app(REPO, config)
         killer.join(timeout=5)
     log = proc.stdout + proc.stderr
-    assert "step 'kmeans_step' rejected 1 client(s): client 1 " in log, log[-3000:]
-    assert not (out / "result" / "result.json").exists()
+    result = out / "result" / "result.json"
+    if strategy == "kcagc":
+        assert re.search(r"step '\w+' rejected 1 client\(s\): client 1 ", log), log[-3000:]
+        assert not result.exists()
+    else:
+        assert result.exists(), log[-3000:]
+        dropped = json.loads(result.read_text())["communication"]["dropped"]
+        assert [d["client"] for d in dropped] == [1]

@@ -71,23 +71,27 @@ def test_landmark_gradient_matches_finite_differences():
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
 
 
+def one_client_sigma(x: np.ndarray) -> float:
+    total, pairs = proto.local_distance_sum(x)
+    return proto.combine_bandwidth([total], [pairs])
+
+
 def test_one_client_with_landmarks_at_the_data_reconstructs_the_kernel():
     data, _, _ = iris_blocks(1)
     x = np.asarray(data.x, dtype=np.float64)
+    sigma = one_client_sigma(x)
     errors = []
-    out = proto.simulate([x], 3, 0, rounds=3, z0=x.copy(),
-                         callback=lambda r, z, cs: errors.append(proto.reconstruction_error(x, z, np.hstack(cs),
-                                                                                               out_sigma(x))))
-    assert out["d"] == len(x)
+
+    def track(round_, z, cs):
+        errors.append(proto.reconstruction_error(x, z, np.hstack(cs), sigma))
+
+    out = proto.simulate([x], 3, 0, rounds=3, z0=x.copy(), callback=track)
+    assert out["d"] == len(x) and len(errors) == 3
     assert proto.reconstruction_error(x, out["z"], out["c"], out["sigma"]) < 1e-3
     assert max(errors) < 1e-3
     # far from the data (random landmarks, few of them) it is not exact: the check can fail
     rough = proto.simulate([x], 3, 0, rounds=1, landmarks=3)
     assert proto.reconstruction_error(x, rough["z"], rough["c"], rough["sigma"]) > 1e-2
-
-
-def out_sigma(x: np.ndarray) -> float:
-    return proto.combine_bandwidth(*map(lambda v: [v], proto.local_distance_sum(x)))
 
 
 def test_objective_decreases_every_round_with_one_client_and_overall_with_eight():
@@ -115,7 +119,7 @@ def test_bandwidth_of_one_client_is_the_mean_pairwise_distance():
     from scipy.spatial.distance import pdist
 
     data, _, xs = iris_blocks(1)
-    assert out_sigma(xs[0]) == pytest.approx(pdist(np.asarray(data.x)).mean(), rel=1e-12)
+    assert one_client_sigma(xs[0]) == pytest.approx(pdist(np.asarray(data.x)).mean(), rel=1e-12)
     with pytest.raises(ValueError, match="two samples"):
         proto.combine_bandwidth([0.0], [0.0])
 
@@ -147,6 +151,20 @@ def test_knn_affinity_matches_a_brute_force_construction():
     assert np.all(np.diag(w) == 0) and w.max() <= 1.0 and np.all((w > 0).sum(1) >= q)
 
 
+def test_noise_free_factors_reveal_the_samples_and_factor_noise_hides_them():
+    """The honest limit of 'no sample leaves a client': the server can invert C_p."""
+    from app.privacy.gaussian import noise_ratio_perturb
+
+    _, _, xs = iris_blocks(8)
+    x = np.vstack(xs)
+    out = proto.simulate(xs, 3, 0, rounds=5, landmarks=20)
+    recovered = proto.invert_coefficients(out["z"], out["c"], out["sigma"])
+    np.testing.assert_allclose(recovered, x, atol=1e-8)
+    noisy = noise_ratio_perturb(out["c"], 0.15, np.random.default_rng(0))
+    guess = np.linalg.norm(x - x.mean(0))  # error of guessing every sample as the mean
+    assert np.linalg.norm(proto.invert_coefficients(out["z"], noisy, out["sigma"]) - x) > guess
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -167,19 +185,6 @@ def test_flower_run_equals_the_in_memory_protocol_and_tracks_centralised_sc(out_
     assert result["timing"]["rounds"] == 20 + 3
 
 
-class RecordingGrid(InProcessGrid):
-    """In-process grid that keeps every reply the server pulls."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen: list = []
-
-    def pull_messages(self, message_ids):
-        replies = list(super().pull_messages(message_ids))
-        self.seen.extend(replies)
-        return replies
-
-
 def contains_row(flat: np.ndarray, rows: np.ndarray) -> bool:
     """True if any row of ``rows`` appears as a contiguous run in ``flat``."""
     m = rows.shape[1]
@@ -193,19 +198,19 @@ def test_secure_aggregation_equals_plain_averaging_and_no_sample_leaves_a_client
     base = {"strategy": "fedsc", "dataset": "iris", "num-clients": 3, "num-rounds": 4, "fedsc.landmarks": 12}
     plain = run_server(InProcessGrid(build_client_app(base), 3), {**base, "out-dir": str(tmp_path / "plain")})
     raw = {**base, "fedsc.secure": True, "out-dir": str(out_dir)}
-    grid = RecordingGrid(build_client_app(raw), 3)
+    grid = InProcessGrid(build_client_app(raw), 3, record=True)
     secure = run_server(grid, raw)
     for p, s in zip(plain["history"], secure["history"]):
         assert s["objective"] == pytest.approx(p["objective"], abs=1e-4)
         assert s["shift"] == pytest.approx(p["shift"], abs=1e-4)
     assert ari(np.load(tmp_path / "plain" / "labels.npy"), np.load(out_dir / "labels.npy")) == 1.0
     assert secure["communication"]["secure_aggregations"] == 4
-    rounds = [m for m in grid.seen if m.metadata.message_type == "query.fedsc_round"]
+    rounds = [m for m in grid.pulled if m.metadata.message_type == "query.fedsc_round"]
     assert len(rounds) == 3 * 4
     assert all(unpack(m.content)[0]["update"].dtype == np.uint64 for m in rounds)
     # no raw sample (a feature row of any client) in any reply, in any form the server can read
     x = np.asarray(load_dataset("iris").x, dtype=np.float64)
-    for reply in grid.seen:
+    for reply in grid.pulled:
         arrays, values = unpack(reply.content)
         for name, array in arrays.items():
             if array.dtype.kind == "f":

@@ -310,6 +310,12 @@ def test_gaussian_noise_is_accounted_per_edge(tmp_path):
     stronger = GaussianMechanism(1.0, 8.0, delta=1e-5, adjacency="remove")
     stronger.step(releases)
     assert stronger.epsilon() < eps
+    paper = run_experiment("fedspectral-plus", "sbm", 2, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 3,
+                                                         "fedspectral-plus.noise-multiplier": 2.0}, tmp_path / "c")
+    mech = {m["name"]: m for m in paper["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
+    assert mech["params"]["releases"] == 3  # one per round, no degree release in paper mode
+    # paper-mode sensitivity: 4 * iters * ||V||_2 * sqrt(clients), V scaled to max |entry| 1
+    assert mech["params"]["max_sensitivity"] > 4 * 6 * np.sqrt(2)
 
 
 # --------------------------------------------------------------------------- Flower simulation engine
@@ -326,3 +332,34 @@ def test_simulation_secure_exact_run_uploads_only_masked_blocks(out_dir):
     for u in uploads:  # every array a client sent: masked uint64, N rows, never an edge list
         assert u["masked"] and u["dtype"] == "uint64" and u["shape"][0] == 300
         assert u["shape"] in ([300], [300, 2 * K])
+
+
+class LeavingGrid(InProcessGrid):
+    """The last node disconnects before the ``leave_at``-th ``action`` round."""
+
+    def __init__(self, *args, leave_at: int, action: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.leave_at, self.action, self.rounds = leave_at, f"query.{action}", 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == self.action:
+            self.rounds += 1
+            if self.rounds == self.leave_at:
+                self.dropped.add(max(self.contexts))
+        return super().push_messages(messages)
+
+
+def test_paper_mode_continues_without_a_dropped_client_and_exact_mode_stops(out_dir, tmp_path):
+    base = {"strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 3, "partitioner": "edge",
+            "partition.overlap": 0.67, "fedspectral-plus.rounds": 4, "fedspectral-plus.iters": 2,
+            "min-clients": 2, "timeout": 30.0}
+    raw = {**base, "out-dir": str(out_dir)}
+    result = run_server(LeavingGrid(build_client_app(raw), 3, leave_at=3, action="fedspectral_power"), raw)
+    assert [d["client"] for d in result["communication"]["dropped"]] == [2]
+    assert len(result["history"]) == 4 and result["metrics"]["ari"] > 0.5
+    raw = {**base, "fedspectral-plus.mode": "exact", "out-dir": str(tmp_path / "exact")}
+    grid = LeavingGrid(build_client_app(raw), 3, leave_at=1, action="fedspectral_product")
+    with pytest.raises(ProtocolError, match="step 'fedspectral_product' rejected 1 client.*client 2 "):
+        run_server(grid, raw)
+    assert not (tmp_path / "exact" / "result.json").exists()

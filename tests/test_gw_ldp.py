@@ -200,24 +200,6 @@ def test_svc_and_kmedoids_recover_separable_groups():
 # --------------------------------------------------------------------------- end to end
 
 
-class RecordingGrid(InProcessGrid):
-    """In-process grid that keeps every message pushed and every reply pulled."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pushed, self.seen = [], []
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        self.pushed.extend(messages)
-        return super().push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        replies = list(super().pull_messages(message_ids))
-        self.seen.extend(replies)
-        return replies
-
-
 KHOP = {"partitioner": "khop", "khop.hops": 1, "khop.centres": 60, "gw-ldp.model": "gcn",
         "num-rounds": 3, "gw-ldp.local-epochs": 2}
 
@@ -226,7 +208,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
     shared_datasets_or_skip()
     raw = {"strategy": "gw-ldp", "dataset": "citeseer", "num-clients": 3, **KHOP,
            "gw-ldp.epsilon": "inf", "out-dir": str(out_dir)}
-    grid = RecordingGrid(build_client_app(raw), 3)
+    grid = InProcessGrid(build_client_app(raw), 3, record=True)
     result = run_server(grid, raw)
     m = result["metrics"]
     assert m["gw_pairs"] == 60 * 59 // 2 and {"acc", "nmi", "ari", "svc_test_acc"} <= set(m)
@@ -240,7 +222,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
     config = registry.validate(raw)
     down = next(msg for msg in grid.pushed if msg.metadata.message_type == "query.gw_embed")
     weights = {k[2:]: v for k, v in unpack(down.content)[0].items()}
-    for reply in (r for r in grid.seen if r.metadata.message_type == "query.gw_embed"):
+    for reply in (r for r in grid.pulled if r.metadata.message_type == "query.gw_embed"):
         arrays, _ = unpack(reply.content)
         part = next(i for i in range(3) if np.array_equal(
             node_shard(config, {"partition-id": i, "num-partitions": 3}).graph_ids, arrays["graph_ids"]))
@@ -259,12 +241,12 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
 
     raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 4, "num-rounds": 2, "reference": False,
            "out-dir": str(out_dir)}
-    grid = RecordingGrid(build_client_app(raw), 4)
+    grid = InProcessGrid(build_client_app(raw), 4, record=True)
     result = run_server(grid, raw)
     data = load_dataset("mutag")
     model_shapes = {f"w.{k}": v.shape for k, v in proto.get_weights(proto.build_model("gin", 7, 2, 0)).items()}
     names = set()
-    for reply in grid.seen:  # every upload: model weights of the model's shapes, or 1-D / n x C arrays
+    for reply in grid.pulled:  # every upload: model weights of the model's shapes, or 1-D / n x C arrays
         arrays, _ = unpack(reply.content)
         names.update(arrays)
         for name, a in arrays.items():
@@ -275,7 +257,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     weight_names = {n for n in names if n.startswith("w.")}
     assert weight_names == set(model_shapes)
     assert names - weight_names == {"embeddings", "sizes", "graph_ids", "split", "labels", "eval_labels"}
-    embed = [unpack(r.content)[0] for r in grid.seen if r.metadata.message_type == "query.gw_embed"]
+    embed = [unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == "query.gw_embed"]
     codes = np.vstack([a["embeddings"] for a in embed])
     assert codes.dtype == np.int8 and codes.shape == (sum(g.num_nodes for g in data.graphs), 2)
     assert np.all((codes != 0).sum(1) == 1)  # m = 1 at epsilon = 1/|V|
@@ -295,8 +277,13 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
     shared_datasets_or_skip()
     result = run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "gw-ldp.dp": "client",
                                                        "gw-ldp.dp-noise": 2.0, "reference": False,
-                                                       "gw-ldp.svc": False}, out_dir)
+                                                       "gw-ldp.svc": False, "gw-ldp.embed-every": 2},
+                            out_dir)
     mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
+    ldp = mech["ldp:multibit-embeddings"]  # Algorithm 2's periodic signal: round 2 and after training
+    assert ldp["params"]["releases"] == 2
+    assert ldp["epsilon"] == pytest.approx(2 * ldp["params"]["epsilon_max_per_graph"])
+    assert sum(1 for r in result["timing"]["per_round"] if r["action"] == "gw_embed") == 2
     dp = mech["dp-fedavg:weights"]
     assert dp["params"]["steps"] == 3 and 0 < dp["epsilon"] < math.inf and dp["delta"] == 1e-5
     fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]

@@ -2,6 +2,8 @@
 
 Qiao, Ding & Fan (2023), with the algorithm details of the authors' code
 (``../shared/papers/NOTES.md``). Plain numpy/scipy functions, no Flower.
+The kernel width follows NOTES.md (``2 sigma^2`` with sigma the mean pairwise
+distance; the slides write ``r^2``).
 
 Notation (rows are samples, unlike the paper's columns): client ``p`` holds
 ``X_p`` (``N_p x m``); the shared landmarks are ``Z`` (``d x m``); client
@@ -20,7 +22,8 @@ takes one preconditioned gradient step on its copy of ``Z`` and uploads it
 
 At the end the clients upload ``C_p``; the server forms
 ``K_hat = C' K(Z, Z) C`` (``C = [C_1 ... C_P]``, ``n x n``; it approximates
-the full kernel matrix ``K(X, X)`` without seeing any ``x``), scales it to
+the full kernel matrix ``K(X, X)`` without receiving any ``x``, though
+noise-free factors determine the samples: :func:`invert_coefficients`), scales it to
 [0, 1], keeps the ``ceil(ln n)`` largest entries of each row (symmetrised by
 max) and runs normalised spectral clustering (:func:`cluster_affinity`).
 """
@@ -316,6 +319,32 @@ def cluster_affinity(k_hat: np.ndarray, k: int, seed: int, n_init: int = 10) -> 
 def centralised_sc(x: np.ndarray, sigma: float, k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """The reference: the same pipeline on the exact kernel ``K(X, X)`` of the pooled data."""
     return cluster_affinity(kernel(x, x, sigma), k, seed, n_init)
+
+
+# ---------------------------------------------------------------------------
+# what the server can infer (evaluation of the privacy claim)
+# ---------------------------------------------------------------------------
+def invert_coefficients(z: np.ndarray, c: np.ndarray, sigma: float, lam: float = DEFAULT_LAMBDA) -> np.ndarray:
+    """Samples recovered from noise-free factors: the server's reconstruction attack.
+
+    The server knows Z, sigma and lambda, so from a coefficient column it gets
+    ``k(Z, x_i) = (K_zz + lambda I) c_i`` exactly, hence the squared distances
+    ``s_j = -2 sigma^2 ln k(z_j, x_i) = ||z_j||^2 - 2 z_j' x_i + ||x_i||^2``:
+    linear in ``(x_i, ||x_i||^2)``. With ``d >= m + 1`` landmarks in general
+    position, least squares returns ``x_i`` (``n x m``). FedSC without noise
+    on C therefore does not hide the samples from the server; only the
+    perturbed or DP variants do (tests/test_fedsc.py measures this).
+    """
+    k = (kernel(z, z, sigma) + lam * np.eye(len(z))) @ c  # d x n
+    s = -2.0 * sigma * sigma * np.log(np.clip(k, 1e-300, None))
+    a = np.hstack([-2.0 * z, np.ones((len(z), 1))])
+    weights = np.clip(k, 0.0, 1.0)  # far landmarks (k ~ 0) carry little information
+    out = np.empty((c.shape[1], z.shape[1]))
+    for i in range(c.shape[1]):
+        w = np.sqrt(weights[:, i])
+        sol = np.linalg.lstsq(a * w[:, None], (s[:, i] - (z * z).sum(1)) * w, rcond=None)[0]
+        out[i] = sol[:-1]
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -278,11 +278,14 @@ def exact_edge_sensitivity(y: np.ndarray) -> float:
 DEGREE_SENSITIVITY = math.sqrt(2.0)  # one edge moves two degrees by 1
 
 
-def paper_edge_sensitivity(y: np.ndarray, iters: int) -> float:
-    """L2 change of ``M_c^t Y`` when one local edge changes: ``M_c - M_c'`` lives
-    in rows/columns i, j, each row of a normalised adjacency has norm <= 1, so
-    ``||M_c - M_c'||_F <= 4``; telescoping ``M^t - M'^t`` gives ``<= 4 t ||Y||_2``."""
-    return 4.0 * int(iters) * float(np.linalg.norm(y, 2))
+def paper_edge_sensitivity(y: np.ndarray, iters: int, holders: int = 1) -> float:
+    """L2 change of the uploads ``M_c^t Y`` when one edge changes at the (at most
+    ``holders``) clients holding it: per client ``M_c - M_c'`` lives in rows and
+    columns i, j, each row of a normalised adjacency has norm <= 1, so
+    ``||M_c - M_c'||_F <= 4``, and telescoping ``M^t - M'^t`` gives
+    ``<= 4 t ||Y||_2``; the holders' changes stack to ``sqrt(holders)`` times that
+    (no 1/r weights in paper mode)."""
+    return 4.0 * int(iters) * float(np.linalg.norm(y, 2)) * math.sqrt(int(holders))
 
 
 # --------------------------------------------------------------------------- FedSpectral baseline
