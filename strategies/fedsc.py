@@ -120,19 +120,21 @@ class FedSC(ClusteringStrategy):
             common.update(dp_clip_z=dp["z"].clip, dp_nm_z=dp["z"].noise_multiplier,
                           dp_clip_c=dp["c"].clip, dp_nm_c=dp["c"].noise_multiplier)
         history = []
-        num = len(session.clients)
         for r in range(1, rounds + 1):
             values = dict(common, round=r)
             if secure:
                 values.update(session.secagg_values("update", float(cfg["secagg.bound"])))
-            replies = session.broadcast("fedsc_round", pack({"z": z}, values), spec)
+            # Without secure aggregation Z is a plain average over the clients
+            # that answered, so a client that drops out is left out (its
+            # samples then get no label); masks only cancel over everyone.
+            replies = session.broadcast("fedsc_round", pack({"z": z}, values), spec, require_all=secure)
             if secure:
                 total = session.secure_sum(replies, "update", values)
             else:
                 total = np.sum([unpack(c)[0]["update"] for c in replies.values()], axis=0)
             if dp:
                 dp["z"].step()
-            z_new = total[: d * m].reshape(d, m) / num
+            z_new = total[: d * m].reshape(d, m) / len(replies)
             record = {"round": r, "shift": float(np.abs(z_new - z).max())}
             if not dp:
                 record["objective"] = float(total[-1])  # sum_p f_p(Z^{r-1}, C_p)
@@ -146,7 +148,7 @@ class FedSC(ClusteringStrategy):
                 "node_ids": ArraySpec((int(info.summary["num_rows"]),), kind="iu")})
             for info in session.clients
         }
-        final = session.broadcast("fedsc_final", pack({"z": z}, common), final_specs)
+        final = session.broadcast("fedsc_final", pack({"z": z}, common), final_specs, require_all=secure)
         if dp:
             dp["c"].step()
             self._record_dp(session, dp)  # refresh the release counts in the ledger

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from app.inprocess import InProcessGrid
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 
@@ -24,3 +26,19 @@ def shared_datasets_or_skip() -> Path:
     if not SHARED_DATASETS.exists():
         pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")
     return SHARED_DATASETS
+
+
+class LeavingGrid(InProcessGrid):
+    """The last node disconnects before the ``leave_at``-th ``action`` round."""
+
+    def __init__(self, *args, leave_at: int, action: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.leave_at, self.action, self.rounds = leave_at, f"query.{action}", 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == self.action:
+            self.rounds += 1
+            if self.rounds == self.leave_at:
+                self.dropped.add(max(self.contexts))
+        return super().push_messages(messages)

@@ -17,6 +17,7 @@ from app.protocols import fedsc as proto
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
+from conftest import LeavingGrid
 from app.transport import ProtocolError, unpack
 from clients.fedsc import FedSCClient
 from strategies.fedsc import client_features, pooled_features
@@ -318,3 +319,13 @@ def test_run_simulation_smoke(out_dir):
     ids = np.concatenate([s.node_ids for s in shards])
     assert np.array_equal(np.load(out_dir / "labels.npy")[ids], expected["labels"])
     assert [h["objective"] for h in result["history"]] == pytest.approx(expected["objective"], rel=1e-9)
+
+
+def test_without_secure_aggregation_a_dropped_client_is_left_out(out_dir):
+    raw = {"strategy": "fedsc", "dataset": "iris", "num-clients": 4, "num-rounds": 5, "min-clients": 3,
+           "fedsc.landmarks": 30, "timeout": 30.0, "out-dir": str(out_dir)}
+    result = run_server(LeavingGrid(build_client_app(raw), 4, leave_at=3, action="fedsc_round"), raw)
+    assert [d["client"] for d in result["communication"]["dropped"]] == [3]
+    labels = np.load(out_dir / "labels.npy")
+    assert 0.6 < (labels >= 0).mean() < 0.9  # the dropped client's samples have no label
+    assert result["metrics"]["acc"] > 0.8

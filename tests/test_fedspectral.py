@@ -20,6 +20,7 @@ from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import ProtocolError, unpack
+from conftest import LeavingGrid
 
 SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}
 K = 4
@@ -332,22 +333,6 @@ def test_simulation_secure_exact_run_uploads_only_masked_blocks(out_dir):
     for u in uploads:  # every array a client sent: masked uint64, N rows, never an edge list
         assert u["masked"] and u["dtype"] == "uint64" and u["shape"][0] == 300
         assert u["shape"] in ([300], [300, 2 * K])
-
-
-class LeavingGrid(InProcessGrid):
-    """The last node disconnects before the ``leave_at``-th ``action`` round."""
-
-    def __init__(self, *args, leave_at: int, action: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.leave_at, self.action, self.rounds = leave_at, f"query.{action}", 0
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type == self.action:
-            self.rounds += 1
-            if self.rounds == self.leave_at:
-                self.dropped.add(max(self.contexts))
-        return super().push_messages(messages)
 
 
 def test_paper_mode_continues_without_a_dropped_client_and_exact_mode_stops(out_dir, tmp_path):
