@@ -67,6 +67,8 @@ def core_params() -> list[Param]:
         Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0),
         Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1),
         Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
+        Param("retries", int, 0, "ask a client that did not answer within timeout again, this many times",
+              low=0, high=100),
         Param("min-clients", int, 1,
               "strategies that tolerate dropouts stop when fewer clients remain", low=1, high=1024),
         Param("timeout", float, 600.0, "seconds to wait for the clients' replies in one step", low=0.001),

@@ -28,6 +28,7 @@ from app.transport import (
     CommStats,
     ProtocolError,
     ReplySpec,
+    NO_REPLY,
     exchange,
     pack,
     unpack,
@@ -65,6 +66,7 @@ class ServerSession:
         self._order: dict[int, int] = {}
         self.dropped: dict[int, dict] = {}
         self.min_clients = max(1, int(config["min-clients"]))
+        self.retries = int(config["retries"])
 
     # -- set-up ---------------------------------------------------------------
     def connect(self) -> list[ClientInfo]:
@@ -137,7 +139,11 @@ class ServerSession:
         Returns the valid replies keyed by node id, in partition order (so
         results do not depend on arrival order). Rejected replies are
         recorded; with ``require_all`` any reject stops the run with a
-        :class:`ProtocolError` naming the clients and reasons. Without it
+        :class:`ProtocolError` naming the clients and reasons. A client
+        that did not answer within ``timeout`` is asked again up to
+        ``retries`` times first (a client refuses to mask twice under one
+        secure-aggregation tag, so such a step fails rather than repeats).
+        Without ``require_all``
         (strategies that can continue with fewer clients) rejected clients
         are dropped for the rest of the run (``dropped``, reported in
         result.json) and the run stops only when fewer than ``min-clients``
@@ -145,18 +151,23 @@ class ServerSession:
         is False.
         """
         self._round += 1
-        messages = [
-            Message(content, dst_node_id=node, message_type=f"{category}.{action}",
-                    group_id=str(self._round), ttl=self.timeout + 60)
-            for node, content in contents.items()
-        ]
-        result = exchange(self.grid, messages, expect, self.timeout, self.stats, str(self.config["transport"]))
+        result = self._send(action, category, contents, expect)
+        seconds, up, down = result.seconds, result.bytes_up, result.bytes_down
+        for _ in range(self.retries):
+            silent = {n for n, r in result.rejected.items() if r.startswith(NO_REPLY)}
+            if not silent:
+                break
+            again = self._send(action, category, {n: contents[n] for n in silent}, expect)
+            seconds, up, down = seconds + again.seconds, up + again.bytes_up, down + again.bytes_down
+            result.replies.update(again.replies)
+            result.rejected = {n: r for n, r in result.rejected.items() if n not in silent}
+            result.rejected.update(again.rejected)
         self.stats.rounds.append(
             {
                 "action": action,
-                "seconds": result.seconds,
-                "bytes_up": result.bytes_up,
-                "bytes_down": result.bytes_down,
+                "seconds": seconds,
+                "bytes_up": up,
+                "bytes_down": down,
                 "replies": len(result.replies),
             }
         )
@@ -180,6 +191,14 @@ class ServerSession:
         if record:
             self._record_uploads(action, replies, expect)
         return replies
+
+    def _send(self, action, category, contents, expect):
+        messages = [
+            Message(content, dst_node_id=node, message_type=f"{category}.{action}",
+                    group_id=str(self._round), ttl=self.timeout + 60)
+            for node, content in contents.items()
+        ]
+        return exchange(self.grid, messages, expect, self.timeout, self.stats, str(self.config["transport"]))
 
     def broadcast(
         self,

@@ -28,6 +28,7 @@ VALUES = "values"
 POLL_START_S = 0.002
 POLL_MAX_S = 0.05
 LIVENESS_EVERY_S = 1.0
+NO_REPLY = "no reply within"
 
 
 class ProtocolError(RuntimeError):
@@ -243,7 +244,7 @@ def exchange(
     for node in gone - set(replies) - set(rejected):
         rejected[node] = "left the federation (SuperNode disconnected)"
     for node in sent - set(replies) - set(rejected):
-        rejected[node] = f"no reply within {timeout:g} s"
+        rejected[node] = f"{NO_REPLY} {timeout:g} s"
 
     seconds = time.perf_counter() - start
     stats.bytes_down += down

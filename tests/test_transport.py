@@ -164,3 +164,15 @@ def test_handshake_refuses_inconsistent_partitions():
     session = ServerSession(grid, registry.validate({"num-clients": 2, "timeout": 5}))
     with pytest.raises(ProtocolError, match=r"partition ids \[0, 0\] are not 0..1"):
         session.connect()
+
+
+def test_a_lost_message_is_retried_when_retries_allow():
+    content = pack({"v": np.zeros((N, 3))})
+    session = session_for(make_client_app({}), retries=1)
+    session.timeout = 0.5
+    session.grid.ignore_next[session.node_ids[2]] = 1
+    replies = session.broadcast("block", content, SPEC)
+    assert len(replies) == 4 and session.rejects == []
+    session.grid.ignore_next[session.node_ids[2]] = 2  # lost twice: one retry is not enough
+    with pytest.raises(ProtocolError, match="client 2 .*no reply within 0.5 s"):
+        session.broadcast("block", content, SPEC)
