@@ -244,12 +244,18 @@ def test_malformed_block_is_rejected_and_reported(bad, out_dir):
 
         reply.content.array_records["arrays"]["block"] = Array(np.ascontiguousarray(block))
 
+    # paper mode averages the valid blocks: the bad client is dropped and reported
+    _, result = run_recorded("fedspectral-plus", 3, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 2},
+                             out_dir, tamper)
+    [dropped] = result["communication"]["dropped"]
+    assert dropped["action"] == "fedspectral_power" and dropped["node"] == 1002
+    reason = dropped["reason"]
+    assert ("has shape (299, 4), expected (300, 4)" in reason) if bad == "shape" else ("NaN" in reason)
+    # with secure aggregation every block is needed: the same reply stops the run
     with pytest.raises(ProtocolError) as err:
-        run_recorded("fedspectral-plus", 3, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 2},
-                     out_dir, tamper)
-    msg = str(err.value)
-    assert "fedspectral_power" in msg and "node 1002" in msg
-    assert ("has shape (299, 4), expected (300, 4)" in msg) if bad == "shape" else ("NaN" in msg)
+        run_recorded("fedspectral-plus", 3, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 2,
+                                             "fedspectral-plus.secure": True}, out_dir / "secure", tamper)
+    assert "fedspectral_power" in str(err.value) and "node 1002" in str(err.value)
 
 
 def test_uploads_never_carry_the_edge_list(out_dir):
