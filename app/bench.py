@@ -396,11 +396,13 @@ _RESULTS_HEADER = (
 )
 
 
-def update_results_md(path: str | Path, suite: Suite, summary: dict) -> Path:
-    """Replace (or append) the suite's section between its markers, idempotently."""
+def replace_section(path: str | Path, key: str, body: str) -> Path:
+    """Put ``body`` between the markers ``<!-- key:start -->`` / ``<!-- key:end -->``
+    of the Markdown file ``path``, replacing what was there or appending the
+    section; every benchmark writes its part of RESULTS.md this way."""
     path = Path(path)
-    start, end = f"<!-- bench:{suite.name}:start -->", f"<!-- bench:{suite.name}:end -->"
-    block = f"{start}\n{render_markdown(suite, summary)}{end}\n"
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    block = f"{start}\n{body.strip(chr(10))}\n{end}\n"
     text = path.read_text() if path.exists() else _RESULTS_HEADER
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
     if pattern.search(text):
@@ -410,6 +412,11 @@ def update_results_md(path: str | Path, suite: Suite, summary: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def update_results_md(path: str | Path, suite: Suite, summary: dict) -> Path:
+    """Replace (or append) the suite's section between its markers, idempotently."""
+    return replace_section(path, f"bench:{suite.name}", render_markdown(suite, summary))
 
 
 # ---------------------------------------------------------------------------

@@ -37,6 +37,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from app.bench import replace_section  # noqa: E402
+
 RESULTS = HERE / "results"
 JSON_PATH = RESULTS / "fedavg_dmon.json"
 MD_PATH = HERE / "RESULTS.md"
@@ -316,14 +318,8 @@ def render(db: dict) -> str:
 
 
 def write_md(section: str) -> None:
-    text = MD_PATH.read_text() if MD_PATH.exists() else "# Benchmark results\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        _, tail = rest.split(END, 1)
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    MD_PATH.write_text(text)
+    """Replace this benchmark's section of RESULTS.md (``section`` carries its markers)."""
+    replace_section(MD_PATH, "fedavg_dmon", section.replace(START, "").replace(END, ""))
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.bench import replace_section  # noqa: E402
 from app.baselines import kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.data.partition import partition  # noqa: E402
@@ -368,10 +368,7 @@ def markdown(summary: dict) -> str:
 
 
 def update_md(section: str) -> None:
-    text = MD.read_text() if MD.exists() else "# Benchmark results\n"
-    pattern = re.compile(r"<!-- fedsc:start -->.*?<!-- fedsc:end -->", re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
-    MD.write_text(text)
+    replace_section(MD, "fedsc", section.replace("<!-- fedsc:start -->", "").replace("<!-- fedsc:end -->", ""))
 
 
 def cost_of(table: list[dict]) -> dict | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.bench import replace_section  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -302,11 +303,7 @@ def report() -> Path:
     notes = ROOT / "benchmarks" / "fedspectral_notes.md"
     if notes.exists():
         lines += [notes.read_text().rstrip(), ""]
-    block = f"{START}\n" + "\n".join(lines) + f"\n{END}\n"
-    text = MD.read_text() if MD.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END) + r"\n?", re.S)
-    text = pattern.sub(lambda _: block, text, count=1) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
-    MD.write_text(text)
+    replace_section(MD, "fedspectral", "\n".join(lines))
     print("\n".join(lines))
     return MD
 

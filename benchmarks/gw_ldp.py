@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.protocols import gw_ldp as proto  # noqa: E402
+from app.bench import replace_section  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -264,12 +265,8 @@ def render(data: dict, args) -> str:
 
 
 def write_md(text: str) -> None:
-    old = MD_PATH.read_text() if MD_PATH.exists() else "# Benchmark results\n"
-    if START in old and END in old:
-        new = old[: old.index(START)] + text + old[old.index(END) + len(END):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    MD_PATH.write_text(new)
+    """Replace this benchmark's section of RESULTS.md (``text`` carries its markers)."""
+    replace_section(MD_PATH, "gw_ldp", text.replace(START, "").replace(END, ""))
 
 
 def plots(data: dict) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.bench import replace_section  # noqa: E402
 from app.baselines import agc  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.metrics import evaluate  # noqa: E402
@@ -231,12 +231,7 @@ def render(summary: dict) -> str:
 
 
 def write_md(summary: dict) -> None:
-    start, end = "<!-- kcagc:start -->", "<!-- kcagc:end -->"
-    block = f"{start}\n{render(summary)}{end}\n"
-    text = MD.read_text() if MD.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
-    text = pattern.sub(lambda _: block, text, count=1) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
-    MD.write_text(text)
+    replace_section(MD, "kcagc", render(summary))
 
 
 def plots(summary: dict) -> list[str]:
