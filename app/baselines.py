@@ -303,6 +303,15 @@ def low_pass_filter(x: Any, adj: Any, order: int) -> np.ndarray:
     return np.asarray(F)
 
 
+def filtered_features(x: Any, adj: Any, order: int) -> np.ndarray:
+    """Dense float64 features, low-pass filtered ``order`` times over ``adj``
+    (unfiltered when ``order`` is 0 or the graph has no edges)."""
+    x = np.asarray(x.todense() if hasattr(x, "todense") else x, dtype=np.float64)
+    if order > 0 and adj is not None and adj.nnz:
+        x = low_pass_filter(x, adj, order)
+    return x
+
+
 def _randomized_left_sv(
     matvec: Callable[[np.ndarray], np.ndarray],
     rmatvec: Callable[[np.ndarray], np.ndarray],

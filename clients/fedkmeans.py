@@ -6,7 +6,7 @@ import numpy as np
 
 from app.protocols import fedkmeans as proto
 from clients.base import ClusteringClient
-from strategies.fedkmeans import node_features
+from app.baselines import filtered_features
 
 
 class FedKMeansClient(ClusteringClient):
@@ -16,7 +16,7 @@ class FedKMeansClient(ClusteringClient):
         """This client's (filtered) feature rows, computed once per run."""
         if "features" not in self.context.state.array_records:
             order = int(self.config["fedkmeans.filter-order"])
-            self.save("features", x=node_features(self.shard.x, self.shard.adj, order))
+            self.save("features", x=filtered_features(self.shard.x, self.shard.adj, order))
         return self.load("features")["x"]
 
     def on_kmeans_init(self, arrays, values):

@@ -80,17 +80,8 @@ class FedKMeans(ClusteringStrategy):
 
     def reference(self, data) -> np.ndarray:
         """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""
-        from app.baselines import kmeans
+        from app.baselines import filtered_features, kmeans
 
-        x = node_features(data.x, data.adj, int(self.config["fedkmeans.filter-order"]))
+        x = filtered_features(data.x, data.adj, int(self.config["fedkmeans.filter-order"]))
         return kmeans(x, int(self.config["num-clusters"]), seed=int(self.config["seed"]))
 
-
-def node_features(x, adj, order: int) -> np.ndarray:
-    """Dense float64 features, low-pass filtered ``order`` times over ``adj``."""
-    x = np.asarray(x.todense() if hasattr(x, "todense") else x, dtype=np.float64)
-    if order > 0 and adj is not None and adj.nnz:
-        from app.baselines import low_pass_filter
-
-        x = np.asarray(low_pass_filter(x, adj, order))
-    return x

@@ -266,11 +266,11 @@ def _noise_multiplier(epsilon: float, delta: float, steps: int) -> float:
 def client_features(shard, config) -> np.ndarray:
     """What a client clusters: its (filtered) feature rows, perturbed with
     ``fedsc.data-noise`` from a stream seeded by (seed, client)."""
-    from strategies.fedkmeans import node_features
+    from app.baselines import filtered_features
 
     if shard.x is None:
         raise ConfigError(f"dataset '{shard.dataset}' has no features; fedsc clusters feature rows")
-    x = node_features(shard.x, shard.adj, int(config["fedsc.filter-order"]))
+    x = filtered_features(shard.x, shard.adj, int(config["fedsc.filter-order"]))
     ratio = float(config["fedsc.data-noise"])
     if ratio > 0:
         x = proto.perturb(x, ratio, proto.client_rng(int(config["seed"]), shard.client_id, 1))
