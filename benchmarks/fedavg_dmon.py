@@ -7,15 +7,26 @@ shared nodes. Every run goes through ``app.run.run_experiment`` (in-process
 engine: the same ServerApp/ClientApp code as ``flwr run``).
 
     python benchmarks/fedavg_dmon.py                       # everything, paper settings (long)
-    python benchmarks/fedavg_dmon.py --suites cost
-    python benchmarks/fedavg_dmon.py --suites figures --datasets cora --clients 2,5,10 \
-        --overlaps 0,0.2 --seeds 0 --rounds 100
+    python benchmarks/fedavg_dmon.py --suites cost         # the timing figures alone (run on an idle machine)
+    python benchmarks/fedavg_dmon.py --suites figures &    # the grid; start it twice to use two cores
+    python benchmarks/fedavg_dmon.py --suites figures      # (the processes share the job list)
+    python benchmarks/fedavg_dmon.py --render-only         # tables and plots from the finished runs
 
 Suites: ``figures`` (F1/NMI vs clients, modes centralised / federated /
 isolated), ``cost`` (250 rounds x 5 clients on Cora: time and bytes per
-round), ``dp`` (client-level DP-FedAvg: F1 vs epsilon). Runs are appended to
-``benchmarks/results/fedavg_dmon.json`` (same key = replaced), the tables go to
-the ``fedavg_dmon`` section of ``benchmarks/RESULTS.md``, plots next to the JSON.
+round), ``dp`` (client-level DP-FedAvg: F1 vs epsilon). Every finished run is
+kept as ``benchmarks/results/fedavg_dmon_runs/<run>/record.json``; ``figures``
+and ``dp`` runs with a record are not run again (an interrupted grid resumes;
+``--force`` re-runs), ``cost`` always runs (it is a timing). Several processes
+can work through one grid: each claims a run before starting it. All records are
+collected into ``benchmarks/results/fedavg_dmon.json``, the tables go to the
+``fedavg_dmon`` section of ``benchmarks/RESULTS.md``, plots next to the JSON.
+
+Shared nodes (Figure 2): the authors' code (github.com/willleeney/ugfl,
+``random_overlapping``) gives every client ``1.5 N/C`` nodes of a random
+permutation; ``partition.overlap = 0.5`` gives every client the same number
+(``N/C`` owned nodes plus ``0.5 N/C`` copies of other clients' nodes). Figure 1
+uses their ``random`` partition, i.e. ``node-random`` without overlap.
 
 F1 is macro-F1 after Hungarian matching. "client F1" = mean over clients of
 each client's F1 on its own nodes (each client finds its own assignment, as in
@@ -40,6 +51,7 @@ sys.path.insert(0, str(HERE.parent))
 from app.bench import replace_section  # noqa: E402
 
 RESULTS = HERE / "results"
+RUNS = RESULTS / "fedavg_dmon_runs"
 JSON_PATH = RESULTS / "fedavg_dmon.json"
 MD_PATH = HERE / "RESULTS.md"
 START, END = "<!-- fedavg_dmon:start -->", "<!-- fedavg_dmon:end -->"
@@ -47,6 +59,7 @@ START, END = "<!-- fedavg_dmon:start -->", "<!-- fedavg_dmon:end -->"
 #: measured here with app.baselines.train_dmon (NOTES.md), Cora, k = 7, 1000 epochs, full graph
 CENTRAL_CORA = {"f1": 55.8, "nmi": 47.8, "modularity": 0.747}
 COST_TARGET_S = 120.0
+SUITES = ("figures", "cost", "dp")
 
 
 def _key(r: dict) -> str:
@@ -62,6 +75,11 @@ def model_variant() -> str:
     return "dropout on logits" if "logits" in inspect.getsource(DMoNModel.forward) else "dropout on GCN output"
 
 
+def run_dir(suite: str, dataset: str, mode: str, clients: int, overlap: float, seed: int, rounds: int,
+            eps: float = 0.0, **_) -> Path:
+    return RUNS / f"{suite}-{dataset}-{mode}-c{clients}-ov{float(overlap)}-s{seed}-r{rounds}-e{float(eps)}"
+
+
 def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, seed: int, rounds: int,
             eps: float = 0.0, clip: float = 0.0) -> dict:
     from app.run import run_experiment
@@ -70,11 +88,17 @@ def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, s
                  "partition.overlap": overlap}
     if eps > 0:
         overrides.update({"fedavg-dmon.dp-clip": clip, "fedavg-dmon.dp-epsilon": eps})
-    out = RESULTS / "fedavg_dmon_runs" / f"{suite}-{dataset}-{mode}-c{clients}-ov{overlap}-s{seed}-r{rounds}-e{eps}"
+    out = run_dir(suite, dataset, mode, clients, overlap, seed, rounds, eps)
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_experiment("fedavg-dmon", dataset, clients, overrides, out, engine="inprocess")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    load = os.getloadavg()[0]
+    return make_record(res, suite, dataset, mode, clients, overlap, seed, rounds, eps, clip, wall, cpu,
+                       os.getloadavg()[0])
+
+
+def make_record(res: dict, suite: str, dataset: str, mode: str, clients: int, overlap: float, seed: int,
+                rounds: int, eps: float, clip: float, wall: float, cpu: float, load: float) -> dict:
+    """The figures kept of one run (``res``: what ``run_experiment`` returned / wrote to result.json)."""
     m, t, c = res["metrics"], res["timing"], res["communication"]
     train_rounds = [r for r in t["per_round"] if r["action"] == "dmon_train"]
     return {
@@ -95,10 +119,36 @@ def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, s
     }
 
 
+def claim(directory: Path) -> bool:
+    """Take a run for this process (``claim`` file holding our pid, created atomically);
+    False if a live process holds it. Lets any number of grid processes share one job list."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "claim"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text() or 0)
+                os.kill(pid, 0)
+                return pid == os.getpid()
+            except (ValueError, ProcessLookupError):
+                path.unlink(missing_ok=True)  # left by a process that died
+                continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
 def load() -> dict:
-    if JSON_PATH.exists():
-        return json.loads(JSON_PATH.read_text())
-    return {"runs": {}}
+    """The collected JSON plus every per-run record on disk (records win)."""
+    db = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {"runs": {}}
+    for path in sorted(RUNS.glob("*/record.json")):
+        rec = json.loads(path.read_text())
+        if rec["suite"] in SUITES:
+            db["runs"][_key(rec)] = rec
+    return db
 
 
 def save(db: dict) -> None:
@@ -107,14 +157,28 @@ def save(db: dict) -> None:
     JSON_PATH.write_text(json.dumps(db, indent=1) + "\n")
 
 
+def _priority(job: dict, args) -> int:
+    """Grid order, so that a grid stopped early holds the most informative runs: seed 0 at every
+    other client count (and centralised), then the 2-client cells (the paper's on-par claim) and
+    centralised for the other seeds, then seed 0 at the remaining counts, then everything else."""
+    first = job["seed"] == args.seeds[0]
+    if job["mode"] == "centralised":
+        return 0 if first else 1
+    if first and job["clients"] in args.clients[::2]:
+        return 0
+    if job["clients"] == min(args.clients):
+        return 1
+    return 2 if first else 3
+
+
 def plan(args) -> list[dict]:
     jobs = []
     if "cost" in args.suites:
         jobs.append(dict(suite="cost", dataset="cora", mode="federated", clients=5, overlap=0.0, seed=0,
                          rounds=250))
-    if "figures" in args.suites:
-        for dataset in args.datasets:
-            for seed in args.seeds:
+    if "figures" in args.suites:  # seed-major: an unfinished grid still has whole seeds
+        for seed in args.seeds:
+            for dataset in args.datasets:
                 jobs.append(dict(suite="figures", dataset=dataset, mode="centralised", clients=1, overlap=0.0,
                                  seed=seed, rounds=args.rounds))
                 for overlap in args.overlaps:
@@ -122,10 +186,12 @@ def plan(args) -> list[dict]:
                         for mode in ("federated", "isolated"):
                             jobs.append(dict(suite="figures", dataset=dataset, mode=mode, clients=clients,
                                              overlap=overlap, seed=seed, rounds=args.rounds))
+        jobs.sort(key=lambda job: 0 if job["suite"] == "cost" else _priority(job, args))
     if "dp" in args.suites:
-        for eps in args.epsilons:
-            jobs.append(dict(suite="dp", dataset="cora", mode="federated", clients=args.dp_clients, overlap=0.0,
-                             seed=0, rounds=args.dp_rounds, eps=eps, clip=args.dp_clip if eps > 0 else 0.0))
+        for seed in args.dp_seeds:
+            for eps in args.epsilons:
+                jobs.append(dict(suite="dp", dataset="cora", mode="federated", clients=args.dp_clients, overlap=0.0,
+                                 seed=seed, rounds=args.dp_rounds, eps=eps, clip=args.dp_clip if eps > 0 else 0.0))
     return jobs
 
 
@@ -137,12 +203,32 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
+def _std(xs):
+    """Sample standard deviation over seeds (None for fewer than two values)."""
+    xs = [x for x in xs if x is not None]
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
 def _pct(x):
     return "-" if x is None else f"{100 * x:.1f}"
 
 
+def _pm(xs):
+    """``mean ± std`` in percent over seeds."""
+    m, s = _mean(xs), _std(xs)
+    return _pct(m) if s is None else f"{100 * m:.1f} ± {100 * s:.1f}"
+
+
 def _signed(x):
     return "-" if x is None else f"{100 * x:+.1f}"
+
+
+def _stats(runs: list[dict], scope: str, key: str) -> tuple:
+    xs = [r[scope][key] for r in runs]
+    return _mean(xs), _std(xs)
 
 
 def figures_table(runs: list[dict]) -> tuple[str, dict]:
@@ -152,41 +238,48 @@ def figures_table(runs: list[dict]) -> tuple[str, dict]:
         for rounds in sorted({r["rounds"] for r in fig if r["dataset"] == dataset}):
             sel = [r for r in fig if r["dataset"] == dataset and r["rounds"] == rounds]
             cen = [r for r in sel if r["mode"] == "centralised"]
-            cf1, cnmi = _mean(r["client"]["f1"] for r in cen), _mean(r["client"]["nmi"] for r in cen)
+            cf1, cnmi = _stats(cen, "client", "f1"), _stats(cen, "client", "nmi")
             for overlap in sorted({r["overlap"] for r in sel if r["mode"] != "centralised"}):
-                figure = "Figure 1 (distinct nodes)" if overlap == 0 else f"Figure 2 (shared nodes, overlap {overlap})"
-                seeds = sorted({r["seed"] for r in sel})
+                figure = ("Figure 1 (distinct nodes)" if overlap == 0 else
+                          f"Figure 2 (shared nodes, overlap {overlap}: {1 + overlap:g} N/C nodes per client)")
                 models = sorted({r.get("model", "dropout on GCN output") for r in sel})
-                lines += [f"**{dataset}, {figure}**, {rounds} rounds x 5 local epochs, seeds {seeds}, "
-                          f"DMoNModel with {' / '.join(models)}; "
-                          f"centralised (1 client, whole graph): F1 {_pct(cf1)}, NMI {_pct(cnmi)}", "",
-                          "| clients | federated F1 | isolated F1 | fed - iso | fed - central | "
+                lines += [f"**{dataset}, {figure}**, {rounds} rounds x 5 local epochs, DMoNModel with "
+                          f"{' / '.join(models)}; centralised (1 client, whole graph, seeds "
+                          f"{sorted(r['seed'] for r in cen)}): F1 {_pm([r['client']['f1'] for r in cen])}, "
+                          f"NMI {_pm([r['client']['nmi'] for r in cen])}", "",
+                          "| clients | seeds | federated F1 | isolated F1 | fed - iso | fed - central | "
                           "federated NMI | isolated NMI | federated union F1 | paper's claim |",
-                          "|---|---|---|---|---|---|---|---|---|"]
-                xs, fed_s, iso_s = [], [], []
+                          "|---|---|---|---|---|---|---|---|---|---|"]
+                s = {k: [] for k in ("clients", "fed_f1", "fed_f1_sd", "iso_f1", "iso_f1_sd", "fed_nmi",
+                                     "fed_nmi_sd", "iso_nmi", "iso_nmi_sd")}
                 for clients in sorted({r["clients"] for r in sel if r["overlap"] == overlap and r["mode"] != "centralised"}):
                     f = [r for r in sel if r["overlap"] == overlap and r["clients"] == clients and r["mode"] == "federated"]
                     i = [r for r in sel if r["overlap"] == overlap and r["clients"] == clients and r["mode"] == "isolated"]
-                    ff, fi = _mean(r["client"]["f1"] for r in f), _mean(r["client"]["f1"] for r in i)
+                    ff, fi = _stats(f, "client", "f1")[0], _stats(i, "client", "f1")[0]
                     claim = "fed > iso"
                     if overlap > 0 and clients == 2:
                         claim += ", fed within 3 of central"
                     ok = []
                     if ff is not None and fi is not None:
                         ok.append("yes" if ff > fi else "NO")
-                    if overlap > 0 and clients == 2 and ff is not None and cf1 is not None:
-                        ok.append("yes" if cf1 - ff <= 0.03 else "NO")
+                    if overlap > 0 and clients == 2 and ff is not None and cf1[0] is not None:
+                        ok.append("yes" if cf1[0] - ff <= 0.03 else "NO")
+                    seeds = f"{len(f)}/{len(i)}" if len(f) != len(i) else str(len(f))
                     lines.append(
-                        f"| {clients} | {_pct(ff)} | {_pct(fi)} | {_signed(None if ff is None or fi is None else ff - fi)} | "
-                        f"{_signed(None if ff is None or cf1 is None else ff - cf1)} | "
-                        f"{_pct(_mean(r['client']['nmi'] for r in f))} | {_pct(_mean(r['client']['nmi'] for r in i))} | "
+                        f"| {clients} | {seeds} | {_pm([r['client']['f1'] for r in f])} | "
+                        f"{_pm([r['client']['f1'] for r in i])} | "
+                        f"{_signed(None if ff is None or fi is None else ff - fi)} | "
+                        f"{_signed(None if ff is None or cf1[0] is None else ff - cf1[0])} | "
+                        f"{_pm([r['client']['nmi'] for r in f])} | {_pm([r['client']['nmi'] for r in i])} | "
                         f"{_pct(_mean(r['union']['f1'] for r in f))} | {claim}: {', '.join(ok) or '-'} |")
-                    xs.append(clients)
-                    fed_s.append(ff)
-                    iso_s.append(fi)
+                    s["clients"].append(clients)
+                    for mode, rs in (("fed", f), ("iso", i)):
+                        for metric in ("f1", "nmi"):
+                            m, sd = _stats(rs, "client", metric)
+                            s[f"{mode}_{metric}"].append(m)
+                            s[f"{mode}_{metric}_sd"].append(sd)
                 lines.append("")
-                series[(dataset, overlap, rounds)] = {"clients": xs, "federated": fed_s, "isolated": iso_s,
-                                                      "centralised": cf1}
+                series[(dataset, overlap, rounds)] = {**s, "cen_f1": cf1, "cen_nmi": cnmi}
     return "\n".join(lines), series
 
 
@@ -208,19 +301,25 @@ def cost_table(runs: list[dict]) -> str:
 
 
 def dp_table(runs: list[dict]) -> tuple[str, list]:
-    dp = sorted([r for r in runs if r["suite"] == "dp"], key=lambda r: (r["eps"] == 0, r["eps"]))
+    """Rows per target epsilon (0 = no DP), means over the seeds run."""
+    dp = [r for r in runs if r["suite"] == "dp"]
     if not dp:
         return "", []
-    lines = ["| target epsilon (delta 1e-5) | epsilon spent | noise multiplier | clip | client F1 | union F1 | NMI |",
-             "|---|---|---|---|---|---|---|"]
-    for r in dp:
-        eps = "no DP" if r["eps"] == 0 else f"{r['eps']:g}"
-        spent = "-" if r["dp_epsilon"] is None else f"{r['dp_epsilon']:.3g}"
-        nm = "-" if r["dp_noise_multiplier"] is None else f"{r['dp_noise_multiplier']:.3g}"
-        eps += f" ({r.get('model', 'dropout on GCN output')})"
-        lines.append(f"| {eps} | {spent} | {nm} | {r['clip'] or '-'} | {_pct(r['client']['f1'])} | "
-                     f"{_pct(r['union']['f1'])} | {_pct(r['union']['nmi'])} |")
-    return "\n".join(lines), dp
+    lines = ["| target epsilon (delta 1e-5) | seeds | rounds | epsilon spent | noise multiplier | clip | client F1 | "
+             "union F1 | union NMI |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for eps in sorted({r["eps"] for r in dp}, key=lambda e: (e == 0, e)):
+        rs = [r for r in dp if r["eps"] == eps]
+        row = {"eps": eps, "f1": _stats(rs, "client", "f1"), "seeds": sorted(r["seed"] for r in rs)}
+        rows.append(row)
+        spent = "-" if rs[0]["dp_epsilon"] is None else f"{_mean(r['dp_epsilon'] for r in rs):.3g}"
+        nm = "-" if rs[0]["dp_noise_multiplier"] is None else f"{rs[0]['dp_noise_multiplier']:.3g}"
+        label = "no DP" if eps == 0 else f"{eps:g}"
+        lines.append(f"| {label} | {row['seeds']} | {sorted({r['rounds'] for r in rs})} | {spent} | {nm} | "
+                     f"{rs[0]['clip'] or '-'} | {_pm([r['client']['f1'] for r in rs])} | "
+                     f"{_pm([r['union']['f1'] for r in rs])} | {_pm([r['union']['nmi'] for r in rs])} |")
+    return "\n".join(lines), rows
 
 
 def central_check(runs: list[dict]) -> str:
@@ -230,12 +329,22 @@ def central_check(runs: list[dict]) -> str:
     f1, nmi = _mean(r["union"]["f1"] for r in cen), _mean(r["union"]["nmi"] for r in cen)
     mod = _mean(r["union"]["modularity"] for r in cen)
     return "\n".join([
-        "| centralised DMoN, Cora | reference (train_dmon, 1000 epochs, all edges) | ours (train edges, selected) | diff |",
+        f"| centralised DMoN, Cora | reference (train_dmon, 1000 epochs, all edges) | ours (train edges, selected; "
+        f"{len(cen)} runs) | diff |",
         "|---|---|---|---|",
         f"| macro-F1 | {CENTRAL_CORA['f1']} | {_pct(f1)} | {f1 * 100 - CENTRAL_CORA['f1']:+.1f} |",
         f"| NMI | {CENTRAL_CORA['nmi']} | {_pct(nmi)} | {nmi * 100 - CENTRAL_CORA['nmi']:+.1f} |",
         f"| modularity (whole graph) | {CENTRAL_CORA['modularity']} | {mod:.3f} | {mod - CENTRAL_CORA['modularity']:+.3f} |",
     ])
+
+
+def _band(ax, xs, mean, sd, style, label):
+    ys = [None if v is None else 100 * v for v in mean]
+    ax.plot(xs, ys, style, label=label)
+    lo = [100 * (m - s) if m is not None and s is not None else None for m, s in zip(mean, sd)]
+    if all(v is not None for v in lo):
+        hi = [100 * (m + s) for m, s in zip(mean, sd)]
+        ax.fill_between(xs, lo, hi, alpha=0.2)
 
 
 def plots(series: dict, dp: list) -> list[str]:
@@ -246,16 +355,22 @@ def plots(series: dict, dp: list) -> list[str]:
 
     out = []
     for (dataset, overlap, rounds), s in series.items():
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(s["clients"], [None if v is None else 100 * v for v in s["federated"]], "o-", label="federated")
-        ax.plot(s["clients"], [None if v is None else 100 * v for v in s["isolated"]], "s-", label="isolated")
-        if s["centralised"] is not None:
-            ax.axhline(100 * s["centralised"], ls="--", color="k", lw=1, label="centralised")
-        ax.set_xlabel("number of clients")
-        ax.set_ylabel("macro-F1 (%), mean over clients")
-        ax.set_title(f"{dataset}, {'distinct nodes' if overlap == 0 else f'overlap {overlap}'}, {rounds} rounds")
-        ax.grid(alpha=0.3)
-        ax.legend()
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, metric, name in ((axes[0], "f1", "macro-F1"), (axes[1], "nmi", "NMI")):
+            _band(ax, s["clients"], s[f"fed_{metric}"], s[f"fed_{metric}_sd"], "o-", "federated")
+            _band(ax, s["clients"], s[f"iso_{metric}"], s[f"iso_{metric}_sd"], "s-", "isolated")
+            cm, csd = s[f"cen_{metric}"]
+            if cm is not None:
+                ax.axhline(100 * cm, ls="--", color="k", lw=1, label="centralised")
+                if csd is not None:
+                    ax.axhspan(100 * (cm - csd), 100 * (cm + csd), color="k", alpha=0.08)
+            ax.set_xlabel("number of clients")
+            ax.set_ylabel(f"{name} (%), mean over clients")
+            ax.set_xticks(s["clients"])
+            ax.grid(alpha=0.3)
+            ax.legend()
+        shared = "distinct nodes (Figure 1)" if overlap == 0 else f"shared nodes, overlap {overlap} (Figure 2)"
+        fig.suptitle(f"{dataset}, {shared}, {rounds} rounds; mean ± std over seeds")
         path = RESULTS / f"fedavg_dmon_{dataset}_overlap{overlap}_r{rounds}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=110)
@@ -264,13 +379,16 @@ def plots(series: dict, dp: list) -> list[str]:
     with_dp = [r for r in dp if r["eps"] > 0]
     if with_dp:
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.semilogx([r["eps"] for r in with_dp], [100 * r["client"]["f1"] for r in with_dp], "o-", label="DP-FedAvg")
+        ax.semilogx([r["eps"] for r in with_dp], [100 * r["f1"][0] for r in with_dp], "o-", label="DP-FedAvg")
+        if all(r["f1"][1] is not None for r in with_dp):
+            ax.fill_between([r["eps"] for r in with_dp], [100 * (r["f1"][0] - r["f1"][1]) for r in with_dp],
+                            [100 * (r["f1"][0] + r["f1"][1]) for r in with_dp], alpha=0.2)
         base = [r for r in dp if r["eps"] == 0]
         if base:
-            ax.axhline(100 * base[0]["client"]["f1"], ls="--", color="k", lw=1, label="no DP")
+            ax.axhline(100 * base[0]["f1"][0], ls="--", color="k", lw=1, label="no DP")
         ax.set_xlabel("epsilon (delta = 1e-5)")
         ax.set_ylabel("macro-F1 (%), mean over clients")
-        ax.set_title("Cora, client-level DP-FedAvg")
+        ax.set_title(f"Cora, client-level DP-FedAvg, seeds {with_dp[0]['seeds']}")
         ax.grid(alpha=0.3)
         ax.legend()
         path = RESULTS / "fedavg_dmon_dp.png"
@@ -279,6 +397,23 @@ def plots(series: dict, dp: list) -> list[str]:
         plt.close(fig)
         out.append(str(path))
     return out
+
+
+def ran(runs: list[dict]) -> str:
+    """What the records hold, per suite (so the text never claims more than ran)."""
+    out = []
+    fig = [r for r in runs if r["suite"] == "figures"]
+    for dataset in sorted({r["dataset"] for r in fig}):
+        rs = [r for r in fig if r["dataset"] == dataset]
+        per_seed = {s: len([r for r in rs if r["seed"] == s]) for s in sorted({r["seed"] for r in rs})}
+        out.append(f"{dataset}: {len(rs)} runs, {sorted({r['rounds'] for r in rs})} rounds, clients "
+                   f"{sorted({r['clients'] for r in rs if r['mode'] != 'centralised'})}, overlaps "
+                   f"{sorted({r['overlap'] for r in rs})}, runs per seed {per_seed}")
+    dp = [r for r in runs if r["suite"] == "dp"]
+    if dp:
+        out.append(f"DP: {len(dp)} runs (Cora, {dp[0]['clients']} clients, {sorted({r['rounds'] for r in dp})} rounds, "
+                   f"seeds {sorted({r['seed'] for r in dp})})")
+    return "; ".join(out)
 
 
 def render(db: dict) -> str:
@@ -295,15 +430,17 @@ def render(db: dict) -> str:
              "3 F1 points). F1 = macro-F1 (Hungarian), mean over clients of each client's score on its own nodes; "
              "union F1 = one labelling of all nodes scored on the whole graph. Model selection: best validation-edge "
              "modularity (unsupervised; the paper selects on validation F1, i.e. with labels). Edge split 0.7/0.1/0.2; "
-             "the GCN sees training edges only. Machine shared with other engineers (2 cores, load 3-12): timings "
-             "are pessimistic; the CPU column is the run's own CPU time.", "",
-             "What was run (reduced grid, not the paper's full one): `--suites cost` (250 rounds x 5 clients, Cora); "
-             "`--suites figures --datasets cora,citeseer --clients 2,5,10 --overlaps 0,0.2 --seeds 0 --rounds 100` "
-             "(Cora also `--seeds 1,2` where listed); `--suites dp --dp-rounds 100 --dp-clip 0.5` (Cora, 5 clients). "
-             "Figures use 100 rounds instead of the paper's 250 and clients 2/5/10 instead of 2..15; the overlap "
-             "fraction for Figure 2 (0.2) is ours, the paper does not give one.", ""]
+             "the GCN sees training edges only. Accuracy runs were made on a shared machine (2 cores); the cost row "
+             "is whatever `--suites cost` last measured (its load average is recorded next to it).", "",
+             "Partitions follow the authors' code (github.com/willleeney/ugfl): Figure 1 = `node-random` (their "
+             "`random`), Figure 2 = every client holds 1.5 N/C nodes (their `random_overlapping`), here "
+             "`partition.overlap=0.5` (N/C owned nodes plus 0.5 N/C copies of other clients' nodes; with 2 clients "
+             "each holds 75% of the graph). Their evaluation is the same per-client F1 on each client's nodes; they "
+             "select each client's best round on validation F1 (labels), we on validation-edge modularity. "
+             "Entries are mean ± std over seeds; `seeds` = runs per cell.", "",
+             f"What the records hold: {ran(runs) or 'nothing yet'}.", ""]
     if fig_md:
-        parts += ["### Figures 1 and 2: F1 vs number of clients", "", fig_md]
+        parts += ["### Figures 1 and 2: F1 and NMI vs number of clients", "", fig_md]
     cc = central_check(runs)
     if cc:
         parts += ["### Centralised DMoN on Cora", "", cc, ""]
@@ -324,35 +461,51 @@ def write_md(section: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suites", default="figures,cost,dp")
+    ap.add_argument("--suites", default="figures,cost,dp", help=f"comma-separated, from {', '.join(SUITES)}")
     ap.add_argument("--datasets", default="cora,citeseer")
-    ap.add_argument("--clients", default="2,3,5,10,15")
-    ap.add_argument("--overlaps", default="0,0.2", help="partition.overlap values (0 = Figure 1)")
+    ap.add_argument("--clients", default="2,3,5,8,10,15")
+    ap.add_argument("--overlaps", default="0,0.5",
+                    help="partition.overlap values (0 = Figure 1; 0.5 = the authors' 1.5 N/C nodes per client)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=250)
     ap.add_argument("--dp-rounds", type=int, default=100)
     ap.add_argument("--dp-clients", type=int, default=5)
     ap.add_argument("--dp-clip", type=float, default=0.5)
+    ap.add_argument("--dp-seeds", default="0")
     ap.add_argument("--epsilons", default="0,1,10,100,1000,10000")
-    ap.add_argument("--render-only", action="store_true", help="rewrite tables/plots from the JSON")
+    ap.add_argument("--force", action="store_true", help="re-run figures/dp runs that already have a record")
+    ap.add_argument("--render-only", action="store_true", help="rewrite tables/plots from the records")
     args = ap.parse_args(argv)
     args.suites = [s for s in args.suites.split(",") if s]
+    bad = [s for s in args.suites if s not in SUITES]
+    if bad:
+        ap.error(f"unknown suite {bad[0]!r}; valid choices: {', '.join(SUITES)}")
     args.datasets = [s for s in args.datasets.split(",") if s]
     args.clients = [int(s) for s in args.clients.split(",") if s]
     args.overlaps = [float(s) for s in args.overlaps.split(",") if s]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.dp_seeds = [int(s) for s in args.dp_seeds.split(",") if s]
     args.epsilons = [float(s) for s in args.epsilons.split(",") if s]
-    db = load()
     if not args.render_only:
         jobs = plan(args)
         for i, job in enumerate(jobs, 1):
+            record = run_dir(**job) / "record.json"
+            if job["suite"] != "cost" and record.exists() and not args.force:
+                continue
+            if not claim(run_dir(**job)):
+                continue  # another grid process is running it
             rec = run_one(**job)
-            db["runs"][_key({"eps": 0.0, **job})] = rec
-            save(db)
+            record.write_text(json.dumps(rec, indent=1) + "\n")
             print(f"[{i}/{len(jobs)}] {job['suite']:<8}{job['dataset']:<9}{job['mode']:<12}c={job['clients']:<3}"
                   f"ov={job['overlap']:<4}seed={job['seed']} eps={job.get('eps', 0):<7g} client F1 "
                   f"{_pct(rec['client']['f1']):>5} NMI {_pct(rec['client']['nmi']):>5} union F1 "
                   f"{_pct(rec['union']['f1']):>5}  {rec['wall_s']:.1f} s", flush=True)
+            if job["suite"] == "cost":
+                print(f"cost: {rec['wall_s']:.1f} s end to end (target < {COST_TARGET_S:.0f} s), "
+                      f"{rec['train_round_s_mean']:.3f} s and {rec['train_round_bytes_up'] / 1e6:.2f} MB up / "
+                      f"{rec['train_round_bytes_down'] / 1e6:.2f} MB down per round, load {rec['load_1min']:.1f}",
+                      flush=True)
+    db = load()
     section = render(db)
     save(db)
     write_md(section)

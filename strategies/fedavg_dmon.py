@@ -3,7 +3,8 @@
 Leeney & McConville, "A Framework for Exploring Federated Community
 Detection" (2023). Clients hold node-partitioned subgraphs of one graph
 (cross-client edges lost; ``partition.overlap`` lets clients share nodes),
-all with the same features. Math and the edge split / model selection rules:
+all with the same features. The paper's shared-node setting (Figure 2; its
+code gives every client 1.5 N/C nodes) is ``partition.overlap=0.5``. Math and the edge split / model selection rules:
 ``app.protocols.fedavg_dmon``.
 
 Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:

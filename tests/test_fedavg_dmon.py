@@ -49,6 +49,23 @@ def test_edge_split_is_a_symmetric_disjoint_partition_restricted_consistently():
         proto.edge_split_codes(np.array([0]), np.array([1]), 0, 0.5, 0.5)
 
 
+@pytest.mark.parametrize("clients", [2, 5])
+def test_overlap_half_gives_each_client_the_authors_share_of_nodes(clients):
+    """Figure 2 setting: the authors' ``random_overlapping`` gives every client 1.5 N/C nodes;
+    ``partition.overlap=0.5`` must do the same (each node owned once, copies on other clients)."""
+    from app.data.partition import partition
+
+    cora = load_dataset("cora")
+    shards = partition(cora, "node-random", clients, seed=0, overlap=0.5)
+    sizes = np.array([s.node_ids.size for s in shards])
+    assert sizes.sum() == round(1.5 * cora.num_nodes)
+    assert np.all(np.abs(sizes - 1.5 * cora.num_nodes / clients) < 0.1 * cora.num_nodes / clients)
+    owned = np.concatenate([s.node_ids[s.owned] for s in shards])
+    assert np.array_equal(np.sort(owned), np.arange(cora.num_nodes))
+    for s in shards:
+        assert np.unique(s.node_ids).size == s.node_ids.size  # a copy never lands on its owner
+
+
 def test_fedavg_weights_by_node_count_exactly():
     rng = np.random.default_rng(0)
     shapes = proto.param_shapes(5, 3, 4)
