@@ -231,6 +231,12 @@ def _stats(runs: list[dict], scope: str, key: str) -> tuple:
     return _mean(xs), _std(xs)
 
 
+def _paired(a: list[dict], b: list[dict]) -> float | None:
+    """Mean over the seeds run in both ``a`` and ``b`` of (client F1 of a) - (client F1 of b)."""
+    fb = {r["seed"]: r["client"]["f1"] for r in b}
+    return _mean(r["client"]["f1"] - fb[r["seed"]] for r in a if r["seed"] in fb)
+
+
 def figures_table(runs: list[dict]) -> tuple[str, dict]:
     lines, series = [], {}
     fig = [r for r in runs if r["suite"] == "figures"]
@@ -248,30 +254,32 @@ def figures_table(runs: list[dict]) -> tuple[str, dict]:
                           f"{sorted(r['seed'] for r in cen)}): F1 {_pm([r['client']['f1'] for r in cen])}, "
                           f"NMI {_pm([r['client']['nmi'] for r in cen])}", "",
                           "| clients | seeds | federated F1 | isolated F1 | fed - iso | fed - central | "
-                          "federated NMI | isolated NMI | federated union F1 | paper's claim |",
-                          "|---|---|---|---|---|---|---|---|---|---|"]
+                          "federated NMI | isolated NMI | federated union F1 | fed selected round | paper's claim |",
+                          "|---|---|---|---|---|---|---|---|---|---|---|"]
                 s = {k: [] for k in ("clients", "fed_f1", "fed_f1_sd", "iso_f1", "iso_f1_sd", "fed_nmi",
                                      "fed_nmi_sd", "iso_nmi", "iso_nmi_sd")}
                 for clients in sorted({r["clients"] for r in sel if r["overlap"] == overlap and r["mode"] != "centralised"}):
                     f = [r for r in sel if r["overlap"] == overlap and r["clients"] == clients and r["mode"] == "federated"]
                     i = [r for r in sel if r["overlap"] == overlap and r["clients"] == clients and r["mode"] == "isolated"]
                     ff, fi = _stats(f, "client", "f1")[0], _stats(i, "client", "f1")[0]
+                    fed_iso, fed_cen = _paired(f, i), _paired(f, cen)
                     claim = "fed > iso"
                     if overlap > 0 and clients == 2:
                         claim += ", fed within 3 of central"
                     ok = []
-                    if ff is not None and fi is not None:
-                        ok.append("yes" if ff > fi else "NO")
-                    if overlap > 0 and clients == 2 and ff is not None and cf1[0] is not None:
-                        ok.append("yes" if cf1[0] - ff <= 0.03 else "NO")
+                    if fed_iso is not None:
+                        ok.append("yes" if fed_iso > 0 else "NO")
+                    if overlap > 0 and clients == 2 and fed_cen is not None:
+                        ok.append("yes" if fed_cen >= -0.03 else "NO")
                     seeds = f"{len(f)}/{len(i)}" if len(f) != len(i) else str(len(f))
                     lines.append(
                         f"| {clients} | {seeds} | {_pm([r['client']['f1'] for r in f])} | "
                         f"{_pm([r['client']['f1'] for r in i])} | "
-                        f"{_signed(None if ff is None or fi is None else ff - fi)} | "
-                        f"{_signed(None if ff is None or cf1[0] is None else ff - cf1[0])} | "
+                        f"{_signed(fed_iso)} | {_signed(fed_cen)} | "
                         f"{_pm([r['client']['nmi'] for r in f])} | {_pm([r['client']['nmi'] for r in i])} | "
-                        f"{_pct(_mean(r['union']['f1'] for r in f))} | {claim}: {', '.join(ok) or '-'} |")
+                        f"{_pct(_mean(r['union']['f1'] for r in f))} | "
+                        f"{', '.join(str(r['selected_round']) for r in sorted(f, key=lambda r: r['seed'])) or '-'} | "
+                        f"{claim}: {', '.join(ok) or '-'} |")
                     s["clients"].append(clients)
                     for mode, rs in (("fed", f), ("iso", i)):
                         for metric in ("f1", "nmi"):
@@ -437,7 +445,14 @@ def render(db: dict) -> str:
              "`partition.overlap=0.5` (N/C owned nodes plus 0.5 N/C copies of other clients' nodes; with 2 clients "
              "each holds 75% of the graph). Their evaluation is the same per-client F1 on each client's nodes; they "
              "select each client's best round on validation F1 (labels), we on validation-edge modularity. "
-             "Entries are mean ± std over seeds; `seeds` = runs per cell.", "",
+             "Entries are mean ± std over seeds; `seeds` = runs per cell (federated/isolated); the differences "
+             "`fed - iso` and `fed - central` (and the claim checks) are means over the seeds both sides ran.", "",
+             "The 2-client shared-node gap to centralised (7.5 F1 points on Cora in an earlier version of this "
+             "table) came from the overlap setting: it was `partition.overlap=0.2`, i.e. each of 2 clients held 60% "
+             "of the nodes, where the authors' code gives each 75%. Checked and not the cause: evaluation (the "
+             "authors also score each client on all of its nodes, copies included), learning rate and epochs per "
+             "round (theirs: 1e-3, 5), and the number of rounds (validation-modularity selection picks an early "
+             "round, column `fed selected round`, so 100 and 250 rounds select the same weights in most runs).", "",
              f"What the records hold: {ran(runs) or 'nothing yet'}.", ""]
     if fig_md:
         parts += ["### Figures 1 and 2: F1 and NMI vs number of clients", "", fig_md]
