@@ -371,6 +371,13 @@ def agc_embedding(x: Any, adj: Any, k: int, order: int, seed: int) -> np.ndarray
     sparse products with n x l blocks: O(order * nnz(G) * l + nnz(X) * l) per
     pass. Matches the dense SVD's subspace to ~1e-6 (see :func:`_randomized_left_sv`).
     """
+    return agc_singular(x, adj, k, order, seed)[0]
+
+
+def agc_singular(x: Any, adj: Any, k: int, order: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k left singular vectors and singular values ``(U_k, s_k)`` of ``G^order X``
+    (as :func:`agc_embedding`); ``U_k * s_k = G^order X V_k`` is the projection of
+    the filtered rows on their top-k right singular subspace, in its own coordinates."""
     order = _check_order(order)
     G = agc_filter_matrix(adj)
     n = G.shape[0]
@@ -383,14 +390,14 @@ def agc_embedding(x: Any, adj: Any, k: int, order: int, seed: int) -> np.ndarray
         return np.asarray(M)
 
     with _threads(0.0):
-        U, _, _ = _randomized_left_sv(
+        U, s, _ = _randomized_left_sv(
             lambda B: filt(np.asarray(X @ B)),
             lambda C: np.asarray(X.T @ filt(C)),
             (n, X.shape[1]),
             k,
             seed,
         )
-    return U
+    return U, s
 
 
 def agc_intra_distance(F: np.ndarray, labels: np.ndarray) -> float:

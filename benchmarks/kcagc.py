@@ -1,28 +1,36 @@
-"""kCAGC benchmark (issue 10): Tables II and IV of the paper and the secure-aggregation count.
+"""kCAGC benchmark (issue 10): Tables II and IV of the paper, secure-aggregation counts, tree variant.
 
-``python benchmarks/kcagc.py [--seeds 5] [--datasets cora,citeseer,wiki] [--clients 2,4,8,16] [--factors 1,2,4,8]``
+``python benchmarks/kcagc.py [--parts table2,tree,embeddings,timing] [--seeds 5] [--datasets cora,citeseer,wiki]
+[--clients 2,4,8,16] [--factors 1,2,4,8] [--split contiguous|random]``
 
-Every cell runs ``kcagc`` through ``app.run.run_experiment`` (in-process
-engine: the same ServerApp/ClientApp code, no Ray start-up) on the
-``vertical`` split (contiguous column blocks), filter order psi = 9 / 15 / 2
-(cora / citeseer / wiki, the paper's values), k_hat = factor x k, Q = 10
-iterations, 10 k-means++ seedings side by side; ``kcagc-basic`` per
-(dataset, L); centralised AGC (``app.baselines.agc``, same psi, 10 k-means
-restarts) per seed. Seeds 0..N-1 change the k-means seeding (data and split
-are fixed).
+Each part writes its own JSON under ``benchmarks/results`` and then re-renders
+the ``kcagc`` section of ``benchmarks/RESULTS.md`` from every part found there:
 
-* Table II: ACC / NMI / F1 mean and std over the seeds, paper's ACC beside.
-* Table IV: protocol time (``timing.protocol_s``: secure-aggregation key
-  agreement, local clustering, intersections, secure Lloyd; process and
-  framework start-up excluded), mean over seeds, paper's seconds beside
-  (paper: C++ / GMP, 48 cores, LAN, one process per party; here: Python,
-  all parties in one process on a shared 2-core machine).
-* Secure aggregation: scalars aggregated and uploaded bytes of ``kcagc``
-  vs ``kcagc-basic`` (paper: 1.8% of basic for Cora, L=2, k_hat=k).
+* ``table2`` (``kcagc.json``): ``kcagc`` per (dataset, L, k_hat),
+  ``kcagc-basic`` per (dataset, L), centralised AGC (``app.baselines.agc``,
+  same psi, 10 k-means restarts) per seed; ACC / NMI / F1 mean and std over
+  seeds with the paper's Table II beside; scalars aggregated and uploaded
+  bytes of ``kcagc`` vs ``kcagc-basic`` (paper: 1.8% of basic, Cora L=2).
+* ``timing`` (``kcagc_timing.json``): Table IV alone - one ``kcagc`` run
+  (seed 0) per (dataset, L, k_hat), protocol time ``timing.protocol_s``
+  (secure-aggregation key agreement, local clustering, intersections, secure
+  Lloyd; process and framework start-up excluded) beside the paper's seconds
+  (paper: C++/GMP, one process per party on 48 cores, LAN; here: Python, all
+  parties one after another in one process). Run it on an idle machine:
+  ``python benchmarks/kcagc.py --parts timing``.
+* ``tree`` (``kcagc_tree.json``): the binary-tree arrangement vs the flat
+  Protocol 3 at L = 8, 16: ACC, virtual nodes, secure sums, scalars, bytes.
+* ``embeddings`` (``kcagc_embeddings.json``): the per-party embedding
+  choices (``kcagc.embedding``) on ``kcagc-basic`` and ``kcagc``: the
+  evidence for the default.
 
-Writes ``benchmarks/results/kcagc.json`` (updated after every run, so a
-partial grid is kept), PNG plots next to it and the ``kcagc`` section of
-``benchmarks/RESULTS.md``.
+Every run goes through ``app.run.run_experiment`` (in-process engine: the same
+ServerApp/ClientApp code, no Ray start-up) on the ``vertical`` split, filter
+order psi = 9 / 15 / 2 (cora / citeseer / wiki, the paper's values),
+k_hat = factor x k, Q = 10, 10 k-means++ seedings side by side, default
+embedding unless a part says otherwise. Seeds 0..N-1 change the k-means
+seeding (data and split are fixed). ``--out`` + ``--no-report`` write one part
+of a grid (e.g. one dataset per process); ``--merge`` joins such parts.
 """
 
 from __future__ import annotations
@@ -82,15 +90,23 @@ PAPER_TIME = {
 KEEP = ("acc", "nmi", "f1", "ari")
 
 
-def one_run(strategy: str, dataset: str, clients: int, factor: int, seed: int, tmp: Path) -> dict:
-    overrides = {"seed": seed, "reference": False, "kcagc.filter-order": 0}
+PARTS = ("table2", "timing", "tree", "embeddings")
+PART_FILES = {"table2": "kcagc.json", "timing": "kcagc_timing.json", "tree": "kcagc_tree.json",
+              "embeddings": "kcagc_embeddings.json", "table2-random": "kcagc_random.json"}
+
+
+def one_run(strategy: str, dataset: str, clients: int, factor: int, seed: int, tmp: Path, split: str,
+            **extra) -> dict:
+    overrides = {"seed": seed, "reference": False, "kcagc.filter-order": 0, "partition.split": split, **extra}
     if strategy == "kcagc":
         overrides["kcagc.local-factor"] = factor
-    out = tmp / f"{strategy}-{dataset}-{clients}-{factor}-{seed}"
+    tag = "-".join(f"{v}" for v in extra.values())
+    out = tmp / f"{strategy}-{dataset}-{clients}-{factor}-{seed}-{tag}"
     r = run_experiment(strategy, dataset, clients, overrides, out, engine="inprocess")
     m = r["metrics"]
     return {
         "strategy": strategy, "dataset": dataset, "clients": clients, "factor": factor, "seed": seed,
+        "split": split, **{k.split(".")[-1]: v for k, v in extra.items()},
         **{k: m[k] for k in KEEP},
         "protocol_s": r["timing"]["protocol_s"],
         "aggregated_values": m["aggregated_values"],
@@ -123,22 +139,82 @@ def cell(runs, strategy, dataset, clients, factor=None):
             and (factor is None or r["factor"] == factor)]
 
 
-def render(summary: dict) -> str:
+EMBEDDING_NOTE = (
+    "Per-party embedding (`kcagc.embedding`, default `normalized`): each party filters its columns "
+    "(G^psi X^l), keeps the top-k left singular vectors U^l of the filtered block and scales every row to "
+    "unit length; virtual nodes are means of these rows. The paper's text says \"project X^l onto the "
+    "subspace spanned by the top k_hat singular vectors\" (Protocol 1 line 5, Protocol 2 line 6), i.e. "
+    "X^l V V' = U S (`projection`), which keeps the geometry of the filtered features; taken literally it "
+    "is clearly worse here (table below: Cora basic ~59-60% at every L, against 67.5% for AGC's U at L=2). "
+    "The paper's AGC baseline and its b-kCAGC at L=2 (67.6% = AGC) match clustering the singular vectors "
+    "U (`svd`, the previous default), but with U the accuracy falls with L (Cora L=16 ~58%): every party's "
+    "block is whitened separately, and nodes with few of a party's words get short, noisy rows that "
+    "dominate the concatenation of many narrow blocks. Unit rows (Ng-Jordan-Weiss) weigh every party "
+    "equally per node and keep the accuracy flat in L. This is our choice, not the paper's wording: the "
+    "paper does not say how its per-party projections are scaled."
+)
+
+
+def render(summary: dict, timing: dict | None = None, tree: dict | None = None, emb: dict | None = None,
+           random_split: dict | None = None) -> str:
     runs = summary["runs"]
+    split = summary.get("split", "contiguous")
     lines = [
         "## kCAGC (`kcagc`, `kcagc-basic`) - issue 10",
         "",
-        f"`python benchmarks/kcagc.py` ({summary['generated_utc']}, "
-        f"{summary['elapsed_s'] / 60:.1f} min of runs on a shared 2-core machine). Vertical split into contiguous "
+        f"`python benchmarks/kcagc.py --parts table2 --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
+        f"{summary['elapsed_s'] / 60:.1f} min of runs on a shared 2-core machine). Vertical split into {split} "
         "column blocks, psi = 9 / 15 / 2 (cora / citeseer / wiki), k_hat = factor x k, Q = 10, "
-        "10 k-means++ seedings side by side; mean (std) over seeds "
-        f"{summary['seeds']}. Each cell: paper / ours (std) / difference (ACC %). PubMed is not in the data root.",
+        f"10 k-means++ seedings side by side, embedding `{summary.get('embedding', 'normalized')}`; mean (std) "
+        f"over seeds {summary['seeds']}. Each cell: paper / ours (std) / difference (ACC %). PubMed is not in "
+        "the data root.",
+        "",
+        EMBEDDING_NOTE,
         "",
     ]
     if summary.get("note"):
         lines += [summary["note"], ""]
+    if emb:
+        lines += render_embeddings(emb)
+    lines += render_table2(summary)
+    if random_split:
+        lines += [f"### Table II with a random column split (`--split random`, seeds {random_split['seeds']})", "",
+                  "The paper writes X = [X^1, ..., X^L] and does not say how columns are assigned; a random "
+                  "assignment (every party a random 1/L of the words) is the other natural reading.", ""]
+        lines += render_table2(random_split, level="####", scores=False)
+    lines += render_timing(timing or {**summary, "under_load": True})
+    lines += ["### Secure aggregation: `kcagc` vs `kcagc-basic` (seed-mean)", "",
+              "| dataset | L | k_hat | virtual nodes | aggregated scalars | % of basic | secure sums | "
+              "upload MB | basic upload MB |", "|---|---|---|---|---|---|---|---|---|"]
     for ds in summary["datasets"]:
-        lines += [f"### Table II - {ds} (ACC %)", "",
+        for c in summary["clients"]:
+            b = cell(runs, "kcagc-basic", ds, c)
+            for f in summary["factors"]:
+                rs = cell(runs, "kcagc", ds, c, f)
+                if not rs or not b:
+                    continue
+                vals, bvals = stats(rs, "aggregated_values")[0], stats(b, "aggregated_values")[0]
+                vn = np.mean([r["virtual_nodes"][-1] for r in rs])
+                lines.append(f"| {ds} | {c} | {f}k | {vn:.0f} | {vals:.0f} | {100 * vals / bvals:.1f}% | "
+                             f"{stats(rs, 'secure_sums')[0]:.0f} | {stats(rs, 'bytes_up')[0] / 1e6:.2f} | "
+                             f"{stats(b, 'bytes_up')[0] / 1e6:.2f} |")
+    lines += ["", "Paper: kCAGC needs 1.8% of basic's secure aggregations for Cora at L=2, k_hat=k "
+              "(k^2/n with k^2 intersections). Both counts here include the k-1 k-means++ seeding rounds "
+              "and the 10 seedings run side by side.", ""]
+    if tree:
+        lines += render_tree(tree)
+    for p in summary.get("plots", []):
+        lines.append(f"![{Path(p).stem}](results/{Path(p).name})")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def render_table2(summary: dict, level: str = "###", scores: bool = True) -> list[str]:
+    """Table II in the paper's layout for every dataset of ``summary`` (and NMI / F1 if ``scores``)."""
+    runs = summary["runs"]
+    lines = []
+    for ds in summary["datasets"]:
+        lines += [f"{level} Table II - {ds}, {summary.get('split', 'contiguous')} split (ACC %)", "",
                   "| | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
                   "|---|" + "---|" * len(summary["clients"])]
         for f in summary["factors"]:
@@ -176,6 +252,8 @@ def render(summary: dict) -> str:
         lines += ["", f"Best cell {100 * best[0]:.2f} (L={best[1]}, k_hat={best[2]}k) vs paper best {paper_best:.2f}; "
                   f"cells more than 2 points below the paper: {sum(d < -2 for _, _, d in below)} of {len(below)} "
                   f"(worst L={worst[0]}, k_hat={worst[1]}k: {worst[2]:+.2f}).", ""]
+        if not scores:
+            continue
         lines += [f"NMI / F1 (%) of `kcagc`, {ds}:", "",
                   "| | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
                   "|---|" + "---|" * len(summary["clients"])]
@@ -186,16 +264,31 @@ def render(summary: dict) -> str:
                 row.append(f"{100 * stats(rs, 'nmi')[0]:.2f} / {100 * stats(rs, 'f1')[0]:.2f}" if rs else "-")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
-    lines += ["### Table IV - protocol time (s): paper (C++/GMP, LAN) / ours (mean over seeds)", "",
-              "| dataset | k_hat | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
-              "|---|---|" + "---|" * len(summary["clients"])]
-    slower = 0
-    total = 0
-    for ds in summary["datasets"]:
-        for f in summary["factors"]:
+    return lines
+
+
+def render_timing(timing: dict) -> list[str]:
+    runs = timing["runs"]
+    datasets = list(dict.fromkeys(r["dataset"] for r in runs))
+    clients = sorted({r["clients"] for r in runs})
+    factors = sorted({r["factor"] for r in runs if r["strategy"] == "kcagc"})
+    if timing.get("under_load"):
+        how = ("from the Table II runs (mean over seeds, machine under load: not a measurement for the "
+               "target; `python benchmarks/kcagc.py --parts timing` on an idle machine replaces it)")
+    else:
+        how = (f"`python benchmarks/kcagc.py --parts timing` ({timing['generated_utc']}, seed 0, load average "
+               f"{timing.get('load', '?')} at the start)")
+    lines = [f"### Table IV - protocol time (s): paper (C++/GMP, LAN) / ours, {how}", "",
+             "All parties run one after another in one process, so the protocol time is the sum of every "
+             "party's local work, not the maximum as with parties on their own machines.", "",
+             "| dataset | k_hat | " + " | ".join(f"L={c}" for c in clients) + " |",
+             "|---|---|" + "---|" * len(clients)]
+    slower = total = 0
+    for ds in datasets:
+        for f in factors:
             row = [ds, f"{f}k"]
-            for c in summary["clients"]:
-                rs = cell(summary.get("timing_runs") or runs, "kcagc", ds, c, f)
+            for c in clients:
+                rs = cell(runs, "kcagc", ds, c, f)
                 if not rs:
                     row.append("-")
                     continue
@@ -205,33 +298,70 @@ def render(summary: dict) -> str:
                 slower += t > p
                 row.append(f"{p:.2f} / **{t:.2f}**")
             lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"Cells slower than the paper: {slower} of {total}.", ""]
-    lines += ["### Secure aggregation: `kcagc` vs `kcagc-basic` (seed-mean)", "",
-              "| dataset | L | k_hat | virtual nodes | aggregated scalars | % of basic | secure sums | "
-              "upload MB | basic upload MB |", "|---|---|---|---|---|---|---|---|---|"]
-    for ds in summary["datasets"]:
-        for c in summary["clients"]:
-            b = cell(runs, "kcagc-basic", ds, c)
-            for f in summary["factors"]:
-                rs = cell(runs, "kcagc", ds, c, f)
-                if not rs or not b:
+    return lines + ["", f"Cells slower than the paper: {slower} of {total}.", ""]
+
+
+def render_tree(tree: dict) -> list[str]:
+    runs = tree["runs"]
+    lines = ["### Tree variant (`kcagc.tree`) vs flat Protocol 3", "",
+             f"`python benchmarks/kcagc.py --parts tree` ({tree['generated_utc']}), seeds {tree['seeds']}, mean "
+             "over seeds. Tree: parties at the leaves of a binary tree, each internal node intersects its "
+             "children's clusterings and re-clusters them into k_hat clusters (the root into k); all "
+             "internal nodes of a level share the same messages. Virtual nodes: the largest single "
+             "k-means (flat: the only one).", "",
+             "| dataset | L | k_hat | ACC flat | ACC tree | virtual nodes flat / tree (max) | secure sums flat / "
+             "tree | scalars aggregated flat / tree | upload MB flat / tree | protocol s flat / tree |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for ds in dict.fromkeys(r["dataset"] for r in runs):
+        for c in sorted({r["clients"] for r in runs}):
+            for f in sorted({r["factor"] for r in runs}):
+                fl = [r for r in cell(runs, "kcagc", ds, c, f) if not r.get("tree")]
+                tr = [r for r in cell(runs, "kcagc", ds, c, f) if r.get("tree")]
+                if not fl or not tr:
                     continue
-                vals, bvals = stats(rs, "aggregated_values")[0], stats(b, "aggregated_values")[0]
-                vn = np.mean([r["virtual_nodes"][-1] for r in rs])
-                lines.append(f"| {ds} | {c} | {f}k | {vn:.0f} | {vals:.0f} | {100 * vals / bvals:.1f}% | "
-                             f"{stats(rs, 'secure_sums')[0]:.0f} | {stats(rs, 'bytes_up')[0] / 1e6:.2f} | "
-                             f"{stats(b, 'bytes_up')[0] / 1e6:.2f} |")
-    lines += ["", "Paper: kCAGC needs 1.8% of basic's secure aggregations for Cora at L=2, k_hat=k "
-              "(k^2/n with k^2 intersections). Both counts here include the k-1 k-means++ seeding rounds "
-              "and the 10 seedings run side by side.", ""]
-    for p in summary.get("plots", []):
-        lines.append(f"![{Path(p).stem}](results/{Path(p).name})")
-    lines.append("")
-    return "\n".join(lines)
+
+                def both(key, fmt="{:.0f}"):
+                    return f"{fmt.format(stats(fl, key)[0])} / {fmt.format(stats(tr, key)[0])}"
+
+                vn = (f"{np.mean([r['virtual_nodes'][-1] for r in fl]):.0f} / "
+                      f"{np.mean([max(r['virtual_nodes']) for r in tr]):.0f}")
+                lines.append(f"| {ds} | {c} | {f}k | {100 * stats(fl, 'acc')[0]:.2f} | "
+                             f"{100 * stats(tr, 'acc')[0]:.2f} | {vn} | {both('secure_sums')} | "
+                             f"{both('aggregated_values')} | "
+                             f"{stats(fl, 'bytes_up')[0] / 1e6:.2f} / {stats(tr, 'bytes_up')[0] / 1e6:.2f} | "
+                             f"{both('protocol_s', '{:.2f}')} |")
+    return lines + ["", "Protocol time here measured under load (relative comparison only).", ""]
 
 
-def write_md(summary: dict) -> None:
-    replace_section(MD, "kcagc", render(summary))
+def render_embeddings(emb: dict) -> list[str]:
+    runs = emb["runs"]
+    clients = sorted({r["clients"] for r in runs})
+    lines = [f"Embedding comparison (`python benchmarks/kcagc.py --parts embeddings`, {emb['generated_utc']}, "
+             f"{emb.get('split', 'contiguous')} split, seeds {emb['seeds']}; ACC %, basic / kcagc k_hat=k / "
+             "kcagc k_hat=4k):", "",
+             "| dataset | embedding | " + " | ".join(f"L={c}" for c in clients) + " |",
+             "|---|---|" + "---|" * len(clients)]
+    for ds in dict.fromkeys(r["dataset"] for r in runs):
+        for e, pr in dict.fromkeys((r["embedding"], r.get("prune", False)) for r in runs):
+            row = [ds, f"`{e}`" + (" + 1/9 pruning" if pr else "")]
+            for c in clients:
+                rs = [r for r in runs if r["dataset"] == ds and r["embedding"] == e and r.get("prune", False) == pr
+                      and r["clients"] == c]
+                parts = []
+                for strat, f in (("kcagc-basic", 0), ("kcagc", 1), ("kcagc", 4)):
+                    sel = [r for r in rs if r["strategy"] == strat and (strat != "kcagc" or r["factor"] == f)]
+                    parts.append(f"{100 * stats(sel, 'acc')[0]:.1f}" if sel else "-")
+                row.append(" / ".join(parts))
+            lines.append("| " + " | ".join(row) + " |")
+    return lines + [""]
+
+
+def write_md() -> None:
+    found = {p: json.loads((RESULTS / f).read_text()) for p, f in PART_FILES.items() if (RESULTS / f).exists()}
+    if "table2" not in found:
+        return
+    replace_section(MD, "kcagc", render(found["table2"], found.get("timing"), found.get("tree"),
+                                        found.get("embeddings"), found.get("table2-random")))
 
 
 def plots(summary: dict) -> list[str]:
@@ -281,20 +411,83 @@ def plots(summary: dict) -> list[str]:
     return out
 
 
+def result_part(part: str, split: str) -> str:
+    """The results file key of a part: the random-split Table II is kept beside the main one."""
+    return "table2-random" if part == "table2" and split == "random" else part
+
+
+def run_grid(args, part: str) -> dict:
+    """Run one part's cells; returns its summary (also saved to --out as it goes)."""
+    seeds = list(range(args.seeds))
+    datasets = [d for d in args.datasets.split(",") if d]
+    clients = [int(c) for c in args.clients.split(",")]
+    factors = [int(f) for f in args.factors.split(",")]
+    summary = {"part": part, "generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets,
+               "clients": clients, "factors": factors, "split": args.split, "embedding": args.embedding,
+               "agc": {}, "runs": [], "load": round(os.getloadavg()[0], 2)}
+    started = time.time()
+    path = Path(args.out or RESULTS / PART_FILES[result_part(part, args.split)])
+
+    def save():
+        summary["elapsed_s"] = time.time() - started
+        summary["generated_utc"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+
+    def record(strategy, ds, c, f, seed, tmp, **extra):
+        r = one_run(strategy, ds, c, f, seed, tmp, args.split, **extra)
+        summary["runs"].append(r)
+        print(f"{part} {ds} L={c} {strategy} k_hat={f}k seed={seed} {extra} acc={100 * r['acc']:.2f} "
+              f"vn={r['virtual_nodes']} t={r['protocol_s']:.2f}s", flush=True)
+
+    emb = {"kcagc.embedding": args.embedding}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for ds in datasets:
+            if part == "table2":
+                summary["agc"][ds] = agc_runs(ds, seeds)
+                print(f"{ds} AGC acc {100 * stats(summary['agc'][ds], 'acc')[0]:.2f}", flush=True)
+            for c in clients:
+                for seed in seeds:
+                    if part == "table2":
+                        record("kcagc-basic", ds, c, 0, seed, tmp, **emb)
+                    if part == "embeddings":
+                        for variant in args.compare.split(","):
+                            e, *flags = variant.split("+")
+                            v = {"kcagc.embedding": e, "kcagc.prune": "prune" in flags}
+                            record("kcagc-basic", ds, c, 0, seed, tmp, **v)
+                            for f in factors:
+                                record("kcagc", ds, c, f, seed, tmp, **v)
+                    if part in ("table2", "timing"):
+                        for f in factors:
+                            record("kcagc", ds, c, f, seed, tmp, **emb)
+                    if part == "tree":
+                        for f in factors:
+                            for t in (False, True):
+                                record("kcagc", ds, c, f, seed, tmp, **emb, **{"kcagc.tree": t})
+                    save()
+    save()
+    return summary
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--parts", default="table2", help="comma list of " + ", ".join(PARTS))
+    ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (timing: always 1)")
     ap.add_argument("--datasets", default="cora,citeseer,wiki")
     ap.add_argument("--clients", default="2,4,8,16")
     ap.add_argument("--factors", default="1,2,4,8")
-    ap.add_argument("--out", default=str(RESULTS / "kcagc.json"))
-    ap.add_argument("--no-report", action="store_true", help="only write --out (a part of the grid)")
-    ap.add_argument("--skip-basic", action="store_true", help="only kcagc cells (e.g. a timing re-run)")
-    ap.add_argument("--timing", default="", help="with --merge: a JSON whose runs give Table IV (re-measured)")
+    ap.add_argument("--split", default="contiguous", choices=("contiguous", "random"),
+                    help="vertical split of the feature columns")
+    ap.add_argument("--embedding", default="normalized", help="kcagc.embedding for table2, timing and tree")
+    ap.add_argument("--compare", default="svd,projection,normalized,normalized+prune",
+                    help="embeddings part: the kcagc.embedding choices compared (+prune: with kcagc.prune)")
+    ap.add_argument("--out", default="", help="JSON to write (default: the part's file in benchmarks/results)")
+    ap.add_argument("--no-report", action="store_true", help="only write the JSON (a part of a grid)")
     ap.add_argument("--note", default="", help="with --merge: how the parts were run (goes into RESULTS.md)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
-                    help="merge partial JSONs (e.g. datasets run in parallel) into --out, plots and RESULTS.md")
+                    help="merge partial table2 JSONs (e.g. datasets run in parallel) into kcagc.json")
     args = ap.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     if args.merge:
         parts = [json.loads(Path(p).read_text()) for p in args.merge]
         agc_runs_ = {}
@@ -307,51 +500,24 @@ def main(argv=None) -> int:
                    "clients": sorted({c for p in parts for c in p["clients"]}),
                    "seeds": sorted({s for p in parts for s in p["seeds"]}),
                    "elapsed_s": sum(p["elapsed_s"] for p in parts), "note": args.note}
-        if args.timing:
-            summary["timing_runs"] = json.loads(Path(args.timing).read_text())["runs"]
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        summary["plots"] = plots(summary)
-        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
-        write_md(summary)
-        print(render(summary))
-        return 0
-    seeds = list(range(args.seeds))
-    datasets = [d for d in args.datasets.split(",") if d]
-    clients = [int(c) for c in args.clients.split(",")]
-    factors = [int(f) for f in args.factors.split(",")]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    summary = {"generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets, "clients": clients,
-               "factors": factors, "agc": {}, "runs": []}
-    started = time.time()
-    path = Path(args.out)
-
-    def save():
-        summary["elapsed_s"] = time.time() - started
-        summary["generated_utc"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
-        path.write_text(json.dumps(summary, indent=1) + "\n")
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for ds in datasets:
-            summary["agc"][ds] = agc_runs(ds, seeds)
-            print(f"{ds} AGC acc {100 * stats(summary['agc'][ds], 'acc')[0]:.2f}", flush=True)
-            for c in clients:
-                for seed in ([] if args.skip_basic else seeds):
-                    r = one_run("kcagc-basic", ds, c, 0, seed, Path(tmp))
-                    summary["runs"].append(r)
-                    print(f"{ds} L={c} basic seed={seed} acc={100 * r['acc']:.2f} t={r['protocol_s']:.2f}s", flush=True)
-                for f in factors:
-                    for seed in seeds:
-                        r = one_run("kcagc", ds, c, f, seed, Path(tmp))
-                        summary["runs"].append(r)
-                        print(f"{ds} L={c} k_hat={f}k seed={seed} acc={100 * r['acc']:.2f} "
-                              f"vn={r['virtual_nodes']} t={r['protocol_s']:.2f}s", flush=True)
-                    save()
-    if args.no_report:
-        return 0
-    summary["plots"] = plots(summary)
-    save()
-    write_md(summary)
-    print(render(summary))
+        if summary.get("split", "contiguous") == "contiguous":
+            summary["plots"] = plots(summary)
+        (RESULTS / PART_FILES[result_part("table2", summary.get("split", "contiguous"))]).write_text(
+            json.dumps(summary, indent=1) + "\n")
+    else:
+        for part in [p for p in args.parts.split(",") if p]:
+            if part not in PARTS:
+                ap.error(f"unknown part {part!r}; valid choices: " + ", ".join(PARTS))
+            if part == "timing":
+                args.seeds = 1
+            summary = run_grid(args, part)
+            if part == "table2" and args.split == "contiguous" and not args.no_report:
+                summary["plots"] = plots(summary)
+                Path(args.out or RESULTS / PART_FILES[result_part(part, args.split)]).write_text(
+                    json.dumps(summary, indent=1) + "\n")
+    if not args.no_report:
+        write_md()
+        print((MD.read_text().split("<!-- kcagc:start -->")[1]).split("<!-- kcagc:end -->")[0])
     return 0
 
 

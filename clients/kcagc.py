@@ -20,8 +20,9 @@ class KCAGCClient(ClusteringClient):
     def features(self, values) -> np.ndarray:
         """This client's embedding ``Z^l`` (n x d), computed once per run and kept in state.
 
-        Scaled by sqrt(n) (k-means is unchanged by a global scale) so that
-        squared distances are O(1) and the fixed-point resolution of the
+        The ``svd`` embedding is scaled by sqrt(n) (k-means is unchanged by a
+        global scale) so that squared distances are O(1), like those of the
+        unit rows of ``normalized``, and the fixed-point resolution of the
         secure sum (1 / secagg.scale) is small next to them.
         """
         state = self.context.state.array_records
@@ -37,7 +38,8 @@ class KCAGCClient(ClusteringClient):
         """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters)."""
         z = self.features(values)
         labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
-                                      n_init=int(self.config["kcagc.local-restarts"]))
+                                      n_init=int(self.config["kcagc.local-restarts"]),
+                                      pruned=bool(self.config["kcagc.prune"]))
         order = int(self.load("kcagc_z")["order"][0])
         return {"labels": labels.astype(np.int64)}, {"order": order}
 

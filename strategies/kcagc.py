@@ -7,9 +7,11 @@ graph and its own block of feature columns. The math is in
 ``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
    seed) -> up: ``labels`` (n int64): the local cluster of every node, i.e.
    the node-ID set of each of the client's k_hat local clusters. The client
-   filters its columns (AGC filter, order psi), projects them on their top
-   singular vectors and runs k-means++ / Lloyd locally. Nothing else about
-   its features leaves it.
+   filters its columns (AGC filter, order psi), takes the top-k left singular
+   vectors of the filtered block with unit rows (``kcagc.embedding``; see
+   ``app.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
+   with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
+   features leaves it.
 
 2. The server intersects the local clusters into virtual nodes (a node's
    virtual node = the tuple of its local clusters; weight = member count).
@@ -30,7 +32,9 @@ graph and its own block of feature columns. The math is in
      nodes) and uploads ``d`` (uint64, masked): its part of the squared
      distance of every virtual node to every centre (R x m x kk). The server
      learns the summed distances, assigns each virtual node to the nearest
-     centre and broadcasts the assignment. One message round per iteration;
+     centre and broadcasts the assignment (with ``kcagc.prune``, the first
+     assignment leaves out (-1) virtual nodes not 9x closer to their nearest
+     seed than to any other, Protocol 2 line 17). One message round per iteration;
      at most ``kcagc.iterations`` (Q) updates, fewer when the assignment
      repeats. The restart with the smallest weighted inertia wins.
 
@@ -62,8 +66,9 @@ PARAMS = (
     Param("kcagc.local-factor", int, 1,
           "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
           low=1, high=10**7),
-    Param("kcagc.embedding", str, "svd",
-          "client features: svd = top singular vectors of the filtered block (AGC), filtered = G^psi X",
+    Param("kcagc.embedding", str, "normalized",
+          "client features from the filtered block G^psi X: normalized = top singular vectors U with unit "
+          "rows, svd = U (AGC), projection = U S (the paper's literal projection), filtered = G^psi X",
           choices=proto.EMBEDDINGS),
     Param("kcagc.embed-dim", int, 0,
           "singular vectors kept per client for the svd embedding; 0 = k", low=0, high=10**6),
@@ -75,6 +80,9 @@ PARAMS = (
     Param("kcagc.local-restarts", int, 10, "k-means++ restarts of each client's local clustering",
           low=1, high=1000),
     Param("kcagc.tree", bool, False, "kcagc: binary-tree arrangement of the clients (for many clients)"),
+    Param("kcagc.prune", bool, False,
+          "Protocol 1's 1/9 rule: the first centres after seeding are the means of the points at least "
+          "9x closer (squared) to their seed than to any other (local and secure k-means)"),
 )
 
 
@@ -211,22 +219,27 @@ class KCAGC(ClusteringStrategy):
 
         # Lloyd: assignment of iteration t -> centres -> distances
         assign = [None] * len(jobs)
+        update = [None] * len(jobs)  # what the clients update their centres from (assign, or pruned)
+        prune = bool(self.config["kcagc.prune"])
         inertia = [None] * len(jobs)
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
-                return {"seeds": seeds[j]} if it == 0 else {"assign": assign[j]}
+                return {"seeds": seeds[j]} if it == 0 else {"assign": update[j]}
 
             sizes = [R * len(job.weights) * job.kk for job in jobs]
             parts = round_("lloyd", lloyd_arrays, sizes)
             changed = False
             for j, job in enumerate(jobs):
-                a, inertia[j] = proto.assign(parts[j].reshape(R, len(job.weights), job.kk), job.weights)
+                dist = parts[j].reshape(R, len(job.weights), job.kk)
+                a, inertia[j] = proto.assign(dist, job.weights)
                 changed |= assign[j] is None or not np.array_equal(a, assign[j])
                 assign[j] = a
+                # Protocol 2 line 17: the first centres only from the seeds' confident points
+                update[j] = proto.prune(dist) if prune and it == 0 else a
             history.append({"level": level, "stage": "lloyd", "iteration": it,
                             "inertia": [float(i.min()) for i in inertia]})
-            if not changed or it >= Q:
+            if not (changed or (prune and it == 0)) or it >= Q:
                 break
             it += 1
         metrics["lloyd_iterations"].append(it)

@@ -6,10 +6,22 @@ strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs.
 
 Per party (Protocol 1, local):
   * :func:`embedding` - AGC filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
-    applied ``psi`` times to ``X^l`` and projected on its top ``d`` left
-    singular vectors (``Z^l``, n x d; exactly AGC's embedding for ``d = k``).
-  * :func:`local_clusters` - k-means (k-means++ seeding, restarts) of ``Z^l``
-    into ``k_hat`` local clusters.
+    applied ``psi`` times to ``X^l``, then (default ``"normalized"``) its top
+    ``d`` left singular vectors ``U^l`` with every row scaled to unit length
+    (``Z^l``, n x d). Other choices: ``"svd"`` (``U^l`` itself: exactly AGC's
+    embedding for ``d = k``), ``"projection"`` (``U^l S^l = G^psi X^l V V'``
+    in the basis V: the paper's literal "project onto the top singular
+    vectors", distances of the filtered block kept), ``"filtered"``
+    (``G^psi X^l``). Why rows are normalised: with ``"svd"`` each party's
+    block is whitened separately, and a node whose filtered block is small
+    (few of this party's words) gets a short, noisy row; in the concatenation
+    of many narrow blocks those rows dominate and accuracy falls with L (Cora
+    L=16: 58% vs 67.5% at L=2). Unit rows weigh every party equally per node
+    (cosine geometry, as in Ng-Jordan-Weiss spectral clustering) and keep the
+    accuracy flat in L; see benchmarks/RESULTS.md (kcagc) for the comparison.
+  * :func:`local_clusters` - k-means (k-means++ seeding, restarts; the
+    paper's "10-approximation") of ``Z^l`` into ``k_hat`` local clusters;
+    optionally with Protocol 1's pruning rule (:func:`prune`).
 
 Server (Protocol 3, lines 4-10):
   * :func:`intersect` - the virtual nodes: the non-empty intersections of the
@@ -30,6 +42,9 @@ Server, on the summed distances:
   * :func:`assign` - nearest centre and weighted inertia per restart.
   * :func:`seeding_step` - one step of weighted k-means++ seeding
     (probability of a virtual node proportional to ``w_v * min_j D[v, j]``).
+  * :func:`prune` - Protocol 1 line 10 / Protocol 2 line 17 (optional): after
+    seeding, only points with ``D[v, r] <= D[v, s] / 9`` for all ``s != r``
+    join cluster r for the first centre update (the others get -1).
 
 With every node its own virtual node (``kcagc-basic``, Protocol 2) the same
 loop is Lloyd's algorithm on the concatenation ``[Z^1, ..., Z^L]``.
@@ -43,7 +58,11 @@ import scipy.sparse as sp
 #: Filter order psi the kCAGC paper fixes per dataset (Section 4.1).
 PAPER_ORDER = {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2}
 
-EMBEDDINGS = ("svd", "filtered")
+EMBEDDINGS = ("normalized", "svd", "projection", "filtered")
+
+#: Protocol 1's pruning ratio: a point is confident if its squared distance to
+#: the nearest seed is at most 1/9 of that to any other seed.
+PRUNE_RATIO = 1.0 / 9.0
 
 
 def filter_order(dataset: str, configured: int) -> int | None:
@@ -57,17 +76,19 @@ def filter_order(dataset: str, configured: int) -> int | None:
     return None
 
 
-def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "svd",
+def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "normalized",
               k_adaptive: int | None = None) -> tuple[np.ndarray, int]:
     """Party-local features ``Z^l`` (n x dim) and the filter order used.
 
-    ``kind="svd"``: top-``dim`` left singular vectors of ``G^psi X^l`` (AGC,
-    via :func:`app.baselines.agc_embedding`); ``"filtered"``: ``G^psi X^l``
-    itself (``dim`` ignored). ``order=None`` picks psi by AGC's adaptive rule
-    on this party's own columns (:func:`app.baselines.agc` with
-    ``k_adaptive`` clusters).
+    ``kind``: ``"normalized"`` top-``dim`` left singular vectors of
+    ``G^psi X^l`` with unit rows (a zero row stays zero); ``"svd"`` the
+    singular vectors themselves (AGC, :func:`app.baselines.agc_embedding`);
+    ``"projection"`` ``U S`` (coordinates of the projection on the top-``dim``
+    right singular vectors); ``"filtered"`` ``G^psi X^l`` (``dim`` ignored).
+    ``order=None`` picks psi by AGC's adaptive rule on this party's own
+    columns (:func:`app.baselines.agc` with ``k_adaptive`` clusters).
     """
-    from app.baselines import agc, agc_embedding, low_pass_filter
+    from app.baselines import agc, low_pass_filter
 
     if kind not in EMBEDDINGS:
         raise ValueError(f"unknown embedding {kind!r}; valid choices: " + ", ".join(EMBEDDINGS))
@@ -76,20 +97,65 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "svd",
     if kind == "filtered":
         return low_pass_filter(x, adj, order), order
     dim = int(min(dim, x.shape[1], x.shape[0]))
-    return np.asarray(agc_embedding(x, adj, dim, order, seed)), order
+    u, s = top_singular(x, adj, dim, order, seed)
+    if kind == "projection":
+        return u * s, order
+    if kind == "normalized":
+        norms = np.linalg.norm(u, axis=1, keepdims=True)
+        return u / np.where(norms > 0, norms, 1.0), order
+    return np.asarray(u), order
 
 
-def local_clusters(z: np.ndarray, k_hat: int, seed: int, n_init: int = 10) -> np.ndarray:
+#: A party with at most this many columns per singular vector takes the exact
+#: SVD of its dense filtered block (via the f x f Gram matrix) instead of the
+#: randomised one: with many parties each block is narrow (Wiki, L=16: 311
+#: columns) and the exact route is ~9x faster there; wide blocks keep the
+#: randomised SVD, which never forms the dense n x f block.
+DENSE_COLUMNS_PER_VECTOR = 40
+
+
+def top_singular(x, adj, dim: int, order: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``dim`` left singular vectors and values of ``G^order X`` (this party's block)."""
+    from app.baselines import agc_singular, low_pass_filter
+
+    if x.shape[1] > DENSE_COLUMNS_PER_VECTOR * dim:
+        return agc_singular(x, adj, dim, order, seed)
+    f = low_pass_filter(x, adj, order)
+    eigval, eigvec = np.linalg.eigh(f.T @ f)
+    top = np.argsort(eigval)[::-1][:dim]
+    s = np.sqrt(np.maximum(eigval[top], 0.0))
+    u = (f @ eigvec[:, top]) / np.where(s > 0, s, 1.0)
+    return u, s
+
+
+def local_clusters(z: np.ndarray, k_hat: int, seed: int, n_init: int = 10, pruned: bool = False) -> np.ndarray:
     """Party-local k-means (k-means++ seeding, ``n_init`` restarts) into ``k_hat`` clusters.
 
-    ``k_hat >= n`` makes every node its own local cluster.
+    ``pruned``: Protocol 1 as written - per restart, k-means++ seeds, the first
+    centres are the means of the seeds' confident points (:func:`prune`), then
+    Lloyd; the restart with the lowest inertia wins. ``k_hat >= n`` makes
+    every node its own local cluster.
     """
     from app.baselines import kmeans
 
     n = z.shape[0]
     if k_hat >= n:
         return np.arange(n, dtype=np.int64)
-    return kmeans(z, int(k_hat), seed, n_init=n_init)
+    if not pruned:
+        return kmeans(z, int(k_hat), seed, n_init=n_init)
+    from sklearn.cluster import kmeans_plusplus
+
+    best, best_inertia = None, np.inf
+    weights = np.ones(n)
+    for r in range(int(n_init)):
+        seeds, _ = kmeans_plusplus(z, int(k_hat), random_state=int(seed) * 1000 + r)
+        first = prune(partial_distances(z, seeds[None])[0])
+        init = update_centres(z, weights, first[None], seeds[None])[0]
+        labels, centres = kmeans(z, int(k_hat), seed, init=init, return_centers=True)
+        inertia = float(((z - centres[labels]) ** 2).sum())
+        if inertia < best_inertia:
+            best, best_inertia = labels, inertia
+    return best
 
 
 def intersect(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,14 +214,16 @@ def seed_distances(y: np.ndarray, index: np.ndarray) -> np.ndarray:
 def update_centres(y: np.ndarray, weights: np.ndarray, assignment: np.ndarray, centres: np.ndarray) -> np.ndarray:
     """Weighted means per cluster for every restart; empty clusters keep their centre.
 
-    ``assignment``: R x m cluster indices; ``centres``: R x kk x d (previous).
+    ``assignment``: R x m cluster indices, -1 = left out (pruned);
+    ``centres``: R x kk x d (previous).
     """
     R, kk, _ = centres.shape
     out = centres.copy()
     for r in range(R):
-        a = assignment[r]
-        w = np.bincount(a, weights=weights, minlength=kk)
-        sums = np.asarray(sp.csr_matrix((weights, (a, np.arange(len(a)))), shape=(kk, len(a))) @ y)
+        keep = np.flatnonzero(assignment[r] >= 0)
+        a, wk = assignment[r][keep], weights[keep]
+        w = np.bincount(a, weights=wk, minlength=kk)
+        sums = np.asarray(sp.csr_matrix((wk, (a, keep)), shape=(kk, len(assignment[r]))) @ y)
         nonempty = w > 0
         out[r, nonempty] = sums[nonempty] / w[nonempty, None]
     return out
@@ -169,6 +237,15 @@ def assign(distances: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.n
     a = distances.argmin(axis=2)
     best = np.take_along_axis(distances, a[:, :, None], axis=2)[:, :, 0]
     return a.astype(np.int64), (np.maximum(best, 0.0) * weights[None, :]).sum(axis=1)
+
+
+def prune(distances: np.ndarray) -> np.ndarray:
+    """Protocol 1 line 10: the nearest centre where it is at least 9 times closer
+    (squared) than every other centre, else -1. ``distances``: ... x m x kk."""
+    order = np.sort(distances, axis=-1)
+    nearest = distances.argmin(axis=-1)
+    confident = order[..., 0] <= PRUNE_RATIO * order[..., 1] if distances.shape[-1] > 1 else True
+    return np.where(confident, nearest, -1).astype(np.int64)
 
 
 def first_seeds(weights: np.ndarray, restarts: int, rng: np.random.Generator) -> np.ndarray:
