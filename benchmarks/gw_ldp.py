@@ -2,12 +2,13 @@
 (clustering of 1-hop Citeseer subgraphs vs epsilon, mean GW vs epsilon) and
 GW-matrix timing.
 
-    python benchmarks/gw_ldp.py [--seeds 3] [--rounds 40] [--parts table1,cluster,timing]
+    python benchmarks/gw_ldp.py [--folds 10] [--alpha 0.5] [--parts bound,table1,cluster,timing]
+    python benchmarks/gw_ldp.py --parts timing   # timing only (idle machine); re-renders the section
 
 Every federated number comes from ``app.run.run_experiment(..., engine="inprocess")``
 (the real ServerApp/ClientApp message flow). The GW_A row is the centralised
 topology-only baseline (shortest-path GW, computed on the pooled graphs, SVC on
-a seeded 7:2:1 split). Writes ``benchmarks/results/gw_ldp.json``, plots next to
+the same ten-fold 7:2:1 folds). Writes ``benchmarks/results/gw_ldp.json``, plots next to
 it, and the ``gw_ldp`` section of ``benchmarks/RESULTS.md``.
 """
 
@@ -61,7 +62,7 @@ def save_json(data: dict) -> None:
 def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         r = run_experiment("gw-ldp", dataset, clients, {"reference": False, **overrides}, tmp, engine="inprocess")
-    keep = ("svc_test_acc", "svc_val_acc", "acc", "nmi", "ari", "gw_mean", "gw_s", "train_s", "gw_pairs",
+    keep = ("svc_test_acc", "svc_C", "svc_gamma", "svc_val_acc", "acc", "nmi", "ari", "gw_mean", "gw_s", "train_s", "gw_pairs",
             "gw_solved_pairs", "gw_distinct_spaces", "test_graphs")
     out = {k: r["metrics"].get(k) for k in keep}
     out["epsilon"] = r["privacy"]["epsilon"]
@@ -70,53 +71,111 @@ def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
     return out
 
 
-def centralised_gw_a(dataset: str, seeds: list[int], workers: int) -> dict:
+def fold_split(n: int, fold: int) -> np.ndarray:
+    """The centralised baselines' split: the same ten-fold 7:2:1 scheme as the
+    clients use (``gw-ldp.fold``), over the pooled collection."""
+    return proto.split_items(n, 0, 0, fold=fold)
+
+
+def centralised_gw_a(dataset: str, folds: list[int], workers: int, alphas: list[float]) -> dict:
+    """GW_A / FGW_AX of Table 1 on the pooled graphs: shortest-path structure,
+    node features (one-hot atom/residue labels) in the fused term when the
+    dataset has them; one matrix per alpha, reused by all folds; alpha, C and
+    gamma picked on each fold's validation graphs."""
     from app.data import load_dataset
 
     data = load_dataset(dataset)
+    has_x = data.graphs[0].x is not None
+    alphas = alphas if has_x else [1.0]
     t0 = time.perf_counter()
-    stats: dict = {}
-    dist = proto.gw_matrix([proto.shortest_path_matrix(g.adj) for g in data.graphs], workers, stats=stats)
+    mats, stats = {}, {}
+    for alpha in alphas:
+        spaces = [(proto.shortest_path_matrix(g.adj), None, proto.node_features(g, 2) if has_x else None)
+                  for g in data.graphs]
+        mats[alpha] = proto.gw_matrix(spaces, workers, stats=stats, alpha=alpha)
     secs = time.perf_counter() - t0
-    accs = []
-    for seed in seeds:
-        split = proto.split_items(len(data.graphs), seed, 0)
-        accs.append(proto.svc_select(dist, data.y, split)["test_acc"])
-    return {"accs": accs, "gw_s": secs, **stats}
+    accs, picked = [], []
+    for fold in folds:
+        split = fold_split(len(data.graphs), fold)
+        res = {a: proto.svc_select(m, data.y, split) for a, m in mats.items()}
+        best = max(alphas, key=lambda a: res[a]["val_acc"])  # ties: first alpha
+        accs.append(res[best]["test_acc"])
+        picked.append(best)
+    return {"accs": accs, "alphas": picked, "metric": "FGW_AX" if has_x else "GW_A", "gw_s": secs, **stats}
 
 
 def part_table1(args, data: dict) -> None:
-    seeds = list(range(args.seeds))
+    folds = list(range(args.folds))
     table = data.setdefault("table1", {})
     for dataset in args.datasets:
         print(f"== Table 1: {dataset}", flush=True)
-        if args.gw_a and len(table.get(f"GW_A|{dataset}", {}).get("accs", [])) < len(seeds):
-            table[f"GW_A|{dataset}"] = centralised_gw_a(dataset, seeds, args.workers)
+        if args.gw_a and len(table.get(f"GW_A|{dataset}", {}).get("accs", [])) < len(folds):
+            table[f"GW_A|{dataset}"] = centralised_gw_a(dataset, folds, args.workers, args.alphas)
+            print(f"  GW_A: {table[f'GW_A|{dataset}']['accs']}", flush=True)
         save_json(data)
         for model in args.models:
-            for star, eps in (("*", 0.0), ("", math.inf)):
+            for star, eps in (("", math.inf), ("*", 0.0)):
                 key = f"GW_H{star}({model.upper()})|{dataset}"
                 runs = table.setdefault(key, {"runs": []})["runs"]
-                for seed in seeds[len(runs):]:
+                for fold in folds[len(runs):]:
                     t0 = time.perf_counter()
-                    r = fed_run(dataset, {"seed": seed, "gw-ldp.model": model, "gw-ldp.epsilon": eps,
+                    r = fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model,
+                                          "gw-ldp.epsilon": eps, "gw-ldp.alpha": args.alpha,
                                           "num-rounds": args.rounds, "gw-ldp.local-epochs": args.epochs,
                                           "gw-ldp.workers": args.workers})
+                    r["fold"] = fold
                     runs.append(r)
-                    print(f"  {key} seed {seed}: svc {r['svc_test_acc']:.3f}  gw {r['gw_s']:.1f}s "
+                    print(f"  {key} fold {fold}: svc {r['svc_test_acc']:.3f}  gw {r['gw_s']:.1f}s "
                           f"total {time.perf_counter() - t0:.1f}s", flush=True)
                     save_json(data)
-    # epsilon sweep (GIN, MUTAG, seed 0): utility vs the real LDP budget per graph
+    # epsilon sweep (GIN, MUTAG): utility vs the real LDP budget per graph
     sweep = data.setdefault("mutag_eps_sweep", {})
     for eps in args.sweep:
         key = "inf" if math.isinf(eps) else ("1/|V|" if eps == 0 else f"{eps:g}")
-        if key in sweep:
-            continue
-        r = fed_run("mutag", {"seed": 0, "gw-ldp.model": "gin", "gw-ldp.epsilon": eps, "num-rounds": args.rounds,
-                              "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers})
-        sweep[key] = r
-        print(f"  MUTAG GIN eps={key}: svc {r['svc_test_acc']:.3f} nmi {r['nmi']:.3f}", flush=True)
-        save_json(data)
+        runs = sweep.setdefault(key, [])
+        for fold in folds[len(runs):]:
+            r = fed_run("mutag", {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": "gin", "gw-ldp.epsilon": eps,
+                                  "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds,
+                                  "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers})
+            runs.append(r)
+            print(f"  MUTAG GIN eps={key} fold {fold}: svc {r['svc_test_acc']:.3f} nmi {r['nmi']:.3f}", flush=True)
+            save_json(data)
+
+
+def ldp_bound(dataset: str) -> dict:
+    """Upper bound on the accuracy of ANY classifier of a graph from its
+    epsilon-LDP upload at the paper's default epsilon = 1/|V|.
+
+    The upload reveals the size n (its number of rows) and is
+    ``1/n``-LDP given n: for every output o and graphs G, G' of size n,
+    ``P(o|G) <= e^(1/n) P(o|G')``. Fix any classifier f and a reference graph
+    G0 of size n, r_c = P(f(upload(G0)) = c); then for every graph of class c
+    and size n, ``P(f = c) <= e^(1/n) r_c``, and summing over the classes
+    (sum_c r_c = 1) the expected accuracy on size-n graphs is at most
+    ``min(1, e^(1/n) max_c P(c | n))``. Averaged over the dataset's own
+    size/label distribution (plug-in; the max over small groups makes it
+    optimistic, i.e. the true bound is lower).
+    """
+    from app.data import load_dataset
+
+    data = load_dataset(dataset)
+    y = np.asarray(data.y)
+    n = np.array([g.num_nodes for g in data.graphs])
+    bound = size_only = 0.0
+    for v in np.unique(n):
+        counts = np.bincount(y[n == v])
+        size_only += counts.max()
+        bound += min(counts.sum(), math.exp(1.0 / v) * counts.max())
+    return {"majority": float(np.bincount(y).max() / len(y)), "size_only": size_only / len(y),
+            "ldp_bound": bound / len(y)}
+
+
+def part_bound(args, data: dict) -> None:
+    out = data.setdefault("ldp_bound", {})
+    for dataset in ("mutag", "proteins", "imdb-binary"):
+        out[dataset] = ldp_bound(dataset)
+        print(f"  {dataset}: {out[dataset]}", flush=True)
+    save_json(data)
 
 
 def part_cluster(args, data: dict) -> None:
@@ -150,6 +209,16 @@ def part_timing(args, data: dict) -> None:
         print(f"  MUTAG GW_A {stats}: {workers} worker(s) {t[f'mutag_sp_workers{workers}_s']:.1f}s", flush=True)
         save_json(data)
     rng = np.random.default_rng(0)
+    # the GW_H* matrix as deployed: LDP codes (epsilon = 1/|V|) of softmax-like 2-class embeddings
+    codes = [proto.encode_graph(rng.dirichlet(np.ones(2), size=g.num_nodes), 1.0 / g.num_nodes, rng)[0]
+             for g in mutag.graphs]
+    t0 = time.perf_counter()
+    stats = {}
+    proto.gw_matrix([proto.embedding_space(c) for c in codes], 2, stats=stats)
+    t["mutag_ldp_codes_workers2_s"] = time.perf_counter() - t0
+    t["mutag_ldp_codes_stats"] = stats
+    print(f"  MUTAG GW_H* (LDP codes) {stats}: 2 workers {t['mutag_ldp_codes_workers2_s']:.1f}s", flush=True)
+    save_json(data)
     for name in ("proteins", "imdb-binary"):
         coll = load_dataset(name)
         n = len(coll.graphs)
@@ -180,36 +249,62 @@ def _ms(values) -> tuple[float, float]:
 def render(data: dict, args) -> str:
     cmds = "; ".join(f"`python benchmarks/gw_ldp.py {c}`" for c in data.get("commands", []))
     lines = [START, "## GW-LDP: Gromov-Wasserstein with LDP embeddings (issue 8)", "",
-             f"Runs (results accumulate in the JSON): {cmds}. Federated numbers through "
-             "`app.run.run_experiment(engine=\"inprocess\")`, 10 clients (Dirichlet alpha 0.5), each client "
-             "splitting its graphs 7:2:1; SVC accuracy on its test graphs, C/gamma picked on validation. "
-             "Machine shared with other engineers (load 3-19 on 2 cores while this ran): times vary with the load.", ""]
+             f"Runs (results accumulate in the JSON): {cmds}.", "",
+             "Protocol: 10 clients (Dirichlet alpha 0.5 over labels), FedAvg of the GNN for 40 rounds x 2 local "
+             "epochs through `app.run.run_experiment(engine=\"inprocess\")`; each client splits its graphs "
+             "7:2:1 as one fold of a ten-fold cross-validation (`gw-ldp.fold`: test = fold f, validation = the "
+             "next two folds), so fold f's test graphs are never trained on and the ten folds test every graph "
+             "once. The server computes one GW matrix over all graphs and fits the SVC on exp(-gamma D) with the "
+             "train labels, C in 1e-7..1e7 and gamma in 2^-10..2^10 picked on the validation graphs; mean ± std "
+             "over the folds run. GIN has BatchNorm in every layer (MUTAG, centralised 10-fold: the GNN's own "
+             "accuracy 74.4 without, 85.6 with). GW_H/GW_H* use fused GW (`gw-ldp.alpha` 0.5) with the uploaded "
+             "(encoded) embeddings as node features, the paper's base metric for graphs with features; plain GW "
+             "(alpha 1) is blind to which class a node leans to (centralised MUTAG, GIN softmax embeddings, "
+             "10 folds: GW 72.8, FGW 81.3). GW_A is the centralised FGW_AX (shortest paths + one-hot node labels, "
+             "alpha 0.5) or GW_A on IMDB-B, same folds over the pooled graphs. The machine was shared (load "
+             "8-12 on 2 cores): times are not clean measurements.", ""]
     t1 = data.get("table1", {})
     if t1:
-        lines += ["### Table 1: SVC accuracy (%), mean ± std over seeds", "",
-                  "| source | dataset | paper | ours | difference | runs | GW matrix s (median / min) |",
+        lines += ["### Table 1: SVC accuracy (%), mean ± std over folds", "",
+                  "| source | dataset | paper | ours | difference | folds | GW matrix s (median) |",
                   "|---|---|---|---|---|---|---|"]
         for key, val in t1.items():
             row, ds = key.split("|")
             accs = val["accs"] if "accs" in val else [r["svc_test_acc"] for r in val["runs"]]
+            if not accs:
+                continue
             m, s = _ms(accs)
             p = PAPER.get((row, ds))
             ptxt = f"{p[0]:.2f} ± {p[1]:.2f}" if p else "-"
             diff = f"{m - p[0]:+.2f}" if p else "-"
-            label = row + (" (centralised, topology)" if row == "GW_A" else "")
-            if "accs" in val:
-                gw_txt = f"{val['gw_s']:.1f}"
-            else:
-                times = [r["gw_s"] for r in val["runs"]]
-                gw_txt = f"{np.median(times):.1f} / {min(times):.1f}"
+            label = row + (f" ({val.get('metric', 'GW_A')}, centralised)" if row == "GW_A" else "")
+            gw_txt = f"{val['gw_s']:.1f}" if "accs" in val else f"{np.median([r['gw_s'] for r in val['runs']]):.1f}"
             lines.append(f"| {label} | {ds} | {ptxt} | {m:.2f} ± {s:.2f} | {diff} | {len(accs)} | {gw_txt} |")
+        lines.append("")
+    bound = data.get("ldp_bound", {})
+    if bound:
+        lines += ["### Why GW_H* at epsilon = 1/|V| cannot reach the paper", "",
+                  "The upload of a graph is its n x C code matrix: it reveals n and is (1/n)-LDP given n. For any "
+                  "classifier f and sizes n, P(f = c | G) <= e^(1/n) P(f = c | G0) for every graph G0 of the "
+                  "same size, so the expected accuracy on size-n graphs is at most min(1, e^(1/n) max_c P(c|n)) "
+                  "(`ldp_bound` in the benchmark; plug-in of each dataset's own size/label frequencies, which is "
+                  "optimistic). No server-side method, GW or other, can beat it:", "",
+                  "| dataset | majority % | best from size alone % | bound at 1/\\|V\\| % | paper GW_H*(GIN) % |",
+                  "|---|---|---|---|---|"]
+        for ds, b in bound.items():
+            p = PAPER.get(("GW_H*(GIN)", ds), (float("nan"),))[0]
+            lines.append(f"| {ds} | {100 * b['majority']:.1f} | {100 * b['size_only']:.1f} | "
+                         f"{100 * b['ldp_bound']:.1f} | {p:.2f} |")
         lines.append("")
     sw = data.get("mutag_eps_sweep", {})
     if sw:
-        lines += ["### MUTAG, GIN: accuracy vs LDP budget per graph (seed 0)", "",
-                  "| epsilon per graph | SVC acc % | clustering NMI % | ledger epsilon |", "|---|---|---|---|"]
-        for k, r in sw.items():
-            lines.append(f"| {k.replace('|', chr(92) + '|')} | {100 * r['svc_test_acc']:.1f} | {100 * r['nmi']:.1f} | {r['epsilon']} |")
+        lines += ["### MUTAG, GIN: accuracy vs LDP budget per graph (same folds)", "",
+                  "| epsilon per graph | SVC acc % (mean ± std) | folds | ledger epsilon |", "|---|---|---|---|"]
+        for k, runs in sw.items():
+            if not isinstance(runs, list) or not runs:
+                continue
+            m, s = _ms([r["svc_test_acc"] for r in runs])
+            lines.append(f"| {k.replace('|', chr(92) + '|')} | {m:.1f} ± {s:.1f} | {len(runs)} | {runs[0]['epsilon']} |")
         lines.append("")
     cl = data.get("citeseer_1hop", {})
     if cl:
@@ -227,14 +322,12 @@ def render(data: dict, args) -> str:
                   f"- MUTAG shortest-path GW (GW_A), {tm.get('mutag_sp_stats', {})}: "
                   f"1 worker {tm.get('mutag_sp_workers1_s', float('nan')):.1f} s, "
                   f"2 workers {tm.get('mutag_sp_workers2_s', float('nan')):.1f} s (target < 10 s; "
-                  "NOTES.md: 45 s sequential on a quiet machine). Measured at load ~3 (other engineers' "
-                  "jobs), so the second worker had no free core; 24 graphs repeat another graph's shortest-path "
-                  "matrix (GW 0, exact), so 13,366 distinct pairs are solved.",
-                  "- In-run MUTAG GW matrices (2 workers, all 17,578 pairs, see the last column of Table 1): "
-                  "LDP codes (GW_H*) 8.1-8.4 s in the two GCN runs at the lowest load seen (GIN runs: 14.9 s min), "
-                  "plain embeddings (GW_H) 11.2-11.6 s; "
-                  "distinct embedding rows are merged with their multiplicity as weight (same metric-measure "
-                  "space; GW values agree with the unmerged ones within 1e-7 in the tests), so an LDP-coded "
+                  "NOTES.md: 45 s sequential on a quiet machine); 24 graphs repeat another graph's shortest-path "
+                  "matrix (GW 0, exact), so 13,366 distinct pairs are solved. Produced by "
+                  "`python benchmarks/gw_ldp.py --parts timing` (measure on an idle machine).",
+                  f"- MUTAG LDP-coded GW_H* matrix (epsilon = 1/|V|), {tm.get('mutag_ldp_codes_stats', {})}: "
+                  f"2 workers {tm.get('mutag_ldp_codes_workers2_s', float('nan')):.1f} s; distinct embedding rows "
+                  "are merged with their multiplicity as weight (same metric-measure space, exact), so a coded "
                   "graph has at most 4 points.",
                   ]
         for name in ("proteins", "imdb-binary"):
@@ -312,7 +405,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="timing,table1,cluster")
     ap.add_argument("--datasets", default="mutag")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--folds", type=int, default=10, help="ten-fold 7:2:1 folds to run (0..folds-1)")
+    ap.add_argument("--alpha", type=float, default=1.0, help="gw-ldp.alpha of the federated runs (1 = GW)")
+    ap.add_argument("--alphas", default="0.25,0.5,0.75", help="FGW_AX alphas of the GW_A baseline")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--cluster-rounds", type=int, default=50)
@@ -331,6 +426,7 @@ def main() -> int:
     args.datasets = [d for d in args.datasets.split(",") if d]
     args.sweep = [float(x) for x in args.sweep.split(",") if x]
     args.models = [m for m in args.models.split(",") if m]
+    args.alphas = [float(a) for a in args.alphas.split(",") if a]
     data = {} if args.fresh else load_json()
     for extra in (p for p in args.merge.split(",") if p):
         for key, value in json.loads(Path(extra).read_text()).items():
@@ -340,7 +436,7 @@ def main() -> int:
                 data.setdefault(key, {}).update(value)
     if args.merge:
         save_json(data)
-    parts = {"table1": part_table1, "cluster": part_cluster, "timing": part_timing}
+    parts = {"table1": part_table1, "cluster": part_cluster, "timing": part_timing, "bound": part_bound}
     if not args.render_only:
         data.setdefault("commands", []).append(" ".join(sys.argv[1:]))
         for name in args.parts.split(","):

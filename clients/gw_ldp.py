@@ -29,14 +29,15 @@ class GWLDPClient(ClusteringClient):
     def _local(self):
         """(batch, labels, split) of this client's graphs, built once per process."""
         degree_dim = int(self.config["gw-ldp.degree-dim"])
-        key = (id(self.shard), degree_dim, int(self.config["seed"]))
+        key = (id(self.shard), degree_dim, int(self.config["seed"]), int(self.config["gw-ldp.fold"]))
         if key not in _CACHE:
             s = self.shard
             if not s.graphs:
                 raise ValueError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
             batch = proto.make_batch(s.graphs, degree_dim)
             labels = np.asarray(s.graph_y, dtype=np.int64)
-            split = proto.split_items(len(s.graphs), int(self.config["seed"]), s.client_id)
+            split = proto.split_items(len(s.graphs), int(self.config["seed"]), s.client_id,
+                                      fold=int(self.config["gw-ldp.fold"]))
             _CACHE[key] = (batch, labels, split)
         return _CACHE[key]
 
@@ -65,13 +66,20 @@ class GWLDPClient(ClusteringClient):
         start = proto.get_weights(model)
         train = np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
         seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
-        loss = proto.local_train(model, batch, labels, train, self._task(), int(values["epochs"]),
-                                 float(values["lr"]), seed)
+        dp = self.config["gw-ldp.dp"]
+        if dp == "sgd":
+            proto.dp_sgd_train(model, batch, labels, train, self._task(), int(values["epochs"]),
+                               float(values["lr"]), float(self.config["gw-ldp.dp-clip"]),
+                               float(self.config["gw-ldp.dp-noise"]), float(self.config["gw-ldp.dp-sample-rate"]),
+                               seed)
+        else:
+            loss = proto.local_train(model, batch, labels, train, self._task(), int(values["epochs"]),
+                                     float(values["lr"]), seed)
         new = proto.get_weights(model)
         values = {"num_examples": int(train.size)}
-        if self.config["gw-ldp.dp"] == "client":
+        if dp == "client":
             new = self._privatise(start, new, seed)
-        else:
+        elif dp == "none":
             values["loss"] = loss  # not sent under DP: it is not covered by the noise
         return {f"w.{k}": v for k, v in new.items()}, values
 

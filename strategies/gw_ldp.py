@@ -15,7 +15,11 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    graphs). The server averages them weighted by ``num_examples`` with
    Flower's ``aggregate_arrayrecords`` (FedAvg). With ``gw-ldp.dp = client``
    each client clips its update (L2 <= ``gw-ldp.dp-clip``) and adds Gaussian
-   noise before uploading (client-level DP-FedAvg, Opacus RDP accountant).
+   noise before uploading (client-level DP-FedAvg, Opacus RDP accountant);
+   with ``gw-ldp.dp = sgd`` each client trains by local DP-SGD instead (one
+   graph = one sample: Poisson sampling at ``gw-ldp.dp-sample-rate``,
+   per-graph clipping, Gaussian noise; ``local-epochs`` DP-SGD steps per
+   round, accounted by Opacus' RDP accountant).
 3. ``gw_embed`` (down: final weights, epsilon) after training (and every
    ``gw-ldp.embed-every`` rounds if > 0, Algorithm 2's periodic signal) ->
    up: ``embeddings`` = the softmax node embeddings of all local graphs
@@ -27,8 +31,14 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    labels / pseudo-labels, used only to score the result, like the final
    labels in other strategies). No adjacency or feature matrix is uploaded.
 
+Splits: ``gw-ldp.fold = -1`` a random 7:2:1 split per client; ``0..9`` one
+fold of a ten-fold cross-validation with the same 7:2:1 shape (test = fold f,
+validation = the next two), so ten runs test every graph once.
+
 Server: Euclidean intra-distance of each graph's uploaded embedding, GW (POT,
-square loss, uniform weights) for all pairs in a process pool, then SVC on
+square loss, uniform weights; ``gw-ldp.alpha < 1``: fused GW with the
+uploaded rows as node features, which unlike plain GW sees which class the
+nodes lean to) for all pairs in a process pool, then SVC on
 ``exp(-gamma D)`` (C, gamma chosen on the validation graphs; test accuracy in
 ``metrics``) and clustering of all graphs (spectral on the GW affinity or
 k-medoids, k = ``num-clusters``), which is the strategy's labelling.
@@ -40,7 +50,9 @@ case as "epsilon = 0"). The ledger reports the largest per-graph epsilon
 times the number of releases. At ``1/|V|`` each sampled entry is an
 ``epsilon/(m n)``-randomised response, P(+1) within ``1/(4 n^2)`` of 1/2
 (n = 18 on MUTAG: 0.0008), so the uploaded codes carry almost nothing but
-the graph size.
+the graph size: no server-side classifier can then beat
+``min(1, e^(1/n) max_c P(c | n))`` on size-n graphs (the bound reported by
+``benchmarks/gw_ldp.py --parts bound``).
 """
 
 from __future__ import annotations
@@ -55,7 +67,7 @@ from app.protocols import gw_ldp as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
 
-DP_MODES = ("none", "client")
+DP_MODES = ("none", "client", "sgd")
 
 
 class GWLDP(ClusteringStrategy):
@@ -77,9 +89,16 @@ class GWLDP(ClusteringStrategy):
         Param("gw-ldp.merge-duplicates", bool, True,
               "GW on distinct embedding rows weighted by multiplicity (exact: same metric-measure space)"),
         Param("gw-ldp.degree-dim", int, 64, "one-hot degree features for graphs without features", low=2),
+        Param("gw-ldp.fold", int, -1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a "
+              "ten-fold cross-validation (validation = the next two folds)", low=-1, high=proto.FOLDS - 1),
+        Param("gw-ldp.alpha", float, 1.0, "1 = GW on the embeddings' intra-distances (paper Eq. 3); < 1 = fused "
+              "GW with the embeddings as node features (feature term weight 1 - alpha)", low=0.0, high=1.0),
         Param("gw-ldp.svc", bool, True, "fit the SVC on the GW kernel (needs labelled train/val graphs)"),
-        Param("gw-ldp.dp", str, "none", "DP for training: none or client (clip + Gaussian noise per client "
-              "update, DP-FedAvg)", choices=DP_MODES),
+        Param("gw-ldp.dp", str, "none", "DP for training: none, client (clip + Gaussian noise per client "
+              "update, DP-FedAvg) or sgd (local DP-SGD, one graph = one sample, Opacus accountant)",
+              choices=DP_MODES),
+        Param("gw-ldp.dp-sample-rate", float, 0.5, "local DP-SGD: Poisson sampling rate of training graphs per step",
+              low=1e-6, high=1.0),
         Param("gw-ldp.dp-clip", float, 1.0, "client-level DP: L2 clip of each update", low=1e-9),
         Param("gw-ldp.dp-noise", float, 1.0, "client-level DP: noise multiplier (sigma / clip)", low=1e-9),
         Param("gw-ldp.dp-delta", float, 1e-5, "client-level DP: delta", low=1e-12, high=0.5),
@@ -109,9 +128,9 @@ class GWLDP(ClusteringStrategy):
         model = proto.build_model(str(cfg["gw-ldp.model"]), in_dim, k, seed)
         weights = proto.get_weights(model)
         w_spec = ReplySpec(
-            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=cfg["gw-ldp.dp"] == "client")
+            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=cfg["gw-ldp.dp"] != "none")
                     for n, a in weights.items()},
-            values=("num_examples",) if cfg["gw-ldp.dp"] == "client" else ("num_examples", "loss"),
+            values=("num_examples",) if cfg["gw-ldp.dp"] != "none" else ("num_examples", "loss"),
         )
         dp = self._dp_mechanism(session)
         embed_every = int(cfg["gw-ldp.embed-every"])
@@ -123,8 +142,8 @@ class GWLDP(ClusteringStrategy):
                             "round": rnd, "seed": seed})
             replies = session.broadcast("fit", content, w_spec, category="train")
             weights, loss = self._aggregate(replies, weights)
-            if dp is not None:
-                dp.step()
+            if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
+                dp.step(int(cfg["gw-ldp.local-epochs"]) if cfg["gw-ldp.dp"] == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
                 uploads = self._embed(session, weights, k)
@@ -133,15 +152,20 @@ class GWLDP(ClusteringStrategy):
         uploads = self._embed(session, weights, k)
         releases += 1
         self._record_ldp(session, uploads, releases)
-        if dp is not None:
+        if dp is not None and cfg["gw-ldp.dp"] == "client":
             dp.record(session.ledger, "dp-fedavg:weights",
                       "each client's whole local dataset (client-level DP of every weight upload)")
+        elif dp is not None:
+            dp.record(session.ledger, "dp-sgd:local-graphs",
+                      "each training graph of a client (add/remove one graph) in all of its weight uploads")
 
         t0 = time.perf_counter()
         merge = bool(cfg["gw-ldp.merge-duplicates"])
-        spaces = [proto.embedding_space(h, merge) for h in uploads["embeddings"]]
+        alpha = float(cfg["gw-ldp.alpha"])
+        spaces = [proto.embedding_space(h, merge, features=alpha < 1) for h in uploads["embeddings"]]
         gw_stats: dict = {}
-        dist = proto.gw_matrix(spaces, int(cfg["gw-ldp.workers"]), int(cfg["gw-ldp.gw-max-iter"]), gw_stats)
+        dist = proto.gw_matrix(spaces, int(cfg["gw-ldp.workers"]), int(cfg["gw-ldp.gw-max-iter"]), gw_stats,
+                               alpha=alpha)
         timing["gw_s"] = time.perf_counter() - t0
         n = len(spaces)
         metrics = {"gw_pairs": gw_stats["pairs"], "gw_solved_pairs": gw_stats["solved_pairs"],
@@ -232,10 +256,14 @@ class GWLDP(ClusteringStrategy):
         )
 
     def _dp_mechanism(self, session):
-        if self.config["gw-ldp.dp"] != "client":
+        if self.config["gw-ldp.dp"] == "none":
             return None
         from app.privacy.gaussian import GaussianMechanism
 
+        if self.config["gw-ldp.dp"] == "sgd":  # the same (sigma, q) at every client: one accountant for all
+            return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
+                                     sample_rate=float(self.config["gw-ldp.dp-sample-rate"]),
+                                     delta=float(self.config["gw-ldp.dp-delta"]), adjacency="remove")
         return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
                                  delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
 

@@ -95,6 +95,82 @@ def test_merging_duplicate_rows_keeps_the_gw_value():
         assert proto.gw_pair(c1, c2, w1, w2) == pytest.approx(plain, abs=1e-7)
 
 
+def test_fused_gw_equals_pot_and_sees_what_plain_gw_cannot():
+    rng = np.random.default_rng(8)
+    h1 = rng.dirichlet(np.ones(2), size=9)
+    h2 = rng.dirichlet(np.ones(2), size=7)
+    c1, w1, x1 = proto.embedding_space(h1, merge=False, features=True)
+    c2, w2, x2 = proto.embedding_space(h2, merge=False, features=True)
+    want = ot.gromov.fused_gromov_wasserstein2(ot.dist(h1, h2), c1, c2, ot.unif(9), ot.unif(7), "square_loss",
+                                               alpha=0.5)
+    assert proto.gw_pair(c1, c2, w1, w2, x1=x1, x2=x2, alpha=0.5) == pytest.approx(want, abs=1e-12)
+    # swapping the two softmax classes is an isometry: GW 0, fused GW not
+    swapped = h1[:, ::-1]
+    d_gw = proto.gw_matrix([proto.embedding_space(h1, features=True), proto.embedding_space(swapped, features=True)],
+                           workers=1)
+    d_fgw = proto.gw_matrix([proto.embedding_space(h1, features=True), proto.embedding_space(swapped, features=True)],
+                            workers=1, alpha=0.5)
+    assert d_gw[0, 1] == pytest.approx(0.0, abs=1e-12) and d_fgw[0, 1] > 1e-3
+    # merged duplicate rows keep the fused value too; the pool gives the sequential matrix
+    hs = [rng.random((3, 2))[rng.integers(0, 3, int(n))] for n in rng.integers(5, 12, 24)]  # 276 pairs
+    merged = proto.gw_matrix([proto.embedding_space(h, features=True) for h in hs], workers=2, alpha=0.5)
+    plain = proto.gw_matrix([proto.embedding_space(h, merge=False, features=True) for h in hs], workers=1,
+                            alpha=0.5)
+    assert np.allclose(merged, plain, atol=1e-7)
+    with pytest.raises(ValueError, match="features"):
+        proto.gw_matrix([c1, c2], workers=1, alpha=0.5)
+
+
+def test_ten_fold_splits_test_every_item_once_in_7_2_1_shape():
+    n = 57
+    splits = np.stack([proto.split_items(n, 3, 1, fold=f) for f in range(proto.FOLDS)])
+    assert np.all((splits == proto.SPLIT_TEST).sum(0) == 1)  # every item tested exactly once
+    assert np.all((splits == proto.SPLIT_VAL).sum(0) == 2)
+    counts = np.stack([np.bincount(s, minlength=3) for s in splits])
+    assert counts[:, 2].min() >= 5 and counts[:, 2].max() <= 6 and counts[:, 1].min() >= 11
+    with pytest.raises(ValueError, match="0..9"):
+        proto.split_items(n, 3, 1, fold=10)
+
+
+def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        f"sys.path.insert(0, {str(proto.__file__.rsplit('/app/', 1)[0])!r})\n"
+        "from app.protocols import gw_ldp as proto\n"
+        "rng = np.random.default_rng(0)\n"
+        "mats = [proto.intra_distance(rng.random((30, 3))) for _ in range(400)]\n"
+        "print('start', flush=True)\n"
+        "proto.gw_matrix(mats, workers=2)\n")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "start"
+        children: list[int] = []
+        for _ in range(100):  # wait until the pool's workers exist
+            time.sleep(0.05)
+            out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+            children = [int(x) for x in out.split()]
+            if len(children) >= 2:
+                break
+        assert len(children) >= 2
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=20)
+        deadline = time.time() + 10
+        while time.time() < deadline and any(os.path.exists(f"/proc/{c}") and
+                                             "Z" not in open(f"/proc/{c}/stat").read().split()[2]
+                                             for c in children if os.path.exists(f"/proc/{c}/stat")):
+            time.sleep(0.1)
+        alive = [c for c in children if os.path.exists(f"/proc/{c}/stat")
+                 and open(f"/proc/{c}/stat").read().split()[2] != "Z"]
+        assert alive == [], f"orphaned pool workers after {sig!r}: {alive}"
+
+
 # --------------------------------------------------------------------------- LDP (Algorithm 1)
 
 
@@ -289,6 +365,45 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
     fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]
     assert {u["name"] for u in fit if not u["name"].startswith("w.")} == {"num_examples"}  # no loss under DP
     assert all(u["noised"] for u in fit if u["name"].startswith("w."))
+
+
+def test_local_dp_sgd_clips_per_graph_and_its_epsilon_is_opacus_rdp(out_dir):
+    shared_datasets_or_skip()
+    from opacus.accountants import RDPAccountant
+
+    from app.data.types import GraphData
+
+    # per-graph clipping: with a tiny clip and no noise, one step moves the
+    # weights by at most lr per coordinate (Adam) and the result is reproducible
+    rng = np.random.default_rng(9)
+    graphs = [GraphData(name="g", adj=random_graph(rng, 6, 0.5), x=None, y=None, meta={}) for _ in range(8)]
+    batch = proto.make_batch(graphs, degree_dim=6)
+    y = np.arange(8) % 2
+    runs = []
+    for _ in range(2):
+        model = proto.build_model("gin", 6, 2, seed=0)
+        before = proto.get_weights(model)
+        with proto.torch_threads(1):
+            assert proto.dp_sgd_train(model, batch, y, np.arange(8), "graph", 1, 0.01, 1e-3, 1e-9, 1.0, 3) == 1
+        after = proto.get_weights(model)
+        runs.append(after)
+        assert max(np.abs(after[k] - before[k]).max() for k in before) <= 0.01 + 1e-6
+        bn = [k for k in before if "running" in k]
+        assert bn and all(np.array_equal(before[k], after[k]) for k in bn)  # BN statistics frozen
+    assert all(np.array_equal(runs[0][k], runs[1][k]) for k in runs[0])
+    # end to end: the ledger's epsilon is Opacus' RDP accountant for rounds * epochs steps
+    result = run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "gw-ldp.dp": "sgd",
+                                                       "gw-ldp.dp-noise": 1.1, "gw-ldp.dp-sample-rate": 0.25,
+                                                       "gw-ldp.svc": False, "reference": False}, out_dir)
+    mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}["dp-sgd:local-graphs"]
+    acc = RDPAccountant()
+    for _ in range(3 * 2):
+        acc.step(noise_multiplier=1.1, sample_rate=0.25)
+    assert mech["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-5), rel=1e-9)
+    assert mech["params"]["steps"] == 6 and mech["delta"] == 1e-5
+    fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]
+    assert all(u["noised"] for u in fit if u["name"].startswith("w."))
+    assert {u["name"] for u in fit if not u["name"].startswith("w.")} == {"num_examples"}
 
 
 def test_bad_config_is_one_line_error(out_dir):

@@ -47,6 +47,7 @@ from app.privacy.ldp import default_m, multibit_encode
 MODELS = ("gcn", "gin")
 CLUSTERINGS = ("spectral", "kmedoids")
 SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST = 0, 1, 2
+FOLDS = 10
 C_GRID = tuple(10.0**e for e in range(-7, 8))
 GAMMA_GRID = tuple(2.0**e for e in range(-10, 11))
 
@@ -66,17 +67,31 @@ def node_features(graph, degree_dim: int) -> np.ndarray:
     return out
 
 
-def split_items(n: int, seed: int, client: int, ratios=(0.7, 0.2, 0.1)) -> np.ndarray:
-    """Random train/val/test split (codes 0/1/2) of ``n`` items, 7:2:1 by
-    default, seeded per client; at least one training item when ``n >= 1``."""
+def split_items(n: int, seed: int, client: int, ratios=(0.7, 0.2, 0.1), fold: int = -1) -> np.ndarray:
+    """Train/val/test split (codes 0/1/2) of ``n`` items, seeded per client.
+
+    ``fold = -1``: a random split in ``ratios`` (7:2:1 by default), at least
+    one training item when ``n >= 1``. ``fold`` in ``0..9``: ten-fold
+    cross-validation of the same 7:2:1 shape: the items are permuted (seeded)
+    and cut into ten near-equal chunks; chunk ``fold`` is the test set, the
+    next two chunks (cyclically) the validation set, the other seven the
+    training set, so the ten folds test every item exactly once.
+    """
     rng = np.random.default_rng([int(seed), 8, int(client)])
+    split = np.full(n, SPLIT_TRAIN, dtype=np.int8)
+    perm = rng.permutation(n)
+    if fold >= 0:
+        if fold >= FOLDS:
+            raise ValueError(f"fold {fold} out of range; valid: -1 (random split) or 0..{FOLDS - 1}")
+        chunk = (np.arange(n) * FOLDS) // max(n, 1)   # chunk of each permuted position
+        split[perm[chunk == fold]] = SPLIT_TEST
+        split[perm[np.isin(chunk, [(fold + 1) % FOLDS, (fold + 2) % FOLDS])]] = SPLIT_VAL
+        return split
     n_test = int(round(ratios[2] * n))
     n_val = int(round(ratios[1] * n))
     if n - n_test - n_val < 1:
         n_test = min(n_test, max(0, n - 1))
         n_val = max(0, n - 1 - n_test)
-    split = np.full(n, SPLIT_TRAIN, dtype=np.int8)
-    perm = rng.permutation(n)
     split[perm[:n_val]] = SPLIT_VAL
     split[perm[n_val:n_val + n_test]] = SPLIT_TEST
     return split
@@ -135,16 +150,18 @@ def build_model(kind: str, in_dim: int, num_classes: int, seed: int):
             super().__init__()
             dims = [in_dim] + [hidden] * layers
             self.convs = nn.ModuleList(
-                GINConv(nn.Sequential(nn.Linear(a, hidden), nn.ReLU(), nn.Linear(hidden, hidden)))
+                GINConv(nn.Sequential(nn.Linear(a, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                      nn.Linear(hidden, hidden)))
                 for a in dims[:-1]
             )
+            self.norms = nn.ModuleList(nn.BatchNorm1d(hidden) for _ in dims[:-1])
             self.lin1 = nn.Linear(hidden, hidden)
             self.lin2 = nn.Linear(hidden, num_classes)
 
         def forward(self, x, edge_index):
             h = x
-            for conv in self.convs:
-                h = torch.relu(conv(h, edge_index))
+            for conv, norm in zip(self.convs, self.norms):
+                h = torch.relu(norm(conv(h, edge_index)))
             h = torch.relu(self.lin1(h))
             h = nn.functional.dropout(h, 0.5, self.training)
             return self.lin2(h)
@@ -152,19 +169,27 @@ def build_model(kind: str, in_dim: int, num_classes: int, seed: int):
     return GCN() if kind == "gcn" else GIN()
 
 
+def _shared(name: str) -> bool:
+    """State entries that FedAvg shares: parameters and BatchNorm running
+    statistics, not BatchNorm's step counter (unused with a fixed momentum)."""
+    return not name.endswith("num_batches_tracked")
+
+
 def get_weights(model) -> dict[str, np.ndarray]:
-    """The model's parameters as float32 numpy arrays, by name."""
-    return {k: v.detach().cpu().numpy().astype(np.float32).copy() for k, v in model.state_dict().items()}
+    """The model's shared state (see :func:`_shared`) as float32 numpy arrays, by name."""
+    return {k: v.detach().cpu().numpy().astype(np.float32).copy()
+            for k, v in model.state_dict().items() if _shared(k)}
 
 
 def set_weights(model, weights: dict[str, np.ndarray]) -> None:
     import torch
 
     state = model.state_dict()
-    missing = set(state) ^ set(weights)
+    missing = {k for k in state if _shared(k)} ^ set(weights)
     if missing:
         raise ValueError(f"weights do not match the model: {sorted(missing)}")
-    model.load_state_dict({k: torch.as_tensor(np.asarray(weights[k])).reshape(state[k].shape) for k in state})
+    model.load_state_dict({k: torch.as_tensor(np.asarray(weights[k])).reshape(state[k].shape) if _shared(k)
+                           else state[k] for k in state})
 
 
 def fedavg(weights: Sequence[dict[str, np.ndarray]], counts: Sequence[float]) -> dict[str, np.ndarray]:
@@ -244,6 +269,73 @@ def local_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarray
         loss.backward()
         opt.step()
     return float(loss.detach())
+
+
+def graph_slices(batch: GraphBatch) -> list[tuple]:
+    """Per graph of the batch, its own ``(x, edge_index)`` (local node ids)."""
+    import torch
+
+    src_graph = batch.batch[batch.edge_index[0]]
+    out = []
+    for g, (a, b) in enumerate(zip(batch.offsets[:-1], batch.offsets[1:])):
+        edges = batch.edge_index[:, src_graph == g] - int(a)
+        out.append((batch.x[int(a):int(b)], edges.to(torch.long)))
+    return out
+
+
+def dp_sgd_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarray, task: str, steps: int,
+                 lr: float, clip: float, noise_multiplier: float, sample_rate: float, seed: int) -> int:
+    """Local DP-SGD with one graph as the privacy unit (graph classification).
+
+    Each step Poisson-samples the selected graphs (or k-hop subgraphs, task
+    "centre": the loss is the centre node's, still a function of that
+    subgraph alone) with probability
+    ``sample_rate``, computes every sampled graph's own gradient (its loss
+    depends on that graph only, so per-sample gradients are exact), clips each
+    to L2 norm ``clip``, sums them, adds ``N(0, (noise_multiplier clip)^2)``
+    to every coordinate and divides by the expected batch size
+    ``sample_rate * len(select)`` (Opacus' convention); Adam then steps on
+    this noised gradient (post-processing). That is the Sampled Gaussian
+    Mechanism, accounted by Opacus' RDP accountant with ``(noise_multiplier,
+    sample_rate)`` per step (add/remove adjacency of one graph).
+    BatchNorm layers run in eval mode (frozen running statistics) so that no
+    un-noised statistic of the data reaches the uploaded state. Returns the
+    number of steps taken.
+    """
+    import torch
+
+    select = np.asarray(select, dtype=np.int64)
+    if select.size == 0 or steps == 0:
+        return 0
+    gen = torch.Generator().manual_seed(int(seed))
+    rng = np.random.default_rng([int(seed), 41])
+    pieces = graph_slices(batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=float(lr))
+    model.train()
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.eval()
+    expected = float(sample_rate) * select.size
+    for _ in range(int(steps)):
+        total = [torch.zeros_like(p) for p in params]
+        for g in select[rng.random(select.size) < sample_rate]:
+            x, ei = pieces[g]
+            z = model(x, ei)
+            z = z[:1] if task == "centre" else z.mean(0, keepdim=True)
+            loss = torch.nn.functional.cross_entropy(z, torch.tensor([int(labels[g])]))
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            grads = [torch.zeros_like(p) if gr is None else gr for p, gr in zip(params, grads)]
+            norm = torch.sqrt(sum((gr * gr).sum() for gr in grads))
+            factor = min(1.0, float(clip) / max(float(norm), 1e-12))
+            for t, gr in zip(total, grads):
+                t.add_(gr, alpha=factor)
+        opt.zero_grad()
+        for p, t in zip(params, total):
+            noise = torch.normal(0.0, float(noise_multiplier) * float(clip), size=p.shape, generator=gen)
+            p.grad = (t + noise) / expected
+        opt.step()
+    return int(steps)
 
 
 def node_embeddings(model, batch: GraphBatch) -> list[np.ndarray]:
@@ -333,67 +425,136 @@ def merge_duplicates(h: np.ndarray, decimals: int = 9) -> tuple[np.ndarray, np.n
     return rows, counts / counts.sum()
 
 
-def embedding_space(h: np.ndarray, merge: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def embedding_space(h: np.ndarray, merge: bool = True, features: bool = False) -> tuple:
     """(intra-distance matrix, node weights) of one graph's embedding: uniform
-    weights over nodes, or over distinct rows weighted by multiplicity."""
+    weights over nodes, or over distinct rows weighted by multiplicity.
+    ``features=True`` appends the (distinct) rows themselves as node features
+    for fused GW (:func:`gw_pair` with ``alpha < 1``); merging stays exact
+    there because merged nodes also have equal features."""
     if merge:
         rows, w = merge_duplicates(h)
-        return intra_distance(rows), w
-    h = np.asarray(h, dtype=np.float64)
-    return intra_distance(h), np.full(len(h), 1.0 / len(h))
+    else:
+        rows = np.asarray(h, dtype=np.float64)
+        w = np.full(len(rows), 1.0 / len(rows))
+    return (intra_distance(rows), w, rows) if features else (intra_distance(rows), w)
 
 
-def gw_pair(c1: np.ndarray, c2: np.ndarray, p=None, q=None, max_iter: int = 10_000) -> float:
+def gw_pair(c1: np.ndarray, c2: np.ndarray, p=None, q=None, max_iter: int = 10_000,
+            x1=None, x2=None, alpha: float = 1.0) -> float:
     """GW discrepancy (square loss; uniform node weights unless ``p``/``q``
-    given) by POT's conditional gradient, ``ot.gromov.gromov_wasserstein2``."""
+    given) by POT's conditional gradient, ``ot.gromov.gromov_wasserstein2``.
+
+    ``alpha < 1``: fused GW (Titouan et al.; the paper's base metric for graphs
+    with node features), ``ot.gromov.fused_gromov_wasserstein2`` with feature
+    cost ``M_ij = ||x1_i - x2_j||^2`` weighted ``1 - alpha`` and the structure
+    term weighted ``alpha``. Plain GW only sees each graph's intra-distances and
+    is blind to where the nodes sit (any isometry of the embedding space, e.g.
+    swapping the two softmax classes, costs nothing); the feature term is not.
+    """
     import ot
 
     p = np.full(c1.shape[0], 1.0 / c1.shape[0]) if p is None else np.asarray(p, dtype=np.float64)
     q = np.full(c2.shape[0], 1.0 / c2.shape[0]) if q is None else np.asarray(q, dtype=np.float64)
-    return float(ot.gromov.gromov_wasserstein2(c1, c2, p, q, "square_loss", symmetric=True,
-                                               max_iter=max_iter))
+    if alpha >= 1.0:
+        return float(ot.gromov.gromov_wasserstein2(c1, c2, p, q, "square_loss", symmetric=True,
+                                                   max_iter=max_iter))
+    if x1 is None or x2 is None:
+        raise ValueError(f"fused GW (alpha={alpha} < 1) needs node features of both graphs")
+    m = ot.dist(np.asarray(x1, dtype=np.float64), np.asarray(x2, dtype=np.float64))
+    return float(ot.gromov.fused_gromov_wasserstein2(m, c1, c2, p, q, "square_loss", symmetric=True,
+                                                     alpha=float(alpha), max_iter=max_iter))
 
 
 _POOL_SPACES: list = []
 
 
 def _gw_chunk(args) -> list[tuple[int, int, float]]:
-    pairs, max_iter = args
+    pairs, max_iter, alpha = args
     sp_ = _POOL_SPACES
-    return [(i, j, gw_pair(sp_[i][0], sp_[j][0], sp_[i][1], sp_[j][1], max_iter)) for i, j in pairs]
+    return [(i, j, gw_pair(sp_[i][0], sp_[j][0], sp_[i][1], sp_[j][1], max_iter, sp_[i][2], sp_[j][2], alpha))
+            for i, j in pairs]
 
 
 def _pool_init(spaces) -> None:
+    """Worker start: receive the spaces; leave Ctrl-C to the parent (which
+    terminates the pool) and die with the parent even if it is SIGKILLed."""
+    import ctypes
+    import signal
+
     global _POOL_SPACES
     _POOL_SPACES = spaces
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler: terminate() must just end us
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux/glibc: the pool's terminate() on exit still applies
+        pass
+
+
+class _TermAsInterrupt:
+    """While active (main thread only), SIGTERM raises KeyboardInterrupt so the
+    ``with Pool`` block exits through ``terminate()`` instead of orphaning
+    its workers."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+        return False
 
 
 def gw_matrix(spaces: Sequence, workers: int = 2, max_iter: int = 10_000,
-              stats: dict | None = None) -> np.ndarray:
+              stats: dict | None = None, alpha: float = 1.0) -> np.ndarray:
     """Symmetric matrix of GW discrepancies between all pairs (zero diagonal).
 
-    ``spaces``: per item a distance matrix (uniform weights) or a pair
-    ``(distance matrix, weights)``. Items with identical spaces get GW 0 (the
-    exact value) and each distinct pair of spaces is solved once with
-    :func:`gw_pair` (POT), in ``workers`` processes (0 = all cores); pairs are
-    dealt to the workers in cost-balanced chunks. ``stats`` (optional dict)
-    receives ``pairs``, ``distinct_spaces`` and ``solved_pairs``.
+    ``spaces``: per item a distance matrix (uniform weights), a pair
+    ``(distance matrix, weights)`` or a triple ``(distance, weights, node
+    features)`` (needed for fused GW, ``alpha < 1``, see :func:`gw_pair`).
+    Items with identical spaces get 0 (the exact value) and each distinct pair
+    of spaces is solved once with :func:`gw_pair` (POT), in ``workers``
+    processes (0 = all cores); pairs are dealt to the workers in
+    cost-balanced chunks. The pool is terminated on any exception,
+    Ctrl-C or SIGTERM, and its workers die with the parent. ``stats``
+    (optional dict) receives ``pairs``, ``distinct_spaces`` and
+    ``solved_pairs``.
     """
     global _POOL_SPACES
     items = []
     for s in spaces:
-        c, w = (s if isinstance(s, tuple) else (s, None))
+        s = s if isinstance(s, tuple) else (s, None)
+        c, w = s[0], s[1]
+        x = s[2] if len(s) > 2 else None
         c = np.ascontiguousarray(c, dtype=np.float64)
         w = np.full(c.shape[0], 1.0 / c.shape[0]) if w is None else np.ascontiguousarray(w, dtype=np.float64)
-        items.append((c, w))
+        if alpha < 1.0:
+            if x is None:
+                raise ValueError(f"fused GW (alpha={alpha} < 1) needs (distance, weights, features) per item")
+            x = np.ascontiguousarray(x, dtype=np.float64)
+        else:
+            x = None
+        items.append((c, w, x))
     n = len(items)
     index: dict[bytes, int] = {}
     uniq, which = [], np.empty(n, dtype=np.int64)
-    for t, (c, w) in enumerate(items):
-        key = c.shape[0].to_bytes(4, "little") + c.tobytes() + w.tobytes()
+    for t, (c, w, x) in enumerate(items):
+        key = c.shape[0].to_bytes(4, "little") + c.tobytes() + w.tobytes() + (b"" if x is None else x.tobytes())
         if key not in index:
             index[key] = len(uniq)
-            uniq.append((c, w))
+            uniq.append((c, w, x))
         which[t] = index[key]
     u = len(uniq)
     small = np.zeros((u, u))
@@ -401,22 +562,20 @@ def gw_matrix(spaces: Sequence, workers: int = 2, max_iter: int = 10_000,
     if stats is not None:
         stats.update({"pairs": n * (n - 1) // 2, "distinct_spaces": u, "solved_pairs": int(iu.size)})
     if iu.size:
-        sizes = np.array([c.shape[0] for c, _ in uniq], dtype=np.float64)
+        sizes = np.array([c.shape[0] for c, _, _ in uniq], dtype=np.float64)
         order = np.argsort(-(sizes[iu] * sizes[ju]), kind="stable")
         pairs = list(zip(iu[order].tolist(), ju[order].tolist()))
         workers = int(workers) or (os.cpu_count() or 1)
         if workers <= 1 or len(pairs) < 256:
             _POOL_SPACES = uniq
-            results = _gw_chunk((pairs, max_iter))
+            results = _gw_chunk((pairs, max_iter, alpha))
         else:
             import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
 
             chunks = workers * 16
-            parts = [(pairs[c::chunks], max_iter) for c in range(chunks)]
-            ctx = mp.get_context("fork")
-            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init, initargs=(uniq,)) as ex:
-                results = [r for part in ex.map(_gw_chunk, parts) for r in part]
+            parts = [(pairs[c::chunks], max_iter, alpha) for c in range(chunks)]
+            with _TermAsInterrupt(), mp.get_context("fork").Pool(workers, _pool_init, (uniq,)) as pool:
+                results = [r for part in pool.imap_unordered(_gw_chunk, parts) for r in part]
         for i, j, v in results:
             small[i, j] = small[j, i] = v
     return small[np.ix_(which, which)]
