@@ -94,6 +94,7 @@ def curves(seeds: list[int], quick: bool) -> dict:
         for seed in seeds:
             tag = f"{name}-{dataset}-{x}-s{seed}"
             rec = run(strategy, dataset, clients, {**over, "seed": seed}, tag)
+            rec.pop("per_round")
             rec["x"], rec["seed"] = x, seed
             series.setdefault(name, []).append(rec)
 
