@@ -2,7 +2,8 @@
 
 What leaves this client: the local cluster of every node (``kcagc_local``,
 kcagc only) and, in every ``kcagc_step``, a pairwise-masked uint64 vector
-whose sum over all clients is the summed squared distances; its features,
+whose sum over the clients of its group (all clients, except in the tree
+variant) is the summed squared distances; its features,
 embedding, virtual nodes and centre blocks never leave it.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.privacy.secagg import FixedPointEncoder
 from app.protocols import kcagc as proto
 from clients.base import ClusteringClient
 
@@ -50,31 +52,37 @@ class KCAGCClient(ClusteringClient):
         newest seed of each restart (R x m). ``stage="lloyd"``: set (``seeds``)
         or update (``assign``) this client's centre blocks, then partial squared
         distances of every virtual node to every centre (R x m x kk). The
-        result is written at ``offset`` into a zero vector of length ``total``
-        (the parts of other groups stay 0) and masked.
+        result is masked with the other clients of this client's ``group``
+        only (the server unmasks one sum per group); a client in no group
+        this level (tree variant, odd one out) sends an empty array.
         """
-        out = np.zeros(int(values["total"]))
         size = int(values["size"])
-        if size:
-            if "members" in arrays:  # first round of this level: build the virtual nodes
-                members = arrays["members"].astype(np.int64)
-                y = proto.virtual_block(self.features(values), members)
-                weights = np.bincount(members).astype(np.float64)
-                self.save("kcagc_vn", y=y, weights=weights)
-            vn = self.load("kcagc_vn")
-            y, weights = vn["y"], vn["weights"]
-            if values["stage"] == "seed":
-                part = proto.seed_distances(y, arrays["index"])
+        if not size:
+            return {"d": np.zeros(0, dtype=np.uint64)}, {}
+        if "members" in arrays:  # first round of this level: build the virtual nodes
+            members = arrays["members"].astype(np.int64)
+            y = proto.virtual_block(self.features(values), members)
+            weights = np.bincount(members).astype(np.float64)
+            self.save("kcagc_vn", y=y, weights=weights)
+        vn = self.load("kcagc_vn")
+        y, weights = vn["y"], vn["weights"]
+        if values["stage"] == "seed":
+            part = proto.seed_distances(y, arrays["index"])
+        else:
+            if "seeds" in arrays:
+                centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
             else:
-                if "seeds" in arrays:
-                    centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
-                else:
-                    centres = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
-                                                   self.load("kcagc_centres")["c"])
-                self.save("kcagc_centres", c=centres)
-                part = proto.partial_distances(y, centres)
-            if part.size != size:
-                raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
-            offset = int(values["offset"])
-            out[offset:offset + size] = part.ravel()
-        return {"d": self.masked(out, values) if "secagg_tag" in values else out}, {}
+                centres = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
+                                               self.load("kcagc_centres")["c"])
+            self.save("kcagc_centres", c=centres)
+            part = proto.partial_distances(y, centres)
+        if part.size != size:
+            raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
+        if "secagg_tag" not in values:
+            return {"d": part.ravel()}, {}
+        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
+        party = self._load_party()
+        masked = party.mask(part.ravel(), str(values["secagg_tag"]), encoder,
+                            participants=arrays["group"].astype(np.int64).tolist())
+        self._save_party(party)  # the party remembers used tags
+        return {"d": masked}, {}

@@ -39,10 +39,11 @@ graph and its own block of feature columns. The math is in
      repeats. The restart with the smallest weighted inertia wins.
 
    With ``kcagc.tree`` the parties sit at the leaves of a binary tree: each
-   level runs step 3 for all its internal nodes at once (a client outside a
-   pair's group uploads masked zeros for that part), each pair
-   re-clustering the intersection of its children's clusters into k_hat
-   clusters, the root into k.
+   level runs step 3 for all its internal nodes in the same messages, one
+   secure sum per internal node among its own clients (``group``: a client
+   masks with its group's members only and uploads only its group's part),
+   each internal node re-clustering the intersection of its children's
+   clusters into k_hat clusters, the root into k.
 
 4. ``labels`` (down: the final cluster of every node) -> the clients keep it.
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.config import ConfigError, Param
+from app.privacy.secagg import FixedPointEncoder, unmask_sum
 from app.protocols import kcagc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
@@ -183,24 +185,41 @@ class KCAGC(ClusteringStrategy):
         first = [True]  # the first round also carries each job's node -> virtual node map
 
         def round_(stage: str, arrays_of, sizes: list[int]):
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-            total = int(offsets[-1])
-            values = session.secagg_values("d", bound) if secure else {}
+            # One secure sum per job, among the job's clients only: a client uploads just its job's
+            # part, masked with the other members of its group. The server learns each group's sum,
+            # as it would from one sum over all clients with zeros outside each group, but a client
+            # sends 1/len(jobs) of the bytes and masks with len(group) - 1 peers instead of L - 1.
+            values = [session.secagg_values(f"d{j}", bound) if secure else {} for j in range(len(jobs))]
             contents = {}
             for node in session.node_ids:
                 j = job_of.get(session.partition_of(node), -1)
                 arrays = arrays_of(j) if j >= 0 else {}
-                if j >= 0 and first[0]:
-                    arrays["members"] = jobs[j].members
-                v = {**values, **embed, "stage": stage, "total": total, "level": level, "restarts": R,
-                     "offset": int(offsets[j]) if j >= 0 else 0, "size": int(sizes[j]) if j >= 0 else 0}
+                if j >= 0:
+                    arrays["group"] = np.asarray(jobs[j].parties, dtype=np.int64)
+                    if first[0]:
+                        arrays["members"] = jobs[j].members
+                v = {**(values[j] if j >= 0 else {}), **embed, "stage": stage, "level": level, "restarts": R,
+                     "size": int(sizes[j]) if j >= 0 else 0}
                 contents[node] = pack(arrays, v)
             replies = session.exchange("kcagc_step", contents, ReplySpec(arrays={"d": ArraySpec(
-                (total,), kind="u" if secure else "f", masked=secure)}))
+                (None,), kind="u" if secure else "f", masked=secure)}))
             first[0] = False
-            summed = session.secure_sum(replies, "d", values) if secure else unpack(next(iter(replies.values())))[0]["d"]
-            metrics["aggregated_values"] += total
-            return [summed[offsets[j]:offsets[j + 1]] for j in range(len(jobs))]
+            uploads = {session.partition_of(n): unpack(c)[0]["d"] for n, c in replies.items()}
+            parts = []
+            for j, job in enumerate(jobs):
+                group = {p: uploads[p] for p in job.parties}
+                bad = [p for p, d in group.items() if d.shape != (sizes[j],)]
+                if bad:
+                    raise ProtocolError(f"client {bad[0]} sent {group[bad[0]].shape[0]} distances, expected {sizes[j]}")
+                if secure:
+                    v = values[j]
+                    encoder = FixedPointEncoder(v["secagg_scale"], v["secagg_bound"], v["secagg_parties"])
+                    parts.append(unmask_sum(group, set(job.parties), encoder))
+                    session.stats.secure_aggregations += 1
+                else:
+                    parts.append(group[job.parties[0]])
+                metrics["aggregated_values"] += sizes[j]
+            return parts
 
         # k-means++ seeding: first seed by weight, then one distance round per further seed
         seeds = [np.zeros((R, job.kk), dtype=np.int64) for job in jobs]

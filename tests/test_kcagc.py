@@ -209,6 +209,19 @@ def test_tree_variant_with_an_odd_number_of_clients(tmp_path):
     assert max(tree["metrics"]["lloyd_iterations"]) <= 10
 
 
+def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
+    result = run_experiment("kcagc", "sbm", 4, {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2,
+                                                "kcagc.tree": True, "kcagc.restarts": 2}, out_dir)
+    k_hat, k = 8, 4
+    it1, it2 = result["metrics"]["lloyd_iterations"]
+    rounds1, rounds2 = (k_hat - 1) + it1 + 1, (k - 1) + it2 + 1
+    # level 1: pairs (0, 1) and (2, 3), one secure sum each per round; root: one sum over all four
+    assert result["communication"]["secure_aggregations"] == 2 * rounds1 + rounds2
+    steps = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"]
+    assert steps and all(u["masked"] for u in steps)
+    assert result["metrics"]["ari"] > 0.4  # 3 features per client, each pair re-clusters: lossy (~0.54)
+
+
 def test_bad_configuration_is_one_line(out_dir):
     with pytest.raises(ConfigError, match="partitioner 'node-random' does not fit strategy 'kcagc'"):
         run_experiment("kcagc", "sbm", 2, {"partitioner": "node-random"}, out_dir)
