@@ -366,10 +366,10 @@ def _maybe_dense(x: np.ndarray | sp.csr_matrix) -> np.ndarray | sp.csr_matrix:
 def agc_embedding(x: Any, adj: Any, k: int, order: int, seed: int) -> np.ndarray:
     """Top-k left singular vectors of ``G^order X`` without forming it.
 
-    The randomised SVD only needs ``(G^order X) B = G^order (X B)`` and
-    ``(G^order X)' C = X' (G^order C)`` for thin blocks B, C (G symmetric), i.e.
-    sparse products with n x l blocks: O(order * nnz(G) * l + nnz(X) * l) per
-    pass. Matches the dense SVD's subspace to ~1e-6 (see :func:`_randomized_left_sv`).
+    The Lanczos SVD (ARPACK) only needs ``(G^order X) b = G^order (X b)`` and
+    ``(G^order X)' c = X' (G^order c)`` (G symmetric), i.e. sparse products:
+    O(order * nnz(G) + nnz(X)) per product. Matches the dense SVD's subspace to
+    ~1e-8 (k-means on Wiki changes with a 1e-3 error, so the accuracy matters).
     """
     return agc_singular(x, adj, k, order, seed)[0]
 
@@ -389,15 +389,21 @@ def agc_singular(x: Any, adj: Any, k: int, order: int, seed: int) -> tuple[np.nd
             M = G @ M
         return np.asarray(M)
 
+    f = X.shape[1]
     with _threads(0.0):
-        U, s, _ = _randomized_left_sv(
-            lambda B: filt(np.asarray(X @ B)),
-            lambda C: np.asarray(X.T @ filt(C)),
-            (n, X.shape[1]),
-            k,
-            seed,
-        )
-    return U, s
+        if k >= min(n, f):  # ARPACK needs k < min(n, f); this is a full SVD anyway
+            U, s, _ = np.linalg.svd(filt(np.asarray(X.todense() if sp.issparse(X) else X)), full_matrices=False)
+            return U[:, :k], s[:k]
+        # Lanczos (ARPACK) on the implicit operator: ~3x fewer products than the
+        # block subspace iteration for the same ~1e-8 subspace accuracy (Wiki).
+        op = sla.LinearOperator(
+            (n, f), dtype=np.float64,
+            matvec=lambda v: filt(np.asarray(X @ v)), rmatvec=lambda c: np.asarray(X.T @ filt(c)),
+            matmat=lambda B: filt(np.asarray(X @ B)), rmatmat=lambda C: np.asarray(X.T @ filt(C)))
+        v0 = np.random.default_rng(seed).standard_normal(min(n, f))
+        U, s, _ = sla.svds(op, k=k, tol=1e-10, v0=v0, solver="arpack")
+    top = np.argsort(s)[::-1]
+    return U[:, top], s[top]
 
 
 def agc_intra_distance(F: np.ndarray, labels: np.ndarray) -> float:
