@@ -3,7 +3,7 @@
     python benchmarks/agc.py [--data-root DIR] [--seeds N]
 
 For each dataset: the fixed filter order of the kCAGC paper (psi = 9 / 15 / 2)
-with the randomised SVD of ``app.baselines.agc``, the same with an explicit
+with the implicit Lanczos SVD of ``app.baselines.agc``, the same with an explicit
 filtered matrix and ARPACK's SVD (``fixed-dense-svd``, the straightforward
 version, for comparison), and AGC's adaptive order. Prints ACC / NMI / F1 and wall time (filter + SVD +
 k-means, data loading excluded; best of 3 timings for the fixed order; wall
