@@ -40,10 +40,10 @@ def test_edge_split_is_a_symmetric_disjoint_partition_restricted_consistently():
     local = proto.split_adjacency(data.adj[ids][:, ids], ids, seed=4, val=0.1, test=0.2)
     for glob, loc in zip((train, val, test), local):
         assert (glob[ids][:, ids] - loc).nnz == 0
-    # proportions on a large graph
-    cora = load_dataset("cora")
-    parts = proto.split_adjacency(cora.adj, np.arange(cora.num_nodes), seed=0, val=0.1, test=0.2)
-    fractions = np.array([p.nnz for p in parts]) / cora.adj.nnz
+    # proportions on a larger graph (the embedded SBM, so the test needs no data files)
+    sbm = load_dataset("sbm")
+    parts = proto.split_adjacency(sbm.adj, np.arange(sbm.num_nodes), seed=0, val=0.1, test=0.2)
+    fractions = np.array([p.nnz for p in parts]) / sbm.adj.nnz
     assert fractions == pytest.approx([0.7, 0.1, 0.2], abs=0.02)
     with pytest.raises(ValueError, match="invalid edge split"):
         proto.edge_split_codes(np.array([0]), np.array([1]), 0, 0.5, 0.5)
@@ -55,13 +55,13 @@ def test_overlap_half_gives_each_client_the_authors_share_of_nodes(clients):
     ``partition.overlap=0.5`` must do the same (each node owned once, copies on other clients)."""
     from app.data.partition import partition
 
-    cora = load_dataset("cora")
-    shards = partition(cora, "node-random", clients, seed=0, overlap=0.5)
+    graph = load_dataset("sbm")  # embedded: the rule does not depend on the graph
+    shards = partition(graph, "node-random", clients, seed=0, overlap=0.5)
     sizes = np.array([s.node_ids.size for s in shards])
-    assert sizes.sum() == round(1.5 * cora.num_nodes)
-    assert np.all(np.abs(sizes - 1.5 * cora.num_nodes / clients) < 0.1 * cora.num_nodes / clients)
+    assert sizes.sum() == round(1.5 * graph.num_nodes)
+    assert np.all(np.abs(sizes - 1.5 * graph.num_nodes / clients) < 0.1 * graph.num_nodes / clients)
     owned = np.concatenate([s.node_ids[s.owned] for s in shards])
-    assert np.array_equal(np.sort(owned), np.arange(cora.num_nodes))
+    assert np.array_equal(np.sort(owned), np.arange(graph.num_nodes))
     for s in shards:
         assert np.unique(s.node_ids).size == s.node_ids.size  # a copy never lands on its owner
 
