@@ -237,18 +237,25 @@ def privacy(seeds: list[int], quick: bool) -> dict:
     return payload
 
 
+def _seed_means(rows: list[dict], by: tuple[str, ...], fields: tuple[str, ...]) -> list[dict]:
+    """One dict per distinct value of the ``by`` keys (first-seen order): those keys,
+    ``seeds`` (rows in the group), the group's first row under ``first``, and the
+    mean of each of ``fields``."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    return [{**dict(zip(by, key)), "seeds": len(recs), "first": recs[0],
+             **{f: sum(x[f] for x in recs) / len(recs) for f in fields}} for key, recs in groups.items()]
+
+
 def _privacy_summary(payload: dict) -> list[dict]:
     """Mean over seeds per (dataset, mode, noise multiplier)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in payload["rows"]:
-        groups.setdefault((r["dataset"], r["mode"], r["noise_multiplier"]), []).append(r)
-    out = []
-    for (dataset, mode, nm), recs in sorted(groups.items()):
-        mean = lambda key: sum(x[key] for x in recs) / len(recs)  # noqa: E731
-        out.append({"dataset": dataset, "mode": mode, "noise_multiplier": nm, "seeds": len(recs),
-                    "epsilon": recs[0]["epsilon"], "cluster_similarity": mean("cluster_similarity"),
-                    "ari_vs_central": mean("ari_vs_central"), "rounds": recs[0]["protocol_rounds"]})
-    return out
+    out = _seed_means(payload["rows"], ("dataset", "mode", "noise_multiplier"),
+                      ("cluster_similarity", "ari_vs_central"))
+    for g in out:
+        first = g.pop("first")
+        g.update(epsilon=first["epsilon"], rounds=first["protocol_rounds"])
+    return sorted(out, key=lambda g: (g["dataset"], g["mode"], g["noise_multiplier"]))
 
 
 def _plot_privacy(payload: dict) -> Path:
@@ -461,13 +468,10 @@ def report() -> Path:
                   f"(`python benchmarks/fedspectral.py readings`, seeds {rd['seeds']}; mean over seeds):", "",
                   "| dataset | reference | largest reference cluster | clusterSimilarity | ARI |",
                   "|---|---|---:|---:|---:|"]
-        groups: dict[tuple, list[dict]] = {}
-        for r in rd["rows"]:
-            groups.setdefault((r["dataset"], r["reference"]), []).append(r)
-        for (dataset, ref), recs in groups.items():
-            mean = lambda key: sum(x[key] for x in recs) / len(recs)  # noqa: E731
-            lines.append(f"| {dataset} | {ref} | {mean('largest_reference_cluster'):.0f} | "
-                         f"{_pct(mean('cluster_similarity'))} | {_f(mean('ari'))} |")
+        for g in _seed_means(rd["rows"], ("dataset", "reference"),
+                             ("largest_reference_cluster", "cluster_similarity", "ari")):
+            lines.append(f"| {g['dataset']} | {g['reference']} | {g['largest_reference_cluster']:.0f} | "
+                         f"{_pct(g['cluster_similarity'])} | {_f(g['ari'])} |")
         lines.append("")
     sc = _load("scale")
     if sc:
