@@ -392,7 +392,7 @@ def agc_singular(x: Any, adj: Any, k: int, order: int, seed: int) -> tuple[np.nd
     f = X.shape[1]
     with _threads(0.0):
         if k >= min(n, f):  # ARPACK needs k < min(n, f); this is a full SVD anyway
-            U, s, _ = np.linalg.svd(filt(np.asarray(X.todense() if sp.issparse(X) else X)), full_matrices=False)
+            U, s, _ = np.linalg.svd(filt(X.toarray() if sp.issparse(X) else np.asarray(X)), full_matrices=False)
             return U[:, :k], s[:k]
         # Lanczos (ARPACK) on the implicit operator: ~3x fewer products than the
         # block subspace iteration for the same ~1e-8 subspace accuracy (Wiki).

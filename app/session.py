@@ -266,10 +266,13 @@ class ServerSession:
             "secagg_parties": len(self.clients),
         }
 
-    def secure_sum(self, replies: Mapping[int, RecordDict], name: str, values: Mapping) -> np.ndarray:
-        """Unmask the sum of the masked arrays ``name`` (all clients must be present)."""
+    def secure_sum(self, replies: Mapping[int, RecordDict], name: str, values: Mapping,
+                   parties=None) -> np.ndarray:
+        """Unmask the sum of the masked arrays ``name`` over ``parties`` (partition
+        ids, default every client); all of them must be present."""
         encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
         uploads = {self.partition_of(n): unpack(c)[0][name] for n, c in replies.items()}
-        total = unmask_sum(uploads, set(range(len(self.clients))), encoder)
+        expected = set(range(len(self.clients))) if parties is None else set(parties)
+        total = unmask_sum(uploads, expected, encoder)
         self.stats.secure_aggregations += 1
         return total

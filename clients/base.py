@@ -71,14 +71,17 @@ class ClusteringClient:
         self._save_party(party)
         return {}, {"peers": len(party.peers)}
 
-    def masked(self, array: np.ndarray, values) -> np.ndarray:
+    def masked(self, array: np.ndarray, values, participants=None) -> np.ndarray:
         """``array`` fixed-point encoded and pairwise masked (uint64) for a secure sum.
 
-        ``values`` are the message values from ``ServerSession.secagg_values``.
+        ``values`` are the message values from ``ServerSession.secagg_values``;
+        ``participants`` (partition ids) restricts the masks to a sub-group's
+        sum (default: every client).
         """
         encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
         party = self._load_party()
-        out = party.mask(np.asarray(array, dtype=np.float64), str(values["secagg_tag"]), encoder)
+        out = party.mask(np.asarray(array, dtype=np.float64), str(values["secagg_tag"]), encoder,
+                         participants=participants)
         self._save_party(party)  # the party remembers used tags
         return out
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.privacy.secagg import FixedPointEncoder
 from app.protocols import kcagc as proto
 from clients.base import ClusteringClient
 
@@ -80,9 +79,4 @@ class KCAGCClient(ClusteringClient):
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
         if "secagg_tag" not in values:
             return {"d": part.ravel()}, {}
-        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
-        party = self._load_party()
-        masked = party.mask(part.ravel(), str(values["secagg_tag"]), encoder,
-                            participants=arrays["group"].astype(np.int64).tolist())
-        self._save_party(party)  # the party remembers used tags
-        return {"d": masked}, {}
+        return {"d": self.masked(part.ravel(), values, participants=arrays["group"].astype(np.int64).tolist())}, {}

@@ -240,7 +240,7 @@ class FedAvgDMoN(ClusteringStrategy):
             labels.append(arrays["labels"][own])
             per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
                                **{k_: float(v) for k_, v in vals.items()}})
-        dropped = sorted(session.partition_of(n) for n in getattr(session, "dropped", {}))
+        dropped = sorted(session.partition_of(n) for n in session.dropped)
         metrics = {"mode": mode, "select": select, "selected_round": int(best_round) if federated else None,
                    "clients": per_client, "dropped_clients": dropped}
         for key in ("f1", "nmi", "acc", "modularity_test", "conductance_test", "modularity_local"):

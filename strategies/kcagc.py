@@ -56,7 +56,6 @@ from __future__ import annotations
 import numpy as np
 
 from app.config import ConfigError, Param
-from app.privacy.secagg import FixedPointEncoder, unmask_sum
 from app.protocols import kcagc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
@@ -212,10 +211,8 @@ class KCAGC(ClusteringStrategy):
                 if bad:
                     raise ProtocolError(f"client {bad[0]} sent {group[bad[0]].shape[0]} distances, expected {sizes[j]}")
                 if secure:
-                    v = values[j]
-                    encoder = FixedPointEncoder(v["secagg_scale"], v["secagg_bound"], v["secagg_parties"])
-                    parts.append(unmask_sum(group, set(job.parties), encoder))
-                    session.stats.secure_aggregations += 1
+                    mine = {n: c for n, c in replies.items() if session.partition_of(n) in job.parties}
+                    parts.append(session.secure_sum(mine, "d", values[j], parties=job.parties))
                 else:
                     parts.append(group[job.parties[0]])
                 metrics["aggregated_values"] += sizes[j]

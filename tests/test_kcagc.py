@@ -72,7 +72,7 @@ def test_embeddings_of_the_filtered_block():
 
     f = low_pass_filter(data.x, data.adj, 2)
     u = proto.embedding(data.x, data.adj, 4, 2, 0, "svd")[0]  # 12 columns: exact SVD of the dense block
-    ref = agc_embedding(data.x, data.adj, 4, 2, 0)  # randomised SVD: same subspace, columns up to sign
+    ref = agc_embedding(data.x, data.adj, 4, 2, 0)  # Lanczos SVD: same subspace, columns up to sign
     assert np.allclose(np.abs(u.T @ ref), np.eye(4), atol=1e-6)
     rows = proto.embedding(data.x, data.adj, 4, 2, 0, "normalized")[0]
     assert np.allclose(np.linalg.norm(rows, axis=1), 1.0) and np.allclose(rows * np.linalg.norm(u, axis=1)[:, None], u)

@@ -108,9 +108,9 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "norma
 
 #: A party with at most this many columns per singular vector takes the exact
 #: SVD of its dense filtered block (via the f x f Gram matrix) instead of the
-#: randomised one: with many parties each block is narrow (Wiki, L=16: 311
-#: columns) and the exact route is ~9x faster there; wide blocks keep the
-#: randomised SVD, which never forms the dense n x f block.
+#: implicit one: with many parties each block is narrow (Wiki, L=16: 311
+#: columns) and the exact route is faster there; wide blocks keep the Lanczos
+#: SVD of :func:`app.baselines.agc_singular`, which never forms the dense n x f block.
 DENSE_COLUMNS_PER_VECTOR = 40
 
 
