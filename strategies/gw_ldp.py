@@ -69,6 +69,13 @@ from strategies.base import ClusteringStrategy, StrategyOutput
 
 DP_MODES = ("none", "client", "sgd")
 
+#: Ledger entry (mechanism name, what it protects) per training-DP mode.
+DP_LEDGER = {
+    "client": ("dp-fedavg:weights", "each client's whole local dataset (client-level DP of every weight upload)"),
+    "sgd": ("dp-sgd:local-graphs",
+            "each training graph of a client (add/remove one graph) in all of its weight uploads"),
+}
+
 
 class GWLDP(ClusteringStrategy):
     name = "gw-ldp"
@@ -127,10 +134,10 @@ class GWLDP(ClusteringStrategy):
         in_dim = dims.pop()
         model = proto.build_model(str(cfg["gw-ldp.model"]), in_dim, k, seed)
         weights = proto.get_weights(model)
+        dp_mode = str(cfg["gw-ldp.dp"])
         w_spec = ReplySpec(
-            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=cfg["gw-ldp.dp"] != "none")
-                    for n, a in weights.items()},
-            values=("num_examples",) if cfg["gw-ldp.dp"] != "none" else ("num_examples", "loss"),
+            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=dp_mode != "none") for n, a in weights.items()},
+            values=("num_examples",) if dp_mode != "none" else ("num_examples", "loss"),
         )
         dp = self._dp_mechanism(session)
         embed_every = int(cfg["gw-ldp.embed-every"])
@@ -143,7 +150,7 @@ class GWLDP(ClusteringStrategy):
             replies = session.broadcast("fit", content, w_spec, category="train")
             weights, loss = self._aggregate(replies, weights)
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
-                dp.step(int(cfg["gw-ldp.local-epochs"]) if cfg["gw-ldp.dp"] == "sgd" else 1)
+                dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
                 uploads = self._embed(session, weights, k)
@@ -152,12 +159,8 @@ class GWLDP(ClusteringStrategy):
         uploads = self._embed(session, weights, k)
         releases += 1
         self._record_ldp(session, uploads, releases)
-        if dp is not None and cfg["gw-ldp.dp"] == "client":
-            dp.record(session.ledger, "dp-fedavg:weights",
-                      "each client's whole local dataset (client-level DP of every weight upload)")
-        elif dp is not None:
-            dp.record(session.ledger, "dp-sgd:local-graphs",
-                      "each training graph of a client (add/remove one graph) in all of its weight uploads")
+        if dp is not None:
+            dp.record(session.ledger, *DP_LEDGER[dp_mode])
 
         t0 = time.perf_counter()
         merge = bool(cfg["gw-ldp.merge-duplicates"])
@@ -256,16 +259,16 @@ class GWLDP(ClusteringStrategy):
         )
 
     def _dp_mechanism(self, session):
-        if self.config["gw-ldp.dp"] == "none":
+        mode = self.config["gw-ldp.dp"]
+        if mode == "none":
             return None
         from app.privacy.gaussian import GaussianMechanism
 
-        if self.config["gw-ldp.dp"] == "sgd":  # the same (sigma, q) at every client: one accountant for all
-            return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
-                                     sample_rate=float(self.config["gw-ldp.dp-sample-rate"]),
-                                     delta=float(self.config["gw-ldp.dp-delta"]), adjacency="remove")
+        sgd = mode == "sgd"  # DP-SGD: the same (sigma, q) at every client, so one accountant for all
         return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
-                                 delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
+                                 sample_rate=float(self.config["gw-ldp.dp-sample-rate"]) if sgd else 1.0,
+                                 delta=float(self.config["gw-ldp.dp-delta"]),
+                                 adjacency="remove" if sgd else "replace")
 
     def _classify(self, dist, uploads) -> dict:
         if not self.config["gw-ldp.svc"]:

@@ -275,11 +275,15 @@ def graph_slices(batch: GraphBatch) -> list[tuple]:
     """Per graph of the batch, its own ``(x, edge_index)`` (local node ids)."""
     import torch
 
+    # one stable sort of the edges by graph instead of a mask over all edges per graph
     src_graph = batch.batch[batch.edge_index[0]]
-    out = []
-    for g, (a, b) in enumerate(zip(batch.offsets[:-1], batch.offsets[1:])):
-        edges = batch.edge_index[:, src_graph == g] - int(a)
-        out.append((batch.x[int(a):int(b)], edges.to(torch.long)))
+    order = torch.argsort(src_graph, stable=True)
+    ends = torch.bincount(src_graph, minlength=len(batch.offsets) - 1).cumsum(0).tolist()
+    edges = batch.edge_index[:, order]
+    out, start = [], 0
+    for (a, b), end in zip(zip(batch.offsets[:-1], batch.offsets[1:]), ends):
+        out.append((batch.x[int(a):int(b)], edges[:, start:end] - int(a)))
+        start = end
     return out
 
 
