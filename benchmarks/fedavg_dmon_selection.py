@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from app.bench import replace_section  # noqa: E402
+from fedavg_dmon import run_dir  # noqa: E402  (this directory's grid: where the app's records are)
 
 CACHE = HERE / "results" / "fedavg_dmon_selection"
 MD_PATH = HERE / "RESULTS.md"
@@ -51,34 +52,42 @@ DEFAULT_CELLS = ",".join(
 
 def replay(dataset: str, clients: int, overlap: float, seed: int, mode: str, rounds: int) -> dict:
     """Per round r (the weights a client starts round r from) and client: macro-F1 and the modularity
-    of the hard assignment on the validation and on the train+validation edges."""
+    of the hard assignment on the validation and on the train+validation edges. Every other setting
+    is the strategy's default (``FedAvgDMoN.params``), as in the grid's runs."""
     import torch
 
     from app.data.datasets import load_dataset
     from app.data.partition import partition
-    from app.metrics import macro_f1, modularity
+    from app.metrics import macro_f1
     from app.protocols import fedavg_dmon as proto
+    from strategies.fedavg_dmon import P, FedAvgDMoN
 
+    cfg = {p.key[len(P):]: p.default for p in FedAvgDMoN.params}
     torch.set_num_threads(1)
     data = load_dataset(dataset)
     k = int(data.y.max()) + 1
     local = []
     for s in partition(data, "node-random", clients, seed=seed, overlap=overlap):
-        train, val, _ = proto.split_adjacency(s.adj, np.asarray(s.node_ids), seed, 0.1, 0.2)
-        local.append((s, proto.make_graph(s.x, train, True), val, (train + val).tocsr()))
-    weights = proto.init_weights(local[0][1].x.shape[1], k, seed)
-    states = [proto.start_state(weights, seed, i, k, 64, 0.5) for i in range(clients)]
+        train, val, _ = proto.split_adjacency(s.adj, np.asarray(s.node_ids), seed, cfg["val-fraction"],
+                                              cfg["test-fraction"])
+        local.append((s, proto.make_graph(s.x, train, cfg["sparse-features"]), val, (train + val).tocsr()))
+    model = {"hidden": cfg["hidden"], "dropout": cfg["dropout"]}
+    weights = proto.init_weights(local[0][1].x.shape[1], k, seed, **model)
+    states = [proto.start_state(weights, seed, i, k, **model) for i in range(clients)]
     out = {"f1": [], "val": [], "train+val": [],
            "edges": {"val": [int(v.nnz // 2) for *_, v, _ in local],
                      "train+val": [int(tv.nnz // 2) for *_, tv in local]}}
     for _ in range(rounds):
         start = [weights] * clients if mode == "federated" else [st.weights for st in states]
-        labels = [proto.assign(w, g, k) for w, (_, g, _, _) in zip(start, local)]
+        labels = [proto.assign(w, g, k, cfg["hidden"]) for w, (_, g, _, _) in zip(start, local)]
         out["f1"].append([macro_f1(s.y, lab) for lab, (s, *_) in zip(labels, local)])
-        out["val"].append([modularity(v, lab) if v.nnz else 0.0 for lab, (_, _, v, _) in zip(labels, local)])
-        out["train+val"].append([modularity(tv, lab) if tv.nnz else 0.0 for lab, (*_, tv) in zip(labels, local)])
+        out["val"].append([proto.validation_score(lab, v)[0] for lab, (_, _, v, _) in zip(labels, local)])
+        out["train+val"].append([proto.validation_score(lab, tv)[0] for lab, (*_, tv) in zip(labels, local)])
         for i, (_, g, _, _) in enumerate(local):
-            states[i], _ = proto.local_train(states[i], g, k, 5, weights=weights if mode == "federated" else None)
+            states[i], _ = proto.local_train(
+                states[i], g, k, cfg["local-epochs"], lr=cfg["lr"], collapse=cfg["collapse"],
+                weights=weights if mode == "federated" else None,
+                keep_optimizer=cfg["optimizer-state"] == "keep", **model)
         if mode == "federated":
             weights = proto.fedavg([st.weights for st in states], [len(s.node_ids) for s, *_ in local])
     return out
@@ -91,17 +100,18 @@ def selected_f1(run: dict, mode: str, rule: str) -> float:
     if rule == "last":
         return float(f1[-1].mean())
     score = f1 if rule == "oracle" else np.asarray(run[rule])
-    if mode == "federated" and rule != "oracle":
-        edges = np.asarray(run["edges"][rule], dtype=np.float64)
-        combined = (score * edges).sum(1) / edges.sum() if edges.sum() else score.mean(1)
-        return float(f1[int(combined.argmax())].mean())
+    if mode == "federated" and rule != "oracle":  # the server's rule: proto.combine_scores per round
+        from app.protocols.fedavg_dmon import combine_scores
+
+        combined = [combine_scores(row, run["edges"][rule]) for row in score]
+        return float(f1[int(np.argmax(combined))].mean())
     picked = score.argmax(0)
     return float(np.mean([f1[picked[c], c] for c in range(f1.shape[1])]))
 
 
 def app_record(dataset, clients, overlap, seed, mode, rounds):
-    path = HERE / "results" / "fedavg_dmon_runs" / (
-        f"figures-{dataset}-{mode}-c{clients}-ov{float(overlap)}-s{seed}-r{rounds}-e0.0") / "record.json"
+    """Client F1 of the grid's app run of this cell, or None if it has not run."""
+    path = run_dir("figures", dataset, mode, clients, overlap, seed, rounds) / "record.json"
     return json.loads(path.read_text())["client"]["f1"] if path.exists() else None
 
 
@@ -125,7 +135,7 @@ def main(argv=None) -> int:
                 path.write_text(json.dumps(replay(dataset, clients, overlap, seed, mode, args.rounds)))
             run = json.loads(path.read_text())
             f1[mode] = {r: selected_f1(run, mode, r) for r in RULES}
-            edges = sum(run["edges"]["val"])
+        edges = sum(run["edges"]["val"])  # the same partition and split in both modes
         diffs = {r: f1["federated"][r] - f1["isolated"][r] for r in RULES}
         for r in RULES:
             summary[r].append(diffs[r])

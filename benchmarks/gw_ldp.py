@@ -71,6 +71,14 @@ def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
     return out
 
 
+def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int | None = None) -> dict:
+    """``fed_run`` of one ten-fold split with the benchmark's training settings
+    (seed 0, ``--alpha``, ``--rounds`` unless ``rounds`` is given, ``--epochs``, ``--workers``)."""
+    return fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model, "gw-ldp.epsilon": eps,
+                             "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds if rounds is None else rounds,
+                             "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers})
+
+
 def fold_split(n: int, fold: int) -> np.ndarray:
     """The centralised baselines' split: the same ten-fold 7:2:1 scheme as the
     clients use (``gw-ldp.fold``), over the pooled collection."""
@@ -119,10 +127,7 @@ def part_table1(args, data: dict) -> None:
                 runs = table.setdefault(key, {"runs": []})["runs"]
                 for fold in folds[len(runs):]:
                     t0 = time.perf_counter()
-                    r = fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model,
-                                          "gw-ldp.epsilon": eps, "gw-ldp.alpha": args.alpha,
-                                          "num-rounds": args.rounds, "gw-ldp.local-epochs": args.epochs,
-                                          "gw-ldp.workers": args.workers})
+                    r = fold_run(dataset, fold, model, eps, args)
                     r["fold"] = fold
                     runs.append(r)
                     print(f"  {key} fold {fold}: svc {r['svc_test_acc']:.3f}  gw {r['gw_s']:.1f}s "
@@ -134,9 +139,7 @@ def part_table1(args, data: dict) -> None:
         key = "inf" if math.isinf(eps) else ("1/|V|" if eps == 0 else f"{eps:g}")
         runs = sweep.setdefault(key, [])
         for fold in folds[len(runs):]:
-            r = fed_run("mutag", {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": "gin", "gw-ldp.epsilon": eps,
-                                  "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds,
-                                  "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers})
+            r = fold_run("mutag", fold, "gin", eps, args)
             runs.append(r)
             print(f"  MUTAG GIN eps={key} fold {fold}: svc {r['svc_test_acc']:.3f} nmi {r['nmi']:.3f}", flush=True)
             save_json(data)
@@ -149,9 +152,7 @@ def part_rounds(args, data: dict) -> None:
     for rounds in args.rounds_list:
         runs = out.setdefault(str(rounds), [])
         for fold in list(range(args.folds))[len(runs):]:
-            r = fed_run("mutag", {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": "gin", "gw-ldp.epsilon": math.inf,
-                                  "gw-ldp.alpha": args.alpha, "num-rounds": rounds,
-                                  "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers})
+            r = fold_run("mutag", fold, "gin", math.inf, args, rounds=rounds)
             r.update(fold=fold, rounds=rounds, epochs=args.epochs)
             runs.append(r)
             print(f"  MUTAG GIN {rounds} rounds fold {fold}: svc {r['svc_test_acc']:.3f}", flush=True)
