@@ -74,31 +74,23 @@ class GWLDPClient(ClusteringClient):
                                seed)
         else:
             loss = proto.local_train(model, batch, labels, train, self._task(), int(values["epochs"]),
-                                     float(values["lr"]), seed)
+                                     float(values["lr"]), seed, freeze_norm=dp == "client")
         new = proto.get_weights(model)
         values = {"num_examples": int(train.size)}
         if dp == "client":
-            new = self._privatise(start, new, seed)
+            new = proto.privatise_update(start, new, proto.trainable_names(model), self._dp_mechanism(),
+                                         np.random.default_rng([seed, 77]))
         elif dp == "none":
             values["loss"] = loss  # not sent under DP: it is not covered by the noise
         return {f"w.{k}": v for k, v in new.items()}, values
 
-    def _privatise(self, start, new, seed):
-        """Client-level DP-FedAvg: clip the update (all weights as one vector) and
-        add N(0, (noise * clip)^2) to every coordinate (app.privacy.gaussian)."""
+    def _dp_mechanism(self):
+        """Client-level DP-FedAvg's mechanism: clip the update to L2 ``dp-clip``,
+        add N(0, (dp-noise * dp-clip)^2) to every coordinate (app.privacy.gaussian)."""
         from app.privacy.gaussian import GaussianMechanism
 
-        keys = list(new)
-        delta = np.concatenate([(new[k] - start[k]).ravel().astype(np.float64) for k in keys])
-        mech = GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
+        return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
                                  delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
-        noised = mech.apply(delta, rng=np.random.default_rng([seed, 77]))
-        out, pos = {}, 0
-        for k in keys:
-            size = start[k].size
-            out[k] = (start[k] + noised[pos:pos + size].reshape(start[k].shape)).astype(np.float32)
-            pos += size
-        return out
 
     def on_gw_embed(self, arrays, values):
         batch, labels, split = self._local()

@@ -23,7 +23,7 @@ class KCAGCClient(ClusteringClient):
 
         The ``svd`` embedding is scaled by sqrt(n) (k-means is unchanged by a
         global scale) so that squared distances are O(1), like those of the
-        unit rows of ``normalized``, and the fixed-point resolution of the
+        unit rows of ``projection-unit`` / ``normalized``, and the fixed-point resolution of the
         secure sum (1 / secagg.scale) is small next to them.
         """
         state = self.context.state.array_records

@@ -19,7 +19,10 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    with ``gw-ldp.dp = sgd`` each client trains by local DP-SGD instead (one
    graph = one sample: Poisson sampling at ``gw-ldp.dp-sample-rate``,
    per-graph clipping, Gaussian noise; ``local-epochs`` DP-SGD steps per
-   round, accounted by Opacus' RDP accountant).
+   round, accounted by Opacus' RDP accountant). Under either DP mode the
+   BatchNorm statistics (GIN) are frozen: they come back unchanged, not
+   noised (the clients' DP step rejects a change), only the trainable
+   weights carry the protected update.
 3. ``gw_embed`` (down: final weights, epsilon) after training (and every
    ``gw-ldp.embed-every`` rounds if > 0, Algorithm 2's periodic signal) ->
    up: ``embeddings`` = the softmax node embeddings of all local graphs
@@ -135,8 +138,10 @@ class GWLDP(ClusteringStrategy):
         model = proto.build_model(str(cfg["gw-ldp.model"]), in_dim, k, seed)
         weights = proto.get_weights(model)
         dp_mode = str(cfg["gw-ldp.dp"])
+        trainable = proto.trainable_names(model)  # under DP the rest (BatchNorm statistics) comes back unchanged
         w_spec = ReplySpec(
-            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=dp_mode != "none") for n, a in weights.items()},
+            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=dp_mode != "none" and n in trainable)
+                    for n, a in weights.items()},
             values=("num_examples",) if dp_mode != "none" else ("num_examples", "loss"),
         )
         dp = self._dp_mechanism(session)

@@ -7,9 +7,9 @@ graph and its own block of feature columns. The math is in
 ``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
    seed) -> up: ``labels`` (n int64): the local cluster of every node, i.e.
    the node-ID set of each of the client's k_hat local clusters. The client
-   filters its columns (AGC filter, order psi), takes the top-k left singular
-   vectors of the filtered block with unit rows (``kcagc.embedding``; see
-   ``app.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
+   filters its columns (AGC filter, order psi), projects the filtered block on
+   its top-k singular vectors and scales the rows to unit length
+   (``kcagc.embedding``; see ``app.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
    with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
    features leaves it.
 
@@ -67,9 +67,10 @@ PARAMS = (
     Param("kcagc.local-factor", int, 1,
           "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
           low=1, high=10**7),
-    Param("kcagc.embedding", str, "normalized",
-          "client features from the filtered block G^psi X: normalized = top singular vectors U with unit "
-          "rows, svd = U (AGC), projection = U S (the paper's literal projection), filtered = G^psi X",
+    Param("kcagc.embedding", str, "projection-unit",
+          "client features from the filtered block G^psi X: projection-unit = its projection U S on the top "
+          "singular vectors with unit rows, projection = U S (the paper's literal projection), normalized = U "
+          "with unit rows, svd = U (AGC), filtered = G^psi X",
           choices=proto.EMBEDDINGS),
     Param("kcagc.embed-dim", int, 0,
           "singular vectors kept per client for the svd embedding; 0 = k", low=0, high=10**6),

@@ -367,6 +367,41 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
     assert all(u["noised"] for u in fit if u["name"].startswith("w."))
 
 
+def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone():
+    from app.data.types import GraphData
+    from app.privacy.gaussian import GaussianMechanism
+
+    rng = np.random.default_rng(4)
+    graphs = [GraphData(name="g", adj=random_graph(rng, 7, 0.5), x=None, y=None, meta={}) for _ in range(10)]
+    batch = proto.make_batch(graphs, degree_dim=7)
+    y = np.arange(10) % 2
+    model = proto.build_model("gin", 7, 2, seed=0)
+    start = proto.get_weights(model)
+    with proto.torch_threads(1):
+        proto.local_train(model, batch, y, np.arange(10), "graph", 5, 0.05, 0, freeze_norm=True)
+    new = proto.get_weights(model)
+    trainable = proto.trainable_names(model)
+    stats = [k for k in start if k not in trainable]
+    assert stats and all(np.array_equal(start[k], new[k]) for k in stats)  # frozen by local training
+    # no noise: the update of the trainable weights is clipped to L2 0.1, statistics come back as sent
+    quiet = proto.privatise_update(start, new, trainable, GaussianMechanism(0.1, 1e-12, delta=1e-5),
+                                   np.random.default_rng(0))
+    step = np.concatenate([(quiet[k] - start[k]).ravel() for k in trainable])
+    assert 0.099 < np.linalg.norm(step) <= 0.1 + 1e-6
+    # heavy noise (GIN's BatchNorm variance would turn negative if it were noised): finite, statistics intact
+    noisy = proto.privatise_update(start, new, trainable, GaussianMechanism(1.0, 8.0, delta=1e-5),
+                                   np.random.default_rng(0))
+    assert all(np.isfinite(v).all() for v in noisy.values())
+    assert all(np.array_equal(noisy[k], start[k]) for k in stats)
+    proto.set_weights(model, noisy)
+    assert all(np.isfinite(h).all() for h in proto.node_embeddings(model, batch))
+    # a statistic that changed during DP training would leave unprotected: refused
+    moved = {**new, stats[0]: new[stats[0]] + 1.0}
+    with pytest.raises(ValueError, match=stats[0]):
+        proto.privatise_update(start, moved, trainable, GaussianMechanism(1.0, 1.0, delta=1e-5),
+                               np.random.default_rng(0))
+
+
 def test_local_dp_sgd_clips_per_graph_and_its_epsilon_is_opacus_rdp(out_dir):
     shared_datasets_or_skip()
     from opacus.accountants import RDPAccountant

@@ -28,7 +28,7 @@ def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4)
     """What each client computes locally (the same call the client makes, default embedding)."""
     data = load_dataset("sbm", seed=seed, nodes=N, features=12, blocks=4, signal=3.0)
     shards = partition(data, "vertical", num_clients, seed=seed)
-    return [proto.embedding(s.x, s.adj, dim, order, seed, "normalized", 4)[0] for s in shards]
+    return [proto.embedding(s.x, s.adj, dim, order, seed, k_adaptive=4)[0] for s in shards]
 
 
 # --------------------------------------------------------------------------- protocol math
@@ -80,7 +80,10 @@ def test_embeddings_of_the_filtered_block():
     p = proto.embedding(data.x, data.adj, 4, 2, 0, "projection")[0]
     v = np.linalg.svd(f, full_matrices=False)[2][:4].T
     assert np.allclose(p @ p.T, (f @ v) @ (f @ v).T, rtol=1e-6, atol=1e-6 * np.abs(p).max() ** 2)
-    with pytest.raises(ValueError, match="valid choices: normalized, svd, projection, filtered"):
+    # projection-unit (the default): the projection's rows scaled to unit length
+    q = proto.embedding(data.x, data.adj, 4, 2, 0)[0]
+    assert np.allclose(np.linalg.norm(q, axis=1), 1.0) and np.allclose(q * np.linalg.norm(p, axis=1)[:, None], p)
+    with pytest.raises(ValueError, match="valid choices: normalized, svd, projection, projection-unit, filtered"):
         proto.embedding(data.x, data.adj, 4, 2, 0, "pca")
 
 
@@ -225,7 +228,7 @@ def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
 def test_bad_configuration_is_one_line(out_dir):
     with pytest.raises(ConfigError, match="partitioner 'node-random' does not fit strategy 'kcagc'"):
         run_experiment("kcagc", "sbm", 2, {"partitioner": "node-random"}, out_dir)
-    with pytest.raises(ConfigError, match="valid choices: normalized, svd, projection, filtered"):
+    with pytest.raises(ConfigError, match="valid choices: normalized, svd, projection, projection-unit, filtered"):
         run_experiment("kcagc-basic", "sbm", 2, {"kcagc.embedding": "pca"}, out_dir)
     with pytest.raises(ConfigError, match="kcagc.local-factor"):
         run_experiment("kcagc", "sbm", 2, {"kcagc.local-factor": 0}, out_dir)

@@ -250,9 +250,27 @@ def _scores(model, batch: GraphBatch, task: str, select: np.ndarray):
     return (sums / sizes[:, None])[torch.from_numpy(select)]
 
 
+def freeze_norm_statistics(model) -> None:
+    """BatchNorm layers to eval mode: they normalise with their current running
+    statistics and do not update them. Under DP training the statistics are
+    data summaries that neither clipping nor noise covers, so they stay at the
+    values the server sent (and go back unchanged)."""
+    import torch
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            mod.eval()
+
+
+def trainable_names(model) -> set[str]:
+    """Names of the model's trainable parameters (its other shared state: BatchNorm statistics)."""
+    return {name for name, p in model.named_parameters() if p.requires_grad}
+
+
 def local_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarray, task: str,
-                epochs: int, lr: float, seed: int) -> float:
-    """``epochs`` full-batch Adam steps on the selected graphs; returns the last loss."""
+                epochs: int, lr: float, seed: int, freeze_norm: bool = False) -> float:
+    """``epochs`` full-batch Adam steps on the selected graphs; returns the last loss.
+    ``freeze_norm``: BatchNorm statistics frozen (:func:`freeze_norm_statistics`)."""
     import torch
 
     torch.manual_seed(int(seed))
@@ -262,6 +280,8 @@ def local_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarray
     y = torch.from_numpy(np.asarray(labels, dtype=np.int64)[select])
     opt = torch.optim.Adam(model.parameters(), lr=float(lr))
     model.train()
+    if freeze_norm:
+        freeze_norm_statistics(model)
     loss = torch.zeros(())
     for _ in range(int(epochs)):
         opt.zero_grad()
@@ -317,9 +337,7 @@ def dp_sgd_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarra
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=float(lr))
     model.train()
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-            mod.eval()
+    freeze_norm_statistics(model)
     expected = float(sample_rate) * select.size
     for _ in range(int(steps)):
         total = [torch.zeros_like(p) for p in params]
@@ -340,6 +358,28 @@ def dp_sgd_train(model, batch: GraphBatch, labels: np.ndarray, select: np.ndarra
             p.grad = (t + noise) / expected
         opt.step()
     return int(steps)
+
+
+def privatise_update(start: dict[str, np.ndarray], new: dict[str, np.ndarray], trainable: set[str],
+                     mechanism, rng) -> dict[str, np.ndarray]:
+    """Client-level DP-FedAvg on one client's round: the update ``new - start``
+    of the trainable parameters, as one vector, goes through ``mechanism``
+    (clip to L2 ``clip`` + Gaussian noise, :class:`app.privacy.gaussian.GaussianMechanism`);
+    returns ``start + noised update``. Other state (BatchNorm statistics, frozen
+    during DP training) must come back unchanged: it is returned as ``start``,
+    and a change is an error rather than an unprotected upload."""
+    keys = [k for k in new if k in trainable]
+    for k in new:
+        if k not in trainable and not np.array_equal(new[k], start[k]):
+            raise ValueError(f"privatise_update: non-trainable state {k!r} changed during DP training")
+    delta = np.concatenate([(new[k] - start[k]).ravel().astype(np.float64) for k in keys])
+    noised = mechanism.apply(delta, rng=rng)
+    out, pos = {k: np.asarray(start[k], dtype=np.float32).copy() for k in new}, 0
+    for k in keys:
+        size = start[k].size
+        out[k] = (start[k] + noised[pos:pos + size].reshape(start[k].shape)).astype(np.float32)
+        pos += size
+    return out
 
 
 def node_embeddings(model, batch: GraphBatch) -> list[np.ndarray]:

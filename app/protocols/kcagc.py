@@ -6,19 +6,21 @@ strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs.
 
 Per party (Protocol 1, local):
   * :func:`embedding` - AGC filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
-    applied ``psi`` times to ``X^l``, then (default ``"normalized"``) its top
-    ``d`` left singular vectors ``U^l`` with every row scaled to unit length
-    (``Z^l``, n x d). Other choices: ``"svd"`` (``U^l`` itself: exactly AGC's
-    embedding for ``d = k``), ``"projection"`` (``U^l S^l = G^psi X^l V V'``
-    in the basis V: the paper's literal "project onto the top singular
-    vectors", distances of the filtered block kept), ``"filtered"``
-    (``G^psi X^l``). Why rows are normalised: with ``"svd"`` each party's
-    block is whitened separately, and a node whose filtered block is small
-    (few of this party's words) gets a short, noisy row; in the concatenation
-    of many narrow blocks those rows dominate and accuracy falls with L (Cora
-    L=16: 58% vs 67.5% at L=2). Unit rows weigh every party equally per node
-    (cosine geometry, as in Ng-Jordan-Weiss spectral clustering) and keep the
-    accuracy flat in L; see benchmarks/RESULTS.md (kcagc) for the comparison.
+    applied ``psi`` times to ``X^l``, then (default ``"projection-unit"``) the
+    projection of the filtered block on its top ``d`` right singular vectors,
+    ``U^l S^l = G^psi X^l V V'`` in the basis V (the paper's "project onto
+    the top singular vectors"), with every row scaled to unit length (``Z^l``,
+    n x d). Other choices: ``"projection"`` (``U^l S^l``, rows as they are),
+    ``"normalized"`` (``U^l`` with unit rows), ``"svd"`` (``U^l`` itself:
+    exactly AGC's embedding for ``d = k``), ``"filtered"`` (``G^psi X^l``).
+    Why rows are normalised: with unscaled ``U^l S^l`` k-means on Cora falls
+    to 52-58%; with ``"svd"`` each party's block is whitened separately, and
+    a node whose filtered block is small (few of this party's words) gets a
+    short, noisy row that dominates the concatenation of many narrow blocks
+    (Cora L=16: 58% vs 67.5% at L=2). Unit rows weigh every party equally per
+    node (cosine geometry, as in Ng-Jordan-Weiss spectral clustering); keeping
+    ``S`` (not whitening, as ``"normalized"`` does) measured 1-4 points better
+    on Cora and CiteSeer; see benchmarks/RESULTS.md (kcagc) for the comparison.
   * :func:`local_clusters` - k-means (k-means++ seeding, restarts; the
     paper's "10-approximation") of ``Z^l`` into ``k_hat`` local clusters;
     optionally with Protocol 1's pruning rule (:func:`prune`).
@@ -58,7 +60,7 @@ import scipy.sparse as sp
 #: Filter order psi the kCAGC paper fixes per dataset (Section 4.1).
 PAPER_ORDER = {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2}
 
-EMBEDDINGS = ("normalized", "svd", "projection", "filtered")
+EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered")
 
 #: Protocol 1's pruning ratio: a point is confident if its squared distance to
 #: the nearest seed is at most 1/9 of that to any other seed.
@@ -76,7 +78,7 @@ def filter_order(dataset: str, configured: int) -> int | None:
     return None
 
 
-def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "normalized",
+def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "projection-unit",
               k_adaptive: int | None = None) -> tuple[np.ndarray, int]:
     """Party-local features ``Z^l`` (n x dim) and the filter order used.
 
@@ -84,7 +86,7 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "norma
     ``G^psi X^l`` with unit rows (a zero row stays zero); ``"svd"`` the
     singular vectors themselves (AGC, :func:`app.baselines.agc_embedding`);
     ``"projection"`` ``U S`` (coordinates of the projection on the top-``dim``
-    right singular vectors); ``"filtered"`` ``G^psi X^l`` (``dim`` ignored).
+    right singular vectors); ``"projection-unit"`` ``U S`` with unit rows; ``"filtered"`` ``G^psi X^l`` (``dim`` ignored).
     ``order=None`` picks psi by AGC's adaptive rule on this party's own
     columns (:func:`app.baselines.agc` with ``k_adaptive`` clusters).
     """
@@ -100,9 +102,10 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "norma
     u, s = top_singular(x, adj, dim, order, seed)
     if kind == "projection":
         return u * s, order
-    if kind == "normalized":
-        norms = np.linalg.norm(u, axis=1, keepdims=True)
-        return u / np.where(norms > 0, norms, 1.0), order
+    if kind in ("normalized", "projection-unit"):
+        rows = u if kind == "normalized" else u * s
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        return rows / np.where(norms > 0, norms, 1.0), order
     return np.asarray(u), order
 
 
