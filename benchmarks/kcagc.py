@@ -140,19 +140,20 @@ def cell(runs, strategy, dataset, clients, factor=None):
 
 
 EMBEDDING_NOTE = (
-    "Per-party embedding (`kcagc.embedding`, default `normalized`): each party filters its columns "
-    "(G^psi X^l), keeps the top-k left singular vectors U^l of the filtered block and scales every row to "
-    "unit length; virtual nodes are means of these rows. The paper's text says \"project X^l onto the "
-    "subspace spanned by the top k_hat singular vectors\" (Protocol 1 line 5, Protocol 2 line 6), i.e. "
-    "X^l V V' = U S (`projection`), which keeps the geometry of the filtered features; taken literally it "
-    "is clearly worse here (table below: Cora basic 52-58% at every L, against 67.4% for AGC's U at L=2). "
-    "The paper's AGC baseline and its b-kCAGC at L=2 (67.6% = AGC) match clustering the singular vectors "
-    "U (`svd`, the previous default), but with U the accuracy becomes erratic and falls with L (Cora L=8: "
-    "58-62%, L=16 k_hat=k: 42.8%; 49-56% at L=16 in the previous full grid): every party's "
-    "block is whitened separately, and nodes with few of a party's words get short, noisy rows that "
-    "dominate the concatenation of many narrow blocks. Unit rows (Ng-Jordan-Weiss) weigh every party "
-    "equally per node and keep the accuracy flat in L. This is our choice, not the paper's wording: the "
-    "paper does not say how its per-party projections are scaled."
+    "Per-party embedding (`kcagc.embedding`, default `projection-unit` since 2026-11-22T18:00Z): each party "
+    "filters its columns (G^psi X^l), projects the filtered block on its top-k singular vectors (U^l S^l = "
+    "G^psi X^l V V' in the basis V: the paper's \"project X^l onto the subspace spanned by the top k_hat "
+    "singular vectors\", Protocol 1 line 5, Protocol 2 line 6) and scales every row to unit length; virtual "
+    "nodes are means of these rows. Without the row scaling (`projection`, the paper taken literally) Cora "
+    "falls to 52-58% at every L, though CiteSeer stays flat at 68.6-69.0 (table below). Clustering the "
+    "singular vectors U (`svd`, AGC's own embedding; the paper's AGC and its b-kCAGC at L=2 match it) is "
+    "erratic and falls with L (Cora L=8: 58-62%, L=16 k_hat=k: 42.8%): every party's block is whitened "
+    "separately, and nodes with few of a party's words get short, noisy rows that dominate the concatenation "
+    "of many narrow blocks. Unit rows (Ng-Jordan-Weiss) weigh every party equally per node; `normalized` "
+    "(unit rows of U, the default until this run) keeps accuracy flat in L but whitens each block, and "
+    "`projection-unit` measured 1-4 points better on Cora and CiteSeer and 0-2 points lower on Wiki (seed "
+    "0, table below). The row scaling is our choice: the paper does not say how its per-party projections "
+    "are scaled."
 )
 
 
@@ -179,7 +180,8 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         lines += render_embeddings(emb)
     lines += render_table2(summary)
     if random_split:
-        lines += [f"### Table II with a random column split (`--split random`, seeds {random_split['seeds']})", "",
+        lines += [f"### Table II with a random column split (`--split random`, seeds {random_split['seeds']}, "
+                  f"embedding `{random_split.get('embedding', 'normalized')}`)", "",
                   "The paper writes X = [X^1, ..., X^L] and does not say how columns are assigned; a random "
                   "assignment (every party a random 1/L of the words) is the other natural reading.", ""]
         lines += render_table2(random_split, level="####", scores=False)
@@ -332,30 +334,43 @@ def render_tree(tree: dict) -> list[str]:
                              f"{both('aggregated_values')} | "
                              f"{stats(fl, 'bytes_up')[0] / 1e6:.2f} / {stats(tr, 'bytes_up')[0] / 1e6:.2f} | "
                              f"{both('protocol_s', '{:.2f}')} |")
+    gaps = {}
+    for r in runs:
+        gaps.setdefault(r["factor"], {}).setdefault((r["dataset"], r["clients"]), {}).setdefault(
+            bool(r.get("tree")), []).append(r["acc"])
+    spans = []
+    for f, by_cell in sorted(gaps.items()):
+        d = [100 * (np.mean(v[True]) - np.mean(v[False])) for v in by_cell.values() if True in v and False in v]
+        if d:
+            spans.append(f"{min(d):+.1f} to {max(d):+.1f} points at k_hat = {f}k")
+    spread = max(100 * np.std(accs) for by_cell in gaps.values() for v in by_cell.values() for accs in v.values())
+    accuracy = (f"Accuracy ({len(tree['seeds'])} seeds, embedding `{tree.get('embedding', 'normalized')}`): tree "
+                "minus flat ranges from " + "; from ".join(spans) + f", inside the seed spread of single cells "
+                f"(std up to {spread:.1f} points).")
     return lines + ["", "The tree uploads less per client (only its group's part, masked with its group), but it "
                     "runs one k-means per level, each with k_hat - 1 seeding rounds, and its internal nodes "
                     "cluster into k_hat > k centres; flat Protocol 3's virtual nodes saturate near n (Cora/Wiki "
                     "L=8/16: 1300-2300) long before k_hat^L, so the paper's O((Q+1) L k_hat^3) vs "
-                    "O((Q+1) k k_hat^L) argument for the tree only pays off when n >> k_hat^L. Accuracy (three seeds): "
-                    "re-clustering every pair into k_hat clusters costs 0.2-2.9 points at k_hat = k; at 2k the "
-                    "tree is between 0.8 points below and 1.3 above the flat protocol. Protocol time measured "
-                    "under load (relative comparison only).", ""]
+                    "O((Q+1) k k_hat^L) argument for the tree only pays off when n >> k_hat^L. " + accuracy
+                    + " Protocol time measured under load (relative comparison only).", ""]
 
 
 def render_embeddings(emb: dict) -> list[str]:
     runs = emb["runs"]
     clients = sorted({r["clients"] for r in runs})
-    lines = [f"Embedding comparison (`python benchmarks/kcagc.py --parts embeddings`, {emb['generated_utc']}, "
+    cmds = "; ".join(f"`python benchmarks/kcagc.py {c}`" for c in emb.get("commands", ["--parts embeddings"]))
+    lines = [f"Embedding comparison ({cmds}, {emb['generated_utc']}, "
              f"{emb.get('split', 'contiguous')} split, seeds {emb['seeds']}; ACC %, basic / kcagc k_hat=k / "
              "kcagc k_hat=4k):", "",
              "| dataset | embedding | " + " | ".join(f"L={c}" for c in clients) + " |",
              "|---|---|" + "---|" * len(clients)]
     for ds in dict.fromkeys(r["dataset"] for r in runs):
-        for e, pr in dict.fromkeys((r["embedding"], r.get("prune", False)) for r in runs):
-            row = [ds, f"`{e}`" + (" + 1/9 pruning" if pr else "")]
+        for e, pr, ad in dict.fromkeys((r["embedding"], r.get("prune", False), r.get("filter-order") == -1)
+                                       for r in runs if r["dataset"] == ds):
+            row = [ds, f"`{e}`" + (" + 1/9 pruning" if pr else "") + (" + adaptive psi" if ad else "")]
             for c in clients:
                 rs = [r for r in runs if r["dataset"] == ds and r["embedding"] == e and r.get("prune", False) == pr
-                      and r["clients"] == c]
+                      and (r.get("filter-order") == -1) == ad and r["clients"] == c]
                 parts = []
                 for strat, f in (("kcagc-basic", 0), ("kcagc", 1), ("kcagc", 4)):
                     sel = [r for r in rs if r["strategy"] == strat and (strat != "kcagc" or r["factor"] == f)]
@@ -463,6 +478,8 @@ def run_grid(args, part: str) -> dict:
                         for variant in args.compare.split(","):
                             e, *flags = variant.split("+")
                             v = {"kcagc.embedding": e, "kcagc.prune": "prune" in flags}
+                            if "adaptive" in flags:  # AGC's adaptive psi on each party's own columns
+                                v["kcagc.filter-order"] = -1
                             record("kcagc-basic", ds, c, 0, seed, tmp, **v)
                             for f in factors:
                                 record("kcagc", ds, c, f, seed, tmp, **v)
@@ -487,9 +504,11 @@ def main(argv=None) -> int:
     ap.add_argument("--factors", default="1,2,4,8")
     ap.add_argument("--split", default="contiguous", choices=("contiguous", "random"),
                     help="vertical split of the feature columns")
-    ap.add_argument("--embedding", default="normalized", help="kcagc.embedding for table2, timing and tree")
-    ap.add_argument("--compare", default="svd,projection,normalized,normalized+prune",
-                    help="embeddings part: the kcagc.embedding choices compared (+prune: with kcagc.prune)")
+    ap.add_argument("--embedding", default="projection-unit", help="kcagc.embedding for table2, timing and tree")
+    ap.add_argument("--compare", default="svd,projection,normalized,projection-unit,normalized+prune,"
+                    "normalized+adaptive",
+                    help="embeddings part: the kcagc.embedding choices compared (+prune: with kcagc.prune; "
+                         "+adaptive: AGC's adaptive filter order per party)")
     ap.add_argument("--out", default="", help="JSON to write (default: the part's file in benchmarks/results)")
     ap.add_argument("--no-report", action="store_true", help="only write the JSON (a part of a grid)")
     ap.add_argument("--note", default="", help="with --merge: how the parts were run (goes into RESULTS.md)")

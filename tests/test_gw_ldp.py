@@ -395,6 +395,11 @@ def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone
     assert all(np.array_equal(noisy[k], start[k]) for k in stats)
     proto.set_weights(model, noisy)
     assert all(np.isfinite(h).all() for h in proto.node_embeddings(model, batch))
+    # a diverged model is reported as such, not clipped into a NaN upload
+    weight = sorted(trainable)[0]
+    with pytest.raises(ValueError, match="diverged"):
+        proto.privatise_update(start, {**new, weight: new[weight] * np.nan}, trainable,
+                               GaussianMechanism(1.0, 1.0, delta=1e-5), np.random.default_rng(0))
     # a statistic that changed during DP training would leave unprotected: refused
     moved = {**new, stats[0]: new[stats[0]] + 1.0}
     with pytest.raises(ValueError, match=stats[0]):

@@ -369,6 +369,11 @@ def privatise_update(start: dict[str, np.ndarray], new: dict[str, np.ndarray], t
     during DP training) must come back unchanged: it is returned as ``start``,
     and a change is an error rather than an unprotected upload."""
     keys = [k for k in new if k in trainable]
+    for k in keys:
+        if not np.isfinite(new[k]).all():
+            raise ValueError(f"privatise_update: local training gave non-finite weights in {k!r}: the global "
+                             "model has diverged (under client-level DP, noise too large for this model: lower "
+                             "dp-noise or dp-clip)")
     for k in new:
         if k not in trainable and not np.array_equal(new[k], start[k]):
             raise ValueError(f"privatise_update: non-trainable state {k!r} changed during DP training")
