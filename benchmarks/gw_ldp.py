@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from app.protocols import gw_ldp as proto  # noqa: E402
 from app.bench import replace_section  # noqa: E402
 from app.run import run_experiment  # noqa: E402
+from app.transport import ProtocolError  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 JSON_PATH = RESULTS / "gw_ldp.json"
@@ -48,6 +49,10 @@ PAPER = {
     ("GW_H*(GIN)", "mutag"): (91.17, 4.21), ("GW_H*(GIN)", "proteins"): (76.89, 3.90),
     ("GW_H*(GIN)", "imdb-binary"): (73.6, 3.23),
 }
+
+
+#: Table 1 rows per model: GW_H (plain embeddings) and GW_H* (LDP-coded, epsilon = 1/|V|).
+VARIANTS = {"": "plain", "*": "ldp"}
 
 
 def load_json() -> dict:
@@ -122,7 +127,7 @@ def part_table1(args, data: dict) -> None:
             print(f"  GW_A: {table[f'GW_A|{dataset}']['accs']}", flush=True)
         save_json(data)
         for model in args.models:
-            for star, eps in (("", math.inf), ("*", 0.0)):
+            for star, eps in [v for v in (("", math.inf), ("*", 0.0)) if VARIANTS[v[0]] in args.variants]:
                 key = f"GW_H{star}({model.upper()})|{dataset}"
                 runs = table.setdefault(key, {"runs": []})["runs"]
                 for fold in folds[len(runs):]:
@@ -157,6 +162,67 @@ def part_rounds(args, data: dict) -> None:
             runs.append(r)
             print(f"  MUTAG GIN {rounds} rounds fold {fold}: svc {r['svc_test_acc']:.3f}", flush=True)
             save_json(data)
+
+
+def part_dp(args, data: dict) -> None:
+    """GW_H(GIN) on MUTAG with DP training (``--dp-settings`` mode:noise, same folds): utility
+    against the (epsilon, delta = 1e-5) the Opacus RDP accountant reports for the weight uploads.
+    The embeddings stay un-noised (``gw-ldp.epsilon = inf``) so that only the training DP varies."""
+    out = data.setdefault("mutag_gin_dp", {})
+    for setting in args.dp_settings:
+        mode, noise = setting.split(":")
+        runs = out.setdefault(setting, [])
+        for fold in list(range(args.folds))[len(runs):]:
+            if any("error" in r for r in runs):
+                break  # the run diverged on an earlier fold: recorded once, not repeated
+            try:
+                r = fed_run("mutag", {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": "gin",
+                                      "gw-ldp.epsilon": math.inf, "gw-ldp.alpha": args.alpha,
+                                      "num-rounds": args.rounds, "gw-ldp.local-epochs": args.epochs,
+                                      "gw-ldp.workers": args.workers, "gw-ldp.dp": mode,
+                                      "gw-ldp.dp-noise": float(noise)})
+            except ProtocolError as err:  # e.g. training diverged under heavy noise: a result, not a crash
+                r = {"error": str(err).split(";")[0]}
+            r.update(fold=fold, mode=mode, noise=float(noise))
+            runs.append(r)
+            print(f"  MUTAG GIN dp={setting} fold {fold}: " + (r.get("error") or
+                  f"svc {r['svc_test_acc']:.3f} eps {r['epsilon']:.2f}"), flush=True)
+            save_json(data)
+
+
+def part_features(args, data: dict) -> None:
+    """Diagnostic, not the protocol (it would send raw node labels): which feature term makes FGW reach
+    the paper's MUTAG numbers? Centralised GIN on each fold's training graphs (``--central-epochs``), then
+    FGW (alpha ``--alpha``) with the embedding's intra-distances as structure and as feature term either the
+    embedding itself (what ``gw-ldp`` does) or the graphs' one-hot atom labels, for the plain embeddings
+    (H) and the LDP-coded ones at epsilon = 1/|V| (H*)."""
+    from app.data import load_dataset
+
+    graphs_data = load_dataset("mutag")
+    graphs, y = graphs_data.graphs, np.asarray(graphs_data.y)
+    batch = proto.make_batch(graphs, 2)
+    atoms = [proto.node_features(g, 2).astype(np.float64) for g in graphs]
+    out = data.setdefault("mutag_feature_term", {"epochs": args.central_epochs, "alpha": args.alpha, "runs": []})
+    for fold in list(range(args.folds))[len(out["runs"]):]:
+        split = fold_split(len(graphs), fold)
+        model = proto.build_model("gin", int(batch.x.shape[1]), 2, 0)
+        proto.local_train(model, batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN), "graph",
+                          args.central_epochs, 0.01, 0)
+        test = split == proto.SPLIT_TEST
+        run = {"fold": fold, "gnn": float((proto.predict_graphs(model, batch, "graph")[test] == y[test]).mean())}
+        plain = proto.node_embeddings(model, batch)
+        rng = np.random.default_rng([0, fold])
+        coded = [proto.encode_graph(h, proto.graph_epsilon(len(h), 0.0), rng)[0].astype(np.float64) for h in plain]
+        for name, embs in (("H", plain), ("H*", coded)):
+            for feat in ("embedding", "atoms"):
+                spaces = [(proto.intra_distance(h), np.full(len(h), 1.0 / len(h)), h if feat == "embedding" else x)
+                          for h, x in zip(embs, atoms)]
+                dist = proto.gw_matrix(spaces, args.workers, alpha=args.alpha)
+                run[f"{name}|{feat}"] = proto.svc_select(dist, y, split)["test_acc"]
+        out["runs"].append(run)
+        print(f"  MUTAG feature term fold {fold}: " + ", ".join(f"{k} {v:.3f}" for k, v in run.items()
+                                                               if k != "fold"), flush=True)
+        save_json(data)
 
 
 def ldp_bound(dataset: str) -> dict:
@@ -334,6 +400,49 @@ def render(data: dict, args) -> str:
                 per = ", ".join(f"{100 * r['svc_test_acc']:.1f}" for r in runs)
                 lines.append(f"| {rounds} | {runs[0]['epochs']} | {m:.1f} ± {s:.1f} | {len(runs)} | {per} |")
         lines.append("")
+    ft = data.get("mutag_feature_term", {})
+    if ft.get("runs"):
+        runs = ft["runs"]
+        lines += ["### MUTAG diagnostic: which feature term in FGW? (`--parts features`, centralised GIN)", "",
+                  f"Not the protocol (the `atoms` column would need the raw node labels on the server). GIN trained "
+                  f"centrally on each fold's training graphs ({ft['epochs']} full-batch epochs); FGW with alpha "
+                  f"{ft['alpha']} and the (coded) embedding's intra-distances as structure; feature term the "
+                  "embedding itself (`gw-ldp`) or the one-hot atom labels; SVC as in Table 1, "
+                  f"{len(runs)} folds.", "",
+                  "| embedding | feature term: embedding | feature term: atom labels | paper |", "|---|---|---|---|"]
+        for name, paper in (("H", PAPER[("GW_H(GIN)", "mutag")][0]), ("H*", PAPER[("GW_H*(GIN)", "mutag")][0])):
+            cells = []
+            for feat in ("embedding", "atoms"):
+                m, s = _ms([r[f"{name}|{feat}"] for r in runs])
+                cells.append(f"{m:.1f} ± {s:.1f}")
+            lines.append(f"| {name} (GIN) | {cells[0]} | {cells[1]} | {paper:.2f} |")
+        m, s = _ms([r["gnn"] for r in runs])
+        lines += ["", f"The GIN's own test accuracy on the same folds: {m:.1f} ± {s:.1f}.", ""]
+    dp = data.get("mutag_gin_dp", {})
+    if dp:
+        base = [r["svc_test_acc"] for r in t1.get("GW_H(GIN)|mutag", {}).get("runs", [])]
+        lines += ["### MUTAG, GW_H(GIN) with DP training (`--parts dp`, same folds)", "",
+                  "`sgd`: local DP-SGD, one graph = one sample, Poisson rate 0.5, clip 1; `client`: each client "
+                  "clips its round update to L2 1 and adds Gaussian noise (DP-FedAvg with local noise). Epsilon at "
+                  "delta = 1e-5 from the Opacus RDP accountant over all 40 rounds x 2 epochs; it covers the weight "
+                  "uploads only (the embeddings are sent without LDP noise here).", "",
+                  "| training DP | noise multiplier | epsilon (delta 1e-5) | SVC acc % (mean ± std) | folds |",
+                  "|---|---|---|---|---|"]
+        for setting, runs in dp.items():
+            ok = [r for r in runs if "error" not in r]
+            failed = [r for r in runs if "error" in r]
+            if ok:
+                m, s = _ms([r["svc_test_acc"] for r in ok])
+                lines.append(f"| {ok[0]['mode']} | {ok[0]['noise']:g} | {ok[0]['epsilon']:.2f} | "
+                             f"{m:.1f} ± {s:.1f} | {len(ok)} |")
+            if failed:
+                lines.append(f"| {failed[0]['mode']} | {failed[0]['noise']:g} | - | run stopped at fold "
+                             f"{failed[0]['fold']}: {failed[0]['error']} | 0 |")
+        n = max((len([r for r in v if "error" not in r]) for v in dp.values()), default=0)
+        if base[:n]:
+            m, s = _ms(base[:n])
+            lines.append(f"| none | - | inf | {m:.1f} ± {s:.1f} | {len(base[:n])} |")
+        lines.append("")
     cl = data.get("citeseer_1hop", {})
     if cl:
         lines += [f"### Citeseer, {args.centres} 1-hop subgraphs: clustering vs pseudo-labels (Figure 2), "
@@ -391,20 +500,66 @@ def render(data: dict, args) -> str:
               "63.3 vs 79.57: the paper loses 0.7 points to LDP with GCN, we lose 14.7; the size bound (89.4) "
               "does not cap this cell; as with GIN (sweep above), the coded embeddings stay far below the plain "
               "ones even at 10 or 100 per graph.",
-              "- Not run: PROTEINS folds beyond the two listed (one fold with plain embeddings takes ~10 minutes "
-              "here: the 618,828-pair GW matrix alone ~8 minutes on 2 workers, since softmax embeddings are "
-              "distinct points while the LDP codes collapse to at most 4) and the PROTEINS and IMDB-B GCN rows.",
-              "- Honest summary: fixes (1)-(2) lifted the centralised GW-kernel SVC on MUTAG from 72.8 to 81.3 and "
-              "the federated GW_H(GIN) is 78.5 over ten folds; the paper's 93.08 (above the 85.6% our centralised GIN "
-              "classifier itself reaches on MUTAG) is not reached and we found no setting that approaches it. GW_A (FGW_AX 80.9 vs "
-              "83.3, IMDB-B GW 64.1 vs 63.8), GW_H(GCN) on MUTAG and GW_H(GIN) on PROTEINS (73.8 over two folds vs "
-              "75.53) are within one std of the paper.",
               "- GW_A here is FGW_AX with alpha fixed at 0.5; the paper's 83.26 (taken from the FGW paper) "
-              "cross-validates alpha over 15 values with nested CV.",
-              "- Local DP-SGD (`gw-ldp.dp = sgd`, one graph = one sample, Opacus RDP accountant) and client-level "
-              "DP-FedAvg (`gw-ldp.dp = client`) are available; their utility is not benchmarked here.", ""]
+              "cross-validates alpha over 15 values with nested CV."]
+    lines += reading_from_data(data)
     lines.append(END)
     return "\n".join(lines)
+
+
+def reading_from_data(data: dict) -> list[str]:
+    """The bullets of "Reading these numbers" that quote the stored results (so they cannot go stale)."""
+    t1 = data.get("table1", {})
+
+    def acc(key):
+        val = t1.get(key, {})
+        accs = val.get("accs") or [r["svc_test_acc"] for r in val.get("runs", [])]
+        return (*_ms(accs), len(accs))
+
+    out = []
+    if "GW_H(GCN)|imdb-binary" in t1:
+        (m, _, n), (ms, _, _) = acc("GW_H(GCN)|imdb-binary"), acc("GW_H*(GCN)|imdb-binary")
+        out.append(f"- IMDB-B GCN rows ({n} folds): GW_H(GCN) {m:.1f} vs the paper's 53.69 ({m - 53.69:+.1f}); "
+                   f"GW_H*(GCN) {ms:.1f} vs 54.01: at epsilon = 1/|V| the coded embeddings leave the SVC near "
+                   "chance (50%), and the paper's value is near chance too (the bound is 64.1).")
+    short = [f"{k.replace('|', ' ')} ({acc(k)[2]})" for k in t1 if 0 < acc(k)[2] < 10]
+    missing = [f"{row} {ds}" for row in ("GW_H(GCN)", "GW_H*(GCN)") for ds in ("proteins",)
+               if f"{row}|{ds}" not in t1]
+    if short or missing:
+        out.append("- Fewer than ten folds: " + (", ".join(short) or "none") + "; not run: "
+                   + (", ".join(missing) or "none") + ". A PROTEINS fold with plain embeddings takes ~10 minutes "
+                   "here (the 618,828-pair GW matrix alone ~8 minutes on 2 workers: softmax embeddings are "
+                   "distinct points, while the LDP codes collapse to at most 4).")
+    ft = data.get("mutag_feature_term", {}).get("runs", [])
+    if ft:
+        v = {k: _ms([r[k] for r in ft])[0] for k in ("H|embedding", "H|atoms", "H*|embedding", "H*|atoms")}
+        out.append("- Do the paper's FGW numbers use the raw atom labels as the feature term (which would also "
+                   "explain GW_H* above the LDP bound, raw labels carrying no noise)? Not by this measure: with a "
+                   f"centrally trained GIN ({len(ft)} folds, diagnostic table above) the atom labels give "
+                   f"{v['H|atoms']:.1f} (H) and {v['H*|atoms']:.1f} (H*) against {v['H|embedding']:.1f} and "
+                   f"{v['H*|embedding']:.1f} with the embedding as feature term; both far below 93.08 / 91.17.")
+    dp = {k: [x for x in r if "error" not in x] for k, r in data.get("mutag_gin_dp", {}).items()}
+    dp = {k: r for k, r in dp.items() if r}
+    if dp:
+        n = min(len(r) for r in dp.values())
+        base = _ms([r["svc_test_acc"] for r in t1.get("GW_H(GIN)|mutag", {}).get("runs", [])][:n])[0]
+        cells = ", ".join(f"{r[0]['mode']} epsilon {r[0]['epsilon']:.1f}: {_ms([x['svc_test_acc'] for x in r])[0]:.1f}"
+                          for r in dp.values())
+        out.append(f"- DP training (table above, folds 0-{n - 1}): {cells}; without DP {base:.1f}. On {n} folds of "
+                   "~19 test graphs (fold std ~8 points) no setting measurably lowers the SVC accuracy: the "
+                   "downstream SVC sees only the GW geometry of the embeddings, which a noisier model does not "
+                   "visibly degrade here. The epsilons cover the weight uploads; the embeddings (GW_H, no LDP) "
+                   "are a separate release. Under either DP mode GIN's BatchNorm statistics stay frozen "
+                   "(noising them made the running variance negative and the embeddings NaN, which the server "
+                   "rejected).")
+    (mg, _, ng), (pg, _, npg) = acc("GW_H(GIN)|mutag"), acc("GW_H(GIN)|proteins")
+    out.append(f"- Honest summary: fixes (1)-(2) lifted the centralised GW-kernel SVC on MUTAG from 72.8 to 81.3 and "
+               f"the federated GW_H(GIN) is {mg:.1f} over {ng} folds; the paper's 93.08 (above the 85.6% our "
+               "centralised GIN classifier itself reaches on MUTAG) is not reached and we found no setting that "
+               "approaches it. GW_A (FGW_AX 80.9 vs 83.3, IMDB-B GW 64.1 vs 63.8), GW_H(GCN) on MUTAG and "
+               f"GW_H(GIN) on PROTEINS ({pg:.1f} over {npg} folds vs 75.53) are within one std of the paper; "
+               "GW_H(GCN) on IMDB-B is far above it.")
+    return out + [""]
 
 
 def write_md(text: str) -> None:
@@ -465,9 +620,13 @@ def main() -> int:
     ap.add_argument("--centres", type=int, default=500)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sample-pairs", type=int, default=2000)
+    ap.add_argument("--central-epochs", type=int, default=300, help="part features: centralised GIN epochs")
+    ap.add_argument("--dp-settings", default="sgd:1,sgd:2,sgd:4,sgd:8,client:2,client:8",
+                    help="part dp: training-DP mode:noise-multiplier pairs")
     ap.add_argument("--sweep", default="1,10,100", help="extra MUTAG GIN epsilons per graph")
     ap.add_argument("--fresh", action="store_true", help="ignore stored results")
     ap.add_argument("--models", default="gin,gcn")
+    ap.add_argument("--variants", default="plain,ldp", help="table1: GW_H (plain) and/or GW_H* (ldp) rows")
     ap.add_argument("--no-gw-a", dest="gw_a", action="store_false", help="skip the centralised GW_A baseline")
     ap.add_argument("--render-only", action="store_true")
     ap.add_argument("--json", default=str(JSON_PATH), help="results file (parts run separately can be merged)")
@@ -476,6 +635,7 @@ def main() -> int:
     JSON_PATH = Path(args.json)
     args.datasets = [d for d in args.datasets.split(",") if d]
     args.sweep = [float(x) for x in args.sweep.split(",") if x]
+    args.dp_settings = [x for x in args.dp_settings.split(",") if x]
     args.rounds_list = [int(x) for x in args.rounds_list.split(",") if x]
     args.models = [m for m in args.models.split(",") if m]
     args.alphas = [float(a) for a in args.alphas.split(",") if a]
@@ -489,7 +649,7 @@ def main() -> int:
     if args.merge:
         save_json(data)
     parts = {"table1": part_table1, "cluster": part_cluster, "timing": part_timing, "bound": part_bound,
-             "rounds": part_rounds}
+             "rounds": part_rounds, "dp": part_dp, "features": part_features}
     if not args.render_only:
         data.setdefault("commands", []).append(" ".join(sys.argv[1:]))
         for name in args.parts.split(","):
