@@ -279,8 +279,8 @@ def render_timing(timing: dict) -> list[str]:
         how = ("from the Table II runs (mean over seeds, machine under load: not a measurement for the "
                "target; `python benchmarks/kcagc.py --parts timing` on an idle machine replaces it)")
     else:
-        how = (f"`python benchmarks/kcagc.py --parts timing` ({timing['generated_utc']}, seed 0, load average "
-               f"{timing.get('load', '?')} at the start)")
+        how = (f"`python benchmarks/kcagc.py --parts timing` ({timing['generated_utc']}, seed 0, embedding "
+               f"`{timing.get('embedding', 'normalized')}`, load average {timing.get('load', '?')} at the start)")
     lines = [f"### Table IV - protocol time (s): paper (C++/GMP, LAN) / ours, {how}", "",
              "All parties run one after another in one process, so the protocol time is the sum of every "
              "party's local work, not the maximum as with parties on their own machines.", "",
