@@ -76,12 +76,13 @@ def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
     return out
 
 
-def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int | None = None) -> dict:
+def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int | None = None, **extra) -> dict:
     """``fed_run`` of one ten-fold split with the benchmark's training settings
-    (seed 0, ``--alpha``, ``--rounds`` unless ``rounds`` is given, ``--epochs``, ``--workers``)."""
+    (seed 0, ``--alpha``, ``--rounds`` unless ``rounds`` is given, ``--epochs``, ``--workers``)
+    and any ``extra`` run-config overrides."""
     return fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model, "gw-ldp.epsilon": eps,
                              "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds if rounds is None else rounds,
-                             "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers})
+                             "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers, **extra})
 
 
 def fold_split(n: int, fold: int) -> np.ndarray:
@@ -176,11 +177,8 @@ def part_dp(args, data: dict) -> None:
             if any("error" in r for r in runs):
                 break  # the run diverged on an earlier fold: recorded once, not repeated
             try:
-                r = fed_run("mutag", {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": "gin",
-                                      "gw-ldp.epsilon": math.inf, "gw-ldp.alpha": args.alpha,
-                                      "num-rounds": args.rounds, "gw-ldp.local-epochs": args.epochs,
-                                      "gw-ldp.workers": args.workers, "gw-ldp.dp": mode,
-                                      "gw-ldp.dp-noise": float(noise)})
+                r = fold_run("mutag", fold, "gin", math.inf, args,
+                             **{"gw-ldp.dp": mode, "gw-ldp.dp-noise": float(noise)})
             except ProtocolError as err:  # e.g. training diverged under heavy noise: a result, not a crash
                 r = {"error": str(err).split(";")[0]}
             r.update(fold=fold, mode=mode, noise=float(noise))
