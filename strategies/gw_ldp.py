@@ -43,7 +43,8 @@ square loss, uniform weights; ``gw-ldp.alpha < 1``: fused GW with the
 uploaded rows as node features, which unlike plain GW sees which class the
 nodes lean to) for all pairs in a process pool, then SVC on
 ``exp(-gamma D)`` (C, gamma chosen on the validation graphs; test accuracy in
-``metrics``) and clustering of all graphs (spectral on the GW affinity or
+``metrics``, beside ``svc_test_acc_grid_max``, the optimistic best test accuracy
+over the grid, for comparison with test-tuned figures) and clustering of all graphs (spectral on the GW affinity or
 k-medoids, k = ``num-clusters``), which is the strategy's labelling.
 
 Epsilon: ``gw-ldp.epsilon`` is the LDP budget of one graph's whole embedding
@@ -284,7 +285,8 @@ class GWLDP(ClusteringStrategy):
             return {"svc_skipped": "fewer than 2 classes in the training split or no test graphs"}
         res = proto.svc_select(dist, np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], labels), split)
         return {"svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"], "svc_C": res["C"],
-                "svc_gamma": res["gamma"], "test_graphs": int((split == proto.SPLIT_TEST).sum())}
+                "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
+                "test_graphs": int((split == proto.SPLIT_TEST).sum())}
 
     # ------------------------------------------------------------------ reference
     def reference(self, data) -> np.ndarray:

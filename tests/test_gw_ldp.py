@@ -264,7 +264,17 @@ def test_svc_and_kmedoids_recover_separable_groups():
     split = proto.split_items(60, 0, 0)
     assert np.bincount(split).tolist() == [42, 12, 6]
     res = proto.svc_select(dist, y, split)
-    assert res["test_acc"] == 1.0 and res["val_acc"] == 1.0
+    assert res["test_acc"] == 1.0 and res["val_acc"] == 1.0 and res["test_acc_grid_max"] == 1.0
+    # labels unrelated to the geometry: the grid maximum is the best test accuracy of any grid point
+    from sklearn.svm import SVC
+
+    noisy = np.random.default_rng(1).integers(0, 2, 60)
+    res = proto.svc_select(dist, noisy, split, c_grid=(0.1, 10.0), gamma_grid=(0.5, 8.0))
+    tr, te = split == proto.SPLIT_TRAIN, split == proto.SPLIT_TEST
+    kernels = [np.exp(-g * proto.normalise(dist)) for g in (0.5, 8.0)]
+    accs = [(SVC(C=c, kernel="precomputed").fit(k[np.ix_(tr, tr)], noisy[tr]).predict(k[np.ix_(te, tr)])
+             == noisy[te]).mean() for k in kernels for c in (0.1, 10.0)]
+    assert res["test_acc_grid_max"] == max(accs) >= res["test_acc"]
     from app.metrics import ari
 
     assert ari(y, proto.kmedoids(dist, 3, seed=0)) == 1.0
