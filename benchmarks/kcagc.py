@@ -27,8 +27,8 @@ the ``kcagc`` section of ``benchmarks/RESULTS.md`` from every part found there:
 Every run goes through ``app.run.run_experiment`` (in-process engine: the same
 ServerApp/ClientApp code, no Ray start-up) on the ``vertical`` split, filter
 order psi = 9 / 15 / 2 (cora / citeseer / wiki, the paper's values),
-k_hat = factor x k, Q = 10, 10 k-means++ seedings side by side, default
-embedding unless a part says otherwise. Seeds 0..N-1 change the k-means
+k_hat = factor x k, Q = 10, ``--restarts`` (default 50) k-means++ seedings side
+by side, default embedding unless a part says otherwise. Seeds 0..N-1 change the k-means
 seeding (data and split are fixed). ``--out`` + ``--no-report`` write one part
 of a grid (e.g. one dataset per process); ``--merge`` joins such parts.
 """
@@ -167,7 +167,8 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         f"`python benchmarks/kcagc.py --parts table2 --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
         f"{summary['elapsed_s'] / 60:.1f} min of runs on a shared 2-core machine). Vertical split into {split} "
         "column blocks, psi = 9 / 15 / 2 (cora / citeseer / wiki), k_hat = factor x k, Q = 10, "
-        f"10 k-means++ seedings side by side, embedding `{summary.get('embedding', 'normalized')}`; mean (std) "
+        f"{summary.get('restarts', 10)} k-means++ seedings side by side, embedding "
+        f"`{summary.get('embedding', 'normalized')}`; mean (std) "
         f"over seeds {summary['seeds']}. Each cell: paper / ours (std) / difference (ACC %). PubMed is not in "
         "the data root.",
         "",
@@ -181,7 +182,8 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
     lines += render_table2(summary)
     if random_split:
         lines += [f"### Table II with a random column split (`--split random`, seeds {random_split['seeds']}, "
-                  f"embedding `{random_split.get('embedding', 'normalized')}`)", "",
+                  f"embedding `{random_split.get('embedding', 'normalized')}`, {random_split.get('restarts', 10)} "
+                  "seedings)", "",
                   "The paper writes X = [X^1, ..., X^L] and does not say how columns are assigned; a random "
                   "assignment (every party a random 1/L of the words) is the other natural reading.", ""]
         lines += render_table2(random_split, level="####", scores=False)
@@ -280,7 +282,7 @@ def render_timing(timing: dict) -> list[str]:
                "target; `python benchmarks/kcagc.py --parts timing` on an idle machine replaces it)")
     else:
         how = (f"`python benchmarks/kcagc.py --parts timing` ({timing['generated_utc']}, seed 0, embedding "
-               f"`{timing.get('embedding', 'normalized')}`, load average {timing.get('load', '?')} at the start)")
+               f"`{timing.get('embedding', 'normalized')}`, {timing.get('restarts', 10)} seedings, load average {timing.get('load', '?')} at the start)")
     lines = [f"### Table IV - protocol time (s): paper (C++/GMP, LAN) / ours, {how}", "",
              "All parties run one after another in one process, so the protocol time is the sum of every "
              "party's local work, not the maximum as with parties on their own machines.", "",
@@ -344,7 +346,8 @@ def render_tree(tree: dict) -> list[str]:
         if d:
             spans.append(f"{min(d):+.1f} to {max(d):+.1f} points at k_hat = {f}k")
     spread = max(100 * np.std(accs) for by_cell in gaps.values() for v in by_cell.values() for accs in v.values())
-    accuracy = (f"Accuracy ({len(tree['seeds'])} seeds, embedding `{tree.get('embedding', 'normalized')}`): tree "
+    accuracy = (f"Accuracy ({len(tree['seeds'])} seeds, embedding `{tree.get('embedding', 'normalized')}`, "
+                f"{tree.get('restarts', 10)} seedings): tree "
                 "minus flat ranges from " + "; from ".join(spans) + f", inside the seed spread of single cells "
                 f"(std up to {spread:.1f} points).")
     return lines + ["", "The tree uploads less per client (only its group's part, masked with its group), but it "
@@ -360,7 +363,9 @@ def render_embeddings(emb: dict) -> list[str]:
     clients = sorted({r["clients"] for r in runs})
     cmds = "; ".join(f"`python benchmarks/kcagc.py {c}`" for c in emb.get("commands", ["--parts embeddings"]))
     lines = [f"Embedding comparison ({cmds}, {emb['generated_utc']}, "
-             f"{emb.get('split', 'contiguous')} split, seeds {emb['seeds']}; ACC %, basic / kcagc k_hat=k / "
+             f"{emb.get('split', 'contiguous')} split, seeds {emb['seeds']}, "
+             f"{'/'.join(str(r) for r in sorted({r.get('restarts', 10) for r in runs}))} k-means++ seedings; "
+             "ACC %, basic / kcagc k_hat=k / "
              "kcagc k_hat=4k):", "",
              "| dataset | embedding | " + " | ".join(f"L={c}" for c in clients) + " |",
              "|---|---|" + "---|" * len(clients)]
@@ -448,7 +453,7 @@ def run_grid(args, part: str) -> dict:
     factors = [int(f) for f in args.factors.split(",")]
     summary = {"part": part, "generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets,
                "clients": clients, "factors": factors, "split": args.split, "embedding": args.embedding,
-               "agc": {}, "runs": [], "load": round(os.getloadavg()[0], 2)}
+               "restarts": args.restarts, "agc": {}, "runs": [], "load": round(os.getloadavg()[0], 2)}
     started = time.time()
     path = Path(args.out or RESULTS / PART_FILES[result_part(part, args.split)])
 
@@ -463,7 +468,7 @@ def run_grid(args, part: str) -> dict:
         print(f"{part} {ds} L={c} {strategy} k_hat={f}k seed={seed} {extra} acc={100 * r['acc']:.2f} "
               f"vn={r['virtual_nodes']} t={r['protocol_s']:.2f}s", flush=True)
 
-    emb = {"kcagc.embedding": args.embedding}
+    emb = {"kcagc.embedding": args.embedding, "kcagc.restarts": args.restarts}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         for ds in datasets:
@@ -477,7 +482,8 @@ def run_grid(args, part: str) -> dict:
                     if part == "embeddings":
                         for variant in args.compare.split(","):
                             e, *flags = variant.split("+")
-                            v = {"kcagc.embedding": e, "kcagc.prune": "prune" in flags}
+                            v = {"kcagc.embedding": e, "kcagc.prune": "prune" in flags,
+                                 "kcagc.restarts": args.restarts}
                             if "adaptive" in flags:  # AGC's adaptive psi on each party's own columns
                                 v["kcagc.filter-order"] = -1
                             record("kcagc-basic", ds, c, 0, seed, tmp, **v)
@@ -505,6 +511,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="contiguous", choices=("contiguous", "random"),
                     help="vertical split of the feature columns")
     ap.add_argument("--embedding", default="projection-unit", help="kcagc.embedding for table2, timing and tree")
+    ap.add_argument("--restarts", type=int, default=50, help="kcagc.restarts (k-means++ seedings side by side)")
     ap.add_argument("--compare", default="svd,projection,normalized,projection-unit,normalized+prune,"
                     "normalized+adaptive",
                     help="embeddings part: the kcagc.embedding choices compared (+prune: with kcagc.prune; "

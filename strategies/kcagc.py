@@ -76,7 +76,7 @@ PARAMS = (
           "singular vectors kept per client for the svd embedding; 0 = k", low=0, high=10**6),
     Param("kcagc.iterations", int, 10, "Lloyd iterations Q (stops earlier when assignments repeat)",
           low=0, high=10**4),
-    Param("kcagc.restarts", int, 10,
+    Param("kcagc.restarts", int, 50,
           "k-means++ seedings run side by side (same messages); the lowest weighted inertia wins",
           low=1, high=1000),
     Param("kcagc.local-restarts", int, 10, "k-means++ restarts of each client's local clustering",
