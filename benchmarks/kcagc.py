@@ -205,7 +205,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
                              f"{stats(b, 'bytes_up')[0] / 1e6:.2f} |")
     lines += ["", "Paper: kCAGC needs 1.8% of basic's secure aggregations for Cora at L=2, k_hat=k "
               "(k^2/n with k^2 intersections). Both counts here include the k-1 k-means++ seeding rounds "
-              "and the 10 seedings run side by side.", ""]
+              f"and the {summary.get('restarts', 10)} seedings run side by side.", ""]
     if tree:
         lines += render_tree(tree)
     for p in summary.get("plots", []):
