@@ -157,6 +157,12 @@ EMBEDDING_NOTE = (
 )
 
 
+def seedings(part: dict) -> int:
+    """k-means++ seedings side by side of a part's runs (parts stored before ``restarts`` was
+    recorded ran the then default, 10)."""
+    return part.get("restarts", 10)
+
+
 def render(summary: dict, timing: dict | None = None, tree: dict | None = None, emb: dict | None = None,
            random_split: dict | None = None) -> str:
     runs = summary["runs"]
@@ -167,7 +173,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         f"`python benchmarks/kcagc.py --parts table2 --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
         f"{summary['elapsed_s'] / 60:.1f} min of runs on a shared 2-core machine). Vertical split into {split} "
         "column blocks, psi = 9 / 15 / 2 (cora / citeseer / wiki), k_hat = factor x k, Q = 10, "
-        f"{summary.get('restarts', 10)} k-means++ seedings side by side, embedding "
+        f"{seedings(summary)} k-means++ seedings side by side, embedding "
         f"`{summary.get('embedding', 'normalized')}`; mean (std) "
         f"over seeds {summary['seeds']}. Each cell: paper / ours (std) / difference (ACC %). PubMed is not in "
         "the data root.",
@@ -182,7 +188,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
     lines += render_table2(summary)
     if random_split:
         lines += [f"### Table II with a random column split (`--split random`, seeds {random_split['seeds']}, "
-                  f"embedding `{random_split.get('embedding', 'normalized')}`, {random_split.get('restarts', 10)} "
+                  f"embedding `{random_split.get('embedding', 'normalized')}`, {seedings(random_split)} "
                   "seedings)", "",
                   "The paper writes X = [X^1, ..., X^L] and does not say how columns are assigned; a random "
                   "assignment (every party a random 1/L of the words) is the other natural reading.", ""]
@@ -205,7 +211,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
                              f"{stats(b, 'bytes_up')[0] / 1e6:.2f} |")
     lines += ["", "Paper: kCAGC needs 1.8% of basic's secure aggregations for Cora at L=2, k_hat=k "
               "(k^2/n with k^2 intersections). Both counts here include the k-1 k-means++ seeding rounds "
-              f"and the {summary.get('restarts', 10)} seedings run side by side.", ""]
+              f"and the {seedings(summary)} seedings run side by side.", ""]
     if tree:
         lines += render_tree(tree)
     for p in summary.get("plots", []):
@@ -282,7 +288,8 @@ def render_timing(timing: dict) -> list[str]:
                "target; `python benchmarks/kcagc.py --parts timing` on an idle machine replaces it)")
     else:
         how = (f"`python benchmarks/kcagc.py --parts timing` ({timing['generated_utc']}, seed 0, embedding "
-               f"`{timing.get('embedding', 'normalized')}`, {timing.get('restarts', 10)} seedings, load average {timing.get('load', '?')} at the start)")
+               f"`{timing.get('embedding', 'normalized')}`, {seedings(timing)} seedings, load average "
+               f"{timing.get('load', '?')} at the start)")
     lines = [f"### Table IV - protocol time (s): paper (C++/GMP, LAN) / ours, {how}", "",
              "All parties run one after another in one process, so the protocol time is the sum of every "
              "party's local work, not the maximum as with parties on their own machines.", "",
@@ -347,7 +354,7 @@ def render_tree(tree: dict) -> list[str]:
             spans.append(f"{min(d):+.1f} to {max(d):+.1f} points at k_hat = {f}k")
     spread = max(100 * np.std(accs) for by_cell in gaps.values() for v in by_cell.values() for accs in v.values())
     accuracy = (f"Accuracy ({len(tree['seeds'])} seeds, embedding `{tree.get('embedding', 'normalized')}`, "
-                f"{tree.get('restarts', 10)} seedings): tree "
+                f"{seedings(tree)} seedings): tree "
                 "minus flat ranges from " + "; from ".join(spans) + f", inside the seed spread of single cells "
                 f"(std up to {spread:.1f} points).")
     return lines + ["", "The tree uploads less per client (only its group's part, masked with its group), but it "
@@ -364,7 +371,7 @@ def render_embeddings(emb: dict) -> list[str]:
     cmds = "; ".join(f"`python benchmarks/kcagc.py {c}`" for c in emb.get("commands", ["--parts embeddings"]))
     lines = [f"Embedding comparison ({cmds}, {emb['generated_utc']}, "
              f"{emb.get('split', 'contiguous')} split, seeds {emb['seeds']}, "
-             f"{'/'.join(str(r) for r in sorted({r.get('restarts', 10) for r in runs}))} k-means++ seedings; "
+             f"{'/'.join(str(r) for r in sorted({seedings(r) for r in runs}))} k-means++ seedings; "
              "ACC %, basic / kcagc k_hat=k / "
              "kcagc k_hat=4k):", "",
              "| dataset | embedding | " + " | ".join(f"L={c}" for c in clients) + " |",
@@ -482,8 +489,7 @@ def run_grid(args, part: str) -> dict:
                     if part == "embeddings":
                         for variant in args.compare.split(","):
                             e, *flags = variant.split("+")
-                            v = {"kcagc.embedding": e, "kcagc.prune": "prune" in flags,
-                                 "kcagc.restarts": args.restarts}
+                            v = {**emb, "kcagc.embedding": e, "kcagc.prune": "prune" in flags}
                             if "adaptive" in flags:  # AGC's adaptive psi on each party's own columns
                                 v["kcagc.filter-order"] = -1
                             record("kcagc-basic", ds, c, 0, seed, tmp, **v)

@@ -44,8 +44,9 @@ uploaded rows as node features, which unlike plain GW sees which class the
 nodes lean to) for all pairs in a process pool, then SVC on
 ``exp(-gamma D)`` (C, gamma chosen on the validation graphs; test accuracy in
 ``metrics``, beside ``svc_test_acc_grid_max``, the optimistic best test accuracy
-over the grid, for comparison with test-tuned figures) and clustering of all graphs (spectral on the GW affinity or
-k-medoids, k = ``num-clusters``), which is the strategy's labelling.
+over the grid, for comparison with test-tuned figures) and clustering of all
+graphs (spectral on the GW affinity or k-medoids, k = ``num-clusters``), which
+is the strategy's labelling.
 
 Epsilon: ``gw-ldp.epsilon`` is the LDP budget of one graph's whole embedding
 matrix (Algorithm 1 / Theorem 1); 0 selects the paper's default
