@@ -29,6 +29,7 @@ from app.transport import (
     ProtocolError,
     ReplySpec,
     NO_REPLY,
+    describe,
     exchange,
     pack,
     unpack,
@@ -213,12 +214,12 @@ class ServerSession:
     def _record_uploads(self, action, replies, expect) -> None:
         for node, content in replies.items():
             spec = expect.get(node) if isinstance(expect, Mapping) else expect
-            arrays, values = unpack(content)
+            arrays, values = describe(content)
             client = self.partition_of(node)
-            for name, array in arrays.items():
+            for name, (shape, dtype) in arrays.items():
                 aspec = spec.arrays.get(name, ArraySpec()) if spec else ArraySpec()
                 self.ledger.add_upload(
-                    action, client, name, tuple(array.shape), str(array.dtype),
+                    action, client, name, shape, dtype,
                     masked=aspec.masked, noised=aspec.noised,
                 )
             for name, value in values.items():

@@ -54,6 +54,16 @@ def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict]:
     return arrays, values
 
 
+def describe(content: RecordDict) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
+    """``({name: (shape, dtype)}, values)`` of :func:`pack`-ed content, read from the
+    array metadata without decoding the data (for bookkeeping on large uploads)."""
+    arrays = {}
+    if ARRAYS in content.array_records:
+        arrays = {k: (tuple(v.shape), str(v.dtype)) for k, v in content.array_records[ARRAYS].items()}
+    values = dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
+    return arrays, values
+
+
 @dataclass(frozen=True)
 class ArraySpec:
     """Expected array: shape (``None`` = any size on that axis) and dtype kind.

@@ -26,17 +26,18 @@ graph and its own block of feature columns. The math is in
      each restart) -> up ``d`` (uint64, masked): the client's part of the
      squared distance of every virtual node to each new seed (R x m). The
      server unmasks only the sum over clients and samples the next seed.
-   * Lloyd: down ``seeds`` (R x kk, first iteration) or ``assign`` (R x m,
-     the clusters of the last iteration) -> the client sets / updates its
-     block of the centres (weighted means of its block of the virtual
-     nodes) and uploads ``d`` (uint64, masked): its part of the squared
-     distance of every virtual node to every centre (R x m x kk). The server
+   * Lloyd: down ``seeds`` (R x kk, first iteration) or ``active`` (the
+     restarts whose assignment changed in the last iteration, A <= R) and
+     ``assign`` (A x m, their clusters) -> the client sets / updates its
+     block of those restarts' centres (weighted means of its block of the
+     virtual nodes) and uploads ``d`` (uint64, masked): its part of the
+     squared distance of every virtual node to every centre (A x m x kk). The server
      learns the summed distances, assigns each virtual node to the nearest
      centre and broadcasts the assignment (with ``kcagc.prune``, the first
      assignment leaves out (-1) virtual nodes not 9x closer to their nearest
      seed than to any other, Protocol 2 line 17). One message round per iteration;
-     at most ``kcagc.iterations`` (Q) updates, fewer when the assignment
-     repeats. The restart with the smallest weighted inertia wins.
+     at most ``kcagc.iterations`` (Q) updates, fewer when every restart's
+     assignment repeats. The restart with the smallest weighted inertia wins.
 
    With ``kcagc.tree`` the parties sit at the leaves of a binary tree: each
    level runs step 3 for all its internal nodes in the same messages, one
@@ -190,32 +191,31 @@ class KCAGC(ClusteringStrategy):
             # as it would from one sum over all clients with zeros outside each group, but a client
             # sends 1/len(jobs) of the bytes and masks with len(group) - 1 peers instead of L - 1.
             values = [session.secagg_values(f"d{j}", bound) if secure else {} for j in range(len(jobs))]
-            contents = {}
+            contents, expect = {}, {}
             for node in session.node_ids:
                 j = job_of.get(session.partition_of(node), -1)
+                size = int(sizes[j]) if j >= 0 else 0
                 arrays = arrays_of(j) if j >= 0 else {}
                 if j >= 0:
                     arrays["group"] = np.asarray(jobs[j].parties, dtype=np.int64)
                     if first[0]:
                         arrays["members"] = jobs[j].members
                 v = {**(values[j] if j >= 0 else {}), **embed, "stage": stage, "level": level, "restarts": R,
-                     "size": int(sizes[j]) if j >= 0 else 0}
+                     "size": size}
                 contents[node] = pack(arrays, v)
-            replies = session.exchange("kcagc_step", contents, ReplySpec(arrays={"d": ArraySpec(
-                (None,), kind="u" if secure else "f", masked=secure)}))
+                expect[node] = ReplySpec(arrays={"d": ArraySpec((size,), kind="u" if secure else "f",
+                                                                masked=secure)})
+            replies = session.exchange("kcagc_step", contents, expect)
             first[0] = False
-            uploads = {session.partition_of(n): unpack(c)[0]["d"] for n, c in replies.items()}
             parts = []
             for j, job in enumerate(jobs):
-                group = {p: uploads[p] for p in job.parties}
-                bad = [p for p, d in group.items() if d.shape != (sizes[j],)]
-                if bad:
-                    raise ProtocolError(f"client {bad[0]} sent {group[bad[0]].shape[0]} distances, expected {sizes[j]}")
-                if secure:
-                    mine = {n: c for n, c in replies.items() if session.partition_of(n) in job.parties}
+                mine = {n: c for n, c in replies.items() if session.partition_of(n) in job.parties}
+                if not sizes[j]:  # this job has converged (tree variant: others still run)
+                    parts.append(np.zeros(0))
+                elif secure:
                     parts.append(session.secure_sum(mine, "d", values[j], parties=job.parties))
                 else:
-                    parts.append(group[job.parties[0]])
+                    parts.append(unpack(next(iter(mine.values())))[0]["d"])
                 metrics["aggregated_values"] += sizes[j]
             return parts
 
@@ -234,29 +234,43 @@ class KCAGC(ClusteringStrategy):
         for j in range(len(jobs)):
             history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
 
-        # Lloyd: assignment of iteration t -> centres -> distances
+        # Lloyd: assignment of iteration t -> centres -> distances. A restart whose assignment
+        # repeated is at a fixed point (same centres, same distances), so only the restarts still
+        # moving (``active``) are updated and measured; the others keep their assignment and inertia.
         assign = [None] * len(jobs)
         update = [None] * len(jobs)  # what the clients update their centres from (assign, or pruned)
         prune = bool(self.config["kcagc.prune"])
-        inertia = [None] * len(jobs)
+        inertia = [np.zeros(R) for _ in jobs]
+        active = [np.arange(R) for _ in jobs]
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
-                return {"seeds": seeds[j]} if it == 0 else {"assign": update[j]}
+                if it == 0:
+                    return {"seeds": seeds[j]}
+                return {"assign": update[j][active[j]], "active": active[j]}
 
-            sizes = [R * len(job.weights) * job.kk for job in jobs]
+            sizes = [len(active[j]) * len(job.weights) * job.kk for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)
-            changed = False
             for j, job in enumerate(jobs):
-                dist = parts[j].reshape(R, len(job.weights), job.kk)
-                a, inertia[j] = proto.assign(dist, job.weights)
-                changed |= assign[j] is None or not np.array_equal(a, assign[j])
-                assign[j] = a
+                if not sizes[j]:
+                    continue
+                dist = parts[j].reshape(len(active[j]), len(job.weights), job.kk)
+                a, inertia[j][active[j]] = proto.assign(dist, job.weights)
+                if assign[j] is None:
+                    assign[j], moved = a, np.arange(R)
+                else:
+                    moved = active[j][np.any(a != assign[j][active[j]], axis=1)]
+                    assign[j][active[j]] = a
                 # Protocol 2 line 17: the first centres only from the seeds' confident points
-                update[j] = proto.prune(dist) if prune and it == 0 else a
+                if prune and it == 0:
+                    update[j] = proto.prune(dist)
+                else:
+                    update[j] = assign[j]
+                    active[j] = moved
             history.append({"level": level, "stage": "lloyd", "iteration": it,
-                            "inertia": [float(i.min()) for i in inertia]})
-            if not (changed or (prune and it == 0)) or it >= Q:
+                            "inertia": [float(i.min()) for i in inertia],
+                            "active": [int(len(a)) for a in active]})
+            if not any(len(a) for a in active) or it >= Q:
                 break
             it += 1
         metrics["lloyd_iterations"].append(it)

@@ -138,6 +138,35 @@ def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir):
     assert len(steps) == (4 - 1) + len(lloyd) == result["communication"]["secure_aggregations"]
 
 
+def test_restarts_run_side_by_side_and_converged_ones_stop_uploading(out_dir):
+    q, R, k = 10, 6, 4
+    result = run_experiment("kcagc-basic", "sbm", 3,
+                            {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": R, "kcagc.iterations": q}, out_dir)
+    z = np.hstack(client_embeddings(3, order=2))
+    seeds = np.array(next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds"))
+
+    def plain_restart(init):  # Lloyd from init; inertia = distances to the centres of the last assignment
+        centres, prev = init, None
+        for _ in range(q + 1):
+            d = ((z[:, None, :] - centres[None]) ** 2).sum(axis=2)
+            a = d.argmin(axis=1)
+            if prev is not None and np.array_equal(a, prev):
+                break
+            prev = a
+            centres = proto.update_centres(z, np.ones(N), a[None], centres[None])[0]
+        return prev, d.min(axis=1).sum()
+
+    refs = [plain_restart(z[s]) for s in seeds]
+    best = int(np.argmin([i for _, i in refs]))
+    assert np.array_equal(np.load(out_dir / "labels.npy"), refs[best][0])
+    lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
+    assert lloyd[-1]["inertia"][0] == pytest.approx(refs[best][1], rel=1e-6)
+    # a restart whose assignment repeated is at a fixed point: it is no longer measured
+    measured = [R] + [h["active"][0] for h in lloyd[:-1]]
+    assert measured == sorted(measured, reverse=True) and sum(measured) < R * len(lloyd)
+    assert result["metrics"]["aggregated_values"] == (k - 1) * R * N + sum(measured) * N * k
+
+
 class DroppingGrid(InProcessGrid):
     """Records the traffic; the last node leaves at the ``drop_at_step``-th Lloyd step."""
 
@@ -216,10 +245,14 @@ def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
     result = run_experiment("kcagc", "sbm", 4, {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2,
                                                 "kcagc.tree": True, "kcagc.restarts": 2}, out_dir)
     k_hat, k = 8, 4
-    it1, it2 = result["metrics"]["lloyd_iterations"]
-    rounds1, rounds2 = (k_hat - 1) + it1 + 1, (k - 1) + it2 + 1
-    # level 1: pairs (0, 1) and (2, 3), one secure sum each per round; root: one sum over all four
-    assert result["communication"]["secure_aggregations"] == 2 * rounds1 + rounds2
+    # level 1: pairs (0, 1) and (2, 3), one secure sum each per round in which the pair still has an
+    # unconverged restart; root: one sum over all four
+    lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
+    sums = 2 * (k_hat - 1) + (k - 1)
+    for level in (1, 2):
+        its = [h for h in lloyd if h["level"] == level]
+        sums += len(its[0]["active"]) + sum(sum(a > 0 for a in h["active"]) for h in its[:-1])
+    assert result["communication"]["secure_aggregations"] == sums
     steps = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"]
     assert steps and all(u["masked"] for u in steps)
     assert result["metrics"]["ari"] > 0.4  # 3 features per client, each pair re-clusters: lossy (~0.54)
