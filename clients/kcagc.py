@@ -50,8 +50,8 @@ class KCAGCClient(ClusteringClient):
         ``stage="seed"``: partial squared distances of every virtual node to the
         newest seed of each restart (R x m). ``stage="lloyd"``: set (``seeds``)
         or update (``assign`` of the ``active`` restarts) this client's centre
-        blocks, then partial squared distances of every virtual node to every
-        centre of those restarts (A x m x kk). The
+        blocks, then partial squared distances of every virtual node to each
+        ``moved`` centre (P x m; all R x kk centres after ``seeds``). The
         result is masked with the other clients of this client's ``group``
         only (the server unmasks one sum per group); a client in no group
         this level (tree variant, odd one out) sends an empty array.
@@ -71,14 +71,14 @@ class KCAGCClient(ClusteringClient):
         else:
             if "seeds" in arrays:
                 centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
-                active = np.arange(len(centres))
             else:
                 centres = self.load("kcagc_centres")["c"].copy()
                 active = arrays["active"].astype(np.int64)
                 centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
                                                        centres[active])
             self.save("kcagc_centres", c=centres)
-            part = proto.partial_distances(y, centres[active])
+            flat = centres.reshape(-1, centres.shape[2])  # (restart, centre) pairs, restart-major
+            part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)] if "moved" in arrays else flat)
         if part.size != size:
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
         if "secagg_tag" not in values:

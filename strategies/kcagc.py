@@ -27,11 +27,14 @@ graph and its own block of feature columns. The math is in
      squared distance of every virtual node to each new seed (R x m). The
      server unmasks only the sum over clients and samples the next seed.
    * Lloyd: down ``seeds`` (R x kk, first iteration) or ``active`` (the
-     restarts whose assignment changed in the last iteration, A <= R) and
-     ``assign`` (A x m, their clusters) -> the client sets / updates its
-     block of those restarts' centres (weighted means of its block of the
-     virtual nodes) and uploads ``d`` (uint64, masked): its part of the
-     squared distance of every virtual node to every centre (A x m x kk). The server
+     restarts whose assignment changed in the last iteration, A <= R),
+     ``assign`` (A x m, their clusters) and ``moved`` (the P centres, flat
+     restart x centre indices, whose member set changed) -> the client sets
+     / updates its block of those restarts' centres (weighted means of its
+     block of the virtual nodes) and uploads ``d`` (uint64, masked): its
+     part of the squared distance of every virtual node to every moved
+     centre (P x m; first iteration: all R x kk centres). The server keeps
+     the sums of the unmoved centres from earlier rounds,
      learns the summed distances, assigns each virtual node to the nearest
      centre and broadcasts the assignment (with ``kcagc.prune``, the first
      assignment leaves out (-1) virtual nodes not 9x closer to their nearest
@@ -234,43 +237,39 @@ class KCAGC(ClusteringStrategy):
         for j in range(len(jobs)):
             history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
 
-        # Lloyd: assignment of iteration t -> centres -> distances. A restart whose assignment
-        # repeated is at a fixed point (same centres, same distances), so only the restarts still
-        # moving (``active``) are updated and measured; the others keep their assignment and inertia.
-        assign = [None] * len(jobs)
-        update = [None] * len(jobs)  # what the clients update their centres from (assign, or pruned)
+        # Lloyd: centres -> summed distances -> assignment -> centres. A centre whose members did
+        # not change stays where it is, and so do its distances, so a round measures only the
+        # centres that moved (``moved``: flat restart x centre indices) and the server keeps the
+        # others' sums; a restart with no moved centre is at a fixed point and drops out.
         prune = bool(self.config["kcagc.prune"])
-        inertia = [np.zeros(R) for _ in jobs]
-        active = [np.arange(R) for _ in jobs]
+        dist = [np.zeros((R, job.kk, len(job.weights))) for job in jobs]  # summed, centre-major
+        update = [None] * len(jobs)  # the memberships the clients' centres are the means of
+        moved = [np.arange(R * job.kk) for job in jobs]
+        assign, inertia = [None] * len(jobs), [None] * len(jobs)
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
                 if it == 0:
                     return {"seeds": seeds[j]}
-                return {"assign": update[j][active[j]], "active": active[j]}
+                active = np.unique(moved[j] // jobs[j].kk)
+                return {"active": active, "assign": update[j][active], "moved": moved[j]}
 
-            sizes = [len(active[j]) * len(job.weights) * job.kk for j, job in enumerate(jobs)]
+            sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)
             for j, job in enumerate(jobs):
                 if not sizes[j]:
                     continue
-                dist = parts[j].reshape(len(active[j]), len(job.weights), job.kk)
-                a, inertia[j][active[j]] = proto.assign(dist, job.weights)
-                if assign[j] is None:
-                    assign[j], moved = a, np.arange(R)
-                else:
-                    moved = active[j][np.any(a != assign[j][active[j]], axis=1)]
-                    assign[j][active[j]] = a
+                dist[j].reshape(R * job.kk, -1)[moved[j]] = parts[j].reshape(len(moved[j]), -1)
+                by_node = dist[j].transpose(0, 2, 1)  # R x m x kk
+                assign[j], inertia[j] = proto.assign(by_node, job.weights)
                 # Protocol 2 line 17: the first centres only from the seeds' confident points
-                if prune and it == 0:
-                    update[j] = proto.prune(dist)
-                else:
-                    update[j] = assign[j]
-                    active[j] = moved
+                new = proto.prune(by_node) if prune and it == 0 else assign[j]
+                moved[j] = np.arange(R * job.kk) if it == 0 else proto.moved_centres(update[j], new, job.kk)
+                update[j] = new
             history.append({"level": level, "stage": "lloyd", "iteration": it,
                             "inertia": [float(i.min()) for i in inertia],
-                            "active": [int(len(a)) for a in active]})
-            if not any(len(a) for a in active) or it >= Q:
+                            "moved": [int(len(mv)) for mv in moved]})
+            if not any(len(mv) for mv in moved) or it >= Q:
                 break
             it += 1
         metrics["lloyd_iterations"].append(it)

@@ -66,6 +66,18 @@ def test_weighted_lloyd_on_virtual_nodes_equals_sklearn_from_the_same_centres():
     assert np.array_equal(ours, ref.labels_)
 
 
+def test_moved_centres_are_those_whose_member_set_changed():
+    rng = np.random.default_rng(3)
+    kk = 5
+    before = rng.integers(-1, kk, size=(4, 30))
+    after = np.where(rng.random((4, 30)) < 0.1, rng.integers(-1, kk, size=(4, 30)), before)
+    after[2] = before[2]  # a restart that has converged
+    expected = [r * kk + j for r in range(4) for j in range(kk)
+                if not np.array_equal(before[r] == j, after[r] == j)]
+    got = proto.moved_centres(before, after, kk)
+    assert got.tolist() == expected and len(expected) > 0 and not any(i // kk == 2 for i in expected)
+
+
 def test_embeddings_of_the_filtered_block():
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
     from app.baselines import agc_embedding, low_pass_filter
@@ -161,10 +173,10 @@ def test_restarts_run_side_by_side_and_converged_ones_stop_uploading(out_dir):
     assert np.array_equal(np.load(out_dir / "labels.npy"), refs[best][0])
     lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
     assert lloyd[-1]["inertia"][0] == pytest.approx(refs[best][1], rel=1e-6)
-    # a restart whose assignment repeated is at a fixed point: it is no longer measured
-    measured = [R] + [h["active"][0] for h in lloyd[:-1]]
-    assert measured == sorted(measured, reverse=True) and sum(measured) < R * len(lloyd)
-    assert result["metrics"]["aggregated_values"] == (k - 1) * R * N + sum(measured) * N * k
+    # only centres whose members changed are measured again; a restart without one has converged
+    measured = [R * k] + [h["moved"][0] for h in lloyd[:-1]]
+    assert sum(measured) < R * k * len(lloyd)
+    assert result["metrics"]["aggregated_values"] == (k - 1) * R * N + sum(measured) * N
 
 
 class DroppingGrid(InProcessGrid):
@@ -200,7 +212,7 @@ def test_secure_sum_equals_plain_sum_and_server_sees_only_masked_distances(out_d
                for r in grid.pulled if r.metadata.reply_to_message_id in ids}
     encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
     summed = unmask_sum(replies, {0, 1}, encoder)
-    parts = [proto.partial_distances(zl, zl[seeds][None]).ravel() for zl in z]
+    parts = [proto.point_distances(zl, zl[seeds]).ravel() for zl in z]
     assert np.allclose(summed, parts[0] + parts[1], atol=1e-5)
     for p, d in replies.items():
         assert d.dtype == np.uint64
@@ -251,7 +263,7 @@ def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
     sums = 2 * (k_hat - 1) + (k - 1)
     for level in (1, 2):
         its = [h for h in lloyd if h["level"] == level]
-        sums += len(its[0]["active"]) + sum(sum(a > 0 for a in h["active"]) for h in its[:-1])
+        sums += len(its[0]["moved"]) + sum(sum(mv > 0 for mv in h["moved"]) for h in its[:-1])
     assert result["communication"]["secure_aggregations"] == sums
     steps = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"]
     assert steps and all(u["masked"] for u in steps)

@@ -36,12 +36,16 @@ Per party, on the virtual nodes:
   * :func:`partial_distances` - ``D^l[r, v, j] = ||y_v^l - mu_{r,j}^l||^2``,
     party l's part of each squared distance; the full distance is the sum
     over parties (the only thing the server learns, by secure aggregation).
+    :func:`point_distances` is the same for a list of centres (``P x m``):
+    what a party uploads for the centres that moved.
   * :func:`update_centres` - weighted means of the virtual nodes of each
     cluster (``mu_j^l = sum_{a(v)=j} w_v y_v^l / sum_{a(v)=j} w_v``); an
     empty cluster keeps its centre.
 
 Server, on the summed distances:
   * :func:`assign` - nearest centre and weighted inertia per restart.
+  * :func:`moved_centres` - the centres whose member set changed: the only
+    ones whose distances change in the next Lloyd round.
   * :func:`seeding_step` - one step of weighted k-means++ seeding
     (probability of a virtual node proportional to ``w_v * min_j D[v, j]``).
   * :func:`prune` - Protocol 1 line 10 / Protocol 2 line 17 (optional): after
@@ -208,12 +212,32 @@ def partial_distances(y: np.ndarray, centres: np.ndarray) -> np.ndarray:
     return np.maximum(d, 0.0)
 
 
+def point_distances(y: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """``D[p, v] = ||y_v - points_p||^2`` on this party's columns: P x d points -> P x m."""
+    return np.maximum(
+        np.einsum("vd,vd->v", y, y)[None, :] - 2.0 * points @ y.T + np.einsum("pd,pd->p", points, points)[:, None],
+        0.0,
+    )
+
+
 def seed_distances(y: np.ndarray, index: np.ndarray) -> np.ndarray:
     """Partial squared distances of every virtual node to the virtual nodes ``index`` (R,) -> R x m."""
-    c = y[np.asarray(index, dtype=np.int64)]  # R x d
-    return np.maximum(
-        np.einsum("vd,vd->v", y, y)[None, :] - 2.0 * c @ y.T + np.einsum("rd,rd->r", c, c)[:, None], 0.0
-    )
+    return point_distances(y, y[np.asarray(index, dtype=np.int64)])
+
+
+def moved_centres(before: np.ndarray, after: np.ndarray, kk: int) -> np.ndarray:
+    """Flat indices ``r * kk + j`` of the centres whose member set differs between two
+    assignments (R x m, -1 = left out): the only centres a Lloyd update moves.
+
+    A centre is the weighted mean of its members, so a centre with the same
+    members stays where it is, and so do its distances to every virtual node.
+    """
+    changed = before != after
+    rows = np.nonzero(changed)[0]
+    mark = np.zeros((len(before), kk + 1), dtype=bool)  # column 0: left out (-1)
+    mark[rows, before[changed] + 1] = True
+    mark[rows, after[changed] + 1] = True
+    return np.flatnonzero(mark[:, 1:]).astype(np.int64)
 
 
 def update_centres(y: np.ndarray, weights: np.ndarray, assignment: np.ndarray, centres: np.ndarray) -> np.ndarray:
