@@ -42,7 +42,9 @@ Server: Euclidean intra-distance of each graph's uploaded embedding, GW (POT,
 square loss, uniform weights; ``gw-ldp.alpha < 1``: fused GW with the
 uploaded rows as node features, which unlike plain GW sees which class the
 nodes lean to) for all pairs in a process pool, then SVC on
-``exp(-gamma D)`` (C, gamma chosen on the validation graphs; test accuracy in
+``exp(-gamma D)`` (C, gamma chosen on the validation graphs, or with
+``gw-ldp.svc-selection = cv`` by 5-fold cross-validation over the train and
+validation graphs; test accuracy in
 ``metrics``, beside ``svc_test_acc_grid_max``, the optimistic best test accuracy
 over the grid, for comparison with test-tuned figures) and clustering of all
 graphs (spectral on the GW affinity or k-medoids, k = ``num-clusters``), which
@@ -106,6 +108,10 @@ class GWLDP(ClusteringStrategy):
         Param("gw-ldp.alpha", float, 1.0, "1 = GW on the embeddings' intra-distances (paper Eq. 3); < 1 = fused "
               "GW with the embeddings as node features (feature term weight 1 - alpha)", low=0.0, high=1.0),
         Param("gw-ldp.svc", bool, True, "fit the SVC on the GW kernel (needs labelled train/val graphs)"),
+        Param("gw-ldp.svc-selection", str, "validation",
+              "how the SVC's C and gamma are picked: validation = best on the validation graphs (the paper's "
+              "7:2:1), cv = 5-fold cross-validation over the train and validation graphs, refit on both",
+              choices=proto.SELECTIONS),
         Param("gw-ldp.dp", str, "none", "DP for training: none, client (clip + Gaussian noise per client "
               "update, DP-FedAvg) or sgd (local DP-SGD, one graph = one sample, Opacus accountant)",
               choices=DP_MODES),
@@ -284,8 +290,10 @@ class GWLDP(ClusteringStrategy):
         tr = split == proto.SPLIT_TRAIN
         if np.unique(labels[tr][labels[tr] >= 0]).size < 2 or not (split == proto.SPLIT_TEST).any():
             return {"svc_skipped": "fewer than 2 classes in the training split or no test graphs"}
-        res = proto.svc_select(dist, np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], labels), split)
-        return {"svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"], "svc_C": res["C"],
+        res = proto.svc_select(dist, np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], labels), split,
+                               str(self.config["gw-ldp.svc-selection"]))
+        return {"svc_selection": res["selection"], "svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"],
+                "svc_C": res["C"],
                 "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
                 "test_graphs": int((split == proto.SPLIT_TEST).sum())}
 

@@ -275,6 +275,25 @@ def test_svc_and_kmedoids_recover_separable_groups():
     accs = [(SVC(C=c, kernel="precomputed").fit(k[np.ix_(tr, tr)], noisy[tr]).predict(k[np.ix_(te, tr)])
              == noisy[te]).mean() for k in kernels for c in (0.1, 10.0)]
     assert res["test_acc_grid_max"] == max(accs) >= res["test_acc"]
+    # cv: the grid point with the best 5-fold score over train + validation, refitted on both
+    from sklearn.model_selection import StratifiedKFold
+
+    cv = proto.svc_select(dist, noisy, split, "cv", c_grid=(0.1, 10.0), gamma_grid=(0.5, 8.0))
+    pool = np.flatnonzero(split != proto.SPLIT_TEST)
+    folds = list(StratifiedKFold(5, shuffle=True, random_state=0).split(pool, noisy[pool]))
+    scores = [np.mean([(SVC(C=c, kernel="precomputed").fit(k[np.ix_(pool[a], pool[a])], noisy[pool[a]])
+                        .predict(k[np.ix_(pool[b], pool[a])]) == noisy[pool[b]]).mean() for a, b in folds])
+              for k in kernels for c in (0.1, 10.0)]
+    pick = int(np.argmax(scores))
+    k, c = kernels[pick // 2], (0.1, 10.0)[pick % 2]
+    expected = SVC(C=c, kernel="precomputed").fit(k[np.ix_(pool, pool)], noisy[pool]).predict(k[:, pool])
+    assert cv["val_acc"] == scores[pick] and np.array_equal(cv["predictions"], expected)
+    assert cv["test_acc"] == (expected[te] == noisy[te]).mean()
+    assert proto.svc_select(dist, y, split, "cv")["test_acc"] == 1.0
+    with pytest.raises(ValueError, match="selection='test'; valid choices: validation, cv"):
+        proto.svc_select(dist, y, split, "test")
+    with pytest.raises(ValueError, match="too few train/validation graphs per class"):
+        proto.svc_select(dist, np.isin(np.arange(60), np.flatnonzero(split == 0)[:3]).astype(int), split, "cv")
     from app.metrics import ari
 
     assert ari(y, proto.kmedoids(dist, 3, seed=0)) == 1.0
@@ -326,7 +345,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     from app.data import load_dataset
 
     raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 4, "num-rounds": 2, "reference": False,
-           "out-dir": str(out_dir)}
+           "gw-ldp.svc-selection": "cv", "out-dir": str(out_dir)}
     grid = InProcessGrid(build_client_app(raw), 4, record=True)
     result = run_server(grid, raw)
     data = load_dataset("mutag")
@@ -356,7 +375,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     uploads = [u for u in result["privacy"]["uploads"] if u["name"] == "embeddings"]
     assert len(uploads) == 4 and all(u["noised"] for u in uploads)
     assert result["metrics"]["gw_pairs"] == 188 * 187 // 2
-    assert 0.0 <= result["metrics"]["svc_test_acc"] <= 1.0
+    assert 0.0 <= result["metrics"]["svc_test_acc"] <= 1.0 and result["metrics"]["svc_selection"] == "cv"
 
 
 def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
@@ -457,6 +476,8 @@ def test_local_dp_sgd_clips_per_graph_and_its_epsilon_is_opacus_rdp(out_dir):
 
 
 def test_bad_config_is_one_line_error(out_dir):
+    with pytest.raises(ConfigError, match="valid choices: validation, cv"):
+        run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.svc-selection": "test"}, out_dir)
     with pytest.raises(ConfigError, match="valid choices"):
         run_experiment("gw-ldp", "mutag", 2, {"partitioner": "node-random"}, out_dir)
     with pytest.raises(ConfigError, match="valid choices"):
