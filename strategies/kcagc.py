@@ -178,7 +178,6 @@ class KCAGC(ClusteringStrategy):
         secure = len(session.clients) > 1
         Q = int(self.config["kcagc.iterations"])
         bound = float(self.config["secagg.bound"])
-        num = len(session.clients)
         job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
         for job in jobs:
             if len(job.weights) < job.kk:
