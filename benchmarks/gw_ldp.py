@@ -642,8 +642,10 @@ def reading_from_data(data: dict) -> list[str]:
                        f"5-fold cross-validation over all train and validation graphs (`gw-ldp.svc-selection = "
                        f"cv`, refitted on both) gives: {cells}. Where this stays near the validated figure, the "
                        "grid maximum is mostly the optimism of choosing the best of "
-                       f"{len(proto.C_GRID) * len(proto.GAMMA_GRID)} settings on the ~{min(st['test_graphs'] for st in cv.values()):.0f}"
-                       "-graph test folds, not a better setting that a larger selection set would find.")
+                       f"{len(proto.C_GRID) * len(proto.GAMMA_GRID)} settings on test folds of "
+                       f"{min(st['test_graphs'] for st in cv.values()):.0f}-"
+                       f"{max(st['test_graphs'] for st in cv.values()):.0f} graphs, not a better setting that a "
+                       "larger selection set would find.")
     (mg, _, ng), (pg, _, npg) = acc("GW_H(GIN)|mutag"), acc("GW_H(GIN)|proteins")
     tuned = sel.get("GW_H(GIN)|mutag")
     tuned = (f" (picked on the test graphs instead, the same runs give {tuned['grid_max'][0]:.1f}"
