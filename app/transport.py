@@ -50,8 +50,7 @@ def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict]:
     arrays = {}
     if ARRAYS in content.array_records:
         arrays = {k: v.numpy() for k, v in content.array_records[ARRAYS].items()}
-    values = dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
-    return arrays, values
+    return arrays, _values(content)
 
 
 def describe(content: RecordDict) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
@@ -60,8 +59,11 @@ def describe(content: RecordDict) -> tuple[dict[str, tuple[tuple[int, ...], str]
     arrays = {}
     if ARRAYS in content.array_records:
         arrays = {k: (tuple(v.shape), str(v.dtype)) for k, v in content.array_records[ARRAYS].items()}
-    values = dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
-    return arrays, values
+    return arrays, _values(content)
+
+
+def _values(content: RecordDict) -> dict:
+    return dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
 
 
 @dataclass(frozen=True)

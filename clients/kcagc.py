@@ -49,8 +49,8 @@ class KCAGCClient(ClusteringClient):
 
         ``stage="seed"``: partial squared distances of every virtual node to the
         newest seed of each restart (R x m). ``stage="lloyd"``: set (``seeds``)
-        or update (``assign`` of the ``active`` restarts) this client's centre
-        blocks, then partial squared distances of every virtual node to each
+        or update (``assign`` of the restarts of the ``moved`` centres) this
+        client's centre blocks, then partial squared distances of every virtual node to each
         ``moved`` centre (P x m; all R x kk centres after ``seeds``). The
         result is masked with the other clients of this client's ``group``
         only (the server unmasks one sum per group); a client in no group
@@ -73,7 +73,7 @@ class KCAGCClient(ClusteringClient):
                 centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
             else:
                 centres = self.load("kcagc_centres")["c"].copy()
-                active = arrays["active"].astype(np.int64)
+                active = proto.moved_restarts(arrays["moved"], centres.shape[1])
                 centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
                                                        centres[active])
             self.save("kcagc_centres", c=centres)

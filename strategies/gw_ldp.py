@@ -293,8 +293,7 @@ class GWLDP(ClusteringStrategy):
         res = proto.svc_select(dist, np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], labels), split,
                                str(self.config["gw-ldp.svc-selection"]))
         return {"svc_selection": res["selection"], "svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"],
-                "svc_C": res["C"],
-                "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
+                "svc_C": res["C"], "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
                 "test_graphs": int((split == proto.SPLIT_TEST).sum())}
 
     # ------------------------------------------------------------------ reference

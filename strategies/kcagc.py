@@ -26,10 +26,10 @@ graph and its own block of feature columns. The math is in
      each restart) -> up ``d`` (uint64, masked): the client's part of the
      squared distance of every virtual node to each new seed (R x m). The
      server unmasks only the sum over clients and samples the next seed.
-   * Lloyd: down ``seeds`` (R x kk, first iteration) or ``active`` (the
-     restarts whose assignment changed in the last iteration, A <= R),
-     ``assign`` (A x m, their clusters) and ``moved`` (the P centres, flat
-     restart x centre indices, whose member set changed) -> the client sets
+   * Lloyd: down ``seeds`` (R x kk, first iteration) or ``moved`` (the P
+     centres, flat restart x centre indices, whose member set changed) and
+     ``assign`` (A x m: the clusters of the A <= R restarts those centres
+     belong to, i.e. whose assignment changed) -> the client sets
      / updates its block of those restarts' centres (weighted means of its
      block of the virtual nodes) and uploads ``d`` (uint64, masked): its
      part of the squared distance of every virtual node to every moved
@@ -250,8 +250,7 @@ class KCAGC(ClusteringStrategy):
             def lloyd_arrays(j, it=it):
                 if it == 0:
                     return {"seeds": seeds[j]}
-                active = np.unique(moved[j] // jobs[j].kk)
-                return {"active": active, "assign": update[j][active], "moved": moved[j]}
+                return {"assign": update[j][proto.moved_restarts(moved[j], jobs[j].kk)], "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)

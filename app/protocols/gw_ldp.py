@@ -691,11 +691,14 @@ def svc_select(dist: np.ndarray, y: np.ndarray, split: np.ndarray, selection: st
                     (SVC(C=c, kernel="precomputed").fit(k[np.ix_(pool[a], pool[a])], y[pool[a]])
                      .predict(k[np.ix_(pool[b], pool[a])]) == y[pool[b]]).mean() for a, b in folds]))
             if best is None or score > best[0]:
-                best = (score, c, gamma)
-    score, c, gamma = best
-    fit_on = tr if selection == "validation" else pool
+                best = (score, c, gamma, model)
+    score, c, gamma, model = best
     k = np.exp(-gamma * d)
-    pred = SVC(C=c, kernel="precomputed").fit(k[np.ix_(fit_on, fit_on)], y[fit_on]).predict(k[:, fit_on])
+    fit_on = tr
+    if selection == "cv":  # the chosen (C, gamma) refitted on every train and validation graph
+        fit_on = pool
+        model = SVC(C=c, kernel="precomputed").fit(k[np.ix_(pool, pool)], y[pool])
+    pred = model.predict(k[:, fit_on])
     test = float((pred[te] == y[te]).mean()) if te.size else float("nan")
     return {"C": c, "gamma": gamma, "selection": selection, "val_acc": score, "test_acc": test,
             "test_acc_grid_max": max(tests, default=float("nan")), "predictions": pred.astype(np.int64)}

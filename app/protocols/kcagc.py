@@ -37,7 +37,8 @@ Per party, on the virtual nodes:
     party l's part of each squared distance; the full distance is the sum
     over parties (the only thing the server learns, by secure aggregation).
     :func:`point_distances` is the same for a list of centres (``P x m``):
-    what a party uploads for the centres that moved.
+    what a party uploads for the centres that moved (their restarts:
+    :func:`moved_restarts`).
   * :func:`update_centres` - weighted means of the virtual nodes of each
     cluster (``mu_j^l = sum_{a(v)=j} w_v y_v^l / sum_{a(v)=j} w_v``); an
     empty cluster keeps its centre.
@@ -205,11 +206,7 @@ def partial_distances(y: np.ndarray, centres: np.ndarray) -> np.ndarray:
     ``y``: m x d, ``centres``: R x kk x d (one set per restart) -> R x m x kk.
     """
     R, kk, dim = centres.shape
-    yy = np.einsum("vd,vd->v", y, y)
-    cc = np.einsum("rjd,rjd->rj", centres, centres)
-    cross = (y @ centres.reshape(R * kk, dim).T).reshape(len(y), R, kk).transpose(1, 0, 2)  # one BLAS call
-    d = yy[None, :, None] - 2.0 * cross + cc[:, None, :]
-    return np.maximum(d, 0.0)
+    return point_distances(y, centres.reshape(R * kk, dim)).reshape(R, kk, len(y)).transpose(0, 2, 1)
 
 
 def point_distances(y: np.ndarray, points: np.ndarray) -> np.ndarray:
@@ -238,6 +235,11 @@ def moved_centres(before: np.ndarray, after: np.ndarray, kk: int) -> np.ndarray:
     mark[rows, before[changed] + 1] = True
     mark[rows, after[changed] + 1] = True
     return np.flatnonzero(mark[:, 1:]).astype(np.int64)
+
+
+def moved_restarts(moved: np.ndarray, kk: int) -> np.ndarray:
+    """The restarts (sorted) that have a centre among the flat indices ``moved`` (``r * kk + j``)."""
+    return np.unique(np.asarray(moved, dtype=np.int64) // kk)
 
 
 def update_centres(y: np.ndarray, weights: np.ndarray, assignment: np.ndarray, centres: np.ndarray) -> np.ndarray:
