@@ -98,7 +98,7 @@ class GWLDPClient(ClusteringClient):
         eps = float(values["epsilon"])
         rng = np.random.default_rng([int(values["seed"]), 31, self.shard.client_id])
         rows = []
-        for h in proto.node_embeddings(model, batch):
+        for h in proto.node_embeddings(model, batch, str(values["layer"])):
             if math.isinf(eps):
                 rows.append(h)
             else:

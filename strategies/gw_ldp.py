@@ -23,10 +23,11 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    BatchNorm statistics (GIN) are frozen: they come back unchanged, not
    noised (the clients' DP step rejects a change), only the trainable
    weights carry the protected update.
-3. ``gw_embed`` (down: final weights, epsilon) after training (and every
+3. ``gw_embed`` (down: final weights, epsilon, layer) after training (and every
    ``gw-ldp.embed-every`` rounds if > 0, Algorithm 2's periodic signal) ->
    up: ``embeddings`` = the softmax node embeddings of all local graphs
-   stacked (``sum n_i x C``), multi-bit LDP encoded (int8 in {-1,0,1},
+   stacked (``sum n_i x d``: d = C for ``gw-ldp.embedding = classes``, the
+   GNN's hidden width for ``hidden``), multi-bit LDP encoded (int8 in {-1,0,1},
    ``epsilon_g``-LDP per graph, Algorithm 1) unless ``gw-ldp.epsilon = inf``
    (then the float embeddings themselves), ``sizes`` (nodes per graph),
    ``graph_ids``, ``split`` (0/1/2), ``labels`` (train/validation labels,
@@ -95,6 +96,10 @@ class GWLDP(ClusteringStrategy):
         Param("gw-ldp.lr", float, 0.01, "Adam learning rate of local training", low=1e-9, high=10.0),
         Param("gw-ldp.epsilon", float, 0.0,
               "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP", low=0.0),
+        Param("gw-ldp.embedding", str, "classes",
+              "node embedding uploaded: softmax of the class scores (n x C) or of the last message-passing "
+              "layer (hidden: n x 16 for GCN, n x 64 for GIN; the paper's h-dimensional H)",
+              choices=proto.EMBEDDING_LAYERS),
         Param("gw-ldp.embed-every", int, 0,
               "also collect encoded embeddings every s rounds (0: only after training)", low=0),
         Param("gw-ldp.clustering", str, "spectral", "clustering of the GW matrix", choices=proto.CLUSTERINGS),
@@ -153,6 +158,7 @@ class GWLDP(ClusteringStrategy):
             values=("num_examples",) if dp_mode != "none" else ("num_examples", "loss"),
         )
         dp = self._dp_mechanism(session)
+        width = proto.embedding_width(model, k, str(cfg["gw-ldp.embedding"]))
         embed_every = int(cfg["gw-ldp.embed-every"])
         history, uploads, releases = [], {}, 0
         t0 = time.perf_counter()
@@ -166,10 +172,10 @@ class GWLDP(ClusteringStrategy):
                 dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
-                uploads = self._embed(session, weights, k)
+                uploads = self._embed(session, weights, width)
                 releases += 1
         timing["train_s"] = time.perf_counter() - t0
-        uploads = self._embed(session, weights, k)
+        uploads = self._embed(session, weights, width)
         releases += 1
         self._record_ldp(session, uploads, releases)
         if dp is not None:
@@ -215,10 +221,10 @@ class GWLDP(ClusteringStrategy):
         loss = float(np.average(losses, weights=counts)) if known else None  # None under DP (no loss sent)
         return new, loss
 
-    def _embed(self, session, weights, k) -> dict:
+    def _embed(self, session, weights, width: int) -> dict:
         ldp = not math.isinf(float(self.config["gw-ldp.epsilon"]))
         spec = ReplySpec(arrays={
-            "embeddings": ArraySpec((None, k), kind="i" if ldp else "f", noised=ldp),
+            "embeddings": ArraySpec((None, width), kind="i" if ldp else "f", noised=ldp),
             "sizes": ArraySpec((None,), kind="iu"),
             "graph_ids": ArraySpec((None,), kind="iu"),
             "split": ArraySpec((None,), kind="iu"),
@@ -228,7 +234,8 @@ class GWLDP(ClusteringStrategy):
         replies = session.broadcast(
             "gw_embed",
             pack({f"w.{n}": a for n, a in weights.items()},
-                 {"epsilon": float(self.config["gw-ldp.epsilon"]), "seed": int(self.config["seed"])}),
+                 {"epsilon": float(self.config["gw-ldp.epsilon"]), "seed": int(self.config["seed"]),
+                  "layer": str(self.config["gw-ldp.embedding"])}),
             spec,
         )
         embs, cols = [], {n: [] for n in ("sizes", "graph_ids", "split", "labels", "eval_labels")}
@@ -261,7 +268,7 @@ class GWLDP(ClusteringStrategy):
         worst = float(per_graph.max()) * releases
         session.ledger.add_mechanism(
             "ldp:multibit-embeddings",
-            "each graph's n x C node-embedding matrix (epsilon per graph, composed over its n rows "
+            "each graph's n x d node-embedding matrix (epsilon per graph, composed over its n rows "
             "at epsilon/n each; releases compose)",
             {"epsilon_per_graph": "1/|V|" if eps == 0 else eps, "epsilon_max_per_graph": float(per_graph.max()),
              "epsilon_min_per_graph": float(per_graph.min()), "releases": releases, "d": d,

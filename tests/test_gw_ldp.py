@@ -251,9 +251,13 @@ def test_local_training_reduces_the_loss_for_both_models():
             first = proto.local_train(model, batch, y, np.arange(24), "graph", 1, 0.01, 0)
             last = proto.local_train(model, batch, y, np.arange(24), "graph", 25, 0.01, 0)
         assert last < first
-        h = proto.node_embeddings(model, batch)
-        assert len(h) == 24 and all(x.shape == (8, 2) for x in h)
-        assert all(np.allclose(x.sum(1), 1.0) and x.min() >= 0 for x in h)
+        for layer, width in (("classes", 2), ("hidden", {"gcn": 16, "gin": 64}[kind])):
+            h = proto.node_embeddings(model, batch, layer)
+            assert proto.embedding_width(model, 2, layer) == width
+            assert len(h) == 24 and all(x.shape == (8, width) for x in h)
+            assert all(np.allclose(x.sum(1), 1.0) and x.min() >= 0 for x in h)
+        with pytest.raises(ValueError, match="valid choices: classes, hidden"):
+            proto.node_embeddings(model, batch, "logits")
 
 
 def test_svc_and_kmedoids_recover_separable_groups():
@@ -312,7 +316,7 @@ KHOP = {"partitioner": "khop", "khop.hops": 1, "khop.centres": 60, "gw-ldp.model
 def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir):
     shared_datasets_or_skip()
     raw = {"strategy": "gw-ldp", "dataset": "citeseer", "num-clients": 3, **KHOP,
-           "gw-ldp.epsilon": "inf", "out-dir": str(out_dir)}
+           "gw-ldp.epsilon": "inf", "gw-ldp.embedding": "hidden", "out-dir": str(out_dir)}
     grid = InProcessGrid(build_client_app(raw), 3, record=True)
     result = run_server(grid, raw)
     m = result["metrics"]
@@ -320,7 +324,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
     assert np.load(out_dir / "labels.npy").shape == (60,)
     assert result["reference"] is not None and "agreement" in result["reference"]
     assert len(result["history"]) == 3
-    # uploads of the last step are exactly the final model's softmax embeddings
+    # uploads of the last step are exactly the final model's softmax embeddings of its hidden layer (GCN: 16)
     from app.client_app import node_shard
     from app import registry
 
@@ -335,7 +339,8 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
         batch = proto.make_batch(shard.graphs, 64)
         model = proto.build_model("gcn", batch.x.shape[1], 6, 0)
         proto.set_weights(model, weights)
-        assert np.allclose(np.vstack(proto.node_embeddings(model, batch)), arrays["embeddings"])
+        assert arrays["embeddings"].shape[1] == 16
+        assert np.allclose(np.vstack(proto.node_embeddings(model, batch, "hidden")), arrays["embeddings"])
     mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
     assert mech["ldp:multibit-embeddings"]["guarantee"].startswith("none")
 
@@ -482,5 +487,7 @@ def test_bad_config_is_one_line_error(out_dir):
         run_experiment("gw-ldp", "mutag", 2, {"partitioner": "node-random"}, out_dir)
     with pytest.raises(ConfigError, match="valid choices"):
         run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.model": "gat"}, out_dir)
+    with pytest.raises(ConfigError, match="valid choices: classes, hidden"):
+        run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.embedding": "logits"}, out_dir)
     with pytest.raises(ConfigError, match="gw-ldp.epsilon"):
         run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.epsilon": -1}, out_dir)

@@ -7,8 +7,12 @@ clients/gw_ldp.py):
 * **Models** (:func:`build_model`): GCN (2 ``GCNConv`` layers, hidden 16) or
   GIN (5 ``GINConv`` layers, hidden 64, then two linear layers). Both end in
   per-node class scores ``z_v`` (``C`` = number of classes); the graph score is
-  their mean (average pooling), the node embedding is ``H_v = softmax(z_v)`` in
-  ``[0, 1]^C`` (alpha = 0, beta = 1 as in the paper).
+  their mean (average pooling). The node embedding (:func:`node_embeddings`)
+  is a softmax, so in ``[0, 1]`` (alpha = 0, beta = 1 as in the paper), of
+  either the class scores (``"classes"``: ``n x C``) or the last
+  message-passing layer's output (``"hidden"``: ``n x h``, h = 16 for GCN,
+  64 for GIN; the paper's ``H in [alpha, beta]^(n x h)`` with h "the hidden
+  dimension", Section 3.2).
 * **Local training** (:func:`local_train`): ``E`` full-batch Adam epochs on the
   client's training graphs (graph classification: cross-entropy of the pooled
   score; k-hop subgraphs: cross-entropy of the centre node's score, the centre
@@ -45,6 +49,7 @@ import scipy.sparse as sp
 from app.privacy.ldp import default_m, multibit_encode
 
 MODELS = ("gcn", "gin")
+EMBEDDING_LAYERS = ("classes", "hidden")
 CLUSTERINGS = ("spectral", "kmedoids")
 SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST = 0, 1, 2
 FOLDS = 10
@@ -137,17 +142,21 @@ def build_model(kind: str, in_dim: int, num_classes: int, seed: int):
     class GCN(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = GCNConv(in_dim, 16)
-            self.conv2 = GCNConv(16, num_classes)
+            self.hidden = 16
+            self.conv1 = GCNConv(in_dim, self.hidden)
+            self.conv2 = GCNConv(self.hidden, num_classes)
+
+        def embed(self, x, edge_index):
+            return torch.relu(self.conv1(x, edge_index))
 
         def forward(self, x, edge_index):
-            h = torch.relu(self.conv1(x, edge_index))
-            h = nn.functional.dropout(h, 0.5, self.training)
+            h = nn.functional.dropout(self.embed(x, edge_index), 0.5, self.training)
             return self.conv2(h, edge_index)
 
     class GIN(nn.Module):
         def __init__(self, hidden=64, layers=5):
             super().__init__()
+            self.hidden = hidden
             dims = [in_dim] + [hidden] * layers
             self.convs = nn.ModuleList(
                 GINConv(nn.Sequential(nn.Linear(a, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
@@ -158,11 +167,14 @@ def build_model(kind: str, in_dim: int, num_classes: int, seed: int):
             self.lin1 = nn.Linear(hidden, hidden)
             self.lin2 = nn.Linear(hidden, num_classes)
 
-        def forward(self, x, edge_index):
+        def embed(self, x, edge_index):
             h = x
             for conv, norm in zip(self.convs, self.norms):
                 h = torch.relu(norm(conv(h, edge_index)))
-            h = torch.relu(self.lin1(h))
+            return h
+
+        def forward(self, x, edge_index):
+            h = torch.relu(self.lin1(self.embed(x, edge_index)))
             h = nn.functional.dropout(h, 0.5, self.training)
             return self.lin2(h)
 
@@ -387,13 +399,24 @@ def privatise_update(start: dict[str, np.ndarray], new: dict[str, np.ndarray], t
     return out
 
 
-def node_embeddings(model, batch: GraphBatch) -> list[np.ndarray]:
-    """Per graph, the ``n_i x C`` softmax node embedding (rows in [0,1], sum 1)."""
+def embedding_width(model, num_classes: int, layer: str) -> int:
+    """Columns of :func:`node_embeddings`: ``C`` for ``"classes"``, the hidden width for ``"hidden"``."""
+    if layer not in EMBEDDING_LAYERS:
+        raise ValueError(f"unknown embedding layer {layer!r}; valid choices: " + ", ".join(EMBEDDING_LAYERS))
+    return int(num_classes) if layer == "classes" else int(model.hidden)
+
+
+def node_embeddings(model, batch: GraphBatch, layer: str = "classes") -> list[np.ndarray]:
+    """Per graph, the softmax node embedding (rows in [0,1], sum 1): of the class
+    scores (``n_i x C``) or of the last message-passing layer (``n_i x h``)."""
     import torch
 
+    if layer not in EMBEDDING_LAYERS:
+        raise ValueError(f"unknown embedding layer {layer!r}; valid choices: " + ", ".join(EMBEDDING_LAYERS))
     model.eval()
     with torch.no_grad():
-        h = torch.softmax(model(batch.x, batch.edge_index), dim=1).numpy().astype(np.float64)
+        scores = model(batch.x, batch.edge_index) if layer == "classes" else model.embed(batch.x, batch.edge_index)
+        h = torch.softmax(scores, dim=1).numpy().astype(np.float64)
     return [h[a:b] for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
 
 
