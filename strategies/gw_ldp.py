@@ -96,9 +96,9 @@ class GWLDP(ClusteringStrategy):
         Param("gw-ldp.lr", float, 0.01, "Adam learning rate of local training", low=1e-9, high=10.0),
         Param("gw-ldp.epsilon", float, 0.0,
               "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP", low=0.0),
-        Param("gw-ldp.embedding", str, "classes",
-              "node embedding uploaded: softmax of the class scores (n x C) or of the last message-passing "
-              "layer (hidden: n x 16 for GCN, n x 64 for GIN; the paper's h-dimensional H)",
+        Param("gw-ldp.embedding", str, "hidden",
+              "node embedding uploaded: softmax of the last message-passing layer (hidden: n x 16 for GCN, "
+              "n x 64 for GIN; the paper's h-dimensional H) or of the class scores (classes: n x C)",
               choices=proto.EMBEDDING_LAYERS),
         Param("gw-ldp.embed-every", int, 0,
               "also collect encoded embeddings every s rounds (0: only after training)", low=0),

@@ -316,7 +316,7 @@ KHOP = {"partitioner": "khop", "khop.hops": 1, "khop.centres": 60, "gw-ldp.model
 def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir):
     shared_datasets_or_skip()
     raw = {"strategy": "gw-ldp", "dataset": "citeseer", "num-clients": 3, **KHOP,
-           "gw-ldp.epsilon": "inf", "gw-ldp.embedding": "hidden", "out-dir": str(out_dir)}
+           "gw-ldp.epsilon": "inf", "gw-ldp.embedding": "classes", "out-dir": str(out_dir)}
     grid = InProcessGrid(build_client_app(raw), 3, record=True)
     result = run_server(grid, raw)
     m = result["metrics"]
@@ -324,7 +324,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
     assert np.load(out_dir / "labels.npy").shape == (60,)
     assert result["reference"] is not None and "agreement" in result["reference"]
     assert len(result["history"]) == 3
-    # uploads of the last step are exactly the final model's softmax embeddings of its hidden layer (GCN: 16)
+    # uploads of the last step are exactly the final model's softmax of its class scores (6 classes)
     from app.client_app import node_shard
     from app import registry
 
@@ -339,8 +339,8 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
         batch = proto.make_batch(shard.graphs, 64)
         model = proto.build_model("gcn", batch.x.shape[1], 6, 0)
         proto.set_weights(model, weights)
-        assert arrays["embeddings"].shape[1] == 16
-        assert np.allclose(np.vstack(proto.node_embeddings(model, batch, "hidden")), arrays["embeddings"])
+        assert arrays["embeddings"].shape[1] == 6
+        assert np.allclose(np.vstack(proto.node_embeddings(model, batch, "classes")), arrays["embeddings"])
     mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
     assert mech["ldp:multibit-embeddings"]["guarantee"].startswith("none")
 
@@ -356,20 +356,20 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     data = load_dataset("mutag")
     model_shapes = {f"w.{k}": v.shape for k, v in proto.get_weights(proto.build_model("gin", 7, 2, 0)).items()}
     names = set()
-    for reply in grid.pulled:  # every upload: model weights of the model's shapes, or 1-D / n x C arrays
+    for reply in grid.pulled:  # every upload: model weights of the model's shapes, or 1-D / n x h arrays
         arrays, _ = unpack(reply.content)
         names.update(arrays)
         for name, a in arrays.items():
             if name.startswith("w."):
                 assert a.shape == model_shapes[name]
             else:
-                assert a.ndim == 1 or (name == "embeddings" and a.shape[1] == 2)
+                assert a.ndim == 1 or (name == "embeddings" and a.shape[1] == 64)  # GIN's hidden width
     weight_names = {n for n in names if n.startswith("w.")}
     assert weight_names == set(model_shapes)
     assert names - weight_names == {"embeddings", "sizes", "graph_ids", "split", "labels", "eval_labels"}
     embed = [unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == "query.gw_embed"]
     codes = np.vstack([a["embeddings"] for a in embed])
-    assert codes.dtype == np.int8 and codes.shape == (sum(g.num_nodes for g in data.graphs), 2)
+    assert codes.dtype == np.int8 and codes.shape == (sum(g.num_nodes for g in data.graphs), 64)
     assert np.all((codes != 0).sum(1) == 1)  # m = 1 at epsilon = 1/|V|
     labels = np.concatenate([a["labels"] for a in embed])
     split = np.concatenate([a["split"] for a in embed])
@@ -428,7 +428,7 @@ def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone
     assert all(np.isfinite(v).all() for v in noisy.values())
     assert all(np.array_equal(noisy[k], start[k]) for k in stats)
     proto.set_weights(model, noisy)
-    assert all(np.isfinite(h).all() for h in proto.node_embeddings(model, batch))
+    assert all(np.isfinite(h).all() for h in proto.node_embeddings(model, batch, "hidden"))
     # a diverged model is reported as such, not clipped into a NaN upload
     weight = sorted(trainable)[0]
     with pytest.raises(ValueError, match="diverged"):

@@ -406,7 +406,7 @@ def embedding_width(model, num_classes: int, layer: str) -> int:
     return int(num_classes) if layer == "classes" else int(model.hidden)
 
 
-def node_embeddings(model, batch: GraphBatch, layer: str = "classes") -> list[np.ndarray]:
+def node_embeddings(model, batch: GraphBatch, layer: str) -> list[np.ndarray]:
     """Per graph, the softmax node embedding (rows in [0,1], sum 1): of the class
     scores (``n_i x C``) or of the last message-passing layer (``n_i x h``)."""
     import torch
