@@ -399,10 +399,14 @@ def privatise_update(start: dict[str, np.ndarray], new: dict[str, np.ndarray], t
     return out
 
 
-def embedding_width(model, num_classes: int, layer: str) -> int:
-    """Columns of :func:`node_embeddings`: ``C`` for ``"classes"``, the hidden width for ``"hidden"``."""
+def _check_layer(layer: str) -> None:
     if layer not in EMBEDDING_LAYERS:
         raise ValueError(f"unknown embedding layer {layer!r}; valid choices: " + ", ".join(EMBEDDING_LAYERS))
+
+
+def embedding_width(model, num_classes: int, layer: str) -> int:
+    """Columns of :func:`node_embeddings`: ``C`` for ``"classes"``, the hidden width for ``"hidden"``."""
+    _check_layer(layer)
     return int(num_classes) if layer == "classes" else int(model.hidden)
 
 
@@ -411,8 +415,7 @@ def node_embeddings(model, batch: GraphBatch, layer: str) -> list[np.ndarray]:
     scores (``n_i x C``) or of the last message-passing layer (``n_i x h``)."""
     import torch
 
-    if layer not in EMBEDDING_LAYERS:
-        raise ValueError(f"unknown embedding layer {layer!r}; valid choices: " + ", ".join(EMBEDDING_LAYERS))
+    _check_layer(layer)
     model.eval()
     with torch.no_grad():
         scores = model(batch.x, batch.edge_index) if layer == "classes" else model.embed(batch.x, batch.edge_index)
