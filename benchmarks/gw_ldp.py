@@ -757,6 +757,16 @@ def reading_from_data(data: dict) -> list[str]:
                f"embeddings coded the same way reach {_ms(free['64'])[0]:.1f} (h = 64) and {_ms(free['16'])[0]:.1f} "
                f"(h = 16) on MUTAG against {_ms(free['2'])[0]:.1f} (h = 2), i.e. the coded rows add next to "
                "nothing to the size at epsilon = 1/|V| (size-only table).") if {"2", "16", "64"} <= set(free) else ""
+        widths = {"GCN": "16", "GIN": "64"}
+        pairs_free = [(f"{ds} {model}", PAPER[(f"GW_H*({model})", ds)][0], _ms(by_width[w])[0])
+                      for ds, by_width in data.get("information_free_codes", {}).items()
+                      for model, w in widths.items() if w in by_width and (f"GW_H*({model})", ds) in PAPER]
+        near = [f"{name} {paper:.2f} vs {free:.1f}" for name, paper, free in pairs_free if abs(paper - free) <= 3]
+        above = [f"{name} {paper:.2f} vs {free:.1f}" for name, paper, free in pairs_free if paper - free > 3]
+        if pairs_free:
+            why += (" Paper GW_H* values against information-free codes of the same width (h = 16 for GCN, 64 for "
+                    "GIN): within 3 points, i.e. at what the size alone gives: " + ("; ".join(near) or "none")
+                    + "; more than 3 points above: " + ("; ".join(above) or "none") + ".")
         out.append(f"- Hidden-layer embedding (the paper's n x h H, table above): {cells}. "
                    + ("The GW_H rows move by less than one fold std, so the choice of layer does not explain the "
                       "GIN gaps." if within else "Some GW_H rows move by more than one fold std (table above).")
