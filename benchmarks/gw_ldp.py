@@ -420,6 +420,21 @@ def _ms(values) -> tuple[float, float]:
     return (float(v.mean()), float(v.std())) if v.size else (float("nan"), float("nan"))
 
 
+def hidden_stats(data: dict) -> dict:
+    """Per row of ``--parts hidden``: test accuracy (mean, std in %) with the class-score embedding
+    (Table 1, same folds) and with the hidden layer, their median GW-matrix seconds and the folds."""
+    t1 = data.get("table1", {})
+    out = {}
+    for key, runs in data.get("hidden_embedding", {}).items():
+        if runs:
+            base = t1.get(key, {}).get("runs", [])[:len(runs)]
+            out[key] = {"classes": _ms([r["svc_test_acc"] for r in base]),
+                        "hidden": _ms([r["svc_test_acc"] for r in runs]), "folds": len(runs),
+                        "gw_s": (float(np.median([r["gw_s"] for r in base])),
+                                 float(np.median([r["gw_s"] for r in runs])))}
+    return out
+
+
 def selection_stats(data: dict) -> dict:
     """Per row of ``--parts selection``: validated and grid-max test accuracy (mean, std in %),
     their mean difference, the 5-fold-CV choice's accuracy (``--parts selection-cv``, same folds),
@@ -549,7 +564,7 @@ def render(data: dict, args) -> str:
             lines.append(f"| {row} | {ds} | {m:.1f} ± {sd:.1f} | {cv if st['cv_folds'] else '-'} | "
                          f"{g:.1f} ± {gs:.1f} | {st['paper']:.2f} | {st['folds']} | {st['test_graphs']:.0f} |")
         lines.append("")
-    hidden = {k: v for k, v in data.get("hidden_embedding", {}).items() if v}
+    hidden = hidden_stats(data)
     if hidden:
         lines += ["### Which layer is the node embedding? (`--parts hidden`, same folds as Table 1)", "",
                   "`classes` (Table 1): softmax of the GNN's class scores, n x C (C = 2 here). `hidden` "
@@ -558,13 +573,12 @@ def render(data: dict, args) -> str:
                   "(Section 3.2). Same training, fused GW (alpha 0.5) and validated SVC.", "",
                   "| row | dataset | classes | hidden | paper | folds | GW matrix s (median) classes / hidden |",
                   "|---|---|---|---|---|---|---|"]
-        for key, runs in hidden.items():
+        for key, st in hidden.items():
             row, ds = key.split("|")
-            base = t1.get(key, {}).get("runs", [])[:len(runs)]
-            (cm, cs), (hm, hs) = _ms([r["svc_test_acc"] for r in base]), _ms([r["svc_test_acc"] for r in runs])
+            (cm, cs), (hm, hs) = st["classes"], st["hidden"]
             lines.append(f"| {row} | {ds} | {cm:.1f} ± {cs:.1f} | {hm:.1f} ± {hs:.1f} | "
-                         f"{PAPER.get((row, ds), (float('nan'),))[0]:.2f} | {len(runs)} | "
-                         f"{np.median([r['gw_s'] for r in base]):.1f} / {np.median([r['gw_s'] for r in runs]):.1f} |")
+                         f"{PAPER.get((row, ds), (float('nan'),))[0]:.2f} | {st['folds']} | "
+                         f"{st['gw_s'][0]:.1f} / {st['gw_s'][1]:.1f} |")
         lines.append("")
     free = data.get("information_free_codes", {})
     if free:
@@ -745,13 +759,12 @@ def reading_from_data(data: dict) -> list[str]:
                        f"{min(st['test_graphs'] for st in cv.values()):.0f}-"
                        f"{max(st['test_graphs'] for st in cv.values()):.0f} graphs, not a better setting that a "
                        "larger selection set would find.")
-    hidden = {k: v for k, v in data.get("hidden_embedding", {}).items() if v}
+    hidden = hidden_stats(data)
     if hidden:
-        pairs = {k: (_ms([r["svc_test_acc"] for r in v]), _ms([r["svc_test_acc"] for r in t1.get(k, {}).get("runs", [])[:len(v)]]))
-                 for k, v in hidden.items()}
-        cells = "; ".join(f"{k.replace('|', ' ')} {h[0]:.1f} (classes {c[0]:.1f})" for k, (h, c) in pairs.items())
-        plain = {k: v for k, v in pairs.items() if "*" not in k}
-        within = all(abs(h[0] - c[0]) <= max(h[1], c[1]) for h, c in plain.values())
+        cells = "; ".join(f"{k.replace('|', ' ')} {st['hidden'][0]:.1f} (classes {st['classes'][0]:.1f})"
+                          for k, st in hidden.items())
+        within = all(abs(st["hidden"][0] - st["classes"][0]) <= max(st["hidden"][1], st["classes"][1])
+                     for k, st in hidden.items() if "*" not in k)
         free = data.get("information_free_codes", {}).get("mutag", {})
         why = (f" The GW_H* rows gain because wider codes let the graph size show through: information-free "
                f"embeddings coded the same way reach {_ms(free['64'])[0]:.1f} (h = 64) and {_ms(free['16'])[0]:.1f} "
@@ -761,8 +774,8 @@ def reading_from_data(data: dict) -> list[str]:
         pairs_free = [(f"{ds} {model}", PAPER[(f"GW_H*({model})", ds)][0], _ms(by_width[w])[0])
                       for ds, by_width in data.get("information_free_codes", {}).items()
                       for model, w in widths.items() if w in by_width and (f"GW_H*({model})", ds) in PAPER]
-        near = [f"{name} {paper:.2f} vs {free:.1f}" for name, paper, free in pairs_free if abs(paper - free) <= 3]
-        above = [f"{name} {paper:.2f} vs {free:.1f}" for name, paper, free in pairs_free if paper - free > 3]
+        near = [f"{name} {paper:.2f} vs {size:.1f}" for name, paper, size in pairs_free if abs(paper - size) <= 3]
+        above = [f"{name} {paper:.2f} vs {size:.1f}" for name, paper, size in pairs_free if paper - size > 3]
         if pairs_free:
             why += (" Paper GW_H* values against information-free codes of the same width (h = 16 for GCN, 64 for "
                     "GIN): within 3 points, i.e. at what the size alone gives: " + ("; ".join(near) or "none")
