@@ -3,8 +3,10 @@
 What leaves this client: the local cluster of every node (``kcagc_local``,
 kcagc only) and, in every ``kcagc_step``, a pairwise-masked uint64 vector
 whose sum over the clients of its group (all clients, except in the tree
-variant) is the summed squared distances; its features,
-embedding, virtual nodes and centre blocks never leave it.
+variant) is the summed squared distances; with the ``projection-joint-unit``
+embedding also, once (``kcagc_joint``), its squared row norms masked the same
+way (the server unmasks, and sends back, only their sum over all clients); its
+features, embedding, virtual nodes and centre blocks never leave it.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ from clients.base import ClusteringClient
 
 
 class KCAGCClient(ClusteringClient):
-    actions = ("kcagc_local", "kcagc_step")
+    actions = ("kcagc_local", "kcagc_step", "kcagc_joint")
 
-    def features(self, values) -> np.ndarray:
+    def features(self, values, unscaled: bool = False) -> np.ndarray:
         """This client's embedding ``Z^l`` (n x d), computed once per run and kept in state.
 
         The ``svd`` embedding is scaled by sqrt(n) (k-means is unchanged by a
         global scale) so that squared distances are O(1), like those of the
         unit rows of ``projection-unit`` / ``normalized``, and the fixed-point resolution of the
-        secure sum (1 / secagg.scale) is small next to them.
+        secure sum (1 / secagg.scale) is small next to them. A
+        ``projection-joint-unit`` embedding is usable only after
+        ``kcagc_joint`` has scaled it (``unscaled``: the part before that).
         """
         state = self.context.state.array_records
         if "kcagc_z" not in state:
@@ -32,8 +36,28 @@ class KCAGCClient(ClusteringClient):
             z, used = proto.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
                                       int(values["seed"]), str(values["embedding"]), int(values["k"]))
             z = z * np.sqrt(z.shape[0]) if str(values["embedding"]) == "svd" else z
-            self.save("kcagc_z", z=z, order=np.array([used]))
-        return self.load("kcagc_z")["z"]
+            self.save("kcagc_z", z=z, order=np.array([used]),
+                      scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
+        state = self.load("kcagc_z")
+        if not unscaled and not state["scaled"][0]:
+            raise ValueError("the projection-joint-unit embedding is used before its joint row norms arrived")
+        return state["z"]
+
+    def on_kcagc_joint(self, arrays, values):
+        """The joint row scaling of ``projection-joint-unit``. ``stage="sum"``: this
+        client's squared row norms (n), masked for the sum over all clients;
+        ``stage="scale"``: divide the rows by the square root of that sum
+        (``sq_norms``, from the server)."""
+        z = self.features(values, unscaled=True)
+        if values["stage"] == "sum":
+            squared = (z ** 2).sum(1)
+            return {"s": self.masked(squared, values) if "secagg_tag" in values else squared}, {}
+        state = self.load("kcagc_z")
+        if state["scaled"][0]:
+            raise ValueError("the joint row norms arrived twice")
+        self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"]), order=state["order"],
+                  scaled=np.array([1]))
+        return {}, {"received": 1}
 
     def on_kcagc_local(self, arrays, values):
         """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters)."""

@@ -13,6 +13,14 @@ graph and its own block of feature columns. The math is in
    with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
    features leaves it.
 
+``projection-joint-unit`` embedding only, before step 1 (kcagc) or 3
+   (kcagc-basic) - ``kcagc_joint``: stage ``sum`` (down: filter/embedding
+   settings) -> up ``s`` (uint64, masked): the client's squared row norms
+   (n); the server unmasks only their sum over all clients and sends it back
+   (stage ``scale``, down ``sq_norms``, n) so that every client divides its
+   rows by the joint norm. The server and every client learn these n sums
+   (a client, the sum over the others); nothing else.
+
 2. The server intersects the local clusters into virtual nodes (a node's
    virtual node = the tuple of its local clusters; weight = member count).
    ``kcagc-basic`` uses every node as its own virtual node (weight 1).
@@ -74,7 +82,8 @@ PARAMS = (
     Param("kcagc.embedding", str, "projection-unit",
           "client features from the filtered block G^psi X: projection-unit = its projection U S on the top "
           "singular vectors with unit rows, projection = U S (the paper's literal projection), normalized = U "
-          "with unit rows, svd = U (AGC), filtered = G^psi X",
+          "with unit rows, svd = U (AGC), filtered = G^psi X, projection-joint-unit = U S divided by the node's "
+          "norm over all clients (one secure sum of the n squared row norms, revealed to all)",
           choices=proto.EMBEDDINGS),
     Param("kcagc.embed-dim", int, 0,
           "singular vectors kept per client for the svd embedding; 0 = k", low=0, high=10**6),
@@ -130,6 +139,8 @@ class KCAGC(ClusteringStrategy):
         rng = np.random.default_rng([seed, 10])
         metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": []}
         history: list[dict] = []
+        if embed["embedding"] in proto.JOINT_EMBEDDINGS:
+            self.joint_norms(session, embed, n, metrics)
 
         if self.basic:
             jobs = [Job(list(range(num)), np.arange(n, dtype=np.int64), np.ones(n), k)]
@@ -167,6 +178,20 @@ class KCAGC(ClusteringStrategy):
         session.broadcast("labels", pack({"labels": labels}), ReplySpec(values=("received",)))
         metrics["secure_aggregations"] = int(session.stats.secure_aggregations)
         return StrategyOutput(labels=labels, ids=np.arange(n), history=history, metrics=metrics)
+
+    def joint_norms(self, session, embed, n: int, metrics) -> None:
+        """``projection-joint-unit``: the clients' summed squared row norms by one
+        secure sum, sent back so that each client scales its rows by them."""
+        secure = len(session.clients) > 1
+        values = session.secagg_values("joint", float(self.config["secagg.bound"])) if secure else {}
+        replies = session.broadcast(
+            "kcagc_joint", pack(values={**values, **embed, "stage": "sum"}),
+            ReplySpec(arrays={"s": ArraySpec((n,), kind="u" if secure else "f", masked=secure)}))
+        total = (session.secure_sum(replies, "s", values) if secure
+                 else unpack(next(iter(replies.values())))[0]["s"])
+        metrics["aggregated_values"] += n
+        session.broadcast("kcagc_joint", pack({"sq_norms": np.maximum(total, 0.0)}, {**embed, "stage": "scale"}),
+                          ReplySpec(values=("received",)))
 
     # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
     def secure_kmeans(self, session, jobs, embed, rng, metrics, history, level) -> list[np.ndarray]:

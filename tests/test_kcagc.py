@@ -24,11 +24,12 @@ N = 240
 SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}
 
 
-def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4) -> list[np.ndarray]:
-    """What each client computes locally (the same call the client makes, default embedding)."""
+def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4,
+                      kind: str = "projection-unit") -> list[np.ndarray]:
+    """What each client computes locally (the same call the client makes; default embedding)."""
     data = load_dataset("sbm", seed=seed, nodes=N, features=12, blocks=4, signal=3.0)
     shards = partition(data, "vertical", num_clients, seed=seed)
-    return [proto.embedding(s.x, s.adj, dim, order, seed, k_adaptive=4)[0] for s in shards]
+    return [proto.embedding(s.x, s.adj, dim, order, seed, kind, k_adaptive=4)[0] for s in shards]
 
 
 # --------------------------------------------------------------------------- protocol math
@@ -95,8 +96,24 @@ def test_embeddings_of_the_filtered_block():
     # projection-unit (the default): the projection's rows scaled to unit length
     q = proto.embedding(data.x, data.adj, 4, 2, 0)[0]
     assert np.allclose(np.linalg.norm(q, axis=1), 1.0) and np.allclose(q * np.linalg.norm(p, axis=1)[:, None], p)
-    with pytest.raises(ValueError, match="valid choices: normalized, svd, projection, projection-unit, filtered"):
+    with pytest.raises(ValueError, match="valid choices: normalized, svd, projection, projection-unit, filtered, "
+                                         "projection-joint-unit"):
         proto.embedding(data.x, data.adj, 4, 2, 0, "pca")
+
+
+def test_joint_unit_rows_give_the_concatenation_unit_rows():
+    data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
+    shards = partition(data, "vertical", 3, seed=0)
+    parts = [proto.embedding(s.x, s.adj, 4, 2, 0, "projection-joint-unit")[0] for s in shards]
+    assert np.array_equal(parts[0], proto.embedding(shards[0].x, shards[0].adj, 4, 2, 0, "projection")[0])
+    parts[1][:5] = 0.0  # a node with nothing on one party keeps its other parties' share
+    parts = [np.vstack([p, np.zeros((1, p.shape[1]))]) for p in parts]  # ... and one with nothing anywhere
+    total = sum((p ** 2).sum(1) for p in parts)
+    joint = np.hstack([proto.joint_unit_rows(p, total) for p in parts])
+    assert np.allclose(np.linalg.norm(joint[:-1], axis=1), 1.0) and not joint[-1].any()
+    assert np.allclose(joint[:-1], np.hstack(parts)[:-1] / np.sqrt(total[:-1])[:, None])
+    with pytest.raises(ValueError, match=f"joint squared norms must be {N + 1} finite values"):
+        proto.joint_unit_rows(parts[0], np.append(total[:-1], np.nan))
 
 
 def test_pruning_rule_keeps_only_confident_points():
@@ -148,6 +165,31 @@ def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir):
     steps = [r for r in result["timing"]["per_round"] if r["action"] == "kcagc_step"]
     lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
     assert len(steps) == (4 - 1) + len(lloyd) == result["communication"]["secure_aggregations"]
+
+
+def test_joint_unit_rows_by_one_secure_sum_then_basic_equals_centralised_kmeans(out_dir):
+    q = 6
+    result = run_experiment("kcagc-basic", "sbm", 3,
+                            {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1, "kcagc.iterations": q,
+                             "kcagc.embedding": "projection-joint-unit"}, out_dir)
+    parts = client_embeddings(3, order=2, kind="projection")
+    total = sum((p ** 2).sum(1) for p in parts)
+    z = np.hstack(parts) / np.sqrt(total)[:, None]  # the concatenation with unit rows
+    seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
+    ref = KMeans(4, init=z[seeds], n_init=1, max_iter=q, tol=0.0, algorithm="lloyd").fit(z)
+    assert np.array_equal(np.load(out_dir / "labels.npy"), ref.labels_)
+    # one extra secure sum (the n squared row norms), uploaded masked
+    steps = [r for r in result["timing"]["per_round"] if r["action"] == "kcagc_step"]
+    assert result["communication"]["secure_aggregations"] == len(steps) + 1
+    joint = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_joint" and u["name"] == "s"]
+    assert len(joint) == 3 and all(u["masked"] and u["dtype"] == "uint64" and u["shape"] == [N] for u in joint)
+
+
+def test_one_client_joint_unit_rows_equal_unit_rows(tmp_path):
+    common = {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2}
+    run_experiment("kcagc", "sbm", 1, {**common, "kcagc.embedding": "projection-joint-unit"}, tmp_path / "a")
+    run_experiment("kcagc", "sbm", 1, common, tmp_path / "b")
+    assert np.array_equal(np.load(tmp_path / "a" / "labels.npy"), np.load(tmp_path / "b" / "labels.npy"))
 
 
 def test_restarts_run_side_by_side_and_converged_ones_stop_uploading(out_dir):
@@ -273,7 +315,8 @@ def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
 def test_bad_configuration_is_one_line(out_dir):
     with pytest.raises(ConfigError, match="partitioner 'node-random' does not fit strategy 'kcagc'"):
         run_experiment("kcagc", "sbm", 2, {"partitioner": "node-random"}, out_dir)
-    with pytest.raises(ConfigError, match="valid choices: normalized, svd, projection, projection-unit, filtered"):
+    with pytest.raises(ConfigError, match="valid choices: normalized, svd, projection, projection-unit, filtered, "
+                                          "projection-joint-unit"):
         run_experiment("kcagc-basic", "sbm", 2, {"kcagc.embedding": "pca"}, out_dir)
     with pytest.raises(ConfigError, match="kcagc.local-factor"):
         run_experiment("kcagc", "sbm", 2, {"kcagc.local-factor": 0}, out_dir)

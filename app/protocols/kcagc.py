@@ -12,7 +12,9 @@ Per party (Protocol 1, local):
     the top singular vectors"), with every row scaled to unit length (``Z^l``,
     n x d). Other choices: ``"projection"`` (``U^l S^l``, rows as they are),
     ``"normalized"`` (``U^l`` with unit rows), ``"svd"`` (``U^l`` itself:
-    exactly AGC's embedding for ``d = k``), ``"filtered"`` (``G^psi X^l``).
+    exactly AGC's embedding for ``d = k``), ``"filtered"`` (``G^psi X^l``),
+    ``"projection-joint-unit"`` (``U^l S^l`` divided by the node's norm over
+    all parties, :func:`joint_unit_rows`: the concatenation has unit rows).
     Why rows are normalised: with unscaled ``U^l S^l`` k-means on Cora falls
     to 52-58%; with ``"svd"`` each party's block is whitened separately, and
     a node whose filtered block is small (few of this party's words) gets a
@@ -21,6 +23,10 @@ Per party (Protocol 1, local):
     node (cosine geometry, as in Ng-Jordan-Weiss spectral clustering); keeping
     ``S`` (not whitening, as ``"normalized"`` does) measured 1-4 points better
     on Cora and CiteSeer; see benchmarks/RESULTS.md (kcagc) for the comparison.
+    Per-party unit rows weigh an uninformative narrow block as much as an
+    informative one; the joint scaling weighs each party by its share of the
+    node's norm instead, at the price of one secure sum of the n squared row
+    norms, whose total every party then learns.
   * :func:`local_clusters` - k-means (k-means++ seeding, restarts; the
     paper's "10-approximation") of ``Z^l`` into ``k_hat`` local clusters;
     optionally with Protocol 1's pruning rule (:func:`prune`).
@@ -65,7 +71,11 @@ import scipy.sparse as sp
 #: Filter order psi the kCAGC paper fixes per dataset (Section 4.1).
 PAPER_ORDER = {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2}
 
-EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered")
+EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", "projection-joint-unit")
+
+#: Embeddings whose rows are scaled with the parties' summed squared row norms
+#: (one secure sum of n values before clustering, :func:`joint_unit_rows`).
+JOINT_EMBEDDINGS = ("projection-joint-unit",)
 
 #: Protocol 1's pruning ratio: a point is confident if its squared distance to
 #: the nearest seed is at most 1/9 of that to any other seed.
@@ -91,7 +101,9 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
     ``G^psi X^l`` with unit rows (a zero row stays zero); ``"svd"`` the
     singular vectors themselves (AGC, :func:`app.baselines.agc_embedding`);
     ``"projection"`` ``U S`` (coordinates of the projection on the top-``dim``
-    right singular vectors); ``"projection-unit"`` ``U S`` with unit rows; ``"filtered"`` ``G^psi X^l`` (``dim`` ignored).
+    right singular vectors); ``"projection-unit"`` ``U S`` with unit rows; ``"filtered"`` ``G^psi X^l`` (``dim`` ignored);
+    ``"projection-joint-unit"`` ``U S`` as it is: this party's part before
+    :func:`joint_unit_rows` divides it by the joint row norms.
     ``order=None`` picks psi by AGC's adaptive rule on this party's own
     columns (:func:`app.baselines.agc` with ``k_adaptive`` clusters).
     """
@@ -105,7 +117,7 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
         return low_pass_filter(x, adj, order), order
     dim = int(min(dim, x.shape[1], x.shape[0]))
     u, s = top_singular(x, adj, dim, order, seed)
-    if kind == "projection":
+    if kind in ("projection", "projection-joint-unit"):
         return u * s, order
     if kind in ("normalized", "projection-unit"):
         rows = u if kind == "normalized" else u * s
@@ -183,6 +195,18 @@ def intersect(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     key = np.stack([np.asarray(a, dtype=np.int64) for a in labels], axis=1)
     _, members, weights = np.unique(key, axis=0, return_inverse=True, return_counts=True)
     return members.ravel().astype(np.int64), weights.astype(np.float64)
+
+
+def joint_unit_rows(z: np.ndarray, joint_squared_norms: np.ndarray) -> np.ndarray:
+    """Party l's rows scaled so that the concatenation over parties has unit rows:
+    ``Z^l_i / sqrt(sum_l' ||Z^l'_i||^2)``; ``joint_squared_norms`` is that sum
+    (the secure sum of every party's ``(Z^l ** 2).sum(1)``). A node with a zero
+    row on every party stays zero."""
+    total = np.asarray(joint_squared_norms, dtype=np.float64)
+    if total.shape != (z.shape[0],) or not np.all(np.isfinite(total)):
+        raise ValueError(f"joint squared norms must be {z.shape[0]} finite values, got shape {total.shape}")
+    norms = np.sqrt(np.maximum(total, 0.0))[:, None]
+    return z / np.where(norms > 0, norms, 1.0)
 
 
 def _indicator(members: np.ndarray, m: int) -> sp.csr_matrix:
