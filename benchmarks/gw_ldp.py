@@ -68,6 +68,11 @@ def save_json(data: dict) -> None:
     JSON_PATH.write_text(json.dumps(data, indent=1, default=float))
 
 
+def paper_mean(row: str, dataset: str) -> float:
+    """The paper's Table 1 mean for (row, dataset), NaN where it has none."""
+    return PAPER.get((row, dataset), (float("nan"),))[0]
+
+
 def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         r = run_experiment("gw-ldp", dataset, clients, {"reference": False, **overrides}, tmp, engine="inprocess")
@@ -263,6 +268,18 @@ def part_size_only(args, data: dict) -> None:
             save_json(data)
 
 
+def central_gnn(kind: str, batch, y: np.ndarray, train: np.ndarray, epochs: int, classes: int):
+    """A GNN trained centrally (full batch, Adam lr 0.01, seed 0) on the graphs ``train``."""
+    model = proto.build_model(kind, int(batch.x.shape[1]), classes, 0)
+    proto.local_train(model, batch, y, train, "graph", epochs, 0.01, 0)
+    return model
+
+
+def gnn_accuracy(model, batch, y: np.ndarray, mask) -> float:
+    """The GNN's own graph-classification accuracy on the graphs ``mask``."""
+    return float((proto.predict_graphs(model, batch, "graph")[mask] == y[mask]).mean())
+
+
 def part_features(args, data: dict) -> None:
     """Diagnostic, not the protocol (it would send raw node labels): which feature term makes FGW reach
     the paper's MUTAG numbers? Centralised GIN on each fold's training graphs (``--central-epochs``), then
@@ -278,11 +295,8 @@ def part_features(args, data: dict) -> None:
     out = data.setdefault("mutag_feature_term", {"epochs": args.central_epochs, "alpha": args.alpha, "runs": []})
     for fold in list(range(args.folds))[len(out["runs"]):]:
         split = fold_split(len(graphs), fold)
-        model = proto.build_model("gin", int(batch.x.shape[1]), 2, 0)
-        proto.local_train(model, batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN), "graph",
-                          args.central_epochs, 0.01, 0)
-        test = split == proto.SPLIT_TEST
-        run = {"fold": fold, "gnn": float((proto.predict_graphs(model, batch, "graph")[test] == y[test]).mean())}
+        model = central_gnn("gin", batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN), args.central_epochs, 2)
+        run = {"fold": fold, "gnn": gnn_accuracy(model, batch, y, split == proto.SPLIT_TEST)}
         plain = proto.node_embeddings(model, batch, "classes")
         rng = np.random.default_rng([0, fold])
         coded = [proto.encode_graph(h, proto.graph_epsilon(len(h), 0.0), rng)[0].astype(np.float64) for h in plain]
@@ -323,20 +337,17 @@ def part_seen_labels(args, data: dict) -> None:
             row = out.setdefault(f"{kind}|{dataset}", {"epochs": args.central_epochs, "alpha": args.alpha,
                                                        "unseen": []})
             if "seen" not in row:
-                model = proto.build_model(kind, int(batch.x.shape[1]), classes, 0)
-                proto.local_train(model, batch, y, np.arange(len(y)), "graph", args.central_epochs, 0.01, 0)
-                train_acc = float((proto.predict_graphs(model, batch, "graph") == y).mean())
+                model = central_gnn(kind, batch, y, np.arange(len(y)), args.central_epochs, classes)
+                train_acc = gnn_accuracy(model, batch, y, slice(None))
                 row["seen"] = {"train_acc": train_acc, "accs": svc_accs(model, range(args.folds))}
                 print(f"  {dataset} {kind} trained on every graph: train acc {train_acc:.3f}, svc "
                       f"{100 * np.mean(row['seen']['accs']):.1f}", flush=True)
                 save_json(data)
             for fold in list(range(args.folds))[len(row["unseen"]):]:
                 split = fold_split(len(graphs), fold)
-                model = proto.build_model(kind, int(batch.x.shape[1]), classes, 0)
-                proto.local_train(model, batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN), "graph",
-                                  args.central_epochs, 0.01, 0)
-                test = split == proto.SPLIT_TEST
-                gnn = float((proto.predict_graphs(model, batch, "graph")[test] == y[test]).mean())
+                model = central_gnn(kind, batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN),
+                                    args.central_epochs, classes)
+                gnn = gnn_accuracy(model, batch, y, split == proto.SPLIT_TEST)
                 row["unseen"].append({"fold": fold, "gnn": gnn, "svc_test_acc": svc_accs(model, [fold])[0]})
                 print(f"  {dataset} {kind} fold {fold} (test graphs unseen): gnn {gnn:.3f}, svc "
                       f"{row['unseen'][-1]['svc_test_acc']:.3f}", flush=True)
@@ -497,7 +508,7 @@ def seen_stats(data: dict) -> dict:
                     "gnn": _ms([r["gnn"] for r in val["unseen"]]),
                     "seen": _ms(val["seen"]["accs"]), "train_acc": 100 * val["seen"]["train_acc"],
                     "federated": fed["hidden"] if fed else None,
-                    "paper": PAPER.get((row, dataset), (float("nan"),))[0]}
+                    "paper": paper_mean(row, dataset)}
     return out
 
 
@@ -513,7 +524,7 @@ def selection_stats(data: dict) -> dict:
                         "cv": _ms([r["svc_test_acc"] for r in cv]), "cv_folds": len(cv),
                         "grid_max": _ms([r["svc_test_acc_grid_max"] for r in runs]),
                         "gain": _ms([r["svc_test_acc_grid_max"] - r["svc_test_acc"] for r in runs])[0],
-                        "paper": PAPER.get(tuple(key.split("|")), (float("nan"),))[0],
+                        "paper": paper_mean(*key.split("|")),
                         "folds": len(runs), "test_graphs": float(np.mean([r["test_graphs"] for r in runs]))}
     return out
 
@@ -569,7 +580,7 @@ def render(data: dict, args) -> str:
                   "| dataset | majority % | best from size alone % | bound at 1/\\|V\\| % | paper GW_H*(GIN) % |",
                   "|---|---|---|---|---|"]
         for ds, b in bound.items():
-            p = PAPER.get(("GW_H*(GIN)", ds), (float("nan"),))[0]
+            p = paper_mean("GW_H*(GIN)", ds)
             lines.append(f"| {ds} | {100 * b['majority']:.1f} | {100 * b['size_only']:.1f} | "
                          f"{100 * b['ldp_bound']:.1f} | {p:.2f} |")
         lines.append("")
@@ -643,7 +654,7 @@ def render(data: dict, args) -> str:
             row, ds = key.split("|")
             (cm, cs), (hm, hs) = st["classes"], st["hidden"]
             lines.append(f"| {row} | {ds} | {cm:.1f} ± {cs:.1f} | {hm:.1f} ± {hs:.1f} | "
-                         f"{PAPER.get((row, ds), (float('nan'),))[0]:.2f} | {st['folds']} | "
+                         f"{paper_mean(row, ds):.2f} | {st['folds']} | "
                          f"{st['gw_s'][0]:.1f} / {st['gw_s'][1]:.1f} |")
         lines.append("")
     seen = seen_stats(data)
