@@ -190,6 +190,13 @@ class KCAGC(ClusteringStrategy):
         total = (session.secure_sum(replies, "s", values) if secure
                  else unpack(next(iter(replies.values())))[0]["s"])
         metrics["aggregated_values"] += n
+        session.ledger.add_mechanism(
+            "kcagc:joint-row-norms",
+            protects="each client's squared row norms of its projection (masked when there are several clients)",
+            params={"revealed": "per node, the sum over all clients of the squared row norms (n values), to the "
+                                "server and to every client"},
+            guarantee="none: the aggregate is revealed; a client learns the others' summed norms per node",
+        )
         session.broadcast("kcagc_joint", pack({"sq_norms": np.maximum(total, 0.0)}, {**embed, "stage": "scale"}),
                           ReplySpec(values=("received",)))
 

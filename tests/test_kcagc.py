@@ -183,6 +183,8 @@ def test_joint_unit_rows_by_one_secure_sum_then_basic_equals_centralised_kmeans(
     assert result["communication"]["secure_aggregations"] == len(steps) + 1
     joint = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_joint" and u["name"] == "s"]
     assert len(joint) == 3 and all(u["masked"] and u["dtype"] == "uint64" and u["shape"] == [N] for u in joint)
+    revealed = {m["name"]: m for m in result["privacy"]["mechanisms"]}["kcagc:joint-row-norms"]
+    assert "n values" in revealed["params"]["revealed"] and revealed["guarantee"].startswith("none")
 
 
 def test_one_client_joint_unit_rows_equal_unit_rows(tmp_path):
