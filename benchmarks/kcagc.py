@@ -190,6 +190,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         EMBEDDING_NOTE,
         "",
     ]
+    lines += render_targets([summary, random_split, joint])
     if summary.get("note"):
         lines += [summary["note"], ""]
     if emb:
@@ -300,6 +301,25 @@ def targets(summary: dict, ds: str) -> tuple[tuple, float, list[tuple]]:
     below = [(c, f, 100 * stats(cell(runs, "kcagc", ds, c, f), "acc")[0] - PAPER_ACC[ds][f][CLIENTS.index(c)])
              for c in summary["clients"] for f in summary["factors"] if cell(runs, "kcagc", ds, c, f)]
     return best, paper_best, below
+
+
+def render_targets(parts: list) -> list[str]:
+    """The issue's two Table II targets for every dataset of every Table II part run (``None`` for a
+    part not run; the first is the main table): best cell against the paper's best, and how many
+    cells lie more than 2 points below the paper's value in the same cell."""
+    lines = ["Targets at a glance (issue 10: each dataset's best cell at least the paper's best; no cell more "
+             "than 2 points below the paper's value in the same cell; seed means of the tables below):", "",
+             "| dataset | configuration | best cell (L, k_hat) | paper best | cells > 2 below | worst cell |",
+             "|---|---|---|---|---|---|"]
+    for i, part in enumerate(p for p in parts if p):
+        label = (f"{part.get('split', 'contiguous')} split, `{part.get('embedding', 'normalized')}`"
+                 + (" (main table)" if i == 0 else ""))
+        for ds in part["datasets"]:
+            (b, c, f), pb, below = targets(part, ds)
+            wc, wf, wd = min(below, key=lambda t: t[2])
+            lines.append(f"| {ds} | {label} | {100 * b:.2f} ({c}, {f}k) | {pb:.2f} | "
+                         f"{sum(d < -2 for *_, d in below)} of {len(below)} | {wd:+.2f} ({wc}, {wf}k) |")
+    return lines + [""]
 
 
 def compare_targets(main: dict, other: dict, label: str) -> str:
