@@ -57,7 +57,9 @@ class Param:
 
 
 def _fmt(bound: float | None, unbounded: str) -> str:
-    return unbounded if bound is None else f"{bound:g}"
+    if bound is None:
+        return unbounded
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"  # integer bounds exactly (seed: 2**32 - 1)
 
 
 def _parse(value: Any, kind: type, key: str) -> Scalar:

@@ -64,7 +64,8 @@ def core_params() -> list[Param]:
         Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0),
         Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",
               choices=("auto",) + tuple(PARTITIONERS)),
-        Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0),
+        Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0,
+              high=2**32 - 1),  # scikit-learn's largest random_state
         Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1),
         Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
         Param("retries", int, 0, "ask a client that did not answer within timeout again, this many times",

@@ -549,7 +549,11 @@ def render(data: dict, args) -> str:
              "scores, n x C), the setting they were measured with; the default is now `hidden` (softmax of the "
              "last message-passing layer, the paper's n x h H), whose figures are in the hidden-layer table. "
              "The machine was shared (load "
-             "8-12 on 2 cores): times are not clean measurements.", ""]
+             "8-12 on 2 cores): times are not clean measurements. Since 2026-11-23 the clients draw the LDP "
+             "codes and the DP noise from fresh OS entropy; the runs before (every GW_H* and DP row up to "
+             "PROTEINS GW_H*(GIN) hidden, folds 0-9) drew them from the run seed: the same mechanism and "
+             "distribution, but replayable by a server that knows the seed. Re-runs of noised rows therefore "
+             "vary within their noise instead of repeating bit for bit.", ""]
     t1 = data.get("table1", {})
     if t1:
         lines += ["### Table 1: SVC accuracy (%), mean ± std over folds", "",

@@ -1,21 +1,34 @@
 """Client side of ``gw-ldp`` (see strategies/gw_ldp.py for the wire protocol).
 
 What leaves this client: its feature width and graph counts, locally trained
-GNN weights each round (optionally clipped and noised), and once (or every s
-rounds) the LDP-encoded softmax node embeddings of its graphs with their
-sizes, graph ids, split codes and labels. Never an adjacency or feature matrix.
+GNN weights each round (optionally clipped and noised) with its number of
+training graphs, and once (or every s rounds) the LDP-encoded softmax node
+embeddings of its graphs with their sizes, graph ids, split codes, train and
+validation labels, and every graph's label for scoring (``eval_labels``: the
+evaluation server sees the test graphs' labels too, as it sees the ground truth
+in every strategy here). Never an adjacency or feature matrix.
+
+Privacy noise (the LDP codes, DP-SGD's sampling and noise, DP-FedAvg's noise)
+is drawn from fresh OS entropy at every release, never from the run's seed:
+the server knows the seed and could otherwise replay the noise and remove it.
+Runs with noise are therefore not bit-for-bit repeatable.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
+from collections import OrderedDict
 
 import numpy as np
 
 from app.protocols import gw_ldp as proto
 from clients.base import ClusteringClient
 
-_CACHE: dict = {}
+#: (shard, batch, labels, split) per shard and settings, the newest few kept
+#: (a simulation process serves many clients and runs one after another).
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 64
 
 
 class GWLDPClient(ClusteringClient):
@@ -29,8 +42,11 @@ class GWLDPClient(ClusteringClient):
     def _local(self):
         """(batch, labels, split) of this client's graphs, built once per process."""
         degree_dim = int(self.config["gw-ldp.degree-dim"])
+        # keyed by the shard object; the entry holds the shard, so its id cannot be reused while cached
         key = (id(self.shard), degree_dim, int(self.config["seed"]), int(self.config["gw-ldp.fold"]))
-        if key not in _CACHE:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+        else:
             s = self.shard
             if not s.graphs:
                 raise ValueError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
@@ -38,8 +54,10 @@ class GWLDPClient(ClusteringClient):
             labels = np.asarray(s.graph_y, dtype=np.int64)
             split = proto.split_items(len(s.graphs), int(self.config["seed"]), s.client_id,
                                       fold=int(self.config["gw-ldp.fold"]))
-            _CACHE[key] = (batch, labels, split)
-        return _CACHE[key]
+            _CACHE[key] = (s, batch, labels, split)
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+        return _CACHE[key][1:]
 
     def _model(self, arrays, num_classes: int | None = None):
         batch, _, _ = self._local()
@@ -57,6 +75,10 @@ class GWLDPClient(ClusteringClient):
 
     def on_gw_describe(self, arrays, values):
         batch, labels, split = self._local()
+        k = int(values["num_classes"])
+        if labels.size and labels.max() >= k:
+            raise ValueError(f"graph label {labels.max()} needs at least {labels.max() + 1} classes, but "
+                             f"num-clusters={k}: the shared GNN has one output per class")
         return {}, {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
                     "train": int((split == proto.SPLIT_TRAIN).sum())}
 
@@ -67,11 +89,11 @@ class GWLDPClient(ClusteringClient):
         train = np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
         seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
         dp = self.config["gw-ldp.dp"]
-        if dp == "sgd":
+        if dp == "sgd":  # sampling and noise from OS entropy (see the module docstring)
             proto.dp_sgd_train(model, batch, labels, train, self._task(), int(values["epochs"]),
                                float(values["lr"]), float(self.config["gw-ldp.dp-clip"]),
                                float(self.config["gw-ldp.dp-noise"]), float(self.config["gw-ldp.dp-sample-rate"]),
-                               seed)
+                               secrets.randbits(63))
         else:
             loss = proto.local_train(model, batch, labels, train, self._task(), int(values["epochs"]),
                                      float(values["lr"]), seed, freeze_norm=dp == "client")
@@ -79,7 +101,7 @@ class GWLDPClient(ClusteringClient):
         values = {"num_examples": int(train.size)}
         if dp == "client":
             new = proto.privatise_update(start, new, proto.trainable_names(model), self._dp_mechanism(),
-                                         np.random.default_rng([seed, 77]))
+                                         np.random.default_rng())
         elif dp == "none":
             values["loss"] = loss  # not sent under DP: it is not covered by the noise
         return {f"w.{k}": v for k, v in new.items()}, values
@@ -96,7 +118,7 @@ class GWLDPClient(ClusteringClient):
         batch, labels, split = self._local()
         model = self._model(arrays)
         eps = float(values["epsilon"])
-        rng = np.random.default_rng([int(values["seed"]), 31, self.shard.client_id])
+        rng = np.random.default_rng()  # OS entropy: a fresh draw at every release
         rows = []
         for h in proto.node_embeddings(model, batch, str(values["layer"])):
             if math.isinf(eps):

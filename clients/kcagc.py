@@ -1,7 +1,8 @@
 """Client side of ``kcagc`` / ``kcagc-basic`` (wire protocol: strategies/kcagc.py).
 
 What leaves this client: the local cluster of every node (``kcagc_local``,
-kcagc only) and, in every ``kcagc_step``, a pairwise-masked uint64 vector
+kcagc only; not the filter order, which AGC's adaptive rule picks from the
+client's own features) and, in every ``kcagc_step``, a pairwise-masked uint64 vector
 whose sum over the clients of its group (all clients, except in the tree
 variant) is the summed squared distances; with the ``projection-joint-unit``
 embedding also, once (``kcagc_joint``), its squared row norms masked the same
@@ -33,11 +34,10 @@ class KCAGCClient(ClusteringClient):
         state = self.context.state.array_records
         if "kcagc_z" not in state:
             order = proto.filter_order(self.shard.dataset, int(values["order"]))
-            z, used = proto.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
-                                      int(values["seed"]), str(values["embedding"]), int(values["k"]))
+            z, _ = proto.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
+                                   int(values["seed"]), str(values["embedding"]), int(values["k"]))
             z = z * np.sqrt(z.shape[0]) if str(values["embedding"]) == "svd" else z
-            self.save("kcagc_z", z=z, order=np.array([used]),
-                      scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
+            self.save("kcagc_z", z=z, scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
         state = self.load("kcagc_z")
         if not unscaled and not state["scaled"][0]:
             raise ValueError("the projection-joint-unit embedding is used before its joint row norms arrived")
@@ -55,18 +55,16 @@ class KCAGCClient(ClusteringClient):
         state = self.load("kcagc_z")
         if state["scaled"][0]:
             raise ValueError("the joint row norms arrived twice")
-        self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"]), order=state["order"],
-                  scaled=np.array([1]))
+        self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"]), scaled=np.array([1]))
         return {}, {"received": 1}
 
     def on_kcagc_local(self, arrays, values):
-        """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters)."""
+        """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters), nothing else."""
         z = self.features(values)
         labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
                                       n_init=int(self.config["kcagc.local-restarts"]),
                                       pruned=bool(self.config["kcagc.prune"]))
-        order = int(self.load("kcagc_z")["order"][0])
-        return {"labels": labels.astype(np.int64)}, {"order": order}
+        return {"labels": labels.astype(np.int64)}, {}
 
     def on_kcagc_step(self, arrays, values):
         """One secure-aggregation round of the weighted k-means on the virtual nodes.

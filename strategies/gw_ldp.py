@@ -7,13 +7,19 @@ around centre nodes of one big graph (``khop``; the centre label is the
 subgraph's pseudo-label). Every client splits its graphs 7:2:1 into
 train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``):
 
-1. ``gw_describe`` (down: feature settings) -> up: values ``in_dim``,
-   ``graphs``, ``train`` (feature width and counts only).
+1. ``gw_describe`` (down: ``num_classes``, the GNN's outputs; a client whose
+   labels need more refuses) -> up: values ``in_dim``, ``graphs``, ``train``
+   (feature width and counts only).
 2. ``fit`` (message category ``train``) x ``num-rounds`` (down: the global
    GNN weights ``w.<name>``, epochs, learning rate) -> up: the locally
    trained weights ``w.<name>`` (same shapes) and ``num_examples`` (training
-   graphs). The server averages them weighted by ``num_examples`` with
-   Flower's ``aggregate_arrayrecords`` (FedAvg). With ``gw-ldp.dp = client``
+   graphs, in clear also under DP). The server averages them weighted by
+   ``num_examples`` (a whole number up to the client's described training
+   graphs, else the run stops) with Flower's ``aggregate_arrayrecords``
+   (FedAvg). A client that does not answer, or whose weights fail the
+   shape/finiteness checks, is dropped for the rest of the run
+   (``dropped_clients``); the run stops when fewer than ``min-clients``
+   remain. With ``gw-ldp.dp = client``
    each client clips its update (L2 <= ``gw-ldp.dp-clip``) and adds Gaussian
    noise before uploading (client-level DP-FedAvg, Opacus RDP accountant);
    with ``gw-ldp.dp = sgd`` each client trains by local DP-SGD instead (one
@@ -34,6 +40,15 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    -1 for test graphs: the SVC needs them) and ``eval_labels`` (all graph
    labels / pseudo-labels, used only to score the result, like the final
    labels in other strategies). No adjacency or feature matrix is uploaded.
+   An upload with codes outside {-1, 0, 1}, softmax rows outside [0, 1],
+   split codes outside 0..2, labels outside -1..k-1, a label on a test graph,
+   repeated graph ids or sizes that do not add up stops the run
+   (:func:`app.protocols.gw_ldp.embedding_upload_problem`). The server uses
+   each client's newest release: a client that dropped before the last one
+   keeps its periodic release in the matrix (Algorithm 2's reason for the
+   periodic signal; ``stale_clients`` lists it with that release's round), a
+   client that never released is missing (``graphs_missing``). The LDP noise
+   is fresh at every release (OS entropy on the client), so releases compose.
 
 Splits: ``gw-ldp.fold = -1`` a random 7:2:1 split per client; ``0..9`` one
 fold of a ten-fold cross-validation with the same 7:2:1 shape (test = fold f,
@@ -79,9 +94,11 @@ DP_MODES = ("none", "client", "sgd")
 
 #: Ledger entry (mechanism name, what it protects) per training-DP mode.
 DP_LEDGER = {
-    "client": ("dp-fedavg:weights", "each client's whole local dataset (client-level DP of every weight upload)"),
+    "client": ("dp-fedavg:weights", "each client's whole local dataset (client-level DP of every weight upload; "
+                                    "its count of training graphs, sent in clear beside them, is not covered)"),
     "sgd": ("dp-sgd:local-graphs",
-            "each training graph of a client (add/remove one graph) in all of its weight uploads"),
+            "each training graph of a client (add/remove one graph) in all of its weight uploads (the count of "
+            "training graphs, sent in clear beside them, is not covered)"),
 }
 
 
@@ -106,7 +123,8 @@ class GWLDP(ClusteringStrategy):
         Param("gw-ldp.workers", int, 2, "processes for the GW matrix (0 = all cores)", low=0, high=256),
         Param("gw-ldp.gw-max-iter", int, 10_000, "POT conditional-gradient iterations per pair", low=1),
         Param("gw-ldp.merge-duplicates", bool, True,
-              "GW on distinct embedding rows weighted by multiplicity (exact: same metric-measure space)"),
+              "GW on distinct embedding rows weighted by multiplicity (same metric-measure space: exact for "
+              "LDP codes; float rows are compared after rounding to 9 decimals)"),
         Param("gw-ldp.degree-dim", int, 64, "one-hot degree features for graphs without features", low=2),
         Param("gw-ldp.fold", int, -1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a "
               "ten-fold cross-validation (validation = the next two folds)", low=-1, high=proto.FOLDS - 1),
@@ -122,9 +140,11 @@ class GWLDP(ClusteringStrategy):
               choices=DP_MODES),
         Param("gw-ldp.dp-sample-rate", float, 0.5, "local DP-SGD: Poisson sampling rate of training graphs per step",
               low=1e-6, high=1.0),
-        Param("gw-ldp.dp-clip", float, 1.0, "client-level DP: L2 clip of each update", low=1e-9),
-        Param("gw-ldp.dp-noise", float, 1.0, "client-level DP: noise multiplier (sigma / clip)", low=1e-9),
-        Param("gw-ldp.dp-delta", float, 1e-5, "client-level DP: delta", low=1e-12, high=0.5),
+        Param("gw-ldp.dp-clip", float, 1.0, "DP: L2 clip of each update (client) or of each graph's gradient "
+              "(sgd)", low=1e-9),
+        Param("gw-ldp.dp-noise", float, 1.0, "DP: noise multiplier (sigma / clip), client or sgd", low=1e-9),
+        Param("gw-ldp.dp-delta", float, 1e-5, "DP: delta of the reported epsilon, client or sgd",
+              low=1e-12, high=0.5),
     )
 
     @classmethod
@@ -141,10 +161,12 @@ class GWLDP(ClusteringStrategy):
         k = int(cfg["num-clusters"])
         timing: dict[str, float] = {}
         desc = session.broadcast(
-            "gw_describe", pack(values={"degree_dim": int(cfg["gw-ldp.degree-dim"])}),
+            "gw_describe", pack(values={"num_classes": k}),
             ReplySpec(values=("in_dim", "graphs", "train")),
         )
-        dims = {int(unpack(c)[1]["in_dim"]) for c in desc.values()}
+        described = {session.partition_of(n): unpack(c)[1] for n, c in desc.items()}
+        limits = {n: (session.partition_of(n), int(unpack(c)[1]["train"])) for n, c in desc.items()}
+        dims = {int(v["in_dim"]) for v in described.values()}
         if len(dims) != 1:
             raise ProtocolError(f"clients report different feature widths {sorted(dims)}")
         in_dim = dims.pop()
@@ -160,23 +182,25 @@ class GWLDP(ClusteringStrategy):
         dp = self._dp_mechanism(session)
         width = proto.embedding_width(model, k, str(cfg["gw-ldp.embedding"]))
         embed_every = int(cfg["gw-ldp.embed-every"])
-        history, uploads, releases = [], {}, 0
+        history, latest, releases = [], {}, 0  # latest: client -> (round, its newest embedding upload)
         t0 = time.perf_counter()
         for rnd in range(1, int(cfg["num-rounds"]) + 1):
             content = pack({f"w.{n}": a for n, a in weights.items()},
                            {"epochs": int(cfg["gw-ldp.local-epochs"]), "lr": float(cfg["gw-ldp.lr"]),
                             "round": rnd, "seed": seed})
-            replies = session.broadcast("fit", content, w_spec, category="train")
-            weights, loss = self._aggregate(replies, weights)
+            replies = session.broadcast("fit", content, w_spec, category="train", require_all=False)
+            weights, loss = self._aggregate(replies, weights, limits)
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
                 dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
-                uploads = self._embed(session, weights, width)
+                latest.update({c: (rnd, up) for c, up in self._embed(session, weights, width, described).items()})
                 releases += 1
         timing["train_s"] = time.perf_counter() - t0
-        uploads = self._embed(session, weights, width)
+        final_round = int(cfg["num-rounds"]) + 1
+        latest.update({c: (final_round, up) for c, up in self._embed(session, weights, width, described).items()})
         releases += 1
+        uploads = self._combine(latest)
         self._record_ldp(session, uploads, releases)
         if dp is not None:
             dp.record(session.ledger, *DP_LEDGER[dp_mode])
@@ -194,20 +218,32 @@ class GWLDP(ClusteringStrategy):
                    "gw_distinct_spaces": gw_stats["distinct_spaces"],
                    "gw_mean": float(dist[np.triu_indices(n, 1)].mean()) if n > 1 else 0.0, **timing}
         metrics.update(self._classify(dist, uploads))
+        metrics["dropped_clients"] = sorted(session.partition_of(n) for n in session.dropped)
+        metrics["stale_clients"] = [{"client": c, "round": r} for c, (r, _) in sorted(latest.items())
+                                    if r < final_round]
+        metrics["graphs_missing"] = sum(int(v["graphs"]) for c, v in described.items() if c not in latest)
         labels = proto.cluster_gw(dist, k, str(cfg["gw-ldp.clustering"]), seed)
         ids = uploads["graph_ids"]
         if cfg["partitioner"] == "khop":
             return StrategyOutput(labels=labels, truth=uploads["eval_labels"], metrics=metrics, history=history)
         return StrategyOutput(labels=labels, ids=ids, metrics=metrics, history=history)
 
-    def _aggregate(self, replies, weights):
+    def _aggregate(self, replies, weights, limits):
+        """FedAvg of the replies' weights by ``num_examples``, which must be a whole
+        number between 0 and the training graphs the client described
+        (``limits``: node id -> (client, training graphs))."""
         from flwr.app import MetricRecord, RecordDict
         from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
         records, losses, counts = [], [], []
-        for content in replies.values():
+        for node, content in replies.items():
             _, values = unpack(content)
-            n = int(values["num_examples"])
+            client, train = limits[node]
+            raw = values["num_examples"]
+            n = int(raw) if float(raw).is_integer() else -1
+            if not 0 <= n <= train:
+                raise ProtocolError(f"client {client}: num_examples={raw!r}; valid: a whole number from 0 to its "
+                                    f"{train} training graphs")
             counts.append(n)
             losses.append(float(values.get("loss", float("nan"))))
             if n > 0:
@@ -221,8 +257,11 @@ class GWLDP(ClusteringStrategy):
         loss = float(np.average(losses, weights=counts)) if known else None  # None under DP (no loss sent)
         return new, loss
 
-    def _embed(self, session, weights, width: int) -> dict:
+    def _embed(self, session, weights, width: int, described) -> dict[int, dict]:
+        """One embedding release: per client that answered, its checked upload
+        (a client that does not answer is dropped; its older release, if any, stays in use)."""
         ldp = not math.isinf(float(self.config["gw-ldp.epsilon"]))
+        k = int(self.config["num-clusters"])
         spec = ReplySpec(arrays={
             "embeddings": ArraySpec((None, width), kind="i" if ldp else "f", noised=ldp),
             "sizes": ArraySpec((None,), kind="iu"),
@@ -234,24 +273,33 @@ class GWLDP(ClusteringStrategy):
         replies = session.broadcast(
             "gw_embed",
             pack({f"w.{n}": a for n, a in weights.items()},
-                 {"epsilon": float(self.config["gw-ldp.epsilon"]), "seed": int(self.config["seed"]),
-                  "layer": str(self.config["gw-ldp.embedding"])}),
-            spec,
+                 {"epsilon": float(self.config["gw-ldp.epsilon"]), "layer": str(self.config["gw-ldp.embedding"])}),
+            spec, require_all=False,
         )
-        embs, cols = [], {n: [] for n in ("sizes", "graph_ids", "split", "labels", "eval_labels")}
+        out = {}
         for node, content in replies.items():
+            client = session.partition_of(node)
             arrays, _ = unpack(content)
-            sizes = arrays["sizes"].astype(np.int64)
-            m = len(sizes)
-            if any(arrays[n].shape != (m,) for n in cols) or sizes.sum() != len(arrays["embeddings"]) or (sizes < 1).any():
-                raise ProtocolError(f"client {session.partition_of(node)}: inconsistent embedding upload")
-            bounds = np.concatenate([[0], np.cumsum(sizes)])
-            embs.extend(arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:]))
-            for n in cols:
-                cols[n].append(arrays[n].astype(np.int64))
-        out = {n: np.concatenate(v) for n, v in cols.items()}
-        order = np.argsort(out["graph_ids"], kind="stable")  # items in graph-id order
+            problem = proto.embedding_upload_problem(arrays, int(described[client]["graphs"]), k, ldp)
+            if problem:
+                raise ProtocolError(f"client {client}: malformed embedding upload: {problem}")
+            bounds = np.concatenate([[0], np.cumsum(arrays["sizes"].astype(np.int64))])
+            up = {n: arrays[n].astype(np.int64) for n in ("sizes", "graph_ids", "split", "labels", "eval_labels")}
+            up["embeddings"] = [arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:])]
+            out[client] = up
+        return out
+
+    @staticmethod
+    def _combine(latest: dict) -> dict:
+        """Every client's newest release, items in graph-id order (ids must not repeat across clients)."""
+        ups = [up for _, up in latest.values()]
+        out = {n: np.concatenate([up[n] for up in ups]) for n in ("sizes", "graph_ids", "split", "labels",
+                                                                    "eval_labels")}
+        embs = [h for up in ups for h in up["embeddings"]]
+        order = np.argsort(out["graph_ids"], kind="stable")
         out = {n: v[order] for n, v in out.items()}
+        if np.any(np.diff(out["graph_ids"]) == 0):
+            raise ProtocolError("two clients uploaded the same graph id")
         out["embeddings"] = [embs[i] for i in order]
         return out
 
@@ -293,15 +341,15 @@ class GWLDP(ClusteringStrategy):
     def _classify(self, dist, uploads) -> dict:
         if not self.config["gw-ldp.svc"]:
             return {}
-        labels, split = uploads["labels"], uploads["split"]
-        tr = split == proto.SPLIT_TRAIN
-        if np.unique(labels[tr][labels[tr] >= 0]).size < 2 or not (split == proto.SPLIT_TEST).any():
-            return {"svc_skipped": "fewer than 2 classes in the training split or no test graphs"}
-        res = proto.svc_select(dist, np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], labels), split,
-                               str(self.config["gw-ldp.svc-selection"]))
+        split = uploads["split"]
+        y = np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], uploads["labels"])
+        problem = proto.svc_problem(y, split, str(self.config["gw-ldp.svc-selection"]))
+        if problem or not ((split == proto.SPLIT_TEST) & (y >= 0)).any():
+            return {"svc_skipped": problem or "no labelled test graphs"}
+        res = proto.svc_select(dist, y, split, str(self.config["gw-ldp.svc-selection"]))
         return {"svc_selection": res["selection"], "svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"],
                 "svc_C": res["C"], "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
-                "test_graphs": int((split == proto.SPLIT_TEST).sum())}
+                "test_graphs": int(((split == proto.SPLIT_TEST) & (y >= 0)).sum())}
 
     # ------------------------------------------------------------------ reference
     def reference(self, data) -> np.ndarray:

@@ -11,7 +11,9 @@ graph and its own block of feature columns. The math is in
    its top-k singular vectors and scales the rows to unit length
    (``kcagc.embedding``; see ``app.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
    with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
-   features leaves it.
+   features leaves it: with AGC's adaptive filter order the client picks psi
+   from its own features and does not report it (``metrics["filter_order"]``
+   then says so).
 
 ``projection-joint-unit`` embedding only, before step 1 (kcagc) or 3
    (kcagc-basic) - ``kcagc_joint``: stage ``sum`` (down: filter/embedding
@@ -55,12 +57,15 @@ graph and its own block of feature columns. The math is in
    secure sum per internal node among its own clients (``group``: a client
    masks with its group's members only and uploads only its group's part),
    each internal node re-clustering the intersection of its children's
-   clusters into k_hat clusters, the root into k.
+   clusters into k_hat clusters, the root into k. The server then learns the
+   summed distances of every group (e.g. of each pair of clients at level 1),
+   not only of all clients (ledger entry ``kcagc:tree-group-sums``).
 
 4. ``labels`` (down: the final cluster of every node) -> the clients keep it.
 
 The server never sees a client's features, centres or individual distances:
-only node-ID sets of local clusters, and sums over all clients.
+only node-ID sets of local clusters, and sums over all clients (tree variant:
+over each group of at least two clients).
 """
 
 from __future__ import annotations
@@ -86,7 +91,8 @@ PARAMS = (
           "norm over all clients (one secure sum of the n squared row norms, revealed to all)",
           choices=proto.EMBEDDINGS),
     Param("kcagc.embed-dim", int, 0,
-          "singular vectors kept per client for the svd embedding; 0 = k", low=0, high=10**6),
+          "singular vectors d per client (every embedding except filtered; capped at the client's "
+          "number of feature columns); 0 = k", low=0, high=10**6),
     Param("kcagc.iterations", int, 10, "Lloyd iterations Q (stops earlier when assignments repeat)",
           low=0, high=10**4),
     Param("kcagc.restarts", int, 50,
@@ -99,6 +105,27 @@ PARAMS = (
           "Protocol 1's 1/9 rule: the first centres after seeding are the means of the points at least "
           "9x closer (squared) to their seed than to any other (local and secure k-means)"),
 )
+
+#: ``metrics["filter_order"]`` when each client picks psi by AGC's adaptive rule (never uploaded).
+ADAPTIVE_ORDER = "adaptive (per client, not disclosed)"
+
+
+def _num_nodes(session) -> int:
+    """n from the hello handshake (vertical split: every client holds all n nodes)."""
+    counts = {c.partition_id: int(c.summary["num_rows"]) for c in session.clients}
+    if len(set(counts.values())) != 1:
+        raise ProtocolError(f"kcagc needs every client to hold all nodes (partitioner 'vertical'); "
+                            f"node count per client: {counts}")
+    return next(iter(counts.values()))
+
+
+def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
+    """Reject an unmasked sum below zero. Every client's part is a squared norm (>= 0) and
+    fixed-point encodes to an integer >= 0, so an honest sum is exactly >= 0: a negative
+    one means a client uploaded something else."""
+    if total.size and total.min() < 0:
+        raise ProtocolError(f"step '{step}': a {what} summed over the clients is {total.min():.6g} < 0; "
+                            "every client's part is >= 0, so an upload is malformed")
 
 
 class KCAGC(ClusteringStrategy):
@@ -128,7 +155,7 @@ class KCAGC(ClusteringStrategy):
     def run(self, session) -> StrategyOutput:
         k = int(self.config["num-clusters"])
         seed = int(self.config["seed"])
-        n = int(session.clients[0].summary["num_rows"])
+        n = _num_nodes(session)
         num = len(session.clients)
         if k > n:
             raise ConfigError(f"num-clusters={k} exceeds the {n} nodes")
@@ -137,28 +164,36 @@ class KCAGC(ClusteringStrategy):
         if secure:
             session.setup_secure_aggregation()
         rng = np.random.default_rng([seed, 10])
-        metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": []}
+        order = proto.filter_order(str(self.config["dataset"]), embed["order"])
+        metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": [],
+                   "filter_order": ADAPTIVE_ORDER if order is None else order}
         history: list[dict] = []
         if embed["embedding"] in proto.JOINT_EMBEDDINGS:
             self.joint_norms(session, embed, n, metrics)
 
         if self.basic:
-            jobs = [Job(list(range(num)), np.arange(n, dtype=np.int64), np.ones(n), k)]
-            labels = self.secure_kmeans(session, jobs, embed, rng, metrics, history, level=1)[0]
+            jobs = [Job(list(range(num)), np.arange(n, dtype=np.int64), np.ones(n))]
+            labels = self.secure_kmeans(session, jobs, k, embed, rng, metrics, history, level=1)[0]
         else:
             k_hat = min(int(self.config["kcagc.local-factor"]) * k, n)
             replies = session.broadcast(
                 "kcagc_local", pack(values={**embed, "k_hat": k_hat}),
-                ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")}, values=("order",)),
+                ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")}),
             )
-            local = [unpack(c)[0]["labels"].astype(np.int64) for c in replies.values()]
-            metrics["filter_order"] = [int(unpack(c)[1]["order"]) for c in replies.values()]
+            local = []
+            for node, content in replies.items():
+                client_labels = unpack(content)[0]["labels"].astype(np.int64)
+                if client_labels.min() < 0 or client_labels.max() >= k_hat:
+                    raise ProtocolError(
+                        f"client {session.partition_of(node)} (node {node}) sent local cluster labels "
+                        f"{client_labels.min()}..{client_labels.max()}, outside 0..{k_hat - 1} (k_hat={k_hat})")
+                local.append(client_labels)
             metrics["k_hat"] = k_hat
-            if any(a.min() < 0 or a.max() >= k_hat for a in local):
-                raise ProtocolError(f"a client sent local cluster labels outside 0..{k_hat - 1}")
             flat = [[[p] for p in range(num)], [list(range(num))]]
-            levels = proto.tree_groups(num) if self.config["kcagc.tree"] and num > 2 else flat
+            tree = bool(self.config["kcagc.tree"]) and num > 2
+            levels = proto.tree_groups(num) if tree else flat
             current = {tuple(g): local[g[0]] for g in levels[0]}  # group -> node labels
+            summed_groups = []  # per level, the groups whose distances the server unmasks
             for depth, level in enumerate(levels[1:], start=1):
                 top = depth == len(levels) - 1
                 jobs, passthrough = [], {}
@@ -169,11 +204,24 @@ class KCAGC(ClusteringStrategy):
                         passthrough[tuple(group)] = current[children[0]]
                         continue
                     members, weights = proto.intersect([current[c] for c in children])
-                    jobs.append(Job(list(group), members, weights, k if top else k_hat))
-                results = self.secure_kmeans(session, jobs, embed, rng, metrics, history, level=depth)
+                    jobs.append(Job(list(group), members, weights))
+                summed_groups.append({"level": depth, "groups": [j.parties for j in jobs]})
+                results = self.secure_kmeans(session, jobs, k if top else k_hat, embed, rng, metrics, history,
+                                             level=depth)
                 current = {tuple(j.parties): lab for j, lab in zip(jobs, results)}
                 current.update(passthrough)
             labels = current[tuple(range(num))]
+            if tree:
+                session.ledger.add_mechanism(
+                    "kcagc:tree-group-sums",
+                    protects="each client's part of the squared distances at every internal node of the tree "
+                             "(masked among the clients of that node's group)",
+                    params={"revealed": "per internal node, the sum over its group's clients (at least two) of "
+                                        "the squared distances of its virtual nodes to its centres, to the server",
+                            "groups_per_level": summed_groups},
+                    guarantee="secure aggregation per group: the server sees each group's sums, "
+                              "not a single client's part",
+                )
 
         session.broadcast("labels", pack({"labels": labels}), ReplySpec(values=("received",)))
         metrics["secure_aggregations"] = int(session.stats.secure_aggregations)
@@ -189,6 +237,7 @@ class KCAGC(ClusteringStrategy):
             ReplySpec(arrays={"s": ArraySpec((n,), kind="u" if secure else "f", masked=secure)}))
         total = (session.secure_sum(replies, "s", values) if secure
                  else unpack(next(iter(replies.values())))[0]["s"])
+        _check_nonnegative(total, "kcagc_joint", "summed squared row norm")
         metrics["aggregated_values"] += n
         session.ledger.add_mechanism(
             "kcagc:joint-row-norms",
@@ -197,12 +246,13 @@ class KCAGC(ClusteringStrategy):
                                 "server and to every client"},
             guarantee="none: the aggregate is revealed; a client learns the others' summed norms per node",
         )
-        session.broadcast("kcagc_joint", pack({"sq_norms": np.maximum(total, 0.0)}, {**embed, "stage": "scale"}),
+        session.broadcast("kcagc_joint", pack({"sq_norms": total}, {**embed, "stage": "scale"}),
                           ReplySpec(values=("received",)))
 
     # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
-    def secure_kmeans(self, session, jobs, embed, rng, metrics, history, level) -> list[np.ndarray]:
-        """Run step 3 for every job (a group of clients with its virtual nodes) side by side.
+    def secure_kmeans(self, session, jobs, kk: int, embed, rng, metrics, history, level) -> list[np.ndarray]:
+        """Run step 3 for every job (a group of clients with its virtual nodes) side by side,
+        each into ``kk`` clusters (one tree level: k_hat below the root, k at the root).
 
         Returns the cluster of every node, per job.
         """
@@ -212,8 +262,8 @@ class KCAGC(ClusteringStrategy):
         bound = float(self.config["secagg.bound"])
         job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
         for job in jobs:
-            if len(job.weights) < job.kk:
-                raise ConfigError(f"only {len(job.weights)} virtual nodes for {job.kk} clusters; "
+            if len(job.weights) < kk:
+                raise ConfigError(f"only {len(job.weights)} virtual nodes for {kk} clusters; "
                                   "increase kcagc.local-factor or use fewer clusters")
             metrics["virtual_nodes"].append(int(len(job.weights)))
 
@@ -246,25 +296,27 @@ class KCAGC(ClusteringStrategy):
                 mine = {n: c for n, c in replies.items() if session.partition_of(n) in job.parties}
                 if not sizes[j]:  # this job has converged (tree variant: others still run)
                     parts.append(np.zeros(0))
-                elif secure:
-                    parts.append(session.secure_sum(mine, "d", values[j], parties=job.parties))
+                    continue
+                if secure:
+                    total = session.secure_sum(mine, "d", values[j], parties=job.parties)
                 else:
-                    parts.append(unpack(next(iter(mine.values())))[0]["d"])
+                    total = unpack(next(iter(mine.values())))[0]["d"]
+                _check_nonnegative(total, f"kcagc_step ({stage}, level {level})", "summed squared distance")
+                parts.append(total)
                 metrics["aggregated_values"] += sizes[j]
             return parts
 
         # k-means++ seeding: first seed by weight, then one distance round per further seed
-        seeds = [np.zeros((R, job.kk), dtype=np.int64) for job in jobs]
+        seeds = [np.zeros((R, kk), dtype=np.int64) for _ in jobs]
         closest = [np.full((R, len(job.weights)), np.inf) for job in jobs]
         for j, job in enumerate(jobs):
             seeds[j][:, 0] = proto.first_seeds(job.weights, R, rng)
-        for c in range(1, max(job.kk for job in jobs)):
-            parts = round_("seed", lambda j, c=c: {"index": seeds[j][:, min(c, jobs[j].kk) - 1]},
+        for c in range(1, kk):
+            parts = round_("seed", lambda j, c=c: {"index": seeds[j][:, c - 1]},
                            [R * len(job.weights) for job in jobs])
             for j, job in enumerate(jobs):
-                if c < job.kk:
-                    closest[j] = np.minimum(closest[j], parts[j].reshape(R, len(job.weights)))
-                    seeds[j][:, c] = proto.seeding_step(closest[j], job.weights, rng)
+                closest[j] = np.minimum(closest[j], parts[j].reshape(R, len(job.weights)))
+                seeds[j][:, c] = proto.seeding_step(closest[j], job.weights, rng)
         for j in range(len(jobs)):
             history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
 
@@ -273,28 +325,28 @@ class KCAGC(ClusteringStrategy):
         # centres that moved (``moved``: flat restart x centre indices) and the server keeps the
         # others' sums; a restart with no moved centre is at a fixed point and drops out.
         prune = bool(self.config["kcagc.prune"])
-        dist = [np.zeros((R, job.kk, len(job.weights))) for job in jobs]  # summed, centre-major
+        dist = [np.zeros((R, kk, len(job.weights))) for job in jobs]  # summed, centre-major
         update = [None] * len(jobs)  # the memberships the clients' centres are the means of
-        moved = [np.arange(R * job.kk) for job in jobs]
+        moved = [np.arange(R * kk) for _ in jobs]
         assign, inertia = [None] * len(jobs), [None] * len(jobs)
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
                 if it == 0:
                     return {"seeds": seeds[j]}
-                return {"assign": update[j][proto.moved_restarts(moved[j], jobs[j].kk)], "moved": moved[j]}
+                return {"assign": update[j][proto.moved_restarts(moved[j], kk)], "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)
             for j, job in enumerate(jobs):
                 if not sizes[j]:
                     continue
-                dist[j].reshape(R * job.kk, -1)[moved[j]] = parts[j].reshape(len(moved[j]), -1)
+                dist[j].reshape(R * kk, -1)[moved[j]] = parts[j].reshape(len(moved[j]), -1)
                 by_node = dist[j].transpose(0, 2, 1)  # R x m x kk
                 assign[j], inertia[j] = proto.assign(by_node, job.weights)
                 # Protocol 2 line 17: the first centres only from the seeds' confident points
                 new = proto.prune(by_node) if prune and it == 0 else assign[j]
-                moved[j] = np.arange(R * job.kk) if it == 0 else proto.moved_centres(update[j], new, job.kk)
+                moved[j] = np.arange(R * kk) if it == 0 else proto.moved_centres(update[j], new, kk)
                 update[j] = new
             history.append({"level": level, "stage": "lloyd", "iteration": it,
                             "inertia": [float(i.min()) for i in inertia],
@@ -332,10 +384,9 @@ class KCAGCBasic(KCAGC):
 
 
 class Job:
-    """One weighted k-means: its clients, virtual node of every node, weights, clusters."""
+    """One weighted k-means: its clients, the virtual node of every node, the virtual nodes' weights."""
 
-    def __init__(self, parties: list[int], members: np.ndarray, weights: np.ndarray, kk: int) -> None:
+    def __init__(self, parties: list[int], members: np.ndarray, weights: np.ndarray) -> None:
         self.parties = parties
         self.members = np.asarray(members, dtype=np.int64)
         self.weights = np.asarray(weights, dtype=np.float64)
-        self.kk = int(kk)

@@ -30,6 +30,7 @@ def test_defaults_validate_and_resolve_auto_partitioner():
         ({"num-clients": 5000}, ["5000", "'num-clients'", "valid range", "1024"]),
         ({"seed": "abc"}, ["'abc'", "'seed'", "integer"]),
         ({"seed": 1.5}, ["1.5", "'seed'", "integer"]),
+        ({"seed": 2**32}, ["4294967296", "'seed'", "valid range: [0, 4294967295]"]),  # scikit-learn's limit
         ({"reference": "maybe"}, ["'maybe'", "'reference'", "true, false"]),
         ({"timeout": "soon"}, ["'soon'", "'timeout'", "number"]),
         ({"partitioner": "edge"}, ["'edge'", "fedkmeans", "valid choices", "node-random"]),

@@ -17,7 +17,7 @@ from app.privacy.ldp import default_m, multibit_probabilities
 from app.protocols import gw_ldp as proto
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import unpack
+from app.transport import ProtocolError, unpack
 from tests.conftest import shared_datasets_or_skip
 
 
@@ -185,17 +185,20 @@ def test_ldp_encoder_range_sparsity_and_probabilities_match_algorithm_1():
         assert set(np.unique(codes)) <= {-1, 0, 1}
         assert np.all((codes != 0).sum(1) == m)  # m sampled coordinates per row
         assert stats["epsilon"] == pytest.approx(eps_g / n) and stats["m"] == m
-    # P(+1) of a sampled entry is 1/(e^(eps/(mn))+1) + h (e^(eps/(mn))-1)/(e^(eps/(mn))+1)
-    eps_g, n = 200.0, 2
+    # P(+1) of a sampled entry is 1/(e^(eps/(mn))+1) + h (e^(eps/(mn))-1)/(e^(eps/(mn))+1); at
+    # eps_g = 4.4 (m = 2, n = 2: 1.1 per entry) a per-entry budget of eps/n, eps or eps/(5mn) would
+    # move P(+1) at h = 0.9 or 0 by 0.07-0.2, far beyond the sampling error of 8000 draws
+    eps_g, n = 4.4, 2
     h = np.array([[0.9, 0.1, 0.5, 0.0], [0.2, 0.8, 0.5, 1.0]])
     m = default_m(eps_g, 4)
-    draws = np.stack([proto.encode_graph(h, eps_g, rng)[0] for _ in range(4000)]).astype(float)
+    assert m == 2
+    draws = np.stack([proto.encode_graph(h, eps_g, rng)[0] for _ in range(8000)]).astype(float)
     sampled = (draws != 0).mean(0)
-    assert np.allclose(sampled, m / 4, atol=0.03)
+    assert np.allclose(sampled, m / 4, atol=0.02)
     p_plus = (draws == 1).sum(0) / np.maximum((draws != 0).sum(0), 1)
     e = math.exp(eps_g / (m * n))
     want = 1 / (e + 1) + h * (e - 1) / (e + 1)
-    assert np.allclose(p_plus, want, atol=0.04)
+    assert np.allclose(p_plus, want, atol=0.025)
     assert np.allclose(want, multibit_probabilities(h, eps_g / n, 0.0, 1.0, m))
 
 
@@ -229,8 +232,13 @@ def test_fedavg_weights_by_sample_count():
     replies = {1: pack({"w.w": a["w"]}, {"num_examples": 1, "loss": 0.5}),
                2: pack({"w.w": b["w"]}, {"num_examples": 3, "loss": 0.1}),
                3: pack({"w.w": b["w"] * 100}, {"num_examples": 0, "loss": 0.0})}  # no training graphs
-    new, loss = strategy._aggregate(replies, a)
+    limits = {1: (0, 1), 2: (1, 3), 3: (2, 0)}  # node -> (client, training graphs it described)
+    new, loss = strategy._aggregate(replies, a, limits)
     assert np.allclose(new["w"], [2.5, 5.0]) and loss == pytest.approx(0.2)
+    # a count that is not a whole number within the client's training graphs stops the run, never weighs in
+    for bad in (-5, 2.9, 4, 10**9):
+        with pytest.raises(ProtocolError, match=f"client 1: num_examples={bad!r}; valid: a whole number from 0"):
+            strategy._aggregate({**replies, 2: pack({"w.w": b["w"]}, {"num_examples": bad, "loss": 0.1})}, a, limits)
 
 
 def test_local_training_reduces_the_loss_for_both_models():
@@ -258,6 +266,47 @@ def test_local_training_reduces_the_loss_for_both_models():
             assert all(np.allclose(x.sum(1), 1.0) and x.min() >= 0 for x in h)
         with pytest.raises(ValueError, match="valid choices: classes, hidden"):
             proto.node_embeddings(model, batch, "logits")
+
+
+def test_unknown_labels_take_no_part_in_the_svc():
+    rng = np.random.default_rng(8)
+    y = np.repeat([0, 1], 30)
+    pts = rng.normal(size=(60, 2)) * 0.3 + np.array([[0, 0], [3, 0]])[y]
+    dist = np.linalg.norm(pts[:, None] - pts[None], axis=2) ** 2
+    split = proto.split_items(60, 0, 0)
+    unknown = y.copy()
+    unknown[np.flatnonzero(split == proto.SPLIT_TRAIN)[:5]] = -1
+    unknown[np.flatnonzero(split == proto.SPLIT_TEST)[:2]] = -1
+    keep = unknown >= 0  # the same SVC as on the labelled items alone
+    res, alone = proto.svc_select(dist, unknown, split), proto.svc_select(dist[np.ix_(keep, keep)], y[keep], split[keep])
+    assert res["test_acc"] == alone["test_acc"] == 1.0 and (res["C"], res["gamma"]) == (alone["C"], alone["gamma"])
+    assert np.array_equal(res["predictions"][keep], alone["predictions"])
+    assert proto.svc_problem(unknown, np.where(split == proto.SPLIT_VAL, proto.SPLIT_TRAIN, split),
+                             "validation").startswith("no labelled validation graphs")
+    with pytest.raises(ValueError, match="no labelled validation graphs"):
+        proto.svc_select(dist, np.where(split == proto.SPLIT_VAL, -1, y), split)
+
+
+def test_malformed_embedding_uploads_are_named():
+    good = {"embeddings": np.array([[1, 0], [0, -1], [-1, 0]], np.int8), "sizes": np.array([2, 1]),
+            "graph_ids": np.array([4, 9]), "split": np.array([0, 2]), "labels": np.array([1, -1]),
+            "eval_labels": np.array([1, 0])}
+    assert proto.embedding_upload_problem(good, 2, 2, ldp=True) is None
+    bad = {
+        "graphs it described": ({}, 3),
+        "LDP codes outside": ({"embeddings": good["embeddings"] * 100}, 2),
+        "sum to 4": ({"sizes": np.array([3, 1])}, 2),
+        "graph ids negative or repeated": ({"graph_ids": np.array([4, 4])}, 2),
+        "split codes outside": ({"split": np.array([0, 7])}, 2),
+        "'labels' outside -1..1": ({"labels": np.array([99, -1])}, 2),
+        "'eval_labels' outside -1..1": ({"eval_labels": np.array([1, -5])}, 2),
+        "labels of test graphs must be -1": ({"labels": np.array([1, 0])}, 2),
+        "'split' has shape": ({"split": np.array([0])}, 2),
+    }
+    for message, (change, graphs) in bad.items():
+        assert message in proto.embedding_upload_problem({**good, **change}, graphs, 2, ldp=True)
+    floats = {**good, "embeddings": np.array([[0.2, 0.8], [1.0, 0.0], [0.5, np.nan]])}
+    assert proto.embedding_upload_problem(floats, 2, 2, ldp=False) == "softmax embeddings outside [0, 1]"
 
 
 def test_svc_and_kmedoids_recover_separable_groups():
@@ -399,6 +448,78 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
     fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]
     assert {u["name"] for u in fit if not u["name"].startswith("w.")} == {"num_examples"}  # no loss under DP
     assert all(u["noised"] for u in fit if u["name"].startswith("w."))
+
+
+def test_ldp_noise_is_fresh_at_every_run_and_not_derived_from_the_seed(out_dir):
+    """Same seed, same deterministic training: the weights sent down agree, the LDP codes do not
+    (the server knows the seed, so codes drawn from it could be replayed and the noise removed)."""
+    shared_datasets_or_skip()
+    raw = {"strategy": "gw-ldp", "dataset": "citeseer", "num-clients": 2, **KHOP, "khop.centres": 20,
+           "gw-ldp.epsilon": 2.0, "gw-ldp.svc": False, "reference": False, "out-dir": str(out_dir)}
+    runs = []
+    for _ in range(2):
+        grid = InProcessGrid(build_client_app(raw), 2, record=True)
+        run_server(grid, raw)
+        down = next(m for m in grid.pushed if m.metadata.message_type == "query.gw_embed")
+        codes = {tuple(a["graph_ids"]): a["embeddings"] for a in
+                 (unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == "query.gw_embed")}
+        runs.append((unpack(down.content)[0], codes))
+    (w0, c0), (w1, c1) = runs
+    assert all(np.array_equal(w0[k], w1[k]) for k in w0) and c0.keys() == c1.keys()
+    assert any(not np.array_equal(c0[g], c1[g]) for g in c0)
+
+
+def _fail_final_release(monkeypatch, client_id: int):
+    """Client ``client_id`` answers its first gw_embed (the periodic release) and fails the next."""
+    from clients.gw_ldp import GWLDPClient
+
+    honest, calls = GWLDPClient.on_gw_embed, []
+
+    def flaky(self, arrays, values):
+        if self.shard.client_id == client_id:
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("connection lost")
+        return honest(self, arrays, values)
+
+    monkeypatch.setattr(GWLDPClient, "on_gw_embed", flaky)
+
+
+def test_a_client_that_drops_keeps_its_periodic_release_in_the_matrix(out_dir, monkeypatch):
+    shared_datasets_or_skip()
+    _fail_final_release(monkeypatch, 1)
+    result = run_experiment("gw-ldp", "citeseer", 3, {**KHOP, "khop.centres": 30, "gw-ldp.embed-every": 2,
+                                                       "gw-ldp.svc": False, "reference": False}, out_dir)
+    m = result["metrics"]
+    assert m["dropped_clients"] == [1] and m["stale_clients"] == [{"client": 1, "round": 2}]
+    assert m["graphs_missing"] == 0 and m["gw_pairs"] == 30 * 29 // 2  # every subgraph is still compared
+    assert [r["action"] for r in result["communication"]["rejected"]] == ["gw_embed"]
+    # without the periodic signal the dropped client's subgraphs are missing; with min-clients 3, the run stops
+    monkeypatch.setattr("clients.gw_ldp.GWLDPClient.on_gw_embed", _raise_always)
+    with pytest.raises(ProtocolError, match="below min-clients=3"):
+        run_experiment("gw-ldp", "citeseer", 3, {**KHOP, "khop.centres": 30, "gw-ldp.svc": False,
+                                                  "reference": False, "min-clients": 3}, out_dir.parent / "b")
+
+
+def _raise_always(self, arrays, values):
+    raise RuntimeError("connection lost")
+
+
+def test_a_malformed_embedding_upload_stops_the_run_and_names_the_client(out_dir, monkeypatch):
+    shared_datasets_or_skip()
+    from clients.gw_ldp import GWLDPClient
+
+    honest = GWLDPClient.on_gw_embed
+
+    def corrupt(self, arrays, values):
+        reply, vals = honest(self, arrays, values)
+        if self.shard.client_id == 1:
+            reply["labels"] = np.full_like(reply["labels"], 99)
+        return reply, vals
+
+    monkeypatch.setattr(GWLDPClient, "on_gw_embed", corrupt)
+    with pytest.raises(ProtocolError, match=r"client 1: malformed embedding upload: 'labels' outside -1..5"):
+        run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "reference": False}, out_dir)
 
 
 def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone():

@@ -19,6 +19,7 @@ from app.result import RESULT_FILE
 from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import ProtocolError, unpack
+from clients.kcagc import KCAGCClient
 
 N = 240
 SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}
@@ -280,21 +281,42 @@ def test_kcagc_recovers_blocks_with_fewer_secure_values_than_basic(tmp_path):
     common = {**SBM, "kcagc.filter-order": 2}
     fed = run_experiment("kcagc", "sbm", 2, common, tmp_path / "a")
     basic = run_experiment("kcagc-basic", "sbm", 2, common, tmp_path / "b")
-    assert fed["metrics"]["ari"] > 0.7 and basic["metrics"]["ari"] > 0.8  # svd embedding: 0.81, 0.87
+    # default projection-unit embedding: measured 0.801, 0.853
+    assert fed["metrics"]["ari"] > 0.7 and basic["metrics"]["ari"] > 0.8
     assert fed["metrics"]["aggregated_values"] < 0.2 * basic["metrics"]["aggregated_values"]
     assert fed["communication"]["bytes_up"] < basic["communication"]["bytes_up"]
     local = [u for u in fed["privacy"]["uploads"] if u["action"] == "kcagc_local"]
-    assert {u["name"] for u in local} == {"labels", "order"} and not any(u["masked"] for u in local)
+    assert {u["name"] for u in local} == {"labels"} and not any(u["masked"] for u in local)
+    assert fed["metrics"]["filter_order"] == basic["metrics"]["filter_order"] == 2  # configured, not uploaded
+    assert "kcagc:tree-group-sums" not in {m["name"] for m in fed["privacy"]["mechanisms"]}
 
 
-def test_tree_variant_with_an_odd_number_of_clients(tmp_path):
-    common = {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2}
-    tree = run_experiment("kcagc", "sbm", 3, {**common, "kcagc.tree": True}, tmp_path / "t")
+def test_tree_variant_with_an_odd_number_of_clients(out_dir):
+    q = 2
+    raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 3, "kcagc.filter-order": 2,
+           "kcagc.local-factor": 2, "kcagc.tree": True, "kcagc.iterations": q, "out-dir": str(out_dir)}
+    grid = DroppingGrid(build_client_app(raw), 3)
+    tree = run_server(grid, raw)
     assert tree["metrics"]["ari"] > 0.6  # flat protocol: ~0.89; each internal node re-clusters to k_hat
     # level 1: clients (0, 1) re-clustered to k_hat, client 2 passes up; level 2: root to k
-    assert len(tree["metrics"]["virtual_nodes"]) == 2
-    assert all(v <= 8 * 8 for v in tree["metrics"]["virtual_nodes"])  # pairs of k_hat = 8 clusterings
-    assert max(tree["metrics"]["lloyd_iterations"]) <= 10
+    local = {grid.contexts[r.metadata.src_node_id].node_config["partition-id"]: unpack(r.content)[0]["labels"]
+             for r in grid.pulled if r.metadata.message_type == "query.kcagc_local"}
+    root_members = next(unpack(m.content)[0]["members"] for m in grid.pushed
+                        if m.metadata.message_type == "query.kcagc_step" and unpack(m.content)[1]["level"] == 2
+                        and "members" in unpack(m.content)[0])
+    pairs = set(zip(local[0].tolist(), local[1].tolist()))  # the non-empty intersections of clients 0 and 1
+    assert tree["metrics"]["virtual_nodes"] == [len(pairs), int(root_members.max()) + 1]
+    for v in range(int(root_members.max()) + 1):  # a root virtual node lies inside one local cluster of client 2
+        assert len(np.unique(local[2][root_members == v])) == 1
+    # at most Q = 2 updates per level, fewer only when every restart's assignment repeats
+    lloyd = [h for h in tree["history"] if h.get("stage") == "lloyd"]
+    assert len(tree["metrics"]["lloyd_iterations"]) == 2
+    for level, iterations in enumerate(tree["metrics"]["lloyd_iterations"], start=1):
+        rounds = [h for h in lloyd if h["level"] == level]
+        assert iterations == len(rounds) - 1
+        assert iterations == q or not any(rounds[-1]["moved"])
+    groups = {m["name"]: m for m in tree["privacy"]["mechanisms"]}["kcagc:tree-group-sums"]["params"]
+    assert groups["groups_per_level"] == [{"level": 1, "groups": [[0, 1]]}, {"level": 2, "groups": [[0, 1, 2]]}]
 
 
 def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
@@ -309,6 +331,9 @@ def test_tree_sums_each_internal_node_among_its_own_clients(out_dir):
         its = [h for h in lloyd if h["level"] == level]
         sums += len(its[0]["moved"]) + sum(sum(mv > 0 for mv in h["moved"]) for h in its[:-1])
     assert result["communication"]["secure_aggregations"] == sums
+    groups = {m["name"]: m for m in result["privacy"]["mechanisms"]}["kcagc:tree-group-sums"]["params"]
+    assert groups["groups_per_level"] == [{"level": 1, "groups": [[0, 1], [2, 3]]},
+                                          {"level": 2, "groups": [[0, 1, 2, 3]]}]
     steps = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"]
     assert steps and all(u["masked"] for u in steps)
     assert result["metrics"]["ari"] > 0.4  # 3 features per client, each pair re-clusters: lossy (~0.54)
@@ -325,11 +350,60 @@ def test_bad_configuration_is_one_line(out_dir):
     assert not out_dir.exists()
 
 
-def test_adaptive_filter_order_is_chosen_per_client(out_dir):
-    result = run_experiment("kcagc", "sbm", 2, {**SBM, "kcagc.filter-order": -1}, out_dir)
-    orders = result["metrics"]["filter_order"]
-    assert len(orders) == 2 and all(1 <= o <= 60 for o in orders)
+def test_adaptive_filter_order_is_chosen_per_client_and_not_uploaded(out_dir):
+    # protocol: each client picks psi by AGC's adaptive rule on its own columns
+    data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
+    for shard in partition(data, "vertical", 2, seed=0):
+        z, order = proto.embedding(shard.x, shard.adj, 4, None, 0, k_adaptive=4)
+        assert order == agc(shard.x, shard.adj, 4, 0, order=None, n_init=3)[1]
+        assert np.array_equal(z, proto.embedding(shard.x, shard.adj, 4, order, 0)[0])
+    # run: the order stays on the client; only the local labels go up
+    raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 2, "kcagc.filter-order": -1,
+           "out-dir": str(out_dir)}
+    grid = DroppingGrid(build_client_app(raw), 2)
+    result = run_server(grid, raw)
+    local = [unpack(r.content) for r in grid.pulled if r.metadata.message_type == "query.kcagc_local"]
+    assert len(local) == 2 and all(set(a) == {"labels"} and not v for a, v in local)
+    assert {u["name"] for u in result["privacy"]["uploads"] if u["action"] == "kcagc_local"} == {"labels"}
+    assert result["metrics"]["filter_order"] == "adaptive (per client, not disclosed)"
     assert result["metrics"]["ari"] > 0.5
+
+
+def test_local_labels_out_of_range_are_rejected_naming_the_client(out_dir, monkeypatch):
+    honest = KCAGCClient.on_kcagc_local
+
+    def shifted(self, arrays, values):  # client 1 numbers its clusters from 1 to k_hat
+        out, vals = honest(self, arrays, values)
+        return {"labels": out["labels"] + (self.shard.client_id == 1)}, vals
+
+    monkeypatch.setattr(KCAGCClient, "on_kcagc_local", shifted)
+    with pytest.raises(ProtocolError, match=r"client 1 \(node \d+\) sent local cluster labels 1\.\.4, "
+                                            r"outside 0\.\.3 \(k_hat=4\)"):
+        run_experiment("kcagc", "sbm", 2, {**SBM, "kcagc.filter-order": 2}, out_dir)
+
+
+def test_clients_disagreeing_on_the_node_count_are_rejected(out_dir, monkeypatch):
+    honest = KCAGCClient.on_hello
+
+    def fewer(self, arrays, values):
+        out, summary = honest(self, arrays, values)
+        return out, {**summary, "num_rows": summary["num_rows"] - self.shard.client_id}
+
+    monkeypatch.setattr(KCAGCClient, "on_hello", fewer)
+    with pytest.raises(ProtocolError, match=r"every client to hold all nodes.*\{0: 240, 1: 239\}"):
+        run_experiment("kcagc", "sbm", 2, {**SBM, "kcagc.filter-order": 2}, out_dir)
+
+
+def test_a_negative_secure_sum_is_rejected_as_malformed(out_dir, monkeypatch):
+    honest = KCAGCClient.masked
+
+    def negative(self, array, values, participants=None):  # client 0 uploads -1 instead of its distances
+        return honest(self, -np.ones_like(array) if self.shard.client_id == 0 else array, values, participants)
+
+    monkeypatch.setattr(KCAGCClient, "masked", negative)
+    with pytest.raises(ProtocolError, match=r"step 'kcagc_step \(seed, level 1\)': a summed squared distance "
+                                            r".* < 0"):
+        run_experiment("kcagc-basic", "sbm", 2, {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1}, out_dir)
 
 
 @pytest.mark.simulation

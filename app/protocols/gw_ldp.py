@@ -16,11 +16,14 @@ clients/gw_ldp.py):
 * **Local training** (:func:`local_train`): ``E`` full-batch Adam epochs on the
   client's training graphs (graph classification: cross-entropy of the pooled
   score; k-hop subgraphs: cross-entropy of the centre node's score, the centre
-  label being the subgraph's pseudo-label). FedAvg: :func:`fedavg`.
+  label being the subgraph's pseudo-label). :func:`fedavg` is the plain
+  weighted average the strategy's Flower ``aggregate_arrayrecords`` computes
+  (kept as the reference for tests).
 * **LDP** (:func:`encode_graph`, paper Algorithm 1): the multi-bit encoder of
-  :mod:`app.privacy.ldp` applied to the ``n x C`` embedding of one graph with
-  budget ``epsilon_g`` for the whole graph: each row gets ``epsilon_g / n``
-  and ``m = max(1, min(C, floor(epsilon_g / 2.18)))`` sampled coordinates, so
+  :mod:`app.privacy.ldp` applied to the ``n x d`` embedding of one graph
+  (d = h or C) with budget ``epsilon_g`` for the whole graph: each row gets
+  ``epsilon_g / n`` and ``m = max(1, min(d, floor(epsilon_g / 2.18)))``
+  sampled coordinates, so
   each sampled entry is an ``epsilon_g/(m n)``-randomised response exactly as
   in Algorithm 1 and the ``n m`` entries compose to ``epsilon_g``-LDP for the
   graph's embedding. Output: int8 codes in ``{-1, 0, +1}``, ``m`` non-zeros
@@ -671,6 +674,59 @@ SELECTIONS = ("validation", "cv")
 CV_FOLDS = 5
 
 
+def embedding_upload_problem(arrays: dict, graphs: int, num_classes: int, ldp: bool) -> str | None:
+    """What is wrong with one client's ``gw_embed`` upload (``None``: nothing).
+
+    ``graphs``: how many graphs the client described; ``ldp``: the embeddings are
+    multi-bit codes in {-1, 0, 1} (else softmax rows in [0, 1]). Labels are -1
+    (unknown; always for test graphs) or a class below ``num_classes``, and the
+    train/validation labels are the evaluation labels."""
+    sizes = arrays["sizes"].astype(np.int64)
+    if sizes.shape != (graphs,):
+        return f"{sizes.size} graph sizes for the {graphs} graphs it described"
+    for name in ("graph_ids", "split", "labels", "eval_labels"):
+        if arrays[name].shape != (graphs,):
+            return f"'{name}' has shape {arrays[name].shape}, expected ({graphs},)"
+    emb = arrays["embeddings"]
+    if (sizes < 1).any() or sizes.sum() != len(emb):
+        return f"graph sizes sum to {sizes.sum()} (all >= 1 expected) for {len(emb)} embedding rows"
+    if ldp and not np.isin(emb, (-1, 0, 1)).all():
+        return "LDP codes outside {-1, 0, 1}"
+    if not ldp and not (np.isfinite(emb).all() and emb.min(initial=0.0) >= 0.0 and emb.max(initial=0.0) <= 1.0):
+        return "softmax embeddings outside [0, 1]"
+    ids, split = arrays["graph_ids"].astype(np.int64), arrays["split"].astype(np.int64)
+    if (ids < 0).any() or np.unique(ids).size != ids.size:
+        return "graph ids negative or repeated"
+    if not np.isin(split, (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST)).all():
+        return f"split codes outside {SPLIT_TRAIN}, {SPLIT_VAL}, {SPLIT_TEST}"
+    labels, truth = arrays["labels"].astype(np.int64), arrays["eval_labels"].astype(np.int64)
+    for name, lab in (("labels", labels), ("eval_labels", truth)):
+        if ((lab < -1) | (lab >= num_classes)).any():
+            return f"'{name}' outside -1..{num_classes - 1}"
+    test = split == SPLIT_TEST
+    if (labels[test] != -1).any() or (labels[~test] != truth[~test]).any():
+        return "labels of test graphs must be -1 and the others equal to eval_labels"
+    return None
+
+
+def svc_problem(y: np.ndarray, split: np.ndarray, selection: str) -> str | None:
+    """Why :func:`svc_select` cannot run on these labels and splits (``None``: it can).
+    Labels -1 (unknown) do not count."""
+    if selection not in SELECTIONS:
+        return f"selection={selection!r}; valid choices: {', '.join(SELECTIONS)}"
+    known = y >= 0
+    if np.unique(y[known & (split == SPLIT_TRAIN)]).size < 2:
+        return "the training split has fewer than 2 classes"
+    if selection == "validation" and not (known & (split == SPLIT_VAL)).any():
+        return "no labelled validation graphs to pick C and gamma on; use selection='cv'"
+    if selection == "cv":
+        counts = np.unique(y[known & (split != SPLIT_TEST)], return_counts=True)[1]
+        if counts.min() < CV_FOLDS:
+            return (f"too few train/validation graphs per class ({counts.min()}) for {CV_FOLDS}-fold "
+                    "cross-validation; use selection='validation'")
+    return None
+
+
 def svc_select(dist: np.ndarray, y: np.ndarray, split: np.ndarray, selection: str = "validation",
                c_grid=C_GRID, gamma_grid=GAMMA_GRID) -> dict:
     """SVC with precomputed kernel ``exp(-gamma D)``, (C, gamma) picked without the test graphs.
@@ -685,23 +741,21 @@ def svc_select(dist: np.ndarray, y: np.ndarray, split: np.ndarray, selection: st
     ``test_acc_grid_max`` is the best test accuracy over the whole grid (models
     fitted on the train split): what a protocol that picks (C, gamma) on the
     test graphs would report. It is an optimistic bound, never an estimate,
-    kept to show how much of a published figure such a choice could explain."""
+    kept to show how much of a published figure such a choice could explain.
+
+    Items with label -1 (unknown) take part in no fit, selection or score; the
+    model still predicts them."""
     from sklearn.model_selection import StratifiedKFold
     from sklearn.svm import SVC
 
-    if selection not in SELECTIONS:
-        raise ValueError(f"svc_select: selection={selection!r}; valid choices: {', '.join(SELECTIONS)}")
-    tr, va, te = (np.flatnonzero(split == s) for s in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
-    if np.unique(y[tr]).size < 2:
-        raise ValueError("svc_select: the training split has fewer than 2 classes")
+    problem = svc_problem(y, split, selection)
+    if problem:
+        raise ValueError(f"svc_select: {problem}")
+    tr, va, te = (np.flatnonzero((split == s) & (y >= 0)) for s in (SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST))
     d = normalise(dist)
     pool = np.concatenate([tr, va])
     folds = []
     if selection == "cv":
-        counts = np.unique(y[pool], return_counts=True)[1]
-        if counts.min() < CV_FOLDS:
-            raise ValueError(f"svc_select: too few train/validation graphs per class ({counts.min()}) for "
-                             f"{CV_FOLDS}-fold cross-validation; use selection='validation'")
         folds = list(StratifiedKFold(CV_FOLDS, shuffle=True, random_state=0).split(pool, y[pool]))
     best, tests = None, []
     for gamma in gamma_grid:

@@ -168,7 +168,8 @@ def local_clusters(z: np.ndarray, k_hat: int, seed: int, n_init: int = 10, prune
     best, best_inertia = None, np.inf
     weights = np.ones(n)
     for r in range(int(n_init)):
-        seeds, _ = kmeans_plusplus(z, int(k_hat), random_state=int(seed) * 1000 + r)
+        # one seeding stream per restart, within sklearn's random_state range [0, 2**32 - 1]
+        seeds, _ = kmeans_plusplus(z, int(k_hat), random_state=(int(seed) * 1000 + r) % 2**32)
         first = prune(partial_distances(z, seeds[None])[0])
         init = update_centres(z, weights, first[None], seeds[None])[0]
         labels, centres = kmeans(z, int(k_hat), seed, init=init, return_centers=True)
@@ -337,15 +338,16 @@ def tree_groups(num_parties: int) -> list[list[list[int]]]:
 
 
 def lloyd_reference(z: np.ndarray, weights: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
-    """Plain weighted Lloyd from ``init`` (kk x d), ``iterations`` updates, final
-    labels = assignment to the last centres (stops early when labels repeat):
-    what the secure protocol computes, in one place (for tests)."""
+    """Plain weighted Lloyd from ``init`` (kk x d): assign to the centres, then at
+    most ``iterations`` times update the centres and assign again, stopping early
+    when the assignment repeats; returns the last assignment. What the secure
+    protocol computes, in one place (for tests)."""
     centres = init[None].copy()
-    prev = None
-    for _ in range(iterations + 1):
-        a, _ = assign(partial_distances(z, centres), weights)
-        if prev is not None and np.array_equal(a, prev):
+    labels, _ = assign(partial_distances(z, centres), weights)
+    for _ in range(iterations):
+        centres = update_centres(z, weights, labels, centres)
+        new, _ = assign(partial_distances(z, centres), weights)
+        if np.array_equal(new, labels):
             break
-        prev = a
-        centres = update_centres(z, weights, a, centres)
-    return prev[0]
+        labels = new
+    return labels[0]
