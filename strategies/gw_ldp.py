@@ -203,7 +203,8 @@ class GWLDP(ClusteringStrategy):
         uploads = self._combine(latest)
         self._record_ldp(session, uploads, releases)
         if dp is not None:
-            dp.record(session.ledger, *DP_LEDGER[dp_mode])
+            name, protects = DP_LEDGER[dp_mode]
+            dp.record(session.ledger, name, protects + (self._khop_unit() if dp_mode == "sgd" else ""))
 
         t0 = time.perf_counter()
         merge = bool(cfg["gw-ldp.merge-duplicates"])
@@ -303,6 +304,13 @@ class GWLDP(ClusteringStrategy):
         out["embeddings"] = [embs[i] for i in order]
         return out
 
+    def _khop_unit(self) -> str:
+        """What a 'graph' is as the privacy unit when the graphs are k-hop subgraphs of one graph."""
+        if self.config["partitioner"] != "khop":
+            return ""
+        return ("; the graphs are overlapping k-hop subgraphs of one graph, so a node or edge in s of them "
+                "is protected only at s times the per-graph epsilon (group privacy)")
+
     def _record_ldp(self, session, uploads, releases: int) -> None:
         eps = float(self.config["gw-ldp.epsilon"])
         sizes = uploads["sizes"]
@@ -317,7 +325,7 @@ class GWLDP(ClusteringStrategy):
         session.ledger.add_mechanism(
             "ldp:multibit-embeddings",
             "each graph's n x d node-embedding matrix (epsilon per graph, composed over its n rows "
-            "at epsilon/n each; releases compose)",
+            "at epsilon/n each; releases compose)" + self._khop_unit(),
             {"epsilon_per_graph": "1/|V|" if eps == 0 else eps, "epsilon_max_per_graph": float(per_graph.max()),
              "epsilon_min_per_graph": float(per_graph.min()), "releases": releases, "d": d,
              "m": proto.default_m(float(per_graph.max()), d) if d else 0, "alpha": 0.0, "beta": 1.0,

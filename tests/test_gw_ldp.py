@@ -426,6 +426,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}["ldp:multibit-embeddings"]
     smallest = min(g.num_nodes for g in data.graphs)
     assert mech["epsilon"] == pytest.approx(1 / smallest) and mech["delta"] == 0.0
+    assert "group privacy" not in mech["protects"]  # disjoint graphs: one graph is one unit
     uploads = [u for u in result["privacy"]["uploads"] if u["name"] == "embeddings"]
     assert len(uploads) == 4 and all(u["noised"] for u in uploads)
     assert result["metrics"]["gw_pairs"] == 188 * 187 // 2
@@ -440,7 +441,7 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
                             out_dir)
     mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
     ldp = mech["ldp:multibit-embeddings"]  # Algorithm 2's periodic signal: round 2 and after training
-    assert ldp["params"]["releases"] == 2
+    assert ldp["params"]["releases"] == 2 and "group privacy" in ldp["protects"]
     assert ldp["epsilon"] == pytest.approx(2 * ldp["params"]["epsilon_max_per_graph"])
     assert sum(1 for r in result["timing"]["per_round"] if r["action"] == "gw_embed") == 2
     dp = mech["dp-fedavg:weights"]
