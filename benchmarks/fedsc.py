@@ -76,6 +76,9 @@ PAPER_GRID = {
 }
 ALPHAS = (0.0, 0.05, 0.1, 0.15)
 EPSILONS = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)
+#: Kernel width of the DP runs on Iris, fixed in advance as a public choice (the clients' estimate,
+#: the mean pairwise distance 2.545, is itself a data statistic that DP would have to cover).
+IRIS_DP_SIGMA = 2.5
 
 
 def run(dataset: str, seed: int, **overrides) -> dict:
@@ -85,7 +88,8 @@ def run(dataset: str, seed: int, **overrides) -> dict:
 
 
 def central_kmeans(dataset: str, seed: int, noise: float, **extra) -> dict:
-    """k-means on the pooled samples exactly as the clients hold them (noise, filter)."""
+    """k-means on the pooled samples, filtered as the clients filter them and perturbed by the same
+    data-noise mechanism (the reference's own draw: the clients draw theirs from OS entropy)."""
     config = validate({"strategy": "fedsc", "dataset": dataset, "num-clients": CLIENTS, "seed": seed,
                        "fedsc.data-noise": noise, **extra})
     data = load_dataset(dataset, seed=seed)
@@ -156,7 +160,8 @@ def dp_curve(seeds: int, epsilons=EPSILONS) -> list[dict]:
     for eps in epsilons:
         accs, reported = [], []
         for s in range(seeds):
-            r = run("iris", s, **{"fedsc.dp-epsilon": eps, "fedsc.dp-clip-z": 50.0, "fedsc.dp-clip-c": 5.0})
+            r = run("iris", s, **{"fedsc.dp-epsilon": eps, "fedsc.dp-clip-z": 50.0, "fedsc.dp-clip-c": 5.0,
+                                  "fedsc.sigma": IRIS_DP_SIGMA})
             accs.append(r["metrics"]["acc"])
             reported.append(r["privacy"]["epsilon"])
         out.append({"target_epsilon": eps, "reported_epsilon": float(np.max(reported)),
@@ -297,8 +302,11 @@ def markdown(summary: dict) -> str:
              "federated spectral-mass rule. cora-graph: graph mode, Cora nodes split at random (`node-random`), "
              "features AGC-filtered 9 times on each client's own subgraph, d = 100. "
              "ACC in percent, mean over seeds (std in the JSON). k-means and SC run on the pooled samples with "
-             "the same data noise; SC is the run's own centralised reference (exact kernel, same sigma, same kNN "
-             "rule). Paper values exist for Iris only (COIL20/MNIST/CIFAR10 are not available offline).", "",
+             "data noise of the same size (their own draw: since 2026-11-23 each client draws its noise from OS "
+             "entropy, which the server cannot replay; the rows below were measured before, when clients and "
+             "reference shared one seeded draw); SC is the run's own centralised reference (exact kernel, same "
+             "sigma, same kNN rule). Paper values exist for Iris only (COIL20/MNIST/CIFAR10 are not available "
+             "offline).", "",
              "| data | noise | seeds | k-means paper / ours | SC paper / ours | FedSC paper / ours / diff | "
              "FedSC - SC (ours) | NMI FedSC / SC | d |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -324,8 +332,13 @@ def markdown(summary: dict) -> str:
                 cells.append(f"{pct(paper)} / {pct(c['acc'][0])}")
             lines.append(f"| {az:g} | " + " | ".join(cells) + " |")
     if summary.get("dp"):
-        lines += ["", "Calibrated variant on Iris (clip Z_p to 50 per client-array, c_i to 5 per sample, "
-                  "Gaussian noise, half the budget each; epsilon from the Opacus RDP accountant, delta = 1e-5):", "",
+        sigma = summary.get("dp_sigma")
+        how = (f"kernel width fixed at {sigma:g} beforehand, so that no un-noised distance statistic leaves a "
+               "client" if sigma else "kernel width estimated from un-noised client statistics, outside the "
+               "accounted epsilon")
+        lines += ["", f"Calibrated variant on Iris (clip Z_p to 50 per client-array, c_i to 5 per sample, "
+                  "Gaussian noise, half the budget each; epsilon from the Opacus RDP accountant, delta = 1e-5; "
+                  f"{how}{'; ' + summary['dp_command'] if summary.get('dp_command') else ''}):", "",
                   "| target epsilon | accountant epsilon | ACC % |", "|---|---|---|"]
         for c in summary["dp"]:
             lines.append(f"| {c['target_epsilon']:g} | {c['reported_epsilon']:.3f} | {pct(c['acc'][0])} "
@@ -394,6 +407,8 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-seeds", type=int, default=2, help="seeds per factor-noise cell (digits)")
     ap.add_argument("--dp-seeds", type=int, default=3, help="seeds per epsilon (Iris)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: table,grid,dp,errors,attack")
+    ap.add_argument("--keep", action="store_true",
+                    help="parts in --skip keep their figures from benchmarks/results/fedsc.json")
     ap.add_argument("--render", action="store_true",
                     help="only re-render the RESULTS.md section from benchmarks/results/fedsc.json")
     args = ap.parse_args(argv)
@@ -404,16 +419,25 @@ def main(argv=None) -> int:
         return 0
     skip = set(filter(None, args.skip.split(",")))
     started = time.time()
-    summary = {"command": "python benchmarks/fedsc.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "clients": CLIENTS, "landmarks": LANDMARKS}
-    summary["table"] = [] if "table" in skip else accuracy_table(args.seeds, args.digits_seeds)
-    summary["cost"] = cost_of(summary["table"])
-    summary["errors"] = {} if "errors" in skip else error_curves()
-    summary["attack"] = [] if "attack" in skip else attack()
-    summary["dp"] = [] if "dp" in skip else dp_curve(args.dp_seeds)
-    summary["grid"] = [] if "grid" in skip else factor_grid(args.grid_seeds)
+    command = "python benchmarks/fedsc.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    old = json.loads((RESULTS / "fedsc.json").read_text()) if args.keep else {}
+    summary = {"command": command, "clients": CLIENTS, "landmarks": LANDMARKS}
+    summary["table"] = old.get("table", []) if "table" in skip else accuracy_table(args.seeds, args.digits_seeds)
+    summary["cost"] = old.get("cost") if "table" in skip else cost_of(summary["table"])
+    summary["errors"] = old.get("errors", {}) if "errors" in skip else error_curves()
+    summary["attack"] = old.get("attack", []) if "attack" in skip else attack()
+    summary["dp"] = old.get("dp", []) if "dp" in skip else dp_curve(args.dp_seeds)
+    summary["grid"] = old.get("grid", []) if "grid" in skip else factor_grid(args.grid_seeds)
     summary["elapsed_s"] = time.time() - started
     summary["generated_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if "dp" not in skip:
+        summary["dp_sigma"] = IRIS_DP_SIGMA
+    elif old.get("dp_sigma"):
+        summary["dp_sigma"], summary["dp_command"] = old["dp_sigma"], old.get("dp_command")
+    if args.keep:  # the header describes the run of the kept parts; this run is named beside its part
+        summary.update({k: old[k] for k in ("command", "elapsed_s", "generated_utc") if k in old})
+        if "dp" not in skip:
+            summary["dp_command"] = f"`{command}`, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary["plots"] = plots(summary)
     for row in summary["table"]:

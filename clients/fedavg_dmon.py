@@ -56,6 +56,10 @@ class FedAvgDMoNClient(ClusteringClient):
         kw = self._model_kw()
         return proto.start_state(weights, int(self.config["seed"]), self.shard.client_id, k, kw["hidden"], kw["dropout"])
 
+    def _dp(self) -> bool:
+        """Client-level DP-FedAvg on (federated mode only, checked by the strategy)."""
+        return float(self._p("dp-clip")) > 0
+
     def _local_select(self) -> bool:
         return self._p("mode") != "federated" and self._p("select") == "val-modularity"
 
@@ -70,24 +74,22 @@ class FedAvgDMoNClient(ClusteringClient):
 
     # -- steps -------------------------------------------------------------------
     def on_dmon_init(self, arrays, values):
-        """Sizes only: feature dimension, nodes held, edges per split."""
-        graph, vadj, tadj = self.graph()
-        return {}, {
-            "num_features": int(graph.x.shape[1]),
-            "num_nodes": int(graph.x.shape[0]),
-            "train_edges": int(graph.edge_index.shape[1] // 2),
-            "val_edges": int(vadj.nnz // 2),
-            "test_edges": int(tadj.nnz // 2),
-        }
+        """Sizes only: feature dimension and nodes held (the FedAvg weight; in clear, also under DP)."""
+        graph = self.graph()[0]
+        return {}, {"num_features": int(graph.x.shape[1]), "num_nodes": int(graph.x.shape[0])}
 
     def on_dmon_train(self, arrays, values):
+        """Train from the received weights; reply the weights (federated; noised under DP) and,
+        without DP, the validation score of the received weights and the per-epoch losses."""
         k = int(values["k"])
         received = {n: arrays[n] for n in proto.PARAM_NAMES} if proto.PARAM_NAMES[0] in arrays else None
         state = self._state(k, received)
         start = received if received is not None else state.weights
-        score, edges = self._score(start, k)
-        if self._local_select():
-            self._keep_if_best(start, score)
+        dp = self._dp()
+        if not dp:
+            score, edges = self._score(start, k)
+            if self._local_select():
+                self._keep_if_best(start, score)
         kw = self._model_kw()
         state, losses = proto.local_train(
             state, self.graph()[0], k, int(self._p("local-epochs")), lr=float(self._p("lr")),
@@ -95,13 +97,12 @@ class FedAvgDMoNClient(ClusteringClient):
             keep_optimizer=self._p("optimizer-state") == "keep", **kw,
         )
         self.save("dmon_state", **state.to_arrays())
-        reply_values = {"val_modularity": score, "val_edges": edges, "losses": losses,
-                        "num_nodes": int(len(self.shard.node_ids))}
+        # under DP only the noised weights leave: the score and losses are functions of the
+        # local subgraph that the noise does not cover
+        reply_values = {} if dp else {"val_modularity": score, "val_edges": edges, "losses": losses}
         if self._p("mode") != "federated":
             return {}, reply_values  # isolated / centralised: the weights never leave
-        upload = state.weights
-        if float(self._p("dp-clip")) > 0:
-            upload = proto.dp_update(received, state.weights, self._mechanism())
+        upload = proto.dp_update(received, state.weights, self._mechanism()) if dp else state.weights
         if "secagg_tag" in values:
             vector = float(values["factor"]) * proto.flatten(upload)
             return {"weights": self.masked(vector, values)}, reply_values
@@ -113,11 +114,16 @@ class FedAvgDMoNClient(ClusteringClient):
         return dp_mechanism(self.config)
 
     def on_dmon_eval(self, arrays, values):
+        """Validation score of the received weights; refused under DP (not covered by the noise)."""
+        if self._dp():
+            raise ValueError("dmon_eval refused: with fedavg-dmon.dp-clip > 0 the validation score is not sent "
+                             "(it is not covered by the DP noise)")
         score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
         return {}, {"val_modularity": score, "val_edges": edges}
 
     def on_dmon_assign(self, arrays, values):
-        """Labels of this client's nodes (for evaluation) and its own metrics."""
+        """Labels of this client's nodes and its own metrics: evaluation outputs, sent in clear and
+        outside the DP guarantee (with ``dp-clip > 0`` too)."""
         k = int(values["k"])
         graph, vadj, tadj = self.graph()
         if proto.PARAM_NAMES[0] in arrays:

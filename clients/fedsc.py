@@ -1,14 +1,16 @@
 """Client side of ``fedsc`` (see strategies/fedsc.py for the wire protocol).
 
-The client's samples ``X_p`` are never sent: it uploads distance statistics
-(two numbers), a landmark count (one number), its landmark copy ``Z_p`` each
-round (optionally masked and/or noised) and, once, its coefficients ``C_p``
-(from which, noise-free, the server can recover ``X_p``: see
-strategies/fedsc.py).
-Noise for ``fedsc.noise-z/noise-c/dp-epsilon`` comes from the operating
-system's entropy (the server cannot regenerate it); ``fedsc.data-noise`` is
-drawn from a stream seeded by (seed, client) so that the centralised
-reference can be computed on the same perturbed data.
+The client's samples ``X_p`` are never sent: it uploads the feature dimension,
+distance statistics (two numbers, only when ``fedsc.sigma`` is estimated), a
+landmark count (one number, only when ``fedsc.landmarks = 0``), its landmark
+copy ``Z_p`` each round (optionally masked and/or noised) and, once, its
+coefficients ``C_p`` (from which, noise-free, the server can recover ``X_p``:
+see strategies/fedsc.py).
+Noise for ``fedsc.data-noise/noise-z/noise-c/dp-epsilon`` comes from the
+operating system's entropy (the server, which knows the seed and the client
+id, cannot regenerate it). The data noise is drawn once per run and kept; the
+centralised reference cannot reproduce it and perturbs its pooled copy with
+its own draw.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ class FedSCClient(ClusteringClient):
     actions = ("fedsc_bandwidth", "fedsc_rank", "fedsc_round", "fedsc_final")
 
     def features(self) -> np.ndarray:
-        """This client's (filtered, perturbed) sample rows, computed once per run."""
+        """This client's (filtered, perturbed) sample rows, computed once per run
+        (``fedsc.data-noise`` from fresh OS entropy)."""
         if "fedsc" not in self.context.state.array_records:
-            self.save("fedsc", x=client_features(self.shard, self.config))
+            self.save("fedsc", x=client_features(self.shard, self.config, np.random.default_rng()))
         return self.load("fedsc")["x"]
 
     def on_fedsc_bandwidth(self, arrays, values):
         x = self.features()
-        total, pairs = proto.local_distance_sum(x) if values.get("estimate", True) else (0.0, 0.0)
+        if not values.get("estimate", True):  # sigma is given: no statistic of the samples leaves
+            return {}, {"features": int(x.shape[1])}
+        total, pairs = proto.local_distance_sum(x)
         return {}, {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
 
     def on_fedsc_rank(self, arrays, values):

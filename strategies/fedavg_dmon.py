@@ -18,32 +18,46 @@ Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
 
 Wire protocol (what leaves each client in **bold**):
 
-1. ``query.dmon_init`` (down: k) -> up: **sizes only**: feature dimension,
-   nodes held, train/val/test edge counts.
+1. ``query.dmon_init`` (down: k) -> up: **sizes only**: feature dimension
+   and number of nodes held (the FedAvg weight ``N_c``).
 2. ``train.dmon_train`` x num-rounds. Down: the global weights ``W_r`` (4
    float32 arrays, ``DMoNModel.state_dict()`` names; isolated/centralised:
-   round 1 only, the common initialisation) and ``k``. The client scores
-   ``W_r`` on its validation edges, trains ``local-epochs`` Adam epochs,
-   and replies **the validation modularity and its edge count, the
-   per-epoch losses, its node count**, and in federated mode **its trained
+   round 1 only, the common initialisation) and ``k``. The client trains
+   ``local-epochs`` Adam epochs and replies, except with ``dp-clip > 0``
+   (see below), **the validation modularity of W_r and its validation-edge
+   count, the per-epoch losses**, and in federated mode **its trained
    weights W_c** (exact shapes, finite; a bad upload is rejected and that
    client left out of the average and, as ``ServerSession`` does for every
-   rejected reply, dropped for the rest of the run). With ``dp-clip > 0`` the
-   weights are ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level
-   DP-FedAvg); with ``secure`` the upload is instead one uint64 vector, the
-   pairwise-masked fixed-point ``(N_c/N) * W_c`` (the server learns only the
-   weighted sum, i.e. the new global model; every client must answer).
-3. ``query.dmon_eval`` (federated, ``select=val-modularity``; down: the
-   final global weights) -> up: **validation modularity and edge count**.
+   rejected reply, dropped for the rest of the run). With ``dp-clip > 0`` the weights are
+   ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level DP-FedAvg); with
+   ``secure`` the upload is instead one uint64 vector, the pairwise-masked
+   fixed-point ``(N_c/N) * W_c`` (the server learns only the weighted sum,
+   i.e. the new global model; every client must answer).
+3. ``query.dmon_eval`` (federated, ``select=val-modularity``, so never with
+   DP; down: the final global weights) -> up: **validation modularity and
+   validation-edge count**.
 4. ``query.dmon_assign`` (down: the selected global weights; isolated:
    nothing) -> up: **node ids, cluster labels, owned flags and the client's
    own metrics** (macro-F1/NMI on its nodes, modularity/conductance on its
-   test edges), for evaluation only.
+   test edges): evaluation outputs, like every strategy's, outside the DP
+   guarantee.
+
+Client-level DP (``dp-clip > 0``, federated only): in the training rounds a
+client sends nothing but its noised weights, so the epsilon reported
+(``metrics["dp_epsilon"]``, Opacus RDP accountant, one release per round)
+covers its whole local subgraph there. The validation scores and losses are
+functions of that subgraph the noise does not cover, so they are not sent
+(and ``dmon_eval`` is refused); the server cannot select a round by
+validation modularity and requires ``select=last`` (anything else is a
+ConfigError before any message is sent). The round history then records
+``val_modularity``, ``loss`` and ``losses`` as None. Not covered, sent in
+clear: the feature dimension and node count (step 1, needed for the FedAvg
+weights) and the evaluation outputs of step 4.
 
 Server: ``W_{r+1} = sum_c (N_c/N) W_c`` over the valid uploads; model
-selection keeps the global weights with the best validation-edge-weighted
-mean validation modularity (federated), or each client keeps its own best
-(isolated/centralised).
+selection (``select=val-modularity``) keeps the global weights with the
+best validation-edge-weighted mean validation modularity (federated), or
+each client keeps its own best (isolated/centralised).
 """
 
 from __future__ import annotations
@@ -61,6 +75,10 @@ MODES = ("federated", "isolated", "centralised")
 SELECT = ("val-modularity", "last")
 OPT_STATE = ("keep", "reset")
 P = "fedavg-dmon."
+DP_PROTECTS = ("each client's whole local subgraph (client-level DP) in its training-round uploads: one release "
+               "of its noised model update per round, no validation score or loss sent; not covered: its feature "
+               "dimension and node count, sent once in clear for the FedAvg weights, and its final labels and own "
+               "metrics (evaluation outputs)")
 
 
 @lru_cache(maxsize=32)
@@ -106,8 +124,10 @@ class FedAvgDMoN(ClusteringStrategy):
         Param(P + "val-fraction", float, 0.1, "fraction of edges held out for model selection", low=0.0, high=0.9),
         Param(P + "test-fraction", float, 0.2, "fraction of edges held out for testing", low=0.0, high=0.9),
         Param(P + "select", str, "val-modularity",
-              "model selection: best validation-edge modularity, or the last weights", choices=SELECT),
-        Param(P + "dp-clip", float, 0.0, "client-level DP-FedAvg: L2 clip of each update (0 = off)", low=0.0),
+              "model selection: best validation-edge modularity, or the last weights (dp-clip > 0 needs last: "
+              "clients then send no validation score)", choices=SELECT),
+        Param(P + "dp-clip", float, 0.0, "client-level DP-FedAvg: L2 clip of each update (0 = off; needs "
+              "select=last)", low=0.0),
         Param(P + "dp-noise", float, 1.0, "DP-FedAvg noise multiplier z (sigma = z * clip)", low=1e-6),
         Param(P + "dp-epsilon", float, 0.0,
               "DP-FedAvg: if > 0, calibrate z to reach this epsilon after num-rounds rounds", low=0.0),
@@ -125,6 +145,10 @@ class FedAvgDMoN(ClusteringStrategy):
         if mode != "federated" and (float(config[P + "dp-clip"]) > 0 or bool(config[P + "secure"])):
             raise ConfigError(f"fedavg-dmon.dp-clip and fedavg-dmon.secure apply to mode=federated only; "
                               f"got mode={mode}")
+        if float(config[P + "dp-clip"]) > 0 and config[P + "select"] != "last":
+            raise ConfigError(f"fedavg-dmon.select={config[P + 'select']} is not available with fedavg-dmon.dp-clip"
+                              f"={config[P + 'dp-clip']} (clients send no un-noised validation score under DP); "
+                              f"valid choices: select=last, or dp-clip=0")
         total = float(config[P + "val-fraction"]) + float(config[P + "test-fraction"])
         if total >= 1.0:
             raise ConfigError(f"fedavg-dmon.val-fraction + fedavg-dmon.test-fraction = {total:g}; must be < 1")
@@ -140,8 +164,8 @@ class FedAvgDMoN(ClusteringStrategy):
         federated = mode == "federated"
         if mode == "centralised" and len(session.clients) != 1:
             raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} connected")
-        init = session.broadcast("dmon_init", pack(values={"k": k}), ReplySpec(
-            values=("num_features", "num_nodes", "train_edges", "val_edges", "test_edges")))
+        init = session.broadcast("dmon_init", pack(values={"k": k}),
+                                 ReplySpec(values=("num_features", "num_nodes")))
         sizes = {n: unpack(v)[1] for n, v in init.items()}
         feats = {int(s["num_features"]) for s in sizes.values()}
         if len(feats) != 1:
@@ -159,20 +183,19 @@ class FedAvgDMoN(ClusteringStrategy):
         mech = None
         if dp:
             mech = dp_mechanism(c)
-            mech.record(session.ledger, "dp-fedavg",
-                        "each client's whole local subgraph (client-level DP); one release of its model "
-                        "update per round")
+            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS)
         if secure:
             session.setup_secure_aggregation()
         size = sum(int(np.prod(s)) for s in shapes.values())
+        scored = () if dp else ("val_modularity", "val_edges", "losses")  # under DP: the noised weights only
         if secure:
             train_spec = ReplySpec(arrays={"weights": ArraySpec((size,), kind="u", masked=True, noised=dp)},
-                                   values=("val_modularity", "val_edges", "losses"))
+                                   values=scored)
         elif federated:
             train_spec = ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f", noised=dp) for n in proto.PARAM_NAMES},
-                                   values=("val_modularity", "val_edges", "losses"))
+                                   values=scored)
         else:
-            train_spec = ReplySpec(values=("val_modularity", "val_edges", "losses"))
+            train_spec = ReplySpec(values=scored)
 
         total_nodes = float(sum(counts.values()))
         best, best_score, best_round = weights, -np.inf, 0
@@ -192,12 +215,15 @@ class FedAvgDMoN(ClusteringStrategy):
             if not replies:
                 raise ProtocolError(f"round {r}: no valid client reply")
             excluded = [session.partition_of(n) for n in contents if n not in replies]
-            vals = {n: unpack(v)[1] for n, v in replies.items()}
-            score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
-                                         [vals[n]["val_edges"] for n in replies])
-            if federated and score > best_score:  # score of W_r, the weights sent this round
-                best, best_score, best_round = weights, score, r
-            losses = np.mean([np.asarray(vals[n]["losses"], dtype=np.float64) for n in replies], axis=0)
+            score = losses = None  # under DP: no score or loss was sent
+            if not dp:
+                vals = {n: unpack(v)[1] for n, v in replies.items()}
+                score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
+                                             [vals[n]["val_edges"] for n in replies])
+                if federated and score > best_score:  # score of W_r, the weights sent this round
+                    best, best_score, best_round = weights, score, r
+                mean = np.mean([np.asarray(vals[n]["losses"], dtype=np.float64) for n in replies], axis=0)
+                losses = [float(v) for v in mean]
             if secure:
                 weights = proto.unflatten(session.secure_sum(replies, "weights", values), shapes)
             elif federated:
@@ -205,8 +231,8 @@ class FedAvgDMoN(ClusteringStrategy):
                 weights = proto.fedavg(uploads, [counts[n] for n in replies])
             if mech is not None:
                 mech.step()
-            history.append({"round": r, "val_modularity": score, "loss": float(losses[-1]),
-                            "losses": [float(v) for v in losses], "excluded": excluded})
+            history.append({"round": r, "val_modularity": score, "loss": None if losses is None else losses[-1],
+                            "losses": losses, "excluded": excluded})
 
         if federated:
             if select == "val-modularity":
@@ -221,9 +247,7 @@ class FedAvgDMoN(ClusteringStrategy):
             else:
                 final, best_round = weights, rounds + 1
         if mech is not None:
-            mech.record(session.ledger, "dp-fedavg",
-                        "each client's whole local subgraph (client-level DP); one release of its model "
-                        "update per round")
+            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS)
 
         assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu"),
                                         "labels": ArraySpec((None,), kind="iu"),

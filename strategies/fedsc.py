@@ -8,13 +8,14 @@ full n x n kernel matrix. Math in ``app.protocols.fedsc``.
 
 Wire protocol (what leaves a client, step by step):
 
-1. ``fedsc_bandwidth`` (down: whether to estimate) -> up: values
-   ``features`` (the dimension m), ``distance_sum`` and ``pairs`` (sum and
-   number of the pairwise distances among the client's own samples; 0 when
-   ``fedsc.sigma`` > 0 is given). The server sets sigma = sum / pairs.
+1. ``fedsc_bandwidth`` (down: whether to estimate) -> up: value
+   ``features`` (the dimension m) and, only when ``fedsc.sigma = 0``,
+   ``distance_sum`` and ``pairs`` (sum and number of the pairwise distances
+   among the client's own samples, in the clear). The server sets
+   sigma = sum / pairs.
 2. ``fedsc_rank`` (down: sigma, mass), only when ``fedsc.landmarks = 0`` ->
    up: value ``landmarks``, the spectral-mass count of the client's own kernel
-   matrix. The server takes the largest.
+   matrix, in the clear. The server takes the largest.
 3. ``fedsc_round`` x ``num-rounds`` (down: ``z`` = current landmarks Z, sigma,
    lambda) -> up: ``update`` = ``[Z_p.ravel(), f_p]``: the client's landmarks
    after its C-step and one preconditioned Z-step, and its objective value
@@ -35,12 +36,22 @@ server gets ``k(Z, x_i) = (K_zz + lambda I) c_i``, i.e. the distances of
 ``x_i`` to ``d >= m + 1`` landmarks, and recovers ``x_i`` exactly
 (:func:`app.protocols.fedsc.invert_coefficients`, tested). Secure
 aggregation hides the individual ``Z_p`` only. Protection against the server
-therefore needs one of the noise variants: ``fedsc.data-noise`` (each client perturbs its own
-samples once, ``X + ratio * std(X) * N(0,1)``), ``fedsc.noise-z`` /
-``fedsc.noise-c`` (the paper's factor-perturbation ratios; recorded in the
-ledger as heuristic noise with no formal guarantee) and ``fedsc.dp-epsilon``
-(clip + calibrated Gaussian noise on every Z_p upload and on C_p; the Opacus
-accountant reports (epsilon, delta), see :meth:`FedSC._dp_mechanisms`).
+therefore needs one of the noise variants, all drawn from the client's own
+operating-system entropy (nothing the server knows, such as the seed or the
+client id, can regenerate them):
+
+* ``fedsc.data-noise``: each client perturbs its own samples once,
+  ``X + ratio * std(X) * N(0,1)``, and then runs the protocol on them. With
+  noise-free factors the server still recovers the *perturbed* samples
+  exactly; only this noise stands between it and ``X``. Recorded in the
+  ledger as heuristic noise with no formal guarantee.
+* ``fedsc.noise-z`` / ``fedsc.noise-c``: the paper's factor-perturbation
+  ratios on Z_p and C_p; heuristic as well (no formal guarantee).
+* ``fedsc.dp-epsilon``: clip + calibrated Gaussian noise on every Z_p upload
+  and on C_p; the Opacus accountant reports (epsilon, delta), see
+  :meth:`FedSC._dp_mechanisms`. It requires ``fedsc.sigma`` and
+  ``fedsc.landmarks`` to be given, so that steps 1 and 2 upload no statistic
+  of the samples.
 """
 
 from __future__ import annotations
@@ -93,6 +104,15 @@ class FedSC(ClusteringStrategy):
             raise ConfigError(
                 "fedsc.dp-epsilon and fedsc.noise-z/noise-c are alternative noise variants; "
                 "valid choices: set either dp-epsilon or the noise ratios, not both"
+            )
+        sigma, landmarks = config["fedsc.sigma"], config["fedsc.landmarks"]
+        if config["fedsc.dp-epsilon"] > 0 and not (sigma > 0 and landmarks > 0):
+            clear = [what for what, given in (("distance_sum/pairs (sigma estimate)", sigma > 0),
+                                              ("spectral-mass landmark count", landmarks > 0)) if not given]
+            raise ConfigError(
+                f"fedsc.dp-epsilon={config['fedsc.dp-epsilon']:g} with fedsc.sigma={sigma:g}, "
+                f"fedsc.landmarks={landmarks}: each client would upload its {' and '.join(clear)} without noise; "
+                "valid choices: set fedsc.sigma > 0 and fedsc.landmarks > 0, or fedsc.dp-epsilon=0"
             )
 
     # ------------------------------------------------------------------ protocol
@@ -169,8 +189,8 @@ class FedSC(ClusteringStrategy):
     def _bandwidth(self, session) -> tuple[float, int]:
         """Step 1: sigma (given, or from the clients' distance sums) and the feature dimension m."""
         estimate = not self.config["fedsc.sigma"] > 0
-        replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}),
-                                    ReplySpec(values=("distance_sum", "pairs", "features")))
+        wanted = ("distance_sum", "pairs", "features") if estimate else ("features",)
+        replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}), ReplySpec(values=wanted))
         vals = [unpack(c)[1] for c in replies.values()]
         dims = sorted({int(v["features"]) for v in vals})
         if len(dims) != 1:
@@ -222,8 +242,21 @@ class FedSC(ClusteringStrategy):
         of one sample, is covered. C: each column c_i depends on sample i only
         (``c_i = (K_zz + lambda I)^-1 k(Z, x_i)``), so per-column clipping
         gives a sample-level release, once. The ledger composes the two by
-        summation: (epsilon, delta)-DP per sample for everything the server
-        sees (the per-round objective value is then not uploaded). The
+        summation: (epsilon, delta)-DP per sample (replace adjacency: one
+        row of a client's feature matrix changes) for everything the server
+        receives that depends on the feature values, i.e. the Z_p and C_p
+        uploads. The per-round objective value is then not uploaded, and
+        :meth:`check` requires ``fedsc.sigma`` and ``fedsc.landmarks`` to be
+        given, so the distance statistics and the landmark count are not
+        uploaded either. Outside the guarantee (independent of the feature
+        values, so unchanged by that adjacency): the feature dimension m,
+        each client's sample count and its samples' global ids
+        (``node_ids``); ``fedsc.sigma`` must be a public choice (one read off
+        the private data is a release the accountant does not see). A "sample" is a row of
+        the matrix the client clusters: with ``fedsc.filter-order`` > 0 a
+        node's raw features enter the filtered rows of its neighbours up to
+        that many hops too, so the C guarantee covers one filtered row, not
+        one node (Z_p is covered at client level regardless). The
         server's mechanism objects only account (``step()`` per release); the
         clients clip and add the noise, from their own entropy, so the
         ledger's ``clipped`` count stays 0 (the server does not learn it).
@@ -243,9 +276,14 @@ class FedSC(ClusteringStrategy):
     def reference(self, data) -> np.ndarray:
         """Centralised spectral clustering on the exact kernel ``K(X, X)`` of the pooled samples.
 
-        Same features as the clients use (filtered, perturbed with the same
-        noise when ``fedsc.data-noise`` > 0), same sigma (the same estimate
-        from the same per-client statistics), same kNN rule and k-means.
+        Same features as the clients use (filtered), same sigma rule (the
+        estimate from the per-client statistics), same kNN rule and k-means.
+        With ``fedsc.data-noise`` > 0 the clients' noise comes from their own
+        entropy and cannot be reproduced here: the reference perturbs the
+        pooled samples with its own draw of the same mechanism (seeded, see
+        :func:`pooled_features`), so agreement figures then compare two draws
+        of the same perturbation, not the same perturbed data (and an
+        estimated sigma is the estimate on the reference's draw).
         """
         x, ids, sigma = pooled_features(data, self.config)
         labels = proto.centralised_sc(x, sigma, int(self.config["num-clusters"]), int(self.config["seed"]),
@@ -263,9 +301,11 @@ def _noise_multiplier(epsilon: float, delta: float, steps: int) -> float:
     return calibrate_noise_multiplier(epsilon, delta, steps)
 
 
-def client_features(shard, config) -> np.ndarray:
+def client_features(shard, config, rng: np.random.Generator) -> np.ndarray:
     """What a client clusters: its (filtered) feature rows, perturbed with
-    ``fedsc.data-noise`` from a stream seeded by (seed, client)."""
+    ``fedsc.data-noise`` drawn from ``rng`` (a client passes a generator on
+    fresh OS entropy; only the evaluation's :func:`pooled_features` passes a
+    seeded one)."""
     from app.baselines import filtered_features
 
     if shard.x is None:
@@ -273,20 +313,26 @@ def client_features(shard, config) -> np.ndarray:
     x = filtered_features(shard.x, shard.adj, int(config["fedsc.filter-order"]))
     ratio = float(config["fedsc.data-noise"])
     if ratio > 0:
-        x = proto.perturb(x, ratio, proto.client_rng(int(config["seed"]), shard.client_id, 1))
+        x = proto.perturb(x, ratio, rng)
     return x
 
 
 def pooled_features(data, config) -> tuple[np.ndarray, np.ndarray, float]:
     """Evaluation only: every client's features stacked (client order), their
-    global ids and the sigma the clients would agree on."""
+    global ids and the sigma the clients would agree on for these features.
+
+    With ``fedsc.data-noise`` > 0 each block is perturbed from
+    :func:`app.protocols.fedsc.reference_rng` (seed, client): the same
+    mechanism as on the clients, a different draw (the clients' noise comes
+    from their own entropy), reproducible for a seed.
+    """
     from app.data.params import partition_kwargs
     from app.data.partition import partition
 
     partitioner = str(config["partitioner"])
     shards = partition(data, partitioner, int(config["num-clients"]), seed=int(config["seed"]),
                        **partition_kwargs(partitioner, config.as_dict()))
-    xs = [client_features(s, config) for s in shards]
+    xs = [client_features(s, config, proto.reference_rng(int(config["seed"]), s.client_id)) for s in shards]
     ids = np.concatenate([np.asarray(s.node_ids, dtype=np.int64) for s in shards])
     if config["fedsc.sigma"] > 0:
         sigma = float(config["fedsc.sigma"])

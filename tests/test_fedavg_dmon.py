@@ -174,9 +174,12 @@ def test_bad_weight_uploads_are_excluded_and_reported(out_dir, monkeypatch):
     assert np.isfinite(result["metrics"]["f1"]) and 0 < result["metrics"]["coverage"] < 1
 
 
+SCORES = {"val_modularity", "val_edges", "losses"}
+
+
 def test_dp_fedavg_records_epsilon_and_secure_aggregation_masks(out_dir, tmp_path):
     cfg = {**FAST, "num-rounds": 3, "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-epsilon": 8.0,
-           "fedavg-dmon.secure": True}
+           "fedavg-dmon.secure": True, "fedavg-dmon.select": "last"}
     result = run_experiment("fedavg-dmon", "sbm", 2, cfg, out_dir)
     privacy = result["privacy"]
     mech = {m["name"]: m for m in privacy["mechanisms"]}
@@ -186,6 +189,8 @@ def test_dp_fedavg_records_epsilon_and_secure_aggregation_masks(out_dir, tmp_pat
     weights = [u for u in privacy["uploads"] if u["action"] == "dmon_train" and u["name"] == "weights"]
     assert [u["count"] for u in weights] == [3, 3]
     assert all(u["masked"] and u["noised"] and u["dtype"] == "uint64" for u in weights)
+    # the masked noised vector is all a client sends in a training round
+    assert {u["name"] for u in privacy["uploads"] if u["action"] == "dmon_train"} == {"weights"}
     assert result["communication"]["secure_aggregations"] == 3
     # secure aggregation without noise gives the plain FedAvg model up to fixed-point rounding
     plain = run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 3}, tmp_path / "p")
@@ -195,11 +200,43 @@ def test_dp_fedavg_records_epsilon_and_secure_aggregation_masks(out_dir, tmp_pat
     assert masked["history"][-1]["val_modularity"] == pytest.approx(plain["history"][-1]["val_modularity"], abs=1e-3)
 
 
+def test_dp_sends_only_noised_weights_and_selects_the_last_round(out_dir):
+    """Under client-level DP no validation score or loss leaves a client (the noise does not
+    cover them): the ledger's uploads hold only the noised weights in the training rounds."""
+    rounds = 2
+    cfg = {**FAST, "num-rounds": rounds, "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-noise": 1.0,
+           "fedavg-dmon.select": "last"}
+    result = run_experiment("fedavg-dmon", "sbm", 2, cfg, out_dir)
+    uploads = result["privacy"]["uploads"]
+    train = [u for u in uploads if u["action"] == "dmon_train"]
+    assert {u["name"] for u in train} == set(proto.PARAM_NAMES)
+    assert all(u["noised"] and u["count"] == rounds for u in train)
+    assert not {u["action"] for u in uploads} & {"dmon_eval"}
+    init = {u["name"] for u in uploads if u["action"] == "dmon_init"}
+    assert init == {"num_features", "num_nodes"}  # the sizes in clear, named in the ledger
+    protects = {m["name"]: m["protects"] for m in result["privacy"]["mechanisms"]}["dp-fedavg"]
+    assert "node count, sent once in clear" in protects and "evaluation outputs" in protects
+    assert [(h["val_modularity"], h["loss"], h["losses"]) for h in result["history"]] == [(None, None, None)] * rounds
+    assert result["metrics"]["selected_round"] == rounds + 1 and result["metrics"]["dp_epsilon"] > 0
+    # without DP the same run reports the scores every round
+    plain = run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 1}, out_dir.parent / "plain")
+    assert SCORES <= {u["name"] for u in plain["privacy"]["uploads"] if u["action"] == "dmon_train"}
+    assert plain["history"][0]["val_modularity"] is not None and len(plain["history"][0]["losses"]) == 5
+
+
+def test_client_refuses_validation_score_under_dp():
+    client = FedAvgDMoNClient(None, {"fedavg-dmon.dp-clip": 0.5}, None)
+    with pytest.raises(ValueError, match="dmon_eval refused"):
+        client.on_dmon_eval({}, {"k": 2})
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"fedavg-dmon.mode": "centralised"}, "needs num-clients=1"),
     ({"fedavg-dmon.mode": "isolated", "fedavg-dmon.dp-clip": 1.0}, "mode=federated only"),
     ({"fedavg-dmon.val-fraction": 0.5, "fedavg-dmon.test-fraction": 0.5}, "must be < 1"),
     ({"fedavg-dmon.val-fraction": 0.0}, "needs fedavg-dmon.val-fraction > 0"),
+    ({"fedavg-dmon.dp-clip": 1.0}, r"select=val-modularity is not available with fedavg-dmon.dp-clip=1.0 .*"
+                                   r"valid choices: select=last, or dp-clip=0"),
     ({"fedavg-dmon.mode": "split"}, "valid choices: federated, isolated, centralised"),
     ({"partitioner": "edge"}, "valid choices: auto, node-random"),
 ])

@@ -20,7 +20,7 @@ from app.server_app import run_server
 from conftest import LeavingGrid
 from app.transport import ProtocolError, unpack
 from clients.fedsc import FedSCClient
-from strategies.fedsc import client_features, pooled_features
+from strategies.fedsc import pooled_features
 
 
 def iris_blocks(num_clients: int, seed: int = 0):
@@ -239,8 +239,9 @@ def test_labels_go_back_to_their_clients(out_dir):
 
 
 def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path):
-    dp = run_experiment("fedsc", "iris", 3, {"num-rounds": 3, "fedsc.landmarks": 10, "fedsc.dp-epsilon": 8.0,
-                                             "fedsc.dp-clip-z": 50.0, "fedsc.dp-clip-c": 5.0}, tmp_path / "dp")
+    dp = run_experiment("fedsc", "iris", 3, {"num-rounds": 3, "fedsc.landmarks": 10, "fedsc.sigma": 2.5,
+                                             "fedsc.dp-epsilon": 8.0, "fedsc.dp-clip-z": 50.0,
+                                             "fedsc.dp-clip-c": 5.0}, tmp_path / "dp")
     privacy = dp["privacy"]
     names = {m["name"]: m for m in privacy["mechanisms"]}
     assert {"fedsc:gaussian-z", "fedsc:gaussian-c"} <= set(names)
@@ -249,6 +250,10 @@ def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path)
     assert all("objective" not in h for h in dp["history"])
     noised = {(u["action"], u["name"]) for u in privacy["uploads"] if u["noised"]}
     assert noised == {("fedsc_round", "update"), ("fedsc_final", "c")}
+    # with sigma and d given, no distance statistic or landmark count leaves a client un-noised
+    sent = {(u["action"], u["name"]) for u in privacy["uploads"] if u["action"].startswith("fedsc")}
+    assert sent == {("fedsc_bandwidth", "features"), ("fedsc_round", "update"),
+                    ("fedsc_final", "c"), ("fedsc_final", "node_ids")}
 
     ratio = run_experiment("fedsc", "iris", 3, {"num-rounds": 2, "fedsc.landmarks": 10, "fedsc.noise-z": 0.05,
                                                 "fedsc.noise-c": 0.05, "fedsc.data-noise": 0.3}, tmp_path / "r")
@@ -258,17 +263,37 @@ def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path)
     assert ratio["privacy"]["epsilon"] is None
 
 
-def test_data_noise_is_the_same_for_the_client_and_the_reference():
-    config = validate({"strategy": "fedsc", "dataset": "iris", "num-clients": 3, "fedsc.data-noise": 0.7})
+def clients_inputs(raw: dict, out_dir) -> list[np.ndarray]:
+    """Run the protocol in memory; return the feature rows each client actually clustered."""
+    grid = InProcessGrid(build_client_app(raw), raw["num-clients"])
+    run_server(grid, {**raw, "out-dir": str(out_dir)})
+    return [grid.contexts[1001 + i].state.array_records["fedsc"]["x"].numpy() for i in range(raw["num-clients"])]
+
+
+def test_without_data_noise_the_reference_sees_exactly_the_clients_samples(tmp_path):
+    raw = {"strategy": "fedsc", "dataset": "iris", "num-clients": 3, "num-rounds": 1, "fedsc.landmarks": 5}
+    pooled, _, _ = pooled_features(load_dataset("iris"), validate(raw))
+    np.testing.assert_array_equal(np.vstack(clients_inputs(raw, tmp_path)), pooled)
+
+
+def test_data_noise_comes_from_client_entropy_not_from_the_seed(tmp_path):
+    """The server knows seed and client id: noise derived from them could be regenerated and removed."""
+    raw = {"strategy": "fedsc", "dataset": "iris", "num-clients": 3, "num-rounds": 1, "fedsc.landmarks": 5,
+           "fedsc.data-noise": 0.7}
+    first, second = clients_inputs(raw, tmp_path / "a"), clients_inputs(raw, tmp_path / "b")
     data = load_dataset("iris")
-    shards = partition(data, "sample", 3, seed=0)
-    x, ids, _ = pooled_features(data, config)
-    noisy = client_features(shards[1], config)
-    start = len(shards[0].node_ids)
-    np.testing.assert_array_equal(x[start:start + len(noisy)], noisy)
-    clean = np.asarray(shards[1].x)
-    ratio = np.std(noisy - clean) / np.std(clean)
-    assert 0.6 < ratio < 0.8
+    config = validate(raw)
+    pooled, _, _ = pooled_features(data, config)
+    np.testing.assert_array_equal(pooled_features(data, config)[0], pooled)  # the reference is reproducible
+    start = 0
+    for shard, a, b in zip(partition(data, "sample", 3, seed=0), first, second):
+        clean = np.asarray(shard.x, dtype=np.float64)
+        ref = pooled[start:start + len(clean)]
+        start += len(clean)
+        assert np.all(a != b)  # same seed, same client: two independent draws
+        assert np.all(a != ref)  # the reference's seeded draw is not the client's
+        for noisy in (a, b, ref):  # the same mechanism: X + 0.7 std(X) N(0, 1) (200 draws: +-0.035)
+            assert 0.5 < np.std(noisy - clean) / np.std(clean) < 0.9
 
 
 def test_graph_mode_clusters_filtered_node_features(out_dir):
@@ -285,6 +310,20 @@ def test_bad_config_is_one_line_naming_the_value():
         validate({"strategy": "fedsc", "partitioner": "vertical"})
     with pytest.raises(ConfigError, match="dp-epsilon.*valid choices"):
         validate({"strategy": "fedsc", "fedsc.dp-epsilon": 1.0, "fedsc.noise-z": 0.1})
+    # under DP, an estimated sigma or d would upload sample statistics without noise
+    with pytest.raises(ConfigError) as err:
+        validate({"strategy": "fedsc", "fedsc.dp-epsilon": 1.0})
+    assert str(err.value) == (
+        "fedsc.dp-epsilon=1 with fedsc.sigma=0, fedsc.landmarks=0: each client would upload its distance_sum/pairs "
+        "(sigma estimate) and spectral-mass landmark count without noise; valid choices: set fedsc.sigma > 0 and "
+        "fedsc.landmarks > 0, or fedsc.dp-epsilon=0")
+    with pytest.raises(ConfigError, match=r"fedsc.sigma=2.5, fedsc.landmarks=0: .* its spectral-mass landmark count "
+                                          r"without noise; valid choices"):
+        validate({"strategy": "fedsc", "fedsc.dp-epsilon": 1.0, "fedsc.sigma": 2.5})
+    with pytest.raises(ConfigError, match=r"fedsc.sigma=0, fedsc.landmarks=10: .* its distance_sum/pairs \(sigma "
+                                          r"estimate\) without noise"):
+        validate({"strategy": "fedsc", "fedsc.dp-epsilon": 1.0, "fedsc.landmarks": 10})
+    validate({"strategy": "fedsc", "fedsc.dp-epsilon": 1.0, "fedsc.sigma": 2.5, "fedsc.landmarks": 10})
 
 
 def test_malformed_landmark_upload_is_rejected(out_dir, monkeypatch):

@@ -32,13 +32,15 @@ highest modularity of their hard assignment on the validation edges
 (:func:`validation_score`), aggregated over clients as the mean weighted by
 validation-edge counts. The paper selects on validation macro-F1, i.e. with
 ground-truth labels; that is label leakage in an unsupervised task and is not
-offered.
+offered. Not available under DP (below): the last weights are used.
 
 Client-level DP-FedAvg (optional): the client clips its update
 ``W_c - W_bar`` to L2 norm ``C`` and adds ``N(0, (z C)^2)`` to every entry
 (:class:`app.privacy.gaussian.GaussianMechanism`, replace adjacency: the
 protected unit is a client's entire local data, sensitivity ``2C``), then
-uploads ``W_bar + noised update``. One release per client per round.
+uploads ``W_bar + noised update``. One release per client per round, and
+nothing else data-dependent in the training rounds: the validation scores
+and losses, which the noise does not cover, are not sent.
 """
 
 from __future__ import annotations

@@ -263,9 +263,15 @@ def perturb(array: np.ndarray, ratio: float, rng) -> np.ndarray:
     return noise_ratio_perturb(array, ratio, rng)
 
 
-def client_rng(seed: int, client: int, purpose: int) -> np.random.Generator:
-    """Independent noise stream per (run seed, client, purpose)."""
-    return np.random.default_rng([int(seed), int(client), int(purpose), 0xFEDC])
+def reference_rng(seed: int, client: int) -> np.random.Generator:
+    """Evaluation only: the centralised reference's ``fedsc.data-noise`` draw for
+    one client's block, reproducible from (run seed, client).
+
+    Never used by a client: a client's noise comes from its own OS entropy,
+    since the server knows the seed and the client id and could regenerate
+    (and subtract) any noise seeded from them.
+    """
+    return np.random.default_rng([int(seed), int(client), 1, 0xFEDC])
 
 
 # ---------------------------------------------------------------------------
