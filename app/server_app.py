@@ -44,15 +44,15 @@ def evaluation_data(config: RunConfig):
 
 
 def _score(labels: np.ndarray, data) -> dict:
-    """Metrics of ``labels`` against the data's labels and graph."""
-    if isinstance(data, GraphCollection):
-        return evaluate(labels, y_true=data.y)
+    """Metrics of ``labels`` against the data's labels and graph. Items labelled -1 (no client
+    returned a label for them) are left out, and ``coverage`` says which share was scored."""
+    graphs = isinstance(data, GraphCollection)
     known = labels >= 0
     if known.all():
-        return evaluate(labels, y_true=data.y, adj=data.adj)
+        return evaluate(labels, y_true=data.y) if graphs else evaluate(labels, y_true=data.y, adj=data.adj)
     idx = np.flatnonzero(known)
     y = None if data.y is None else data.y[idx]
-    scores = evaluate(labels[idx], y_true=y, adj=data.adj[idx][:, idx])
+    scores = evaluate(labels[idx], y_true=y) if graphs else evaluate(labels[idx], y_true=y, adj=data.adj[idx][:, idx])
     scores["coverage"] = float(known.mean())
     return scores
 

@@ -244,7 +244,8 @@ class ServerSession:
         self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(values=("peers",)))
         self.ledger.add_mechanism(
             "secure-aggregation",
-            protects="every upload marked masked: the server sees only the sum over all clients",
+            protects="every upload marked masked: the server sees only the sum over the clients that mask "
+                     "together (all clients, or a group of them where a strategy says so, e.g. kcagc's tree)",
             params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20", "ring": "Z_2^64",
                     "scale": float(self.config["secagg.scale"])},
             guarantee=GUARANTEE_SECAGG,

@@ -88,7 +88,8 @@ class FedSC(ClusteringStrategy):
         Param("fedsc.noise-z", float, 0.0, "perturbed factors: Z_p noise ratio alpha_z each round", low=0.0),
         Param("fedsc.noise-c", float, 0.0, "perturbed factors: C_p noise ratio alpha_c at the end", low=0.0),
         Param("fedsc.dp-epsilon", float, 0.0,
-              "calibrated Gaussian mechanism on Z_p and C_p with this total epsilon (0: off)", low=0.0),
+              "calibrated Gaussian mechanism on Z_p and C_p with this total epsilon (0: off; needs fedsc.sigma "
+              "and fedsc.landmarks set, so that no un-noised statistic leaves a client)", low=0.0),
         Param("fedsc.dp-delta", float, 1e-5, "total delta of the calibrated mechanism", low=1e-12, high=0.5),
         Param("fedsc.dp-clip-z", float, 100.0,
               "L2 clip of each client's whole Z_p upload (client-level unit)", low=1e-9),

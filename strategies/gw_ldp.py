@@ -241,7 +241,8 @@ class GWLDP(ClusteringStrategy):
             _, values = unpack(content)
             client, train = limits[node]
             raw = values["num_examples"]
-            n = int(raw) if float(raw).is_integer() else -1
+            number = isinstance(raw, (int, float, np.integer, np.floating)) and not isinstance(raw, (bool, np.bool_))
+            n = int(raw) if number and float(raw).is_integer() else -1
             if not 0 <= n <= train:
                 raise ProtocolError(f"client {client}: num_examples={raw!r}; valid: a whole number from 0 to its "
                                     f"{train} training graphs")

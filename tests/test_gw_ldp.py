@@ -236,7 +236,7 @@ def test_fedavg_weights_by_sample_count():
     new, loss = strategy._aggregate(replies, a, limits)
     assert np.allclose(new["w"], [2.5, 5.0]) and loss == pytest.approx(0.2)
     # a count that is not a whole number within the client's training graphs stops the run, never weighs in
-    for bad in (-5, 2.9, 4, 10**9):
+    for bad in (-5, 2.9, 4, 10**9, True, "3"):
         with pytest.raises(ProtocolError, match=f"client 1: num_examples={bad!r}; valid: a whole number from 0"):
             strategy._aggregate({**replies, 2: pack({"w.w": b["w"]}, {"num_examples": bad, "loss": 0.1})}, a, limits)
 
@@ -277,7 +277,7 @@ def test_unknown_labels_take_no_part_in_the_svc():
     unknown = y.copy()
     unknown[np.flatnonzero(split == proto.SPLIT_TRAIN)[:5]] = -1
     unknown[np.flatnonzero(split == proto.SPLIT_TEST)[:2]] = -1
-    keep = unknown >= 0  # the same SVC as on the labelled items alone
+    keep = unknown >= 0  # the labelled items decide; the kernel's median scale still sees every item
     res, alone = proto.svc_select(dist, unknown, split), proto.svc_select(dist[np.ix_(keep, keep)], y[keep], split[keep])
     assert res["test_acc"] == alone["test_acc"] == 1.0 and (res["C"], res["gamma"]) == (alone["C"], alone["gamma"])
     assert np.array_equal(res["predictions"][keep], alone["predictions"])
@@ -495,15 +495,27 @@ def test_a_client_that_drops_keeps_its_periodic_release_in_the_matrix(out_dir, m
     assert m["dropped_clients"] == [1] and m["stale_clients"] == [{"client": 1, "round": 2}]
     assert m["graphs_missing"] == 0 and m["gw_pairs"] == 30 * 29 // 2  # every subgraph is still compared
     assert [r["action"] for r in result["communication"]["rejected"]] == ["gw_embed"]
-    # without the periodic signal the dropped client's subgraphs are missing; with min-clients 3, the run stops
-    monkeypatch.setattr("clients.gw_ldp.GWLDPClient.on_gw_embed", _raise_always)
+    # without the periodic signal the dropped client's graphs are missing: reported, and the scores
+    # cover only the graphs that were clustered (no -1 "cluster")
+    from clients.gw_ldp import GWLDPClient
+
+    honest = GWLDPClient.on_gw_embed
+
+    def lost(self, arrays, values):
+        if self.shard.client_id == 1:
+            raise RuntimeError("connection lost")
+        return honest(self, arrays, values)
+
+    monkeypatch.setattr(GWLDPClient, "on_gw_embed", lost)
+    result = run_experiment("gw-ldp", "mutag", 3, {"num-rounds": 1, "gw-ldp.svc": False, "reference": False},
+                            out_dir.parent / "b")
+    m = result["metrics"]
+    assert m["dropped_clients"] == [1] and m["stale_clients"] == [] and 0 < m["graphs_missing"] < 188
+    assert m["gw_pairs"] == (188 - m["graphs_missing"]) * (187 - m["graphs_missing"]) // 2
+    assert m["coverage"] == pytest.approx(1 - m["graphs_missing"] / 188) and 0 <= m["acc"] <= 1
     with pytest.raises(ProtocolError, match="below min-clients=3"):
-        run_experiment("gw-ldp", "citeseer", 3, {**KHOP, "khop.centres": 30, "gw-ldp.svc": False,
-                                                  "reference": False, "min-clients": 3}, out_dir.parent / "b")
-
-
-def _raise_always(self, arrays, values):
-    raise RuntimeError("connection lost")
+        run_experiment("gw-ldp", "mutag", 3, {"num-rounds": 1, "gw-ldp.svc": False, "reference": False,
+                                               "min-clients": 3}, out_dir.parent / "c")
 
 
 def test_a_malformed_embedding_upload_stops_the_run_and_names_the_client(out_dir, monkeypatch):
