@@ -77,3 +77,16 @@ class ClusteringStrategy(ABC):
     def reference(self, data) -> np.ndarray | None:
         """Labels of the centralised counterpart on the pooled ``data``."""
         return None
+
+
+def common_node_count(session, strategy: str, partitioner: str) -> int:
+    """n from the hello handshake, for strategies whose clients all hold every node
+    (``partitioner``: vertical or edge split); clients that disagree stop the run."""
+    from app.transport import ProtocolError
+
+    counts = {c.partition_id: int(c.summary["num_rows"]) for c in session.clients}
+    parts = {str(c.summary["partitioner"]) for c in session.clients}
+    if len(set(counts.values())) != 1 or parts != {partitioner}:
+        raise ProtocolError(f"{strategy} needs every client to hold all nodes (partitioner '{partitioner}'); "
+                            f"node count per client: {counts}, partitioners: {sorted(parts)}")
+    return next(iter(counts.values()))

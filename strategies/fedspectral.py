@@ -52,7 +52,7 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
 from app.protocols import fedspectral as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput
+from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.
 PAPER_SETTINGS = {"ego-facebook": (6, 20), "email-eu-core": (1, 1)}
@@ -60,18 +60,6 @@ PAPER_DEFAULT = (6, 20)
 EXACT_MAX_ROUNDS = 2000
 WIRE_DTYPES = ("float64", "float32")
 MODES = ("paper", "exact")
-
-
-def _num_nodes(session) -> int:
-    """N from the hello handshake (edge partition: every client holds all nodes)."""
-    sizes = {int(c.summary["num_rows"]) for c in session.clients}
-    parts = {str(c.summary["partitioner"]) for c in session.clients}
-    if len(sizes) != 1 or parts != {"edge"}:
-        raise ProtocolError(
-            f"fedspectral needs every client to hold all nodes (partitioner 'edge'); got node counts "
-            f"{sorted(sizes)} and partitioners {sorted(parts)}"
-        )
-    return sizes.pop()
 
 
 def _reference(config, data) -> np.ndarray:
@@ -96,7 +84,7 @@ class FedSpectral(ClusteringStrategy):
 
     def run(self, session) -> StrategyOutput:
         k, seed = int(self.config["num-clusters"]), int(self.config["seed"])
-        n = _num_nodes(session)
+        n = common_node_count(session, self.name, "edge")
         replies = session.broadcast(
             "fedspectral_local",
             pack(values={"k": k, "seed": seed, "n_init": int(self.config["fedspectral.n-init"])}),
@@ -180,7 +168,7 @@ class FedSpectralPlus(ClusteringStrategy):
     def run(self, session) -> StrategyOutput:
         cfg = self.config
         self.k, self.seed = int(cfg["num-clusters"]), int(cfg["seed"])
-        self.n = _num_nodes(session)
+        self.n = common_node_count(session, self.name, "edge")
         if self.k > self.n:
             raise ConfigError(f"num-clusters={self.k} exceeds the {self.n} nodes")
         self.session = session

@@ -165,7 +165,7 @@ class GWLDP(ClusteringStrategy):
             ReplySpec(values=("in_dim", "graphs", "train")),
         )
         described = {session.partition_of(n): unpack(c)[1] for n, c in desc.items()}
-        limits = {n: (session.partition_of(n), int(unpack(c)[1]["train"])) for n, c in desc.items()}
+        limits = {n: (session.partition_of(n), int(described[session.partition_of(n)]["train"])) for n in desc}
         dims = {int(v["in_dim"]) for v in described.values()}
         if len(dims) != 1:
             raise ProtocolError(f"clients report different feature widths {sorted(dims)}")

@@ -75,7 +75,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput
+from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 PARAMS = (
     Param("kcagc.filter-order", int, 0,
@@ -108,15 +108,6 @@ PARAMS = (
 
 #: ``metrics["filter_order"]`` when each client picks psi by AGC's adaptive rule (never uploaded).
 ADAPTIVE_ORDER = "adaptive (per client, not disclosed)"
-
-
-def _num_nodes(session) -> int:
-    """n from the hello handshake (vertical split: every client holds all n nodes)."""
-    counts = {c.partition_id: int(c.summary["num_rows"]) for c in session.clients}
-    if len(set(counts.values())) != 1:
-        raise ProtocolError(f"kcagc needs every client to hold all nodes (partitioner 'vertical'); "
-                            f"node count per client: {counts}")
-    return next(iter(counts.values()))
 
 
 def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
@@ -155,7 +146,7 @@ class KCAGC(ClusteringStrategy):
     def run(self, session) -> StrategyOutput:
         k = int(self.config["num-clusters"])
         seed = int(self.config["seed"])
-        n = _num_nodes(session)
+        n = common_node_count(session, self.name, "vertical")
         num = len(session.clients)
         if k > n:
             raise ConfigError(f"num-clusters={k} exceeds the {n} nodes")
