@@ -73,7 +73,7 @@ class KCAGCClient(ClusteringClient):
         newest seed of each restart (R x m). ``stage="lloyd"``: set (``seeds``)
         or update (``assign`` of the restarts of the ``moved`` centres) this
         client's centre blocks, then partial squared distances of every virtual node to each
-        ``moved`` centre (P x m; all R x kk centres after ``seeds``). The
+        ``moved`` centre (P x m; after ``seeds``, the last seed of each restart). The
         result is masked with the other clients of this client's ``group``
         only (the server unmasks one sum per group); a client in no group
         this level (tree variant, odd one out) sends an empty array.
@@ -100,7 +100,7 @@ class KCAGCClient(ClusteringClient):
                                                        centres[active])
             self.save("kcagc_centres", c=centres)
             flat = centres.reshape(-1, centres.shape[2])  # (restart, centre) pairs, restart-major
-            part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)] if "moved" in arrays else flat)
+            part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
         if "secagg_tag" not in values:

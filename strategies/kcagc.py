@@ -36,15 +36,16 @@ graph and its own block of feature columns. The math is in
      each restart) -> up ``d`` (uint64, masked): the client's part of the
      squared distance of every virtual node to each new seed (R x m). The
      server unmasks only the sum over clients and samples the next seed.
-   * Lloyd: down ``seeds`` (R x kk, first iteration) or ``moved`` (the P
-     centres, flat restart x centre indices, whose member set changed) and
-     ``assign`` (A x m: the clusters of the A <= R restarts those centres
-     belong to, i.e. whose assignment changed) -> the client sets
-     / updates its block of those restarts' centres (weighted means of its
-     block of the virtual nodes) and uploads ``d`` (uint64, masked): its
+   * Lloyd: down ``moved`` (the P centres, flat restart x centre indices,
+     whose distances the server lacks) with ``seeds`` (R x kk, first
+     iteration) or ``assign`` (A x m: the clusters of the A <= R restarts
+     those centres belong to, i.e. whose assignment changed) -> the client
+     sets / updates its block of those restarts' centres (weighted means of
+     its block of the virtual nodes) and uploads ``d`` (uint64, masked): its
      part of the squared distance of every virtual node to every moved
-     centre (P x m; first iteration: all R x kk centres). The server keeps
-     the sums of the unmoved centres from earlier rounds,
+     centre (P x m; first iteration: the last seed of each restart, R x m,
+     since the seeding rounds summed the distances to the other seeds). The
+     server keeps the sums of the unmoved centres from earlier rounds,
      learns the summed distances, assigns each virtual node to the nearest
      centre and broadcasts the assignment (with ``kcagc.prune``, the first
      assignment leaves out (-1) virtual nodes not 9x closer to their nearest
@@ -297,7 +298,9 @@ class KCAGC(ClusteringStrategy):
                 metrics["aggregated_values"] += sizes[j]
             return parts
 
-        # k-means++ seeding: first seed by weight, then one distance round per further seed
+        # k-means++ seeding: first seed by weight, then one distance round per further seed. The
+        # summed distances to each seed are kept: the seeds are the first Lloyd centres.
+        dist = [np.zeros((R, kk, len(job.weights))) for job in jobs]  # summed, centre-major
         seeds = [np.zeros((R, kk), dtype=np.int64) for _ in jobs]
         closest = [np.full((R, len(job.weights)), np.inf) for job in jobs]
         for j, job in enumerate(jobs):
@@ -306,7 +309,8 @@ class KCAGC(ClusteringStrategy):
             parts = round_("seed", lambda j, c=c: {"index": seeds[j][:, c - 1]},
                            [R * len(job.weights) for job in jobs])
             for j, job in enumerate(jobs):
-                closest[j] = np.minimum(closest[j], parts[j].reshape(R, len(job.weights)))
+                dist[j][:, c - 1] = parts[j].reshape(R, len(job.weights))
+                closest[j] = np.minimum(closest[j], dist[j][:, c - 1])
                 seeds[j][:, c] = proto.seeding_step(closest[j], job.weights, rng)
         for j in range(len(jobs)):
             history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
@@ -314,17 +318,18 @@ class KCAGC(ClusteringStrategy):
         # Lloyd: centres -> summed distances -> assignment -> centres. A centre whose members did
         # not change stays where it is, and so do its distances, so a round measures only the
         # centres that moved (``moved``: flat restart x centre indices) and the server keeps the
-        # others' sums; a restart with no moved centre is at a fixed point and drops out.
+        # others' sums; a restart with no moved centre is at a fixed point and drops out. The
+        # first round measures only the last seed of each restart: the seeding rounds summed
+        # the distances to the others.
         prune = bool(self.config["kcagc.prune"])
-        dist = [np.zeros((R, kk, len(job.weights))) for job in jobs]  # summed, centre-major
         update = [None] * len(jobs)  # the memberships the clients' centres are the means of
-        moved = [np.arange(R * kk) for _ in jobs]
+        moved = [np.arange(R) * kk + kk - 1 for _ in jobs]
         assign, inertia = [None] * len(jobs), [None] * len(jobs)
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
                 if it == 0:
-                    return {"seeds": seeds[j]}
+                    return {"seeds": seeds[j], "moved": moved[j]}
                 return {"assign": update[j][proto.moved_restarts(moved[j], kk)], "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
