@@ -302,7 +302,6 @@ class KCAGC(ClusteringStrategy):
         # summed distances to each seed are kept: the seeds are the first Lloyd centres.
         dist = [np.zeros((R, kk, len(job.weights))) for job in jobs]  # summed, centre-major
         seeds = [np.zeros((R, kk), dtype=np.int64) for _ in jobs]
-        closest = [np.full((R, len(job.weights)), np.inf) for job in jobs]
         for j, job in enumerate(jobs):
             seeds[j][:, 0] = proto.first_seeds(job.weights, R, rng)
         for c in range(1, kk):
@@ -310,8 +309,7 @@ class KCAGC(ClusteringStrategy):
                            [R * len(job.weights) for job in jobs])
             for j, job in enumerate(jobs):
                 dist[j][:, c - 1] = parts[j].reshape(R, len(job.weights))
-                closest[j] = np.minimum(closest[j], dist[j][:, c - 1])
-                seeds[j][:, c] = proto.seeding_step(closest[j], job.weights, rng)
+                seeds[j][:, c] = proto.seeding_step(dist[j][:, :c].min(axis=1), job.weights, rng)
         for j in range(len(jobs)):
             history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
 
@@ -328,9 +326,9 @@ class KCAGC(ClusteringStrategy):
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
-                if it == 0:
-                    return {"seeds": seeds[j], "moved": moved[j]}
-                return {"assign": update[j][proto.moved_restarts(moved[j], kk)], "moved": moved[j]}
+                centres = ({"seeds": seeds[j]} if it == 0
+                           else {"assign": update[j][proto.moved_restarts(moved[j], kk)]})
+                return {**centres, "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)
