@@ -9,11 +9,17 @@ parsed on the way in and out, as on the wire, so a client can neither share
 objects with the server nor send something Flower could not transmit.
 Used by the tests and by benchmark suites, where starting Ray for every
 experiment would dominate the run time.
+
+The nodes run one after another, so the wall time of a round is the sum of
+their work. Each node's share (parse, handle, serialise the reply) is kept
+per message; ``take_client_seconds`` hands them to the session, which
+derives the round's time with the nodes side by side (the slowest node).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Iterable
 from uuid import uuid4
 
@@ -62,6 +68,7 @@ class InProcessGrid(Grid):
         self.silent: set[int] = set()  # connected but never answer (hung client)
         self.ignore_next: dict[int, int] = {}  # node -> messages to drop before answering again
         self._replies: dict[str, Message] = {}
+        self._client_seconds: list[float] = []
         TaskIdentity.run_id = self.run_id
         TaskIdentity.node_id = SERVER_NODE_ID
         TaskIdentity.task_id = self.run_id
@@ -94,6 +101,7 @@ class InProcessGrid(Grid):
             if self.ignore_next.get(node, 0) > 0:  # a message lost on the way
                 self.ignore_next[node] -= 1
                 continue
+            started = time.perf_counter()
             inbound = Message(metadata=message.metadata, content=_wire_copy(message.content))
             try:
                 reply = self.client_app(inbound, self.contexts[node])
@@ -101,6 +109,7 @@ class InProcessGrid(Grid):
                     reply = Message(metadata=reply.metadata, content=_wire_copy(reply.content))
             except Exception as err:  # the engine turns client exceptions into error replies
                 reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=message)
+            self._client_seconds.append(time.perf_counter() - started)
             reply.metadata.__dict__["_message_id"] = uuid4().hex
             self._replies[message_id] = reply
         return ids
@@ -113,3 +122,10 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
+
+    # Timing ----------------------------------------------------------------------
+    def take_client_seconds(self) -> list[float]:
+        """Seconds each node spent on the messages pushed since the last call
+        (parsing the message, the ClientApp, serialising the reply)."""
+        seconds, self._client_seconds = self._client_seconds, []
+        return seconds

@@ -170,6 +170,7 @@ class ServerSession:
                 "bytes_up": up,
                 "bytes_down": down,
                 "replies": len(result.replies),
+                **self._client_times(),
             }
         )
         for node, reason in sorted(result.rejected.items()):
@@ -192,6 +193,17 @@ class ServerSession:
         if record:
             self._record_uploads(action, replies, expect)
         return replies
+
+    def _client_times(self) -> dict:
+        """The clients' share of the round, where the grid measures it (the
+        in-process grid, whose nodes run one after another): their summed
+        seconds and the slowest one's, i.e. the round's client time with the
+        nodes side by side. Empty on an engine that runs nodes concurrently."""
+        take = getattr(self.grid, "take_client_seconds", None)
+        if take is None:
+            return {}
+        seconds = take()
+        return {"client_sum_s": sum(seconds), "client_max_s": max(seconds, default=0.0)}
 
     def _send(self, action, category, contents, expect):
         messages = [

@@ -70,6 +70,22 @@ def test_federated_clustering_recovers_planted_blocks(out_dir):
     assert result["reference"]["agreement"]["ari"] > 0.9
 
 
+def test_side_by_side_time_counts_only_the_slowest_client_per_round(out_dir, tmp_path):
+    """The in-process grid runs the clients one after another; ``parallel_s`` replaces
+    each round's summed client seconds by the slowest client's."""
+    result = run_experiment("fedkmeans", "sbm", 4, {"num-rounds": 3}, out_dir)
+    t = check_result_file(result, out_dir)["timing"]
+    rounds = t["per_round"]
+    assert len(rounds) == t["rounds"]
+    for r in rounds:
+        assert 0 < r["client_max_s"] < r["client_sum_s"] <= r["seconds"]
+    assert t["parallel_s"] == pytest.approx(
+        t["protocol_s"] - sum(r["client_sum_s"] - r["client_max_s"] for r in rounds))
+    assert t["parallel_s"] < t["protocol_s"]
+    alone = run_experiment("fedkmeans", "sbm", 1, {"num-rounds": 3}, tmp_path / "one")["timing"]
+    assert alone["parallel_s"] == alone["protocol_s"]
+
+
 def test_bad_config_inside_the_run_writes_nothing(out_dir):
     from app.config import ConfigError
 
@@ -86,6 +102,7 @@ def test_run_simulation_smoke_on_karate(out_dir):
     assert on_disk["dataset"] == "karate" and on_disk["num_clients"] == 2
     assert on_disk["config"]["num-clusters"] == 4
     assert on_disk["communication"]["messages"] > 0
+    assert "parallel_s" not in on_disk["timing"]  # Ray runs the clients concurrently: nothing to adjust
 
 
 def test_secure_aggregation_gives_the_same_clustering_and_hides_client_sums(out_dir, tmp_path):
