@@ -74,7 +74,7 @@ def run_once(P: int, N: int, rep: int, rng) -> dict:
     t0 = time.perf_counter()
     resp = {
         p.party_id: p.unmask_response(
-            "round1/tensor", surv, dropped, {u: cts[u][p.party_id] for u in surv if u != p.party_id}, N
+            "round1/tensor", surv, dropped, {u: cts[u][p.party_id] for u in surv if u != p.party_id}, N, enc
         )
         for p in parties
         if p.party_id in surv

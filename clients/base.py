@@ -72,7 +72,7 @@ class ClusteringClient:
         return {}, {"peers": len(party.peers)}
 
     def masked(self, array: np.ndarray, values, participants=None) -> np.ndarray:
-        """``array`` fixed-point encoded and pairwise masked (uint64) for a secure sum.
+        """``array`` fixed-point encoded and pairwise masked (uint32 / uint64 ring) for a secure sum.
 
         ``values`` are the message values from ``ServerSession.secagg_values``;
         ``participants`` (partition ids) restricts the masks to a sub-group's

@@ -2,7 +2,7 @@
 
 What leaves this client: the local cluster of every node (``kcagc_local``,
 kcagc only; not the filter order, which AGC's adaptive rule picks from the
-client's own features) and, in every ``kcagc_step``, a pairwise-masked uint64 vector
+client's own features) and, in every ``kcagc_step``, a pairwise-masked vector (uint32 ring with unit rows)
 whose sum over the clients of its group (all clients, except in the tree
 variant) is the summed squared distances; with the ``projection-joint-unit``
 embedding also, once (``kcagc_joint``), its squared row norms masked the same
@@ -80,7 +80,7 @@ class KCAGCClient(ClusteringClient):
         """
         size = int(values["size"])
         if not size:
-            return {"d": np.zeros(0, dtype=np.uint64)}, {}
+            return {"d": np.zeros(0, dtype=np.uint32)}, {}
         if "members" in arrays:  # first round of this level: build the virtual nodes
             members = arrays["members"].astype(np.int64)
             y = proto.virtual_block(self.features(values), members)

@@ -30,7 +30,7 @@ Wire protocol (what leaves each client in **bold**):
    client left out of the average and, as ``ServerSession`` does for every
    rejected reply, dropped for the rest of the run). With ``dp-clip > 0`` the weights are
    ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level DP-FedAvg); with
-   ``secure`` the upload is instead one uint64 vector, the pairwise-masked
+   ``secure`` the upload is instead one ring vector, the pairwise-masked
    fixed-point ``(N_c/N) * W_c`` (the server learns only the weighted sum,
    i.e. the new global model; every client must answer).
 3. ``query.dmon_eval`` (federated, ``select=val-modularity``, so never with

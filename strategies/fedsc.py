@@ -20,7 +20,7 @@ Wire protocol (what leaves a client, step by step):
    lambda) -> up: ``update`` = ``[Z_p.ravel(), f_p]``: the client's landmarks
    after its C-step and one preconditioned Z-step, and its objective value
    (one number; left out under ``fedsc.dp-epsilon``). With ``fedsc.secure``
-   the vector is pairwise masked (uint64) and the server learns only the sum
+   the vector is pairwise masked (secagg ring) and the server learns only the sum
    over clients, i.e. the average Z. With ``fedsc.noise-z`` / ``dp-epsilon``
    Z_p is noised before it leaves.
 4. ``fedsc_final`` (down: final Z) -> up: ``c`` = C_p (d x N_p, noised with

@@ -34,7 +34,7 @@ to its neighbour's row of V (scaled), so plain blocks reveal edges to the
 server; over N/K rounds they determine ``A_c`` (or ``M_c``). A node with no
 local edge has an all-zero row, so plain blocks also say which nodes a
 client has no edge for. With
-``fedspectral-plus.secure`` every block is pairwise masked (uint64) and the
+``fedspectral-plus.secure`` every block is pairwise masked (secagg ring) and the
 server sees only the sum over clients, i.e. which client holds which edge is
 hidden; the sums themselves are still a linear image of the *global* graph.
 ``fedspectral-plus.noise-multiplier > 0`` adds Gaussian noise on every client

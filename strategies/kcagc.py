@@ -33,15 +33,15 @@ graph and its own block of feature columns. The math is in
    * seeding (k-means++, ``kcagc.restarts`` independent seedings run side by
      side in the same messages): down ``members`` (n, the virtual node of
      every node; first message only) and ``index`` (R, the newest seed of
-     each restart) -> up ``d`` (uint64, masked): the client's part of the
+     each restart) -> up ``d`` (masked): the client's part of the
      squared distance of every virtual node to each new seed (R x m). The
      server unmasks only the sum over clients and samples the next seed.
    * Lloyd: down ``moved`` (the P centres, flat restart x centre indices,
      whose distances the server lacks) with ``seeds`` (R x kk, first
-     iteration) or ``assign`` (A x m: the clusters of the A <= R restarts
+     iteration) or ``assign`` (A x m, int8 up to 128 clusters: the clusters of the A <= R restarts
      those centres belong to, i.e. whose assignment changed) -> the client
      sets / updates its block of those restarts' centres (weighted means of
-     its block of the virtual nodes) and uploads ``d`` (uint64, masked): its
+     its block of the virtual nodes) and uploads ``d`` (masked): its
      part of the squared distance of every virtual node to every moved
      centre (P x m; first iteration: the last seed of each restart, R x m,
      since the seeding rounds summed the distances to the other seeds). The
@@ -61,6 +61,10 @@ graph and its own block of feature columns. The math is in
    clusters into k_hat clusters, the root into k. The server then learns the
    summed distances of every group (e.g. of each pair of clients at level 1),
    not only of all clients (ledger entry ``kcagc:tree-group-sums``).
+
+   Masked distances travel in the 32-bit ring (uint32) with the unit-row
+   embeddings, whose parts are provably at most 4, else in the 64-bit ring
+   (``secagg.bound``); the decoded sums are the same (``app.privacy.secagg``).
 
 4. ``labels`` (down: the final cluster of every node) -> the clients keep it.
 
@@ -251,7 +255,7 @@ class KCAGC(ClusteringStrategy):
         R = int(self.config["kcagc.restarts"])
         secure = len(session.clients) > 1
         Q = int(self.config["kcagc.iterations"])
-        bound = float(self.config["secagg.bound"])
+        bound = proto.distance_bound(embed["embedding"], float(self.config["secagg.bound"]))
         job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
         for job in jobs:
             if len(job.weights) < kk:
@@ -326,9 +330,11 @@ class KCAGC(ClusteringStrategy):
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
-                centres = ({"seeds": seeds[j]} if it == 0
-                           else {"assign": update[j][proto.moved_restarts(moved[j], kk)]})
-                return {**centres, "moved": moved[j]}
+                if it == 0:
+                    return {"seeds": seeds[j], "moved": moved[j]}
+                # the assignment (-1..kk-1) in the smallest integer type that holds -kk: int8 up to 128 clusters
+                assign_moved = update[j][proto.moved_restarts(moved[j], kk)]
+                return {"assign": assign_moved.astype(np.min_scalar_type(-kk)), "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)

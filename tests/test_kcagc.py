@@ -58,6 +58,25 @@ def test_partial_distances_add_up_over_column_blocks():
     assert np.allclose(full, brute)
 
 
+def test_unit_row_distances_stay_within_the_bound_that_picks_the_small_ring():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(400, 6))
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    z[1] = -z[0]  # an antipodal pair: the extreme squared distance 4
+    members = rng.integers(0, 40, 400)
+    members[:2] = [0, 1]
+    y = proto.virtual_block(z, np.unique(members, return_inverse=True)[1])
+    d = np.concatenate([proto.point_distances(z, z).ravel(), proto.point_distances(y, z).ravel()])
+    assert d.max() == pytest.approx(4.0) and d.max() <= proto.UNIT_ROW_DISTANCE_BOUND
+    assert proto.distance_bound("projection-unit", 1e6) == proto.distance_bound("normalized", 1e6) \
+        == proto.UNIT_ROW_DISTANCE_BOUND
+    assert proto.distance_bound("projection-unit", 2.0) == 2.0  # a tighter configured bound is kept
+    for kind in ("projection", "svd", "filtered", "projection-joint-unit"):
+        assert proto.distance_bound(kind, 1e6) == 1e6
+    assert FixedPointEncoder(2.0**20, proto.UNIT_ROW_DISTANCE_BOUND, 511).dtype == np.uint32
+    assert FixedPointEncoder(2.0**20, proto.UNIT_ROW_DISTANCE_BOUND, 512).dtype == np.uint64
+
+
 def test_weighted_lloyd_on_virtual_nodes_equals_sklearn_from_the_same_centres():
     rng = np.random.default_rng(1)
     y = np.vstack([rng.normal(m, 1.0, size=(40, 3)) for m in (0, 4, 8)])
@@ -184,6 +203,8 @@ def test_joint_unit_rows_by_one_secure_sum_then_basic_equals_centralised_kmeans(
     assert result["communication"]["secure_aggregations"] == len(steps) + 1
     joint = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_joint" and u["name"] == "s"]
     assert len(joint) == 3 and all(u["masked"] and u["dtype"] == "uint64" and u["shape"] == [N] for u in joint)
+    # jointly unit rows have no proved per-party bound (the norms are fixed-point sums): 64-bit ring
+    assert {u["dtype"] for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"} == {"uint64"}
     revealed = {m["name"]: m for m in result["privacy"]["mechanisms"]}["kcagc:joint-row-norms"]
     assert "n values" in revealed["params"]["revealed"] and revealed["guarantee"].startswith("none")
 
@@ -260,12 +281,19 @@ def test_secure_sum_equals_plain_sum_and_server_sees_only_masked_distances(out_d
     summed = unmask_sum(replies, {0, 1}, encoder)
     parts = [proto.point_distances(zl, zl[seeds[-1:]]).ravel() for zl in z]
     assert np.allclose(summed, parts[0] + parts[1], atol=1e-5)
+    # unit rows: every part is at most 4, so the sums travel in the 32-bit ring
+    assert values["secagg_bound"] == proto.UNIT_ROW_DISTANCE_BOUND and encoder.dtype == np.uint32
     for p, d in replies.items():
-        assert d.dtype == np.uint64
+        assert d.dtype == np.uint32
         assert not np.array_equal(d, encoder.encode(parts[p]))  # never the client's own distances
-        assert len(np.unique(d >> np.uint64(60))) > 8  # uniform-looking, not small fixed-point values
+        assert len(np.unique(d >> np.uint32(28))) > 8  # uniform-looking, not small fixed-point values
     uploads = [u for u in result["privacy"]["uploads"] if u["action"] == "kcagc_step"]
-    assert uploads and all(u["masked"] and u["dtype"] == "uint64" for u in uploads)
+    assert uploads and all(u["masked"] and u["dtype"] == "uint32" for u in uploads)
+    # the assignments sent down travel as int8 (clusters -1..k-1)
+    k = result["config"]["num-clusters"]
+    assigns = [unpack(m.content)[0]["assign"] for m in grid.pushed if m.metadata.message_type == "query.kcagc_step"
+               and "assign" in unpack(m.content)[0]]
+    assert assigns and all(a.dtype == np.int8 and a.min() >= -1 and a.max() < k for a in assigns)
     assert "secure-aggregation" in {m["name"] for m in result["privacy"]["mechanisms"]}
 
 

@@ -39,9 +39,9 @@ def test_masks_cancel_exactly(P):
         xs = {p.party_id: rng.uniform(-50, 50, shape) for p in parties}
         ups = {p.party_id: p.mask(xs[p.party_id], f"r{k}/t", enc) for p in parties}
         for pid, u in ups.items():
-            assert u.dtype == np.uint64 and u.shape == shape
+            assert u.dtype == enc.dtype and u.shape == shape
             assert not np.array_equal(u, enc.encode(xs[pid]))  # actually masked
-        # exact in the ring: sum of masked == sum of encodings (mod 2^64), bit for bit
+        # exact in the ring: sum of masked == sum of encodings (mod 2^w), bit for bit
         assert np.array_equal(sum_masked(list(ups.values())), sum_masked([enc.encode(x) for x in xs.values()]))
         s = unmask_sum(ups, set(keys), enc)
         true = np.sum(list(xs.values()), axis=0)
@@ -60,24 +60,65 @@ def test_negative_values_and_extremes_decode_exactly():
 
 
 def _top_bits_chisq(u, bits=8):
-    top = (u >> np.uint64(64 - bits)).astype(np.int64)
+    top = (u >> u.dtype.type(8 * u.itemsize - bits)).astype(np.int64)
     counts = np.bincount(top, minlength=2**bits)
     return chisquare(counts).pvalue
 
 
-def test_single_masked_upload_is_uniform():
+@pytest.mark.parametrize("bound,ring", [(1.0, 32), (1e6, 64)])
+def test_single_masked_upload_is_uniform(bound, ring):
     parties, _ = make_parties(range(3))
-    enc = FixedPointEncoder(scale=2.0**16, bound=1.0, num_parties=3)
+    enc = FixedPointEncoder(scale=2.0**16, bound=bound, num_parties=3)
+    assert enc.ring_bits == ring
     x = np.full(2**18, 0.25)  # constant, highly non-uniform plaintext
     u = parties[1].mask(x, "round0/tensor", enc)
     assert _top_bits_chisq(u) > 1e-6
-    low = (u & np.uint64(0xFF)).astype(np.int64)
+    low = (u & u.dtype.type(0xFF)).astype(np.int64)
     assert chisquare(np.bincount(low, minlength=256)).pvalue > 1e-6
     # negative control: the same test rejects the unmasked encoding
     assert _top_bits_chisq(enc.encode(x)) < 1e-6
-    # and rejects a "mask" of the wrong kind (only low 32 bits random)
-    fake = enc.encode(x) + (np.random.default_rng(0).integers(0, 2**32, x.size, dtype=np.uint64))
-    assert _top_bits_chisq(fake) < 1e-6
+    # and rejects a "mask" of the wrong kind (only the low half of the bits random)
+    half = np.random.default_rng(0).integers(0, 2 ** (ring // 2), x.size, dtype=np.uint64).astype(enc.dtype)
+    assert _top_bits_chisq(enc.encode(x) + half) < 1e-6
+
+
+def test_ring_is_the_smallest_that_holds_the_sum():
+    # 16 parties, resolution 2^-20: |part| <= 4 fits Z_2^32, the default bound 1e6 needs Z_2^64
+    assert FixedPointEncoder(2.0**20, 4.0, 16).dtype == np.uint32
+    assert FixedPointEncoder(2.0**20, 1e6, 16).dtype == np.uint64
+    # the edge: num_parties * max_q = 2^31 - 1 fits the signed 32-bit range, 2^31 does not
+    assert FixedPointEncoder(1.0, 2.0**31 - 1, 1).ring_bits == 32
+    assert FixedPointEncoder(1.0, 2.0**30, 2).ring_bits == 64
+    # sums at the edge of the small ring decode exactly, both signs
+    P = 7
+    parties, keys = make_parties(range(P))
+    enc = FixedPointEncoder(scale=1.0, bound=float((2**31 - 1) // P), num_parties=P)
+    assert enc.ring_bits == 32
+    for sign, tag in ((1, "pos"), (-1, "neg")):
+        xs = {p.party_id: np.full(4, sign * enc.bound) for p in parties}
+        ups = {p.party_id: p.mask(xs[p.party_id], tag, enc) for p in parties}
+        assert np.array_equal(unmask_sum(ups, set(keys), enc), np.full(4, sign * P * enc.bound))
+
+
+def test_small_ring_sum_equals_large_ring_sum_bit_for_bit():
+    """The same values and resolution give the same decoded sum in either ring:
+    the smaller ring only halves the bytes."""
+    P = 16
+    parties, keys = make_parties(range(P))
+    small, large = FixedPointEncoder(2.0**20, 4.0, P), FixedPointEncoder(2.0**20, 1e6, P)
+    rng = np.random.default_rng(3)
+    xs = {p.party_id: rng.uniform(0, 4, (50, 17)) for p in parties}
+    sums = {}
+    for enc in (small, large):
+        ups = {p.party_id: p.mask(xs[p.party_id], f"ring{enc.ring_bits}", enc) for p in parties}
+        assert all(u.nbytes == xs[0].size * enc.ring_bits // 8 for u in ups.values())
+        sums[enc.ring_bits] = unmask_sum(ups, set(keys), enc)
+    assert np.array_equal(sums[32], sums[64])
+    # an upload in the other ring is refused, naming both
+    ups = {p.party_id: p.mask(xs[p.party_id], "mixed", small) for p in parties}
+    ups[5] = ups[5].astype(np.uint64)
+    with pytest.raises(SecAggError, match="must be uint32 .*got uint64"):
+        unmask_sum(ups, set(keys), small)
 
 
 def test_fresh_masks_per_tag_and_session():
@@ -122,7 +163,7 @@ def test_shape_and_dtype_mismatch():
     u1 = parties[1].mask(np.ones(6), "r", enc)
     with pytest.raises(SecAggError, match="shape"):
         unmask_sum({0: u0, 1: u1}, set(keys), enc)
-    with pytest.raises(SecAggError, match="uint64"):
+    with pytest.raises(SecAggError, match=f"must be {enc.dtype}.*got float64"):
         unmask_sum({0: u0, 1: u0.astype(np.float64)}, set(keys), enc)
 
 
@@ -175,20 +216,21 @@ def _recover_round(parties, keys, enc, xs, tag, thr, dropped, late_drop=()):
     for p in parties:
         if p.party_id in surv and p.party_id not in late_drop:
             resp[p.party_id] = p.unmask_response(
-                tag, surv, sorted(dropped), {u: cts[u][p.party_id] for u in surv if u != p.party_id}, n
+                tag, surv, sorted(dropped), {u: cts[u][p.party_id] for u in surv if u != p.party_id}, n, enc
             )
     return ups, cts, surv, resp
 
 
-@pytest.mark.parametrize("P,dropped", [(4, []), (5, [2]), (8, [0, 7]), (10, [1, 4, 5])])
-def test_dropout_recovery(P, dropped):
+@pytest.mark.parametrize("P,dropped,bound", [(4, [], 10.0), (5, [2], 10.0), (8, [0, 7], 1e6), (10, [1, 4, 5], 10.0)])
+def test_dropout_recovery(P, dropped, bound):
     ids = list(range(P))
     parties, keys = make_parties(ids)
-    enc = FixedPointEncoder(2.0**20, 10.0, P)
+    enc = FixedPointEncoder(2.0**20, bound, P)
     rng = np.random.default_rng(P)
     xs = {i: rng.uniform(-10, 10, (6, 3)) for i in ids}
     thr = P // 2 + 1
     ups, cts, surv, resp = _recover_round(parties, keys, enc, xs, "r0", thr, dropped)
+    assert all(u.dtype == enc.dtype for u in ups.values()) and all(r[1].dtype == enc.dtype for r in resp.values())
     s = recover_sum({u: ups[u] for u in surv}, set(keys), enc, resp, thr, "r0")
     assert np.max(np.abs(s - np.sum([xs[u] for u in surv], axis=0))) <= P / (2 * enc.scale) + 1e-12
     # the simple protocol aborts on the same uploads if anyone dropped
@@ -212,7 +254,7 @@ def test_recovery_protections():
     assert _top_bits_chisq(pair_only - enc.encode(xs[4])) > 1e-6  # what remains is the (uniform) self mask
     # a party answers only one dropout split per tag
     with pytest.raises(SecAggError, match="different dropout set"):
-        parties[0].unmask_response("r0", list(range(P)), [], {u: cts[u][0] for u in range(1, P)}, 2**16)
+        parties[0].unmask_response("r0", list(range(P)), [], {u: cts[u][0] for u in range(1, P)}, 2**16, enc)
     # too few survivors -> abort
     with pytest.raises(SecAggDropoutError):
         recover_sum({u: ups[u] for u in surv[:2]}, set(keys), enc, {}, thr, "r0")
@@ -223,7 +265,7 @@ def test_recovery_protections():
     ct = bytearray(cts2[1][0])
     ct[-1] ^= 1
     with pytest.raises(SecAggError, match="authentication"):
-        parties[0].unmask_response("r1", list(range(P)), [], {1: bytes(ct), 2: cts2[2][0], 3: cts2[3][0], 4: cts2[4][0]}, 2**16)
+        parties[0].unmask_response("r1", list(range(P)), [], {1: bytes(ct), 2: cts2[2][0], 3: cts2[3][0], 4: cts2[4][0]}, 2**16, enc)
 
 
 def test_participant_subset_per_round():
@@ -269,6 +311,6 @@ def test_roundtrip_through_flower_records():
     resp = {}
     for i in surv:
         party = SecAggParty.from_bytes(states[i]["party"])
-        resp[i] = party.unmask_response("r0", surv, drop, {u: cts[u][i] for u in surv if u != i}, 8)
+        resp[i] = party.unmask_response("r0", surv, drop, {u: cts[u][i] for u in surv if u != i}, 8, enc)
     s = recover_sum({u: replies[u] for u in surv}, ids, enc, resp, 2, "r0")
     assert np.allclose(s, 4.04, atol=1e-5)

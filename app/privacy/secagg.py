@@ -17,22 +17,27 @@ Protocol (honest-but-curious server, all parties follow the protocol)
    channel key ``k_uv`` (the latter only used by the dropout-recovery variant).
    The server never learns ``s_uv`` (it only sees public keys).
 3. **Masked upload.**  For a tag (round, tensor, ...) client ``u`` fixed-point
-   encodes its float array into Z_2^64 (:class:`FixedPointEncoder`) and adds,
+   encodes its float array into the ring Z_2^w, w = 32 or 64
+   (:class:`FixedPointEncoder`), and adds,
    for every peer ``v``, ``+PRG(s_uv, tag)`` if ``u < v`` and ``-PRG(s_uv, tag)``
    if ``u > v``.  ``PRG`` is the ChaCha20 keystream (``cryptography``) under the
    key ``BLAKE2b(key=s_uv, tag)``, so every (pair, tag) gets a fresh
    independent mask; a party refuses to mask twice under the same tag.
-   *Leaves the client:* one uint64 array of the input's shape, uniformly
-   distributed in Z_2^64 for anyone not holding the pair seeds.
-4. **Unmask.**  The server adds the masked arrays modulo 2^64
+   *Leaves the client:* one uint32 / uint64 array of the input's shape,
+   uniformly distributed in Z_2^w for anyone not holding the pair seeds.
+4. **Unmask.**  The server adds the masked arrays modulo 2^w
    (:func:`unmask_sum`); every pairwise mask appears once with ``+`` and once
    with ``-`` and cancels exactly.  *The server learns:* the sum of the inputs
    (to the fixed-point resolution ``1/scale``) and nothing else about any
    single input (against a server not colluding with clients).
 
-Overflow: the encoder refuses any value with ``|x| > bound`` and refuses to be
-built unless ``num_parties * round(bound * scale) < 2^63``, so the true sum
-never wraps in the signed interpretation of Z_2^64.
+Overflow and ring size: the encoder refuses any value with ``|x| > bound``
+and uses the smaller ring Z_2^32 when ``num_parties * round(bound * scale) <
+2^31``, else Z_2^64 (refusing to be built unless that product is < 2^63), so
+the true sum never wraps in the signed interpretation of the ring. The ring
+follows from the encoder parameters alone, so every party and the server agree
+on it; a protocol that can prove a small bound (e.g. squared distances of unit
+vectors) halves the bytes of every masked upload at the same resolution.
 
 Dropouts
 --------
@@ -72,7 +77,7 @@ Wiring into Flower messages (one possible layout)
 ``{"pk": bytes}``; state ``context.state["secagg"] = ConfigRecord({"party": party.to_bytes()})``.
 ``query.secagg_agree``: server sends ``pack_id_bytes(relay_public_keys(...))``
 (str keys, ConfigRecord); client ``agree(unpack_id_bytes(...))``, stores state.
-Any later phase: client ``mask(values, tag, encoder)`` -> ArrayRecord uint64
+Any later phase: client ``mask(values, tag, encoder)`` -> ArrayRecord (``encoder.dtype``)
 (store state again: used tags); server ``unmask_sum``.  Recovery variant:
 reply also ``pack_id_bytes(share_ciphertexts)``; unmask phase sends each
 survivor its ciphertexts (str keys), survivors reply shares (packed) and the
@@ -112,7 +117,7 @@ __all__ = [
     "unmask_sum",
     "recover_sum",
     "sum_masked",
-    "prg_uint64",
+    "prg",
     "shamir_split",
     "pack_id_bytes",
     "unpack_id_bytes",
@@ -121,8 +126,6 @@ __all__ = [
 ]
 
 _PROTO = b"app.privacy.secagg/v1"
-_RING_BITS = 64
-_SIGNED_MAX = 2**63 - 1
 SHAMIR_PRIME = 2**255 - 19  # prime field for Shamir shares of 32-byte seeds
 _SHARE_BYTES = 32
 
@@ -148,14 +151,19 @@ class SecAggOverflowError(ValueError):
 
 # --------------------------------------------------------------------------- encoding
 class FixedPointEncoder:
-    """Fixed-point encoding of floats into Z_2^64 with an overflow guard.
+    """Fixed-point encoding of floats into the ring Z_2^w with an overflow guard.
 
-    ``q = round(x * scale)`` stored as two's complement uint64.  The declared
+    ``q = round(x * scale)`` stored as a w-bit two's complement unsigned
+    integer (``dtype`` uint32 or uint64).  ``ring_bits`` w is 32 when
+    ``num_parties * round(bound*scale) < 2^31``, else 64.  The declared
     ``bound`` is checked on every ``encode`` so that a sum of ``num_parties``
-    encoded values satisfies ``|sum| <= num_parties * round(bound*scale) < 2^63``
-    and decodes exactly (no wrap).  Resolution is ``1/scale`` per value; the
-    decoded sum has an absolute error of at most ``num_parties / (2*scale)``.
+    encoded values satisfies ``|sum| <= num_parties * round(bound*scale) <
+    2^(w-1)`` and decodes exactly (no wrap).  Resolution is ``1/scale`` per
+    value; the decoded sum has an absolute error of at most
+    ``num_parties / (2*scale)``, whichever the ring.
     """
+
+    RINGS = (32, 64)
 
     def __init__(self, scale: float, bound: float, num_parties: int):
         scale = float(scale)
@@ -171,14 +179,18 @@ class FixedPointEncoder:
         self.bound = bound
         self.num_parties = num_parties
         self.max_q = int(round(bound * scale))
-        if num_parties * self.max_q > _SIGNED_MAX or bound * scale >= 2.0**63:
+        fits = [w for w in self.RINGS if num_parties * self.max_q < 2 ** (w - 1) and bound * scale < 2.0 ** (w - 1)]
+        if not fits:
             raise SecAggOverflowError(
                 f"FixedPointEncoder: num_parties*bound*scale = {num_parties}*{bound}*{scale} "
                 f"= {num_parties * bound * scale:.4g} does not fit in the signed range of Z_2^64 (< 2^63)"
             )
+        self.ring_bits = fits[0]
+        self.dtype = np.dtype(f"uint{self.ring_bits}")
+        self._signed = np.dtype(f"int{self.ring_bits}")
 
     def encode(self, values) -> np.ndarray:
-        """float array -> uint64 array (same shape). Raises on |x| > bound or non-finite."""
+        """float array -> ``dtype`` array (same shape). Raises on |x| > bound or non-finite."""
         x = np.asarray(values, dtype=np.float64)
         if x.size:
             if not np.all(np.isfinite(x)):
@@ -188,15 +200,15 @@ class FixedPointEncoder:
                 raise SecAggOverflowError(
                     f"FixedPointEncoder.encode: max |value| = {m:.6g} exceeds the declared bound {self.bound:.6g}"
                 )
-        q = np.rint(x * self.scale).astype(np.int64)
-        return q.view(np.uint64)
+        q = np.rint(x * self.scale).astype(self._signed)  # |q| <= max_q fits the ring's signed range
+        return q.view(self.dtype)
 
-    def decode(self, sum_uint64) -> np.ndarray:
-        """uint64 (sum of encodings mod 2^64) -> float64, two's-complement interpretation."""
-        s = np.asarray(sum_uint64)
-        if s.dtype != np.uint64:
-            raise SecAggError(f"FixedPointEncoder.decode: expected uint64, got {s.dtype}")
-        return s.view(np.int64).astype(np.float64) / self.scale
+    def decode(self, ring_sum) -> np.ndarray:
+        """Sum of encodings (``dtype``, mod 2^w) -> float64, two's-complement interpretation."""
+        s = np.asarray(ring_sum)
+        if s.dtype != self.dtype:
+            raise SecAggError(f"FixedPointEncoder.decode: expected {self.dtype}, got {s.dtype}")
+        return s.view(self._signed).astype(np.float64) / self.scale
 
     def params(self) -> dict:
         return {"scale": self.scale, "bound": self.bound, "num_parties": self.num_parties}
@@ -217,19 +229,19 @@ def _tag_bytes(tag) -> bytes:
     return tag if isinstance(tag, bytes) else str(tag).encode("utf-8")
 
 
-def _prg_into(seed: bytes, tag: bytes, buf: bytearray, n: int) -> np.ndarray:
-    """Fill ``buf`` with n uint64 of ChaCha20 keystream under key BLAKE2b(seed, tag)."""
+def _prg_into(seed: bytes, tag: bytes, buf: bytearray, n: int, dtype: np.dtype) -> np.ndarray:
+    """Fill ``buf`` with n ring elements (``dtype``) of ChaCha20 keystream under key BLAKE2b(seed, tag)."""
     key = hashlib.blake2b(tag, key=seed, digest_size=32, person=b"secagg-prg-v1").digest()
     enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    nbytes = 8 * n
-    enc.update_into(_zeros(nbytes), buf)
-    return np.frombuffer(buf, dtype=np.uint64, count=n)
+    enc.update_into(_zeros(dtype.itemsize * n), buf)
+    return np.frombuffer(buf, dtype=dtype, count=n)
 
 
-def prg_uint64(seed: bytes, tag, n: int) -> np.ndarray:
-    """n pseudo-random uint64 from a 32-byte seed and a tag (ChaCha20 keystream)."""
-    buf = bytearray(8 * n + 64)
-    return _prg_into(bytes(seed), _tag_bytes(tag), buf, n).copy()
+def prg(seed: bytes, tag, n: int, dtype=np.uint64) -> np.ndarray:
+    """n pseudo-random ring elements (uint32 / uint64) from a 32-byte seed and a tag (ChaCha20 keystream)."""
+    dtype = np.dtype(dtype)
+    buf = bytearray(dtype.itemsize * n + 64)
+    return _prg_into(bytes(seed), _tag_bytes(tag), buf, n, dtype).copy()
 
 
 # --------------------------------------------------------------------------- Shamir
@@ -358,9 +370,9 @@ class SecAggParty:
 
     def _pairwise(self, acc: np.ndarray, tagb: bytes, peers: Iterable[int], sign: int = 1) -> np.ndarray:
         n = acc.size
-        buf = bytearray(8 * n + 64)
+        buf = bytearray(acc.dtype.itemsize * n + 64)
         for v in peers:
-            m = _prg_into(self._seeds[v], tagb, buf, n)
+            m = _prg_into(self._seeds[v], tagb, buf, n, acc.dtype)
             if (self.party_id < v) == (sign > 0):
                 np.add(acc, m, out=acc)
             else:
@@ -370,9 +382,9 @@ class SecAggParty:
     def mask(
         self, values, tag: str, encoder: FixedPointEncoder, participants: Iterable[int] | None = None
     ) -> np.ndarray:
-        """Encode ``values`` and add all pairwise masks for ``tag``; returns uint64 (same shape).
+        """Encode ``values`` and add all pairwise masks for ``tag``; returns ``encoder.dtype`` (same shape).
 
-        Output is what the client uploads; alone it is uniform in Z_2^64.
+        Output is what the client uploads; alone it is uniform in the ring.
         ``participants`` (optional): the ids taking part in this aggregation
         (this party and a subset of its agreed peers, announced by the server,
         e.g. the clients sampled for a round); default: all agreed parties.
@@ -407,7 +419,7 @@ class SecAggParty:
     ) -> tuple[np.ndarray, dict[int, bytes]]:
         """Masked upload that survives dropouts (double masking).
 
-        Returns ``(masked_uint64, share_ciphertexts)`` where ``share_ciphertexts[v]``
+        Returns ``(masked, share_ciphertexts)`` (``masked``: ``encoder.dtype``) where ``share_ciphertexts[v]``
         is an encrypted Shamir share (threshold ``threshold``) of this party's
         fresh self-mask seed for ``tag``, readable only by party ``v``.  The own
         share is kept in the private state.
@@ -422,7 +434,7 @@ class SecAggParty:
         acc = np.ascontiguousarray(q).reshape(-1).copy()
         b = secrets.randbelow(SHAMIR_PRIME)
         tagb = tag.encode()
-        np.add(acc, prg_uint64(b.to_bytes(32, "little"), b"self|" + tagb, acc.size), out=acc)
+        np.add(acc, prg(b.to_bytes(32, "little"), b"self|" + tagb, acc.size, acc.dtype), out=acc)
         self._pairwise(acc, tagb, self.peers)
         ids = [self.party_id] + self.peers
         shares = shamir_split(b, [_share_x(i) for i in ids], threshold)
@@ -443,14 +455,15 @@ class SecAggParty:
         dropped: Iterable[int],
         share_ciphertexts: Mapping[int, bytes],
         size: int,
+        encoder: FixedPointEncoder,
     ) -> tuple[dict[int, bytes], np.ndarray]:
         """Answer the server's unmask request for ``tag``.
 
         ``share_ciphertexts[u]`` is the ciphertext party ``u`` (a survivor)
         addressed to this party.  Returns ``(self_seed_shares, correction)``:
         32-byte Shamir shares of the survivors' self-mask seeds (including
-        our own), and the uint64 vector (length ``size``) of this party's signed
-        pairwise masks with the dropped parties, which the server subtracts.
+        our own), and the vector (length ``size``, ``encoder.dtype``) of this
+        party's signed pairwise masks with the dropped parties, which the server subtracts.
         Refuses a second, different (survivors, dropped) split for the same tag.
         """
         tag = str(tag)
@@ -482,7 +495,7 @@ class SecAggParty:
             except InvalidTag:
                 raise SecAggError(f"share ciphertext from party {u} failed authentication") from None
             out[u] = pt
-        corr = np.zeros(int(size), dtype=np.uint64)
+        corr = np.zeros(int(size), dtype=encoder.dtype)
         self._pairwise(corr, tag.encode(), drop)
         return out, corr
 
@@ -554,13 +567,13 @@ def relay_public_keys(uploads: Mapping[int, bytes], expected_parties: Iterable[i
     return out
 
 
-def _check_uploads(masked_uploads: Mapping[int, np.ndarray]) -> tuple[tuple, list]:
+def _check_uploads(masked_uploads: Mapping[int, np.ndarray], dtype: np.dtype) -> tuple[tuple, list]:
     shape = None
     arrs = []
     for pid in sorted(masked_uploads):
         a = np.asarray(masked_uploads[pid])
-        if a.dtype != np.uint64:
-            raise SecAggError(f"party {pid}: masked upload must be uint64, got {a.dtype}")
+        if a.dtype != dtype:
+            raise SecAggError(f"party {pid}: masked upload must be {dtype} (the encoder's ring), got {a.dtype}")
         if shape is None:
             shape = a.shape
         elif a.shape != shape:
@@ -570,8 +583,8 @@ def _check_uploads(masked_uploads: Mapping[int, np.ndarray]) -> tuple[tuple, lis
 
 
 def sum_masked(arrays: list[np.ndarray]) -> np.ndarray:
-    """Sum uint64 arrays modulo 2^64 (numpy wraps unsigned integers)."""
-    acc = np.array(arrays[0], dtype=np.uint64, copy=True)
+    """Sum ring arrays (all uint32 or all uint64) modulo 2^w (numpy wraps unsigned integers)."""
+    acc = np.array(arrays[0], copy=True)
     for a in arrays[1:]:
         np.add(acc, a, out=acc)
     return acc
@@ -580,7 +593,7 @@ def sum_masked(arrays: list[np.ndarray]) -> np.ndarray:
 def unmask_sum(
     masked_uploads: Mapping[int, np.ndarray], expected_parties: Iterable[int], encoder: FixedPointEncoder
 ) -> np.ndarray:
-    """Server: sum the masked uploads mod 2^64 and decode to float64.
+    """Server: sum the masked uploads in the encoder's ring and decode to float64.
 
     Raises :class:`SecAggDropoutError` if any expected party is missing (the
     masks of a missing party cannot be removed in the simple protocol), and
@@ -596,7 +609,7 @@ def unmask_sum(
         raise SecAggError(f"uploads from unexpected party id(s) {sorted(extra)}")
     if not got:
         raise SecAggError("no uploads")
-    _, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()})
+    _, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
     return encoder.decode(sum_masked(arrs))
 
 
@@ -627,7 +640,7 @@ def recover_sum(
         raise SecAggError(f"unmask responses from non-survivors {sorted(answered - surv)}")
     if len(answered) < threshold:
         raise SecAggDropoutError(surv - answered, f"only {len(answered)} unmask responses, threshold {threshold}")
-    shape, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()})
+    shape, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
     acc = sum_masked(arrs).reshape(-1)
     n = acc.size
     tagb = str(tag).encode()
@@ -642,7 +655,7 @@ def recover_sum(
         if len(shares) < threshold:
             raise SecAggDropoutError([u], f"only {len(shares)} shares of its self-mask seed, threshold {threshold}")
         b = shamir_reconstruct(shares)
-        np.subtract(acc, prg_uint64(b.to_bytes(32, "little"), b"self|" + tagb, n), out=acc)
+        np.subtract(acc, prg(b.to_bytes(32, "little"), b"self|" + tagb, n, acc.dtype), out=acc)
     if dropped:
         missing_corr = surv - answered
         if missing_corr:
@@ -651,7 +664,7 @@ def recover_sum(
             )
         for v in sorted(answered):
             corr = np.asarray(responses[v][1])
-            if corr.dtype != np.uint64 or corr.size != n:
+            if corr.dtype != encoder.dtype or corr.size != n:
                 raise SecAggError(f"party {v}: bad correction vector (dtype {corr.dtype}, size {corr.size} != {n})")
             np.subtract(acc, corr.reshape(-1), out=acc)
     return encoder.decode(acc.reshape(shape))

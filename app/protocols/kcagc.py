@@ -77,6 +77,24 @@ EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", 
 #: (one secure sum of n values before clustering, :func:`joint_unit_rows`).
 JOINT_EMBEDDINGS = ("projection-joint-unit",)
 
+#: Embeddings with unit rows on every party (a zero row stays zero). Virtual
+#: nodes and centres are weighted means of rows, so they lie in the unit ball
+#: and one party's part of any squared distance is at most (1 + 1)^2 = 4.
+UNIT_ROW_EMBEDDINGS = ("normalized", "projection-unit")
+
+#: That bound plus room for float rounding: the secure sums of these
+#: embeddings' distances fit the 32-bit ring (app.privacy.secagg) up to
+#: 2^31 / (bound * secagg.scale) parties, 511 at the default scale 2^20.
+UNIT_ROW_DISTANCE_BOUND = 4.0 + 1e-9
+
+
+def distance_bound(kind: str, configured: float) -> float:
+    """Largest part of a squared distance that one party may contribute to a
+    secure sum: ``configured`` (``secagg.bound``), or the smaller proved bound
+    of a unit-row embedding."""
+    return min(configured, UNIT_ROW_DISTANCE_BOUND) if kind in UNIT_ROW_EMBEDDINGS else configured
+
+
 #: Protocol 1's pruning ratio: a point is confident if its squared distance to
 #: the nearest seed is at most 1/9 of that to any other seed.
 PRUNE_RATIO = 1.0 / 9.0
