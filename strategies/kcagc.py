@@ -330,11 +330,10 @@ class KCAGC(ClusteringStrategy):
         it = 0
         while True:
             def lloyd_arrays(j, it=it):
-                if it == 0:
-                    return {"seeds": seeds[j], "moved": moved[j]}
-                # the assignment (-1..kk-1) in the smallest integer type that holds -kk: int8 up to 128 clusters
-                assign_moved = update[j][proto.moved_restarts(moved[j], kk)]
-                return {"assign": assign_moved.astype(np.min_scalar_type(-kk)), "moved": moved[j]}
+                # an assignment (-1..kk-1) goes in the smallest integer type holding -kk: int8 up to 128 clusters
+                centres = ({"seeds": seeds[j]} if it == 0 else
+                           {"assign": update[j][proto.moved_restarts(moved[j], kk)].astype(np.min_scalar_type(-kk))})
+                return {**centres, "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
             parts = round_("lloyd", lloyd_arrays, sizes)
