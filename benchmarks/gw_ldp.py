@@ -7,7 +7,8 @@ GW-matrix timing.
     python benchmarks/gw_ldp.py --parts selection,selection-cv --datasets mutag --models gin --variants plain
         # SVC model selection: validation split vs 5-fold CV vs the grid's best test accuracy
 
-Parts: table1, cluster, timing, bound, rounds, dp, features, selection, selection-cv, hidden, size-only.
+Parts: table1, cluster, timing, bound, rounds, dp, features, selection, selection-cv, hidden, size-only,
+seen-labels, norm.
 
 Every federated number comes from ``app.run.run_experiment(..., engine="inprocess")``
 (the real ServerApp/ClientApp message flow). The GW_A row is the centralised
@@ -88,10 +89,12 @@ def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
 def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int | None = None, **extra) -> dict:
     """``fed_run`` of one ten-fold split with the benchmark's training settings
     (seed 0, ``--alpha``, ``--rounds`` unless ``rounds`` is given, ``--epochs``, ``--workers``)
-    and any ``extra`` run-config overrides. The embedding is the class-score softmax, as in every
-    table measured before ``gw-ldp.embedding`` existed; ``--parts hidden`` overrides it."""
+    and any ``extra`` run-config overrides. The embedding is the class-score softmax and the GIN's
+    BatchNorm statistics the FedAvg of the clients' running statistics, as in every table measured
+    before ``gw-ldp.embedding`` and ``gw-ldp.norm-statistics`` existed; ``--parts hidden`` and
+    ``--parts norm`` override them."""
     return fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model, "gw-ldp.epsilon": eps,
-                             "gw-ldp.embedding": "classes",
+                             "gw-ldp.embedding": "classes", "gw-ldp.norm-statistics": "averaged",
                              "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds if rounds is None else rounds,
                              "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers, **extra})
 
@@ -240,6 +243,31 @@ def part_hidden(args, data: dict) -> None:
         for key, model, eps in gw_h_rows(dataset, args):
             fill_folds(out.setdefault(key, []), key, dataset, model, eps, args, data,
                        **{"gw-ldp.embedding": "hidden"})
+
+
+def part_norm(args, data: dict) -> None:
+    """The GIN rows of the hidden-layer table again, with the BatchNorm statistics recomputed over the
+    pooled training graphs after training (``gw-ldp.norm-statistics = pooled``, the default without DP)
+    instead of the FedAvg of the clients' running statistics (the hidden-layer table's setting)."""
+    out = data.setdefault("pooled_norm", {})
+    for dataset in args.datasets:
+        for key, model, eps in gw_h_rows(dataset, args):
+            if model == "gin":  # GCN has no BatchNorm
+                fill_folds(out.setdefault(key, []), key, dataset, model, eps, args, data,
+                           **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "pooled"})
+
+
+def norm_stats(data: dict) -> dict:
+    """Per row of ``--parts norm``: test accuracy (mean, std in %) with averaged statistics (the
+    hidden-layer table, same folds) and with pooled ones, and the folds run."""
+    out = {}
+    for key, runs in data.get("pooled_norm", {}).items():
+        base = data.get("hidden_embedding", {}).get(key, [])[:len(runs)]
+        if runs and len(base) == len(runs):
+            out[key] = {"averaged": _ms([r["svc_test_acc"] for r in base]),
+                        "pooled": _ms([r["svc_test_acc"] for r in runs]), "folds": len(runs),
+                        "per_fold": [round(100 * r["svc_test_acc"], 1) for r in runs]}
+    return out
 
 
 def part_size_only(args, data: dict) -> None:
@@ -661,6 +689,25 @@ def render(data: dict, args) -> str:
                          f"{paper_mean(row, ds):.2f} | {st['folds']} | "
                          f"{st['gw_s'][0]:.1f} / {st['gw_s'][1]:.1f} |")
         lines.append("")
+    pooled = norm_stats(data)
+    if pooled:
+        lines += ["### GIN's BatchNorm statistics: averaged vs pooled (`--parts norm`, same folds)", "",
+                  "`averaged` (the hidden-layer table): the GIN's BatchNorm running statistics are the FedAvg of "
+                  "the clients' exponential running averages, each over its own graphs' nodes and lagging behind "
+                  "the weights. `pooled` (`gw-ldp.norm-statistics = pooled`, the default without training DP): "
+                  "after training, one round per BatchNorm layer in forward order, each client uploads the "
+                  "per-channel node count, sum and sum of squares of that layer's input over its training "
+                  "graphs and the server sets the layer's statistics to those of the union (exact: the same "
+                  "as if one client held every training graph). Same training, "
+                  "hidden-layer embedding, fused GW (alpha 0.5) and validated SVC.", "",
+                  "| row | dataset | averaged | pooled | paper | folds | pooled per fold |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, st in pooled.items():
+            row, ds = key.split("|")
+            (am, asd), (pm, psd) = st["averaged"], st["pooled"]
+            lines.append(f"| {row} | {ds} | {am:.1f} ± {asd:.1f} | {pm:.1f} ± {psd:.1f} | "
+                         f"{paper_mean(row, ds):.2f} | {st['folds']} | {', '.join(map(str, st['per_fold']))} |")
+        lines.append("")
     seen = seen_stats(data)
     if seen:
         lines += ["### Had the GNN seen the test graphs' labels? (`--parts seen-labels`, centralised)", "",
@@ -1016,7 +1063,7 @@ def main() -> int:
     parts = {"table1": part_table1, "cluster": part_cluster, "timing": part_timing, "bound": part_bound,
              "rounds": part_rounds, "dp": part_dp, "features": part_features, "selection": part_selection,
              "selection-cv": part_selection_cv, "hidden": part_hidden, "size-only": part_size_only,
-             "seen-labels": part_seen_labels}
+             "seen-labels": part_seen_labels, "norm": part_norm}
     if not args.render_only:
         data.setdefault("commands", []).append(" ".join(sys.argv[1:]))
         for name in args.parts.split(","):

@@ -2,7 +2,9 @@
 
 What leaves this client: its feature width and graph counts, locally trained
 GNN weights each round (optionally clipped and noised) with its number of
-training graphs, and once (or every s rounds) the LDP-encoded softmax node
+training graphs, before each embedding release (without training DP) the node
+count and per-channel sum and sum of squares of each BatchNorm layer's input
+over its training graphs' nodes (GIN), and once (or every s rounds) the LDP-encoded softmax node
 embeddings of its graphs with their sizes, graph ids, split codes, train and
 validation labels, and every graph's label for scoring (``eval_labels``: the
 evaluation server sees the test graphs' labels too, as it sees the ground truth
@@ -32,7 +34,7 @@ _CACHE_SIZE = 64
 
 
 class GWLDPClient(ClusteringClient):
-    actions = ("gw_describe", "gw_embed")
+    actions = ("gw_describe", "gw_norm", "gw_embed")
     train_actions = ("fit",)
 
     # -- local data ----------------------------------------------------------
@@ -113,6 +115,12 @@ class GWLDPClient(ClusteringClient):
 
         return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
                                  delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
+
+    def on_gw_norm(self, arrays, values):
+        """Moments of one BatchNorm layer's input over this client's training-graph nodes."""
+        batch, labels, split = self._local()
+        train = np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
+        return {"moments": proto.norm_input_moments(self._model(arrays), batch, train, str(values["layer"]))}, {}
 
     def on_gw_embed(self, arrays, values):
         batch, labels, split = self._local()

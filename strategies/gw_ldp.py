@@ -29,6 +29,19 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    BatchNorm statistics (GIN) are frozen: they come back unchanged, not
    noised (the clients' DP step rejects a change), only the trainable
    weights carry the protected update.
+2b. ``gw_norm`` x (BatchNorm layers: 10 for GIN, none for GCN), before every
+   embedding release, with ``gw-ldp.norm-statistics`` ``auto`` (no training DP)
+   or ``pooled`` (down: the weights, the layer name) -> up: ``moments`` =
+   ``[N_c, sum_v a_v, sum_v a_v^2]`` of the layer's input over the client's
+   training-graph nodes (per channel, 1 + 2h numbers). The server sets the
+   layer's running mean and unbiased variance to those of the union of all
+   clients' training graphs, layer by layer in forward order (a layer's input
+   depends on the statistics before it), exactly as if one client held every
+   training graph. FedAvg of
+   the clients' exponential running averages (``averaged``) instead mixes
+   per-client statistics that lag behind the weights (MUTAG, GIN: 10-fold
+   results in benchmarks/RESULTS.md). Under training DP the statistics are
+   frozen and not uploaded (``auto`` = ``averaged``; ``pooled`` is refused).
 3. ``gw_embed`` (down: final weights, epsilon, layer) after training (and every
    ``gw-ldp.embed-every`` rounds if > 0, Algorithm 2's periodic signal) ->
    up: ``embeddings`` = the softmax node embeddings of all local graphs
@@ -91,6 +104,7 @@ from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 DP_MODES = ("none", "client", "sgd")
+NORM_STATISTICS = ("auto", "pooled", "averaged")
 
 #: Ledger entry (mechanism name, what it protects) per training-DP mode.
 DP_LEDGER = {
@@ -135,6 +149,11 @@ class GWLDP(ClusteringStrategy):
               "how the SVC's C and gamma are picked: validation = best on the validation graphs (the paper's "
               "7:2:1), cv = 5-fold cross-validation over the train and validation graphs, refit on both",
               choices=proto.SELECTIONS),
+        Param("gw-ldp.norm-statistics", str, "auto",
+              "BatchNorm statistics (GIN) used for the embeddings: pooled = recomputed exactly over all clients' "
+              "training graphs after training (one round per BatchNorm layer; clients upload per-channel sums "
+              "and sums of squares), averaged = FedAvg of the clients' running statistics; auto = pooled "
+              "without training DP, averaged with it", choices=NORM_STATISTICS),
         Param("gw-ldp.dp", str, "none", "DP for training: none, client (clip + Gaussian noise per client "
               "update, DP-FedAvg) or sgd (local DP-SGD, one graph = one sample, Opacus accountant)",
               choices=DP_MODES),
@@ -153,6 +172,10 @@ class GWLDP(ClusteringStrategy):
         eps = float(config["gw-ldp.epsilon"])
         if math.isnan(eps):
             raise ConfigError("invalid value nan for 'gw-ldp.epsilon'; valid: 0 (1/|V|), a positive number, inf")
+        if config["gw-ldp.norm-statistics"] == "pooled" and config["gw-ldp.dp"] != "none":
+            raise ConfigError(f"invalid value 'pooled' for 'gw-ldp.norm-statistics' with gw-ldp.dp="
+                              f"'{config['gw-ldp.dp']}': the activation moments it uploads are not covered by "
+                              "the DP noise; valid with DP: auto, averaged")
 
     # ------------------------------------------------------------------ protocol
     def run(self, session) -> StrategyOutput:
@@ -182,6 +205,8 @@ class GWLDP(ClusteringStrategy):
         dp = self._dp_mechanism(session)
         width = proto.embedding_width(model, k, str(cfg["gw-ldp.embedding"]))
         embed_every = int(cfg["gw-ldp.embed-every"])
+        pooled = cfg["gw-ldp.norm-statistics"] != "averaged" and dp_mode == "none"
+        layers = proto.norm_layers(model, in_dim) if pooled else []
         history, latest, releases = [], {}, 0  # latest: client -> (round, its newest embedding upload)
         t0 = time.perf_counter()
         for rnd in range(1, int(cfg["num-rounds"]) + 1):
@@ -194,10 +219,14 @@ class GWLDP(ClusteringStrategy):
                 dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
-                latest.update({c: (rnd, up) for c, up in self._embed(session, weights, width, described).items()})
+                released = self._pool_norm_statistics(session, weights, layers)
+                latest.update({c: (rnd, up) for c, up in self._embed(session, released, width, described).items()})
                 releases += 1
         timing["train_s"] = time.perf_counter() - t0
         final_round = int(cfg["num-rounds"]) + 1
+        t0 = time.perf_counter()
+        weights = self._pool_norm_statistics(session, weights, layers)
+        timing["norm_s"] = time.perf_counter() - t0
         latest.update({c: (final_round, up) for c, up in self._embed(session, weights, width, described).items()})
         releases += 1
         uploads = self._combine(latest)
@@ -215,7 +244,8 @@ class GWLDP(ClusteringStrategy):
                                alpha=alpha)
         timing["gw_s"] = time.perf_counter() - t0
         n = len(spaces)
-        metrics = {"gw_pairs": gw_stats["pairs"], "gw_solved_pairs": gw_stats["solved_pairs"],
+        metrics = {"norm_statistics": "pooled" if layers else "averaged", "norm_rounds": len(layers),
+                   "gw_pairs": gw_stats["pairs"], "gw_solved_pairs": gw_stats["solved_pairs"],
                    "gw_distinct_spaces": gw_stats["distinct_spaces"],
                    "gw_mean": float(dist[np.triu_indices(n, 1)].mean()) if n > 1 else 0.0, **timing}
         metrics.update(self._classify(dist, uploads))
@@ -258,6 +288,35 @@ class GWLDP(ClusteringStrategy):
         known = sum(counts) and not np.isnan(losses).any()
         loss = float(np.average(losses, weights=counts)) if known else None  # None under DP (no loss sent)
         return new, loss
+
+    def _pool_norm_statistics(self, session, weights, layers: list[str]) -> dict[str, np.ndarray]:
+        """``weights`` with every BatchNorm layer's statistics recomputed over the
+        union of the clients' training graphs, one round per layer in forward order
+        (a layer's input depends on the statistics of the layers before it).
+
+        Down: the weights (earlier layers already pooled) and the layer name.
+        Up: ``moments`` = ``[N_c, sum a_v, sum a_v^2]`` of that layer's input over
+        the client's training-graph nodes (:func:`app.protocols.gw_ldp.norm_input_moments`).
+        A malformed reply stops the run; a client that does not answer is dropped
+        and the statistics are those of the clients that did."""
+        for layer in layers:
+            width = weights[f"{layer}.running_mean"].shape[0]
+            replies = session.broadcast(
+                "gw_norm", pack({f"w.{n}": a for n, a in weights.items()}, {"layer": layer}),
+                ReplySpec(arrays={"moments": ArraySpec((1 + 2 * width,))}), require_all=False,
+            )
+            moments = []
+            for node, content in replies.items():
+                up = unpack(content)[0]["moments"]
+                problem = proto.moments_problem(up, width)
+                if problem:
+                    raise ProtocolError(f"client {session.partition_of(node)}: malformed BatchNorm moments for "
+                                        f"'{layer}': {problem}")
+                moments.append(up)
+            if not moments:
+                raise ProtocolError(f"no client answered the BatchNorm round for '{layer}'")
+            weights = proto.with_norm_statistics(weights, layer, *proto.pooled_norm_statistics(moments))
+        return weights
 
     def _embed(self, session, weights, width: int, described) -> dict[int, dict]:
         """One embedding release: per client that answered, its checked upload

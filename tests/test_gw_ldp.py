@@ -415,7 +415,11 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
                 assert a.ndim == 1 or (name == "embeddings" and a.shape[1] == 64)  # GIN's hidden width
     weight_names = {n for n in names if n.startswith("w.")}
     assert weight_names == set(model_shapes)
-    assert names - weight_names == {"embeddings", "sizes", "graph_ids", "split", "labels", "eval_labels"}
+    # moments: GIN's BatchNorm statistics pooled after training, per channel (1 + 2 x 64 numbers)
+    assert names - weight_names == {"embeddings", "sizes", "graph_ids", "split", "labels", "eval_labels", "moments"}
+    moments = [unpack(r.content)[0]["moments"] for r in grid.pulled if r.metadata.message_type == "query.gw_norm"]
+    assert len(moments) == 4 * 10 and all(m.shape == (1 + 2 * 64,) for m in moments)  # 4 clients x 10 layers
+    assert result["metrics"]["norm_statistics"] == "pooled" and result["metrics"]["norm_rounds"] == 10
     embed = [unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == "query.gw_embed"]
     codes = np.vstack([a["embeddings"] for a in embed])
     assert codes.dtype == np.int8 and codes.shape == (sum(g.num_nodes for g in data.graphs), 64)
@@ -533,6 +537,131 @@ def test_a_malformed_embedding_upload_stops_the_run_and_names_the_client(out_dir
     monkeypatch.setattr(GWLDPClient, "on_gw_embed", corrupt)
     with pytest.raises(ProtocolError, match=r"client 1: malformed embedding upload: 'labels' outside -1..5"):
         run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "reference": False}, out_dir)
+
+
+def _trained_gin_and_client_batches(clients: int):
+    """A GIN trained a few full-batch steps on 60 random graphs (so its statistics and
+    weights are not at their initial values), the graphs cut into ``clients`` batches."""
+    from app.data.types import GraphData
+
+    rng = np.random.default_rng(11)
+    graphs = [GraphData(name="g", adj=random_graph(rng, int(rng.integers(5, 12)), 0.4), x=None, y=None, meta={})
+              for _ in range(60)]
+    y = np.arange(60) % 2
+    model = proto.build_model("gin", 8, 2, seed=0)
+    with proto.torch_threads(1):
+        proto.local_train(model, proto.make_batch(graphs, 8), y, np.arange(60), "graph", 5, 0.01, 0)
+    cuts = np.array_split(np.arange(60), clients)
+    return model, graphs, [proto.make_batch([graphs[i] for i in c], 8) for c in cuts]
+
+
+def _pool(model, batches, select) -> dict:
+    """The strategy's rounds without Flower: per BatchNorm layer in forward order, every
+    client's moments of its selected graphs, summed into the layer's new statistics."""
+    weights = proto.get_weights(model)
+    for layer in proto.norm_layers(model, 8):
+        proto.set_weights(model, weights)
+        moments = [proto.norm_input_moments(model, b, s, layer) for b, s in zip(batches, select)]
+        assert all(proto.moments_problem(m, 64) is None for m in moments)
+        weights = proto.with_norm_statistics(weights, layer, *proto.pooled_norm_statistics(moments))
+    return weights
+
+
+def test_pooled_batchnorm_statistics_equal_one_pass_over_every_clients_graphs():
+    import copy
+
+    import torch
+
+    model, graphs, parts = _trained_gin_and_client_batches(3)
+    layers = proto.norm_layers(model, 8)
+    assert len(layers) == 10 and layers[:2] == ["convs.0.nn.1", "norms.0"]  # forward order, not registration
+    assert proto.norm_layers(proto.build_model("gcn", 8, 2, 0), 8) == []
+    with proto.torch_threads(1):
+        three = _pool(copy.deepcopy(model), parts, [np.arange(b.num_graphs) for b in parts])
+        one = _pool(copy.deepcopy(model), [proto.make_batch(graphs, 8)], [np.arange(60)])
+        # the split over clients does not matter: same statistics as one client holding every graph
+        assert all(np.allclose(three[k], one[k], rtol=1e-5, atol=1e-6) for k in one)
+        # a client's graphs outside ``select`` take no part
+        half = _pool(copy.deepcopy(model), parts, [np.arange(b.num_graphs // 2) for b in parts])
+        assert not np.allclose(half["norms.4.running_var"], three["norms.4.running_var"], rtol=1e-3)
+        # reference: PyTorch's own train-mode pass over all graphs at once (momentum None stores the
+        # batch mean and unbiased variance). The first layer's input is the same, so it agrees to float
+        # precision; later layers' inputs differ by train mode normalising with the biased variance
+        # (a factor (N-1)/N on the variance, N = 463 nodes), so they agree to a few times 1/N.
+        ref = copy.deepcopy(model)
+        for mod in ref.modules():
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+                mod.momentum = None
+        full = proto.make_batch(graphs, 8)
+        ref.train()
+        with torch.no_grad():
+            ref(full.x, full.edge_index)
+        want = proto.get_weights(ref)
+    first = [k for k in want if k.startswith("convs.0.nn.1.running")]
+    assert all(np.allclose(three[k], want[k], rtol=1e-5, atol=1e-6) for k in first)
+    nodes = full.x.shape[0]
+
+    def off(stats, k):  # largest deviation from the reference, relative to the layer's scale
+        return np.abs(stats[k] - want[k]).max() / np.abs(want[k]).max()
+
+    rest = [k for k in want if "running" in k]
+    assert max(off(three, k) for k in rest) <= 4 / nodes
+    # what FedAvg of the clients' own statistics gives instead is far off
+    averaged = {}
+    for b in parts:
+        m = copy.deepcopy(ref)
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+        m.train()
+        with torch.no_grad():
+            m(b.x, b.edge_index)
+        averaged[b.num_graphs] = proto.get_weights(m)
+    avg = proto.fedavg(list(averaged.values()), list(averaged))
+    assert max(off(avg, k) for k in rest) > 40 / nodes
+
+
+def test_malformed_batchnorm_moments_are_named():
+    ok = np.concatenate([[4.0], [2.0, -2.0], [2.0, 1.0]])
+    assert proto.moments_problem(ok, 2) is None
+    assert proto.moments_problem(np.zeros(5), 2) is None  # a client without training graphs
+    cases = {"shape": np.zeros(4), "finite": np.array([4.0, np.nan, 0, 1, 1]),
+             "whole number": np.array([2.5, 0, 0, 1, 1]), "whole number >= 0": np.array([-1.0, 0, 0, 1, 1]),
+             "squared sums": np.array([4.0, 4.0, 0, 3.9, 0]), "zero nodes": np.array([0.0, 1.0, 0, 1, 0])}
+    for words, bad in cases.items():
+        assert words in proto.moments_problem(bad, 2)
+    assert "not finite floats" in proto.moments_problem(np.zeros(5, dtype=np.int64), 2)
+    with pytest.raises(ValueError, match="at least 2 nodes, the clients hold 1"):
+        proto.pooled_norm_statistics([np.array([1.0, 3.0, 9.0])])
+
+
+def test_malformed_batchnorm_moments_stop_the_run_and_dp_keeps_averaged_statistics(out_dir, monkeypatch):
+    shared_datasets_or_skip()
+    from clients.gw_ldp import GWLDPClient
+
+    honest = GWLDPClient.on_gw_norm
+
+    def corrupt(self, arrays, values):
+        reply, vals = honest(self, arrays, values)
+        if self.shard.client_id == 1:
+            reply["moments"][0] = -3.0
+        return reply, vals
+
+    monkeypatch.setattr(GWLDPClient, "on_gw_norm", corrupt)
+    with pytest.raises(ProtocolError, match=r"client 1: malformed BatchNorm moments for 'convs.0.nn.1': node "
+                                            r"count -3.0 is not a whole number >= 0"):
+        run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "gw-ldp.svc": False, "reference": False}, out_dir)
+    # under training DP the activation moments would be unprotected: auto keeps the averaged statistics
+    # (no gw_norm round), and asking for pooled ones is refused
+    result = run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "gw-ldp.svc": False, "reference": False,
+                                                    "gw-ldp.dp": "sgd"}, out_dir.parent / "dp")
+    assert result["metrics"]["norm_statistics"] == "averaged" and result["metrics"]["norm_rounds"] == 0
+    assert not any(r["action"] == "gw_norm" for r in result["timing"]["per_round"])
+    with pytest.raises(ConfigError, match="invalid value 'pooled' for 'gw-ldp.norm-statistics' with "
+                                          "gw-ldp.dp='client'.*valid with DP: auto, averaged"):
+        run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.dp": "client", "gw-ldp.norm-statistics": "pooled"},
+                       out_dir.parent / "bad")
 
 
 def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone():
