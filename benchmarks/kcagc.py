@@ -147,14 +147,15 @@ EMBEDDING_NOTE = (
     "G^psi X^l V V' in the basis V: the paper's \"project X^l onto the subspace spanned by the top k_hat "
     "singular vectors\", Protocol 1 line 5, Protocol 2 line 6) and scales every row to unit length; virtual "
     "nodes are means of these rows. Without the row scaling (`projection`, the paper taken literally) Cora "
-    "falls to 52-58% at every L, though CiteSeer stays flat at 68.6-69.0 (table below). Clustering the "
+    "falls to 53-59% at every L, though CiteSeer stays flat (basic 68.8-69.2 at every L; table below). "
+    "Clustering the "
     "singular vectors U (`svd`, AGC's own embedding; the paper's AGC and its b-kCAGC at L=2 match it) is "
-    "erratic and falls with L (Cora L=8: 58-62%, L=16 k_hat=k: 42.8%): every party's block is whitened "
+    "erratic and falls with L (L=16: Cora 43-57%, CiteSeer 58-66%): every party's block is whitened "
     "separately, and nodes with few of a party's words get short, noisy rows that dominate the concatenation "
     "of many narrow blocks. Unit rows (Ng-Jordan-Weiss) weigh every party equally per node; `normalized` "
     "(unit rows of U, the default until this run) keeps accuracy flat in L but whitens each block, and "
-    "`projection-unit` measured 1-4 points better on Cora and CiteSeer and 0-2 points lower on Wiki (seed "
-    "0, table below). The row scaling is our choice: the paper does not say how its per-party projections "
+    "`projection-unit` measured up to 5.4 points better on Cora (lower in 1 of 12 cells, by 1.7), 0.2-2.7 "
+    "better on CiteSeer and up to 2.9 points lower on Wiki (seed 0, table below). The row scaling is our choice: the paper does not say how its per-party projections "
     "are scaled."
 )
 
@@ -181,7 +182,8 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         "## kCAGC (`kcagc`, `kcagc-basic`) - issue 10",
         "",
         f"`python benchmarks/kcagc.py --parts table2 --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
-        f"{summary['elapsed_s'] / 60:.1f} min of runs on a shared 2-core machine). Vertical split into {split} "
+        f"{summary['elapsed_s'] / 60:.1f} min of runs summed over the processes, 2-core machine). Vertical split "
+        f"into {split} "
         "column blocks, psi = 9 / 15 / 2 (cora / citeseer / wiki), k_hat = factor x k, Q = 10, "
         f"{seedings(summary)} k-means++ seedings side by side, embedding "
         f"`{summary.get('embedding', 'normalized')}`; mean (std) "
@@ -454,8 +456,16 @@ def render_tree(tree: dict) -> list[str]:
                     "cluster into k_hat > k centres; flat Protocol 3's virtual nodes saturate near n (Cora/Wiki "
                     "L=8/16: 1300-2300) long before k_hat^L, so the paper's O((Q+1) L k_hat^3) vs "
                     "O((Q+1) k k_hat^L) argument for the tree only pays off when n >> k_hat^L. " + accuracy
-                    + f" Protocol time (measured under load, a relative comparison only): the tree is faster in "
-                    f"{faster} of {compared} cells.", ""]
+                    + f" Protocol time ({when_measured(tree)}, this process's wall time with the parties one "
+                    f"after another): the tree is faster in {faster} of {compared} cells.", ""]
+
+
+def when_measured(part: dict) -> str:
+    """How far a part's times can be trusted: idle machine or shared (load average at its start)."""
+    load = part.get("load")
+    if load is not None and load < 1:
+        return f"measured on an idle machine, load {load:.2f} at the start"
+    return "measured under load, a relative comparison only"
 
 
 def render_embeddings(emb: dict) -> list[str]:
