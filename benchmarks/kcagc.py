@@ -148,15 +148,15 @@ EMBEDDING_NOTE = (
     "singular vectors\", Protocol 1 line 5, Protocol 2 line 6) and scales every row to unit length; virtual "
     "nodes are means of these rows. Without the row scaling (`projection`, the paper taken literally) Cora "
     "falls to 53-59% at every L, though CiteSeer stays flat (basic 68.8-69.2 at every L; table below). "
-    "Clustering the "
-    "singular vectors U (`svd`, AGC's own embedding; the paper's AGC and its b-kCAGC at L=2 match it) is "
+    "Clustering the singular vectors U (`svd`, AGC's own embedding; the paper's AGC and its b-kCAGC at L=2 "
+    "match it) is "
     "erratic and falls with L (L=16: Cora 43-57%, CiteSeer 58-66%): every party's block is whitened "
     "separately, and nodes with few of a party's words get short, noisy rows that dominate the concatenation "
     "of many narrow blocks. Unit rows (Ng-Jordan-Weiss) weigh every party equally per node; `normalized` "
     "(unit rows of U, the default until this run) keeps accuracy flat in L but whitens each block, and "
     "`projection-unit` measured up to 5.4 points better on Cora (lower in 1 of 12 cells, by 1.7), 0.2-2.7 "
-    "better on CiteSeer and up to 2.9 points lower on Wiki (seed 0, table below). The row scaling is our choice: the paper does not say how its per-party projections "
-    "are scaled."
+    "better on CiteSeer and up to 2.9 points lower on Wiki (seed 0, table below). The row scaling is our "
+    "choice: the paper does not say how its per-party projections are scaled."
 )
 
 

@@ -61,6 +61,10 @@ class GWLDPClient(ClusteringClient):
                 _CACHE.popitem(last=False)
         return _CACHE[key][1:]
 
+    def _train_graphs(self, labels: np.ndarray, split: np.ndarray) -> np.ndarray:
+        """Indices of this client's labelled training graphs (what it trains on)."""
+        return np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
+
     def _model(self, arrays, num_classes: int | None = None):
         batch, _, _ = self._local()
         weights = {k[2:]: v for k, v in arrays.items() if k.startswith("w.")}
@@ -88,7 +92,7 @@ class GWLDPClient(ClusteringClient):
         batch, labels, split = self._local()
         model = self._model(arrays)
         start = proto.get_weights(model)
-        train = np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
+        train = self._train_graphs(labels, split)
         seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
         dp = self.config["gw-ldp.dp"]
         if dp == "sgd":  # sampling and noise from OS entropy (see the module docstring)
@@ -119,8 +123,8 @@ class GWLDPClient(ClusteringClient):
     def on_gw_norm(self, arrays, values):
         """Moments of one BatchNorm layer's input over this client's training-graph nodes."""
         batch, labels, split = self._local()
-        train = np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
-        return {"moments": proto.norm_input_moments(self._model(arrays), batch, train, str(values["layer"]))}, {}
+        return {"moments": proto.norm_input_moments(self._model(arrays), batch, self._train_graphs(labels, split),
+                                                    str(values["layer"]))}, {}
 
     def on_gw_embed(self, arrays, values):
         batch, labels, split = self._local()

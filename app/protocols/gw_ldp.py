@@ -271,16 +271,21 @@ def _scores(model, batch: GraphBatch, task: str, select: np.ndarray):
     return (sums / sizes[:, None])[torch.from_numpy(select)]
 
 
+def _norm_modules(model) -> dict:
+    """The model's BatchNorm layers by name (registration order)."""
+    import torch
+
+    return {name: mod for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)}
+
+
 def freeze_norm_statistics(model) -> None:
     """BatchNorm layers to eval mode: they normalise with their current running
     statistics and do not update them. Under DP training the statistics are
     data summaries that neither clipping nor noise covers, so they stay at the
     values the server sent (and go back unchanged)."""
-    import torch
-
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
-            mod.eval()
+    for mod in _norm_modules(model).values():
+        mod.eval()
 
 
 def norm_layers(model, in_dim: int) -> list[str]:
@@ -290,7 +295,7 @@ def norm_layers(model, in_dim: int) -> list[str]:
 
     order: list[str] = []
     hooks = [mod.register_forward_pre_hook(lambda _mod, _inp, name=name: order.append(name))
-             for name, mod in model.named_modules() if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)]
+             for name, mod in _norm_modules(model).items()]
     try:
         model.eval()
         with torch.no_grad():
@@ -308,12 +313,11 @@ def norm_input_moments(model, batch: GraphBatch, select: np.ndarray, layer: str)
     ``[N, sum_v a_v, sum_v a_v**2]`` (float64, length ``1 + 2h``)."""
     import torch
 
-    modules = dict(model.named_modules())
-    if not isinstance(modules.get(layer), torch.nn.modules.batchnorm._BatchNorm):
-        raise ValueError(f"unknown BatchNorm layer {layer!r}; valid choices: "
-                         + ", ".join(norm_layers(model, batch.x.shape[1])))
+    norms = _norm_modules(model)
+    if layer not in norms:
+        raise ValueError(f"unknown BatchNorm layer {layer!r}; valid choices: " + ", ".join(norms))
     captured = []
-    hook = modules[layer].register_forward_pre_hook(lambda _mod, inp: captured.append(inp[0].detach()))
+    hook = norms[layer].register_forward_pre_hook(lambda _mod, inp: captured.append(inp[0].detach()))
     try:
         model.eval()
         with torch.no_grad():
