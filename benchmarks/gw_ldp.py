@@ -8,12 +8,12 @@ GW-matrix timing.
         # SVC model selection: validation split vs 5-fold CV vs the grid's best test accuracy
 
 Parts: table1, cluster, timing, bound, rounds, dp, features, selection, selection-cv, hidden, size-only,
-seen-labels, norm.
+seen-labels, norm, plain-gw.
 
 Every federated number comes from ``app.run.run_experiment(..., engine="inprocess")``
-(the real ServerApp/ClientApp message flow). The GW_A row is the centralised
-topology-only baseline (shortest-path GW, computed on the pooled graphs, SVC on
-the same ten-fold 7:2:1 folds). Writes ``benchmarks/results/gw_ldp.json``, plots next to
+(the real ServerApp/ClientApp message flow). The GW_A rows are the centralised
+baselines on the pooled graphs (FGW_AX: shortest paths + one-hot node labels where the
+dataset has them, else shortest-path GW), SVC on the same ten-fold 7:2:1 folds. Writes ``benchmarks/results/gw_ldp.json``, plots next to
 it, and the ``gw_ldp`` section of ``benchmarks/RESULTS.md``.
 """
 
