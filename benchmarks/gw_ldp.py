@@ -12,9 +12,10 @@ seen-labels, norm, plain-gw.
 
 Every federated number comes from ``app.run.run_experiment(..., engine="inprocess")``
 (the real ServerApp/ClientApp message flow). The GW_A rows are the centralised
-baselines on the pooled graphs (FGW_AX: shortest paths + one-hot node labels where the
-dataset has them, else shortest-path GW), SVC on the same ten-fold 7:2:1 folds. Writes ``benchmarks/results/gw_ldp.json``, plots next to
-it, and the ``gw_ldp`` section of ``benchmarks/RESULTS.md``.
+baselines on the pooled graphs (FGW_AX: shortest paths + one-hot node labels where
+the dataset has them, else shortest-path GW), SVC on the same ten-fold 7:2:1 folds.
+Writes ``benchmarks/results/gw_ldp.json``, plots next to it, and the ``gw_ldp``
+section of ``benchmarks/RESULTS.md``.
 """
 
 from __future__ import annotations
