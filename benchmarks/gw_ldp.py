@@ -435,7 +435,7 @@ def ldp_bound(dataset: str) -> dict:
         size_only += counts.max()
         bound += min(counts.sum(), math.exp(1.0 / v) * counts.max())
     return {"majority": float(np.bincount(y).max() / len(y)), "size_only": size_only / len(y),
-            "ldp_bound": bound / len(y)}
+            "ldp_bound": bound / len(y), "graphs": int(len(y))}
 
 
 def part_bound(args, data: dict) -> None:
@@ -601,10 +601,11 @@ def render(data: dict, args) -> str:
              "(alpha 1) is blind to which class a node leans to (centralised MUTAG, GIN softmax embeddings, "
              "10 folds: GW 72.8, FGW 81.3). IMDB-B, whose graphs have no node features, gets fused GW too, where the "
              "paper takes plain GW (plain-GW table below: 8 points lower for both models). GW_A is the centralised FGW_AX (shortest paths + one-hot node labels, "
-             "alpha 0.5) or GW_A on IMDB-B, same folds over the pooled graphs. Table 1 and every diagnostic "
-             "below except the hidden-layer table use `gw-ldp.embedding = classes` (softmax of the class "
-             "scores, n x C), the setting they were measured with; the default is now `hidden` (softmax of the "
-             "last message-passing layer, the paper's n x h H), whose figures are in the hidden-layer table. "
+             "alpha 0.5) or GW_A on IMDB-B, same folds over the pooled graphs. Table 1 and the diagnostics "
+             "up to the SVC-selection table use `gw-ldp.embedding = classes` (softmax of the class scores, n x C), "
+             "the setting they were measured with; the default is now `hidden` (softmax of the last "
+             "message-passing layer, the paper's n x h H), which the hidden-layer, BatchNorm, plain-GW and "
+             "seen-labels tables use. "
              "The machine was shared (load "
              "8-12 on 2 cores): times are not clean measurements. Since 2026-11-23 the clients draw the LDP "
              "codes and the DP noise from fresh OS entropy; the runs before (every GW_H* and DP row up to "
@@ -632,18 +633,24 @@ def render(data: dict, args) -> str:
         lines.append("")
     bound = data.get("ldp_bound", {})
     if bound:
-        lines += ["### Why GW_H* at epsilon = 1/|V| cannot reach the paper", "",
+        lines += ["### An upper bound for GW_H* at epsilon = 1/|V|: how far the paper lies above it", "",
                   "The upload of a graph is its n x C code matrix: it reveals n and is (1/n)-LDP given n. For any "
                   "classifier f and sizes n, P(f = c | G) <= e^(1/n) P(f = c | G0) for every graph G0 of the "
                   "same size, so the expected accuracy on size-n graphs is at most min(1, e^(1/n) max_c P(c|n)) "
                   "(`ldp_bound` in the benchmark; plug-in of each dataset's own size/label frequencies, which is "
-                  "optimistic). No server-side method, GW or other, can beat it:", "",
-                  "| dataset | majority % | best from size alone % | bound at 1/\\|V\\| % | paper GW_H*(GIN) % |",
-                  "|---|---|---|---|---|"]
+                  "optimistic). No classifier of the uploaded codes, GW or other, can beat it in expectation. The "
+                  "paper's values are means over finite test folds, so the last column gives their distance above "
+                  "the bound in binomial standard deviations of an accuracy at the bound over all the dataset's "
+                  "graphs (sqrt(b (1 - b) / N)): only a margin of several deviations makes a cell unattainable "
+                  "rather than implausible.", "",
+                  "| dataset | majority % | best from size alone % | bound at 1/\\|V\\| % | paper GW_H*(GIN) % | "
+                  "paper above the bound |", "|---|---|---|---|---|---|"]
         for ds, b in bound.items():
             p = paper_mean("GW_H*(GIN)", ds)
+            sd = 100 * math.sqrt(b["ldp_bound"] * (1 - b["ldp_bound"]) / b["graphs"]) if "graphs" in b else float("nan")
             lines.append(f"| {ds} | {100 * b['majority']:.1f} | {100 * b['size_only']:.1f} | "
-                         f"{100 * b['ldp_bound']:.1f} | {p:.2f} |")
+                         f"{100 * b['ldp_bound']:.1f} | {p:.2f} | {p - 100 * b['ldp_bound']:+.1f} points "
+                         f"({(p - 100 * b['ldp_bound']) / sd:+.1f} SD, N = {b.get('graphs', '?')}) |")
         lines.append("")
     sw = data.get("mutag_eps_sweep", {})
     if sw:
@@ -881,8 +888,9 @@ def render(data: dict, args) -> str:
               "cannot tell a graph whose nodes lean to class 0 from one leaning to class 1 (an isometry); fused GW "
               "with the embeddings as features can (+8.5 points centralised). (3) One random 7:2:1 split gives "
               "~19 test graphs (steps of 5%); the folds here test every graph once over ten runs. (4) epsilon = "
-              "1/|V| per graph is a real, tiny LDP budget: see the bound above; the paper's GW_H* numbers exceed "
-              "it, so they cannot come from Algorithm 1 as written (the paper also describes larger epsilon as "
+              "1/|V| per graph is a real, tiny LDP budget: see the bound above; the paper's GW_H*(GIN) value on "
+              "IMDB-B lies far above it (unattainable with Algorithm 1 as written), those on MUTAG and PROTEINS "
+              "slightly above it (within sampling noise: implausible, not impossible) (the paper also describes larger epsilon as "
               "*more* noise, the reverse of Algorithm 1). Even 10 or 100 per graph (per sampled entry "
               "epsilon/(m n), about 0.3 and 2.8 on MUTAG) stay far below the plain embeddings (sweep). The SVC "
               "grid and the indefinite kernel were not a cause: refitting the selected SVC on train+validation "
@@ -890,17 +898,19 @@ def render(data: dict, args) -> str:
               "not used here, to keep the paper's protocol.",
               "- Length of federated training is not the cause of the GW_H(GIN) gap (table above): 250 rounds x 2 "
               "epochs (500 local epochs, what centralised GIN needed for 86%) gives 79.7 on folds 0-4 against "
-              "83.1 for 40 rounds on the same folds, and the centralised GIN's own embeddings reach 81.3 (FGW, ten "
-              "folds), so federation costs at most ~3 points; the remaining ~12 points to the paper's 93.08 are "
-              "not explained by anything we could vary (model, fused vs plain GW, SVC grid, training length).",
+              "83.1 for 40 rounds on the same folds, and the centralised GIN's own embeddings reach 81.3 (FGW, class-score "
+              "embedding, ten folds) or 85.6 (hidden layer, seen-labels table, against 79.7 federated), so "
+              "federation costs about 3-6 points; the remaining 7-12 points to the paper's 93.08 are not explained by anything we could vary (model, fused vs plain GW, SVC grid, training length).",
               "- For scale, what the GIN itself classifies in the literature: MUTAG 89.4 ± 5.6, PROTEINS 76.2 ± "
               "2.8, IMDB-B 75.1 ± 5.1 in the GIN paper (Xu et al., ICLR 2019, 10-fold CV with the training epoch "
               "picked on the mean over the test folds), and PROTEINS 73.3 ± 4.0, IMDB-B 71.2 ± 3.9 when model "
               "selection uses held-out validation data only (Errica et al., \"A Fair Comparison of Graph Neural "
               "Networks for Graph Classification\", ICLR 2020). The SVC on GW_H(GIN) classifies from the same "
-              "GIN's embeddings; the paper's GW_H(GIN) values (MUTAG 93.08, PROTEINS 75.53, IMDB-B 74.4) lie at or "
-              "above the GIN paper's test-selected figures and above the fairly selected ones, while ours "
-              "(validated, tables above) lie near the fairly selected ones.",
+              "GIN's embeddings; the paper's GW_H(GIN) values lie above the GIN paper's test-selected figure on "
+              "MUTAG (93.08 vs 89.4), just below them on PROTEINS and IMDB-B (75.53 vs 76.2, 74.4 vs 75.1) and "
+              "above the fairly selected ones, while ours (validated, tables above: PROTEINS 73.0, IMDB-B 68.2) "
+              "lie at or below the fairly selected ones. Context, not a bound: an SVC on GW distances is not "
+              "capped by the GIN's own accuracy.",
               "- GCN rows (MUTAG, ten folds): GW_H(GCN) 78.0 vs the paper's 80.3 (within one std); GW_H*(GCN) "
               "63.3 vs 79.57: the paper loses 0.7 points to LDP with GCN, we lose 14.7; the size bound (89.4) "
               "does not cap this cell; as with GIN (sweep above), the coded embeddings stay far below the plain "
