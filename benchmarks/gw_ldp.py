@@ -235,27 +235,28 @@ def part_selection_cv(args, data: dict) -> None:
                        **{"gw-ldp.svc-selection": "cv"})
 
 
+def fill_rows(out: dict, args, data: dict, models=None, **overrides) -> None:
+    """``fill_folds`` for every row of ``--datasets`` x ``--models`` x ``--variants`` (only ``models``
+    if given) into ``out[row key]``, with the run-config ``overrides``."""
+    for dataset in args.datasets:
+        for key, model, eps in gw_h_rows(dataset, args):
+            if models is None or model in models:
+                fill_folds(out.setdefault(key, []), key, dataset, model, eps, args, data, **overrides)
+
+
 def part_hidden(args, data: dict) -> None:
     """The Table 1 rows of ``--datasets`` x ``--models`` x ``--variants`` with the hidden-layer
     embedding (``gw-ldp.embedding = hidden``: softmax of the last message-passing layer, n x 16 for
     GCN, n x 64 for GIN, the paper's h-dimensional H) instead of the class-score softmax (n x C)."""
-    out = data.setdefault("hidden_embedding", {})
-    for dataset in args.datasets:
-        for key, model, eps in gw_h_rows(dataset, args):
-            fill_folds(out.setdefault(key, []), key, dataset, model, eps, args, data,
-                       **{"gw-ldp.embedding": "hidden"})
+    fill_rows(data.setdefault("hidden_embedding", {}), args, data, **{"gw-ldp.embedding": "hidden"})
 
 
 def part_norm(args, data: dict) -> None:
     """The GIN rows of the hidden-layer table again, with the BatchNorm statistics recomputed over the
     pooled training graphs after training (``gw-ldp.norm-statistics = pooled``, the default without DP)
     instead of the FedAvg of the clients' running statistics (the hidden-layer table's setting)."""
-    out = data.setdefault("pooled_norm", {})
-    for dataset in args.datasets:
-        for key, model, eps in gw_h_rows(dataset, args):
-            if model == "gin":  # GCN has no BatchNorm
-                fill_folds(out.setdefault(key, []), key, dataset, model, eps, args, data,
-                           **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "pooled"})
+    fill_rows(data.setdefault("pooled_norm", {}), args, data, models=("gin",),  # GCN has no BatchNorm
+              **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "pooled"})
 
 
 def part_plain_gw(args, data: dict) -> None:
@@ -263,11 +264,8 @@ def part_plain_gw(args, data: dict) -> None:
     without node features (Section 4: on IMDB-B "we only take the GW (topology only)"): plain GW
     (``gw-ldp.alpha = 1``) of the embeddings' intra-distances instead of fused GW with the embeddings as
     features; hidden-layer embedding and BatchNorm statistics as the defaults (pooled without DP)."""
-    out = data.setdefault("plain_gw", {})
-    for dataset in args.datasets:
-        for key, model, eps in gw_h_rows(dataset, args):
-            fill_folds(out.setdefault(key, []), key, dataset, model, eps, args, data,
-                       **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "auto", "gw-ldp.alpha": 1.0})
+    fill_rows(data.setdefault("plain_gw", {}), args, data,
+              **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "auto", "gw-ldp.alpha": 1.0})
 
 
 def part_lr(args, data: dict) -> None:
@@ -281,6 +279,25 @@ def part_lr(args, data: dict) -> None:
             runs = out.setdefault(f"{lr:g}", {}).setdefault(f"GW_H(GIN)|{dataset}", [])
             fill_folds(runs, f"GW_H(GIN)|{dataset} lr {lr:g}", dataset, "gin", math.inf, args, data,
                        **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "pooled", "gw-ldp.lr": lr})
+
+
+def lr_stats(data: dict) -> dict:
+    """Per row of ``--parts lr``: the rates (the default 0.01 first: the pooled-statistics row), test
+    accuracy (mean, std in %) at each over the folds all of them ran, and with the rate picked per fold
+    on the validation graphs (ties: the default), the picks and the folds."""
+    by_lr = data.get("gin_lr", {})
+    rates = sorted(by_lr, key=float)
+    out = {}
+    for key in sorted({key for runs in by_lr.values() for key in runs}):
+        cols = [data.get("pooled_norm", {}).get(key, [])] + [by_lr[lr].get(key, []) for lr in rates]
+        names = ["0.01", *rates]
+        folds = min(len(c) for c in cols)
+        picks = [max(range(len(cols)), key=lambda i, f=f: (cols[i][f]["svc_val_acc"], i == 0)) for f in range(folds)]
+        out[key] = {"names": names, "folds": folds,
+                    "by_rate": [_ms([r["svc_test_acc"] for r in c[:folds]]) for c in cols],
+                    "picked": _ms([cols[i][f]["svc_test_acc"] for f, i in enumerate(picks)]),
+                    "picks": [names[i] for i in picks]}
+    return out
 
 
 def plain_gw_stats(data: dict) -> dict:
@@ -765,11 +782,9 @@ def render(data: dict, args) -> str:
             "0, not in the tables: the GIN's own test accuracy 69.6% with averaged statistics, 87.0% with "
             "pooled ones), so pooled is the default "
             "where no training DP forbids the upload." if within else "."), ""]
-    by_lr = data.get("gin_lr", {})
-    base = data.get("pooled_norm", {})
-    lr_keys = sorted({key for runs in by_lr.values() for key in runs})
-    if lr_keys:
-        lrs = sorted(by_lr, key=float)
+    by_lr = lr_stats(data)
+    if by_lr:
+        names = next(iter(by_lr.values()))["names"]
         lines += ["### GIN learning rate (`--parts lr`, same folds)", "",
                   "GW_H(GIN) as in the BatchNorm table's pooled column (hidden-layer embedding, pooled statistics, "
                   "fused GW, validated SVC) with other learning rates of the clients' Adam; 0.01 is the default "
@@ -778,19 +793,15 @@ def render(data: dict, args) -> str:
                   "`picked on validation`: per fold the rate whose SVC scored best on that fold's validation "
                   "graphs (ties: the default), i.e. the learning rate selected like (C, gamma), without the test "
                   "graphs.", "",
-                  "| row | dataset | " + " | ".join(f"lr {lr}" for lr in ["0.01", *lrs])
+                  "| row | dataset | " + " | ".join(f"lr {lr}" for lr in names)
                   + " | picked on validation | rates picked | paper | folds |",
-                  "|---|---|" + "---|" * (len(lrs) + 5)]
-        for key in lr_keys:
+                  "|---|---|" + "---|" * (len(names) + 4)]
+        for key, st in by_lr.items():
             row, ds = key.split("|")
-            names = ["0.01", *lrs]
-            cols = [base.get(key, [])] + [by_lr[lr].get(key, []) for lr in lrs]
-            folds = min(len(c) for c in cols)
-            cells = [f"{m:.1f} ± {sd:.1f}" for m, sd in (_ms([r["svc_test_acc"] for r in c[:folds]]) for c in cols)]
-            picks = [max(range(len(cols)), key=lambda i, f=f: (cols[i][f]["svc_val_acc"], i == 0)) for f in range(folds)]
-            m, sd = _ms([cols[i][f]["svc_test_acc"] for f, i in enumerate(picks)])
-            lines.append(f"| {row} | {ds} | " + " | ".join(cells) + f" | {m:.1f} ± {sd:.1f} | "
-                         f"{', '.join(names[i] for i in picks)} | {paper_mean(row, ds):.2f} | {folds} |")
+            (m, sd) = st["picked"]
+            lines.append(f"| {row} | {ds} | " + " | ".join(f"{cm:.1f} ± {cs:.1f}" for cm, cs in st["by_rate"])
+                         + f" | {m:.1f} ± {sd:.1f} | {', '.join(st['picks'])} | {paper_mean(row, ds):.2f} | "
+                         f"{st['folds']} |")
         lines.append("")
     plain = plain_gw_stats(data)
     if plain:
