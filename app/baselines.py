@@ -11,7 +11,8 @@ same seed, beside its own result. All functions are plain (no Flower), take a
 * :func:`low_pass_filter` / :func:`agc` - AGC (Zhang et al., IJCAI 2019) as in
   its public code and the kCAGC paper: ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
   applied ``psi`` times, top-k left singular vectors, k-means; fixed or
-  adaptive ``psi``. The SVD is a randomised range finder on the implicit
+  adaptive ``psi``. ``kind="spectral-norm"`` swaps in the kCAGC paper's second
+  filter ``G = I - L_s / ||L_s||`` (its Appendix E.2). The SVD is a randomised range finder on the implicit
   operator ``G^psi X`` (sparse products only), so Cora takes a few tens of ms.
 * :func:`train_dmon` - DMoN trained full batch (model and loss in
   :mod:`app.models`, re-exported here as :class:`DMoNModel` / :func:`dmon_loss`).
@@ -31,7 +32,9 @@ __all__ = [
     "spectral_embedding",
     "spectral_graph",
     "spectral_affinity",
+    "FILTERS",
     "agc_filter_matrix",
+    "laplacian_norm",
     "low_pass_filter",
     "agc_embedding",
     "agc_intra_distance",
@@ -42,6 +45,12 @@ __all__ = [
 ]
 
 AGC_MAX_ORDER = 60  # AGC code: max_iter = 60
+
+#: Low-pass graph filters ``G = I - L_s / c`` on the self-looped normalised Laplacian
+#: ``L_s = I - D~^-1/2 (A+I) D~^-1/2``: ``"agc"`` (c = 2, AGC's filter, frequency response
+#: ``1 - lambda/2``) and ``"spectral-norm"`` (c = ||L_s||, its largest eigenvalue: response
+#: ``1 - lambda/||L_s||``, which removes the top frequency; kCAGC paper, Appendix E.2).
+FILTERS = ("agc", "spectral-norm")
 
 
 def __getattr__(name: str) -> Any:  # lazy re-export: importing torch costs ~1 s
@@ -265,13 +274,17 @@ def spectral_affinity(K: Any, k: int, seed: int, n_init: int = 10) -> np.ndarray
 # ---------------------------------------------------------------------------
 # AGC
 # ---------------------------------------------------------------------------
-def agc_filter_matrix(adj: Any) -> sp.csr_matrix:
-    """AGC's low-pass filter ``G = (I + A_hat) / 2``, ``A_hat = D~^-1/2 (A + I) D~^-1/2``.
+def agc_filter_matrix(adj: Any, kind: str = "agc") -> sp.csr_matrix:
+    """Low-pass filter ``G = I - L_s / c`` with ``L_s = I - A_hat``, ``A_hat = D~^-1/2 (A + I) D~^-1/2``.
 
-    ``D~`` is the degree matrix of ``A + I`` (AGC's ``preprocess_adj``), so G's
-    eigenvalues are ``1 - lambda/2`` for the eigenvalues ``lambda in [0, 2)`` of
-    the self-looped normalised Laplacian: frequency response ``(1 - lambda/2)``.
+    ``D~`` is the degree matrix of ``A + I`` (AGC's ``preprocess_adj``), so the
+    eigenvalues ``lambda`` of ``L_s`` lie in ``[0, 2)`` and G's are ``1 - lambda/c``.
+    ``kind="agc"``: ``c = 2``, i.e. ``G = (I + A_hat) / 2`` (AGC). ``kind="spectral-norm"``:
+    ``c = ||L_s|| = lambda_max`` (kCAGC, Appendix E.2); G is then the identity on a graph
+    without edges (``L_s = 0``).
     """
+    if kind not in FILTERS:
+        raise ValueError(f"unknown graph filter {kind!r}; valid choices: " + ", ".join(FILTERS))
     A = _square_sparse(adj)
     n = A.shape[0]
     A = A + sp.eye(n, format="csr")
@@ -279,8 +292,23 @@ def agc_filter_matrix(adj: Any) -> sp.csr_matrix:
     if np.any(d <= 0):
         raise ValueError("adjacency + I has a non-positive degree; negative edge weights are not supported")
     inv = 1.0 / np.sqrt(d)
-    A_hat = sp.diags(inv) @ A @ sp.diags(inv)
-    return sp.csr_matrix((sp.eye(n, format="csr") + A_hat) * 0.5)
+    A_hat = sp.csr_matrix(sp.diags(inv) @ A @ sp.diags(inv))
+    scale = 2.0 if kind == "agc" else laplacian_norm(A_hat)
+    if scale <= 0.0:
+        return sp.eye(n, format="csr")
+    return sp.csr_matrix(sp.eye(n, format="csr") - (sp.eye(n, format="csr") - A_hat) / scale)
+
+
+def laplacian_norm(A_hat: sp.csr_matrix) -> float:
+    """``||I - A_hat||``, the largest eigenvalue of the normalised Laplacian (spectral norm: it is
+    symmetric and positive semi-definite). Deterministic: a fixed Lanczos start vector, so every
+    party that holds the graph computes the same filter."""
+    n = A_hat.shape[0]
+    lap = sp.eye(n, format="csr") - A_hat
+    if n <= 64:
+        return float(np.linalg.eigvalsh(lap.toarray())[-1])
+    start = np.full(n, 1.0 / np.sqrt(n))
+    return float(sla.eigsh(lap, k=1, which="LA", v0=start, tol=1e-12, return_eigenvectors=False)[0])
 
 
 def _check_order(order: Any) -> int:
@@ -289,13 +317,13 @@ def _check_order(order: Any) -> int:
     return int(order)
 
 
-def low_pass_filter(x: Any, adj: Any, order: int) -> np.ndarray:
+def low_pass_filter(x: Any, adj: Any, order: int, kind: str = "agc") -> np.ndarray:
     """Filtered features ``X_bar = G^order X`` (dense n x f), by ``order`` sparse products.
 
-    ``G`` as in :func:`agc_filter_matrix`; never forms a dense n x n matrix.
+    ``G`` as in :func:`agc_filter_matrix` (``kind``); never forms a dense n x n matrix.
     """
     order = _check_order(order)
-    G = agc_filter_matrix(adj)
+    G = agc_filter_matrix(adj, kind)
     x = _features(x, G.shape[0])
     F = x.toarray() if sp.issparse(x) else np.array(x, dtype=np.float64, copy=True)
     for _ in range(order):
@@ -363,7 +391,7 @@ def _maybe_dense(x: np.ndarray | sp.csr_matrix) -> np.ndarray | sp.csr_matrix:
     return x
 
 
-def agc_embedding(x: Any, adj: Any, k: int, order: int, seed: int) -> np.ndarray:
+def agc_embedding(x: Any, adj: Any, k: int, order: int, seed: int, kind: str = "agc") -> np.ndarray:
     """Top-k left singular vectors of ``G^order X`` without forming it.
 
     The Lanczos SVD (ARPACK) only needs ``(G^order X) b = G^order (X b)`` and
@@ -371,15 +399,16 @@ def agc_embedding(x: Any, adj: Any, k: int, order: int, seed: int) -> np.ndarray
     O(order * nnz(G) + nnz(X)) per product. Matches the dense SVD's subspace to
     ~1e-8 (k-means on Wiki changes with a 1e-3 error, so the accuracy matters).
     """
-    return agc_singular(x, adj, k, order, seed)[0]
+    return agc_singular(x, adj, k, order, seed, kind)[0]
 
 
-def agc_singular(x: Any, adj: Any, k: int, order: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def agc_singular(x: Any, adj: Any, k: int, order: int, seed: int, kind: str = "agc") -> tuple[np.ndarray, np.ndarray]:
     """Top-k left singular vectors and singular values ``(U_k, s_k)`` of ``G^order X``
     (as :func:`agc_embedding`); ``U_k * s_k = G^order X V_k`` is the projection of
-    the filtered rows on their top-k right singular subspace, in its own coordinates."""
+    the filtered rows on their top-k right singular subspace, in its own coordinates.
+    ``kind``: the graph filter (:data:`FILTERS`)."""
     order = _check_order(order)
-    G = agc_filter_matrix(adj)
+    G = agc_filter_matrix(adj, kind)
     n = G.shape[0]
     X = _maybe_dense(_features(x, n))
     k = _check_k(k, min(n, X.shape[1]))
@@ -429,6 +458,7 @@ def agc(
     order: int | None = None,
     max_order: int = AGC_MAX_ORDER,
     n_init: int = 10,
+    kind: str = "agc",
 ) -> tuple[np.ndarray, int]:
     """AGC: low-pass filter, top-k left singular vectors, k-means. Returns ``(labels, order)``.
 
@@ -443,20 +473,23 @@ def agc(
     return the previous psi's clustering (at most ``max_order``). Deviation
     from the AGC code: one k-means with ``n_init`` restarts per psi instead of
     the mean over 10 k-means runs (deterministic for a seed).
+
+    ``kind``: the graph filter G (:data:`FILTERS`; ``"agc"`` is AGC's own).
     """
     seed = _check_seed(seed)
     with _threads(0.0):  # thin-block products and QRs: one thread is fastest here
-        return _agc(x, adj, k, seed, order, max_order, n_init)
+        return _agc(x, adj, k, seed, order, max_order, n_init, kind)
 
 
-def _agc(x: Any, adj: Any, k: int, seed: int, order: int | None, max_order: int, n_init: int) -> tuple[np.ndarray, int]:
+def _agc(x: Any, adj: Any, k: int, seed: int, order: int | None, max_order: int, n_init: int,
+         kind: str) -> tuple[np.ndarray, int]:
     if order is not None:
         order = _check_order(order)
-        U = agc_embedding(x, adj, k, order, seed)
+        U = agc_embedding(x, adj, k, order, seed, kind)
         return kmeans(U, k, seed, n_init=n_init), order
     if int(max_order) < 1:
         raise ValueError(f"invalid max_order={max_order}; need >= 1")
-    G = agc_filter_matrix(adj)
+    G = agc_filter_matrix(adj, kind)
     n = G.shape[0]
     X = _features(x, n)
     k = _check_k(k, min(n, X.shape[1]))

@@ -33,9 +33,10 @@ class KCAGCClient(ClusteringClient):
         """
         state = self.context.state.array_records
         if "kcagc_z" not in state:
-            order = proto.filter_order(self.shard.dataset, int(values["order"]))
+            kind = str(values["filter"])
+            order = proto.filter_order(self.shard.dataset, int(values["order"]), kind)
             z, _ = proto.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
-                                   int(values["seed"]), str(values["embedding"]), int(values["k"]))
+                                   int(values["seed"]), str(values["embedding"]), int(values["k"]), kind)
             z = z * np.sqrt(z.shape[0]) if str(values["embedding"]) == "svd" else z
             self.save("kcagc_z", z=z, scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
         state = self.load("kcagc_z")

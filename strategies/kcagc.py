@@ -7,7 +7,8 @@ graph and its own block of feature columns. The math is in
 ``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
    seed) -> up: ``labels`` (n int64): the local cluster of every node, i.e.
    the node-ID set of each of the client's k_hat local clusters. The client
-   filters its columns (AGC filter, order psi), projects the filtered block on
+   filters its columns (AGC's filter or the paper's spectral-norm filter,
+   ``kcagc.filter``, order psi), projects the filtered block on
    its top-k singular vectors and scales the rows to unit length
    (``kcagc.embedding``; see ``app.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
    with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
@@ -77,15 +78,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.baselines import FILTERS
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 PARAMS = (
+    Param("kcagc.filter", str, "agc",
+          "graph filter G = I - L_s / c on the self-looped normalised Laplacian: agc = AGC's (c = 2), "
+          "spectral-norm = the paper's Appendix E.2 filter (c = ||L_s||)", choices=FILTERS),
     Param("kcagc.filter-order", int, 0,
-          "AGC filter order psi; 0 = the paper's value (cora 9, citeseer 15, pubmed 60, wiki 2), "
-          "AGC's adaptive rule on other datasets; -1 = adaptive (per client)", low=-1, high=1000),
+          "filter order psi; 0 = the paper's value (agc: cora 9, citeseer 15, pubmed 60, wiki 2; "
+          "spectral-norm: cora 5, citeseer 5), AGC's adaptive rule on other datasets; "
+          "-1 = adaptive (per client)", low=-1, high=1000),
     Param("kcagc.local-factor", int, 1,
           "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
           low=1, high=10**7),
@@ -142,6 +148,7 @@ class KCAGC(ClusteringStrategy):
     def embed_values(self, k: int) -> dict:
         return {
             "k": k,
+            "filter": str(self.config["kcagc.filter"]),
             "order": int(self.config["kcagc.filter-order"]),
             "embedding": str(self.config["kcagc.embedding"]),
             "dim": int(self.config["kcagc.embed-dim"]) or k,
@@ -160,7 +167,7 @@ class KCAGC(ClusteringStrategy):
         if secure:
             session.setup_secure_aggregation()
         rng = np.random.default_rng([seed, 10])
-        order = proto.filter_order(str(self.config["dataset"]), embed["order"])
+        order = proto.filter_order(str(self.config["dataset"]), embed["order"], embed["filter"])
         metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": [],
                    "filter_order": ADAPTIVE_ORDER if order is None else order}
         history: list[dict] = []
@@ -361,11 +368,13 @@ class KCAGC(ClusteringStrategy):
         return out
 
     def reference(self, data) -> np.ndarray:
-        """Centralised AGC on the pooled features (same filter order, top-k singular vectors, k-means)."""
+        """Centralised AGC on the pooled features (same filter and order, top-k singular vectors, k-means)."""
         from app.baselines import agc
 
-        order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]))
-        labels, _ = agc(data.x, data.adj, int(self.config["num-clusters"]), int(self.config["seed"]), order=order)
+        kind = str(self.config["kcagc.filter"])
+        order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]), kind)
+        labels, _ = agc(data.x, data.adj, int(self.config["num-clusters"]), int(self.config["seed"]), order=order,
+                        kind=kind)
         return labels
 
 

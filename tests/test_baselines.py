@@ -32,12 +32,14 @@ def planted_partition(n=400, k=4, p_in=0.08, p_out=0.005, seed=0, feat_noise=1.0
     return A, x, y
 
 
-def dense_filter(A, order):
+def dense_filter(A, order, kind="agc"):
+    """``G^order`` from the eigendecomposition of the self-looped normalised Laplacian:
+    frequency response ``(1 - lambda / c)^order``, c = 2 (AGC) or lambda_max (spectral norm)."""
     A = A.toarray() + np.eye(A.shape[0])
     d = A.sum(1)
-    A_hat = A / np.sqrt(np.outer(d, d))
-    G = (np.eye(A.shape[0]) + A_hat) / 2
-    return np.linalg.matrix_power(G, order)
+    lam, Q = np.linalg.eigh(np.eye(A.shape[0]) - A / np.sqrt(np.outer(d, d)))
+    c = 2.0 if kind == "agc" else lam.max()
+    return (Q * (1.0 - lam / c) ** order) @ Q.T
 
 
 def _blobs(seed=0, n=300, k=3):
@@ -82,6 +84,8 @@ def test_kmeans_weights_equal_duplicated_rows():
         (lambda: B.spectral_graph(sp.csr_matrix((4, 3)), 2, 0), "square"),
         (lambda: B.low_pass_filter(np.zeros((4, 2)), sp.eye(5), 2), "length mismatch"),
         (lambda: B.low_pass_filter(np.zeros((5, 2)), sp.eye(5), -1), "order"),
+        (lambda: B.low_pass_filter(np.zeros((5, 2)), sp.eye(5), 2, "heat"),
+         "unknown graph filter 'heat'; valid choices: agc, spectral-norm"),
         (lambda: B.agc(np.zeros((5, 2)), sp.eye(5), 0, 0, order=2), "k=0"),
         (lambda: B.agc(None, sp.eye(5), 2, 0, order=2), "features"),
         (lambda: B.train_dmon(None, sp.eye(5), 0, 0, epochs=1), "k=0"),
@@ -152,12 +156,26 @@ def test_spectral_affinity_dense_and_sparse_agree():
 # ---------------------------------------------------------------------------
 # AGC
 # ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", B.FILTERS)
 @pytest.mark.parametrize("order", [0, 1, 3])
-def test_low_pass_filter_matches_dense_formula(order):
+def test_low_pass_filter_matches_dense_formula(order, kind):
     A, x, _ = planted_partition(n=60, k=3, seed=1)
-    out = B.low_pass_filter(x, A, order)
-    assert np.allclose(out, dense_filter(A, order) @ x)
-    assert np.allclose(B.low_pass_filter(sp.csr_matrix(x), A, order), out)
+    out = B.low_pass_filter(x, A, order, kind)
+    assert np.allclose(out, dense_filter(A, order, kind) @ x)
+    assert np.allclose(B.low_pass_filter(sp.csr_matrix(x), A, order, kind), out)
+
+
+def test_spectral_norm_filter_zeroes_the_top_frequency():
+    """G = I - L_s / ||L_s|| has eigenvalues in [0, 1], the smallest exactly 0; the Lanczos norm
+    (n > 64) equals the dense largest eigenvalue of L_s."""
+    A, _, _ = planted_partition(n=200, k=4, seed=2)
+    eig = np.linalg.eigvalsh(B.agc_filter_matrix(A, "spectral-norm").toarray())
+    assert abs(eig.min()) < 1e-9 and abs(eig.max() - 1.0) < 1e-9
+    S = A.toarray() + np.eye(200)
+    A_hat = S / np.sqrt(np.outer(S.sum(1), S.sum(1)))
+    assert abs(B.laplacian_norm(sp.csr_matrix(A_hat)) - np.linalg.eigvalsh(np.eye(200) - A_hat).max()) < 1e-9
+    # no edges: L_s = 0, nothing to filter
+    assert np.allclose(B.agc_filter_matrix(sp.csr_matrix((5, 5)), "spectral-norm").toarray(), np.eye(5))
 
 
 def test_agc_embedding_matches_dense_svd():

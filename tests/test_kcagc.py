@@ -26,11 +26,12 @@ SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}
 
 
 def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4,
-                      kind: str = "projection-unit") -> list[np.ndarray]:
+                      kind: str = "projection-unit", filter_kind: str = "agc") -> list[np.ndarray]:
     """What each client computes locally (the same call the client makes; default embedding)."""
     data = load_dataset("sbm", seed=seed, nodes=N, features=12, blocks=4, signal=3.0)
     shards = partition(data, "vertical", num_clients, seed=seed)
-    return [proto.embedding(s.x, s.adj, dim, order, seed, kind, k_adaptive=4)[0] for s in shards]
+    return [proto.embedding(s.x, s.adj, dim, order, seed, kind, k_adaptive=4, filter_kind=filter_kind)[0]
+            for s in shards]
 
 
 # --------------------------------------------------------------------------- protocol math
@@ -148,15 +149,19 @@ def test_filter_order_defaults_and_tree_levels():
     assert proto.filter_order("cora", 0) == 9 and proto.filter_order("wiki", 0) == 2
     assert proto.filter_order("sbm", 0) is None and proto.filter_order("cora", -1) is None
     assert proto.filter_order("cora", 3) == 3
+    assert proto.filter_order("citeseer", 0, "spectral-norm") == 5  # the paper's Appendix E.2
+    assert proto.filter_order("wiki", 0, "spectral-norm") is None  # no paper value: adaptive
     assert proto.tree_groups(5) == [[[0], [1], [2], [3], [4]], [[0, 1], [2, 3], [4]], [[0, 1, 2, 3], [4]],
                                     [[0, 1, 2, 3, 4]]]
 
 
 # --------------------------------------------------------------------------- end to end
-def test_one_client_equals_local_agc_kmeans(out_dir):
-    result = run_experiment("kcagc", "sbm", 1, {**SBM, "kcagc.filter-order": 2, "kcagc.embedding": "svd"}, out_dir)
+@pytest.mark.parametrize("kind", ["agc", "spectral-norm"])
+def test_one_client_equals_local_agc_kmeans(out_dir, kind):
+    result = run_experiment("kcagc", "sbm", 1, {**SBM, "kcagc.filter-order": 2, "kcagc.embedding": "svd",
+                                                "kcagc.filter": kind}, out_dir)
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
-    ref, _ = agc(data.x, data.adj, 4, 0, order=2)
+    ref, _ = agc(data.x, data.adj, 4, 0, order=2, kind=kind)
     labels = np.load(out_dir / "labels.npy")
     assert ari(ref, labels) == 1.0
     assert result["metrics"]["virtual_nodes"] == [4]
@@ -171,16 +176,20 @@ def test_every_node_its_own_virtual_node_equals_basic(tmp_path):
     assert full["metrics"]["aggregated_values"] == basic["metrics"]["aggregated_values"]
 
 
-def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir):
+@pytest.mark.parametrize("kind", ["agc", "spectral-norm"])
+def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir, kind):
     q = 6
-    result = run_experiment("kcagc-basic", "sbm", 3,
-                            {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1, "kcagc.iterations": q}, out_dir)
-    z = np.hstack(client_embeddings(3, order=2))
+    result = run_experiment("kcagc-basic", "sbm", 3, {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1,
+                                                      "kcagc.iterations": q, "kcagc.filter": kind}, out_dir)
+    z = np.hstack(client_embeddings(3, order=2, filter_kind=kind))
     seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
     ref = KMeans(4, init=z[seeds], n_init=1, max_iter=q, tol=0.0, algorithm="lloyd").fit(z)
     labels = np.load(out_dir / "labels.npy")
     assert np.array_equal(labels, ref.labels_)
     assert np.array_equal(labels, proto.lloyd_reference(z, np.ones(N), z[seeds], q))
+    # the clients filtered with ``kind``: the secure sums give this embedding's inertia at the seeds
+    first = next(h for h in result["history"] if h.get("stage") == "lloyd")["inertia"][0]
+    assert first == pytest.approx(((z[:, None] - z[seeds][None]) ** 2).sum(2).min(1).sum(), rel=1e-5)
     # one secure sum per seeding step and per Lloyd iteration
     steps = [r for r in result["timing"]["per_round"] if r["action"] == "kcagc_step"]
     lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
@@ -376,6 +385,8 @@ def test_bad_configuration_is_one_line(out_dir):
         run_experiment("kcagc-basic", "sbm", 2, {"kcagc.embedding": "pca"}, out_dir)
     with pytest.raises(ConfigError, match="kcagc.local-factor"):
         run_experiment("kcagc", "sbm", 2, {"kcagc.local-factor": 0}, out_dir)
+    with pytest.raises(ConfigError, match="'heat'.*valid choices: agc, spectral-norm"):
+        run_experiment("kcagc", "sbm", 2, {"kcagc.filter": "heat"}, out_dir)
     assert not out_dir.exists()
 
 

@@ -6,6 +6,7 @@ strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs.
 
 Per party (Protocol 1, local):
   * :func:`embedding` - AGC filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
+    (or the paper's Appendix E.2 filter ``I - L_s / ||L_s||``, ``filter_kind``)
     applied ``psi`` times to ``X^l``, then (default ``"projection-unit"``) the
     projection of the filtered block on its top ``d`` right singular vectors,
     ``U^l S^l = G^psi X^l V V'`` in the basis V (the paper's "project onto
@@ -68,8 +69,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-#: Filter order psi the kCAGC paper fixes per dataset (Section 4.1).
-PAPER_ORDER = {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2}
+#: Filter order psi the kCAGC paper fixes per graph filter (app.baselines.FILTERS) and dataset:
+#: AGC's filter in Section 4.1 (Table II), the spectral-norm filter in Appendix E.2 (Tables VIII, IX).
+PAPER_ORDER = {"agc": {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2},
+               "spectral-norm": {"cora": 5, "citeseer": 5}}
 
 EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", "projection-joint-unit")
 
@@ -100,19 +103,20 @@ def distance_bound(kind: str, configured: float) -> float:
 PRUNE_RATIO = 1.0 / 9.0
 
 
-def filter_order(dataset: str, configured: int) -> int | None:
+def filter_order(dataset: str, configured: int, kind: str = "agc") -> int | None:
     """The filter order psi to use: ``configured`` if > 0; for 0 the paper's
-    value for its four datasets; ``None`` (AGC's adaptive rule) otherwise
-    (``configured`` < 0, or 0 on another dataset)."""
+    value for graph filter ``kind`` on that dataset (:data:`PAPER_ORDER`);
+    ``None`` (AGC's adaptive rule) otherwise (``configured`` < 0, or 0 on a
+    dataset the paper gives no order for)."""
     if configured > 0:
         return int(configured)
-    if configured == 0 and dataset in PAPER_ORDER:
-        return PAPER_ORDER[dataset]
+    if configured == 0 and dataset in PAPER_ORDER[kind]:
+        return PAPER_ORDER[kind][dataset]
     return None
 
 
 def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "projection-unit",
-              k_adaptive: int | None = None) -> tuple[np.ndarray, int]:
+              k_adaptive: int | None = None, filter_kind: str = "agc") -> tuple[np.ndarray, int]:
     """Party-local features ``Z^l`` (n x dim) and the filter order used.
 
     ``kind``: ``"normalized"`` top-``dim`` left singular vectors of
@@ -124,17 +128,18 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
     :func:`joint_unit_rows` divides it by the joint row norms.
     ``order=None`` picks psi by AGC's adaptive rule on this party's own
     columns (:func:`app.baselines.agc` with ``k_adaptive`` clusters).
+    ``filter_kind``: the graph filter G (``app.baselines.FILTERS``).
     """
     from app.baselines import agc, low_pass_filter
 
     if kind not in EMBEDDINGS:
         raise ValueError(f"unknown embedding {kind!r}; valid choices: " + ", ".join(EMBEDDINGS))
     if order is None:
-        _, order = agc(x, adj, int(k_adaptive or dim), seed, order=None, n_init=3)
+        _, order = agc(x, adj, int(k_adaptive or dim), seed, order=None, n_init=3, kind=filter_kind)
     if kind == "filtered":
-        return low_pass_filter(x, adj, order), order
+        return low_pass_filter(x, adj, order, filter_kind), order
     dim = int(min(dim, x.shape[1], x.shape[0]))
-    u, s = top_singular(x, adj, dim, order, seed)
+    u, s = top_singular(x, adj, dim, order, seed, filter_kind)
     if kind in ("projection", "projection-joint-unit"):
         return u * s, order
     if kind in ("normalized", "projection-unit"):
@@ -152,13 +157,13 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
 DENSE_COLUMNS_PER_VECTOR = 40
 
 
-def top_singular(x, adj, dim: int, order: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def top_singular(x, adj, dim: int, order: int, seed: int, filter_kind: str = "agc") -> tuple[np.ndarray, np.ndarray]:
     """Top-``dim`` left singular vectors and values of ``G^order X`` (this party's block)."""
     from app.baselines import agc_singular, low_pass_filter
 
     if x.shape[1] > DENSE_COLUMNS_PER_VECTOR * dim:
-        return agc_singular(x, adj, dim, order, seed)
-    f = low_pass_filter(x, adj, order)
+        return agc_singular(x, adj, dim, order, seed, filter_kind)
+    f = low_pass_filter(x, adj, order, filter_kind)
     eigval, eigvec = np.linalg.eigh(f.T @ f)
     top = np.argsort(eigval)[::-1][:dim]
     s = np.sqrt(np.maximum(eigval[top], 0.0))
