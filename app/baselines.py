@@ -293,21 +293,27 @@ def agc_filter_matrix(adj: Any, kind: str = "agc") -> sp.csr_matrix:
         raise ValueError("adjacency + I has a non-positive degree; negative edge weights are not supported")
     inv = 1.0 / np.sqrt(d)
     A_hat = sp.csr_matrix(sp.diags(inv) @ A @ sp.diags(inv))
-    scale = 2.0 if kind == "agc" else laplacian_norm(A_hat)
-    if scale <= 0.0:
+    if kind == "agc":
+        return sp.csr_matrix((sp.eye(n, format="csr") + A_hat) * 0.5)  # AGC's own expression, bit for bit
+    top = laplacian_norm(A_hat)
+    if top <= 0.0:
         return sp.eye(n, format="csr")
-    return sp.csr_matrix(sp.eye(n, format="csr") - (sp.eye(n, format="csr") - A_hat) / scale)
+    return sp.csr_matrix(sp.eye(n, format="csr") - (sp.eye(n, format="csr") - A_hat) / top)
 
 
 def laplacian_norm(A_hat: sp.csr_matrix) -> float:
-    """``||I - A_hat||``, the largest eigenvalue of the normalised Laplacian (spectral norm: it is
-    symmetric and positive semi-definite). Deterministic: a fixed Lanczos start vector, so every
-    party that holds the graph computes the same filter."""
+    """``||I - A_hat||`` for a normalised adjacency ``A_hat``: the largest eigenvalue of the normalised
+    Laplacian (its spectral norm: it is symmetric and positive semi-definite); 0 without edges.
+    Deterministic: a fixed pseudo-random Lanczos start vector, so every party that holds the graph
+    computes the same filter. (A constant start vector can be orthogonal to the top eigenvector, e.g.
+    on an even path, and then finds the second-largest eigenvalue.)"""
     n = A_hat.shape[0]
-    lap = sp.eye(n, format="csr") - A_hat
+    lap = sp.csr_matrix(sp.eye(n, format="csr") - A_hat)
+    if not lap.count_nonzero():
+        return 0.0
     if n <= 64:
         return float(np.linalg.eigvalsh(lap.toarray())[-1])
-    start = np.full(n, 1.0 / np.sqrt(n))
+    start = np.random.default_rng(0).standard_normal(n)
     return float(sla.eigsh(lap, k=1, which="LA", v0=start, tol=1e-12, return_eigenvectors=False)[0])
 
 

@@ -1,7 +1,8 @@
-"""kCAGC benchmark (issue 10): Tables II and IV of the paper, secure-aggregation counts, tree variant.
+"""kCAGC benchmark (issue 10): Tables II, IV, VIII-IX and Figure 5 of the paper, secure-aggregation counts, tree variant.
 
-``python benchmarks/kcagc.py [--parts table2,tree,embeddings,timing,filter] [--seeds 5] [--datasets cora,citeseer,wiki]
-[--clients 2,4,8,16] [--factors 1,2,4,8] [--split contiguous|random]``
+``python benchmarks/kcagc.py [--parts table2,tree,embeddings,timing,filter,order] [--seeds 5]
+[--datasets cora,citeseer,wiki] [--clients 2,4,8,16] [--factors 1,2,4,8] [--split contiguous|random]
+[--orders 1,2,3,5,9,15,25,40,60]``
 
 Each part writes its own JSON under ``benchmarks/results`` and then re-renders
 the ``kcagc`` section of ``benchmarks/RESULTS.md`` from every part found there:
@@ -203,8 +204,8 @@ def seedings(part: dict) -> int:
 
 
 def render(summary: dict, timing: dict | None = None, tree: dict | None = None, emb: dict | None = None,
-           random_split: dict | None = None, joint: dict | None = None, filt: dict | None = None,
-           order: dict | None = None) -> str:
+           random_split: dict | None = None, joint: dict | None = None, filter_part: dict | None = None,
+           order_part: dict | None = None) -> str:
     runs = summary["runs"]
     split = summary.get("split", "contiguous")
     lines = [
@@ -242,10 +243,10 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
             lines += [joint["note"], ""]
         lines += [compare_targets(summary, joint, "joint row scaling"), ""]
         lines += render_table2(joint, level="####", scores=False)
-    if filt:
-        lines += render_filter(filt)
-    if order:
-        lines += render_order(order)
+    if filter_part:
+        lines += render_filter(filter_part)
+    if order_part:
+        lines += render_order(order_part)
     lines += render_timing(timing or {**summary, "under_load": True})
     has_basic = timing and any(r["strategy"] == "kcagc-basic" for r in timing["runs"])
     lines += render_secagg(timing if has_basic else summary)
@@ -261,15 +262,15 @@ def render_filter(filt: dict) -> list[str]:
     """The paper's Appendix E.2 filter (``kcagc.filter = spectral-norm``, psi = 5) against its Tables VIII, IX."""
     return [f"### The paper's second graph filter: Tables VIII and IX (`--parts filter`, {filt['generated_utc']}, "
             f"seeds {filt['seeds']}, embedding `{filt['embedding']}`, {seedings(filt)} seedings)", "",
-            "`python benchmarks/kcagc.py --parts filter --datasets cora,citeseer --factors 1,2 --seeds "
-            f"{len(filt['seeds'])}`. Appendix E.2 of the paper repeats Table II's grid at k_hat = k, 2k with the "
-            "filter G = I - L_s / ||L_s|| (`kcagc.filter = spectral-norm`: frequency response 1 - lambda / lambda_max, "
-            "which removes the top frequency instead of halving it) at psi = 5 on Cora and CiteSeer; its \"baseline\" "
-            "is Protocol 1 on all columns, i.e. centralised AGC with that filter. L_s is the self-looped normalised "
-            "Laplacian, as for AGC's filter (lambda_max 1.483 on Cora, 1.502 on CiteSeer): with it our centralised "
-            "baseline matches the paper's (table below); without self-loops lambda_max is 2 and the baseline falls to "
-            "66.7-66.8 on Cora and 66.8-66.9 on CiteSeer (seeds 0-2, side experiment), so the paper used the "
-            "self-looped one. The paper gives no b-kCAGC row here (ours: paper column `-`).", ""] + \
+            f"`python benchmarks/kcagc.py --parts filter --datasets {','.join(filt['datasets'])} --factors "
+            f"{','.join(map(str, filt['factors']))} --seeds {len(filt['seeds'])}`. Appendix E.2 of the paper repeats "
+            "Table II's grid at k_hat = k, 2k with the filter G = I - L_s / ||L_s|| (`kcagc.filter = spectral-norm`: "
+            "frequency response 1 - lambda / lambda_max, which maps the highest graph frequency to 0, where AGC's "
+            "1 - lambda / 2 keeps 1 - lambda_max / 2 of it) at psi = 5 on Cora and CiteSeer; its \"baseline\" is "
+            "Protocol 1 on all columns, i.e. centralised AGC with that filter. L_s is the self-looped normalised "
+            "Laplacian, as for AGC's filter; our centralised baseline then matches the paper's (table below), "
+            "consistent with the paper using the self-looped one too. The paper gives no b-kCAGC row here (ours: "
+            "paper column `-`).", ""] + \
         render_table2(filt, paper=TABLE_FILTER)
 
 
@@ -280,9 +281,11 @@ def render_order(part: dict) -> list[str]:
     lines = [f"### Filter order psi: kCAGC against AGC (Figure 5; `--parts order`, {part['generated_utc']}, "
              f"seeds {part['seeds']}, L = {c}, k_hat = {f if f > 1 else ''}k, embedding `{part['embedding']}`)", "",
              f"`python benchmarks/kcagc.py --parts order --datasets {','.join(part['datasets'])} --clients {c} "
-             f"--factors {f} --seeds {len(part['seeds'])}`. The paper's Appendix E.1 plots kCAGC and AGC against psi "
-             "(L = 2, k_hat = k) and finds them similar at every order; its figure gives no numbers, so only "
-             "ours are listed (ACC %, mean (std) over seeds; kCAGC - AGC in points).", "",
+             f"--factors {f} --seeds {len(part['seeds'])} --orders {','.join(map(str, part['orders']))}`. The paper's "
+             "Appendix E.1 plots kCAGC and AGC against psi (L = 2, k_hat = k; Cora, CiteSeer and PubMed, which is "
+             "not in the data root here) and finds them similar at every order; its figure gives no numbers, so "
+             "only ours are listed. AGC's filter (`kcagc.filter = agc`) throughout; ACC %, mean (std) over seeds; "
+             "kCAGC - AGC in points.", "",
              "| dataset | psi | AGC (centralised) | b-kCAGC | kCAGC | kCAGC - AGC |", "|---|---|---|---|---|---|"]
     for ds in part["datasets"]:
         for psi in part["orders"]:
@@ -712,6 +715,25 @@ def run_grid(args, part: str) -> dict:
     return summary
 
 
+def check_parts(ap: argparse.ArgumentParser, args, parts: list[str]) -> None:
+    """One-line ``ap.error`` for a part or a part's arguments that cannot run."""
+    for part in parts:
+        if part not in PARTS:
+            ap.error(f"unknown part {part!r}; valid choices: " + ", ".join(PARTS))
+    if "filter" in parts and not (set(args.datasets.split(",")) <= set(TABLE_FILTER["acc"])
+                                  and set(args.factors.split(",")) <= {"1", "2"}):
+        ap.error(f"part 'filter' reproduces the paper's Tables VIII and IX: --datasets within "
+                 f"{','.join(TABLE_FILTER['acc'])} and --factors within 1,2 (got --datasets {args.datasets} "
+                 f"--factors {args.factors})")
+    if "order" in parts:
+        if "," in args.clients or "," in args.factors:
+            ap.error(f"part 'order' runs one L and one k_hat factor (the paper: --clients 2 --factors 1), "
+                     f"got --clients {args.clients} --factors {args.factors}")
+        bad = [o for o in args.orders.split(",") if not o.isdigit() or int(o) < 1]
+        if bad:
+            ap.error(f"invalid filter order {bad[0]!r} in --orders {args.orders}; expected integers >= 1")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="table2", help="comma list of " + ", ".join(PARTS))
@@ -722,7 +744,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="contiguous", choices=("contiguous", "random"),
                     help="vertical split of the feature columns")
     ap.add_argument("--embedding", default="projection-unit",
-                    help="kcagc.embedding for table2, timing and tree (table2 with projection-joint-unit is kept "
+                    help="kcagc.embedding for table2, timing, tree, filter and order (table2 with projection-joint-unit is kept "
                          "in kcagc_joint.json beside the main table)")
     ap.add_argument("--restarts", type=int, default=50, help="kcagc.restarts (k-means++ seedings side by side)")
     ap.add_argument("--compare", default="svd,projection,normalized,projection-unit,normalized+prune,"
@@ -754,20 +776,11 @@ def main(argv=None) -> int:
             summary["plots"] = plots(summary)
         (RESULTS / PART_FILES[key]).write_text(json.dumps(summary, indent=1) + "\n")
     else:
-        for part in [p for p in args.parts.split(",") if p]:
-            if part not in PARTS:
-                ap.error(f"unknown part {part!r}; valid choices: " + ", ".join(PARTS))
-            if part == "timing":
-                args.seeds = 1
-            if part == "filter" and not (set(args.datasets.split(",")) <= set(TABLE_FILTER["acc"])
-                                         and set(args.factors.split(",")) <= {"1", "2"}):
-                ap.error(f"part 'filter' reproduces the paper's Tables VIII and IX: --datasets within "
-                         f"{','.join(TABLE_FILTER['acc'])} and --factors within 1,2 (got --datasets {args.datasets} "
-                         f"--factors {args.factors})")
-            if part == "order" and ("," in args.clients or "," in args.factors):
-                ap.error(f"part 'order' runs one L and one k_hat factor (the paper: --clients 2 --factors 1), "
-                         f"got --clients {args.clients} --factors {args.factors}")
-            summary = run_grid(args, part)
+        parts = [p for p in args.parts.split(",") if p]
+        check_parts(ap, args, parts)  # all of them before any runs
+        for part in parts:
+            part_args = argparse.Namespace(**{**vars(args), "seeds": 1}) if part == "timing" else args
+            summary = run_grid(part_args, part)
             if result_part(part, args.split, args.embedding) == "table2" and not args.no_report:
                 summary["plots"] = plots(summary)
                 Path(args.out or RESULTS / PART_FILES["table2"]).write_text(json.dumps(summary, indent=1) + "\n")

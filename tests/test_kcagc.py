@@ -151,6 +151,8 @@ def test_filter_order_defaults_and_tree_levels():
     assert proto.filter_order("cora", 3) == 3
     assert proto.filter_order("citeseer", 0, "spectral-norm") == 5  # the paper's Appendix E.2
     assert proto.filter_order("wiki", 0, "spectral-norm") is None  # no paper value: adaptive
+    with pytest.raises(ValueError, match="unknown graph filter 'heat'; valid choices: agc, spectral-norm"):
+        proto.filter_order("cora", 3, "heat")
     assert proto.tree_groups(5) == [[[0], [1], [2], [3], [4]], [[0, 1], [2, 3], [4]], [[0, 1, 2, 3], [4]],
                                     [[0, 1, 2, 3, 4]]]
 
@@ -164,6 +166,7 @@ def test_one_client_equals_local_agc_kmeans(out_dir, kind):
     ref, _ = agc(data.x, data.adj, 4, 0, order=2, kind=kind)
     labels = np.load(out_dir / "labels.npy")
     assert ari(ref, labels) == 1.0
+    assert result["reference"]["agreement"]["ari"] == 1.0  # the strategy's own centralised AGC, same filter
     assert result["metrics"]["virtual_nodes"] == [4]
 
 
