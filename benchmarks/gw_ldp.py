@@ -8,7 +8,7 @@ GW-matrix timing.
         # SVC model selection: validation split vs 5-fold CV vs the grid's best test accuracy
 
 Parts: table1, cluster, timing, bound, rounds, dp, features, selection, selection-cv, hidden, size-only,
-seen-labels, norm, plain-gw, lr.
+seen-labels, norm, plain-gw, lr, epochs.
 
 Every federated number comes from ``app.run.run_experiment(..., engine="inprocess")``
 (the real ServerApp/ClientApp message flow). The GW_A rows are the centralised
@@ -26,6 +26,7 @@ import math
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -268,36 +269,83 @@ def part_plain_gw(args, data: dict) -> None:
               **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "auto", "gw-ldp.alpha": 1.0})
 
 
-def part_lr(args, data: dict) -> None:
-    """GW_H(GIN) of ``--datasets`` with other learning rates of the clients' Adam (``--lrs``; the
-    default ``gw-ldp.lr`` is 0.01), everything else as in the BatchNorm table's pooled row (hidden-layer
-    embedding, pooled statistics, fused GW): a sensitivity check, not a selection (the test folds would
-    pick it)."""
-    out = data.setdefault("gin_lr", {})
+#: The training of the BatchNorm table's pooled row (the benchmark's defaults ``--rounds 40 --epochs 2``
+#: and ``gw-ldp.lr``), around which ``--parts lr`` / ``epochs`` vary one setting.
+POOLED_ROW_TRAINING = {"rounds": 40, "epochs": 2, "lr": 0.01}
+
+#: GIN training settings varied one at a time around the pooled row (hidden-layer embedding, pooled
+#: statistics, fused GW): part -> (results key, run-config key, key in POOLED_ROW_TRAINING, the
+#: argument listing the other values).
+SENSITIVITY = {"lr": ("gin_lr", "gw-ldp.lr", "lr", "lrs"),
+               "epochs": ("gin_epochs", "gw-ldp.local-epochs", "epochs", "epochs_list")}
+
+
+def part_sensitivity(part: str, args, data: dict) -> None:
+    """GW_H(GIN) of ``--datasets`` with other values of one training setting (``SENSITIVITY[part]``: the
+    clients' Adam learning rate, ``--lrs``, or local epochs per round, ``--epochs-list``), everything
+    else as in the BatchNorm table's pooled row: a sensitivity check, not a selection (the test folds
+    would pick it)."""
+    store, key, setting, values = SENSITIVITY[part]
+    trained = {"rounds": args.rounds, "epochs": args.epochs}
+    if any(trained[k] != POOLED_ROW_TRAINING[k] for k in trained):
+        raise SystemExit(f"--parts {part} varies one setting of the pooled row, trained with --rounds "
+                         f"{POOLED_ROW_TRAINING['rounds']} --epochs {POOLED_ROW_TRAINING['epochs']}; got --rounds "
+                         f"{args.rounds} --epochs {args.epochs}")
+    if POOLED_ROW_TRAINING[setting] in getattr(args, values):
+        raise SystemExit(f"--parts {part}: {POOLED_ROW_TRAINING[setting]:g} is the pooled row's own value (its "
+                         f"column); list only other values")
+    out = data.setdefault(store, {})
     for dataset in args.datasets:
-        for lr in args.lrs:
-            runs = out.setdefault(f"{lr:g}", {}).setdefault(f"GW_H(GIN)|{dataset}", [])
-            fill_folds(runs, f"GW_H(GIN)|{dataset} lr {lr:g}", dataset, "gin", math.inf, args, data,
-                       **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "pooled", "gw-ldp.lr": lr})
+        for value in getattr(args, values):
+            runs = out.setdefault(f"{value:g}", {}).setdefault(f"GW_H(GIN)|{dataset}", [])
+            fill_folds(runs, f"GW_H(GIN)|{dataset} {part} {value:g}", dataset, "gin", math.inf, args, data,
+                       **{"gw-ldp.embedding": "hidden", "gw-ldp.norm-statistics": "pooled", key: value})
 
 
-def lr_stats(data: dict) -> dict:
-    """Per row of ``--parts lr``: the rates (the default 0.01 first: the pooled-statistics row), test
-    accuracy (mean, std in %) at each over the folds all of them ran, and with the rate picked per fold
-    on the validation graphs (ties: the default), the picks and the folds."""
-    by_lr = data.get("gin_lr", {})
-    rates = sorted(by_lr, key=float)
+def sensitivity_stats(data: dict, part: str) -> dict:
+    """Per row of ``--parts lr`` / ``epochs``: the values (the pooled row's first, from that table), test
+    accuracy (mean, std in %) at each over the folds all of them ran, and with the value picked per fold
+    on the validation graphs (ties: the pooled row's), the picks and the folds."""
+    store, _, setting, _ = SENSITIVITY[part]
+    default = f"{POOLED_ROW_TRAINING[setting]:g}"
+    by_value = data.get(store, {})
+    values = sorted(by_value, key=float)
     out = {}
-    for key in sorted({key for runs in by_lr.values() for key in runs}):
-        cols = [data.get("pooled_norm", {}).get(key, [])] + [by_lr[lr].get(key, []) for lr in rates]
-        names = ["0.01", *rates]
+    for key in sorted({key for runs in by_value.values() for key in runs}):
+        cols = [data.get("pooled_norm", {}).get(key, [])] + [by_value[v].get(key, []) for v in values]
+        names = [default, *values]
         folds = min(len(c) for c in cols)
         picks = [max(range(len(cols)), key=lambda i, f=f: (cols[i][f]["svc_val_acc"], i == 0)) for f in range(folds)]
         out[key] = {"names": names, "folds": folds,
-                    "by_rate": [_ms([r["svc_test_acc"] for r in c[:folds]]) for c in cols],
+                    "by_value": [_ms([r["svc_test_acc"] for r in c[:folds]]) for c in cols],
                     "picked": _ms([cols[i][f]["svc_test_acc"] for f, i in enumerate(picks)]),
                     "picks": [names[i] for i in picks]}
     return out
+
+
+def render_sensitivity(data: dict, part: str, title: str, varied: str, choice_noun: str,
+                       column_prefix: str) -> list[str]:
+    """The table of ``--parts lr`` / ``epochs`` (``sensitivity_stats``); nothing if the part never ran."""
+    stats = sensitivity_stats(data, part)
+    if not stats:
+        return []
+    names = next(iter(stats.values()))["names"]
+    lines = [f"### {title} (`--parts {part}`, same folds)", "",
+             f"GW_H(GIN) as in the BatchNorm table's pooled column (hidden-layer embedding, pooled statistics, "
+             f"fused GW, validated SVC) with {varied} and the pooled column itself. A sensitivity check: picking "
+             f"{choice_noun} on these test folds would be test-tuning.", "",
+             f"`picked on validation`: per fold {choice_noun} whose SVC scored best on that fold's validation "
+             "graphs (ties: the pooled column's), i.e. selected like (C, gamma), without the test graphs.", "",
+             "| row | dataset | " + " | ".join(f"{column_prefix} {v}" for v in names)
+             + " | picked on validation | picks | paper | folds |",
+             "|---|---|" + "---|" * (len(names) + 4)]
+    for key, st in stats.items():
+        row, ds = key.split("|")
+        (m, sd) = st["picked"]
+        lines.append(f"| {row} | {ds} | " + " | ".join(f"{cm:.1f} ± {cs:.1f}" for cm, cs in st["by_value"])
+                     + f" | {m:.1f} ± {sd:.1f} | {', '.join(st['picks'])} | {paper_mean(row, ds):.2f} | "
+                     f"{st['folds']} |")
+    return lines + [""]
 
 
 def plain_gw_stats(data: dict) -> dict:
@@ -782,27 +830,13 @@ def render(data: dict, args) -> str:
             "0, not in the tables: the GIN's own test accuracy 69.6% with averaged statistics, 87.0% with "
             "pooled ones), so pooled is the default "
             "where no training DP forbids the upload." if within else "."), ""]
-    by_lr = lr_stats(data)
-    if by_lr:
-        names = next(iter(by_lr.values()))["names"]
-        lines += ["### GIN learning rate (`--parts lr`, same folds)", "",
-                  "GW_H(GIN) as in the BatchNorm table's pooled column (hidden-layer embedding, pooled statistics, "
-                  "fused GW, validated SVC) with other learning rates of the clients' Adam; 0.01 is the default "
-                  "(`gw-ldp.lr`) and the pooled column itself. A sensitivity check: picking the rate on these test "
-                  "folds would be test-tuning.", "",
-                  "`picked on validation`: per fold the rate whose SVC scored best on that fold's validation "
-                  "graphs (ties: the default), i.e. the learning rate selected like (C, gamma), without the test "
-                  "graphs.", "",
-                  "| row | dataset | " + " | ".join(f"lr {lr}" for lr in names)
-                  + " | picked on validation | rates picked | paper | folds |",
-                  "|---|---|" + "---|" * (len(names) + 4)]
-        for key, st in by_lr.items():
-            row, ds = key.split("|")
-            (m, sd) = st["picked"]
-            lines.append(f"| {row} | {ds} | " + " | ".join(f"{cm:.1f} ± {cs:.1f}" for cm, cs in st["by_rate"])
-                         + f" | {m:.1f} ± {sd:.1f} | {', '.join(st['picks'])} | {paper_mean(row, ds):.2f} | "
-                         f"{st['folds']} |")
-        lines.append("")
+    lines += render_sensitivity(
+        data, "lr", "GIN learning rate", "other learning rates of the clients' Adam; 0.01 is the default (`gw-ldp.lr`)",
+        "the rate", "lr")
+    lines += render_sensitivity(
+        data, "epochs", "GIN local epochs", "other numbers of local full-batch epochs per FedAvg round "
+        f"(`gw-ldp.local-epochs`, same {POOLED_ROW_TRAINING['rounds']} rounds); {POOLED_ROW_TRAINING['epochs']} is "
+        "the benchmark's `--epochs`", "the number of epochs", "E")
     plain = plain_gw_stats(data)
     if plain:
         lines += ["### The paper's base metric without node features: plain GW (`--parts plain-gw`, same folds)", "",
@@ -1172,6 +1206,7 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds-list", default="40,250", help="part rounds: FedAvg rounds to compare")
     ap.add_argument("--lrs", default="0.003,0.03", help="part lr: client learning rates to compare with 0.01")
+    ap.add_argument("--epochs-list", default="1,5", help="part epochs: local epochs per round to compare with 2")
     ap.add_argument("--cluster-rounds", type=int, default=50)
     ap.add_argument("--centres", type=int, default=500)
     ap.add_argument("--cluster-alpha", type=float, default=1.0, help="part cluster: gw-ldp.alpha (1 = GW)")
@@ -1198,6 +1233,7 @@ def main() -> int:
     args.dp_settings = [x for x in args.dp_settings.split(",") if x]
     args.rounds_list = [int(x) for x in args.rounds_list.split(",") if x]
     args.lrs = [float(x) for x in args.lrs.split(",") if x]
+    args.epochs_list = [int(x) for x in args.epochs_list.split(",") if x]
     args.models = [m for m in args.models.split(",") if m]
     args.alphas = [float(a) for a in args.alphas.split(",") if a]
     data = {} if args.fresh else load_json()
@@ -1213,7 +1249,7 @@ def main() -> int:
              "rounds": part_rounds, "dp": part_dp, "features": part_features, "selection": part_selection,
              "selection-cv": part_selection_cv, "hidden": part_hidden, "size-only": part_size_only,
              "seen-labels": part_seen_labels, "norm": part_norm, "plain-gw": part_plain_gw,
-             "lr": part_lr}
+             "lr": partial(part_sensitivity, "lr"), "epochs": partial(part_sensitivity, "epochs")}
     if not args.render_only:
         data.setdefault("commands", []).append(" ".join(sys.argv[1:]))
         for name in args.parts.split(","):
