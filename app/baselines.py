@@ -33,6 +33,7 @@ __all__ = [
     "spectral_graph",
     "spectral_affinity",
     "FILTERS",
+    "check_filter",
     "agc_filter_matrix",
     "laplacian_norm",
     "low_pass_filter",
@@ -274,6 +275,12 @@ def spectral_affinity(K: Any, k: int, seed: int, n_init: int = 10) -> np.ndarray
 # ---------------------------------------------------------------------------
 # AGC
 # ---------------------------------------------------------------------------
+def check_filter(kind: str) -> None:
+    """One-line error for a graph filter name not in :data:`FILTERS`."""
+    if kind not in FILTERS:
+        raise ValueError(f"unknown graph filter {kind!r}; valid choices: " + ", ".join(FILTERS))
+
+
 def agc_filter_matrix(adj: Any, kind: str = "agc") -> sp.csr_matrix:
     """Low-pass filter ``G = I - L_s / c`` with ``L_s = I - A_hat``, ``A_hat = D~^-1/2 (A + I) D~^-1/2``.
 
@@ -283,8 +290,7 @@ def agc_filter_matrix(adj: Any, kind: str = "agc") -> sp.csr_matrix:
     ``c = ||L_s|| = lambda_max`` (kCAGC, Appendix E.2); G is then the identity on a graph
     without edges (``L_s = 0``).
     """
-    if kind not in FILTERS:
-        raise ValueError(f"unknown graph filter {kind!r}; valid choices: " + ", ".join(FILTERS))
+    check_filter(kind)
     A = _square_sparse(adj)
     n = A.shape[0]
     A = A + sp.eye(n, format="csr")

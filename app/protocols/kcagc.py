@@ -108,8 +108,9 @@ def filter_order(dataset: str, configured: int, kind: str = "agc") -> int | None
     value for graph filter ``kind`` on that dataset (:data:`PAPER_ORDER`);
     ``None`` (AGC's adaptive rule) otherwise (``configured`` < 0, or 0 on a
     dataset the paper gives no order for)."""
-    if kind not in PAPER_ORDER:
-        raise ValueError(f"unknown graph filter {kind!r}; valid choices: " + ", ".join(PAPER_ORDER))
+    from app.baselines import check_filter
+
+    check_filter(kind)
     if configured > 0:
         return int(configured)
     if configured == 0 and dataset in PAPER_ORDER[kind]:
