@@ -3,13 +3,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+# where no local CPU wheel of torch 2.13.0 is configured (PyPI's default build pulls CUDA).
+TORCH_PIP_ARGS ?=
 
 .PHONY: install run test bench-transport
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 

@@ -72,13 +72,18 @@ class ArraySpec:
 
     ``kind`` is a numpy dtype-kind string of accepted kinds, e.g. ``"f"`` for
     floats, ``"iu"`` for integers. Floating arrays must be finite unless
-    ``finite`` is False. ``masked`` / ``noised`` say whether the client
-    uploads it under secure aggregation / with added noise (for the ledger).
+    ``finite`` is False. ``low`` / ``high`` bound the entries (``low <= x <
+    high``; e.g. node ids, labels of k clusters), ``unique`` forbids repeats
+    (ids). ``masked`` / ``noised`` say whether the client uploads it under
+    secure aggregation / with added noise (for the ledger).
     """
 
     shape: tuple[int | None, ...] | None = None
     kind: str = "f"
     finite: bool = True
+    low: float | None = None
+    high: float | None = None
+    unique: bool = False
     masked: bool = False
     noised: bool = False
 
@@ -94,15 +99,31 @@ class ArraySpec:
                 return f"array '{name}' has shape {tuple(array.shape)}, expected {self.shape}"
         if self.finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
             return f"array '{name}' contains NaN or Inf"
+        if array.size and (self.low is not None or self.high is not None):
+            lo, hi = array.min(), array.max()
+            if (self.low is not None and lo < self.low) or (self.high is not None and hi >= self.high):
+                return (f"array '{name}' has values in [{lo}, {hi}], expected "
+                        f"{self._range()}")
+        if self.unique and np.unique(array).size != array.size:
+            return f"array '{name}' repeats entries ({array.size - np.unique(array).size} duplicates)"
         return None
+
+    def _range(self) -> str:
+        low = "-inf" if self.low is None else self.low
+        return f"[{low}, {self.high})" if self.high is not None else f">= {low}"
 
 
 @dataclass(frozen=True)
 class ReplySpec:
-    """What a valid reply must contain: named arrays and named values."""
+    """What a valid reply must contain: named arrays and named values.
+
+    ``same_length``: names of arrays that describe the same items (e.g. node
+    ids and their labels), whose first axes must agree.
+    """
 
     arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
     values: Sequence[str] = ()
+    same_length: Sequence[str] = ()
 
     def check(self, content: RecordDict) -> str | None:
         """Return why ``content`` is not a valid reply, or None."""
@@ -116,11 +137,17 @@ class ReplySpec:
             reason = spec.check(name, arrays[name])
             if reason:
                 return reason
+        lengths = {name: arrays[name].shape[0] if arrays[name].ndim else 1
+                   for name in self.same_length if name in arrays}
+        if len(set(lengths.values())) > 1:
+            return "arrays of the same items differ in length: " + ", ".join(
+                f"'{name}' {size}" for name, size in lengths.items())
         for name in self.values:
             if name not in values:
                 return f"missing value '{name}'"
             value = values[name]
-            if isinstance(value, float) and not np.isfinite(value):
+            items = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not np.isfinite(v) for v in items):
                 return f"value '{name}' is {value}"
         return None
 

@@ -40,11 +40,19 @@ class StrategyOutput:
     history: list[dict] = field(default_factory=list)
 
     def dense_labels(self, num_items: int) -> np.ndarray:
-        """Labels indexed by item id, -1 where no client gave one."""
+        """Labels indexed by item id, -1 where no client gave one; ids outside
+        0..num_items-1 stop the run (a negative id would wrap to the end)."""
+        from app.transport import ProtocolError
+
         if self.ids is None:
             return np.asarray(self.labels, dtype=np.int64)
+        ids = np.asarray(self.ids)
+        if ids.shape != np.shape(self.labels):
+            raise ProtocolError(f"{ids.size} item ids for {np.size(self.labels)} labels")
+        if ids.size and (ids.min() < 0 or ids.max() >= num_items):
+            raise ProtocolError(f"item ids in [{ids.min()}, {ids.max()}], outside 0..{num_items - 1}")
         out = np.full(num_items, -1, dtype=np.int64)
-        ids, first = np.unique(np.asarray(self.ids), return_index=True)
+        ids, first = np.unique(ids, return_index=True)
         out[ids] = np.asarray(self.labels)[first]
         return out
 

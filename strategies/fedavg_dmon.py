@@ -249,16 +249,15 @@ class FedAvgDMoN(ClusteringStrategy):
         if mech is not None:
             mech.record(session.ledger, "dp-fedavg", DP_PROTECTS)
 
-        assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu"),
-                                        "labels": ArraySpec((None,), kind="iu"),
-                                        "owned": ArraySpec((None,), kind="iu")})
+        assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
+                                        "labels": ArraySpec((None,), kind="iu", low=0, high=k),
+                                        "owned": ArraySpec((None,), kind="iu", low=0, high=2)},
+                                same_length=("node_ids", "labels", "owned"))
         out = session.broadcast("dmon_assign", pack(final if federated else None, {"k": k}), assign_spec)
         ids, labels, per_client = [], [], []
         for node, content in out.items():
             arrays, vals = unpack(content)
             n = arrays["node_ids"].size
-            if arrays["labels"].size != n or arrays["owned"].size != n:
-                raise ProtocolError(f"client {session.partition_of(node)}: node_ids, labels, owned differ in length")
             own = arrays["owned"].astype(bool)
             ids.append(arrays["node_ids"][own])
             labels.append(arrays["labels"][own])

@@ -23,7 +23,7 @@ import numpy as np
 
 from app.config import Param
 from app.protocols import fedkmeans as proto
-from app.transport import ArraySpec, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 
@@ -44,9 +44,13 @@ class FedKMeans(ClusteringStrategy):
         init = session.broadcast(
             "kmeans_init",
             pack(values={"k": k, "seed": seed}),
-            ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,))}),
+            ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
+                      same_length=("centres", "counts")),
         )
         local = [unpack(c)[0] for c in init.values()]
+        widths = {session.partition_of(node): a["centres"].shape[1] for node, a in zip(init, local)}
+        if len(set(widths.values())) != 1:
+            raise ProtocolError(f"clients disagree on the feature dimension (client: width): {widths}")
         centres = proto.merge_seeds(
             np.vstack([a["centres"] for a in local]), np.concatenate([a["counts"] for a in local]), k, seed
         )
@@ -72,7 +76,9 @@ class FedKMeans(ClusteringStrategy):
                 break
         final = session.broadcast(
             "kmeans_assign", pack({"centres": centres}),
-            ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu"), "labels": ArraySpec((None,), kind="iu")}),
+            ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
+                              "labels": ArraySpec((None,), kind="iu", low=0, high=k)},
+                      same_length=("node_ids", "labels")),
         )
         ids = np.concatenate([unpack(c)[0]["node_ids"] for c in final.values()])
         labels = np.concatenate([unpack(c)[0]["labels"] for c in final.values()])

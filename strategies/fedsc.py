@@ -166,7 +166,7 @@ class FedSC(ClusteringStrategy):
         final_specs = {
             info.node_id: ReplySpec(arrays={
                 "c": ArraySpec((d, int(info.summary["num_rows"])), noised=noised_c),
-                "node_ids": ArraySpec((int(info.summary["num_rows"]),), kind="iu")})
+                "node_ids": ArraySpec((int(info.summary["num_rows"]),), kind="iu", low=0, unique=True)})
             for info in session.clients
         }
         final = session.broadcast("fedsc_final", pack({"z": z}, common), final_specs, require_all=secure)

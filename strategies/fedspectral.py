@@ -51,7 +51,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
 from app.protocols import fedspectral as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.
@@ -88,14 +88,9 @@ class FedSpectral(ClusteringStrategy):
         replies = session.broadcast(
             "fedspectral_local",
             pack(values={"k": k, "seed": seed, "n_init": int(self.config["fedspectral.n-init"])}),
-            ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")}),
+            ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu", low=0, high=k)}),
         )
-        label_sets = []
-        for node, content in replies.items():
-            labels = unpack(content)[0]["labels"]
-            if labels.min(initial=0) < 0 or labels.max(initial=0) >= k:
-                raise ProtocolError(f"client {session.partition_of(node)} sent labels outside 0..{k - 1}")
-            label_sets.append(labels.astype(np.int64))
+        label_sets = [unpack(content)[0]["labels"].astype(np.int64) for content in replies.values()]
         labels = proto.coassociation_labels(label_sets, k, seed, int(self.config["fedspectral.n-init"]))
         _send_labels(session, labels)
         return StrategyOutput(labels=labels, history=[{"round": 1, "clients": len(label_sets)}])

@@ -42,3 +42,18 @@ class LeavingGrid(InProcessGrid):
             if self.rounds == self.leave_at:
                 self.dropped.add(max(self.contexts))
         return super().push_messages(messages)
+
+
+def patch_reply(monkeypatch, client_cls, action: str, tamper, client: int | None = None) -> None:
+    """Make ``client_cls`` answer ``action`` with its honest reply passed through
+    ``tamper(shard, arrays, values) -> (arrays, values)``: on partition ``client``
+    only, or on every client when ``client`` is None (a misbehaving client)."""
+    honest = getattr(client_cls, f"on_{action}")
+
+    def patched(self, arrays, values):
+        out, vals = honest(self, arrays, values)
+        if client is None or self.shard.client_id == client:
+            out, vals = tamper(self.shard, out, vals)
+        return out, vals
+
+    monkeypatch.setattr(client_cls, f"on_{action}", patched)

@@ -21,6 +21,7 @@ from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import unpack
+from conftest import patch_reply
 
 TOP_KEYS = {"strategy", "dataset", "num_clients", "config", "metrics", "reference", "timing",
             "communication", "privacy"}
@@ -92,6 +93,50 @@ def test_bad_config_inside_the_run_writes_nothing(out_dir):
     with pytest.raises(ConfigError, match="valid choices"):
         run_experiment("fedkmeans", "sbm", 2, {"partitioner": "vertical"}, out_dir)
     assert not out_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "action, tamper, reason",
+    [
+        ("kmeans_assign", lambda o: {**o, "node_ids": o["node_ids"] - 1},
+         r"array 'node_ids' has values in \[-1, \d+\], expected >= 0"),
+        ("kmeans_assign", lambda o: {**o, "node_ids": o["node_ids"] * 0},
+         r"array 'node_ids' repeats entries"),
+        ("kmeans_assign", lambda o: {**o, "labels": o["labels"][:-1]},
+         r"arrays of the same items differ in length: 'node_ids' (\d+), 'labels' (?!\1)\d+"),
+        ("kmeans_assign", lambda o: {**o, "labels": o["labels"] + 3},
+         r"array 'labels' has values in \[\d+, \d+\], expected \[0, 3\)"),
+        ("kmeans_init", lambda o: {**o, "counts": o["counts"][:-1]},
+         r"arrays of the same items differ in length: 'centres' 3, 'counts' 2"),
+        ("kmeans_init", lambda o: {**o, "centres": o["centres"][:, :-1]},
+         r"clients disagree on the feature dimension \(client: width\): \{0: (\d+), 1: (?!\1)\d+\}"),
+    ],
+    ids=["negative-id", "repeated-id", "short-labels", "label-out-of-range", "short-counts", "narrow-centres"],
+)
+def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, monkeypatch, action, tamper, reason):
+    from app.transport import ProtocolError
+    from clients.fedkmeans import FedKMeansClient
+
+    patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
+    with pytest.raises(ProtocolError, match=reason) as err:
+        run_experiment("fedkmeans", "sbm", 2, {"num-clusters": 3, "num-rounds": 2}, out_dir)
+    if "disagree" not in reason:
+        assert f"step '{action}' rejected 1 client(s): client 1 " in str(err.value)
+    assert not (out_dir / RESULT_FILE).exists()
+
+
+def test_final_labels_with_item_ids_outside_the_dataset_are_refused():
+    from app.transport import ProtocolError
+    from strategies.base import StrategyOutput
+
+    out = StrategyOutput(labels=np.array([0, 1, 1]), ids=np.array([2, 0, 1]))
+    assert out.dense_labels(4).tolist() == [1, 1, 0, -1]
+    with pytest.raises(ProtocolError, match=r"item ids in \[0, 2\], outside 0\.\.1"):
+        out.dense_labels(2)
+    with pytest.raises(ProtocolError, match=r"item ids in \[-1, 1\], outside 0\.\.3"):
+        StrategyOutput(labels=np.array([0, 1]), ids=np.array([-1, 1])).dense_labels(4)
+    with pytest.raises(ProtocolError, match="3 item ids for 2 labels"):
+        StrategyOutput(labels=np.array([0, 1]), ids=np.array([0, 1, 2])).dense_labels(4)
 
 
 @pytest.mark.simulation

@@ -130,15 +130,23 @@ def test_cli_drives_app_run_run_experiment(tmp_path, monkeypatch):
 
 
 def test_smoke_suite_end_to_end(tmp_path):
-    """The real smoke suite (fedkmeans on sbm, 2 and 4 clients) through app.run."""
+    """The real smoke suite (fedkmeans on sbm, 2 and 4 clients) through app.run: every
+    recorded run is the run a user gets from app.run with the same settings, and the
+    table shows its numbers."""
+    from app.run import run_experiment
+
     code = bench.main(["smoke", "--quick", "--no-plots"], root=tmp_path)
     data = json.loads((tmp_path / "results" / "smoke.json").read_text())
-    runs = [r for e in data["experiments"] for r in e["runs"]]
-    assert code == 0, [r.get("error") for r in runs]
-    for r in runs:
-        assert {"acc", "nmi"} <= set(r["metrics"])
-        assert {"ari", "nmi", "cluster_similarity"} <= set(r["reference"]["agreement"])
-    assert "| fedkmeans |" in (tmp_path / "RESULTS.md").read_text()
+    runs = [(e, r) for e in data["experiments"] for r in e["runs"]]
+    assert code == 0, [r.get("error") for _, r in runs]
+    assert [(e["num_clients"], r["seed"]) for e, r in runs] == [(2, 0), (4, 0)]
+    table = (tmp_path / "RESULTS.md").read_text()
+    for e, r in runs:
+        direct = run_experiment(e["strategy"], e["dataset"], e["num_clients"], {**e["overrides"], "seed": r["seed"]},
+                                out_dir=tmp_path / f"direct{e['num_clients']}")
+        assert r["metrics"] == pytest.approx(direct["metrics"])
+        assert r["reference"]["agreement"] == pytest.approx(direct["reference"]["agreement"])
+        assert f"{100 * r['metrics']['acc']:.1f}" in table
 
 
 def test_suite_validation():

@@ -246,7 +246,7 @@ def test_client_shard_from_file(written):
     raw = bytearray(p.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     p.write_bytes(bytes(raw))
-    with pytest.raises(ShardError):
+    with pytest.raises(ShardError, match="client-0.npz is corrupted"):
         load_shard_file(p)
     clear_caches()
 

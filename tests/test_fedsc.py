@@ -17,7 +17,7 @@ from app.protocols import fedsc as proto
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
-from conftest import LeavingGrid
+from conftest import LeavingGrid, patch_reply
 from app.transport import ProtocolError, unpack
 from clients.fedsc import FedSCClient
 from strategies.fedsc import pooled_features
@@ -344,6 +344,13 @@ def test_coefficients_missing_a_sample_are_rejected(out_dir, monkeypatch):
 
     monkeypatch.setattr(FedSCClient, "on_fedsc_final", drop_one)
     with pytest.raises(ProtocolError, match="'c' has shape"):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
+
+
+def test_clients_disagreeing_on_the_feature_dimension_stop_the_run(out_dir, monkeypatch):
+    patch_reply(monkeypatch, FedSCClient, "fedsc_bandwidth",
+                lambda shard, out, vals: (out, {**vals, "features": vals["features"] + shard.client_id}))
+    with pytest.raises(ProtocolError, match=r"clients disagree on the feature dimension: \[4, 5\]"):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
 
 

@@ -20,6 +20,7 @@ from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import ProtocolError, unpack
 from clients.kcagc import KCAGCClient
+from conftest import patch_reply
 
 N = 240
 SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}
@@ -413,16 +414,24 @@ def test_adaptive_filter_order_is_chosen_per_client_and_not_uploaded(out_dir):
 
 
 def test_local_labels_out_of_range_are_rejected_naming_the_client(out_dir, monkeypatch):
-    honest = KCAGCClient.on_kcagc_local
-
-    def shifted(self, arrays, values):  # client 1 numbers its clusters from 1 to k_hat
-        out, vals = honest(self, arrays, values)
-        return {"labels": out["labels"] + (self.shard.client_id == 1)}, vals
-
-    monkeypatch.setattr(KCAGCClient, "on_kcagc_local", shifted)
+    # client 1 numbers its clusters from 1 to k_hat
+    patch_reply(monkeypatch, KCAGCClient, "kcagc_local",
+                lambda shard, out, vals: ({"labels": out["labels"] + 1}, vals), client=1)
     with pytest.raises(ProtocolError, match=r"client 1 \(node \d+\) sent local cluster labels 1\.\.4, "
                                             r"outside 0\.\.3 \(k_hat=4\)"):
         run_experiment("kcagc", "sbm", 2, {**SBM, "kcagc.filter-order": 2}, out_dir)
+
+
+@pytest.mark.parametrize("action, name, step", [("kcagc_joint", "s", r"kcagc_joint"),
+                                                ("kcagc_step", "d", r"kcagc_step \(\w+, level 1\)")])
+def test_a_negative_squared_norm_or_distance_stops_the_run(out_dir, monkeypatch, action, name, step):
+    """One client, so its parts go up unmasked: a negative part gives a negative sum."""
+    patch_reply(monkeypatch, KCAGCClient, action,
+                lambda shard, out, vals: ({name: -1.0 - out[name]} if name in out else out, vals))
+    with pytest.raises(ProtocolError, match=step + r"': a summed squared \w+ .* < 0; every client's part is >= 0"):
+        run_experiment("kcagc", "sbm", 1, {**SBM, "kcagc.filter-order": 2,
+                                           "kcagc.embedding": "projection-joint-unit"}, out_dir)
+    assert not (out_dir / RESULT_FILE).exists()
 
 
 def test_clients_disagreeing_on_the_node_count_are_rejected(out_dir, monkeypatch):

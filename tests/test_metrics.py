@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import networkx as nx
 import numpy as np
@@ -285,8 +284,9 @@ def test_bad_inputs_raise_one_line_value_errors(call, match):
     assert "\n" not in str(exc.value)
 
 
-def test_million_nodes_in_seconds():
-    """All metrics on a 1,000,000-node graph: vectorised, no N x N matrix."""
+def test_million_nodes_without_an_n_by_n_matrix():
+    """All metrics on a 1,000,000-node graph: vectorised (a dense N x N would need 8 TB);
+    the time is measured by benchmarks/metrics_scale.py, not here."""
     rng = np.random.default_rng(0)
     n, k = 1_000_000, 20
     y = rng.integers(0, k, n)
@@ -295,11 +295,17 @@ def test_million_nodes_in_seconds():
     cols = np.where(rng.random(rows.shape[0]) < 0.7, rows + rng.integers(1, 50, rows.shape[0]), rng.integers(0, n, rows.shape[0])) % n
     A = sp.csr_matrix((np.ones(rows.shape[0]), (rows, cols)), shape=(n, n))
     A = A + A.T
-    t0 = time.perf_counter()
     out = M.evaluate(p, y_true=y, adj=A)
     out.update(M.agreement(y, p))
-    out["pf1"] = M.pairwise_prf(y, p)[2]
-    elapsed = time.perf_counter() - t0
     assert out["acc"] == pytest.approx(0.8 + 0.2 / k, abs=0.01)
-    assert 0.0 <= out["conductance"] <= 1.0
-    assert elapsed < 15.0, f"metrics took {elapsed:.1f} s on 1e6 nodes"
+    assert out["nmi"] == pytest.approx(skm.normalized_mutual_info_score(y, p), abs=1e-9)
+    assert out["ari"] == pytest.approx(skm.adjusted_rand_score(y, p), abs=1e-9)
+    # pair counts from the contingency table: pairs together in both / in p / in y
+    pairs = lambda c: float((c * (c - 1) // 2).sum())  # noqa: E731
+    both = pairs(np.unique(np.stack([y, p]), axis=1, return_counts=True)[1])
+    precision, recall, f1 = M.pairwise_prf(y, p)
+    assert (precision, recall) == pytest.approx((both / pairs(np.bincount(p)), both / pairs(np.bincount(y))))
+    assert f1 == pytest.approx(2 * precision * recall / (precision + recall))
+    edges = A.tocoo()
+    cut = float(edges.data[p[edges.row] != p[edges.col]].sum())
+    assert out["conductance"] == pytest.approx(cut / edges.data.sum())

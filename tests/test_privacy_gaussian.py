@@ -104,13 +104,13 @@ def test_calibration():
 
 
 def test_invalid_parameters():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="adjacency='replace' requires sample_rate=1"):
         GaussianMechanism(clip=1.0, noise_multiplier=1.0, sample_rate=0.5)  # replace + subsampling
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="clip must be finite and > 0, got 0.0"):
         GaussianMechanism(clip=0.0, noise_multiplier=1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="accountant must be 'rdp' or 'prv', got 'gdp-x'"):
         GaussianMechanism(clip=1.0, noise_multiplier=1.0, accountant="gdp-x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="clip_l2: non-finite value in input"):
         clip_l2(np.array([np.inf]), 1.0)
 
 

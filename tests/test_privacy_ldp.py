@@ -103,13 +103,13 @@ def test_infinite_epsilon_means_no_noise():
 
 
 def test_input_validation():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"epsilon must be > 0 \(or inf\), got 0.0"):
         multibit_encode(np.zeros((2, 3)), 0.0, 0.0, 1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"finite alpha < beta, got \[1.0, 1.0\]"):
         multibit_encode(np.zeros((2, 3)), 1.0, 1.0, 1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"m must be in \[1, d=3\], got 4"):
         multibit_encode(np.zeros((2, 3)), 1.0, 0.0, 1.0, m=4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="non-finite value in input"):
         multibit_encode(np.array([[np.nan, 0, 0]]), 1.0, 0.0, 1.0)
 
 

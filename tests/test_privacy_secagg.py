@@ -200,9 +200,9 @@ def test_state_roundtrip_and_key_checks():
         fresh.agree(keys)
     bad = dict(keys)
     bad[1] = bad[2]
-    with pytest.raises(SecAggError):
+    with pytest.raises(SecAggError, match="two parties advertised the same public key"):
         relay_public_keys(bad)
-    with pytest.raises(SecAggError):
+    with pytest.raises(SecAggError, match="parties 1 and 2 advertised the same public key"):
         parties[0].agree(bad)
 
 

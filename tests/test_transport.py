@@ -44,6 +44,12 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
             raise RuntimeError("disk on fire")
         if kind == "missing":
             return Message(pack(values={"count": 1}), reply_to=message)
+        if kind == "missing-value":
+            return Message(pack({"block": out}), reply_to=message)
+        if kind == "nan-value":
+            return Message(pack({"block": out}, {"count": float("nan")}), reply_to=message)
+        if kind == "nan-in-list":
+            return Message(pack({"block": out}, {"count": [1.0, float("nan")]}), reply_to=message)
         return Message(pack({"block": out}, {"count": N}), reply_to=message)
 
     return app
@@ -78,6 +84,9 @@ def test_valid_replies_pass_and_clients_are_ordered_by_partition():
         ("shape", "shape (50, 2), expected (50, 3)"),
         ("dtype", "dtype int64, expected kind 'f'"),
         ("missing", "missing array 'block'"),
+        ("missing-value", "missing value 'count'"),
+        ("nan-value", "value 'count' is nan"),
+        ("nan-in-list", "value 'count' is [1.0, nan]"),
         ("raise", "client error: RuntimeError: disk on fire"),
     ],
 )
@@ -91,6 +100,31 @@ def test_malformed_reply_is_rejected_and_reported(kind, reason):
     replies = session.broadcast("block", content, SPEC, require_all=False)
     assert sorted(session.partition_of(n) for n in replies) == [0, 1, 3]
     assert len(session.rejects) == 2
+
+
+@pytest.mark.parametrize(
+    "spec, array, reason",
+    [
+        (ArraySpec(kind="iu", low=0), np.array([3, -1, 2]), "array 'a' has values in [-1, 3], expected >= 0"),
+        (ArraySpec(kind="iu", low=0, high=4), np.array([0, 4]), "array 'a' has values in [0, 4], expected [0, 4)"),
+        (ArraySpec(kind="iu", unique=True), np.array([5, 1, 5, 5]), "array 'a' repeats entries (2 duplicates)"),
+        (ArraySpec(kind="f", high=1.0), np.array([0.5, 1.0]), "array 'a' has values in [0.5, 1.0], expected [-inf, 1.0)"),
+    ],
+)
+def test_value_range_and_repeats_are_checked(spec, array, reason):
+    assert spec.check("a", array) == reason
+    assert spec.check("a", array[:0]) is None  # an empty upload has no bad entry
+    inside = np.array([0, 1, 3]) if spec.kind == "iu" else np.array([0.5, 0.75])
+    assert spec.check("a", inside) is None
+
+
+def test_arrays_of_the_same_items_must_agree_in_length():
+    spec = ReplySpec(arrays={"ids": ArraySpec((None,), kind="iu"), "labels": ArraySpec((None,), kind="iu")},
+                     same_length=("ids", "labels"))
+    ids = np.arange(5)
+    assert spec.check(pack({"ids": ids, "labels": ids % 2})) is None
+    assert spec.check(pack({"ids": ids, "labels": ids[:4] % 2})) == (
+        "arrays of the same items differ in length: 'ids' 5, 'labels' 4")
 
 
 def test_silent_node_times_out_and_is_reported():
