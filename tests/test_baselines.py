@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -239,21 +238,15 @@ def cora(tmp_path_factory):
     return _load_planetoid("Cora", tmp_path_factory.mktemp("cora"))
 
 
-def test_agc_cora_accuracy_and_speed(cora):
-    """kCAGC paper's fixed psi = 9: ACC 68.1 measured with a dense SVD here (paper 68.17)."""
+def test_agc_cora_accuracy(cora):
+    """kCAGC paper's fixed psi = 9: ACC 68.1 measured with a dense SVD here (paper 68.17);
+    its time is measured by benchmarks/agc.py."""
     x, A, y = cora
-    B.agc(x, A, 7, seed=0, order=9)  # warm-up
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        labels, order = B.agc(x, A, 7, seed=0, order=9)
-        times.append(time.perf_counter() - t0)
+    labels, order = B.agc(x, A, 7, seed=0, order=9)
     acc = M.accuracy(y, labels)
     assert order == 9
     assert 0.675 <= acc <= 0.69, f"Cora AGC ACC {acc:.4f}, expected 68.1 +- 0.6"
     assert M.nmi(y, labels) > 0.5
-    # target 0.3 s; generous bound because the test machine is shared
-    assert min(times) < 1.0, f"AGC on Cora took {min(times):.3f} s"
 
 
 # ---------------------------------------------------------------------------
