@@ -258,7 +258,9 @@ class ServerSession:
             "secure-aggregation",
             protects="every upload marked masked: the server sees only the sum over the clients that mask "
                      "together (all clients, or a group of them where a strategy says so, e.g. kcagc's tree)",
-            params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20", "ring": "Z_2^64",
+            params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20",
+                    "ring": "Z_2^32 or Z_2^64 per sum, the smaller one in which the declared bound cannot wrap "
+                            "(the upload's dtype, uint32 or uint64, says which)",
                     "scale": float(self.config["secagg.scale"])},
             guarantee=GUARANTEE_SECAGG,
         )

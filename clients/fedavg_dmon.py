@@ -123,7 +123,8 @@ class FedAvgDMoNClient(ClusteringClient):
 
     def on_dmon_assign(self, arrays, values):
         """Labels of this client's nodes and its own metrics: evaluation outputs, sent in clear and
-        outside the DP guarantee (with ``dp-clip > 0`` too)."""
+        outside the DP guarantee (with ``dp-clip > 0`` too). The validation modularity of the
+        weights used goes up only without DP, like every validation score."""
         k = int(values["k"])
         graph, vadj, tadj = self.graph()
         if proto.PARAM_NAMES[0] in arrays:
@@ -144,5 +145,5 @@ class FedAvgDMoNClient(ClusteringClient):
         return (
             {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels,
              "owned": np.asarray(owned, dtype=np.int8)},
-            {**metrics, "val_modularity": float(score)},
+            {**metrics, **({} if float(self._p("dp-clip")) > 0 else {"val_modularity": float(score)})},
         )

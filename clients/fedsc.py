@@ -50,8 +50,10 @@ class FedSCClient(ClusteringClient):
             z_p = self._gaussian(z_p, values["dp_clip_z"], values["dp_nm_z"], per_row=False)
             update = z_p.ravel()  # the objective value is not protected: left out
         else:
-            z_p = proto.perturb(z_p, float(self.config["fedsc.noise-z"]), np.random.default_rng())
-            update = np.concatenate([z_p.ravel(), [f]])
+            noise = float(self.config["fedsc.noise-z"])
+            z_p = proto.perturb(z_p, noise, np.random.default_rng())
+            # the objective would go up un-noised beside the noised Z_p: left out then
+            update = z_p.ravel() if noise > 0 else np.concatenate([z_p.ravel(), [f]])
         if "secagg_tag" in values:
             update = self.masked(update, values)
         return {"update": update}, {}

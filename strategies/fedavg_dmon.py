@@ -38,9 +38,10 @@ Wire protocol (what leaves each client in **bold**):
    validation-edge count**.
 4. ``query.dmon_assign`` (down: the selected global weights; isolated:
    nothing) -> up: **node ids, cluster labels, owned flags and the client's
-   own metrics** (macro-F1/NMI on its nodes, modularity/conductance on its
-   test edges): evaluation outputs, like every strategy's, outside the DP
-   guarantee.
+   own metrics** (ACC/NMI/ARI/macro-F1 on its nodes, modularity/conductance
+   on its test edges and on its whole local graph; without DP also the
+   validation modularity of those weights): evaluation outputs, like every
+   strategy's, outside the DP guarantee.
 
 Client-level DP (``dp-clip > 0``, federated only): in the training rounds a
 client sends nothing but its noised weights, so the epsilon reported
@@ -67,6 +68,7 @@ from functools import lru_cache
 import numpy as np
 
 from app.config import ConfigError, Param
+from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
@@ -183,7 +185,7 @@ class FedAvgDMoN(ClusteringStrategy):
         mech = None
         if dp:
             mech = dp_mechanism(c)
-            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS)
+            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
         if secure:
             session.setup_secure_aggregation()
         size = sum(int(np.prod(s)) for s in shapes.values())
@@ -247,7 +249,7 @@ class FedAvgDMoN(ClusteringStrategy):
             else:
                 final, best_round = weights, rounds + 1
         if mech is not None:
-            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS)
+            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
 
         assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
                                         "labels": ArraySpec((None,), kind="iu", low=0, high=k),

@@ -19,7 +19,8 @@ Wire protocol (what leaves a client, step by step):
 3. ``fedsc_round`` x ``num-rounds`` (down: ``z`` = current landmarks Z, sigma,
    lambda) -> up: ``update`` = ``[Z_p.ravel(), f_p]``: the client's landmarks
    after its C-step and one preconditioned Z-step, and its objective value
-   (one number; left out under ``fedsc.dp-epsilon``). With ``fedsc.secure``
+   (one number; left out under ``fedsc.dp-epsilon`` and ``fedsc.noise-z``,
+   which noise only Z_p). With ``fedsc.secure``
    the vector is pairwise masked (secagg ring) and the server learns only the sum
    over clients, i.e. the average Z. With ``fedsc.noise-z`` / ``dp-epsilon``
    Z_p is noised before it leaves.
@@ -132,10 +133,10 @@ class FedSC(ClusteringStrategy):
         secure = bool(cfg["fedsc.secure"])
         if secure:
             session.setup_secure_aggregation()
-        size = d * m + (0 if dp else 1)
+        noised = bool(dp) or cfg["fedsc.noise-z"] > 0  # then the objective is not sent
+        size = d * m + (0 if noised else 1)
         spec = ReplySpec(arrays={"update": ArraySpec(
-            (size,), kind="u" if secure else "f", masked=secure,
-            noised=bool(dp) or cfg["fedsc.noise-z"] > 0)})
+            (size,), kind="u" if secure else "f", masked=secure, noised=noised)})
         common = {"sigma": sigma, "lambda": lam}
         if dp:
             common.update(dp_clip_z=dp["z"].clip, dp_nm_z=dp["z"].noise_multiplier,
@@ -157,7 +158,7 @@ class FedSC(ClusteringStrategy):
                 dp["z"].step()
             z_new = total[: d * m].reshape(d, m) / len(replies)
             record = {"round": r, "shift": float(np.abs(z_new - z).max())}
-            if not dp:
+            if not noised:
                 record["objective"] = float(total[-1])  # sum_p f_p(Z^{r-1}, C_p)
             history.append(record)
             z = z_new

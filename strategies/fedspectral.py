@@ -19,8 +19,9 @@ the paper uses 5 clients, 40% overlap, i.e. r = 2). The math is in
 
     ``mode=exact`` (beyond the paper): once ``fedspectral_degrees`` -> up:
     ``degrees`` = the client's share ``A_c 1 / r`` of every node's degree,
-    always pairwise masked, so the server learns only the global degree
-    vector ``d`` (an aggregate over clients, recorded in the ledger). Then per
+    pairwise masked whenever there are two or more clients, so the server
+    learns only the global degree vector ``d`` (an aggregate over clients,
+    recorded in the ledger; with one client, its own degrees). Then per
     round ``fedspectral_product`` (down: ``Y = D^-1/2 X`` scaled, N x b) -> up:
     ``block`` = ``(A_c / r) Y`` (N x b). The server's ``D^-1/2 sum_c`` is the
     global operator applied to X; Chebyshev-filtered orthogonal iteration with
@@ -264,7 +265,8 @@ class FedSpectralPlus(ClusteringStrategy):
             d = np.asarray(unpack(next(iter(replies.values())))[0]["degrees"], dtype=np.float64)
         session.ledger.add_mechanism(
             "fedspectral-plus:global-degrees",
-            protects="per-client degrees (masked); the server learns the global degree vector d = sum_c A_c 1 / r"
+            protects=("per-client degrees (masked)" if masked else "nothing: one client, whose degrees are the sum")
+            + "; the server learns the global degree vector d = sum_c A_c 1 / r"
                      + (" with Gaussian noise" if self.dp is not None else ""),
             params={"revealed": "global degree vector (N values, aggregate over all clients)"},
             guarantee="none: the aggregate degree vector is revealed to the server"

@@ -12,8 +12,9 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    (feature width and counts only).
 2. ``fit`` (message category ``train``) x ``num-rounds`` (down: the global
    GNN weights ``w.<name>``, epochs, learning rate) -> up: the locally
-   trained weights ``w.<name>`` (same shapes) and ``num_examples`` (training
-   graphs, in clear also under DP). The server averages them weighted by
+   trained weights ``w.<name>`` (same shapes), ``num_examples`` (training
+   graphs, in clear also under DP) and, without DP only, ``loss`` (its mean
+   training loss). The server averages them weighted by
    ``num_examples`` (a whole number up to the client's described training
    graphs, else the run stops) with Flower's ``aggregate_arrayrecords``
    (FedAvg). A client that does not answer, or whose weights fail the
@@ -99,6 +100,8 @@ import time
 import numpy as np
 
 from app.config import ConfigError, Param
+from app.privacy.gaussian import CLIENT_LEVEL
+from app.privacy.ldp import LDPAccountant
 from app.protocols import gw_ldp as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
@@ -107,12 +110,14 @@ DP_MODES = ("none", "client", "sgd")
 NORM_STATISTICS = ("auto", "pooled", "averaged")
 
 #: Ledger entry (mechanism name, what it protects) per training-DP mode.
-DP_LEDGER = {
+DP_LEDGER = {  # name, what it protects, the unit of one neighbouring change
     "client": ("dp-fedavg:weights", "each client's whole local dataset (client-level DP of every weight upload; "
-                                    "its count of training graphs, sent in clear beside them, is not covered)"),
+                                    "its count of training graphs, sent in clear beside them, is not covered)",
+               CLIENT_LEVEL),
     "sgd": ("dp-sgd:local-graphs",
             "each training graph of a client (add/remove one graph) in all of its weight uploads (the count of "
-            "training graphs, sent in clear beside them, is not covered)"),
+            "training graphs, sent in clear beside them, is not covered)",
+            "training graph (one DP-SGD sample)"),
 }
 
 
@@ -232,8 +237,8 @@ class GWLDP(ClusteringStrategy):
         uploads = self._combine(latest)
         self._record_ldp(session, uploads, releases)
         if dp is not None:
-            name, protects = DP_LEDGER[dp_mode]
-            dp.record(session.ledger, name, protects + (self._khop_unit() if dp_mode == "sgd" else ""))
+            name, protects, unit = DP_LEDGER[dp_mode]
+            dp.record(session.ledger, name, protects + (self._khop_unit() if dp_mode == "sgd" else ""), unit)
 
         t0 = time.perf_counter()
         merge = bool(cfg["gw-ldp.merge-duplicates"])
@@ -381,17 +386,17 @@ class GWLDP(ClusteringStrategy):
                                          "none: no noise (epsilon = inf), embeddings uploaded in clear", None)
             return
         per_graph = np.array([proto.graph_epsilon(int(n), eps) for n in sizes])
-        worst = float(per_graph.max()) * releases
+        accountant = LDPAccountant(float(per_graph.max()))  # the worst-off graph, every release composed
+        accountant.step(releases)
         session.ledger.add_mechanism(
             "ldp:multibit-embeddings",
             "each graph's n x d node-embedding matrix (epsilon per graph, composed over its n rows "
             "at epsilon/n each; releases compose)" + self._khop_unit(),
             {"epsilon_per_graph": "1/|V|" if eps == 0 else eps, "epsilon_max_per_graph": float(per_graph.max()),
              "epsilon_min_per_graph": float(per_graph.min()), "releases": releases, "d": d,
-             "m": proto.default_m(float(per_graph.max()), d) if d else 0, "alpha": 0.0, "beta": 1.0,
-             "epsilon": worst, "delta": 0.0},
+             "m": proto.default_m(float(per_graph.max()), d) if d else 0, "alpha": 0.0, "beta": 1.0},
             "epsilon-LDP per graph embedding (multi-bit encoder, GW-LDP Alg. 1)",
-            None,
+            accountant,
         )
 
     def _dp_mechanism(self, session):

@@ -29,7 +29,9 @@ graph and its own block of feature columns. The math is in
    ``kcagc-basic`` uses every node as its own virtual node (weight 1).
 
 3. Weighted k-means on the virtual nodes, distances only under secure
-   aggregation (``kcagc_step``; pairwise masks set up once, two rounds):
+   aggregation (``kcagc_step``; pairwise masks set up once, two rounds;
+   with a single client there is nothing to mask and its distances, the
+   sum itself, go up in clear):
 
    * seeding (k-means++, ``kcagc.restarts`` independent seedings run side by
      side in the same messages): down ``members`` (n, the virtual node of

@@ -231,6 +231,8 @@ def test_dp_sends_only_noised_weights_and_selects_the_last_round(out_dir):
     assert not {u["action"] for u in uploads} & {"dmon_eval"}
     init = {u["name"] for u in uploads if u["action"] == "dmon_init"}
     assert init == {"num_features", "num_nodes"}  # the sizes in clear, named in the ledger
+    assign = {u["name"] for u in uploads if u["action"] == "dmon_assign"}
+    assert "val_modularity" not in assign and {"labels", "f1", "modularity_test"} <= assign
     protects = {m["name"]: m["protects"] for m in result["privacy"]["mechanisms"]}["dp-fedavg"]
     assert "node count, sent once in clear" in protects and "evaluation outputs" in protects
     assert [(h["val_modularity"], h["loss"], h["losses"]) for h in result["history"]] == [(None, None, None)] * rounds

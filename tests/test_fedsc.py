@@ -261,6 +261,9 @@ def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path)
     assert set(mechs) == {"fedsc:data-noise", "fedsc:noise-z", "fedsc:noise-c"}
     assert all(m["epsilon"] == "none" and m["guarantee"].startswith("none") for m in mechs.values())
     assert ratio["privacy"]["epsilon"] is None
+    # the noised Z_p goes up alone: no un-noised objective value beside it
+    assert [u["shape"] for u in ratio["privacy"]["uploads"] if u["name"] == "update"] == [[10 * 4]] * 3
+    assert all("objective" not in h for h in ratio["history"])
 
 
 def clients_inputs(raw: dict, out_dir) -> list[np.ndarray]:

@@ -183,6 +183,11 @@ def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir):
     data = sbm_graph()
     assert np.array_equal(labels, spectral_graph(data.adj, K, 0))
     assert ari(data.y, labels) == 1.0  # planted blocks recovered
+    # one client: nothing to mask, and the ledger says so
+    [degrees] = [u for u in result["privacy"]["uploads"] if u["name"] == "degrees"]
+    assert not degrees["masked"] and degrees["dtype"] == "float64"
+    mech = {m["name"]: m for m in result["privacy"]["mechanisms"]}["fedspectral-plus:global-degrees"]
+    assert mech["protects"].startswith("nothing: one client")
 
 
 def test_exact_mode_with_overlapping_edges_equals_centralised(out_dir):

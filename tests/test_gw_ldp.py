@@ -451,6 +451,7 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
     assert ldp["epsilon"] == pytest.approx(2 * ldp["params"]["epsilon_max_per_graph"])
     assert sum(1 for r in result["timing"]["per_round"] if r["action"] == "gw_embed") == 2
     dp = mech["dp-fedavg:weights"]
+    assert dp["guarantee"].startswith("(epsilon, delta)-DP per client (its whole model update)")
     assert dp["params"]["steps"] == 3 and 0 < dp["epsilon"] < math.inf and dp["delta"] == 1e-5
     fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]
     assert {u["name"] for u in fit if not u["name"].startswith("w.")} == {"num_examples"}  # no loss under DP

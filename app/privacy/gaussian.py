@@ -176,12 +176,14 @@ class GaussianMechanism:
             "clipped": self.clipped,
         }
 
-    def record(self, ledger, name: str, protects: str) -> None:
+    def record(self, ledger, name: str, protects: str, unit: str | None = None) -> None:
         """Register in a PrivacyLedger (epsilon is read from this object at to_dict time).
 
-        Call again after the last release to refresh ``steps``/``clipped`` in params.
+        ``unit``: what one neighbouring change is (default: a row with ``per_row``,
+        else the whole array). Call again after the last release to refresh
+        ``steps``/``clipped`` in params.
         """
-        unit = "row" if self.per_row else "array"
+        unit = unit or ("row" if self.per_row else "array")
         ledger.add_mechanism(
             name,
             protects,
@@ -189,6 +191,9 @@ class GaussianMechanism:
             f"(epsilon, delta)-DP per {unit} ({self.adjacency} adjacency, Opacus {self.accountant_kind.upper()} accountant)",
             self,
         )
+
+
+CLIENT_LEVEL = "client (its whole model update)"  # the unit of client-level DP-FedAvg
 
 
 def noise_ratio_perturb(array, ratio: float, rng=None) -> np.ndarray:
