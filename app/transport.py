@@ -104,8 +104,9 @@ class ArraySpec:
             if (self.low is not None and lo < self.low) or (self.high is not None and hi >= self.high):
                 return (f"array '{name}' has values in [{lo}, {hi}], expected "
                         f"{self._range()}")
-        if self.unique and np.unique(array).size != array.size:
-            return f"array '{name}' repeats entries ({array.size - np.unique(array).size} duplicates)"
+        repeats = array.size - np.unique(array).size if self.unique else 0
+        if repeats:
+            return f"array '{name}' repeats entries ({repeats} duplicates)"
         return None
 
     def _range(self) -> str:

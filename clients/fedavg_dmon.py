@@ -129,7 +129,7 @@ class FedAvgDMoNClient(ClusteringClient):
         graph, vadj, tadj = self.graph()
         if proto.PARAM_NAMES[0] in arrays:
             weights = {n: arrays[n] for n in proto.PARAM_NAMES}
-            score, _ = self._score(weights, k)
+            score = None if float(self._p("dp-clip")) > 0 else self._score(weights, k)[0]
         else:  # isolated / centralised: this client's own model
             weights = proto.LocalState.from_arrays(self.load("dmon_state")).weights
             score, _ = self._score(weights, k)
@@ -145,5 +145,5 @@ class FedAvgDMoNClient(ClusteringClient):
         return (
             {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels,
              "owned": np.asarray(owned, dtype=np.int8)},
-            {**metrics, **({} if float(self._p("dp-clip")) > 0 else {"val_modularity": float(score)})},
+            {**metrics, **({} if score is None else {"val_modularity": float(score)})},
         )

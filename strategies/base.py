@@ -87,6 +87,16 @@ class ClusteringStrategy(ABC):
         return None
 
 
+def common_feature_dimension(widths) -> int:
+    """The feature width every client reported; clients that disagree stop the run."""
+    from app.transport import ProtocolError
+
+    dims = sorted({int(w) for w in widths})
+    if len(dims) != 1:
+        raise ProtocolError(f"clients disagree on the feature dimension: {dims}")
+    return dims[0]
+
+
 def common_node_count(session, strategy: str, partitioner: str) -> int:
     """n from the hello handshake, for strategies whose clients all hold every node
     (``partitioner``: vertical or edge split); clients that disagree stop the run."""

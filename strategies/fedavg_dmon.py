@@ -71,7 +71,7 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput
+from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension
 
 MODES = ("federated", "isolated", "centralised")
 SELECT = ("val-modularity", "last")
@@ -169,10 +169,7 @@ class FedAvgDMoN(ClusteringStrategy):
         init = session.broadcast("dmon_init", pack(values={"k": k}),
                                  ReplySpec(values=("num_features", "num_nodes")))
         sizes = {n: unpack(v)[1] for n, v in init.items()}
-        feats = {int(s["num_features"]) for s in sizes.values()}
-        if len(feats) != 1:
-            raise ProtocolError(f"clients disagree on the feature dimension: {sorted(feats)}")
-        f = feats.pop()
+        f = common_feature_dimension(s["num_features"] for s in sizes.values())
         counts = {n: int(s["num_nodes"]) for n, s in sizes.items()}
         if min(counts.values()) < 1:
             raise ProtocolError(f"a client holds no nodes: {counts}")

@@ -63,8 +63,8 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput
+from app.transport import ArraySpec, ReplySpec, pack, unpack
+from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension
 
 
 class FedSC(ClusteringStrategy):
@@ -194,16 +194,14 @@ class FedSC(ClusteringStrategy):
         wanted = ("distance_sum", "pairs", "features") if estimate else ("features",)
         replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}), ReplySpec(values=wanted))
         vals = [unpack(c)[1] for c in replies.values()]
-        dims = sorted({int(v["features"]) for v in vals})
-        if len(dims) != 1:
-            raise ProtocolError(f"clients disagree on the feature dimension: {dims}")
+        features = common_feature_dimension(v["features"] for v in vals)
         if not estimate:
-            return float(self.config["fedsc.sigma"]), dims[0]
+            return float(self.config["fedsc.sigma"]), features
         try:
             sigma = proto.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
         except ValueError as err:
             raise ConfigError(f"fedsc.sigma=0 cannot be estimated: {err}; set fedsc.sigma > 0") from None
-        return sigma, dims[0]
+        return sigma, features
 
     @staticmethod
     def _record_dp(session, dp: dict) -> None:
