@@ -763,6 +763,7 @@ def test_clients_reporting_different_feature_widths_stop_the_run(out_dir, monkey
     from clients.gw_ldp import GWLDPClient
     from conftest import patch_reply
 
+    shared_datasets_or_skip()
     patch_reply(monkeypatch, GWLDPClient, "gw_describe",
                 lambda shard, out, vals: (out, {**vals, "in_dim": vals["in_dim"] + shard.client_id}))
     with pytest.raises(ProtocolError, match=r"clients report different feature widths \[7, 8\]"):
