@@ -120,7 +120,7 @@ KEEP = ("acc", "nmi", "f1", "ari")
 PARTS = ("table2", "timing", "tree", "embeddings", "filter", "order")
 PART_FILES = {"table2": "kcagc.json", "timing": "kcagc_timing.json", "tree": "kcagc_tree.json",
               "embeddings": "kcagc_embeddings.json", "table2-random": "kcagc_random.json",
-              "table2-joint": "kcagc_joint.json", "filter": "kcagc_filter.json",
+              "table2-joint": "kcagc_joint.json", "table2-mixed": "kcagc_mixed.json", "filter": "kcagc_filter.json",
               "order": "kcagc_order.json"}
 
 
@@ -197,6 +197,14 @@ JOINT_NOTE = (
     "the main table.")
 
 
+MIXED_NOTE = (
+    "Each party's projection P^l = U^l S^l is divided by ||P^l_i||^beta J_i^(1-beta), J_i the node's norm over "
+    "all parties (the same secure sum of the n squared row norms as the joint scaling, revealed the same way): "
+    "party l's block of node i then has length (||P^l_i|| / J_i)^(1-beta), its share of the node's norm damped "
+    "by the exponent; beta = 1 is the main table's per-party unit rows, beta = 0 the joint scaling. "
+    "Contiguous column blocks, everything else as in the main table.")
+
+
 def seedings(part: dict) -> int:
     """k-means++ seedings side by side of a part's runs (parts stored before ``restarts`` was
     recorded ran the then default, 10)."""
@@ -205,7 +213,7 @@ def seedings(part: dict) -> int:
 
 def render(summary: dict, timing: dict | None = None, tree: dict | None = None, emb: dict | None = None,
            random_split: dict | None = None, joint: dict | None = None, filter_part: dict | None = None,
-           order_part: dict | None = None) -> str:
+           order_part: dict | None = None, mixed: dict | None = None) -> str:
     runs = summary["runs"]
     split = summary.get("split", "contiguous")
     lines = [
@@ -223,7 +231,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         EMBEDDING_NOTE,
         "",
     ]
-    lines += render_targets([summary, random_split, joint])
+    lines += render_targets([summary, random_split, joint, mixed])
     if summary.get("note"):
         lines += [summary["note"], ""]
     if emb:
@@ -243,6 +251,14 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
             lines += [joint["note"], ""]
         lines += [compare_targets(summary, joint, "joint row scaling"), ""]
         lines += render_table2(joint, level="####", scores=False)
+    if mixed:
+        beta = mixed["mix_exponent"]
+        lines += [f"### Table II with mixed row scaling (`--embedding projection-mixed-unit --mix-exponent {beta}`, "
+                  f"seeds {mixed['seeds']}, {seedings(mixed)} seedings)", "", MIXED_NOTE, ""]
+        if mixed.get("note"):
+            lines += [mixed["note"], ""]
+        lines += [compare_targets(summary, mixed, f"mixed row scaling (beta = {beta})"), ""]
+        lines += render_table2(mixed, level="####", scores=False)
     if filter_part:
         lines += render_filter(filter_part)
     if order_part:
@@ -416,6 +432,7 @@ def render_targets(parts: list) -> list[str]:
              "|---|---|---|---|---|---|"]
     for i, part in enumerate(p for p in parts if p):
         label = (f"{part.get('split', 'contiguous')} split, `{part.get('embedding', 'normalized')}`"
+                 + (f" (beta = {part['mix_exponent']})" if "mix_exponent" in part else "")
                  + (" (main table)" if i == 0 else ""))
         for ds in part["datasets"]:
             (b, c, f), pb, below = targets(part, ds)
@@ -591,7 +608,8 @@ def write_md() -> None:
         return
     replace_section(MD, "kcagc", render(found["table2"], found.get("timing"), found.get("tree"),
                                         found.get("embeddings"), found.get("table2-random"),
-                                        found.get("table2-joint"), found.get("filter"), found.get("order")))
+                                        found.get("table2-joint"), found.get("filter"), found.get("order"),
+                                        found.get("table2-mixed")))
 
 
 def plots(summary: dict) -> list[str]:
@@ -641,12 +659,16 @@ def plots(summary: dict) -> list[str]:
     return out
 
 
+#: Table II parts kept beside the main one, by embedding.
+SIDE_TABLES = {"projection-joint-unit": "table2-joint", "projection-mixed-unit": "table2-mixed"}
+
+
 def result_part(part: str, split: str, embedding: str) -> str:
-    """The results file key of a part: the random-split Table II and the one with joint row
-    scaling (``projection-joint-unit``) are kept beside the main one."""
+    """The results file key of a part: the random-split Table II and those with joint or mixed
+    row scaling (:data:`SIDE_TABLES`) are kept beside the main one."""
     if part == "table2" and split == "random":
         return "table2-random"
-    return "table2-joint" if part == "table2" and embedding == "projection-joint-unit" else part
+    return SIDE_TABLES.get(embedding, part) if part == "table2" else part
 
 
 def run_grid(args, part: str) -> dict:
@@ -673,6 +695,8 @@ def run_grid(args, part: str) -> dict:
               f"vn={r['virtual_nodes']} t={r['protocol_s']:.2f}s", flush=True)
 
     emb = {"kcagc.embedding": args.embedding, "kcagc.restarts": args.restarts}
+    if args.embedding == "projection-mixed-unit":
+        emb["kcagc.mix-exponent"] = summary["mix_exponent"] = args.mix_exponent
     if part == "filter":
         emb["kcagc.filter"] = "spectral-norm"
     # the order part repeats the grid at every --orders psi; the others run the paper's psi (None)
@@ -744,8 +768,10 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="contiguous", choices=("contiguous", "random"),
                     help="vertical split of the feature columns")
     ap.add_argument("--embedding", default="projection-unit",
-                    help="kcagc.embedding for table2, timing, tree, filter and order (table2 with projection-joint-unit is kept "
-                         "in kcagc_joint.json beside the main table)")
+                    help="kcagc.embedding for table2, timing, tree, filter and order (table2 with projection-joint-unit / "
+                         "projection-mixed-unit is kept in kcagc_joint.json / kcagc_mixed.json beside the main table)")
+    ap.add_argument("--mix-exponent", type=float, default=0.5,
+                    help="kcagc.mix-exponent (own-norm exponent beta) with --embedding projection-mixed-unit")
     ap.add_argument("--restarts", type=int, default=50, help="kcagc.restarts (k-means++ seedings side by side)")
     ap.add_argument("--compare", default="svd,projection,normalized,projection-unit,normalized+prune,"
                     "normalized+adaptive",

@@ -4,8 +4,8 @@ What leaves this client: the local cluster of every node (``kcagc_local``,
 kcagc only; not the filter order, which AGC's adaptive rule picks from the
 client's own features) and, in every ``kcagc_step``, a pairwise-masked vector (uint32 ring with unit rows)
 whose sum over the clients of its group (all clients, except in the tree
-variant) is the summed squared distances; with the ``projection-joint-unit``
-embedding also, once (``kcagc_joint``), its squared row norms masked the same
+variant) is the summed squared distances; with the ``projection-joint-unit`` or
+``projection-mixed-unit`` embedding also, once (``kcagc_joint``), its squared row norms masked the same
 way (the server unmasks, and sends back, only their sum over all clients); its
 features, embedding, virtual nodes and centre blocks never leave it.
 """
@@ -28,7 +28,7 @@ class KCAGCClient(ClusteringClient):
         global scale) so that squared distances are O(1), like those of the
         unit rows of ``projection-unit`` / ``normalized``, and the fixed-point resolution of the
         secure sum (1 / secagg.scale) is small next to them. A
-        ``projection-joint-unit`` embedding is usable only after
+        ``projection-joint-unit`` or ``projection-mixed-unit`` embedding is usable only after
         ``kcagc_joint`` has scaled it (``unscaled``: the part before that).
         """
         state = self.context.state.array_records
@@ -41,14 +41,15 @@ class KCAGCClient(ClusteringClient):
             self.save("kcagc_z", z=z, scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
         state = self.load("kcagc_z")
         if not unscaled and not state["scaled"][0]:
-            raise ValueError("the projection-joint-unit embedding is used before its joint row norms arrived")
+            raise ValueError(f"the {values['embedding']} embedding is used before its joint row norms arrived")
         return state["z"]
 
     def on_kcagc_joint(self, arrays, values):
-        """The joint row scaling of ``projection-joint-unit``. ``stage="sum"``: this
-        client's squared row norms (n), masked for the sum over all clients;
-        ``stage="scale"``: divide the rows by the square root of that sum
-        (``sq_norms``, from the server)."""
+        """The joint row scaling of ``projection-joint-unit`` / ``projection-mixed-unit``.
+        ``stage="sum"``: this client's squared row norms (n), masked for the sum over
+        all clients; ``stage="scale"``: scale the rows with the square root of that sum
+        (``sq_norms``, from the server; :func:`app.protocols.kcagc.joint_unit_rows`,
+        own-norm exponent ``mix`` for the mixed embedding, 0 for the joint one)."""
         z = self.features(values, unscaled=True)
         if values["stage"] == "sum":
             squared = (z ** 2).sum(1)
@@ -56,7 +57,8 @@ class KCAGCClient(ClusteringClient):
         state = self.load("kcagc_z")
         if state["scaled"][0]:
             raise ValueError("the joint row norms arrived twice")
-        self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"]), scaled=np.array([1]))
+        beta = float(values["mix"]) if values["embedding"] == "projection-mixed-unit" else 0.0
+        self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"], beta), scaled=np.array([1]))
         return {}, {"received": 1}
 
     def on_kcagc_local(self, arrays, values):

@@ -16,13 +16,13 @@ graph and its own block of feature columns. The math is in
    from its own features and does not report it (``metrics["filter_order"]``
    then says so).
 
-``projection-joint-unit`` embedding only, before step 1 (kcagc) or 3
-   (kcagc-basic) - ``kcagc_joint``: stage ``sum`` (down: filter/embedding
-   settings) -> up ``s`` (uint64, masked): the client's squared row norms
-   (n); the server unmasks only their sum over all clients and sends it back
-   (stage ``scale``, down ``sq_norms``, n) so that every client divides its
-   rows by the joint norm. The server and every client learn these n sums
-   (a client, the sum over the others); nothing else.
+``projection-joint-unit`` / ``projection-mixed-unit`` embeddings only, before
+   step 1 (kcagc) or 3 (kcagc-basic) - ``kcagc_joint``: stage ``sum`` (down:
+   filter/embedding settings) -> up ``s`` (uint64, masked): the client's
+   squared row norms (n); the server unmasks only their sum over all clients
+   and sends it back (stage ``scale``, down ``sq_norms``, n) so that every
+   client scales its rows with the joint norm. The server and every client
+   learn these n sums (a client, the sum over the others); nothing else.
 
 2. The server intersects the local clusters into virtual nodes (a node's
    virtual node = the tuple of its local clusters; weight = member count).
@@ -101,8 +101,13 @@ PARAMS = (
           "client features from the filtered block G^psi X: projection-unit = its projection U S on the top "
           "singular vectors with unit rows, projection = U S (the paper's literal projection), normalized = U "
           "with unit rows, svd = U (AGC), filtered = G^psi X, projection-joint-unit = U S divided by the node's "
-          "norm over all clients (one secure sum of the n squared row norms, revealed to all)",
+          "norm J over all clients (one secure sum of the n squared row norms, revealed to all), "
+          "projection-mixed-unit = U S divided by |U S|^beta J^(1-beta) (the same secure sum; "
+          "beta = kcagc.mix-exponent)",
           choices=proto.EMBEDDINGS),
+    Param("kcagc.mix-exponent", float, 0.5,
+          "projection-mixed-unit: exponent beta of a row's own norm in its divisor |U S|^beta J^(1-beta) "
+          "(1 = projection-unit, 0 = projection-joint-unit)", low=0.0, high=1.0),
     Param("kcagc.embed-dim", int, 0,
           "singular vectors d per client (every embedding except filtered; capped at the client's "
           "number of feature columns); 0 = k", low=0, high=10**6),
@@ -154,6 +159,7 @@ class KCAGC(ClusteringStrategy):
             "order": int(self.config["kcagc.filter-order"]),
             "embedding": str(self.config["kcagc.embedding"]),
             "dim": int(self.config["kcagc.embed-dim"]) or k,
+            "mix": float(self.config["kcagc.mix-exponent"]),
             "seed": int(self.config["seed"]),
         }
 
@@ -233,8 +239,8 @@ class KCAGC(ClusteringStrategy):
         return StrategyOutput(labels=labels, ids=np.arange(n), history=history, metrics=metrics)
 
     def joint_norms(self, session, embed, n: int, metrics) -> None:
-        """``projection-joint-unit``: the clients' summed squared row norms by one
-        secure sum, sent back so that each client scales its rows by them."""
+        """``projection-joint-unit`` / ``projection-mixed-unit``: the clients' summed squared
+        row norms by one secure sum, sent back so that each client scales its rows with them."""
         secure = len(session.clients) > 1
         values = session.secagg_values("joint", float(self.config["secagg.bound"])) if secure else {}
         replies = session.broadcast(

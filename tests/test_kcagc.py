@@ -119,7 +119,7 @@ def test_embeddings_of_the_filtered_block():
     q = proto.embedding(data.x, data.adj, 4, 2, 0)[0]
     assert np.allclose(np.linalg.norm(q, axis=1), 1.0) and np.allclose(q * np.linalg.norm(p, axis=1)[:, None], p)
     with pytest.raises(ValueError, match="valid choices: normalized, svd, projection, projection-unit, filtered, "
-                                         "projection-joint-unit"):
+                                         "projection-joint-unit, projection-mixed-unit"):
         proto.embedding(data.x, data.adj, 4, 2, 0, "pca")
 
 
@@ -136,6 +136,26 @@ def test_joint_unit_rows_give_the_concatenation_unit_rows():
     assert np.allclose(joint[:-1], np.hstack(parts)[:-1] / np.sqrt(total[:-1])[:, None])
     with pytest.raises(ValueError, match=f"joint squared norms must be {N + 1} finite values"):
         proto.joint_unit_rows(parts[0], np.append(total[:-1], np.nan))
+
+
+def test_mixed_rows_lie_between_own_and_joint_unit_rows():
+    data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
+    shards = partition(data, "vertical", 3, seed=0)
+    parts = [proto.embedding(s.x, s.adj, 4, 2, 0, "projection-mixed-unit")[0] for s in shards]
+    assert np.array_equal(parts[0], proto.embedding(shards[0].x, shards[0].adj, 4, 2, 0, "projection")[0])
+    parts[1][:5] = 0.0  # a zero row on one party stays zero there
+    total = sum((p ** 2).sum(1) for p in parts)
+    own = [proto.embedding(s.x, s.adj, 4, 2, 0, "projection-unit")[0] for s in shards]
+    for p, unit in zip(parts, own):
+        # beta = 1: the party's own unit rows; beta = 0: the joint scaling, bit for bit
+        assert np.allclose(proto.joint_unit_rows(p, total, 1.0)[5:], unit[5:])
+        assert np.array_equal(proto.joint_unit_rows(p, total, 0.0), proto.joint_unit_rows(p, total))
+        # beta = 1/2: a block's squared length is its share of the node's joint norm
+        half = proto.joint_unit_rows(p, total, 0.5)
+        assert np.allclose((half ** 2).sum(1), np.linalg.norm(p, axis=1) / np.sqrt(total))
+    assert not proto.joint_unit_rows(parts[1], total, 0.5)[:5].any()
+    with pytest.raises(ValueError, match=r"own_exponent=1.5 is outside \[0, 1\]"):
+        proto.joint_unit_rows(parts[0], total, 1.5)
 
 
 def test_pruning_rule_keeps_only_confident_points():
@@ -225,6 +245,28 @@ def test_joint_unit_rows_by_one_secure_sum_then_basic_equals_centralised_kmeans(
 def test_one_client_joint_unit_rows_equal_unit_rows(tmp_path):
     common = {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2}
     run_experiment("kcagc", "sbm", 1, {**common, "kcagc.embedding": "projection-joint-unit"}, tmp_path / "a")
+    run_experiment("kcagc", "sbm", 1, common, tmp_path / "b")
+    assert np.array_equal(np.load(tmp_path / "a" / "labels.npy"), np.load(tmp_path / "b" / "labels.npy"))
+
+
+def test_mixed_rows_are_scaled_with_the_secure_sum_of_row_norms(tmp_path):
+    # several clients: basic = centralised Lloyd on the mixed-scaled concatenation from the same seeds
+    q = 6
+    result = run_experiment("kcagc-basic", "sbm", 3,
+                            {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1, "kcagc.iterations": q,
+                             "kcagc.embedding": "projection-mixed-unit", "kcagc.mix-exponent": 0.25},
+                            tmp_path / "basic")
+    parts = client_embeddings(3, order=2, kind="projection")
+    total = sum((p ** 2).sum(1) for p in parts)
+    own = [np.linalg.norm(p, axis=1) for p in parts]
+    z = np.hstack([p / (o ** 0.25 * np.sqrt(total) ** 0.75)[:, None] for p, o in zip(parts, own)])
+    seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
+    ref = KMeans(4, init=z[seeds], n_init=1, max_iter=q, tol=0.0, algorithm="lloyd").fit(z)
+    assert np.array_equal(np.load(tmp_path / "basic" / "labels.npy"), ref.labels_)
+    assert {u["masked"] for u in result["privacy"]["uploads"] if u["action"] == "kcagc_joint" and u["name"] == "s"} == {True}
+    # one client: its own norm is the joint norm, so any exponent gives projection-unit's clustering
+    common = {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2}
+    run_experiment("kcagc", "sbm", 1, {**common, "kcagc.embedding": "projection-mixed-unit"}, tmp_path / "a")
     run_experiment("kcagc", "sbm", 1, common, tmp_path / "b")
     assert np.array_equal(np.load(tmp_path / "a" / "labels.npy"), np.load(tmp_path / "b" / "labels.npy"))
 
@@ -385,8 +427,10 @@ def test_bad_configuration_is_one_line(out_dir):
     with pytest.raises(ConfigError, match="partitioner 'node-random' does not fit strategy 'kcagc'"):
         run_experiment("kcagc", "sbm", 2, {"partitioner": "node-random"}, out_dir)
     with pytest.raises(ConfigError, match="valid choices: normalized, svd, projection, projection-unit, filtered, "
-                                          "projection-joint-unit"):
+                                          "projection-joint-unit, projection-mixed-unit"):
         run_experiment("kcagc-basic", "sbm", 2, {"kcagc.embedding": "pca"}, out_dir)
+    with pytest.raises(ConfigError, match=r"value 1.5 for 'kcagc.mix-exponent' is out of range; valid range: \[0, 1\]"):
+        run_experiment("kcagc", "sbm", 2, {"kcagc.mix-exponent": 1.5}, out_dir)
     with pytest.raises(ConfigError, match="kcagc.local-factor"):
         run_experiment("kcagc", "sbm", 2, {"kcagc.local-factor": 0}, out_dir)
     with pytest.raises(ConfigError, match="'heat'.*valid choices: agc, spectral-norm"):

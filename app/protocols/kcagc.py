@@ -15,7 +15,10 @@ Per party (Protocol 1, local):
     ``"normalized"`` (``U^l`` with unit rows), ``"svd"`` (``U^l`` itself:
     exactly AGC's embedding for ``d = k``), ``"filtered"`` (``G^psi X^l``),
     ``"projection-joint-unit"`` (``U^l S^l`` divided by the node's norm over
-    all parties, :func:`joint_unit_rows`: the concatenation has unit rows).
+    all parties, :func:`joint_unit_rows`: the concatenation has unit rows),
+    ``"projection-mixed-unit"`` (divided by ``||U^l_i S^l||^beta J_i^(1-beta)``
+    with ``J_i`` the node's joint norm: beta = 1 is ``projection-unit``,
+    beta = 0 ``projection-joint-unit``).
     Why rows are normalised: with unscaled ``U^l S^l`` k-means on Cora falls
     to 52-58%; with ``"svd"`` each party's block is whitened separately, and
     a node whose filtered block is small (few of this party's words) gets a
@@ -27,7 +30,8 @@ Per party (Protocol 1, local):
     Per-party unit rows weigh an uninformative narrow block as much as an
     informative one; the joint scaling weighs each party by its share of the
     node's norm instead, at the price of one secure sum of the n squared row
-    norms, whose total every party then learns.
+    norms, whose total every party then learns. The mixed scaling sits in
+    between: party l's block of node i has length ``(||P^l_i|| / J_i)^(1-beta)``.
   * :func:`local_clusters` - k-means (k-means++ seeding, restarts; the
     paper's "10-approximation") of ``Z^l`` into ``k_hat`` local clusters;
     optionally with Protocol 1's pruning rule (:func:`prune`).
@@ -74,11 +78,12 @@ import scipy.sparse as sp
 PAPER_ORDER = {"agc": {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2},
                "spectral-norm": {"cora": 5, "citeseer": 5}}
 
-EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", "projection-joint-unit")
+EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", "projection-joint-unit",
+              "projection-mixed-unit")
 
 #: Embeddings whose rows are scaled with the parties' summed squared row norms
 #: (one secure sum of n values before clustering, :func:`joint_unit_rows`).
-JOINT_EMBEDDINGS = ("projection-joint-unit",)
+JOINT_EMBEDDINGS = ("projection-joint-unit", "projection-mixed-unit")
 
 #: Embeddings with unit rows on every party (a zero row stays zero). Virtual
 #: nodes and centres are weighted means of rows, so they lie in the unit ball
@@ -127,8 +132,9 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
     singular vectors themselves (AGC, :func:`app.baselines.agc_embedding`);
     ``"projection"`` ``U S`` (coordinates of the projection on the top-``dim``
     right singular vectors); ``"projection-unit"`` ``U S`` with unit rows; ``"filtered"`` ``G^psi X^l`` (``dim`` ignored);
-    ``"projection-joint-unit"`` ``U S`` as it is: this party's part before
-    :func:`joint_unit_rows` divides it by the joint row norms.
+    ``"projection-joint-unit"`` / ``"projection-mixed-unit"`` ``U S`` as it
+    is: this party's part before :func:`joint_unit_rows` scales it with the
+    joint row norms.
     ``order=None`` picks psi by AGC's adaptive rule on this party's own
     columns (:func:`app.baselines.agc` with ``k_adaptive`` clusters).
     ``filter_kind``: the graph filter G (``app.baselines.FILTERS``).
@@ -143,7 +149,7 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
         return low_pass_filter(x, adj, order, filter_kind), order
     dim = int(min(dim, x.shape[1], x.shape[0]))
     u, s = top_singular(x, adj, dim, order, seed, filter_kind)
-    if kind in ("projection", "projection-joint-unit"):
+    if kind == "projection" or kind in JOINT_EMBEDDINGS:
         return u * s, order
     if kind in ("normalized", "projection-unit"):
         rows = u if kind == "normalized" else u * s
@@ -224,16 +230,24 @@ def intersect(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return members.ravel().astype(np.int64), weights.astype(np.float64)
 
 
-def joint_unit_rows(z: np.ndarray, joint_squared_norms: np.ndarray) -> np.ndarray:
-    """Party l's rows scaled so that the concatenation over parties has unit rows:
-    ``Z^l_i / sqrt(sum_l' ||Z^l'_i||^2)``; ``joint_squared_norms`` is that sum
-    (the secure sum of every party's ``(Z^l ** 2).sum(1)``). A node with a zero
-    row on every party stays zero."""
+def joint_unit_rows(z: np.ndarray, joint_squared_norms: np.ndarray, own_exponent: float = 0.0) -> np.ndarray:
+    """Party l's rows scaled with the node's norm over all parties:
+    ``Z^l_i / (||Z^l_i||^beta * J_i^(1 - beta))`` with ``J_i = sqrt(sum_l' ||Z^l'_i||^2)``
+    and ``beta = own_exponent``; ``joint_squared_norms`` is ``J^2`` (the secure sum
+    of every party's ``(Z^l ** 2).sum(1)``). ``beta = 0`` gives the concatenation
+    over parties unit rows (``projection-joint-unit``); ``beta = 1`` gives every
+    party's block unit rows (``projection-unit``); in between, a block's length
+    is ``(||Z^l_i|| / J_i)^(1 - beta)`` (``projection-mixed-unit``). A zero row stays zero."""
     total = np.asarray(joint_squared_norms, dtype=np.float64)
     if total.shape != (z.shape[0],) or not np.all(np.isfinite(total)):
         raise ValueError(f"joint squared norms must be {z.shape[0]} finite values, got shape {total.shape}")
-    norms = np.sqrt(np.maximum(total, 0.0))[:, None]
-    return z / np.where(norms > 0, norms, 1.0)
+    beta = float(own_exponent)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"own_exponent={own_exponent} is outside [0, 1]")
+    joint = np.sqrt(np.maximum(total, 0.0))
+    own = np.linalg.norm(z, axis=1)
+    scale = np.where(own > 0, own, 1.0) ** beta * np.where(joint > 0, joint, 1.0) ** (1.0 - beta)
+    return z / scale[:, None]
 
 
 def _indicator(members: np.ndarray, m: int) -> sp.csr_matrix:
