@@ -1,8 +1,8 @@
 """kCAGC benchmark (issue 10): Tables II, IV, VIII-IX and Figure 5 of the paper, secure-aggregation counts, tree variant.
 
-``python benchmarks/kcagc.py [--parts table2,tree,embeddings,timing,filter,order] [--seeds 5]
+``python benchmarks/kcagc.py [--parts table2,tree,embeddings,timing,filter,order,all-columns] [--seeds 5]
 [--datasets cora,citeseer,wiki] [--clients 2,4,8,16] [--factors 1,2,4,8] [--split contiguous|random]
-[--orders 1,2,3,5,9,15,25,40,60]``
+[--orders 1,2,3,5,9,15,25,40,60] [--dims 1,2,3,4]``
 
 Each part writes its own JSON under ``benchmarks/results`` and then re-renders
 the ``kcagc`` section of ``benchmarks/RESULTS.md`` from every part found there:
@@ -34,6 +34,12 @@ the ``kcagc`` section of ``benchmarks/RESULTS.md`` from every part found there:
   ``kcagc``, ``kcagc-basic`` and centralised AGC against the filter order
   psi (``--orders``), L = 2, k_hat = k
   (``--parts order --datasets cora,citeseer --clients 2 --factors 1``).
+* ``all-columns`` (``kcagc_all_columns.json``): no protocol - k-means (``--restarts``
+  seedings) on all columns at once, as one holder of every column would run
+  it, for each per-party embedding choice at projection dimensions
+  d = ``--dims`` x k and filter orders ``--orders`` (default: the paper's
+  psi): how high a full-information k-means on the filtered features goes,
+  against the paper's best kCAGC cells. ``svd`` at d = k is centralised AGC.
 
 Every run goes through ``app.run.run_experiment`` (in-process engine: the same
 ServerApp/ClientApp code, no Ray start-up) on the ``vertical`` split, filter
@@ -62,10 +68,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.bench import replace_section  # noqa: E402
-from app.baselines import agc  # noqa: E402
+from app.baselines import agc, kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.metrics import evaluate  # noqa: E402
-from app.protocols.kcagc import PAPER_ORDER  # noqa: E402
+from app.protocols.kcagc import PAPER_ORDER, embedding  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -117,11 +123,15 @@ PAPER_TIME = {
 KEEP = ("acc", "nmi", "f1", "ari")
 
 
-PARTS = ("table2", "timing", "tree", "embeddings", "filter", "order")
+PARTS = ("table2", "timing", "tree", "embeddings", "filter", "order", "all-columns")
 PART_FILES = {"table2": "kcagc.json", "timing": "kcagc_timing.json", "tree": "kcagc_tree.json",
               "embeddings": "kcagc_embeddings.json", "table2-random": "kcagc_random.json",
               "table2-joint": "kcagc_joint.json", "table2-mixed": "kcagc_mixed.json", "filter": "kcagc_filter.json",
-              "order": "kcagc_order.json"}
+              "order": "kcagc_order.json", "all-columns": "kcagc_all_columns.json"}
+#: The order part's filter orders psi unless --orders gives others.
+ORDERS = "1,2,3,5,9,15,25,40,60"
+#: The all-columns part's embeddings (``kcagc.embedding`` values, computed on all columns at once).
+ALL_COLUMNS_EMBEDDINGS = ("svd", "normalized", "projection", "projection-unit")
 
 
 def one_run(strategy: str, dataset: str, clients: int, factor: int, seed: int, tmp: Path, split: str,
@@ -158,6 +168,28 @@ def agc_runs(dataset: str, seeds: list[int], kind: str = "agc", order: int | Non
         s = time.perf_counter() - t0
         m = evaluate(labels, y_true=data.y)
         out.append({"seed": seed, **{key: m[key] for key in KEEP}, "time_s": s})
+    return out
+
+
+def all_columns_runs(dataset: str, order: int, dims: list[int], embeddings: tuple[str, ...], seeds: list[int],
+                 restarts: int) -> list[dict]:
+    """k-means of the whole filtered feature matrix, as one holder of every column would run it: for each
+    embedding (``app.protocols.kcagc.embedding`` on all columns, L = 1) at projection dimension
+    ``d = dim x k`` and each seed, k-means++ with ``restarts`` seedings into k clusters (the seed drives
+    both the SVD's start and the seedings, as in :func:`app.baselines.agc`: ``svd`` at d = k with
+    ``restarts`` = 10 is exactly ``agc``)."""
+    data = load_dataset(dataset)
+    k = data.num_classes
+    out = []
+    for dim in dims:
+        for kind in embeddings:
+            for seed in seeds:
+                t0 = time.perf_counter()
+                z, _ = embedding(data.x, data.adj, dim * k, order, seed, kind=kind)
+                labels = kmeans(z, k, seed, n_init=restarts)
+                m = evaluate(labels, y_true=data.y)
+                out.append({"dataset": dataset, "order": order, "dim": dim, "embedding": kind, "seed": seed,
+                            **{key: m[key] for key in KEEP}, "time_s": time.perf_counter() - t0})
     return out
 
 
@@ -213,7 +245,7 @@ def seedings(part: dict) -> int:
 
 def render(summary: dict, timing: dict | None = None, tree: dict | None = None, emb: dict | None = None,
            random_split: dict | None = None, joint: dict | None = None, filter_part: dict | None = None,
-           order_part: dict | None = None, mixed: dict | None = None) -> str:
+           order_part: dict | None = None, mixed: dict | None = None, all_columns: dict | None = None) -> str:
     runs = summary["runs"]
     split = summary.get("split", "contiguous")
     lines = [
@@ -232,6 +264,12 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         "",
     ]
     lines += render_targets([summary, random_split, joint, mixed])
+    if all_columns:
+        lines += ["Full-information reference (`--parts all-columns`, section below: k-means on all columns at once, "
+                  "every embedding, several d and psi; not a bound on kCAGC): best " + "; ".join(
+                      f"{ds} {100 * all_columns_best(all_columns, ds)[0]:.2f} (paper's best kCAGC cell "
+                      f"{max(v for row in PAPER_ACC[ds].values() for v in row):.2f})"
+                      for ds in all_columns["datasets"]) + ".", ""]
     if summary.get("note"):
         lines += [summary["note"], ""]
     if emb:
@@ -263,6 +301,8 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
         lines += render_filter(filter_part)
     if order_part:
         lines += render_order(order_part)
+    if all_columns:
+        lines += render_all_columns(all_columns, summary)
     lines += render_timing(timing or {**summary, "under_load": True})
     has_basic = timing and any(r["strategy"] == "kcagc-basic" for r in timing["runs"])
     lines += render_secagg(timing if has_basic else summary)
@@ -324,6 +364,55 @@ def render_order(part: dict) -> list[str]:
                      "same per-party embedding clustered over all nodes, lies above AGC at "
                      f"{sum(a['basic'] > a['agc'] for a in acc.values())} of {len(acc)} orders, and kCAGC within "
                      f"2 points of b-kCAGC at {sum(abs(a['kcagc'] - a['basic']) <= 2 for a in acc.values())}.")
+    return lines + [""]
+
+
+def all_columns_cells(part: dict, ds: str) -> dict[tuple[int, str, int], list[dict]]:
+    """The all-columns part's runs of one dataset by (psi, embedding, dimension factor)."""
+    cells: dict[tuple[int, str, int], list[dict]] = {}
+    for r in part["runs"]:
+        if r["dataset"] == ds:
+            cells.setdefault((r["order"], r["embedding"], r["dim"]), []).append(r)
+    return cells
+
+
+def all_columns_best(part: dict, ds: str) -> tuple[float, int, str, int]:
+    """The all-columns part's best seed-mean ACC on one dataset and its (psi, embedding, dimension factor)."""
+    return max((stats(rs, "acc")[0], *key) for key, rs in all_columns_cells(part, ds).items())
+
+
+def render_all_columns(part: dict, main: dict) -> list[str]:
+    """Full-information k-means on every embedding, d and psi against the paper's and our best kCAGC cells."""
+    dims = part["dims"]
+    orders = sorted({o for os_ in part["orders"].values() for o in os_})
+    lines = [f"### Full-information reference: k-means on all columns at once (`--parts all-columns`, "
+             f"{part['generated_utc']}, seeds {part['seeds']}, {seedings(part)} seedings)", "",
+             f"`python benchmarks/kcagc.py --parts all-columns --datasets {','.join(part['datasets'])} --dims "
+             f"{','.join(map(str, dims))} --orders {','.join(map(str, orders))} --seeds {len(part['seeds'])}`. No "
+             "protocol and no split: one holder of every column filters them (AGC's filter, order psi), embeds "
+             "the filtered matrix as a party would its block (`kcagc.embedding` with L = 1: `svd` U, `normalized` "
+             "unit rows of U, `projection` U S, `projection-unit` unit rows of U S) with d = dim x k singular "
+             "vectors and runs k-means into k clusters. `svd` at d = k is centralised AGC. This is what a holder "
+             "of all columns gets from the same filter and k-means; it is not a bound on kCAGC, whose local "
+             "clusterings and virtual nodes change the k-means problem (the lines below the table compare). "
+             "ACC %, mean (std) over seeds.",
+             "", "| dataset | psi | embedding | " + " | ".join(f"d={d}k" if d > 1 else "d=k" for d in dims) + " |",
+             "|---|---|---|" + "---|" * len(dims)]
+    for ds in part["datasets"]:
+        cells = all_columns_cells(part, ds)
+        for order in part["orders"][ds]:
+            for kind in part["embeddings"]:
+                row = [f"{100 * m:.2f} ({100 * sd:.2f})" for m, sd in
+                       (stats(cells[(order, kind, d)], "acc") for d in dims)]
+                lines.append(f"| {ds} | {order} | `{kind}` | " + " | ".join(row) + " |")
+    lines.append("")
+    for ds in part["datasets"]:
+        acc, order, kind, dim = all_columns_best(part, ds)
+        ours = (f", our best kCAGC cell (main table) {100 * targets(main, ds)[0][0]:.2f}"
+                if ds in main["datasets"] else "")
+        lines.append(f"{ds}: best full-information k-means {100 * acc:.2f} (`{kind}`, psi = {order}, d = {dim}k) "
+                     f"against the paper's best kCAGC cell {max(v for row in PAPER_ACC[ds].values() for v in row):.2f}"
+                     f" and its AGC {PAPER_AGC[ds]:.2f}{ours}.")
     return lines + [""]
 
 
@@ -609,7 +698,7 @@ def write_md() -> None:
     replace_section(MD, "kcagc", render(found["table2"], found.get("timing"), found.get("tree"),
                                         found.get("embeddings"), found.get("table2-random"),
                                         found.get("table2-joint"), found.get("filter"), found.get("order"),
-                                        found.get("table2-mixed")))
+                                        found.get("table2-mixed"), found.get("all-columns")))
 
 
 def plots(summary: dict) -> list[str]:
@@ -700,7 +789,7 @@ def run_grid(args, part: str) -> dict:
     if part == "filter":
         emb["kcagc.filter"] = "spectral-norm"
     # the order part repeats the grid at every --orders psi; the others run the paper's psi (None)
-    orders = [int(o) for o in args.orders.split(",")] if part == "order" else [None]
+    orders = [int(o) for o in (args.orders or ORDERS).split(",")] if part == "order" else [None]
     if part == "order":
         summary["orders"] = orders
     with tempfile.TemporaryDirectory() as tmp:
@@ -739,6 +828,33 @@ def run_grid(args, part: str) -> dict:
     return summary
 
 
+def run_all_columns(args) -> dict:
+    """The all-columns part: :func:`all_columns_runs` per dataset and filter order (``--orders``, default the
+    paper's psi of that dataset), saved to its JSON after each."""
+    seeds = list(range(args.seeds))
+    datasets = [d for d in args.datasets.split(",") if d]
+    dims = [int(d) for d in args.dims.split(",")]
+    summary = {"part": "all-columns", "generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets,
+               "dims": dims, "embeddings": list(ALL_COLUMNS_EMBEDDINGS), "restarts": args.restarts, "orders": {},
+               "runs": []}
+    started = time.time()
+    path = Path(args.out or RESULTS / PART_FILES["all-columns"])
+    for ds in datasets:
+        orders = [int(o) for o in args.orders.split(",")] if args.orders else [PAPER_ORDER["agc"][ds]]
+        summary["orders"][ds] = orders
+        for order in orders:
+            runs = all_columns_runs(ds, order, dims, ALL_COLUMNS_EMBEDDINGS, seeds, args.restarts)
+            summary["runs"] += runs
+            for dim in dims:
+                print(f"all-columns {ds} psi={order} d={dim}k " + " ".join(
+                    f"{e}={100 * stats([r for r in runs if r['dim'] == dim and r['embedding'] == e], 'acc')[0]:.2f}"
+                    for e in ALL_COLUMNS_EMBEDDINGS), flush=True)
+            summary["elapsed_s"] = time.time() - started
+            summary["generated_utc"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
+            path.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def check_parts(ap: argparse.ArgumentParser, args, parts: list[str]) -> None:
     """One-line ``ap.error`` for a part or a part's arguments that cannot run."""
     for part in parts:
@@ -749,13 +865,20 @@ def check_parts(ap: argparse.ArgumentParser, args, parts: list[str]) -> None:
         ap.error(f"part 'filter' reproduces the paper's Tables VIII and IX: --datasets within "
                  f"{','.join(TABLE_FILTER['acc'])} and --factors within 1,2 (got --datasets {args.datasets} "
                  f"--factors {args.factors})")
-    if "order" in parts:
-        if "," in args.clients or "," in args.factors:
-            ap.error(f"part 'order' runs one L and one k_hat factor (the paper: --clients 2 --factors 1), "
-                     f"got --clients {args.clients} --factors {args.factors}")
-        bad = [o for o in args.orders.split(",") if not o.isdigit() or int(o) < 1]
+    if "order" in parts and ("," in args.clients or "," in args.factors):
+        ap.error(f"part 'order' runs one L and one k_hat factor (the paper: --clients 2 --factors 1), "
+                 f"got --clients {args.clients} --factors {args.factors}")
+    bad = [o for o in args.orders.split(",") if o and (not o.isdigit() or int(o) < 1)]
+    if bad:
+        ap.error(f"invalid filter order {bad[0]!r} in --orders {args.orders}; expected integers >= 1")
+    if "all-columns" in parts:
+        bad = [d for d in args.dims.split(",") if not d.isdigit() or int(d) < 1]
         if bad:
-            ap.error(f"invalid filter order {bad[0]!r} in --orders {args.orders}; expected integers >= 1")
+            ap.error(f"invalid projection dimension factor {bad[0]!r} in --dims {args.dims}; expected integers >= 1")
+        missing = [d for d in args.datasets.split(",") if d and d not in PAPER_ORDER["agc"]]
+        if missing and not args.orders:
+            ap.error(f"part 'all-columns' needs --orders for dataset {missing[0]!r} (the paper gives psi only for "
+                     f"{', '.join(PAPER_ORDER['agc'])})")
 
 
 def main(argv=None) -> int:
@@ -777,7 +900,9 @@ def main(argv=None) -> int:
                     "normalized+adaptive",
                     help="embeddings part: the kcagc.embedding choices compared (+prune: with kcagc.prune; "
                          "+adaptive: AGC's adaptive filter order per party)")
-    ap.add_argument("--orders", default="1,2,3,5,9,15,25,40,60", help="order part: the filter orders psi")
+    ap.add_argument("--orders", default="", help=f"order part: the filter orders psi (default {ORDERS}); "
+                    "all-columns part: the orders tried (default: the paper's psi of each dataset)")
+    ap.add_argument("--dims", default="1,2,3,4", help="all-columns part: projection dimensions as multiples of k")
     ap.add_argument("--out", default="", help="JSON to write (default: the part's file in benchmarks/results)")
     ap.add_argument("--no-report", action="store_true", help="only write the JSON (a part of a grid)")
     ap.add_argument("--note", default="", help="with --merge: how the parts were run (goes into RESULTS.md)")
@@ -805,6 +930,9 @@ def main(argv=None) -> int:
         parts = [p for p in args.parts.split(",") if p]
         check_parts(ap, args, parts)  # all of them before any runs
         for part in parts:
+            if part == "all-columns":
+                run_all_columns(args)
+                continue
             part_args = argparse.Namespace(**{**vars(args), "seeds": 1}) if part == "timing" else args
             summary = run_grid(part_args, part)
             if result_part(part, args.split, args.embedding) == "table2" and not args.no_report:

@@ -512,3 +512,41 @@ def test_run_simulation_gives_the_in_process_labels(tmp_path):
     assert np.array_equal(np.load(tmp_path / "sim" / "labels.npy"), np.load(tmp_path / "ref" / "labels.npy"))
     assert sim["metrics"]["virtual_nodes"] == ref["metrics"]["virtual_nodes"]
     assert sim["communication"]["secure_aggregations"] == ref["communication"]["secure_aggregations"] > 0
+
+
+def _kcagc_benchmark():
+    """benchmarks/kcagc.py as a module (the benchmarks directory is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kcagc.py"
+    spec = importlib.util.spec_from_file_location("kcagc_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_all_columns_svd_at_d_equal_k_is_centralised_agc():
+    bench = _kcagc_benchmark()
+    data = load_dataset("sbm")
+    runs = bench.all_columns_runs("sbm", 2, [1, 2], ("svd", "projection-unit"), [0, 1], restarts=10)
+    assert len(runs) == 2 * 2 * 2
+    for seed in (0, 1):
+        labels, _ = agc(data.x, data.adj, data.num_classes, seed, order=2, n_init=10)
+        (run,) = [r for r in runs if r["seed"] == seed and r["dim"] == 1 and r["embedding"] == "svd"]
+        assert run["ari"] == pytest.approx(ari(data.y, labels), abs=1e-12)
+    best = bench.all_columns_best({"runs": runs}, "sbm")
+    assert best[0] == max(np.mean([r["acc"] for r in runs if (r["embedding"], r["dim"]) == key])
+                          for key in {(r["embedding"], r["dim"]) for r in runs})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--parts", "all-columns", "--dims", "1,0"], "invalid projection dimension factor '0' in --dims 1,0"),
+    (["--parts", "all-columns", "--datasets", "sbm"], "part 'all-columns' needs --orders for dataset 'sbm'"),
+    (["--parts", "order", "--clients", "2", "--factors", "1", "--orders", "9,x"], "invalid filter order 'x'"),
+])
+def test_benchmark_rejects_bad_all_columns_and_order_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _kcagc_benchmark().main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
