@@ -529,7 +529,7 @@ def _kcagc_benchmark():
 def test_all_columns_svd_at_d_equal_k_is_centralised_agc():
     bench = _kcagc_benchmark()
     data = load_dataset("sbm")
-    runs = bench.all_columns_runs("sbm", 2, [1, 2], ("svd", "projection-unit"), [0, 1], restarts=10)
+    runs = bench.all_columns_runs("sbm", [2], [1, 2], ("svd", "projection-unit"), [0, 1], restarts=10)
     assert len(runs) == 2 * 2 * 2
     for seed in (0, 1):
         labels, _ = agc(data.x, data.adj, data.num_classes, seed, order=2, n_init=10)
