@@ -11,6 +11,7 @@ prefix (``kcagc.local-factor``). Every key is declared once as a :class:`Param`;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -26,7 +27,9 @@ class Param:
     """One run-config key.
 
     ``kind`` is the Python type (bool, int, float, str). Numbers may carry an
-    inclusive range ``low``/``high``; strings may carry ``choices``.
+    inclusive range ``low``/``high``; strings may carry ``choices``. Floats must
+    be finite (NaN passes every range check), unless ``infinite``: then ``inf``
+    is a valid value too, with the meaning the help text gives it.
     """
 
     key: str
@@ -36,6 +39,7 @@ class Param:
     low: float | None = None
     high: float | None = None
     choices: tuple[str, ...] | None = None
+    infinite: bool = False
 
     def coerce(self, value: Any) -> Scalar:
         """Return ``value`` as this parameter's type, or raise ConfigError."""
@@ -44,6 +48,13 @@ class Param:
             raise ConfigError(
                 f"invalid value {value!r} for '{self.key}'; valid choices: "
                 + ", ".join(self.choices)
+            )
+        if self.kind is float and not (math.isfinite(value) or (self.infinite and value == math.inf)):
+            low = "(-inf" if self.low is None else f"[{_fmt(self.low, '')}"
+            high = "inf]" if self.infinite else ("inf)" if self.high is None else f"{_fmt(self.high, '')}]")
+            raise ConfigError(
+                f"invalid value {value!r} for '{self.key}'; valid: a {'' if self.infinite else 'finite '}number "
+                f"in {low}, {high}"
             )
         if self.kind in (int, float):
             if (self.low is not None and value < self.low) or (

@@ -16,7 +16,9 @@ from typing import Any, Mapping
 
 from app import registry
 from app.config import ConfigError
+from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir
+from app.transport import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
 DEFAULT_NUM_CLIENTS = 4
@@ -57,7 +59,7 @@ def run_experiment(
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
     if not path.exists():
-        raise RuntimeError(f"the simulation finished without writing {path}; see the log above")
+        raise ProtocolError(f"the simulation finished without writing {path}; see the log above")
     result = json.loads(path.read_text())
     result["path"] = str(path)
     return result
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (ProtocolError, SecAggError) as err:  # the run stopped (a client refused or vanished): no result
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"result: {result['path']}")
     return 0
 

@@ -176,9 +176,13 @@ class ServerSession:
         for node, reason in sorted(result.rejected.items()):
             self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
         if result.rejected:
-            detail = "; ".join(
-                f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(result.rejected.items())
-            )
+            reasons = set(result.rejected.values())
+            if len(result.rejected) > 1 and len(reasons) == 1:  # e.g. a setting every client refuses: say it once
+                detail = f"nodes {', '.join(map(str, sorted(result.rejected)))} all: {reasons.pop()}"
+            else:
+                detail = "; ".join(
+                    f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(result.rejected.items())
+                )
             if require_all:
                 raise ProtocolError(f"step '{action}' rejected {len(result.rejected)} client(s): {detail}")
             for node, reason in result.rejected.items():
@@ -261,23 +265,26 @@ class ServerSession:
             params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20",
                     "ring": "Z_2^32 or Z_2^64 per sum, the smaller one in which the declared bound cannot wrap "
                             "(the upload's dtype, uint32 or uint64, says which)",
-                    "scale": float(self.config["secagg.scale"])},
+                    "scale": float(self.config["secagg.scale"]),
+                    "finer_scale": "kcagc masks at the finest power-of-two scale its ring allows, never coarser "
+                                   "than scale (the sum's metrics give it)"},
             guarantee=GUARANTEE_SECAGG,
         )
         self._secagg_ready = True
 
-    def secagg_values(self, name: str, bound: float) -> dict:
+    def secagg_values(self, name: str, bound: float, scale: float | None = None) -> dict:
         """Message values telling the clients how to mask array ``name``.
 
         A fresh tag per call gives fresh masks; ``bound`` is the largest
         absolute value any single client may contribute (checked on the
-        client, so the true sum cannot wrap around the ring).
+        client, so the true sum cannot wrap around the ring); ``scale`` the
+        fixed-point scale, by default ``secagg.scale``.
         """
         if not self._secagg_ready:
             raise ProtocolError("secure aggregation used before setup_secure_aggregation()")
         return {
             "secagg_tag": f"{self._round + 1}:{name}",
-            "secagg_scale": float(self.config["secagg.scale"]),
+            "secagg_scale": float(self.config["secagg.scale"] if scale is None else scale),
             "secagg_bound": float(bound),
             "secagg_parties": len(self.clients),
         }

@@ -13,11 +13,20 @@ in every strategy here). Never an adjacency or feature matrix.
 Privacy noise (the LDP codes, DP-SGD's sampling and noise, DP-FedAvg's noise)
 is drawn from fresh OS entropy at every release, never from the run's seed:
 the server knows the seed and could otherwise replay the noise and remove it.
-Runs with noise are therefore not bit-for-bit repeatable.
+Runs with noise are therefore not bit-for-bit repeatable. A ``gw_embed``
+request the server sends again (its reply timed out, ``retries`` > 0) gets the
+codes of the first draw back (kept in ``context.state``): the same output, no
+second release for the server to average.
+
+The privacy settings are this client's own run-config, never the server's
+message: it encodes at its own ``gw-ldp.epsilon`` and refuses a request for
+another one, and under training DP (``gw-ldp.dp`` not none) it refuses
+``gw_norm``, whose moments the DP noise does not cover.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 from collections import OrderedDict
@@ -122,14 +131,26 @@ class GWLDPClient(ClusteringClient):
 
     def on_gw_norm(self, arrays, values):
         """Moments of one BatchNorm layer's input over this client's training-graph nodes."""
+        dp = self.config["gw-ldp.dp"]
+        if dp != "none":
+            raise ValueError(f"refusing gw_norm: this client runs gw-ldp.dp='{dp}', whose noise does not cover "
+                             "the BatchNorm moments it would upload; valid only with gw-ldp.dp='none'")
         batch, labels, split = self._local()
         return {"moments": proto.norm_input_moments(self._model(arrays), batch, self._train_graphs(labels, split),
                                                     str(values["layer"]))}, {}
 
     def on_gw_embed(self, arrays, values):
+        eps = float(self.config["gw-ldp.epsilon"])
+        if float(values["epsilon"]) != eps:
+            raise ValueError(f"refusing gw_embed at epsilon={values['epsilon']!r}: this client's gw-ldp.epsilon is "
+                             f"{eps:g} (0 = 1/|V|, inf = no LDP); valid: only its own")
+        request = _request_digest(arrays, values)
+        if not math.isinf(eps) and "gw_embed" in self.context.state.array_records:
+            cached = self.load("gw_embed")
+            if np.array_equal(cached.pop("request"), request):  # re-sent: the first draw, not a new release
+                return cached, {}
         batch, labels, split = self._local()
         model = self._model(arrays)
-        eps = float(values["epsilon"])
         rng = np.random.default_rng()  # OS entropy: a fresh draw at every release
         rows = []
         for h in proto.node_embeddings(model, batch, str(values["layer"])):
@@ -139,14 +160,28 @@ class GWLDPClient(ClusteringClient):
                 codes, _ = proto.encode_graph(h, proto.graph_epsilon(len(h), eps), rng)
                 rows.append(codes)
         out = np.vstack(rows)
-        return {
+        reply = {
             "embeddings": out.astype(np.float64) if math.isinf(eps) else out.astype(np.int8),
             "sizes": np.diff(batch.offsets).astype(np.int64),
             "graph_ids": np.asarray(self.shard.graph_ids, dtype=np.int64),
             "split": split.astype(np.int8),
             "labels": np.where(split == proto.SPLIT_TEST, -1, labels).astype(np.int64),
             "eval_labels": labels.astype(np.int64),
-        }, {}
+        }
+        if not math.isinf(eps):  # without noise a re-sent request gets the same answer anyway
+            self.save("gw_embed", request=request, **reply)
+        return reply, {}
+
+
+def _request_digest(arrays: dict, values: dict) -> np.ndarray:
+    """SHA-256 of a request's arrays and values: equal only for the same request sent again
+    (the server's values include the release's round, so the next release differs)."""
+    digest = hashlib.sha256(repr(sorted(values.items())).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{a.dtype}:{a.shape}".encode())
+        digest.update(a.tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8)
 
 
 def _last_bias(weights: dict) -> str:

@@ -26,8 +26,7 @@ class KCAGCClient(ClusteringClient):
 
         The ``svd`` embedding is scaled by sqrt(n) (k-means is unchanged by a
         global scale) so that squared distances are O(1), like those of the
-        unit rows of ``projection-unit`` / ``normalized``, and the fixed-point resolution of the
-        secure sum (1 / secagg.scale) is small next to them. A
+        unit rows of ``projection-unit`` / ``normalized``. A
         ``projection-joint-unit`` or ``projection-mixed-unit`` embedding is usable only after
         ``kcagc_joint`` has scaled it (``unscaled``: the part before that).
         """

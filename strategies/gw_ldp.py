@@ -9,12 +9,13 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
 
 1. ``gw_describe`` (down: ``num_classes``, the GNN's outputs; a client whose
    labels need more refuses) -> up: values ``in_dim``, ``graphs``, ``train``
-   (feature width and counts only).
+   (feature width and counts only; whole numbers, ``train <= graphs``, else the
+   run stops, :func:`app.protocols.gw_ldp.describe_problem`).
 2. ``fit`` (message category ``train``) x ``num-rounds`` (down: the global
    GNN weights ``w.<name>``, epochs, learning rate) -> up: the locally
    trained weights ``w.<name>`` (same shapes), ``num_examples`` (training
    graphs, in clear also under DP) and, without DP only, ``loss`` (its mean
-   training loss). The server averages them weighted by
+   training loss, a finite number). The server averages them weighted by
    ``num_examples`` (a whole number up to the client's described training
    graphs, else the run stops) with Flower's ``aggregate_arrayrecords``
    (FedAvg). A client that does not answer, or whose weights fail the
@@ -42,9 +43,11 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    the clients' exponential running averages (``averaged``) instead mixes
    per-client statistics that lag behind the weights (MUTAG, GIN: 10-fold
    results in benchmarks/RESULTS.md). Under training DP the statistics are
-   frozen and not uploaded (``auto`` = ``averaged``; ``pooled`` is refused).
-3. ``gw_embed`` (down: final weights, epsilon, layer) after training (and every
-   ``gw-ldp.embed-every`` rounds if > 0, Algorithm 2's periodic signal) ->
+   frozen and not uploaded (``auto`` = ``averaged``; ``pooled`` is refused,
+   and a client under training DP refuses ``gw_norm`` itself).
+3. ``gw_embed`` (down: final weights, epsilon, layer, round) after training
+   (and every ``gw-ldp.embed-every`` rounds if > 0, Algorithm 2's periodic
+   signal) ->
    up: ``embeddings`` = the softmax node embeddings of all local graphs
    stacked (``sum n_i x d``: d = C for ``gw-ldp.embedding = classes``, the
    GNN's hidden width for ``hidden``), multi-bit LDP encoded (int8 in {-1,0,1},
@@ -54,13 +57,18 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    -1 for test graphs: the SVC needs them) and ``eval_labels`` (all graph
    labels / pseudo-labels, used only to score the result, like the final
    labels in other strategies). No adjacency or feature matrix is uploaded.
-   An upload with codes outside {-1, 0, 1}, softmax rows outside [0, 1],
-   split codes outside 0..2, labels outside -1..k-1, a label on a test graph,
-   repeated graph ids or sizes that do not add up stops the run
-   (:func:`app.protocols.gw_ldp.embedding_upload_problem`). The server uses
-   each client's newest release: a client that dropped before the last one
-   keeps its periodic release in the matrix (Algorithm 2's reason for the
-   periodic signal; ``stale_clients`` lists it with that release's round), a
+   An upload with codes outside {-1, 0, 1} or without Algorithm 1's m
+   non-zeros per row, float rows that are not softmax rows (non-negative,
+   summing to 1; NaN or inf included), split codes outside 0..2, labels
+   outside -1..k-1, a label on a test graph, repeated graph ids or sizes that
+   do not add up stops the run
+   (:func:`app.protocols.gw_ldp.embedding_upload_problem`), as does a graph id
+   two clients both upload. A client encodes at its own ``gw-ldp.epsilon``
+   and refuses a request for another; a request sent again after a timeout
+   (``retries``) gets the first draw's codes back, so it is no new release.
+   The server uses each client's newest release: a client that dropped
+   before the last one keeps its periodic release in the matrix (Algorithm
+   2's reason for the periodic signal; ``stale_clients`` lists it with that release's round), a
    client that never released is missing (``graphs_missing``). The LDP noise
    is fresh at every release (OS entropy on the client), so releases compose.
 
@@ -84,9 +92,11 @@ Epsilon: ``gw-ldp.epsilon`` is the LDP budget of one graph's whole embedding
 matrix (Algorithm 1 / Theorem 1); 0 selects the paper's default
 ``1/|V|``; ``inf`` uploads the embeddings without LDP (the paper writes this
 case as "epsilon = 0"). The ledger reports the largest per-graph epsilon
-times the number of releases. At ``1/|V|`` each sampled entry is an
-``epsilon/(m n)``-randomised response, P(+1) within ``1/(4 n^2)`` of 1/2
-(n = 18 on MUTAG: 0.0008), so the uploaded codes carry almost nothing but
+times the number of releases, and lists everything uploaded without noise
+(counts, labels, graph sizes and ids, and without training DP the weights,
+loss and BatchNorm moments) as ``gw-ldp:clear-uploads``, guarantee none.
+At ``1/|V|`` each sampled entry is an ``epsilon/(m n)``-randomised
+response, P(+1) within ``1/(4 n^2)`` of 1/2 (n = 18 on MUTAG: 0.0008), so the uploaded codes carry almost nothing but
 the graph size: no server-side classifier can then beat
 ``min(1, e^(1/n) max_c P(c | n))`` on size-n graphs (the bound reported by
 ``benchmarks/gw_ldp.py --parts bound``).
@@ -131,7 +141,8 @@ class GWLDP(ClusteringStrategy):
         Param("gw-ldp.local-epochs", int, 1, "full-batch local epochs per FedAvg round (E)", low=0, high=10_000),
         Param("gw-ldp.lr", float, 0.01, "Adam learning rate of local training", low=1e-9, high=10.0),
         Param("gw-ldp.epsilon", float, 0.0,
-              "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP", low=0.0),
+              "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP", low=0.0,
+              infinite=True),
         Param("gw-ldp.embedding", str, "hidden",
               "node embedding uploaded: softmax of the last message-passing layer (hidden: n x 16 for GCN, "
               "n x 64 for GIN; the paper's h-dimensional H) or of the class scores (classes: n x C)",
@@ -174,9 +185,6 @@ class GWLDP(ClusteringStrategy):
     @classmethod
     def check(cls, config) -> None:
         super().check(config)
-        eps = float(config["gw-ldp.epsilon"])
-        if math.isnan(eps):
-            raise ConfigError("invalid value nan for 'gw-ldp.epsilon'; valid: 0 (1/|V|), a positive number, inf")
         if config["gw-ldp.norm-statistics"] == "pooled" and config["gw-ldp.dp"] != "none":
             raise ConfigError(f"invalid value 'pooled' for 'gw-ldp.norm-statistics' with gw-ldp.dp="
                               f"'{config['gw-ldp.dp']}': the activation moments it uploads are not covered by "
@@ -192,9 +200,15 @@ class GWLDP(ClusteringStrategy):
             "gw_describe", pack(values={"num_classes": k}),
             ReplySpec(values=("in_dim", "graphs", "train")),
         )
-        described = {session.partition_of(n): unpack(c)[1] for n, c in desc.items()}
-        limits = {n: (session.partition_of(n), int(described[session.partition_of(n)]["train"])) for n in desc}
-        dims = {int(v["in_dim"]) for v in described.values()}
+        described = {}
+        for node, content in desc.items():
+            client, values = session.partition_of(node), unpack(content)[1]
+            problem = proto.describe_problem(values)
+            if problem:
+                raise ProtocolError(f"client {client}: malformed gw_describe reply: {problem}")
+            described[client] = {name: int(values[name]) for name in ("in_dim", "graphs", "train")}
+        limits = {n: (session.partition_of(n), described[session.partition_of(n)]["train"]) for n in desc}
+        dims = {v["in_dim"] for v in described.values()}
         if len(dims) != 1:
             raise ProtocolError(f"clients report different feature widths {sorted(dims)}")
         in_dim = dims.pop()
@@ -225,17 +239,20 @@ class GWLDP(ClusteringStrategy):
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
                 released = self._pool_norm_statistics(session, weights, layers)
-                latest.update({c: (rnd, up) for c, up in self._embed(session, released, width, described).items()})
+                ups = self._embed(session, released, width, described, rnd)
+                latest.update({c: (rnd, up) for c, up in ups.items()})
                 releases += 1
         timing["train_s"] = time.perf_counter() - t0
         final_round = int(cfg["num-rounds"]) + 1
         t0 = time.perf_counter()
         weights = self._pool_norm_statistics(session, weights, layers)
         timing["norm_s"] = time.perf_counter() - t0
-        latest.update({c: (final_round, up) for c, up in self._embed(session, weights, width, described).items()})
+        ups = self._embed(session, weights, width, described, final_round)
+        latest.update({c: (final_round, up) for c, up in ups.items()})
         releases += 1
         uploads = self._combine(latest)
         self._record_ldp(session, uploads, releases)
+        self._record_clear_uploads(session, pooled=bool(layers))
         if dp is not None:
             name, protects, unit = DP_LEDGER[dp_mode]
             dp.record(session.ledger, name, protects + (self._khop_unit() if dp_mode == "sgd" else ""), unit)
@@ -257,7 +274,7 @@ class GWLDP(ClusteringStrategy):
         metrics["dropped_clients"] = sorted(session.partition_of(n) for n in session.dropped)
         metrics["stale_clients"] = [{"client": c, "round": r} for c, (r, _) in sorted(latest.items())
                                     if r < final_round]
-        metrics["graphs_missing"] = sum(int(v["graphs"]) for c, v in described.items() if c not in latest)
+        metrics["graphs_missing"] = sum(v["graphs"] for c, v in described.items() if c not in latest)
         labels = proto.cluster_gw(dist, k, str(cfg["gw-ldp.clustering"]), seed)
         ids = uploads["graph_ids"]
         if cfg["partitioner"] == "khop":
@@ -276,13 +293,16 @@ class GWLDP(ClusteringStrategy):
             _, values = unpack(content)
             client, train = limits[node]
             raw = values["num_examples"]
-            number = isinstance(raw, (int, float, np.integer, np.floating)) and not isinstance(raw, (bool, np.bool_))
-            n = int(raw) if number and float(raw).is_integer() else -1
-            if not 0 <= n <= train:
+            n = proto.whole_number(raw)
+            if n is None or not 0 <= n <= train:
                 raise ProtocolError(f"client {client}: num_examples={raw!r}; valid: a whole number from 0 to its "
                                     f"{train} training graphs")
+            loss = values.get("loss", math.nan)  # not sent under DP
+            if "loss" in values and (isinstance(loss, bool) or not isinstance(loss, (int, float))
+                                     or not math.isfinite(loss)):
+                raise ProtocolError(f"client {client}: loss={loss!r}; valid: a finite number")
             counts.append(n)
-            losses.append(float(values.get("loss", float("nan"))))
+            losses.append(float(loss))
             if n > 0:
                 records.append(RecordDict({"arrays": content.array_records["arrays"],
                                            "m": MetricRecord({"num_examples": n})}))
@@ -323,13 +343,16 @@ class GWLDP(ClusteringStrategy):
             weights = proto.with_norm_statistics(weights, layer, *proto.pooled_norm_statistics(moments))
         return weights
 
-    def _embed(self, session, weights, width: int, described) -> dict[int, dict]:
-        """One embedding release: per client that answered, its checked upload
-        (a client that does not answer is dropped; its older release, if any, stays in use)."""
-        ldp = not math.isinf(float(self.config["gw-ldp.epsilon"]))
+    def _embed(self, session, weights, width: int, described, rnd: int) -> dict[int, dict]:
+        """One embedding release (``rnd``: its round, which tells a re-sent request from the
+        next release): per client that answered, its checked upload (a client that does
+        not answer is dropped; its older release, if any, stays in use)."""
+        eps = float(self.config["gw-ldp.epsilon"])
+        ldp = not math.isinf(eps)
         k = int(self.config["num-clusters"])
         spec = ReplySpec(arrays={
-            "embeddings": ArraySpec((None, width), kind="i" if ldp else "f", noised=ldp),
+            # finite=False: NaN/inf rows stop the run in embedding_upload_problem instead of dropping the client
+            "embeddings": ArraySpec((None, width), kind="i" if ldp else "f", finite=False, noised=ldp),
             "sizes": ArraySpec((None,), kind="iu"),
             "graph_ids": ArraySpec((None,), kind="iu"),
             "split": ArraySpec((None,), kind="iu"),
@@ -339,14 +362,14 @@ class GWLDP(ClusteringStrategy):
         replies = session.broadcast(
             "gw_embed",
             pack({f"w.{n}": a for n, a in weights.items()},
-                 {"epsilon": float(self.config["gw-ldp.epsilon"]), "layer": str(self.config["gw-ldp.embedding"])}),
+                 {"epsilon": eps, "layer": str(self.config["gw-ldp.embedding"]), "round": rnd}),
             spec, require_all=False,
         )
         out = {}
         for node, content in replies.items():
             client = session.partition_of(node)
             arrays, _ = unpack(content)
-            problem = proto.embedding_upload_problem(arrays, int(described[client]["graphs"]), k, ldp)
+            problem = proto.embedding_upload_problem(arrays, described[client]["graphs"], k, eps)
             if problem:
                 raise ProtocolError(f"client {client}: malformed embedding upload: {problem}")
             bounds = np.concatenate([[0], np.cumsum(arrays["sizes"].astype(np.int64))])
@@ -361,11 +384,15 @@ class GWLDP(ClusteringStrategy):
         ups = [up for _, up in latest.values()]
         out = {n: np.concatenate([up[n] for up in ups]) for n in ("sizes", "graph_ids", "split", "labels",
                                                                     "eval_labels")}
+        owner = np.concatenate([np.full(len(up["graph_ids"]), c) for c, (_, up) in latest.items()])
         embs = [h for up in ups for h in up["embeddings"]]
         order = np.argsort(out["graph_ids"], kind="stable")
-        out = {n: v[order] for n, v in out.items()}
-        if np.any(np.diff(out["graph_ids"]) == 0):
-            raise ProtocolError("two clients uploaded the same graph id")
+        out, owner = {n: v[order] for n, v in out.items()}, owner[order]
+        same = np.flatnonzero(np.diff(out["graph_ids"]) == 0)
+        if same.size:
+            i = same[0]
+            a, b = sorted((int(owner[i]), int(owner[i + 1])))
+            raise ProtocolError(f"clients {a} and {b} both uploaded graph id {out['graph_ids'][i]}")
         out["embeddings"] = [embs[i] for i in order]
         return out
 
@@ -397,6 +424,25 @@ class GWLDP(ClusteringStrategy):
              "m": proto.default_m(float(per_graph.max()), d) if d else 0, "alpha": 0.0, "beta": 1.0},
             "epsilon-LDP per graph embedding (multi-bit encoder, GW-LDP Alg. 1)",
             accountant,
+        )
+
+    def _record_clear_uploads(self, session, pooled: bool) -> None:
+        """Register what the clients upload without any noise, so the privacy section's overall
+        note names it beside the LDP (and training-DP) epsilon, which covers none of it."""
+        dp_mode = self.config["gw-ldp.dp"]
+        clear = ["feature width and graph counts (gw_describe)",
+                 "number of training graphs every round (fit)"]
+        if dp_mode == "none":
+            clear.append("locally trained GNN weights, BatchNorm running statistics (GIN) and mean training loss "
+                         "every round (fit)")
+        if pooled:
+            clear.append("per-channel node count, sum and sum of squares of every BatchNorm layer's input over "
+                         "the training graphs' nodes, before every embedding release (gw_norm)")
+        clear.append("graph sizes, graph ids, split codes, train/validation labels and every graph's evaluation "
+                     "label (gw_embed)")
+        session.ledger.add_mechanism(
+            "gw-ldp:clear-uploads", "nothing: these uploads carry no noise", {"revealed": clear},
+            "none: uploaded in clear, not covered by the reported epsilon",
         )
 
     def _dp_mechanism(self, session):

@@ -25,7 +25,10 @@ graph and its own block of feature columns. The math is in
    learn these n sums (a client, the sum over the others); nothing else.
 
 2. The server intersects the local clusters into virtual nodes (a node's
-   virtual node = the tuple of its local clusters; weight = member count).
+   virtual node = the tuple of its local clusters; weight = member count),
+   numbered by their smallest node ID, so that the ``members`` every client
+   receives in step 3 give it the intersection of all local clusterings as a
+   partition of the nodes, not which cluster of another client a part came from.
    ``kcagc-basic`` uses every node as its own virtual node (weight 1).
 
 3. Weighted k-means on the virtual nodes, distances only under secure
@@ -68,12 +71,19 @@ graph and its own block of feature columns. The math is in
    Masked distances travel in the 32-bit ring (uint32) with the unit-row
    embeddings, whose parts are provably at most 4, else in the 64-bit ring
    (``secagg.bound``); the decoded sums are the same (``app.privacy.secagg``).
+   Each sum uses the finest power-of-two fixed-point scale its ring allows
+   for that bound and the number of clients (never coarser than
+   ``secagg.scale``; ``metrics["secagg_scale"]``): 2^27 with two clients in
+   the 32-bit ring, 2^24 with sixteen.
 
 4. ``labels`` (down: the final cluster of every node) -> the clients keep it.
 
 The server never sees a client's features, centres or individual distances:
 only node-ID sets of local clusters, and sums over all clients (tree variant:
-over each group of at least two clients).
+over each group of at least two clients). Every client learns the intersection
+of all clients' local clusterings (``members``: which nodes share a virtual
+node, as Protocol 3's centre blocks need), every restart's assignment of the
+virtual nodes in every Lloyd round, and the final labels.
 """
 
 from __future__ import annotations
@@ -83,6 +93,7 @@ import numpy as np
 from app.baselines import FILTERS
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
+from app.privacy.secagg import finest_scale
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
@@ -128,13 +139,21 @@ PARAMS = (
 ADAPTIVE_ORDER = "adaptive (per client, not disclosed)"
 
 
-def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
-    """Reject an unmasked sum below zero. Every client's part is a squared norm (>= 0) and
-    fixed-point encodes to an integer >= 0, so an honest sum is exactly >= 0: a negative
-    one means a client uploaded something else."""
+def _check_sum(total: np.ndarray, step: str, what: str, parties: int, values: dict) -> None:
+    """Reject an unmasked sum outside [0, parties x bound]. Every client's part is a squared
+    norm (>= 0) and, under secure aggregation (``values``: the masking values), checked
+    against the bound before it is encoded to an integer in [0, round(bound x scale)], so
+    an honest sum lies in that range: one outside it means a client uploaded something else."""
     if total.size and total.min() < 0:
         raise ProtocolError(f"step '{step}': a {what} summed over the clients is {total.min():.6g} < 0; "
                             "every client's part is >= 0, so an upload is malformed")
+    if not values or not total.size:  # one client in clear: no declared bound to hold it to
+        return
+    most = parties * round(values["secagg_bound"] * values["secagg_scale"]) / values["secagg_scale"]
+    if total.max() > most:
+        raise ProtocolError(f"step '{step}': a {what} over {parties} client(s) is {total.max():.6g} > "
+                            f"{most:.6g}, {parties} x each client's bound {values['secagg_bound']:.6g}, "
+                            "so an upload is malformed")
 
 
 class KCAGC(ClusteringStrategy):
@@ -242,13 +261,13 @@ class KCAGC(ClusteringStrategy):
         """``projection-joint-unit`` / ``projection-mixed-unit``: the clients' summed squared
         row norms by one secure sum, sent back so that each client scales its rows with them."""
         secure = len(session.clients) > 1
-        values = session.secagg_values("joint", float(self.config["secagg.bound"])) if secure else {}
+        values = self.secagg_values(session, "joint", float(self.config["secagg.bound"]), 64) if secure else {}
         replies = session.broadcast(
             "kcagc_joint", pack(values={**values, **embed, "stage": "sum"}),
             ReplySpec(arrays={"s": ArraySpec((n,), kind="u" if secure else "f", masked=secure)}))
         total = (session.secure_sum(replies, "s", values) if secure
                  else unpack(next(iter(replies.values())))[0]["s"])
-        _check_nonnegative(total, "kcagc_joint", "summed squared row norm")
+        _check_sum(total, "kcagc_joint", "summed squared row norm", len(session.clients), values)
         metrics["aggregated_values"] += n
         session.ledger.add_mechanism(
             "kcagc:joint-row-norms",
@@ -259,6 +278,15 @@ class KCAGC(ClusteringStrategy):
         )
         session.broadcast("kcagc_joint", pack({"sq_norms": total}, {**embed, "stage": "scale"}),
                           ReplySpec(values=("received",)))
+
+    def secagg_values(self, session, name: str, bound: float, ring_bits: int) -> dict:
+        """Masking values for one secure sum at the finest fixed-point scale that ring
+        allows for ``bound`` and the clients, never coarser than ``secagg.scale``: with
+        a high filter order (AGC's adaptive rule picks psi near 60 on the SBM) the rows
+        are nearly parallel and squared distances fall to 1e-7 - 1e-6, below the default
+        resolution 2^-20, where rounding alone would decide the assignments."""
+        scale = max(float(self.config["secagg.scale"]), finest_scale(bound, len(session.clients), ring_bits))
+        return session.secagg_values(name, bound, scale=scale)
 
     # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
     def secure_kmeans(self, session, jobs, kk: int, embed, rng, metrics, history, level) -> list[np.ndarray]:
@@ -271,6 +299,7 @@ class KCAGC(ClusteringStrategy):
         secure = len(session.clients) > 1
         Q = int(self.config["kcagc.iterations"])
         bound = proto.distance_bound(embed["embedding"], float(self.config["secagg.bound"]))
+        ring_bits = 32 if embed["embedding"] in proto.UNIT_ROW_EMBEDDINGS else 64
         job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
         for job in jobs:
             if len(job.weights) < kk:
@@ -285,7 +314,10 @@ class KCAGC(ClusteringStrategy):
             # part, masked with the other members of its group. The server learns each group's sum,
             # as it would from one sum over all clients with zeros outside each group, but a client
             # sends 1/len(jobs) of the bytes and masks with len(group) - 1 peers instead of L - 1.
-            values = [session.secagg_values(f"d{j}", bound) if secure else {} for j in range(len(jobs))]
+            values = [self.secagg_values(session, f"d{j}", bound, ring_bits) if secure else {}
+                      for j in range(len(jobs))]
+            if secure:
+                metrics["secagg_scale"] = values[0]["secagg_scale"]
             contents, expect = {}, {}
             for node in session.node_ids:
                 j = job_of.get(session.partition_of(node), -1)
@@ -312,7 +344,8 @@ class KCAGC(ClusteringStrategy):
                     total = session.secure_sum(mine, "d", values[j], parties=job.parties)
                 else:
                     total = unpack(next(iter(mine.values())))[0]["d"]
-                _check_nonnegative(total, f"kcagc_step ({stage}, level {level})", "summed squared distance")
+                _check_sum(total, f"kcagc_step ({stage}, level {level})", "summed squared distance",
+                           len(job.parties), values[j])
                 parts.append(total)
                 metrics["aggregated_values"] += sizes[j]
             return parts

@@ -34,6 +34,13 @@ def test_defaults_validate_and_resolve_auto_partitioner():
         ({"reference": "maybe"}, ["'maybe'", "'reference'", "true, false"]),
         ({"timeout": "soon"}, ["'soon'", "'timeout'", "number"]),
         ({"partitioner": "edge"}, ["'edge'", "fedkmeans", "valid choices", "node-random"]),
+        # NaN passes every comparison, so it gets past a range check unless refused as such
+        ({"gw-ldp.alpha": "nan"}, ["nan", "'gw-ldp.alpha'", "valid: a finite number in [0, 1]"]),
+        ({"gw-ldp.lr": float("nan")}, ["nan", "'gw-ldp.lr'", "valid: a finite number in [1e-09, 10]"]),
+        ({"gw-ldp.dp-noise": "inf"}, ["inf", "'gw-ldp.dp-noise'", "valid: a finite number in [1e-09, inf)"]),
+        ({"timeout": "inf"}, ["inf", "'timeout'", "valid: a finite number in [0.001, inf)"]),
+        ({"gw-ldp.epsilon": "nan"}, ["nan", "'gw-ldp.epsilon'", "valid: a number in [0, inf]"]),
+        ({"gw-ldp.epsilon": "-inf"}, ["-inf", "'gw-ldp.epsilon'", "valid: a number in [0, inf]"]),
     ],
 )
 def test_bad_values_give_one_line_naming_value_and_choices(raw, fragments):
@@ -51,6 +58,16 @@ def test_values_are_coerced_to_declared_types():
     assert config["timeout"] == 3.0 and isinstance(config["timeout"], float)
     assert config["reference"] is False
     assert config["num-rounds"] == 5
+
+
+def test_inf_is_valid_only_where_declared():
+    # gw-ldp.epsilon = inf is documented (no LDP noise); every other float must be finite
+    infinite = [p.key for p in registry.schema().params.values() if p.infinite]
+    assert infinite == ["gw-ldp.epsilon"] and "inf = no LDP" in registry.schema().params["gw-ldp.epsilon"].help
+    assert registry.validate({"gw-ldp.epsilon": "inf"})["gw-ldp.epsilon"] == float("inf")
+    assert registry.validate({"gw-ldp.epsilon": 1e5})["gw-ldp.epsilon"] == 1e5
+    with pytest.raises(ConfigError, match=r"^invalid value inf for 'x'; valid: a finite number in \(-inf, inf\)$"):
+        Param("x", float, 0.0, "").coerce("inf")
 
 
 def test_schema_rejects_duplicate_keys():

@@ -239,6 +239,39 @@ def test_fedavg_weights_by_sample_count():
     for bad in (-5, 2.9, 4, 10**9, True, "3"):
         with pytest.raises(ProtocolError, match=f"client 1: num_examples={bad!r}; valid: a whole number from 0"):
             strategy._aggregate({**replies, 2: pack({"w.w": b["w"]}, {"num_examples": bad, "loss": 0.1})}, a, limits)
+    for bad in ("abc", False):  # a loss that is no number is named, not a crash in float()
+        with pytest.raises(ProtocolError, match=f"client 1: loss={bad!r}; valid: a finite number"):
+            strategy._aggregate({**replies, 2: pack({"w.w": b["w"]}, {"num_examples": 3, "loss": bad})}, a, limits)
+
+
+def test_malformed_describe_replies_are_named():
+    assert proto.describe_problem({"in_dim": 7, "graphs": 10, "train": 7}) is None
+    assert proto.describe_problem({"in_dim": 7.0, "graphs": 10, "train": 0}) is None  # whole-number floats
+    cases = [({"in_dim": -1}, "in_dim=-1; valid: a whole number >= 1"),
+             ({"in_dim": 3703.9}, "in_dim=3703.9; valid: a whole number >= 1"),  # not truncated to 3703
+             ({"graphs": "ten"}, "graphs='ten'; valid: a whole number >= 1"),
+             ({"graphs": float("nan")}, "graphs=nan; valid: a whole number >= 1"),
+             ({"train": 7.9}, "train=7.9; valid: a whole number from 0 to its 10 graphs"),
+             ({"train": -3}, "train=-3; valid: a whole number from 0 to its 10 graphs"),
+             ({"train": 11}, "train=11; valid: a whole number from 0 to its 10 graphs"),
+             ({"train": True}, "train=True; valid")]
+    for change, message in cases:
+        assert proto.describe_problem({"in_dim": 7, "graphs": 10, "train": 7, **change}).startswith(message)
+
+
+def test_duplicate_graph_ids_across_clients_name_both_clients():
+    from strategies.gw_ldp import GWLDP
+
+    def up(ids):
+        n = len(ids)
+        return {"sizes": np.ones(n, np.int64), "graph_ids": np.array(ids), "split": np.zeros(n, np.int64),
+                "labels": np.zeros(n, np.int64), "eval_labels": np.zeros(n, np.int64),
+                "embeddings": [np.ones((1, 2)) for _ in ids]}
+
+    ok = GWLDP._combine({0: (2, up([5, 1])), 3: (2, up([2, 9]))})
+    assert ok["graph_ids"].tolist() == [1, 2, 5, 9]
+    with pytest.raises(ProtocolError, match=r"^clients 0 and 3 both uploaded graph id 9$"):
+        GWLDP._combine({3: (2, up([2, 9])), 0: (2, up([9, 1])), 1: (2, up([4]))})
 
 
 def test_local_training_reduces_the_loss_for_both_models():
@@ -291,7 +324,7 @@ def test_malformed_embedding_uploads_are_named():
     good = {"embeddings": np.array([[1, 0], [0, -1], [-1, 0]], np.int8), "sizes": np.array([2, 1]),
             "graph_ids": np.array([4, 9]), "split": np.array([0, 2]), "labels": np.array([1, -1]),
             "eval_labels": np.array([1, 0])}
-    assert proto.embedding_upload_problem(good, 2, 2, ldp=True) is None
+    assert proto.embedding_upload_problem(good, 2, 2, epsilon=0.0) is None  # 1/|V|: m = 1 per row
     bad = {
         "graphs it described": ({}, 3),
         "LDP codes outside": ({"embeddings": good["embeddings"] * 100}, 2),
@@ -304,9 +337,26 @@ def test_malformed_embedding_uploads_are_named():
         "'split' has shape": ({"split": np.array([0])}, 2),
     }
     for message, (change, graphs) in bad.items():
-        assert message in proto.embedding_upload_problem({**good, **change}, graphs, 2, ldp=True)
-    floats = {**good, "embeddings": np.array([[0.2, 0.8], [1.0, 0.0], [0.5, np.nan]])}
-    assert proto.embedding_upload_problem(floats, 2, 2, ldp=False) == "softmax embeddings outside [0, 1]"
+        assert message in proto.embedding_upload_problem({**good, **change}, graphs, 2, epsilon=0.0)
+    # Algorithm 1 samples exactly m coordinates per row: an all-zero row (nothing released, yet recorded
+    # as noised) or a row with more non-zeros is no code of the mechanism
+    codes = good["embeddings"]
+    for rows, row in (([[1, 0], [0, 0], [-1, 0]], 1), ([[1, 0], [0, -1], [1, 1]], 2)):
+        assert proto.embedding_upload_problem({**good, "embeddings": np.array(rows, np.int8)}, 2, 2, 0.0) == (
+            f"graph {good['graph_ids'][row // 2]}: LDP code row {row} has {np.count_nonzero(rows[row])} non-zeros, "
+            "Algorithm 1 gives exactly m=1")
+    # at epsilon 10 every graph gets m = min(d, floor(10 / 2.18)) = 2: the m = 1 codes (e.g. a raw one-hot) fail
+    assert default_m(proto.graph_epsilon(2, 10.0), 2) == 2
+    assert "graph 4: LDP code row 0 has 1 non-zeros, Algorithm 1 gives exactly m=2" == \
+        proto.embedding_upload_problem(good, 2, 2, epsilon=10.0)
+    assert proto.embedding_upload_problem({**good, "embeddings": np.where(codes == 0, 1, codes)}, 2, 2, 10.0) is None
+    # without LDP: softmax rows, entries >= 0 summing to 1 (float32 softmax rounding allowed)
+    floats = {**good, "embeddings": np.array([[0.2, 0.8], [1.0, 0.0], [0.5, 0.5 + 1e-6]])}
+    assert proto.embedding_upload_problem(floats, 2, 2, epsilon=math.inf) is None
+    for row, rows in ((2, [[0.2, 0.8], [1.0, 0.0], [0.5, np.nan]]), (1, [[0.2, 0.8], [0.0, 0.0], [0.5, 0.5]]),
+                      (0, [[-0.2, 1.2], [1.0, 0.0], [0.5, 0.5]]), (2, [[0.2, 0.8], [1.0, 0.0], [0.5, np.inf]])):
+        problem = proto.embedding_upload_problem({**good, "embeddings": np.array(rows)}, 2, 2, epsilon=math.inf)
+        assert problem.startswith(f"graph {good['graph_ids'][row // 2]}: embedding row {row} is not a softmax row")
 
 
 def test_svc_and_kmedoids_recover_separable_groups():
@@ -427,9 +477,17 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     labels = np.concatenate([a["labels"] for a in embed])
     split = np.concatenate([a["split"] for a in embed])
     assert np.all(labels[split == proto.SPLIT_TEST] == -1) and np.all(labels[split != proto.SPLIT_TEST] >= 0)
-    mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}["ldp:multibit-embeddings"]
+    mechs = {x["name"]: x for x in result["privacy"]["mechanisms"]}
+    mech = mechs["ldp:multibit-embeddings"]
     smallest = min(g.num_nodes for g in data.graphs)
     assert mech["epsilon"] == pytest.approx(1 / smallest) and mech["delta"] == 0.0
+    # the epsilon covers the codes only: what goes up in clear is listed beside it, and the note names it
+    clear = mechs["gw-ldp:clear-uploads"]
+    assert clear["guarantee"].startswith("none") and clear["epsilon"] == "none"
+    revealed = " ".join(clear["params"]["revealed"])
+    assert all(w in revealed for w in ("GNN weights", "BatchNorm layer's input", "evaluation label", "graph sizes"))
+    assert result["privacy"]["epsilon"] == pytest.approx(1 / smallest)
+    assert result["privacy"]["overall_note"].endswith("not covered by a DP guarantee: gw-ldp:clear-uploads")
     assert "group privacy" not in mech["protects"]  # disjoint graphs: one graph is one unit
     uploads = [u for u in result["privacy"]["uploads"] if u["name"] == "embeddings"]
     assert len(uploads) == 4 and all(u["noised"] for u in uploads)
@@ -456,6 +514,8 @@ def test_client_level_dp_is_accounted_and_marks_weights_noised(out_dir):
     fit = [u for u in result["privacy"]["uploads"] if u["action"] == "fit"]
     assert {u["name"] for u in fit if not u["name"].startswith("w.")} == {"num_examples"}  # no loss under DP
     assert all(u["noised"] for u in fit if u["name"].startswith("w."))
+    revealed = " ".join(mech["gw-ldp:clear-uploads"]["params"]["revealed"])
+    assert "number of training graphs" in revealed and "GNN weights" not in revealed and "BatchNorm" not in revealed
 
 
 def test_ldp_noise_is_fresh_at_every_run_and_not_derived_from_the_seed(out_dir):
@@ -475,6 +535,95 @@ def test_ldp_noise_is_fresh_at_every_run_and_not_derived_from_the_seed(out_dir):
     (w0, c0), (w1, c1) = runs
     assert all(np.array_equal(w0[k], w1[k]) for k in w0) and c0.keys() == c1.keys()
     assert any(not np.array_equal(c0[g], c1[g]) for g in c0)
+
+
+def _client(raw: dict, partition: int = 0):
+    """A GWLDPClient for partition ``partition`` with its own Context, and the initial weights sent down."""
+    from flwr.app import Context, RecordDict
+
+    from app import registry
+    from app.client_app import node_shard
+    from clients.gw_ldp import GWLDPClient
+
+    config = registry.validate(raw)
+    shard = node_shard(config, {"partition-id": partition, "num-partitions": 2})
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    client = GWLDPClient(shard, config, context)
+    batch = client._local()[0]
+    weights = proto.get_weights(proto.build_model(str(config["gw-ldp.model"]), int(batch.x.shape[1]), 2, 0))
+    return client, {f"w.{k}": v for k, v in weights.items()}
+
+
+def test_client_takes_its_privacy_settings_from_its_own_config_not_the_server():
+    shared_datasets_or_skip()
+    raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 2, "gw-ldp.model": "gcn"}
+    client, weights = _client(raw)
+    codes, _ = client.on_gw_embed(weights, {"epsilon": 0.0, "layer": "hidden", "round": 2})
+    assert codes["embeddings"].dtype == np.int8 and np.all((codes["embeddings"] != 0).sum(1) == 1)
+    # a server asking for epsilon = inf (or any budget but the client's own) gets no embeddings at all
+    for asked in (math.inf, 5.0):
+        with pytest.raises(ValueError, match=rf"refusing gw_embed at epsilon={asked!r}: this client's gw-ldp."
+                                             r"epsilon is 0 \(0 = 1/\|V\|, inf = no LDP\); valid: only its own"):
+            client.on_gw_embed(weights, {"epsilon": asked, "layer": "hidden", "round": 2})
+    # under training DP the BatchNorm moments are not covered by the noise: the client refuses them itself
+    gin = {**raw, "gw-ldp.model": "gin"}
+    client, weights = _client({**gin, "gw-ldp.dp": "sgd"})
+    with pytest.raises(ValueError, match="refusing gw_norm: this client runs gw-ldp.dp='sgd'"):
+        client.on_gw_norm(weights, {"layer": "convs.0.nn.1"})
+    client, weights = _client(gin)
+    assert client.on_gw_norm(weights, {"layer": "convs.0.nn.1"})[0]["moments"].shape == (1 + 2 * 64,)
+
+
+class LateReplyGrid(InProcessGrid):
+    """Node ``node`` computes its first ``query.<action>`` reply, which then never arrives
+    (a reply later than the timeout): the session asks again when ``retries`` > 0."""
+
+    def __init__(self, *args, node: int, action: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.node, self.action, self.late = node, f"query.{action}", []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for message_id, message in zip(ids, messages):
+            if (message.metadata.message_type == self.action and message.metadata.dst_node_id == self.node
+                    and not self.late):
+                self.late.append(self._replies.pop(message_id))
+        return ids
+
+
+def test_a_re_sent_embedding_request_returns_the_first_draw_and_is_one_release(out_dir):
+    shared_datasets_or_skip()
+    from app.inprocess import FIRST_CLIENT_NODE_ID
+
+    raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 2, "gw-ldp.model": "gcn", "num-rounds": 1,
+           "gw-ldp.epsilon": 2.0, "gw-ldp.svc": False, "reference": False, "retries": 1, "timeout": 0.5,
+           "out-dir": str(out_dir)}
+    grid = LateReplyGrid(build_client_app(raw), 2, record=True, node=FIRST_CLIENT_NODE_ID + 1, action="gw_embed")
+    result = run_server(grid, raw)
+    assert len(grid.late) == 1 and result["metrics"]["dropped_clients"] == []
+    asked = [m for m in grid.pushed if m.metadata.message_type == "query.gw_embed"]
+    assert [m.metadata.dst_node_id for m in asked].count(FIRST_CLIENT_NODE_ID + 1) == 2  # asked twice
+    answered = next(unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == "query.gw_embed"
+                    and r.metadata.src_node_id == FIRST_CLIENT_NODE_ID + 1)
+    # the same codes as the draw whose reply came late: the server holds one release, not two to average
+    assert np.array_equal(answered["embeddings"], unpack(grid.late[0].content)[0]["embeddings"])
+    ldp = {x["name"]: x for x in result["privacy"]["mechanisms"]}["ldp:multibit-embeddings"]
+    assert ldp["params"]["releases"] == 1 and ldp["epsilon"] == pytest.approx(2.0)
+
+
+def test_non_finite_embeddings_stop_the_run_and_name_the_client(out_dir, monkeypatch):
+    shared_datasets_or_skip()
+    from clients.gw_ldp import GWLDPClient
+    from conftest import patch_reply
+
+    patch_reply(monkeypatch, GWLDPClient, "gw_embed",
+                lambda shard, out, vals: ({**out, "embeddings": np.full_like(out["embeddings"], np.nan)}, vals),
+                client=1)
+    with pytest.raises(ProtocolError, match=r"client 1: malformed embedding upload: graph \d+: embedding row 0 "
+                                            r"is not a softmax row \(min nan"):
+        run_experiment("gw-ldp", "mutag", 2, {"gw-ldp.model": "gcn", "num-rounds": 1, "gw-ldp.epsilon": "inf",
+                                               "gw-ldp.svc": False, "reference": False}, out_dir)
 
 
 def _fail_final_release(monkeypatch, client_id: int):
@@ -767,4 +916,16 @@ def test_clients_reporting_different_feature_widths_stop_the_run(out_dir, monkey
     patch_reply(monkeypatch, GWLDPClient, "gw_describe",
                 lambda shard, out, vals: (out, {**vals, "in_dim": vals["in_dim"] + shard.client_id}))
     with pytest.raises(ProtocolError, match=r"clients report different feature widths \[7, 8\]"):
+        run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)
+
+
+def test_a_malformed_describe_reply_stops_the_run_and_names_the_client(out_dir, monkeypatch):
+    from clients.gw_ldp import GWLDPClient
+    from conftest import patch_reply
+
+    shared_datasets_or_skip()
+    patch_reply(monkeypatch, GWLDPClient, "gw_describe", lambda shard, out, vals: (out, {**vals, "train": -3}),
+                client=1)
+    with pytest.raises(ProtocolError, match=r"^client 1: malformed gw_describe reply: train=-3; valid: a whole "
+                                            r"number from 0 to its \d+ graphs$"):
         run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)

@@ -16,6 +16,7 @@ from app.metrics import ari
 from app.privacy.secagg import FixedPointEncoder, unmask_sum
 from app.protocols import kcagc as proto
 from app.result import RESULT_FILE
+from app.run import main as run_main
 from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import ProtocolError, unpack
@@ -46,6 +47,12 @@ def test_intersections_are_the_virtual_nodes():
         for j in range(len(a)):
             assert (members[i] == members[j]) == ((a[i], b[i]) == (a[j], b[j]))
     assert np.array_equal(np.bincount(members), weights)
+    # every party receives ``members``: renaming another party's clusters must not change them,
+    # else the IDs' order would give that party's labels away
+    for relabel in ([2, 0, 1], [1, 2, 0]):
+        renamed, renamed_weights = proto.intersect([a, np.array(relabel)[b]])
+        assert np.array_equal(renamed, members) and np.array_equal(renamed_weights, weights)
+    assert np.array_equal(members, [0, 0, 1, 2, 3, 3, 4])  # numbered by smallest member
     with pytest.raises(ValueError, match="different numbers of nodes"):
         proto.intersect([a, b[:-1]])
 
@@ -218,6 +225,22 @@ def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir, kind):
     steps = [r for r in result["timing"]["per_round"] if r["action"] == "kcagc_step"]
     lloyd = [h for h in result["history"] if h.get("stage") == "lloyd"]
     assert len(steps) == (4 - 1) + len(lloyd) == result["communication"]["secure_aggregations"]
+
+
+def test_basic_at_the_default_adaptive_order_equals_centralised_kmeans(out_dir):
+    """AGC's adaptive rule picks a high order on the SBM: nearly parallel rows whose squared
+    distances lie far below secagg.scale's 2^-20; the secure sums must still decide as floats do."""
+    q = 6
+    result = run_experiment("kcagc-basic", "sbm", 2, {"kcagc.restarts": 1, "kcagc.iterations": q}, out_dir)
+    shards = partition(load_dataset("sbm", seed=0), "vertical", 2, seed=0)
+    z = np.hstack([proto.embedding(s.x, s.adj, 4, None, 0, k_adaptive=4)[0] for s in shards])
+    seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
+    gaps = ((z[:, None] - z[seeds][None]) ** 2).sum(2)
+    assert np.median(gaps) < 4 * 2.0 ** -20  # a few steps of the default resolution: rounding would decide
+    ref = KMeans(4, init=z[seeds], n_init=1, max_iter=q, tol=0.0, algorithm="lloyd").fit(z)
+    assert np.array_equal(np.load(out_dir / "labels.npy"), ref.labels_)
+    # two clients in the 32-bit ring: 2 * round(4 * 2^27) < 2^31 is the finest power of two
+    assert result["metrics"]["secagg_scale"] == 2.0 ** 27
 
 
 def test_joint_unit_rows_by_one_secure_sum_then_basic_equals_centralised_kmeans(out_dir):
@@ -438,6 +461,17 @@ def test_bad_configuration_is_one_line(out_dir):
     assert not out_dir.exists()
 
 
+def test_more_clients_than_columns_stops_with_one_line(out_dir, capsys):
+    # every client refuses its shard: the command line says so once, exit 1, no result
+    argv = ["--strategy", "kcagc", "--dataset", "sbm", "--num-clients", "17", "--engine", "inprocess",
+            "--out", str(out_dir)]
+    assert run_main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: step 'hello' rejected 17 client(s)")
+    assert err[0].count("cannot split 16 feature columns of 'sbm' over 17 clients") == 1
+    assert not (out_dir / RESULT_FILE).exists()
+
+
 def test_adaptive_filter_order_is_chosen_per_client_and_not_uploaded(out_dir):
     # protocol: each client picks psi by AGC's adaptive rule on its own columns
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
@@ -500,6 +534,22 @@ def test_a_negative_secure_sum_is_rejected_as_malformed(out_dir, monkeypatch):
     with pytest.raises(ProtocolError, match=r"step 'kcagc_step \(seed, level 1\)': a summed squared distance "
                                             r".* < 0"):
         run_experiment("kcagc-basic", "sbm", 2, {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1}, out_dir)
+
+
+def test_a_secure_sum_above_the_clients_bounds_is_rejected_as_malformed(out_dir, monkeypatch):
+    honest = KCAGCClient.masked
+
+    def inflated(self, array, values, participants=None):  # client 0 adds 7 to every masked part
+        up = honest(self, array, values, participants)
+        extra = np.array(7 * int(values["secagg_scale"]), dtype=up.dtype) if self.shard.client_id == 0 else 0
+        return up + extra
+
+    monkeypatch.setattr(KCAGCClient, "masked", inflated)
+    # unit rows: a part is at most 4, so two clients' sum at most 8 (and at least the 7 added)
+    with pytest.raises(ProtocolError, match=r"step 'kcagc_step \(seed, level 1\)': a summed squared distance "
+                                            r"over 2 client\(s\) is [\d.]+ > 8, 2 x each client's bound 4"):
+        run_experiment("kcagc-basic", "sbm", 2, {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1}, out_dir)
+    assert not (out_dir / RESULT_FILE).exists()
 
 
 @pytest.mark.simulation

@@ -10,6 +10,7 @@ from app.privacy.ldp import (
     default_m,
     multibit_encode,
     multibit_estimate,
+    multibit_probabilities,
     record_ldp,
 )
 from app.privacy.ledger import PrivacyLedger
@@ -100,6 +101,23 @@ def test_infinite_epsilon_means_no_noise():
     t, stats = multibit_encode(x, math.inf, 0.0, 1.0)
     assert np.array_equal(t, x) and stats["no_noise"]
     assert np.array_equal(multibit_estimate(t, math.inf, 0.0, 1.0), x)
+
+
+def test_tanh_form_equals_algorithm_1_and_does_not_overflow():
+    x = np.linspace(-1.0, 2.0, 13)
+    for eps, m in ((0.01, 1), (1.0, 1), (4.4, 2), (30.0, 7), (600.0, 1)):
+        e = math.exp(eps / m)  # Algorithm 1 as written: 1/(e+1) + r (e-1)/(e+1), r = (x-alpha)/(beta-alpha)
+        r = (x + 1.0) / 3.0
+        assert np.allclose(multibit_probabilities(x, eps, -1.0, 2.0, m), 1 / (e + 1) + r * (e - 1) / (e + 1),
+                           rtol=1e-12, atol=1e-15)
+        t = np.array([1, 0, -1, 0])
+        c = 4 * 3.0 / (2 * m) * (e + 1) / (e - 1)  # d (beta-alpha) / (2m) (e+1)/(e-1)
+        assert np.allclose(multibit_estimate(t, eps, -1.0, 2.0, m), c * t + 0.5, rtol=1e-12)
+    # epsilon 1e5 (math.exp(1e5) overflows): no noise left, P(+1) = r, so 0 -> -1 and 1 -> +1 always
+    x = np.tile([0.0, 1.0, 0.0, 1.0], (500, 1))
+    t, stats = multibit_encode(x, 1e5, 0.0, 1.0, rng=0)
+    assert stats["m"] == 4 and np.array_equal(t, 2 * x.astype(np.int8) - 1)
+    assert np.allclose(multibit_estimate(t, 1e5, 0.0, 1.0).mean(0), x[0])
 
 
 def test_input_validation():

@@ -13,6 +13,7 @@ from app.privacy.secagg import (
     recover_sum,
     relay_public_keys,
     sum_masked,
+    finest_scale,
     unmask_sum,
 )
 
@@ -98,6 +99,21 @@ def test_ring_is_the_smallest_that_holds_the_sum():
         xs = {p.party_id: np.full(4, sign * enc.bound) for p in parties}
         ups = {p.party_id: p.mask(xs[p.party_id], tag, enc) for p in parties}
         assert np.array_equal(unmask_sum(ups, set(keys), enc), np.full(4, sign * P * enc.bound))
+
+
+@pytest.mark.parametrize("bound, parties, bits, expected", [
+    (4.0 + 1e-9, 2, 32, 2.0**27), (4.0 + 1e-9, 16, 32, 2.0**24), (4.0, 2, 32, 2.0**27), (1e6, 16, 64, 2.0**39),
+    (3.0, 5, 32, 2.0**27)])
+def test_finest_scale_is_the_largest_power_of_two_the_ring_holds(bound, parties, bits, expected):
+    assert finest_scale(bound, parties, bits) == expected
+    assert FixedPointEncoder(expected, bound, parties).ring_bits == bits
+    if bits == 32:  # twice as fine needs the next ring
+        assert FixedPointEncoder(2 * expected, bound, parties).ring_bits == 64
+    else:
+        with pytest.raises(SecAggOverflowError):
+            FixedPointEncoder(2 * expected, bound, parties)
+    with pytest.raises(ValueError, match="ring_bits must be one of"):
+        finest_scale(bound, parties, 16)
 
 
 def test_small_ring_sum_equals_large_ring_sum_bit_for_bit():

@@ -66,10 +66,12 @@ def _check(epsilon: float, alpha: float, beta: float) -> None:
 
 
 def multibit_probabilities(x, epsilon: float, alpha: float, beta: float, m: int) -> np.ndarray:
-    """P(+1) for sampled values ``x`` (already in [alpha, beta])."""
-    e = math.exp(float(epsilon) / m)
+    """P(+1) for sampled values ``x`` (already in [alpha, beta]).
+
+    ``1/(e+1) + r (e-1)/(e+1)`` with ``e = e^(eps/m)`` equals ``1/2 + (r - 1/2) tanh(eps/(2m))``;
+    the tanh form does not overflow at a huge epsilon (``exp`` does past ~709)."""
     r = (np.asarray(x, dtype=np.float64) - alpha) / (beta - alpha)
-    return 1.0 / (e + 1.0) + r * (e - 1.0) / (e + 1.0)
+    return 0.5 + (r - 0.5) * math.tanh(float(epsilon) / (2.0 * m))
 
 
 def multibit_encode(x, epsilon: float, alpha: float, beta: float, m: int | None = None, rng=None):
@@ -136,8 +138,8 @@ def multibit_estimate(t, epsilon: float, alpha: float, beta: float, m: int | Non
     d = t.shape[-1]
     if m is None:
         m = default_m(epsilon, d)
-    e = math.exp(epsilon / m)
-    c = d * (beta - alpha) / (2.0 * m) * (e + 1.0) / (e - 1.0)
+    # (e+1)/(e-1) with e = e^(eps/m) is 1/tanh(eps/(2m)), which does not overflow at a huge epsilon
+    c = d * (beta - alpha) / (2.0 * m) / math.tanh(epsilon / (2.0 * m))
     return c * t.astype(np.float64) + (alpha + beta) / 2.0
 
 

@@ -214,6 +214,22 @@ class FixedPointEncoder:
         return {"scale": self.scale, "bound": self.bound, "num_parties": self.num_parties}
 
 
+def finest_scale(bound: float, num_parties: int, ring_bits: int) -> float:
+    """The largest power-of-two ``scale`` (finest resolution ``1/scale``) with
+    which :class:`FixedPointEncoder` ``(scale, bound, num_parties)`` still fits
+    the ring Z_2^``ring_bits``: finer would need the next ring up (or none)."""
+    if ring_bits not in FixedPointEncoder.RINGS:
+        raise ValueError(f"finest_scale: ring_bits must be one of {FixedPointEncoder.RINGS}, got {ring_bits}")
+    if not (np.isfinite(bound) and bound > 0) or int(num_parties) < 1:
+        raise ValueError(f"finest_scale: needs a finite bound > 0 and num_parties >= 1, got {bound}, {num_parties}")
+    limit = 2 ** (ring_bits - 1)
+    exponent = int(np.floor(np.log2(limit / (int(num_parties) * float(bound)))))
+    # round(bound * scale) may round up past the limit: step down until the encoder's own test passes
+    while not (int(num_parties) * int(round(bound * 2.0 ** exponent)) < limit and bound * 2.0 ** exponent < limit):
+        exponent -= 1
+    return 2.0 ** exponent
+
+
 # --------------------------------------------------------------------------- PRG
 _ZEROS = bytearray(0)
 

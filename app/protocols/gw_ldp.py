@@ -769,13 +769,44 @@ SELECTIONS = ("validation", "cv")
 CV_FOLDS = 5
 
 
-def embedding_upload_problem(arrays: dict, graphs: int, num_classes: int, ldp: bool) -> str | None:
+#: how far a float embedding row's sum may be from 1 (torch's float32 softmax, cast to float64)
+SOFTMAX_ATOL = 1e-4
+
+
+def whole_number(raw) -> int | None:
+    """``raw`` as an int if it is a whole number (an int, or a float without a
+    fraction), else None: bools, strings, fractions, NaN and inf are not."""
+    if isinstance(raw, (bool, np.bool_)):
+        return None
+    if isinstance(raw, (int, np.integer)):
+        return int(raw)
+    return int(raw) if isinstance(raw, (float, np.floating)) and math.isfinite(raw) and raw.is_integer() else None
+
+
+def describe_problem(values: dict) -> str | None:
+    """What is wrong with one client's ``gw_describe`` reply (``None``: nothing):
+    ``in_dim`` and ``graphs`` are whole numbers >= 1 (a client without graphs
+    refuses), ``train`` a whole number from 0 to ``graphs``."""
+    counts = {name: whole_number(values[name]) for name in ("in_dim", "graphs", "train")}
+    for name in ("in_dim", "graphs"):
+        if counts[name] is None or counts[name] < 1:
+            return f"{name}={values[name]!r}; valid: a whole number >= 1"
+    if counts["train"] is None or not 0 <= counts["train"] <= counts["graphs"]:
+        return f"train={values['train']!r}; valid: a whole number from 0 to its {counts['graphs']} graphs"
+    return None
+
+
+def embedding_upload_problem(arrays: dict, graphs: int, num_classes: int, epsilon: float) -> str | None:
     """What is wrong with one client's ``gw_embed`` upload (``None``: nothing).
 
-    ``graphs``: how many graphs the client described; ``ldp``: the embeddings are
-    multi-bit codes in {-1, 0, 1} (else softmax rows in [0, 1]). Labels are -1
-    (unknown; always for test graphs) or a class below ``num_classes``, and the
-    train/validation labels are the evaluation labels."""
+    ``graphs``: how many graphs the client described; ``epsilon``: the run's
+    ``gw-ldp.epsilon``. Below inf the embeddings must be Algorithm 1's codes:
+    in {-1, 0, 1} with exactly ``m = default_m(graph_epsilon(n, epsilon), d)``
+    non-zeros per row of a size-n graph (:func:`encode_graph`), so an unencoded
+    or all-zero upload is not recorded as noised; at inf softmax rows (entries
+    >= 0 summing to 1). Labels are -1 (unknown; always for test graphs) or a
+    class below ``num_classes``, and the train/validation labels are the
+    evaluation labels."""
     sizes = arrays["sizes"].astype(np.int64)
     if sizes.shape != (graphs,):
         return f"{sizes.size} graph sizes for the {graphs} graphs it described"
@@ -785,10 +816,23 @@ def embedding_upload_problem(arrays: dict, graphs: int, num_classes: int, ldp: b
     emb = arrays["embeddings"]
     if (sizes < 1).any() or sizes.sum() != len(emb):
         return f"graph sizes sum to {sizes.sum()} (all >= 1 expected) for {len(emb)} embedding rows"
-    if ldp and not np.isin(emb, (-1, 0, 1)).all():
-        return "LDP codes outside {-1, 0, 1}"
-    if not ldp and not (np.isfinite(emb).all() and emb.min(initial=0.0) >= 0.0 and emb.max(initial=0.0) <= 1.0):
-        return "softmax embeddings outside [0, 1]"
+    rows = np.repeat(np.arange(graphs), sizes)  # the graph of every embedding row
+    if math.isinf(epsilon):
+        sums = emb.sum(1)
+        bad = ~(np.isfinite(emb).all(1) & (emb >= 0).all(1) & (np.abs(sums - 1) <= SOFTMAX_ATOL))
+        if bad.any():
+            row = int(np.argmax(bad))
+            return (f"graph {arrays['graph_ids'][rows[row]]}: embedding row {row} is not a softmax row "
+                    f"(min {emb[row].min():.4g}, sum {sums[row]:.6g}; expected entries >= 0 summing to 1)")
+    else:
+        if not np.isin(emb, (-1, 0, 1)).all():
+            return "LDP codes outside {-1, 0, 1}"
+        m = np.array([default_m(graph_epsilon(int(n), epsilon), emb.shape[1]) for n in sizes])
+        bad = np.count_nonzero(emb, axis=1) != m[rows]
+        if bad.any():
+            row = int(np.argmax(bad))
+            return (f"graph {arrays['graph_ids'][rows[row]]}: LDP code row {row} has "
+                    f"{np.count_nonzero(emb[row])} non-zeros, Algorithm 1 gives exactly m={m[rows[row]]}")
     ids, split = arrays["graph_ids"].astype(np.int64), arrays["split"].astype(np.int64)
     if (ids < 0).any() or np.unique(ids).size != ids.size:
         return "graph ids negative or repeated"

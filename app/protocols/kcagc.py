@@ -91,8 +91,8 @@ JOINT_EMBEDDINGS = ("projection-joint-unit", "projection-mixed-unit")
 UNIT_ROW_EMBEDDINGS = ("normalized", "projection-unit")
 
 #: That bound plus room for float rounding: the secure sums of these
-#: embeddings' distances fit the 32-bit ring (app.privacy.secagg) up to
-#: 2^31 / (bound * secagg.scale) parties, 511 at the default scale 2^20.
+#: embeddings' distances fit the 32-bit ring (app.privacy.secagg) at a
+#: fixed-point scale up to 2^31 / (bound * parties), 2^27 for two parties.
 UNIT_ROW_DISTANCE_BOUND = 4.0 + 1e-9
 
 
@@ -217,8 +217,13 @@ def intersect(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     ``labels[l][i]`` is node i's local cluster at party l. Returns
     ``(members, weights)``: ``members[i]`` the index of node i's virtual node
     (the intersection of its local clusters; only non-empty intersections
-    exist, numbered in lexicographic order of the label tuples) and
-    ``weights[v]`` its member count.
+    exist) and ``weights[v]`` its member count.
+
+    Every party receives ``members``, so the virtual nodes are numbered by
+    their smallest node ID: a numbering that depends on the partition only.
+    Numbered by the label tuples instead, the order of the IDs would tell a
+    party how the others labelled their clusters, and with it their local
+    clusterings.
     """
     if not labels:
         raise ValueError("no local clusterings to intersect")
@@ -226,8 +231,12 @@ def intersect(labels: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     if any(len(a) != n for a in labels):
         raise ValueError(f"local clusterings cover different numbers of nodes: {[len(a) for a in labels]}")
     key = np.stack([np.asarray(a, dtype=np.int64) for a in labels], axis=1)
-    _, members, weights = np.unique(key, axis=0, return_inverse=True, return_counts=True)
-    return members.ravel().astype(np.int64), weights.astype(np.float64)
+    _, first, members, weights = np.unique(key, axis=0, return_index=True, return_inverse=True,
+                                           return_counts=True)
+    order = np.argsort(first)  # virtual nodes by smallest member
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank[members.ravel()].astype(np.int64), weights[order].astype(np.float64)
 
 
 def joint_unit_rows(z: np.ndarray, joint_squared_norms: np.ndarray, own_exponent: float = 0.0) -> np.ndarray:
