@@ -151,11 +151,13 @@ class GWLDP(ClusteringStrategy):
               "also collect encoded embeddings every s rounds (0: only after training)", low=0),
         Param("gw-ldp.clustering", str, "spectral", "clustering of the GW matrix", choices=proto.CLUSTERINGS),
         Param("gw-ldp.workers", int, 2, "processes for the GW matrix (0 = all cores)", low=0, high=256),
-        Param("gw-ldp.gw-max-iter", int, 10_000, "POT conditional-gradient iterations per pair", low=1),
+        Param("gw-ldp.gw-max-iter", int, 10_000, "POT conditional-gradient iterations per pair", low=1,
+              high=1_000_000),
         Param("gw-ldp.merge-duplicates", bool, True,
               "GW on distinct embedding rows weighted by multiplicity (same metric-measure space: exact for "
               "LDP codes; float rows are compared after rounding to 9 decimals)"),
-        Param("gw-ldp.degree-dim", int, 64, "one-hot degree features for graphs without features", low=2),
+        Param("gw-ldp.degree-dim", int, 64, "one-hot degree features for graphs without features", low=2,
+              high=10_000),
         Param("gw-ldp.fold", int, -1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a "
               "ten-fold cross-validation (validation = the next two folds)", low=-1, high=proto.FOLDS - 1),
         Param("gw-ldp.alpha", float, 1.0, "1 = GW on the embeddings' intra-distances (paper Eq. 3); < 1 = fused "
