@@ -114,6 +114,43 @@ class ArraySpec:
         return f"[{low}, {self.high})" if self.high is not None else f">= {low}"
 
 
+def whole_number(raw) -> int | None:
+    """``raw`` as an int if it is a whole number (an int, or a float without a
+    fraction), else None: bools, strings, fractions, NaN and inf are not."""
+    if isinstance(raw, (bool, np.bool_)):
+        return None
+    if isinstance(raw, (int, np.integer)):
+        return int(raw)
+    return int(raw) if isinstance(raw, (float, np.floating)) and np.isfinite(raw) and raw.is_integer() else None
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """Expected number in a reply's values: finite (a whole number if ``whole``),
+    ``low <= x <= high``; with ``length``, a list of exactly that many such numbers."""
+
+    whole: bool = False
+    low: float | None = None
+    high: float | None = None
+    length: int | None = None
+
+    def check(self, name: str, value) -> str | None:
+        """Return why ``value`` does not match, or None."""
+        if self.length is not None:
+            if not isinstance(value, list) or len(value) != self.length:
+                return f"value '{name}' is {value!r}, expected a list of {self.length} numbers"
+            items = value
+        else:
+            items = [value]
+        for v in items:
+            number = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
+            if not number or not np.isfinite(v) or (self.whole and whole_number(v) is None):
+                return f"value '{name}' is {value!r}, expected {'whole' if self.whole else 'finite'} numbers"
+            if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
+                return f"value '{name}' is {value!r}, expected numbers in [{self.low}, {self.high}]"
+        return None
+
+
 @dataclass(frozen=True)
 class ReplySpec:
     """What a valid reply must contain: named arrays and named values.
@@ -125,6 +162,7 @@ class ReplySpec:
     arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
     values: Sequence[str] = ()
     same_length: Sequence[str] = ()
+    numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
 
     def check(self, content: RecordDict) -> str | None:
         """Return why ``content`` is not a valid reply, or None."""
@@ -132,12 +170,9 @@ class ReplySpec:
             arrays, values = unpack(content)
         except Exception as err:  # malformed records from a misbehaving client
             return f"malformed reply: {err}"
-        for name, spec in self.arrays.items():
-            if name not in arrays:
-                return f"missing array '{name}'"
-            reason = spec.check(name, arrays[name])
-            if reason:
-                return reason
+        reason = _first_problem(self.arrays, arrays, "array")
+        if reason:
+            return reason
         lengths = {name: arrays[name].shape[0] if arrays[name].ndim else 1
                    for name in self.same_length if name in arrays}
         if len(set(lengths.values())) > 1:
@@ -150,7 +185,19 @@ class ReplySpec:
             items = value if isinstance(value, list) else [value]
             if any(isinstance(v, float) and not np.isfinite(v) for v in items):
                 return f"value '{name}' is {value}"
-        return None
+        return _first_problem(self.numbers, values, "value")
+
+
+def _first_problem(specs: Mapping, found: Mapping, what: str) -> str | None:
+    """Why the first of ``specs`` (name -> ArraySpec / ValueSpec) is missing from ``found``
+    or does not match, or None."""
+    for name, spec in specs.items():
+        if name not in found:
+            return f"missing {what} '{name}'"
+        reason = spec.check(name, found[name])
+        if reason:
+            return reason
+    return None
 
 
 @dataclass

@@ -9,6 +9,7 @@ the message's action. Anything a client must remember between steps goes into
 
 from __future__ import annotations
 
+import hashlib
 from typing import ClassVar
 
 import numpy as np
@@ -99,3 +100,30 @@ class ClusteringClient:
     def load(self, record: str) -> dict[str, np.ndarray]:
         """Arrays saved by :meth:`save` (KeyError if the step before was skipped)."""
         return {k: v.numpy() for k, v in self.context.state.array_records[record].items()}
+
+    def released_once(self, action: str, arrays, values, compute) -> tuple[dict, dict]:
+        """The reply to a request whose answer carries fresh privacy noise, computed once:
+        the same request sent again (its reply timed out and ``retries`` > 0) gets the
+        kept reply back, so a retry is no second draw for the server to average and the
+        accountant's count of releases stays exact. ``compute()`` returns the reply's
+        arrays (a noised reply carries no values). The server makes every release's
+        request differ (its round), so only a re-sent request matches."""
+        digest = request_digest(arrays, values)
+        record = f"released:{action}"
+        if record in self.context.state.array_records:
+            kept = self.load(record)
+            if np.array_equal(kept.pop("request"), digest):
+                return kept, {}
+        reply = compute()
+        self.save(record, request=digest, **reply)
+        return reply, {}
+
+
+def request_digest(arrays: dict, values: dict) -> np.ndarray:
+    """SHA-256 of a request's arrays and values (equal only for the same request)."""
+    digest = hashlib.sha256(repr(sorted(values.items())).encode())
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{a.dtype}:{a.shape}".encode())
+        digest.update(a.tobytes())
+    return np.frombuffer(digest.digest(), dtype=np.uint8)

@@ -1,7 +1,8 @@
 """Client side of ``fedspectral`` and ``fedspectral-plus`` (wire protocol in
 strategies/fedspectral.py). The client's edges (``shard.adj``) never leave it:
 it uploads local spectral labels (baseline), or products of its local operator
-with the block the server sent, optionally noised and pairwise masked."""
+with the block the server sent, optionally noised (once per release: a re-sent
+request gets the same draw back) and pairwise masked."""
 
 from __future__ import annotations
 
@@ -48,14 +49,21 @@ class FedSpectralPlusClient(ClusteringClient):
             raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
         return y
 
-    def _upload(self, name: str, out: np.ndarray, values) -> tuple[dict, dict]:
+    def _upload(self, action: str, arrays, values, name: str, compute) -> tuple[dict, dict]:
+        """Upload ``compute()`` as array ``name``: plus Gaussian noise of std ``noise_std`` (fresh
+        OS entropy: the server must not be able to predict it), released once per request
+        (:meth:`released_once`), masked under secure aggregation."""
         std = float(values.get("noise_std", 0.0))
-        if std > 0:
-            # fresh OS entropy: the server must not be able to predict the noise
-            out = out + np.random.default_rng().normal(0.0, std, size=out.shape)
-        if "secagg_tag" in values:
-            return {name: self.masked(out, values)}, {}
-        return {name: out.astype(str(values.get("wire_dtype", "float64")))}, {}
+
+        def reply() -> dict:
+            out = compute()
+            if std > 0:
+                out = out + np.random.default_rng().normal(0.0, std, size=out.shape)
+            if "secagg_tag" in values:
+                return {name: self.masked(out, values)}
+            return {name: out.astype(str(values.get("wire_dtype", "float64")))}
+
+        return self.released_once(action, arrays, values, reply) if std > 0 else (reply(), {})
 
     def weighted_adjacency(self):
         """``A_c / r`` (each local edge divided by the number of clients holding it)."""
@@ -64,10 +72,13 @@ class FedSpectralPlusClient(ClusteringClient):
 
     def on_fedspectral_power(self, arrays, values):
         op = _cached(self.shard, "normalised", lambda: proto.local_normalised_operator(self.shard.adj))
-        return self._upload("block", proto.paper_client_step(op, self._block(arrays), int(values["iters"])), values)
+        return self._upload("fedspectral_power", arrays, values, "block",
+                            lambda: proto.paper_client_step(op, self._block(arrays), int(values["iters"])))
 
     def on_fedspectral_degrees(self, arrays, values):
-        return self._upload("degrees", proto.local_degrees(self.weighted_adjacency()), values)
+        return self._upload("fedspectral_degrees", arrays, values, "degrees",
+                            lambda: proto.local_degrees(self.weighted_adjacency()))
 
     def on_fedspectral_product(self, arrays, values):
-        return self._upload("block", self.weighted_adjacency() @ self._block(arrays), values)
+        return self._upload("fedspectral_product", arrays, values, "block",
+                            lambda: self.weighted_adjacency() @ self._block(arrays))

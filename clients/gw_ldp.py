@@ -26,7 +26,6 @@ another one, and under training DP (``gw-ldp.dp`` not none) it refuses
 
 from __future__ import annotations
 
-import hashlib
 import math
 import secrets
 from collections import OrderedDict
@@ -144,11 +143,10 @@ class GWLDPClient(ClusteringClient):
         if float(values["epsilon"]) != eps:
             raise ValueError(f"refusing gw_embed at epsilon={values['epsilon']!r}: this client's gw-ldp.epsilon is "
                              f"{eps:g} (0 = 1/|V|, inf = no LDP); valid: only its own")
-        request = _request_digest(arrays, values)
-        if not math.isinf(eps) and "gw_embed" in self.context.state.array_records:
-            cached = self.load("gw_embed")
-            if np.array_equal(cached.pop("request"), request):  # re-sent: the first draw, not a new release
-                return cached, {}
+        return self.released_once("gw_embed", arrays, values, lambda: self._embeddings(arrays, values, eps))
+
+    def _embeddings(self, arrays, values, eps: float) -> dict:
+        """This client's ``gw_embed`` upload: node embeddings of every local graph, LDP-encoded below inf."""
         batch, labels, split = self._local()
         model = self._model(arrays)
         rng = np.random.default_rng()  # OS entropy: a fresh draw at every release
@@ -160,7 +158,7 @@ class GWLDPClient(ClusteringClient):
                 codes, _ = proto.encode_graph(h, proto.graph_epsilon(len(h), eps), rng)
                 rows.append(codes)
         out = np.vstack(rows)
-        reply = {
+        return {
             "embeddings": out.astype(np.float64) if math.isinf(eps) else out.astype(np.int8),
             "sizes": np.diff(batch.offsets).astype(np.int64),
             "graph_ids": np.asarray(self.shard.graph_ids, dtype=np.int64),
@@ -168,20 +166,6 @@ class GWLDPClient(ClusteringClient):
             "labels": np.where(split == proto.SPLIT_TEST, -1, labels).astype(np.int64),
             "eval_labels": labels.astype(np.int64),
         }
-        if not math.isinf(eps):  # without noise a re-sent request gets the same answer anyway
-            self.save("gw_embed", request=request, **reply)
-        return reply, {}
-
-
-def _request_digest(arrays: dict, values: dict) -> np.ndarray:
-    """SHA-256 of a request's arrays and values: equal only for the same request sent again
-    (the server's values include the release's round, so the next release differs)."""
-    digest = hashlib.sha256(repr(sorted(values.items())).encode())
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        digest.update(f"{name}:{a.dtype}:{a.shape}".encode())
-        digest.update(a.tobytes())
-    return np.frombuffer(digest.digest(), dtype=np.uint8)
 
 
 def _last_bias(weights: dict) -> str:

@@ -24,8 +24,9 @@ Wire protocol (what leaves each client in **bold**):
    float32 arrays, ``DMoNModel.state_dict()`` names; isolated/centralised:
    round 1 only, the common initialisation) and ``k``. The client trains
    ``local-epochs`` Adam epochs and replies, except with ``dp-clip > 0``
-   (see below), **the validation modularity of W_r and its validation-edge
-   count, the per-epoch losses**, and in federated mode **its trained
+   (see below), **the validation modularity of W_r (in [-1/2, 1]) and its
+   validation-edge count (a whole number), the per-epoch losses (one finite
+   number per local epoch)**, and in federated mode **its trained
    weights W_c** (exact shapes, finite; a bad upload is rejected and that
    client left out of the average and, as ``ServerSession`` does for every
    rejected reply, dropped for the rest of the run). With ``dp-clip > 0`` the weights are
@@ -70,13 +71,16 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension
 
 MODES = ("federated", "isolated", "centralised")
 SELECT = ("val-modularity", "last")
 OPT_STATE = ("keep", "reset")
 P = "fedavg-dmon."
+#: A client's validation score: the modularity of its labels on its validation edges (in [-1/2, 1]) and
+#: the number of those edges (its weight in the combined score).
+SCORE_SPEC = {"val_modularity": ValueSpec(low=-0.5, high=1.0), "val_edges": ValueSpec(whole=True, low=0)}
 DP_PROTECTS = ("each client's whole local subgraph (client-level DP) in its training-round uploads: one release "
                "of its noised model update per round, no validation score or loss sent; not covered: its feature "
                "dimension and node count, sent once in clear for the FedAvg weights, and its final labels and own "
@@ -147,6 +151,10 @@ class FedAvgDMoN(ClusteringStrategy):
         if mode != "federated" and (float(config[P + "dp-clip"]) > 0 or bool(config[P + "secure"])):
             raise ConfigError(f"fedavg-dmon.dp-clip and fedavg-dmon.secure apply to mode=federated only; "
                               f"got mode={mode}")
+        if float(config[P + "dp-epsilon"]) > 0 and float(config[P + "dp-clip"]) == 0:
+            raise ConfigError(f"fedavg-dmon.dp-epsilon={config[P + 'dp-epsilon']} needs fedavg-dmon.dp-clip > 0 "
+                              "(the clip switches DP-FedAvg on; without it nothing would be noised); valid choices: "
+                              "set dp-clip > 0, or dp-epsilon=0")
         if float(config[P + "dp-clip"]) > 0 and config[P + "select"] != "last":
             raise ConfigError(f"fedavg-dmon.select={config[P + 'select']} is not available with fedavg-dmon.dp-clip"
                               f"={config[P + 'dp-clip']} (clients send no un-noised validation score under DP); "
@@ -167,7 +175,8 @@ class FedAvgDMoN(ClusteringStrategy):
         if mode == "centralised" and len(session.clients) != 1:
             raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} connected")
         init = session.broadcast("dmon_init", pack(values={"k": k}),
-                                 ReplySpec(values=("num_features", "num_nodes")))
+                                 ReplySpec(numbers={"num_features": ValueSpec(whole=True, low=1),
+                                                    "num_nodes": ValueSpec(whole=True, low=1)}))
         sizes = {n: unpack(v)[1] for n, v in init.items()}
         f = common_feature_dimension(s["num_features"] for s in sizes.values())
         counts = {n: int(s["num_nodes"]) for n, s in sizes.items()}
@@ -186,15 +195,16 @@ class FedAvgDMoN(ClusteringStrategy):
         if secure:
             session.setup_secure_aggregation()
         size = sum(int(np.prod(s)) for s in shapes.values())
-        scored = () if dp else ("val_modularity", "val_edges", "losses")  # under DP: the noised weights only
+        # under DP: the noised weights only
+        scored = {} if dp else {**SCORE_SPEC, "losses": ValueSpec(length=int(c[P + "local-epochs"]))}
         if secure:
             train_spec = ReplySpec(arrays={"weights": ArraySpec((size,), kind="u", masked=True, noised=dp)},
-                                   values=scored)
+                                   numbers=scored)
         elif federated:
             train_spec = ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f", noised=dp) for n in proto.PARAM_NAMES},
-                                   values=scored)
+                                   numbers=scored)
         else:
-            train_spec = ReplySpec(values=scored)
+            train_spec = ReplySpec(numbers=scored)
 
         total_nodes = float(sum(counts.values()))
         best, best_score, best_round = weights, -np.inf, 0
@@ -236,7 +246,7 @@ class FedAvgDMoN(ClusteringStrategy):
         if federated:
             if select == "val-modularity":
                 ev = session.broadcast("dmon_eval", pack(weights, {"k": k}),
-                                       ReplySpec(values=("val_modularity", "val_edges")), require_all=False)
+                                       ReplySpec(numbers=SCORE_SPEC), require_all=False)
                 if ev:
                     vals = [unpack(v)[1] for v in ev.values()]
                     score = proto.combine_scores([v["val_modularity"] for v in vals], [v["val_edges"] for v in vals])

@@ -5,13 +5,16 @@ A plain baseline every other method can be compared with. Wire protocol
 
 1. ``kmeans_init`` (down: k, seed) -> up: ``centres`` (k x f local k-means++
    centres) and ``counts`` (k). A local centre of a one-member cluster is that
-   member's feature row, so this step reveals coarse data summaries.
+   member's feature row, so this step reveals coarse data summaries. At most
+   k centres, whose sizes add up to the rows the client announced in hello.
 2. ``kmeans_step`` x num-rounds (down: ``centres``) -> up: ``stats``, the
    per-cluster sums (k x f), counts (k) and the inertia in one vector; stops
    early when no centre moves more than ``fedkmeans.tol``. With
    ``fedkmeans.secure`` the vector is pairwise-masked (secure aggregation,
    set up once with two extra rounds) and the server learns only the sum over
-   clients.
+   clients. The sizes must add up to the client's rows (secure: all rows) and
+   the inertia be >= 0, else the run stops naming the client. Rows held by
+   two clients (``partition.overlap`` > 0) would count twice: refused.
 3. ``kmeans_assign`` (down: final ``centres``) -> up: ``node_ids`` and
    ``labels`` of the client's rows, for evaluation only; labels stay on the
    client as well.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.config import Param
+from app.config import ConfigError, Param
 from app.protocols import fedkmeans as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
@@ -38,15 +41,26 @@ class FedKMeans(ClusteringStrategy):
         Param("fedkmeans.secure", bool, False, "secure aggregation of the per-round statistics"),
     )
 
+    @classmethod
+    def check(cls, config) -> None:
+        super().check(config)
+        if float(config["partition.overlap"]) > 0:
+            raise ConfigError(f"invalid value {config['partition.overlap']} for 'partition.overlap' with strategy "
+                              "'fedkmeans': Lloyd's sums would count a row held by two clients twice; valid: 0")
+
     def run(self, session) -> StrategyOutput:
         k = int(self.config["num-clusters"])
         seed = int(self.config["seed"])
+        rows = {info.node_id: int(info.summary["num_rows"]) for info in session.clients}
         init = session.broadcast(
             "kmeans_init",
             pack(values={"k": k, "seed": seed}),
             ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
                       same_length=("centres", "counts")),
         )
+        for node, content in init.items():
+            counts = unpack(content)[0]["counts"]
+            self._check_counts(session, node, "kmeans_init", counts, rows[node], at_most_k=k)
         local = [unpack(c)[0] for c in init.values()]
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in zip(init, local)}
         if len(set(widths.values())) != 1:
@@ -65,7 +79,10 @@ class FedKMeans(ClusteringStrategy):
             replies = session.broadcast("kmeans_step", pack({"centres": centres}, values), step_spec)
             if secure:
                 total = session.secure_sum(replies, "stats", values)
+                self._check_counts(session, None, "kmeans_step", total[-k - 1:], sum(rows.values()))
             else:
+                for node, content in replies.items():
+                    self._check_counts(session, node, "kmeans_step", unpack(content)[0]["stats"][-k - 1:], rows[node])
                 total = sum(unpack(c)[0]["stats"] for c in replies.values())
             sums, counts, inertia = proto.split_statistics(total, k)
             new = proto.update_centres(centres, sums, counts)
@@ -83,6 +100,26 @@ class FedKMeans(ClusteringStrategy):
         ids = np.concatenate([unpack(c)[0]["node_ids"] for c in final.values()])
         labels = np.concatenate([unpack(c)[0]["labels"] for c in final.values()])
         return StrategyOutput(labels=labels, ids=ids, history=history)
+
+    @staticmethod
+    def _check_counts(session, node, step: str, counts: np.ndarray, rows: int, at_most_k: int | None = None) -> None:
+        """Cluster sizes (for ``kmeans_step``: followed by the inertia) must be whole, >= 0 and add up to
+        the rows announced in hello (``node`` None: the secure sum over every client), at most ``at_most_k``
+        of them; else a client sent statistics of data it does not hold, which would steer the centres."""
+        who = "the secure sum" if node is None else f"client {session.partition_of(node)} (node {node})"
+        sizes, inertia = (counts, 0.0) if at_most_k is not None else (counts[:-1], counts[-1])
+        tol = 1e-6 * max(rows, 1) + (0 if node is not None else 1e-3)  # fixed-point rounding of a secure sum
+        problem = None
+        if at_most_k is not None and sizes.size > at_most_k:
+            problem = f"{sizes.size} local centres for k={at_most_k}"
+        elif (sizes < -tol).any() or np.abs(sizes - np.rint(sizes)).max(initial=0) > tol:
+            problem = "cluster sizes that are not whole numbers >= 0"
+        elif abs(float(sizes.sum()) - rows) > tol:
+            problem = f"cluster sizes summing to {float(sizes.sum()):g}, not its {rows} rows"
+        elif inertia < -tol:
+            problem = f"a negative inertia {inertia:g}"
+        if problem:
+            raise ProtocolError(f"step '{step}': {who} sent {problem}")
 
     def reference(self, data) -> np.ndarray:
         """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""

@@ -15,7 +15,9 @@ Wire protocol (what leaves a client, step by step):
    sigma = sum / pairs.
 2. ``fedsc_rank`` (down: sigma, mass), only when ``fedsc.landmarks = 0`` ->
    up: value ``landmarks``, the spectral-mass count of the client's own kernel
-   matrix, in the clear. The server takes the largest.
+   matrix, in the clear (a whole number from 1 to the client's own samples,
+   its kernel's largest possible rank, else the run stops naming the client).
+   The server takes the largest.
 3. ``fedsc_round`` x ``num-rounds`` (down: ``z`` = current landmarks Z, sigma,
    lambda) -> up: ``update`` = ``[Z_p.ravel(), f_p]``: the client's landmarks
    after its C-step and one preconditioned Z-step, and its objective value
@@ -26,9 +28,11 @@ Wire protocol (what leaves a client, step by step):
    Z_p is noised before it leaves.
 4. ``fedsc_final`` (down: final Z) -> up: ``c`` = C_p (d x N_p, noised with
    ``fedsc.noise-c`` / ``dp-epsilon``) and ``node_ids`` (global ids of the
-   client's samples, for evaluation only). The server forms
+   client's samples, for evaluation only; below the samples announced in
+   hello and, without ``partition.overlap``, on one client each). The server forms
    ``C' K(Z, Z) C``, scales it to [0, 1], keeps ceil(ln n) neighbours per row
-   (symmetrised by max) and runs normalised spectral clustering.
+   (symmetrised by max) and runs normalised spectral clustering (a
+   non-finite ``C' K(Z, Z) C``, from uploads far out of range, stops the run).
 5. ``labels`` (down: the labels of the client's own samples) -> up: a count.
 
 No sample ``x`` is ever sent, but the factors are functions of the samples,
@@ -63,7 +67,7 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
-from app.transport import ArraySpec, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension
 
 
@@ -177,7 +181,12 @@ class FedSC(ClusteringStrategy):
         blocks = [unpack(content)[0] for content in final.values()]
         c = np.hstack([b["c"] for b in blocks])
         ids = np.concatenate([b["node_ids"] for b in blocks]).astype(np.int64)
-        labels = proto.cluster_affinity(proto.reconstruct(z, c, sigma), k, seed, int(cfg["fedsc.n-init"]))
+        self._check_sample_ids(session, final, blocks, ids)
+        affinity = proto.reconstruct(z, c, sigma)
+        if not np.isfinite(affinity).all():
+            raise ProtocolError("step 'fedsc_final': the reconstructed affinity C'K(Z,Z)C is not finite: an upload "
+                                "of Z_p or C_p is far out of range")
+        labels = proto.cluster_affinity(affinity, k, seed, int(cfg["fedsc.n-init"]))
         start = 0
         contents = {}
         for node, b in zip(final, blocks):
@@ -187,6 +196,21 @@ class FedSC(ClusteringStrategy):
         session.exchange("labels", contents, ReplySpec(values=("received",)))
         metrics = {"sigma": sigma, "landmarks": d}
         return StrategyOutput(labels=labels, ids=ids, history=history, metrics=metrics)
+
+    def _check_sample_ids(self, session, final, blocks, ids) -> None:
+        """Every sample id below the samples announced in hello, and, without
+        ``partition.overlap`` (no sample on two clients), none on two clients: else a
+        client's columns would stand for another's samples and leave some unlabelled."""
+        total = sum(int(info.summary["num_rows"]) for info in session.clients)
+        _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        bad = ids >= total
+        if float(self.config["partition.overlap"]) == 0:
+            bad |= counts[inverse] > 1
+        if bad.any():
+            owners = np.concatenate([np.full(b["node_ids"].size, session.partition_of(n))
+                                     for n, b in zip(final, blocks)])
+            raise ProtocolError(f"step 'fedsc_final': sample ids outside 0..{total - 1} or on two clients "
+                                f"(partition.overlap=0) from client(s) {sorted(set(owners[bad].tolist()))}")
 
     def _bandwidth(self, session) -> tuple[float, int]:
         """Step 1: sigma (given, or from the clients' distance sums) and the feature dimension m."""
@@ -215,8 +239,17 @@ class FedSC(ClusteringStrategy):
         if self.config["fedsc.landmarks"] > 0:
             return int(self.config["fedsc.landmarks"])
         values = {"sigma": sigma, "mass": float(self.config["fedsc.mass"])}
-        replies = session.broadcast("fedsc_rank", pack(values=values), ReplySpec(values=("landmarks",)))
-        return proto.combine_landmark_counts(unpack(c)[1]["landmarks"] for c in replies.values())
+        replies = session.broadcast("fedsc_rank", pack(values=values),
+                                    ReplySpec(numbers={"landmarks": ValueSpec(whole=True, low=1)}))
+        rows = {info.node_id: int(info.summary["num_rows"]) for info in session.clients}
+        counts = {}
+        for node, content in replies.items():
+            count = int(unpack(content)[1]["landmarks"])
+            if count > rows[node]:  # the mass count of a client's n_p x n_p kernel is at most its rank <= n_p
+                raise ProtocolError(f"client {session.partition_of(node)} (node {node}) sent landmarks={count}, "
+                                    f"more than its {rows[node]} samples")
+            counts[node] = count
+        return proto.combine_landmark_counts(counts.values())
 
     def _record_noise(self, session) -> None:
         from app.privacy.gaussian import record_noise_ratio

@@ -42,7 +42,10 @@ hidden; the sums themselves are still a linear image of the *global* graph.
 (each upload carries the full noise, so the guarantee does not rely on secure
 aggregation), calibrated to the L2 sensitivity of one edge (added or removed
 at every client holding it), and accounted with Opacus' RDP accountant over
-all releases: edge-level (epsilon, delta)-DP for the whole run.
+all releases: edge-level (epsilon, delta)-DP for the whole run. A noised
+request sent again after a timeout (``retries``) gets the first draw back, so
+it is no extra release. A plain block with an entry above the largest an
+honest one can hold (plus 12 noise std) stops the run, naming the client.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
 from app.protocols import fedspectral as proto
-from app.transport import ArraySpec, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.
@@ -205,6 +208,7 @@ class FedSpectralPlus(ClusteringStrategy):
             self.dp.step()
             self.releases.append(sensitivity)
         values["noise_std"] = noise_std
+        values["release"] = len(self.releases)  # tells the next release from this one re-sent (retries)
         values["wire_dtype"] = self.wire
         if self.secure:
             values.update(self.session.secagg_values("block", bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12))
@@ -218,8 +222,14 @@ class FedSpectralPlus(ClusteringStrategy):
         if self.secure:
             return self.session.secure_sum(replies, "block", values)
         total = np.zeros(y.shape, dtype=np.float64)
-        for content in replies.values():
-            total += unpack(content)[0]["block"]
+        limit = bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12  # what the secure sum declares, too
+        for node, content in replies.items():
+            block = unpack(content)[0]["block"]
+            if np.abs(block).max(initial=0.0) > limit:
+                raise ProtocolError(f"step '{action}': client {self.session.partition_of(node)} (node {node}) sent "
+                                    f"a block entry {np.abs(block).max():.6g}, above {limit:.6g}, the largest an "
+                                    "honest block (plus 12 noise std) can hold")
+            total += block
         return total
 
     def _run_paper(self, session) -> StrategyOutput:

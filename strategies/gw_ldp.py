@@ -113,7 +113,7 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.privacy.ldp import LDPAccountant
 from app.protocols import gw_ldp as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack, whole_number
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 DP_MODES = ("none", "client", "sgd")
@@ -295,7 +295,7 @@ class GWLDP(ClusteringStrategy):
             _, values = unpack(content)
             client, train = limits[node]
             raw = values["num_examples"]
-            n = proto.whole_number(raw)
+            n = whole_number(raw)
             if n is None or not 0 <= n <= train:
                 raise ProtocolError(f"client {client}: num_examples={raw!r}; valid: a whole number from 0 to its "
                                     f"{train} training graphs")

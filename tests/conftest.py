@@ -57,3 +57,21 @@ def patch_reply(monkeypatch, client_cls, action: str, tamper, client: int | None
         return out, vals
 
     monkeypatch.setattr(client_cls, f"on_{action}", patched)
+
+
+class LateReplyGrid(InProcessGrid):
+    """Node ``node`` computes its first ``query.<action>`` reply, which then never arrives
+    (a reply later than the timeout): the session asks again when ``retries`` > 0."""
+
+    def __init__(self, *args, node: int, action: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.node, self.action, self.late = node, f"query.{action}", []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for message_id, message in zip(ids, messages):
+            if (message.metadata.message_type == self.action and message.metadata.dst_node_id == self.node
+                    and not self.late):
+                self.late.append(self._replies.pop(message_id))
+        return ids

@@ -98,6 +98,37 @@ def test_bad_config_inside_the_run_writes_nothing(out_dir):
 @pytest.mark.parametrize(
     "action, tamper, reason",
     [
+        ("kmeans_init", lambda o: {**o, "counts": o["counts"] * 1e9}, r"cluster sizes summing to 5e\+11, not its 500 rows"),
+        ("kmeans_init", lambda o: {"centres": np.vstack([o["centres"]] * 2), "counts": np.concatenate([o["counts"]] * 2)},
+         r"6 local centres for k=3"),
+        ("kmeans_step", lambda o: {"stats": np.concatenate([o["stats"][:-1], [-1e9]])}, r"a negative inertia -1e\+09"),
+        ("kmeans_step", lambda o: {"stats": o["stats"] * 2}, r"cluster sizes summing to 1000, not its 500 rows"),
+    ],
+    ids=["inflated-sizes", "too-many-centres", "negative-inertia", "doubled-statistics"],
+)
+def test_fedkmeans_statistics_of_data_a_client_does_not_hold_stop_the_run(out_dir, monkeypatch, action, tamper,
+                                                                          reason):
+    """Sizes steer the merged seeds and the centres: they must add up to the rows each client announced."""
+    from app.transport import ProtocolError
+    from clients.fedkmeans import FedKMeansClient
+
+    patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
+    with pytest.raises(ProtocolError, match=rf"step '{action}': client 1 \(node \d+\) sent " + reason):
+        run_experiment("fedkmeans", "sbm", 2, {"num-clusters": 3, "num-rounds": 2}, out_dir)
+    assert not (out_dir / RESULT_FILE).exists()
+
+
+def test_fedkmeans_refuses_overlapping_rows(out_dir):
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"invalid value 0.5 for 'partition.overlap' with strategy 'fedkmeans': "
+                                          r"Lloyd's sums would count a row held by two clients twice; valid: 0"):
+        run_experiment("fedkmeans", "sbm", 2, {"partition.overlap": 0.5}, out_dir)
+
+
+@pytest.mark.parametrize(
+    "action, tamper, reason",
+    [
         ("kmeans_assign", lambda o: {**o, "node_ids": o["node_ids"] - 1},
          r"array 'node_ids' has values in \[-1, \d+\], expected >= 0"),
         ("kmeans_assign", lambda o: {**o, "node_ids": o["node_ids"] * 0},

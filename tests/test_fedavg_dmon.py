@@ -7,6 +7,8 @@ in-process grid (same ServerApp/ClientApp code, no Ray).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -191,6 +193,27 @@ def test_malformed_final_labels_stop_the_run_naming_the_client(out_dir, monkeypa
         run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 1}, out_dir)
 
 
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda v: {**v, "losses": v["losses"][1:]}, r"value 'losses' is \[.*\], expected a list of 5 numbers"),
+    (lambda v: {**v, "losses": "x"}, r"value 'losses' is 'x', expected a list of 5 numbers"),
+    (lambda v: {**v, "val_modularity": 1e9}, r"value 'val_modularity' is 1000000000.0, expected numbers in "
+                                             r"\[-0.5, 1.0\]"),
+    (lambda v: {**v, "val_edges": 2.5}, r"value 'val_edges' is 2.5, expected whole numbers"),
+], ids=["short-losses", "text-losses", "modularity-above-1", "fractional-edges"])
+def test_malformed_training_values_exclude_the_client_by_name(out_dir, monkeypatch, tamper, reason):
+    """A client's score would steer model selection and its losses the history: a malformed one is
+    excluded and reported, never averaged in (nor a crash naming nobody)."""
+    from conftest import patch_reply
+
+    patch_reply(monkeypatch, FedAvgDMoNClient, "dmon_train", lambda shard, out, vals: (out, tamper(vals)), client=1)
+    result = run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 2}, out_dir)
+    rejected = result["communication"]["rejected"]
+    assert len(rejected) == 1 and rejected[0]["action"] == "dmon_train"
+    assert re.search(reason, rejected[0]["reason"])
+    assert [h["excluded"] for h in result["history"]] == [[1], []]
+    assert result["metrics"]["dropped_clients"] == [1]
+
+
 SCORES = {"val_modularity", "val_edges", "losses"}
 
 
@@ -257,6 +280,8 @@ def test_client_refuses_validation_score_under_dp():
     ({"fedavg-dmon.dp-clip": 1.0}, r"select=val-modularity is not available with fedavg-dmon.dp-clip=1.0 .*"
                                    r"valid choices: select=last, or dp-clip=0"),
     ({"fedavg-dmon.mode": "split"}, "valid choices: federated, isolated, centralised"),
+    ({"fedavg-dmon.dp-epsilon": 1.0}, r"fedavg-dmon.dp-epsilon=1.0 needs fedavg-dmon.dp-clip > 0 .* valid choices: "
+                                      r"set dp-clip > 0, or dp-epsilon=0"),
     ({"partitioner": "edge"}, "valid choices: auto, node-random"),
 ])
 def test_bad_config_is_one_line_error(out_dir, overrides, message):

@@ -350,6 +350,34 @@ def test_coefficients_missing_a_sample_are_rejected(out_dir, monkeypatch):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
 
 
+@pytest.mark.parametrize("landmarks, reason", [
+    (10**9, r"client 1 \(node \d+\) sent landmarks=1000000000, more than its 75 samples"),
+    ("x", r"step 'fedsc_rank' rejected 1 client\(s\): client 1 .*value 'landmarks' is 'x', expected whole numbers"),
+])
+def test_an_impossible_landmark_count_stops_the_run_naming_the_client(out_dir, monkeypatch, landmarks, reason):
+    """The server takes the largest count: one client must not set d (and the memory) for all."""
+    patch_reply(monkeypatch, FedSCClient, "fedsc_rank", lambda shard, out, vals: (out, {"landmarks": landmarks}),
+                client=1)
+    with pytest.raises(ProtocolError, match=reason):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1}, out_dir)
+
+
+def test_sample_ids_of_another_client_are_rejected(out_dir, monkeypatch):
+    """Without overlap every sample lives on one client: ids claiming another's samples stop the run."""
+    patch_reply(monkeypatch, FedSCClient, "fedsc_final",
+                lambda shard, out, vals: ({**out, "node_ids": np.arange(out["node_ids"].size)}, vals))
+    with pytest.raises(ProtocolError, match=r"sample ids outside 0..149 or on two clients \(partition.overlap=0\) "
+                                            r"from client\(s\) \[0, 1\]"):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
+
+
+def test_coefficients_far_out_of_range_stop_the_run(out_dir, monkeypatch):
+    patch_reply(monkeypatch, FedSCClient, "fedsc_final",
+                lambda shard, out, vals: ({**out, "c": np.full_like(out["c"], 1e200)}, vals), client=1)
+    with pytest.raises(ProtocolError, match=r"affinity C'K\(Z,Z\)C is not finite"), np.errstate(over="ignore"):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
+
+
 def test_clients_disagreeing_on_the_feature_dimension_stop_the_run(out_dir, monkeypatch):
     patch_reply(monkeypatch, FedSCClient, "fedsc_bandwidth",
                 lambda shard, out, vals: (out, {**vals, "features": vals["features"] + shard.client_id}))

@@ -316,6 +316,59 @@ def test_paper_mode_recovers_planted_blocks_and_float32_wire(tmp_path):
     assert r32["communication"]["bytes_up"] < 0.6 * r64["communication"]["bytes_up"]
 
 
+def test_client_noise_has_the_requested_std_and_a_re_sent_request_gets_the_same_draw():
+    from flwr.app import Context, RecordDict
+
+    from clients.fedspectral import FedSpectralPlusClient
+
+    client = FedSpectralPlusClient(None, {}, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                                     run_config={}))
+    request = {"block": np.ones((3, 2))}
+
+    def upload(release, std=0.5):
+        return client._upload("fedspectral_product", request, {"noise_std": std, "release": release}, "block",
+                              lambda: np.zeros((20000, 2)))[0]["block"]
+
+    first = upload(1)
+    assert first.std() == pytest.approx(0.5, rel=0.03) and abs(first.mean()) < 0.02  # the noise is really added
+    assert np.array_equal(upload(1), first)  # the same request again: the first draw, no second release
+    assert not np.array_equal(upload(2), first)  # the next release: fresh noise
+    assert not upload(3, std=0.0).any()  # no noise requested, none added
+
+
+def test_a_noised_block_re_sent_after_a_timeout_is_one_release(out_dir):
+    from app.inprocess import FIRST_CLIENT_NODE_ID
+    from conftest import LateReplyGrid
+
+    raw = {**exact(**{"fedspectral-plus.rounds": 3, "fedspectral-plus.noise-multiplier": 2.0}),
+           "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2, "retries": 1, "timeout": 0.5,
+           "reference": False, "out-dir": str(out_dir)}
+    node = FIRST_CLIENT_NODE_ID + 1
+    grid = LateReplyGrid(build_client_app(raw), 2, record=True, node=node, action="fedspectral_product")
+    result = run_server(grid, raw)
+    asked = [m for m in grid.pushed if m.metadata.message_type == "query.fedspectral_product"]
+    assert len(grid.late) == 1 and [m.metadata.dst_node_id for m in asked].count(node) == result["metrics"][
+        "protocol_rounds"] + 1  # the first product asked twice
+    answered = next(unpack(r.content)[0]["block"] for r in grid.pulled
+                    if r.metadata.message_type == "query.fedspectral_product" and r.metadata.src_node_id == node)
+    # the server holds the late draw's twin, not a second draw to average with it
+    assert np.array_equal(answered, unpack(grid.late[0].content)[0]["block"])
+    mech = {m["name"]: m for m in result["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
+    assert mech["params"]["releases"] == result["metrics"]["protocol_rounds"] + 1  # + the degree vector
+
+
+@pytest.mark.parametrize("mode, action", [("paper", "fedspectral_power"), ("exact", "fedspectral_product")])
+def test_a_block_beyond_any_honest_value_stops_the_run_naming_the_client(out_dir, monkeypatch, mode, action):
+    from clients.fedspectral import FedSpectralPlusClient
+
+    patch_reply(monkeypatch, FedSpectralPlusClient, action,
+                lambda shard, out, vals: ({"block": out["block"] + 1e6}, vals), client=1)
+    with pytest.raises(ProtocolError, match=rf"step '{action}': client 1 \(node \d+\) sent a block entry "
+                                            r"[\d.e+]+, above [\d.e+]+, the largest an honest block"):
+        run_experiment("fedspectral-plus", "sbm", 2, {**SBM, "num-clusters": K, "fedspectral-plus.mode": mode,
+                                                       "fedspectral-plus.rounds": 2}, out_dir)
+
+
 def test_gaussian_noise_is_accounted_per_edge(tmp_path):
     over = exact(**{"fedspectral-plus.rounds": 30, "fedspectral-plus.noise-multiplier": 2.0})
     res = run_experiment("fedspectral-plus", "sbm", 2, over, tmp_path / "a")

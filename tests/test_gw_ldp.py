@@ -574,27 +574,10 @@ def test_client_takes_its_privacy_settings_from_its_own_config_not_the_server():
     assert client.on_gw_norm(weights, {"layer": "convs.0.nn.1"})[0]["moments"].shape == (1 + 2 * 64,)
 
 
-class LateReplyGrid(InProcessGrid):
-    """Node ``node`` computes its first ``query.<action>`` reply, which then never arrives
-    (a reply later than the timeout): the session asks again when ``retries`` > 0."""
-
-    def __init__(self, *args, node: int, action: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.node, self.action, self.late = node, f"query.{action}", []
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        ids = list(super().push_messages(messages))
-        for message_id, message in zip(ids, messages):
-            if (message.metadata.message_type == self.action and message.metadata.dst_node_id == self.node
-                    and not self.late):
-                self.late.append(self._replies.pop(message_id))
-        return ids
-
-
 def test_a_re_sent_embedding_request_returns_the_first_draw_and_is_one_release(out_dir):
     shared_datasets_or_skip()
     from app.inprocess import FIRST_CLIENT_NODE_ID
+    from conftest import LateReplyGrid
 
     raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 2, "gw-ldp.model": "gcn", "num-rounds": 1,
            "gw-ldp.epsilon": 2.0, "gw-ldp.svc": False, "reference": False, "retries": 1, "timeout": 0.5,

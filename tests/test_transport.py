@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
@@ -11,7 +13,8 @@ from app.config import RunConfig
 from app import registry
 from app.inprocess import InProcessGrid
 from app.session import ServerSession
-from app.transport import ArraySpec, CommStats, ProtocolError, ReplySpec, exchange, message_bytes, pack, unpack
+from app.transport import (ArraySpec, CommStats, ProtocolError, ReplySpec, ValueSpec, exchange, message_bytes,
+                           pack, unpack)
 
 N = 50
 
@@ -116,6 +119,25 @@ def test_value_range_and_repeats_are_checked(spec, array, reason):
     assert spec.check("a", array[:0]) is None  # an empty upload has no bad entry
     inside = np.array([0, 1, 3]) if spec.kind == "iu" else np.array([0.5, 0.75])
     assert spec.check("a", inside) is None
+
+
+@pytest.mark.parametrize("spec, value, reason", [
+    (ValueSpec(whole=True, low=1), 3, None),
+    (ValueSpec(whole=True, low=1), 3.0, None),  # a whole float, e.g. from a JSON config record
+    (ValueSpec(whole=True, low=1), 2.5, "expected whole numbers"),
+    (ValueSpec(whole=True, low=1), True, "expected whole numbers"),
+    (ValueSpec(whole=True, low=1), "7", "expected whole numbers"),
+    (ValueSpec(whole=True, low=1), 0, r"expected numbers in \[1, None\]"),
+    (ValueSpec(low=-0.5, high=1.0), 1.5, r"expected numbers in \[-0.5, 1.0\]"),
+    (ValueSpec(length=2), [0.1, 0.2], None),
+    (ValueSpec(length=2), [0.1], "expected a list of 2 numbers"),
+    (ValueSpec(length=2), 0.1, "expected a list of 2 numbers"),
+    (ValueSpec(length=2), [0.1, float("nan")], "expected finite numbers"),
+])
+def test_numbers_in_reply_values_are_checked(spec, value, reason):
+    got = ReplySpec(numbers={"x": spec}).check(pack(values={"x": value}))
+    assert got is None if reason is None else re.search(reason, got)
+    assert ReplySpec(numbers={"y": spec}).check(pack(values={"x": value})) == "missing value 'y'"
 
 
 def test_arrays_of_the_same_items_must_agree_in_length():

@@ -56,6 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.privacy.ldp import default_m, multibit_encode
+from app.transport import whole_number
 
 MODELS = ("gcn", "gin")
 EMBEDDING_LAYERS = ("classes", "hidden")
@@ -771,16 +772,6 @@ CV_FOLDS = 5
 
 #: how far a float embedding row's sum may be from 1 (torch's float32 softmax, cast to float64)
 SOFTMAX_ATOL = 1e-4
-
-
-def whole_number(raw) -> int | None:
-    """``raw`` as an int if it is a whole number (an int, or a float without a
-    fraction), else None: bools, strings, fractions, NaN and inf are not."""
-    if isinstance(raw, (bool, np.bool_)):
-        return None
-    if isinstance(raw, (int, np.integer)):
-        return int(raw)
-    return int(raw) if isinstance(raw, (float, np.floating)) and math.isfinite(raw) and raw.is_integer() else None
 
 
 def describe_problem(values: dict) -> str | None:
