@@ -54,6 +54,7 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
+from app.privacy.secagg import FixedPointEncoder, finest_scale
 from app.protocols import fedspectral as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
@@ -263,7 +264,12 @@ class FedSpectralPlus(ClusteringStrategy):
         values = {"noise_std": deg_noise}
         if masked:
             session.setup_secure_aggregation()
-            values.update(session.secagg_values("degrees", float(n) + 12.0 * deg_noise))
+            # degrees are sums of 1/r shares: mask at the finest scale of the ring secagg.scale picks, so that a
+            # coarse secagg.scale cannot round a share away
+            bound, parties = float(n) + 12.0 * deg_noise, len(session.clients)
+            ring = FixedPointEncoder(float(cfg["secagg.scale"]), bound, parties).ring_bits
+            scale = max(float(cfg["secagg.scale"]), finest_scale(bound, parties, ring))
+            values.update(session.secagg_values("degrees", bound, scale=scale))
         replies = session.broadcast(
             "fedspectral_degrees", pack(values=values),
             ReplySpec(arrays={"degrees": ArraySpec((n,), kind="u" if masked else "f", masked=masked,

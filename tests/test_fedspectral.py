@@ -196,7 +196,7 @@ def test_exact_mode_with_overlapping_edges_equals_centralised(out_dir):
     degrees = [m for m in result["privacy"]["mechanisms"] if m["name"] == "fedspectral-plus:global-degrees"]
     assert degrees and degrees[0]["guarantee"].startswith("none")
     ups = [u for u in result["privacy"]["uploads"] if u["action"] == "fedspectral_degrees"]
-    # a degree is at most n = 300, so 3 clients' sum fits the 32-bit ring at scale 2^20
+    # a degree is at most n = 300, so 3 clients' sum fits the 32-bit ring (at its finest scale, 2^20 or finer)
     assert len(ups) == 3 and all(u["masked"] and u["dtype"] == "uint32" for u in ups)
 
 
@@ -367,6 +367,14 @@ def test_a_block_beyond_any_honest_value_stops_the_run_naming_the_client(out_dir
                                             r"[\d.e+]+, above [\d.e+]+, the largest an honest block"):
         run_experiment("fedspectral-plus", "sbm", 2, {**SBM, "num-clusters": K, "fedspectral-plus.mode": mode,
                                                        "fedspectral-plus.rounds": 2}, out_dir)
+
+
+def test_degree_shares_survive_a_coarse_secagg_scale(out_dir):
+    """Each client's degree is a sum of 1/r shares: summed at secagg.scale = 1 they would round to 0 or 1;
+    the degree sum uses the finest scale its ring holds instead, and exact mode stays exact."""
+    result = run_experiment("fedspectral-plus", "karate", 3, {"fedspectral-plus.mode": "exact",
+                                                              "partition.replicas": 3, "secagg.scale": 1.0}, out_dir)
+    assert result["metrics"]["converged"] and result["reference"]["agreement"]["ari"] == 1.0
 
 
 def test_gaussian_noise_is_accounted_per_edge(tmp_path):

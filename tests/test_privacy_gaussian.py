@@ -101,6 +101,12 @@ def test_calibration():
     m2 = GaussianMechanism(clip=1.0, noise_multiplier=nm_r, sample_rate=0.1, delta=delta, adjacency="remove")
     m2.step(steps)
     assert target - 0.05 <= m2.epsilon() <= target + 1e-9
+    # a budget below what any noise multiplier Opacus searches reaches: one line naming it, not Opacus' bare error
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"a target epsilon of 0.05 at delta 5e-06 over 20 release\(s\) is too "
+                                          r"small for the accountant to calibrate noise .*valid: a larger epsilon"):
+        calibrate_noise_multiplier(0.05, 5e-6, 20)
 
 
 def test_invalid_parameters():

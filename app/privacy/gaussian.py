@@ -231,12 +231,19 @@ def calibrate_noise_multiplier(
 
     if adjacency not in ("replace", "remove"):
         raise ValueError(f"adjacency must be 'replace' or 'remove', got {adjacency!r}")
-    nm = get_noise_multiplier(
-        target_epsilon=float(target_epsilon),
-        target_delta=float(delta),
-        sample_rate=float(sample_rate),
-        steps=int(steps),
-        accountant=str(accountant).lower(),
-        epsilon_tolerance=float(epsilon_tolerance),
-    )
+    try:
+        nm = get_noise_multiplier(
+            target_epsilon=float(target_epsilon),
+            target_delta=float(delta),
+            sample_rate=float(sample_rate),
+            steps=int(steps),
+            accountant=str(accountant).lower(),
+            epsilon_tolerance=float(epsilon_tolerance),
+        )
+    except ValueError as err:  # Opacus: "The privacy budget is too low." (its search for sigma gives up)
+        from app.config import ConfigError
+
+        raise ConfigError(f"a target epsilon of {target_epsilon:g} at delta {delta:g} over {steps} release(s) is "
+                          f"too small for the accountant to calibrate noise ({err}); valid: a larger epsilon or "
+                          "delta, or fewer rounds") from None
     return float(nm) * (2.0 if adjacency == "replace" else 1.0)
