@@ -22,7 +22,7 @@ import numpy as np
 
 from app.config import RunConfig
 from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
-from app.privacy.secagg import FixedPointEncoder, pack_id_bytes, relay_public_keys, unmask_sum
+from app.privacy.secagg import FixedPointEncoder, finest_scale, pack_id_bytes, relay_public_keys, unmask_sum
 from app.transport import (
     ArraySpec,
     CommStats,
@@ -266,27 +266,33 @@ class ServerSession:
                     "ring": "Z_2^32 or Z_2^64 per sum, the smaller one in which the declared bound cannot wrap "
                             "(the upload's dtype, uint32 or uint64, says which)",
                     "scale": float(self.config["secagg.scale"]),
-                    "finer_scale": "kcagc masks at the finest power-of-two scale its ring allows, never coarser "
-                                   "than scale (the sum's metrics give it)"},
+                    "finer_scale": "kcagc and fedspectral-plus's degree sum mask at the finest power-of-two scale "
+                                   "their ring allows, never coarser than scale (the message values give it)"},
             guarantee=GUARANTEE_SECAGG,
         )
         self._secagg_ready = True
 
-    def secagg_values(self, name: str, bound: float, scale: float | None = None) -> dict:
+    def secagg_values(self, name: str, bound: float, finest: bool = False) -> dict:
         """Message values telling the clients how to mask array ``name``.
 
         A fresh tag per call gives fresh masks; ``bound`` is the largest
         absolute value any single client may contribute (checked on the
-        client, so the true sum cannot wrap around the ring); ``scale`` the
-        fixed-point scale, by default ``secagg.scale``.
+        client, so the true sum cannot wrap around the ring). The fixed-point
+        scale is ``secagg.scale``, or with ``finest`` the finest power of two
+        that the ring ``secagg.scale`` picks still holds (never coarser): for
+        sums of values that may lie far below ``1 / secagg.scale``.
         """
         if not self._secagg_ready:
             raise ProtocolError("secure aggregation used before setup_secure_aggregation()")
+        scale, parties = float(self.config["secagg.scale"]), len(self.clients)
+        if finest:
+            ring = FixedPointEncoder(scale, bound, parties).ring_bits
+            scale = max(scale, finest_scale(bound, parties, ring))
         return {
             "secagg_tag": f"{self._round + 1}:{name}",
-            "secagg_scale": float(self.config["secagg.scale"] if scale is None else scale),
+            "secagg_scale": scale,
             "secagg_bound": float(bound),
-            "secagg_parties": len(self.clients),
+            "secagg_parties": parties,
         }
 
     def secure_sum(self, replies: Mapping[int, RecordDict], name: str, values: Mapping,

@@ -97,6 +97,11 @@ def common_feature_dimension(widths) -> int:
     return dims[0]
 
 
+def announced_rows(session) -> dict[int, int]:
+    """The rows (nodes or samples) each client announced in the hello handshake, by node id."""
+    return {c.node_id: int(c.summary["num_rows"]) for c in session.clients}
+
+
 def common_node_count(session, strategy: str, partitioner: str) -> int:
     """n from the hello handshake, for strategies whose clients all hold every node
     (``partitioner``: vertical or edge split); clients that disagree stop the run."""

@@ -27,7 +27,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.protocols import fedkmeans as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput
+from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows
 
 
 class FedKMeans(ClusteringStrategy):
@@ -51,22 +51,22 @@ class FedKMeans(ClusteringStrategy):
     def run(self, session) -> StrategyOutput:
         k = int(self.config["num-clusters"])
         seed = int(self.config["seed"])
-        rows = {info.node_id: int(info.summary["num_rows"]) for info in session.clients}
+        rows = announced_rows(session)
         init = session.broadcast(
             "kmeans_init",
             pack(values={"k": k, "seed": seed}),
             ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
                       same_length=("centres", "counts")),
         )
-        for node, content in init.items():
-            counts = unpack(content)[0]["counts"]
-            self._check_counts(session, node, "kmeans_init", counts, rows[node], at_most_k=k)
-        local = [unpack(c)[0] for c in init.values()]
-        widths = {session.partition_of(node): a["centres"].shape[1] for node, a in zip(init, local)}
+        local = {node: unpack(content)[0] for node, content in init.items()}
+        for node, a in local.items():
+            self._check_counts(session, node, "kmeans_init", a["counts"], rows[node], at_most=k)
+        widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}
         if len(set(widths.values())) != 1:
             raise ProtocolError(f"clients disagree on the feature dimension (client: width): {widths}")
         centres = proto.merge_seeds(
-            np.vstack([a["centres"] for a in local]), np.concatenate([a["counts"] for a in local]), k, seed
+            np.vstack([a["centres"] for a in local.values()]), np.concatenate([a["counts"] for a in local.values()]),
+            k, seed,
         )
         secure = bool(self.config["fedkmeans.secure"])
         if secure:
@@ -79,11 +79,14 @@ class FedKMeans(ClusteringStrategy):
             replies = session.broadcast("kmeans_step", pack({"centres": centres}, values), step_spec)
             if secure:
                 total = session.secure_sum(replies, "stats", values)
-                self._check_counts(session, None, "kmeans_step", total[-k - 1:], sum(rows.values()))
+                _, counts, inertia = proto.split_statistics(total, k)
+                self._check_counts(session, None, "kmeans_step", counts, sum(rows.values()), inertia)
             else:
-                for node, content in replies.items():
-                    self._check_counts(session, node, "kmeans_step", unpack(content)[0]["stats"][-k - 1:], rows[node])
-                total = sum(unpack(c)[0]["stats"] for c in replies.values())
+                stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
+                for node, s in stats.items():
+                    _, counts, inertia = proto.split_statistics(s, k)
+                    self._check_counts(session, node, "kmeans_step", counts, rows[node], inertia)
+                total = sum(stats.values())
             sums, counts, inertia = proto.split_statistics(total, k)
             new = proto.update_centres(centres, sums, counts)
             shift = float(np.abs(new - centres).max())
@@ -102,16 +105,16 @@ class FedKMeans(ClusteringStrategy):
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
     @staticmethod
-    def _check_counts(session, node, step: str, counts: np.ndarray, rows: int, at_most_k: int | None = None) -> None:
-        """Cluster sizes (for ``kmeans_step``: followed by the inertia) must be whole, >= 0 and add up to
-        the rows announced in hello (``node`` None: the secure sum over every client), at most ``at_most_k``
-        of them; else a client sent statistics of data it does not hold, which would steer the centres."""
+    def _check_counts(session, node, step: str, sizes: np.ndarray, rows: int, inertia: float = 0.0,
+                      at_most: int | None = None) -> None:
+        """Cluster sizes must be whole, >= 0 and add up to the rows announced in hello (``node`` None:
+        the secure sum over every client), at most ``at_most`` of them, and the inertia >= 0; else a
+        client sent statistics of data it does not hold, which would steer the centres."""
         who = "the secure sum" if node is None else f"client {session.partition_of(node)} (node {node})"
-        sizes, inertia = (counts, 0.0) if at_most_k is not None else (counts[:-1], counts[-1])
         tol = 1e-6 * max(rows, 1) + (0 if node is not None else 1e-3)  # fixed-point rounding of a secure sum
         problem = None
-        if at_most_k is not None and sizes.size > at_most_k:
-            problem = f"{sizes.size} local centres for k={at_most_k}"
+        if at_most is not None and sizes.size > at_most:
+            problem = f"{sizes.size} local centres for k={at_most}"
         elif (sizes < -tol).any() or np.abs(sizes - np.rint(sizes)).max(initial=0) > tol:
             problem = "cluster sizes that are not whole numbers >= 0"
         elif abs(float(sizes.sum()) - rows) > tol:

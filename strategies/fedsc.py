@@ -68,7 +68,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension
+from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension
 
 
 class FedSC(ClusteringStrategy):
@@ -169,10 +169,10 @@ class FedSC(ClusteringStrategy):
         # each client's reply must have one column (and one id) per sample it announced in hello
         noised_c = bool(dp) or cfg["fedsc.noise-c"] > 0
         final_specs = {
-            info.node_id: ReplySpec(arrays={
-                "c": ArraySpec((d, int(info.summary["num_rows"])), noised=noised_c),
-                "node_ids": ArraySpec((int(info.summary["num_rows"]),), kind="iu", low=0, unique=True)})
-            for info in session.clients
+            node: ReplySpec(arrays={
+                "c": ArraySpec((d, rows), noised=noised_c),
+                "node_ids": ArraySpec((rows,), kind="iu", low=0, unique=True)})
+            for node, rows in announced_rows(session).items()
         }
         final = session.broadcast("fedsc_final", pack({"z": z}, common), final_specs, require_all=secure)
         if dp:
@@ -201,7 +201,7 @@ class FedSC(ClusteringStrategy):
         """Every sample id below the samples announced in hello, and, without
         ``partition.overlap`` (no sample on two clients), none on two clients: else a
         client's columns would stand for another's samples and leave some unlabelled."""
-        total = sum(int(info.summary["num_rows"]) for info in session.clients)
+        total = sum(announced_rows(session).values())
         _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
         bad = ids >= total
         if float(self.config["partition.overlap"]) == 0:
@@ -241,7 +241,7 @@ class FedSC(ClusteringStrategy):
         values = {"sigma": sigma, "mass": float(self.config["fedsc.mass"])}
         replies = session.broadcast("fedsc_rank", pack(values=values),
                                     ReplySpec(numbers={"landmarks": ValueSpec(whole=True, low=1)}))
-        rows = {info.node_id: int(info.summary["num_rows"]) for info in session.clients}
+        rows = announced_rows(session)
         counts = {}
         for node, content in replies.items():
             count = int(unpack(content)[1]["landmarks"])

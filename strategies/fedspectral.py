@@ -54,7 +54,6 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
-from app.privacy.secagg import FixedPointEncoder, finest_scale
 from app.protocols import fedspectral as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
@@ -226,9 +225,10 @@ class FedSpectralPlus(ClusteringStrategy):
         limit = bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12  # what the secure sum declares, too
         for node, content in replies.items():
             block = unpack(content)[0]["block"]
-            if np.abs(block).max(initial=0.0) > limit:
+            largest = float(np.abs(block).max(initial=0.0))
+            if largest > limit:
                 raise ProtocolError(f"step '{action}': client {self.session.partition_of(node)} (node {node}) sent "
-                                    f"a block entry {np.abs(block).max():.6g}, above {limit:.6g}, the largest an "
+                                    f"a block entry {largest:.6g}, above {limit:.6g}, the largest an "
                                     "honest block (plus 12 noise std) can hold")
             total += block
         return total
@@ -264,12 +264,8 @@ class FedSpectralPlus(ClusteringStrategy):
         values = {"noise_std": deg_noise}
         if masked:
             session.setup_secure_aggregation()
-            # degrees are sums of 1/r shares: mask at the finest scale of the ring secagg.scale picks, so that a
-            # coarse secagg.scale cannot round a share away
-            bound, parties = float(n) + 12.0 * deg_noise, len(session.clients)
-            ring = FixedPointEncoder(float(cfg["secagg.scale"]), bound, parties).ring_bits
-            scale = max(float(cfg["secagg.scale"]), finest_scale(bound, parties, ring))
-            values.update(session.secagg_values("degrees", bound, scale=scale))
+            # degrees are sums of 1/r shares: the finest scale, so that a coarse secagg.scale cannot round one away
+            values.update(session.secagg_values("degrees", float(n) + 12.0 * deg_noise, finest=True))
         replies = session.broadcast(
             "fedspectral_degrees", pack(values=values),
             ReplySpec(arrays={"degrees": ArraySpec((n,), kind="u" if masked else "f", masked=masked,

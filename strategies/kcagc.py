@@ -93,7 +93,6 @@ import numpy as np
 from app.baselines import FILTERS
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
-from app.privacy.secagg import finest_scale
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
@@ -261,7 +260,7 @@ class KCAGC(ClusteringStrategy):
         """``projection-joint-unit`` / ``projection-mixed-unit``: the clients' summed squared
         row norms by one secure sum, sent back so that each client scales its rows with them."""
         secure = len(session.clients) > 1
-        values = self.secagg_values(session, "joint", float(self.config["secagg.bound"]), 64) if secure else {}
+        values = session.secagg_values("joint", float(self.config["secagg.bound"]), finest=True) if secure else {}
         replies = session.broadcast(
             "kcagc_joint", pack(values={**values, **embed, "stage": "sum"}),
             ReplySpec(arrays={"s": ArraySpec((n,), kind="u" if secure else "f", masked=secure)}))
@@ -279,15 +278,6 @@ class KCAGC(ClusteringStrategy):
         session.broadcast("kcagc_joint", pack({"sq_norms": total}, {**embed, "stage": "scale"}),
                           ReplySpec(values=("received",)))
 
-    def secagg_values(self, session, name: str, bound: float, ring_bits: int) -> dict:
-        """Masking values for one secure sum at the finest fixed-point scale that ring
-        allows for ``bound`` and the clients, never coarser than ``secagg.scale``: with
-        a high filter order (AGC's adaptive rule picks psi near 60 on the SBM) the rows
-        are nearly parallel and squared distances fall to 1e-7 - 1e-6, below the default
-        resolution 2^-20, where rounding alone would decide the assignments."""
-        scale = max(float(self.config["secagg.scale"]), finest_scale(bound, len(session.clients), ring_bits))
-        return session.secagg_values(name, bound, scale=scale)
-
     # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
     def secure_kmeans(self, session, jobs, kk: int, embed, rng, metrics, history, level) -> list[np.ndarray]:
         """Run step 3 for every job (a group of clients with its virtual nodes) side by side,
@@ -299,7 +289,6 @@ class KCAGC(ClusteringStrategy):
         secure = len(session.clients) > 1
         Q = int(self.config["kcagc.iterations"])
         bound = proto.distance_bound(embed["embedding"], float(self.config["secagg.bound"]))
-        ring_bits = 32 if embed["embedding"] in proto.UNIT_ROW_EMBEDDINGS else 64
         job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
         for job in jobs:
             if len(job.weights) < kk:
@@ -314,8 +303,10 @@ class KCAGC(ClusteringStrategy):
             # part, masked with the other members of its group. The server learns each group's sum,
             # as it would from one sum over all clients with zeros outside each group, but a client
             # sends 1/len(jobs) of the bytes and masks with len(group) - 1 peers instead of L - 1.
-            values = [self.secagg_values(session, f"d{j}", bound, ring_bits) if secure else {}
-                      for j in range(len(jobs))]
+            # finest scale: with a high filter order (AGC's adaptive rule picks psi near 60 on the SBM)
+            # the rows are nearly parallel and squared distances fall to 1e-7 - 1e-6, below the default
+            # resolution 2^-20, where rounding alone would decide the assignments
+            values = [session.secagg_values(f"d{j}", bound, finest=True) if secure else {} for j in range(len(jobs))]
             if secure:
                 metrics["secagg_scale"] = values[0]["secagg_scale"]
             contents, expect = {}, {}
