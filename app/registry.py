@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from app.config import ConfigError, Param, RunConfig, Schema
 from app.data import DATASETS
-from app.data.params import DATA_PARAMS
+from app.data.params import DATA_PARAMS, SEED
 from app.data.partition import PARTITIONERS
 from app.transport import POLL_MODES
 from clients.fedavg_dmon import FedAvgDMoNClient
@@ -61,12 +61,13 @@ def core_params() -> list[Param]:
     return [
         Param("strategy", str, "fedkmeans", "clustering method", choices=tuple(STRATEGIES)),
         Param("dataset", str, "sbm", "dataset name", choices=tuple(DATASETS)),
-        Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0),
+        Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0,
+              high=100_000_000),
         Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",
               choices=("auto",) + tuple(PARTITIONERS)),
-        Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0,
-              high=2**32 - 1),  # scikit-learn's largest random_state
-        Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1),
+        SEED,
+        Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1,
+              high=1_000_000),
         Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
         Param("retries", int, 0, "ask a client that did not answer within timeout again, this many times",
               low=0, high=100),

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from app import registry
 from app.config import ConfigError
+from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir
 from app.transport import ProtocolError
@@ -37,7 +38,12 @@ def run_experiment(
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
-    raw["out-dir"] = str(Path(out_dir or config["out-dir"] or default_out_dir(strategy, dataset)).resolve())
+    out = Path(out_dir or config["out-dir"] or default_out_dir(strategy, dataset)).resolve()
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # found now, not when the result is written after the whole run
+        raise ConfigError(f"out-dir {str(out)!r}: {str(blocking)!r} is a file; valid: a directory for {RESULT_FILE}")
+    raw["out-dir"] = str(out)
+    _check_against_data(config, num_clients)
     if engine == "inprocess":
         from app.client_app import build_client_app
         from app.inprocess import InProcessGrid
@@ -51,18 +57,39 @@ def run_experiment(
     from app.server_app import build_server_app
 
     path = Path(raw["out-dir"]) / RESULT_FILE
-    path.unlink(missing_ok=True)
+    before = path.stat().st_mtime_ns if path.exists() else None  # an earlier result stays until replaced
+    errors: list[Exception] = []
     run_simulation(
-        server_app=build_server_app(raw),
+        server_app=build_server_app(raw, errors),
         client_app=build_client_app(raw),
         num_supernodes=num_clients,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
-    if not path.exists():
+    if errors:
+        raise errors[0]
+    if not path.exists() or path.stat().st_mtime_ns == before:
         raise ProtocolError(f"the simulation finished without writing {path}; see the log above")
     result = json.loads(path.read_text())
     result["path"] = str(path)
     return result
+
+
+def _check_against_data(config, num_clients: int) -> None:
+    """Load and split the data once in this process, before any engine starts (the in-process
+    clients reuse both): a split the data does not allow (more clients than nodes, columns or
+    graphs, ...) or more clusters than items is a one-line config error, not client errors."""
+    from app.client_app import node_shard
+    from app.data.shards import server_data
+    from app.data.types import GraphCollection
+
+    node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
+    data = server_data(str(config["dataset"]), str(config["data-root"]) or None, int(config["seed"]),
+                       dataset_kwargs(config.as_dict()))
+    items, what = ((data.num_graphs, "graphs") if isinstance(data, GraphCollection)
+                   else (data.num_nodes, "nodes"))
+    if config["partitioner"] != "khop" and int(config["num-clusters"]) > items:
+        raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
+                          f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
 
 
 def _parse_set(items: list[str]) -> dict[str, str]:
@@ -71,8 +98,18 @@ def _parse_set(items: list[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"invalid --set {item!r}; expected key=value")
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        if key in out:
+            raise ConfigError(f"--set {key} given twice ({out[key]!r}, {value.strip()!r}); valid: once")
+        out[key] = value.strip()
     return out
+
+
+def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str):
+    """The value of option ``flag`` or of ``--set key=...``; both given is an error."""
+    if given is not None and key in overrides:
+        raise ConfigError(f"{flag} {given} and --set {key}={overrides[key]} both given; valid: one of them")
+    return given if given is not None else overrides.pop(key, None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,11 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         overrides = _parse_set(args.set)
-        defaults = registry.schema().defaults()
-        strategy = args.strategy or overrides.pop("strategy", defaults["strategy"])
-        dataset = args.dataset or overrides.pop("dataset", defaults["dataset"])
-        num_clients = args.num_clients or int(overrides.pop("num-clients", 0)) or DEFAULT_NUM_CLIENTS
-        result = run_experiment(strategy, dataset, num_clients, overrides, args.out, args.engine)
+        schema = registry.schema()
+        defaults = schema.defaults()
+        strategy = _flag_or_set("--strategy", args.strategy, overrides, "strategy") or defaults["strategy"]
+        dataset = _flag_or_set("--dataset", args.dataset, overrides, "dataset") or defaults["dataset"]
+        clients = _flag_or_set("--num-clients", args.num_clients, overrides, "num-clients")
+        # 0 (the run-config default, "every connected SuperNode" in a deployment): this many simulated ones
+        num_clients = schema.params["num-clients"].coerce(clients or 0) or DEFAULT_NUM_CLIENTS
+        out = _flag_or_set("--out", args.out, overrides, "out-dir")
+        if out and (Path(out) / RESULT_FILE).exists():
+            raise ConfigError(f"--out {out} already holds a {RESULT_FILE}; valid: a new or empty directory")
+        result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -135,8 +135,13 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     return result
 
 
-def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
-    """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``."""
+def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None) -> ServerApp:
+    """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``.
+
+    ``errors``: a list that receives the exception that stopped the run (Flower's
+    simulation engine only logs it), for the caller to report once the engine is done;
+    a config error then ends the ServerApp quietly. Without it (``flwr run``) every
+    error propagates, so that Flower marks the run as failed with its reason."""
     overrides = dict(overrides or {})
     app = ServerApp()
 
@@ -144,7 +149,12 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         try:
             run_server(grid, {**context.run_config, **overrides})
-        except ConfigError as err:
+        except Exception as err:
+            if errors is None:
+                raise
+            errors.append(err)
+            if not isinstance(err, ConfigError):
+                raise
             log(ERROR, "config error: %s", err)
             raise SystemExit(2) from None
 

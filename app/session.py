@@ -22,7 +22,15 @@ import numpy as np
 
 from app.config import RunConfig
 from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
-from app.privacy.secagg import FixedPointEncoder, finest_scale, pack_id_bytes, relay_public_keys, unmask_sum
+from app.privacy.secagg import (
+    FixedPointEncoder,
+    SecAggDropoutError,
+    SecAggError,
+    finest_scale,
+    pack_id_bytes,
+    relay_public_keys,
+    unmask_sum,
+)
 from app.transport import (
     ArraySpec,
     CommStats,
@@ -298,10 +306,16 @@ class ServerSession:
     def secure_sum(self, replies: Mapping[int, RecordDict], name: str, values: Mapping,
                    parties=None) -> np.ndarray:
         """Unmask the sum of the masked arrays ``name`` over ``parties`` (partition
-        ids, default every client); all of them must be present."""
+        ids, default every client); all of them must be present, and the sum must lie
+        within the parties' declared bounds (else an upload was malformed: stop)."""
         encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
         uploads = {self.partition_of(n): unpack(c)[0][name] for n, c in replies.items()}
         expected = set(range(len(self.clients))) if parties is None else set(parties)
-        total = unmask_sum(uploads, expected, encoder)
+        try:
+            total = unmask_sum(uploads, expected, encoder)
+        except SecAggDropoutError:
+            raise
+        except SecAggError as err:
+            raise ProtocolError(f"secure sum {values['secagg_tag']!r}: {err}") from None
         self.stats.secure_aggregations += 1
         return total

@@ -80,7 +80,14 @@ class FedAvgDMoNClient(ClusteringClient):
 
     def on_dmon_train(self, arrays, values):
         """Train from the received weights; reply the weights (federated; noised under DP) and,
-        without DP, the validation score of the received weights and the per-epoch losses."""
+        without DP, the validation score of the received weights and the per-epoch losses.
+        A noised reply is one release: the same request re-sent gets it back (no retraining,
+        no second draw; :meth:`released_once`)."""
+        if self._dp() and self._p("mode") == "federated":
+            return self.released_once("dmon_train", arrays, values, lambda: self._train(arrays, values)[0])
+        return self._train(arrays, values)
+
+    def _train(self, arrays, values):
         k = int(values["k"])
         received = {n: arrays[n] for n in proto.PARAM_NAMES} if proto.PARAM_NAMES[0] in arrays else None
         state = self._state(k, received)

@@ -44,6 +44,13 @@ class FedSCClient(ClusteringClient):
         return {}, {"landmarks": int(d)}
 
     def on_fedsc_round(self, arrays, values):
+        """Z_p (and the objective unless noised) for the server's average; a noised Z_p is
+        one release: the same request re-sent gets it back (:meth:`released_once`)."""
+        if "dp_nm_z" in values or float(self.config["fedsc.noise-z"]) > 0:
+            return self.released_once("fedsc_round", arrays, values, lambda: self._round(arrays, values)[0])
+        return self._round(arrays, values)
+
+    def _round(self, arrays, values):
         x = self.features()
         _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if "dp_nm_z" in values:
@@ -59,6 +66,13 @@ class FedSCClient(ClusteringClient):
         return {"update": update}, {}
 
     def on_fedsc_final(self, arrays, values):
+        """The coefficients C_p with this client's sample ids; noised C_p is one release
+        (:meth:`released_once`)."""
+        if "dp_nm_c" in values or float(self.config["fedsc.noise-c"]) > 0:
+            return self.released_once("fedsc_final", arrays, values, lambda: self._final(arrays, values)[0])
+        return self._final(arrays, values)
+
+    def _final(self, arrays, values):
         c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if "dp_nm_c" in values:
             # rows of c.T are the samples' columns c_i: clip each, add noise

@@ -97,6 +97,16 @@ class GWLDPClient(ClusteringClient):
                     "train": int((split == proto.SPLIT_TRAIN).sum())}
 
     def on_fit(self, arrays, values):
+        """Local training from the received weights; reply the new weights (under training DP
+        noised, once per request: a re-sent request gets the first release back,
+        :meth:`released_once`) and the number of training graphs."""
+        if self.config["gw-ldp.dp"] == "none":
+            return self._fit(arrays, values)
+        weights = self.released_once("fit", arrays, values, lambda: self._fit(arrays, values)[0])[0]
+        _, labels, split = self._local()
+        return weights, {"num_examples": int(self._train_graphs(labels, split).size)}
+
+    def _fit(self, arrays, values):
         batch, labels, split = self._local()
         model = self._model(arrays)
         start = proto.get_weights(model)

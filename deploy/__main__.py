@@ -6,7 +6,7 @@ SuperLink with SuperNode authentication and N authenticated SuperNodes, runs
 the strategy with ``flwr run``, then stops every process. Example::
 
     python -m deploy local --nodes 3 --strategy fedkmeans --dataset karate \\
-        --partitioner node-random --out results/deploy-karate
+        --out results/deploy-karate
 
 ``result.json`` lands in ``OUT/result``; logs of every process in ``OUT``.
 """
@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from app import registry
 from app.config import ConfigError
 from app.data import prepare
 from deploy.federation import LocalFederation
@@ -27,20 +28,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: list[str], out: Path,
               timeout: float = 900.0) -> Path:
-    """Run one deployed experiment; return the path of its result.json."""
+    """Run one deployed experiment; return the path of its result.json. ``partitioner``
+    ``auto``: the strategy's own. The run-config is checked before anything starts."""
     out = out.resolve()
     pki, shards, result_dir = out / "pki", out / "shards", out / "result"
-    make_all(pki, nodes)
-    data_sets = [s for s in sets if s.split("=", 1)[0].startswith(("sbm.", "circles.", "partition.", "khop."))]
-    prepare.run(["--dataset", dataset, "--partitioner", partitioner, "--num-clients", str(nodes),
-                 "--out", str(shards), "--eval-file", str(out / "eval.npz"), "--eval-graph",
-                 *sum((["--set", s] for s in data_sets), [])])
     run_config = {"strategy": strategy, "dataset": dataset, "partitioner": partitioner,
                   "num-clients": nodes, "eval-file": str(out / "eval.npz"), "reference": False,
                   "out-dir": str(result_dir)}
     for item in sets:
         key, _, value = item.partition("=")
         run_config[key] = value
+    partitioner = run_config["partitioner"] = registry.validate(run_config)["partitioner"]
+    make_all(pki, nodes)
+    data_sets = [s for s in sets if s.split("=", 1)[0].startswith(("sbm.", "circles.", "partition.", "khop."))]
+    prepare.run(["--dataset", dataset, "--partitioner", partitioner, "--num-clients", str(nodes),
+                 "--out", str(shards), "--eval-file", str(out / "eval.npz"), "--eval-graph",
+                 *sum((["--set", s] for s in data_sets), [])])
     with LocalFederation(out, pki) as federation:
         federation.start_superlink()
         federation.start_nodes([shards / f"client-{i}.npz" for i in range(nodes)])
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--nodes", type=int, default=3)
     local.add_argument("--strategy", default="fedkmeans")
     local.add_argument("--dataset", default="karate")
-    local.add_argument("--partitioner", default="node-random")
+    local.add_argument("--partitioner", default="auto", help="auto: the strategy's own")
     local.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     local.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -64,6 +64,8 @@ class ClusteringStrategy(ABC):
     summary: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
     partitioners: ClassVar[tuple[str, ...]]  # first one is the default
+    needs_edges: ClassVar[bool] = False  # the method uses the graph's edges
+    needs_features: ClassVar[bool] = False  # the method uses node features
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -77,6 +79,45 @@ class ClusteringStrategy(ABC):
                 f"partitioner {partitioner!r} does not fit strategy '{cls.name}'; "
                 "valid choices: auto, " + ", ".join(cls.partitioners)
             )
+        cls.check_dataset(config)
+        clients = int(config["num-clients"])  # 0: every connected SuperNode, known only at run time
+        if 0 < clients < int(config["min-clients"]):
+            raise ConfigError(f"min-clients={config['min-clients']} exceeds num-clients={clients}; valid: "
+                              f"1..{clients}")
+        secure = [p.key for p in cls.params if p.key.endswith(".secure") and config[p.key]]
+        if secure and clients == 1:
+            raise ConfigError(f"{secure[0]}=true with num-clients=1: secure aggregation needs at least 2 clients; "
+                              f"valid: num-clients >= 2 or {secure[0]}=false")
+        if secure and clients:
+            from app.privacy.secagg import FixedPointEncoder, SecAggOverflowError
+
+            try:
+                FixedPointEncoder(config["secagg.scale"], config["secagg.bound"], clients)
+            except SecAggOverflowError:
+                raise ConfigError(f"secagg.bound={config['secagg.bound']:g} x secagg.scale={config['secagg.scale']:g}"
+                                  f" x {clients} clients does not fit the 64-bit ring of {secure[0]}; valid: a "
+                                  "product below 2^63") from None
+
+    @classmethod
+    def check_dataset(cls, config: RunConfig) -> None:
+        """The dataset has what the method and the partitioner use: one graph or a
+        collection, edges, node features."""
+        from app.data.datasets import COLLECTION_PARTITIONERS, COLLECTIONS, EDGELESS, FEATURELESS
+
+        dataset = str(config["dataset"])
+        partitioner = cls.partitioners[0] if config["partitioner"] == "auto" else str(config["partitioner"])
+        if (dataset in COLLECTIONS) != (partitioner in COLLECTION_PARTITIONERS):
+            shape = "a graph collection" if dataset in COLLECTIONS else "one graph"
+            valid = ("one graph (e.g. karate, sbm, cora)" if dataset in COLLECTIONS
+                     else "a graph collection: " + ", ".join(COLLECTIONS))
+            raise ConfigError(f"dataset {dataset!r} is {shape}; strategy '{cls.name}' with partitioner "
+                              f"{partitioner!r} needs {valid}")
+        if cls.needs_edges and dataset in EDGELESS:
+            raise ConfigError(f"dataset {dataset!r} has no edges; strategy '{cls.name}' needs them; "
+                              "valid: a dataset with edges, e.g. karate, sbm, cora")
+        if cls.needs_features and (dataset in FEATURELESS or (dataset == "sbm" and not config["sbm.features"])):
+            raise ConfigError(f"dataset {dataset!r} has no node features; strategy '{cls.name}' needs them; "
+                              "valid: a dataset with features, e.g. sbm (sbm.features > 0), cora, citeseer")
 
     @abstractmethod
     def run(self, session) -> StrategyOutput:

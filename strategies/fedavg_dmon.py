@@ -114,6 +114,8 @@ class FedAvgDMoN(ClusteringStrategy):
     name = "fedavg-dmon"
     summary = "FedAvg of a DMoN GNN (modularity loss) over node-partitioned subgraphs"
     partitioners = ("node-random", "node-community", "node-dirichlet")
+    needs_edges = True
+    needs_features = True
     params = (
         Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "
               "centralised (one client with the whole graph)", choices=MODES),
@@ -136,7 +138,8 @@ class FedAvgDMoN(ClusteringStrategy):
               "select=last)", low=0.0),
         Param(P + "dp-noise", float, 1.0, "DP-FedAvg noise multiplier z (sigma = z * clip)", low=1e-6),
         Param(P + "dp-epsilon", float, 0.0,
-              "DP-FedAvg: if > 0, calibrate z to reach this epsilon after num-rounds rounds", low=0.0),
+              "DP-FedAvg: if > 0, calibrate z to reach this epsilon after num-rounds rounds (at most 1e4: Opacus' "
+              "search for z does not end for a huge epsilon, which protects nothing anyway)", low=0.0, high=1e4),
         Param(P + "dp-delta", float, 1e-5, "DP-FedAvg delta", low=1e-12, high=0.5),
         Param(P + "secure", bool, False, "secure aggregation of the weighted weights"),
     )

@@ -34,6 +34,7 @@ class FedKMeans(ClusteringStrategy):
     name = "fedkmeans"
     summary = "federated Lloyd k-means on rows split over clients (baseline)"
     partitioners = ("node-random", "node-community", "node-dirichlet", "sample", "sample-dirichlet")
+    needs_features = True
     params = (
         Param("fedkmeans.filter-order", int, 0,
               "AGC low-pass filter order applied to each client's local subgraph first", low=0, high=1000),

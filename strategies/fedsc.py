@@ -70,11 +70,16 @@ from app.protocols import fedsc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension
 
+#: Bandwidths whose 2 sigma^2 is a normal float64 (a smaller one makes every
+#: kernel entry 0/0, a larger one every entry 1).
+SIGMA_RANGE = (1e-150, 1e150)
+
 
 class FedSC(ClusteringStrategy):
     name = "fedsc"
     summary = "federated spectral clustering by kernel factorisation (secure similarity reconstruction)"
     partitioners = ("sample", "sample-dirichlet", "node-random", "node-community", "node-dirichlet")
+    needs_features = True
     params = (
         Param("fedsc.landmarks", int, 0,
               "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000),
@@ -84,22 +89,27 @@ class FedSC(ClusteringStrategy):
         Param("fedsc.lambda", float, proto.DEFAULT_LAMBDA, "ridge weight lambda of the coefficients C",
               low=0.0, high=1e6),
         Param("fedsc.sigma", float, 0.0,
-              "Gaussian kernel bandwidth (0: mean pairwise distance, estimated from the clients)", low=0.0),
+              "Gaussian kernel bandwidth (0: mean pairwise distance, estimated from the clients)", low=0.0,
+              high=SIGMA_RANGE[1]),
         Param("fedsc.secure", bool, False, "secure aggregation of the landmark uploads Z_p"),
         Param("fedsc.filter-order", int, 0,
               "graph data: AGC low-pass filter order applied to each client's features first", low=0, high=1000),
         Param("fedsc.data-noise", float, 0.0,
-              "perturbed data: each client uses X + ratio * std(X) * N(0,1) (paper: 0.3, 0.7)", low=0.0),
-        Param("fedsc.noise-z", float, 0.0, "perturbed factors: Z_p noise ratio alpha_z each round", low=0.0),
-        Param("fedsc.noise-c", float, 0.0, "perturbed factors: C_p noise ratio alpha_c at the end", low=0.0),
+              "perturbed data: each client uses X + ratio * std(X) * N(0,1) (paper: 0.3, 0.7)", low=0.0,
+              high=1e6),
+        Param("fedsc.noise-z", float, 0.0, "perturbed factors: Z_p noise ratio alpha_z each round", low=0.0,
+              high=1e6),
+        Param("fedsc.noise-c", float, 0.0, "perturbed factors: C_p noise ratio alpha_c at the end", low=0.0,
+              high=1e6),
         Param("fedsc.dp-epsilon", float, 0.0,
               "calibrated Gaussian mechanism on Z_p and C_p with this total epsilon (0: off; needs fedsc.sigma "
-              "and fedsc.landmarks set, so that no un-noised statistic leaves a client)", low=0.0),
+              "and fedsc.landmarks set, so that no un-noised statistic leaves a client; at most 1e4, as "
+              "fedavg-dmon.dp-epsilon)", low=0.0, high=1e4),
         Param("fedsc.dp-delta", float, 1e-5, "total delta of the calibrated mechanism", low=1e-12, high=0.5),
         Param("fedsc.dp-clip-z", float, 100.0,
-              "L2 clip of each client's whole Z_p upload (client-level unit)", low=1e-9),
+              "L2 clip of each client's whole Z_p upload (client-level unit)", low=1e-9, high=1e12),
         Param("fedsc.dp-clip-c", float, 10.0,
-              "L2 clip of each sample's coefficient column c_i (sample-level unit)", low=1e-9),
+              "L2 clip of each sample's coefficient column c_i (sample-level unit)", low=1e-9, high=1e12),
         Param("fedsc.n-init", int, 10, "k-means restarts in the final spectral clustering", low=1, high=1000),
     )
 
@@ -112,6 +122,10 @@ class FedSC(ClusteringStrategy):
                 "valid choices: set either dp-epsilon or the noise ratios, not both"
             )
         sigma, landmarks = config["fedsc.sigma"], config["fedsc.landmarks"]
+        if 0 < sigma < SIGMA_RANGE[0]:
+            low, high = SIGMA_RANGE
+            raise ConfigError(f"invalid value {sigma:g} for 'fedsc.sigma': 2 sigma^2 underflows to 0, the kernel "
+                              f"is 0/0 at distance 0; valid: 0 (estimate) or a bandwidth in [{low:g}, {high:g}]")
         if config["fedsc.dp-epsilon"] > 0 and not (sigma > 0 and landmarks > 0):
             clear = [what for what, given in (("distance_sum/pairs (sigma estimate)", sigma > 0),
                                               ("spectral-mass landmark count", landmarks > 0)) if not given]
@@ -236,12 +250,16 @@ class FedSC(ClusteringStrategy):
 
     def _landmark_count(self, session, sigma: float) -> int:
         """Step 2: d from ``fedsc.landmarks``, else the spectral-mass rule on each client's kernel (largest count)."""
-        if self.config["fedsc.landmarks"] > 0:
-            return int(self.config["fedsc.landmarks"])
+        rows = announced_rows(session)
+        configured = int(self.config["fedsc.landmarks"])
+        if configured > sum(rows.values()):  # K(Z, Z) is d x d, and its rank is at most the samples
+            raise ConfigError(f"fedsc.landmarks={configured} exceeds the {sum(rows.values())} samples of all "
+                              f"clients; valid: 0 (spectral-mass rule) to {sum(rows.values())}")
+        if configured > 0:
+            return configured
         values = {"sigma": sigma, "mass": float(self.config["fedsc.mass"])}
         replies = session.broadcast("fedsc_rank", pack(values=values),
                                     ReplySpec(numbers={"landmarks": ValueSpec(whole=True, low=1)}))
-        rows = announced_rows(session)
         counts = {}
         for node, content in replies.items():
             count = int(unpack(content)[1]["landmarks"])

@@ -82,6 +82,7 @@ class FedSpectral(ClusteringStrategy):
     name = "fedspectral"
     summary = "FedSpectral baseline: local spectral labels, co-association spectral clustering on the server"
     partitioners = ("edge",)
+    needs_edges = True
     params = (
         Param("fedspectral.n-init", int, 10, "k-means restarts (clients and server)", low=1, high=1000),
     )
@@ -107,6 +108,7 @@ class FedSpectralPlus(ClusteringStrategy):
     name = "fedspectral-plus"
     summary = "FedSpectral+: federated power iteration (paper) or exact orthogonal iteration on edge-split graphs"
     partitioners = ("edge",)
+    needs_edges = True
     params = (
         Param("fedspectral-plus.mode", str, "paper",
               "paper: average of local power iterations + QR (Algorithms 3-4); exact: global operator "

@@ -60,12 +60,12 @@ def patch_reply(monkeypatch, client_cls, action: str, tamper, client: int | None
 
 
 class LateReplyGrid(InProcessGrid):
-    """Node ``node`` computes its first ``query.<action>`` reply, which then never arrives
+    """Node ``node`` computes its first ``<category>.<action>`` reply, which then never arrives
     (a reply later than the timeout): the session asks again when ``retries`` > 0."""
 
-    def __init__(self, *args, node: int, action: str, **kwargs):
+    def __init__(self, *args, node: int, action: str, category: str = "query", **kwargs):
         super().__init__(*args, **kwargs)
-        self.node, self.action, self.late = node, f"query.{action}", []
+        self.node, self.action, self.late = node, f"{category}.{action}", []
 
     def push_messages(self, messages):
         messages = list(messages)

@@ -204,3 +204,22 @@ def test_secure_aggregation_gives_the_same_clustering_and_hides_client_sums(out_
     assert steps and all(u["masked"] and u["dtype"] == "uint64" for u in steps)
     mechanisms = {m["name"] for m in secure["privacy"]["mechanisms"]}
     assert "secure-aggregation" in mechanisms
+
+
+def test_the_server_app_lets_flower_see_a_config_error_unless_app_run_collects_it():
+    """Under `flwr run` a SystemExit ends the ServerApp process before Flower records why: the run
+    showed as failed with 'No heartbeat received' and no reason. The error must propagate there;
+    app.run's simulation (which passes a list) gets it in the list and a quiet exit."""
+    from flwr.app import Context, RecordDict
+
+    from app.config import ConfigError
+    from app.server_app import build_server_app
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    bad = {"strategy": "nope"}
+    with pytest.raises(ConfigError, match="invalid value 'nope' for 'strategy'"):
+        build_server_app(bad)(None, context)
+    errors = []
+    with pytest.raises(SystemExit) as exit_info:
+        build_server_app(bad, errors)(None, context)
+    assert exit_info.value.code == 2 and [type(e) for e in errors] == [ConfigError]

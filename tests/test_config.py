@@ -26,7 +26,7 @@ def test_defaults_validate_and_resolve_auto_partitioner():
         ({"strategy": "kmeanz"}, ["'kmeanz'", "valid choices", "fedkmeans"]),
         ({"dataset": "coraa"}, ["'coraa'", "valid choices", "cora"]),
         ({"no-such-key": 1}, ["'no-such-key'", "valid keys", "num-rounds"]),
-        ({"num-rounds": 0}, ["0", "'num-rounds'", "out of range", "[1, inf"]),
+        ({"num-rounds": 0}, ["0", "'num-rounds'", "out of range", "[1, 1000000]"]),
         ({"num-clients": 5000}, ["5000", "'num-clients'", "valid range", "1024"]),
         ({"seed": "abc"}, ["'abc'", "'seed'", "integer"]),
         ({"seed": 1.5}, ["1.5", "'seed'", "integer"]),
@@ -41,6 +41,17 @@ def test_defaults_validate_and_resolve_auto_partitioner():
         ({"timeout": "inf"}, ["inf", "'timeout'", "valid: a finite number in [0.001, inf)"]),
         ({"gw-ldp.epsilon": "nan"}, ["nan", "'gw-ldp.epsilon'", "valid: a number in [0, inf]"]),
         ({"gw-ldp.epsilon": "-inf"}, ["-inf", "'gw-ldp.epsilon'", "valid: a number in [0, inf]"]),
+        # Opacus' search for the noise multiplier does not end for a huge epsilon
+        ({"strategy": "fedsc", "fedsc.dp-epsilon": 1e30}, ["1e+30", "'fedsc.dp-epsilon'", "[0, 10000]"]),
+        ({"strategy": "fedavg-dmon", "fedavg-dmon.dp-epsilon": 1e30}, ["'fedavg-dmon.dp-epsilon'", "[0, 10000]"]),
+        ({"strategy": "fedsc", "num-clients": 2, "min-clients": 5}, ["min-clients=5 exceeds num-clients=2",
+                                                                     "valid: 1..2"]),
+        ({"strategy": "fedkmeans", "num-clients": 2, "fedkmeans.secure": True, "secagg.bound": 1e300},
+         ["secagg.bound=1e+300", "does not fit the 64-bit ring of fedkmeans.secure"]),
+        ({"num-clusters": 10**20}, ["100000000000000000000", "'num-clusters'", "[0, 100000000]"]),
+        # 2 sigma^2 = 0 would make the kernel 0/0 on the diagonal
+        ({"strategy": "fedsc", "fedsc.sigma": 1e-200}, ["1e-200", "'fedsc.sigma'", "[1e-150, 1e+150]"]),
+        ({"strategy": "fedsc", "fedsc.sigma": 1e200}, ["1e+200", "'fedsc.sigma'", "[0, 1e+150]"]),
     ],
 )
 def test_bad_values_give_one_line_naming_value_and_choices(raw, fragments):
@@ -50,6 +61,45 @@ def test_bad_values_give_one_line_naming_value_and_choices(raw, fragments):
     assert "\n" not in message
     for fragment in fragments:
         assert fragment in message
+
+
+@pytest.mark.parametrize("strategy, key", [("fedkmeans", "fedkmeans.secure"), ("fedsc", "fedsc.secure"),
+                                           ("fedavg-dmon", "fedavg-dmon.secure"),
+                                           ("fedspectral-plus", "fedspectral-plus.secure")])
+def test_secure_aggregation_with_one_client_is_refused_before_the_run(strategy, key):
+    with pytest.raises(ConfigError) as err:
+        registry.validate({"strategy": strategy, "num-clients": 1, key: True})
+    assert str(err.value) == (f"{key}=true with num-clients=1: secure aggregation needs at least 2 clients; "
+                              f"valid: num-clients >= 2 or {key}=false")
+    registry.validate({"strategy": strategy, "num-clients": 2, key: True})
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"strategy": "fedkmeans", "dataset": "mutag"},
+     "dataset 'mutag' is a graph collection; strategy 'fedkmeans' with partitioner 'node-random' needs one graph "
+     "(e.g. karate, sbm, cora)"),
+    ({"strategy": "gw-ldp", "dataset": "karate"},
+     "dataset 'karate' is one graph; strategy 'gw-ldp' with partitioner 'graph-dirichlet' needs a graph collection: "
+     "mutag, proteins, imdb-binary"),
+    ({"strategy": "gw-ldp", "dataset": "mutag", "partitioner": "khop"},
+     "dataset 'mutag' is a graph collection; strategy 'gw-ldp' with partitioner 'khop' needs one graph "
+     "(e.g. karate, sbm, cora)"),
+    ({"strategy": "fedspectral", "dataset": "iris"},
+     "dataset 'iris' has no edges; strategy 'fedspectral' needs them; valid: a dataset with edges, e.g. karate, "
+     "sbm, cora"),
+    ({"strategy": "fedavg-dmon", "dataset": "email-eu-core"},
+     "dataset 'email-eu-core' has no node features; strategy 'fedavg-dmon' needs them; valid: a dataset with "
+     "features, e.g. sbm (sbm.features > 0), cora, citeseer"),
+    ({"strategy": "fedkmeans", "dataset": "sbm", "sbm.features": 0},
+     "dataset 'sbm' has no node features; strategy 'fedkmeans' needs them; valid: a dataset with features, "
+     "e.g. sbm (sbm.features > 0), cora, citeseer"),
+])
+def test_a_dataset_without_what_the_strategy_uses_is_refused_before_the_run(raw, message):
+    """Found on the clients after the run started, these used to stop it with client errors, or
+    (fedspectral on a point cloud, fedavg-dmon on identity features) to give a meaningless result."""
+    with pytest.raises(ConfigError) as err:
+        registry.validate(raw)
+    assert str(err.value) == message
 
 
 def test_values_are_coerced_to_declared_types():
@@ -129,3 +179,75 @@ def test_cli_bad_input_exits_2_with_one_line(args, fragment, tmp_path):
     assert len(lines) == 1 and fragment in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-clients", "2", "--set", "num-clients=3"],
+     "--num-clients 2 and --set num-clients=3 both given; valid: one of them"),
+    (["--strategy", "fedkmeans", "--set", "strategy=fedsc"],
+     "--strategy fedkmeans and --set strategy=fedsc both given; valid: one of them"),
+    (["--set", "seed=1", "--set", "seed=2"], "--set seed given twice ('1', '2'); valid: once"),
+    (["--set", "num-clients=abc"], "invalid value 'abc' for 'num-clients'; expected an integer"),
+])
+def test_cli_conflicting_or_malformed_options_exit_2(args, message, tmp_path, capsys):
+    from app.run import main
+
+    assert main(["--engine", "inprocess", "--dataset", "karate", "--out", str(tmp_path / "r"), *args]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "r").exists()
+
+
+def test_cli_refuses_an_out_dir_that_holds_a_result_or_is_a_file(tmp_path, capsys):
+    from app.run import main
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "result.json").write_text("{}")
+    common = ["--engine", "inprocess", "--dataset", "karate", "--num-clients", "2"]
+    assert main([*common, "--out", str(earlier)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {earlier} already holds a result.json; valid: a new or empty "
+                                       "directory\n")
+    assert (earlier / "result.json").read_text() == "{}"  # nothing lost
+    # a file in the way is found before the run, not when the result is written after it
+    assert main([*common, "--out", str(earlier / "result.json" / "sub")]) == 2
+    assert capsys.readouterr().err.endswith(f"{str(earlier / 'result.json')!r} is a file; valid: a directory for "
+                                            "result.json\n")
+
+
+@pytest.mark.parametrize("strategy, dataset, clients, overrides, message", [
+    ("fedkmeans", "karate", 35, {}, "cannot split 34 nodes of 'karate' over 35 clients; use at most 34 clients"),
+    ("kcagc", "iris", 5, {}, "cannot split 4 feature columns of 'iris' over 5 clients"),
+    ("fedspectral", "karate", 2, {"num-clusters": 35},
+     "num-clusters=35 exceeds the 34 nodes of 'karate'; valid: 0 (the number of classes) to 34"),
+])
+def test_a_split_or_cluster_count_the_data_does_not_allow_stops_before_any_client_runs(
+        tmp_path, monkeypatch, strategy, dataset, clients, overrides, message):
+    """These used to stop the run after it started, with one error per client (under Ray: their tracebacks)."""
+    import app.inprocess
+
+    monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
+    from app.run import run_experiment
+
+    with pytest.raises(ConfigError) as err:
+        run_experiment(strategy, dataset, clients, overrides, tmp_path / "r")
+    assert str(err.value) == message
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.simulation
+def test_simulation_reports_a_run_time_config_error_and_keeps_an_earlier_result(tmp_path, monkeypatch):
+    """Flower's simulation engine only logs the ServerApp's error (which runs in this process,
+    the clients in Ray's); run_experiment raises it, and never removes the result of an
+    earlier run in the same directory."""
+    from app.run import run_experiment
+    from strategies.fedkmeans import FedKMeans
+
+    def refuse(self, session):
+        raise ConfigError("found only once the run started")
+
+    monkeypatch.setattr(FedKMeans, "run", refuse)
+    (tmp_path / "result.json").write_text("{}")
+    with pytest.raises(ConfigError, match="^found only once the run started$"):
+        run_experiment("fedkmeans", "karate", 2, {}, tmp_path, engine="simulation")
+    assert (tmp_path / "result.json").read_text() == "{}"
+

@@ -182,6 +182,22 @@ def test_missing_files_one_line(tmp_path, name, rel, no_network, cache):
     assert isinstance(e.value, ConfigError)
 
 
+@pytest.mark.parametrize("name, rel, content, error", [
+    ("wiki", "agc/wiki.mat", b"MATLAB 5.0", "MatReadError"),
+    ("ego-facebook", "snap/ego-Facebook/facebook_combined.txt", b"0 a\n", "ValueError"),
+])
+def test_corrupt_files_one_line(tmp_path, name, rel, content, error, no_network, cache):
+    """A file that is there but cannot be parsed is a bad input too, not a traceback."""
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        load_dataset(name, data_root=tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"dataset '{name}': its files under {tmp_path} could not be read ({error}: ")
+    assert msg.endswith("valid: the layout in shared/datasets/README.md")
+
+
 # ----------------------------------------------------------------------------- real files
 
 

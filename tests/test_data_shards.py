@@ -321,6 +321,27 @@ def test_prepare_cli_errors(tmp_path, capsys, argv, match):
     assert rc == 2 and match in err and err.count("\n") == 1 and err.startswith("error: ")
 
 
+KARATE = ["--dataset", "karate", "--partitioner", "node-random", "--num-clients", "2"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seed", "-1"], "value -1 for 'seed' is out of range; valid range: [0, 4294967295]"),
+    (["--seed", str(2**32)], "value 4294967296 for 'seed' is out of range; valid range: [0, 4294967295]"),
+    (["--eval-file", "{tmp}/eval.npz", "--eval-contents", "foo"],
+     "invalid value 'foo' for '--eval-contents'; valid choices: labels-only, full"),
+    (["--eval-file", "{tmp}/afile/eval.npz"], "--eval-file: '{tmp}/afile' is a file; valid: a file in a directory"),
+])
+def test_prepare_refuses_bad_input_before_writing_anything(tmp_path, capsys, extra, message):
+    (tmp_path / "afile").write_text("")
+    extra = [a.format(tmp=tmp_path) for a in extra]
+    assert prepare_main(KARATE + extra + ["--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"error: {message.format(tmp=tmp_path)}\n"
+    assert not (tmp_path / "o").exists() and not (tmp_path / "eval.npz").exists()  # no half-written output
+    assert prepare_main(KARATE + ["--out", str(tmp_path / "afile" / "o")]) == 2
+    assert capsys.readouterr().err == (f"error: --out: '{tmp_path / 'afile'}' is a file; valid: a directory for "
+                                       "the shards\n")
+
+
 def test_prepare_module_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "app.data.prepare", "--dataset", "iris", "--partitioner",
                         "sample", "--num-clients", "2", "--out", str(tmp_path / "o")],
@@ -330,3 +351,14 @@ def test_prepare_module_entry_point(tmp_path):
     r = subprocess.run([sys.executable, "-m", "app.data.prepare", "--dataset", "iris"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_a_bad_eval_file_is_named_with_what_is_wrong(tmp_path):
+    from app.data.evaluation import load_evaluation
+
+    (tmp_path / "notes.txt").write_text("labels\n")
+    for path, state in ((tmp_path, "is a directory"), (tmp_path / "none.npz", "does not exist"),
+                        (tmp_path / "notes.txt", "is not an evaluation file")):
+        with pytest.raises(ConfigError) as err:
+            load_evaluation(path)
+        assert str(err.value).startswith(f"eval-file {str(path)!r} {state}") and "\n" not in str(err.value)

@@ -31,6 +31,15 @@ DEPLOYED = {
 }
 
 
+def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path):
+    """It used to start the whole federation and end after a minute with 'no result', no reason."""
+    from app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="^dataset 'mutag' is a graph collection; strategy 'kcagc'"):
+        run_local(2, "kcagc", "mutag", "auto", [], tmp_path / "deployed")
+    assert not (tmp_path / "deployed").exists()
+
+
 @pytest.mark.parametrize("strategy", sorted(DEPLOYED))
 def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):
     partitioner, sets = DEPLOYED[strategy]

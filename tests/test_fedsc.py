@@ -362,6 +362,13 @@ def test_an_impossible_landmark_count_stops_the_run_naming_the_client(out_dir, m
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1}, out_dir)
 
 
+def test_more_landmarks_than_samples_are_refused_before_any_round(out_dir):
+    """K(Z, Z) is d x d: fedsc.landmarks=100000 on iris used to end in a 74.5 GiB MemoryError on the clients."""
+    with pytest.raises(ConfigError, match=r"^fedsc.landmarks=100000 exceeds the 150 samples of all clients; "
+                                          r"valid: 0 \(spectral-mass rule\) to 150$"):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 100_000}, out_dir)
+
+
 def test_sample_ids_of_another_client_are_rejected(out_dir, monkeypatch):
     """Without overlap every sample lives on one client: ids claiming another's samples stop the run."""
     patch_reply(monkeypatch, FedSCClient, "fedsc_final",

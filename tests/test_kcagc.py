@@ -462,13 +462,18 @@ def test_bad_configuration_is_one_line(out_dir):
 
 
 def test_more_clients_than_columns_stops_with_one_line(out_dir, capsys):
-    # every client refuses its shard: the command line says so once, exit 1, no result
+    # the command line splits the data before any engine starts: one line, exit 2, no result
     argv = ["--strategy", "kcagc", "--dataset", "sbm", "--num-clients", "17", "--engine", "inprocess",
             "--out", str(out_dir)]
-    assert run_main(argv) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: step 'hello' rejected 17 client(s)")
-    assert err[0].count("cannot split 16 feature columns of 'sbm' over 17 clients") == 1
+    assert run_main(argv) == 2
+    assert capsys.readouterr().err == "error: cannot split 16 feature columns of 'sbm' over 17 clients\n"
+    assert not out_dir.exists()
+    # in a deployment every client refuses its shard: the identical refusals are said once
+    raw = {"strategy": "kcagc", "dataset": "sbm", "num-clients": 17, "out-dir": str(out_dir)}
+    with pytest.raises(ProtocolError) as err:
+        run_server(InProcessGrid(build_client_app(raw), 17), raw)
+    assert str(err.value).startswith("step 'hello' rejected 17 client(s)")
+    assert str(err.value).count("cannot split 16 feature columns of 'sbm' over 17 clients") == 1
     assert not (out_dir / RESULT_FILE).exists()
 
 
@@ -546,8 +551,8 @@ def test_a_secure_sum_above_the_clients_bounds_is_rejected_as_malformed(out_dir,
 
     monkeypatch.setattr(KCAGCClient, "masked", inflated)
     # unit rows: a part is at most 4, so two clients' sum at most 8 (and at least the 7 added)
-    with pytest.raises(ProtocolError, match=r"step 'kcagc_step \(seed, level 1\)': a summed squared distance "
-                                            r"over 2 client\(s\) is [\d.]+ > 8, 2 x each client's bound 4"):
+    with pytest.raises(ProtocolError, match=r"^secure sum '\d+:d0': the unmasked sum over 2 parties reaches "
+                                            r"[\d.]+, beyond 2 x the declared bound 4: an upload is not an honest"):
         run_experiment("kcagc-basic", "sbm", 2, {**SBM, "kcagc.filter-order": 2, "kcagc.restarts": 1}, out_dir)
     assert not (out_dir / RESULT_FILE).exists()
 

@@ -105,7 +105,7 @@ def test_infinite_epsilon_means_no_noise():
 
 def test_tanh_form_equals_algorithm_1_and_does_not_overflow():
     x = np.linspace(-1.0, 2.0, 13)
-    for eps, m in ((0.01, 1), (1.0, 1), (4.4, 2), (30.0, 7), (600.0, 1)):
+    for eps, m in ((0.01, 1), (1.0, 1), (4.4, 2), (30.0, 3), (600.0, 1)):
         e = math.exp(eps / m)  # Algorithm 1 as written: 1/(e+1) + r (e-1)/(e+1), r = (x-alpha)/(beta-alpha)
         r = (x + 1.0) / 3.0
         assert np.allclose(multibit_probabilities(x, eps, -1.0, 2.0, m), 1 / (e + 1) + r * (e - 1) / (e + 1),
@@ -129,6 +129,17 @@ def test_input_validation():
         multibit_encode(np.zeros((2, 3)), 1.0, 0.0, 1.0, m=4)
     with pytest.raises(ValueError, match="non-finite value in input"):
         multibit_encode(np.array([[np.nan, 0, 0]]), 1.0, 0.0, 1.0)
+    for m in (0, 4):  # the estimate's scale divides by m: m = 0 or m > d would be wrong, not an error
+        with pytest.raises(ValueError, match=rf"multibit_estimate: m must be in \[1, d=3\], got {m}"):
+            multibit_estimate(np.zeros((2, 3)), 1.0, 0.0, 1.0, m=m)
+    for bad in (-1.0, float("nan"), 0.0):  # a negative or NaN budget would reach the ledger's total
+        with pytest.raises(ValueError, match=r"epsilon per release must be > 0 \(or inf\)"):
+            LDPAccountant(bad)
+        with pytest.raises(ValueError, match=r"LDP epsilon must be > 0 \(or inf\)"):
+            record_ldp(PrivacyLedger(), "ldp", "rows", bad, 0.0, 1.0, d=3, accountant=LDPAccountant(1.0))
+    for n in (-3, 1.5):
+        with pytest.raises(ValueError, match=rf"n must be a whole number >= 0, got {n}"):
+            LDPAccountant(1.0).step(n)
 
 
 def test_ledger_entry_composes():

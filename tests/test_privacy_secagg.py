@@ -116,6 +116,12 @@ def test_finest_scale_is_the_largest_power_of_two_the_ring_holds(bound, parties,
         finest_scale(bound, parties, 16)
 
 
+def test_finest_scale_of_a_tiny_bound_is_the_largest_float_power_of_two():
+    # limit / (parties * bound) would overflow to inf; no float64 scale is finer than 2^1023
+    assert finest_scale(1e-300, 2, 64) == 2.0**1023
+    assert FixedPointEncoder(2.0**1023, 1e-300, 2).max_q == round(1e-300 * 2.0**1023)
+
+
 def test_small_ring_sum_equals_large_ring_sum_bit_for_bit():
     """The same values and resolution give the same decoded sum in either ring:
     the smaller ring only halves the bytes."""
@@ -172,6 +178,34 @@ def test_missing_party_detected():
         relay_public_keys({3: parties[0].public_key_bytes()}, expected_parties={3, 8})
 
 
+def test_a_sum_whose_masks_do_not_cancel_is_refused():
+    parties, keys = make_parties(range(3))
+    enc = FixedPointEncoder(2.0**20, 10.0, 3)
+    ups = {p.party_id: p.mask(np.ones(64), "r", enc) for p in parties}
+    ups[2] = parties[2].mask(np.ones(64), "other-step", enc)  # masked, but for another step
+    with pytest.raises(SecAggError, match=r"beyond 3 x the declared bound 10: an upload is not an honest encoding "
+                                          r"masked for this step"):
+        unmask_sum(ups, set(keys), enc)
+    # a sum over more parties than the encoder was declared for may have wrapped
+    with pytest.raises(SecAggOverflowError, match="4 parties with an encoder declared for num_parties=3"):
+        unmask_sum({**ups, 3: ups[0]}, set(keys) | {3}, enc)
+
+
+def test_recovery_with_another_threshold_than_the_parties_is_refused():
+    P, thr = 5, 3
+    parties, keys = make_parties(range(P))
+    enc = FixedPointEncoder(2.0**20, 10.0, P)
+    xs = {i: np.full(8, float(i)) for i in range(P)}
+    ups, _, surv, resp = _recover_round(parties, keys, enc, xs, "r0", thr, [])
+    assert np.array_equal(recover_sum(ups, set(keys), enc, resp, thr, "r0"), np.full(8, 10.0))
+    # too few shares per seed: wrong self-mask seeds, a "sum" of noise
+    with pytest.raises(SecAggError, match="a self-mask seed was rebuilt from wrong shares"):
+        recover_sum(ups, set(keys), enc, resp, thr - 1, "r0")
+    for bad in (1, P + 1):
+        with pytest.raises(SecAggError, match=rf"threshold={bad}; valid: 2..{P}"):
+            recover_sum(ups, set(keys), enc, resp, bad, "r0")
+
+
 def test_shape_and_dtype_mismatch():
     parties, keys = make_parties(range(2))
     enc = FixedPointEncoder(2.0**20, 10.0, 2)
@@ -188,10 +222,15 @@ def test_overflow_guard():
         FixedPointEncoder(scale=2.0**40, bound=2.0**20, num_parties=16)  # 2^64 > 2^63
     FixedPointEncoder(scale=2.0**40, bound=2.0**18, num_parties=16)  # 2^62: fits
     enc = FixedPointEncoder(scale=2.0**20, bound=5.0, num_parties=3)
-    with pytest.raises(SecAggOverflowError, match=r"max \|value\| = 7.5 exceeds the declared bound 5"):
+    with pytest.raises(SecAggOverflowError) as err:
         enc.encode(np.array([1.0, -7.5, 2.0]))
+    # the error goes back to the server, which chose the bound: it names the bound, never the private value
+    assert str(err.value) == ("FixedPointEncoder.encode: a value exceeds the declared bound 5 in absolute value; "
+                              "valid: |value| <= bound (raise secagg.bound)")
     with pytest.raises(SecAggOverflowError, match="non-finite"):
         enc.encode(np.array([np.nan]))
+    with pytest.raises(ValueError, match="num_parties must be a whole number, got 2.7"):
+        FixedPointEncoder(scale=1.0, bound=1.0, num_parties=2.7)
     # party refuses an encoder that declares fewer parties than the aggregation has
     parties, _ = make_parties(range(4))
     with pytest.raises(SecAggOverflowError, match="num_parties=3"):
@@ -220,6 +259,8 @@ def test_state_roundtrip_and_key_checks():
         relay_public_keys(bad)
     with pytest.raises(SecAggError, match="parties 1 and 2 advertised the same public key"):
         parties[0].agree(bad)
+    with pytest.raises(SecAggError, match="party 1: public key must be 32 bytes, got str"):
+        relay_public_keys({**keys, 1: "abc"})
 
 
 def _recover_round(parties, keys, enc, xs, tag, thr, dropped, late_drop=()):

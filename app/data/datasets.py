@@ -24,6 +24,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -57,6 +58,12 @@ FILE_DATASETS = ("cora", "citeseer", "pubmed", "wiki", "mutag", "proteins", "imd
                  "email-eu-core", "ego-facebook")
 #: Datasets loaded as a GraphCollection.
 COLLECTIONS = ("mutag", "proteins", "imdb-binary")
+#: Point clouds: datasets without edges.
+EDGELESS = ("iris", "digits", "circles")
+#: Datasets without node features (``sbm`` too with ``sbm.features = 0``).
+FEATURELESS = ("email-eu-core", "ego-facebook", "imdb-binary")
+#: The partitioners that split a graph collection (every other one splits one graph).
+COLLECTION_PARTITIONERS = ("graph-dirichlet",)
 
 #: Keyword parameters each dataset accepts (beyond data_root and seed).
 DATASET_PARAMS: dict[str, tuple[str, ...]] = {
@@ -431,14 +438,23 @@ def load_dataset(name: str, data_root=None, seed: int = 0, **params) -> GraphDat
         return load_iris()
     if name == "digits":
         return load_digits()
+    return _load_files(name, data_root)
+
+
+def _load_files(name: str, data_root) -> GraphData | GraphCollection:
+    """A dataset read from the data root; files that are there but cannot be parsed
+    (truncated, corrupt, another format) stop with one line naming the dataset."""
     if name in _PLANETOID:
-        return load_planetoid(name, data_root)
-    if name in _TU:
-        return load_tudataset(name, data_root)
-    if name == "email-eu-core":
-        return load_email_eu_core(data_root)
-    if name == "ego-facebook":
-        return load_ego_facebook(data_root)
-    if name == "wiki":
-        return load_wiki(data_root)
-    raise AssertionError(name)  # pragma: no cover
+        load = partial(load_planetoid, name)
+    elif name in _TU:
+        load = partial(load_tudataset, name)
+    else:
+        load = {"email-eu-core": load_email_eu_core, "ego-facebook": load_ego_facebook, "wiki": load_wiki}[name]
+    try:
+        return load(data_root=data_root)
+    except ConfigError:
+        raise
+    except Exception as err:  # the parsers raise anything from EOFError to IndexError on a bad file
+        detail = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"dataset '{name}': its files under {_need_root(name, data_root)} could not be read "
+                          f"({type(err).__name__}: {detail}); valid: the layout in shared/datasets/README.md") from None

@@ -59,14 +59,16 @@ def load_evaluation(path: str | Path) -> GraphData | GraphCollection:
     """Read an evaluation file; ``meta['evaluation']`` says what it holds."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"eval-file {str(path)!r} does not exist; write one with "
+        state = "is a directory" if path.is_dir() else "does not exist"
+        raise ConfigError(f"eval-file {str(path)!r} {state}; write one with "
                           "python -m app.data.prepare ... --eval-file PATH")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
         header = json.loads(arrays.pop("__header__").tobytes())
-    except Exception as err:
-        raise ConfigError(f"eval-file {str(path)!r} is not a valid evaluation file: {err}") from None
+    except Exception:  # np.load guesses the format; its message about pickles misleads for a text file
+        raise ConfigError(f"eval-file {str(path)!r} is not an evaluation file (an .npz written by "
+                          "python -m app.data.prepare ... --eval-file PATH)") from None
     meta = {"evaluation": header["contents"]}
     if header["collection"]:
         graphs = _get_graphs(arrays, header["graphs"]) if "graphs" in header else []

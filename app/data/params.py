@@ -16,6 +16,11 @@ from app.config import ConfigError, Param
 from .datasets import DATASET_PARAMS
 from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, VERTICAL_SPLITS
 
+#: The run-config's seed (data generation, partitioning and the protocol); also
+#: ``python -m app.data.prepare --seed``.
+SEED = Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0,
+             high=2**32 - 1)  # scikit-learn's largest random_state
+
 DATA_PARAMS: list[Param] = [
     Param("data-root", str, "",
           "folder with the raw datasets (empty: $FEDGRAPH_DATA_ROOT, else ../shared/datasets)"),

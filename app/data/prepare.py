@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from app.config import ConfigError
 
 from .datasets import DATASETS, resolve_data_root
-from .params import DATA_PARAMS, data_root as config_data_root, dataset_kwargs, partition_kwargs
+from .evaluation import CONTENTS
+from .params import DATA_PARAMS, SEED, data_root as config_data_root, dataset_kwargs, partition_kwargs
 from .partition import PARTITIONERS, partition
 from .shards import data_hash, write_shards
 
@@ -62,6 +64,13 @@ def _parse_sets(items: list[str]) -> dict:
     return values
 
 
+def _check_dir(flag: str, directory: Path, valid: str) -> None:
+    """``directory`` can be created or is one: no file on its path."""
+    blocking = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(f"{flag}: {str(blocking)!r} is a file; valid: {valid}")
+
+
 def run(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
     if args.dataset not in DATASETS:
@@ -70,6 +79,14 @@ def run(argv: list[str] | None = None) -> dict:
         raise ConfigError(f"unknown partitioner {args.partitioner!r}; valid choices: " + ", ".join(PARTITIONERS))
     if args.num_clients < 1:
         raise ConfigError(f"invalid value {args.num_clients} for '--num-clients'; need >= 1")
+    SEED.coerce(args.seed)  # the run-config's seed range
+    # everything that can be refused is refused before any file is written
+    if args.eval_contents not in CONTENTS:
+        raise ConfigError(f"invalid value {args.eval_contents!r} for '--eval-contents'; valid choices: "
+                          + ", ".join(CONTENTS))
+    _check_dir("--out", Path(args.out), "a directory for the shards")
+    if args.eval_file:
+        _check_dir("--eval-file", Path(args.eval_file).parent, "a file in a directory")
     values = _parse_sets(args.set)
     root = args.data_root or config_data_root(values)
     dkw = dataset_kwargs(values, args.dataset)

@@ -136,8 +136,9 @@ def multibit_estimate(t, epsilon: float, alpha: float, beta: float, m: int | Non
     if math.isinf(epsilon):
         return t.astype(np.float64)
     d = t.shape[-1]
-    if m is None:
-        m = default_m(epsilon, d)
+    m = default_m(epsilon, d) if m is None else int(m)
+    if not 1 <= m <= d:
+        raise ValueError(f"multibit_estimate: m must be in [1, d={d}], got {m}")
     # (e+1)/(e-1) with e = e^(eps/m) is 1/tanh(eps/(2m)), which does not overflow at a huge epsilon
     c = d * (beta - alpha) / (2.0 * m) / math.tanh(epsilon / (2.0 * m))
     return c * t.astype(np.float64) + (alpha + beta) / 2.0
@@ -152,10 +153,15 @@ class LDPAccountant:
     delta = 0.0
 
     def __init__(self, epsilon_per_release: float):
-        self.epsilon_per_release = float(epsilon_per_release)
+        epsilon = float(epsilon_per_release)
+        if not epsilon > 0:  # NaN fails this too
+            raise ValueError(f"LDPAccountant: epsilon per release must be > 0 (or inf), got {epsilon_per_release}")
+        self.epsilon_per_release = epsilon
         self.releases = 0
 
     def step(self, n: int = 1) -> None:
+        if int(n) != n or n < 0:
+            raise ValueError(f"LDPAccountant.step: n must be a whole number >= 0, got {n}")
         self.releases += int(n)
 
     def epsilon(self) -> float:
@@ -181,6 +187,7 @@ def record_ldp(
     mechanism is recorded with guarantee "none: no noise (epsilon = inf)".
     """
     epsilon = float(epsilon)
+    _check(epsilon, alpha, beta)
     m = default_m(epsilon, d) if m is None else int(m)
     params = {"epsilon_per_row": epsilon, "m": m, "d": int(d), "alpha": float(alpha), "beta": float(beta)}
     if stats is not None:

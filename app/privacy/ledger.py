@@ -252,6 +252,9 @@ class PrivacyLedger:
         heuristic = [m["name"] for m, e, _ in rows if e is None and not m["guarantee"].lower().startswith("secure")]
         if composed:
             note = "basic composition (sum) over: " + ", ".join(composed)
+            if len(composed) > 1:  # the terms may protect different units (a client, a graph, a row)
+                note += ("; each term holds for its mechanism's own unit and adjacency ('protects', 'params'), "
+                         "so the sum bounds a change that is within one unit of each (e.g. one graph of one client)")
         else:
             note = "no mechanism with a formal DP guarantee"
         if heuristic:

@@ -168,6 +168,8 @@ class FixedPointEncoder:
     def __init__(self, scale: float, bound: float, num_parties: int):
         scale = float(scale)
         bound = float(bound)
+        if int(num_parties) != num_parties:
+            raise ValueError(f"FixedPointEncoder: num_parties must be a whole number, got {num_parties}")
         num_parties = int(num_parties)
         if not (np.isfinite(scale) and scale > 0):
             raise ValueError(f"FixedPointEncoder: scale must be finite and > 0, got {scale}")
@@ -195,10 +197,12 @@ class FixedPointEncoder:
         if x.size:
             if not np.all(np.isfinite(x)):
                 raise SecAggOverflowError("FixedPointEncoder.encode: non-finite value (nan/inf) in input")
-            m = float(np.max(np.abs(x)))
-            if m > self.bound:
+            if float(np.max(np.abs(x))) > self.bound:
+                # the text goes back to the server, which chose the bound: naming the value
+                # would leak the largest entry of the private array in clear
                 raise SecAggOverflowError(
-                    f"FixedPointEncoder.encode: max |value| = {m:.6g} exceeds the declared bound {self.bound:.6g}"
+                    f"FixedPointEncoder.encode: a value exceeds the declared bound {self.bound:.6g} in absolute "
+                    "value; valid: |value| <= bound (raise secagg.bound)"
                 )
         q = np.rint(x * self.scale).astype(self._signed)  # |q| <= max_q fits the ring's signed range
         return q.view(self.dtype)
@@ -223,7 +227,8 @@ def finest_scale(bound: float, num_parties: int, ring_bits: int) -> float:
     if not (np.isfinite(bound) and bound > 0) or int(num_parties) < 1:
         raise ValueError(f"finest_scale: needs a finite bound > 0 and num_parties >= 1, got {bound}, {num_parties}")
     limit = 2 ** (ring_bits - 1)
-    exponent = int(np.floor(np.log2(limit / (int(num_parties) * float(bound)))))
+    # in logs: limit / (n * bound) overflows for a tiny bound; 2^1023 is float64's largest power of two
+    exponent = min(1023, int(np.floor((ring_bits - 1) - np.log2(int(num_parties)) - np.log2(float(bound)))))
     # round(bound * scale) may round up past the limit: step down until the encoder's own test passes
     while not (int(num_parties) * int(round(bound * 2.0 ** exponent)) < limit and bound * 2.0 ** exponent < limit):
         exponent -= 1
@@ -568,6 +573,9 @@ def unpack_id_bytes(d: Mapping[str, bytes]) -> dict[int, bytes]:
 # --------------------------------------------------------------------------- server
 def relay_public_keys(uploads: Mapping[int, bytes], expected_parties: Iterable[int] | None = None) -> dict[int, bytes]:
     """Server: validate advertised keys (32 bytes, distinct, none missing) and return the relay map."""
+    bad = sorted(int(k) for k, v in uploads.items() if not isinstance(v, (bytes, bytearray, memoryview)))
+    if bad:
+        raise SecAggError(f"party {bad[0]}: public key must be 32 bytes, got {type(uploads[bad[0]]).__name__}")
     out = {int(k): bytes(v) for k, v in uploads.items()}
     if expected_parties is not None:
         missing = set(int(e) for e in expected_parties) - set(out)
@@ -606,6 +614,23 @@ def sum_masked(arrays: list[np.ndarray]) -> np.ndarray:
     return acc
 
 
+def _decode_honest_sum(encoder: FixedPointEncoder, ring_sum: np.ndarray, parties: int) -> np.ndarray:
+    """Decode a sum over ``parties`` uploads, each encoded within +-round(bound x scale):
+    an honest sum lies within ``parties`` times that. Outside it, some upload was not
+    this step's encoding plus masks (a value beyond the bound, another tag, seed or
+    encoder, or a wrong share reconstruction), and the decoded value is meaningless."""
+    if parties > encoder.num_parties:
+        raise SecAggOverflowError(f"a sum over {parties} parties with an encoder declared for num_parties="
+                                  f"{encoder.num_parties}: its ring is only guaranteed not to wrap for that many")
+    total = encoder.decode(ring_sum)
+    most = parties * encoder.max_q / encoder.scale
+    if total.size and float(np.max(np.abs(total))) > most:
+        raise SecAggError(f"the unmasked sum over {parties} parties reaches {float(np.max(np.abs(total))):.6g}, "
+                          f"beyond {parties} x the declared bound {encoder.bound:.6g}: an upload is not an honest "
+                          "encoding masked for this step, or a self-mask seed was rebuilt from wrong shares")
+    return total
+
+
 def unmask_sum(
     masked_uploads: Mapping[int, np.ndarray], expected_parties: Iterable[int], encoder: FixedPointEncoder
 ) -> np.ndarray:
@@ -613,7 +638,8 @@ def unmask_sum(
 
     Raises :class:`SecAggDropoutError` if any expected party is missing (the
     masks of a missing party cannot be removed in the simple protocol), and
-    :class:`SecAggError` on unexpected parties, dtype or shape mismatch.
+    :class:`SecAggError` on unexpected parties, dtype or shape mismatch, or a
+    sum beyond the parties' declared bound (masks that did not cancel).
     """
     expected = set(int(e) for e in expected_parties)
     got = set(int(k) for k in masked_uploads)
@@ -626,7 +652,7 @@ def unmask_sum(
     if not got:
         raise SecAggError("no uploads")
     _, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
-    return encoder.decode(sum_masked(arrs))
+    return _decode_honest_sum(encoder, sum_masked(arrs), len(expected))
 
 
 def recover_sum(
@@ -641,10 +667,16 @@ def recover_sum(
 
     ``masked_uploads``: uploads of ``mask_recoverable`` (survivors only);
     ``responses[v] = unmask_response(...)`` of survivors that answered the
-    unmask phase (at least ``threshold`` of them).  Raises
-    :class:`SecAggDropoutError` if fewer than ``threshold`` parties answer.
+    unmask phase (at least ``threshold`` of them; the same ``threshold`` the
+    parties split their seeds with).  Raises :class:`SecAggDropoutError` if
+    fewer than ``threshold`` parties answer, :class:`SecAggError` if the sum lies
+    beyond the survivors' declared bound (e.g. a threshold below the parties' one
+    reconstructs wrong seeds).
     """
     expected = set(int(e) for e in expected_parties)
+    if not 2 <= int(threshold) <= len(expected):
+        raise SecAggError(f"recover_sum: threshold={threshold}; valid: 2..{len(expected)} (the number of parties), "
+                          "the value the parties split their seeds with")
     surv = set(int(k) for k in masked_uploads)
     if surv - expected:
         raise SecAggError(f"uploads from unexpected party id(s) {sorted(surv - expected)}")
@@ -683,4 +715,4 @@ def recover_sum(
             if corr.dtype != encoder.dtype or corr.size != n:
                 raise SecAggError(f"party {v}: bad correction vector (dtype {corr.dtype}, size {corr.size} != {n})")
             np.subtract(acc, corr.reshape(-1), out=acc)
-    return encoder.decode(acc.reshape(shape))
+    return _decode_honest_sum(encoder, acc.reshape(shape), len(surv))
