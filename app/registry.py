@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from app.config import ConfigError, Param, RunConfig, Schema
 from app.data import DATASETS
-from app.data.params import DATA_PARAMS, SEED
+from app.data.params import DATA_PARAMS, SEED, data_keys_read
 from app.data.partition import PARTITIONERS
 from app.transport import POLL_MODES
 from clients.fedavg_dmon import FedAvgDMoNClient
@@ -96,6 +96,14 @@ def schema() -> Schema:
     for entry in STRATEGIES.values():
         s.add(entry.strategy.params)
     return s
+
+
+def unused_keys(config: RunConfig, keys) -> list[str]:
+    """Those of ``keys`` that neither the strategy, nor the dataset, nor the partitioner of
+    ``config`` reads: setting them has no effect."""
+    read = {p.key for p in core_params()} | {p.key for p in get(str(config["strategy"])).strategy.params}
+    read |= data_keys_read(str(config["dataset"]), str(config["partitioner"]))
+    return [k for k in keys if k not in read]
 
 
 def validate(raw: Mapping[str, Any]) -> RunConfig:

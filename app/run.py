@@ -134,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         out = _flag_or_set("--out", args.out, overrides, "out-dir")
         if out and (Path(out) / RESULT_FILE).exists():
             raise ConfigError(f"--out {out} already holds a {RESULT_FILE}; valid: a new or empty directory")
+        config = registry.validate({**overrides, "strategy": strategy, "dataset": dataset})
+        for key in registry.unused_keys(config, overrides):
+            print(f"warning: --set {key} has no effect with strategy '{strategy}', dataset '{dataset}' and "
+                  f"partitioner '{config['partitioner']}'", file=sys.stderr)
         result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine)
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -251,3 +251,15 @@ def test_simulation_reports_a_run_time_config_error_and_keeps_an_earlier_result(
         run_experiment("fedkmeans", "karate", 2, {}, tmp_path, engine="simulation")
     assert (tmp_path / "result.json").read_text() == "{}"
 
+
+
+def test_cli_warns_about_settings_nothing_reads(tmp_path, capsys):
+    from app.run import main
+
+    argv = ["--engine", "inprocess", "--strategy", "fedkmeans", "--dataset", "karate", "--num-clients", "2",
+            "--out", str(tmp_path / "r"), "--set", "sbm.nodes=50", "--set", "partition.alpha=0.3",
+            "--set", "fedsc.sigma=1", "--set", "partition.overlap=0", "--set", "fedkmeans.tol=1e-4"]
+    assert main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: --set {key} has no effect with strategy 'fedkmeans', dataset 'karate' and "
+                        "partitioner 'node-random'" for key in ("sbm.nodes", "partition.alpha", "fedsc.sigma")]

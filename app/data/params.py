@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from app.config import ConfigError, Param
 
-from .datasets import DATASET_PARAMS
+from .datasets import DATASET_PARAMS, FILE_DATASETS
 from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, VERTICAL_SPLITS
 
 #: The run-config's seed (data generation, partitioning and the protocol); also
@@ -88,6 +88,12 @@ _PARTITION_KEYS = {
 
 assert all(set(v.values()) == set(DATASET_PARAMS[k]) for k, v in _DATASET_KEYS.items())
 assert all(set(v) <= set(_PARTITION_KEYS) for v in PARTITION_PARAMS.values())
+
+
+def data_keys_read(dataset: str, partitioner: str) -> set[str]:
+    """The data run-config keys that ``dataset`` and ``partitioner`` read (the others have no effect)."""
+    keys = set(_DATASET_KEYS.get(dataset, {})) | {_PARTITION_KEYS[kw] for kw in PARTITION_PARAMS[partitioner]}
+    return keys | ({"data-root"} if dataset in FILE_DATASETS else set())
 
 
 def _value(config_values: Mapping[str, Any], key: str) -> Any:
