@@ -36,6 +36,7 @@ from app.transport import (
     CommStats,
     ProtocolError,
     ReplySpec,
+    ValueSpec,
     NO_REPLY,
     describe,
     exchange,
@@ -44,7 +45,10 @@ from app.transport import (
 )
 
 HELLO = "hello"
-HELLO_SPEC = ReplySpec(values=("partition_id", "num_partitions"))
+HELLO_SPEC = ReplySpec(values=("dataset", "partitioner"),
+                       numbers={"partition_id": ValueSpec(whole=True, low=0),
+                                "num_partitions": ValueSpec(whole=True, low=1),
+                                "num_rows": ValueSpec(whole=True, low=0)})
 SECAGG_SETUP = "secagg_setup"
 SECAGG_AGREE = "secagg_agree"
 SETTLE_S = 1.0
@@ -263,9 +267,15 @@ class ServerSession:
         session_id = f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
         replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": session_id}),
                                  ReplySpec(values=("public_key",)))
-        keys = {self.partition_of(n): bytes(unpack(c)[1]["public_key"]) for n, c in replies.items()}
-        relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
-        self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(values=("peers",)))
+        keys = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}
+        try:  # a key that is not 32 bytes, or another party's, is refused naming the party (= partition id)
+            relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
+        except SecAggDropoutError:
+            raise
+        except SecAggError as err:
+            raise ProtocolError(f"step '{SECAGG_SETUP}': {err}") from None
+        self.broadcast(SECAGG_AGREE, pack(values=relayed),
+                       ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
         self.ledger.add_mechanism(
             "secure-aggregation",
             protects="every upload marked masked: the server sees only the sum over the clients that mask "

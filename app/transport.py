@@ -153,23 +153,35 @@ class ValueSpec:
 
 @dataclass(frozen=True)
 class ReplySpec:
-    """What a valid reply must contain: named arrays and named values.
+    """What a valid reply must contain: named arrays and named values, and nothing else.
 
     ``same_length``: names of arrays that describe the same items (e.g. node
-    ids and their labels), whose first axes must agree.
+    ids and their labels), whose first axes must agree. ``optional``: values
+    a reply may carry or leave out, checked when present. Any other array or
+    value is refused: it would be recorded as an upload, and code that walks
+    every array (FedAvg) would average it in.
     """
 
     arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
     values: Sequence[str] = ()
     same_length: Sequence[str] = ()
     numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
+    optional: Mapping[str, ValueSpec] = field(default_factory=dict)
 
     def check(self, content: RecordDict) -> str | None:
         """Return why ``content`` is not a valid reply, or None."""
         try:
+            names, values = describe(content)  # names first: no decoding of an unexpected array
+            extra = sorted(set(names) - set(self.arrays))
+            if extra:
+                return f"unexpected array '{extra[0]}'"
             arrays, values = unpack(content)
         except Exception as err:  # malformed records from a misbehaving client
             return f"malformed reply: {err}"
+        for name, (shape, dtype) in names.items():  # the bookkeeping reads the declared metadata
+            if arrays[name].shape != shape or str(arrays[name].dtype) != dtype:
+                return (f"array '{name}' declares {dtype} {shape} but holds {arrays[name].dtype} "
+                        f"{arrays[name].shape}")
         reason = _first_problem(self.arrays, arrays, "array")
         if reason:
             return reason
@@ -185,7 +197,10 @@ class ReplySpec:
             items = value if isinstance(value, list) else [value]
             if any(isinstance(v, float) and not np.isfinite(v) for v in items):
                 return f"value '{name}' is {value}"
-        return _first_problem(self.numbers, values, "value")
+        reason = _first_problem({**self.numbers, **{n: v for n, v in self.optional.items() if n in values}},
+                                values, "value")
+        extra = sorted(set(values) - set(self.values) - set(self.numbers) - set(self.optional))
+        return reason or (f"unexpected value '{extra[0]}'" if extra else None)
 
 
 def _first_problem(specs: Mapping, found: Mapping, what: str) -> str | None:
@@ -242,18 +257,23 @@ class Exchange:
 
 def _push_and_poll(
     grid: Grid, messages: Sequence[Message], deadline: float
-) -> tuple[list[Message], set[int]]:
+) -> tuple[list[Message], set[int], set[int]]:
     """Push, then pull until every reply is in or ``deadline`` passes.
 
     The sleep between empty polls starts at 2 ms and doubles up to 50 ms;
     any reply resets it, since the others are usually close behind. About
     once a second the grid's node list is checked: a destination that has
     left the federation will not answer, so it is given up at once instead
-    of at the deadline. Returns the replies and the nodes that left.
+    of at the deadline. Returns the replies, the nodes that left and the
+    nodes whose message the grid did not take (an empty message id; Flower's
+    grid returns no ids at all for a batch it refuses as too large).
     """
     ids = list(grid.push_messages(messages))
-    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages)}
-    pending = set(ids)
+    if len(ids) != len(messages):
+        ids = [""] * len(messages)
+    undelivered = {m.metadata.dst_node_id for mid, m in zip(ids, messages) if not mid}
+    node_of = {mid: m.metadata.dst_node_id for mid, m in zip(ids, messages) if mid}
+    pending = set(node_of)
     received: list[Message] = []
     gone: set[int] = set()
     delay = POLL_START_S
@@ -276,7 +296,7 @@ def _push_and_poll(
         else:
             time.sleep(delay)
             delay = min(2 * delay, POLL_MAX_S)
-    return received, gone
+    return received, gone, undelivered
 
 
 POLL_MODES = ("backoff", "flower")
@@ -305,10 +325,11 @@ def exchange(
     down = sum(message_bytes(m) for m in messages)
     sent = {m.metadata.dst_node_id for m in messages}
     gone: set[int] = set()
+    undelivered: set[int] = set()
     if poll == "flower":
         received = list(grid.send_and_receive(messages, timeout=timeout))
     else:
-        received, gone = _push_and_poll(grid, messages, start + timeout)
+        received, gone, undelivered = _push_and_poll(grid, messages, start + timeout)
 
     # Attribute replies through the message they answer: an error reply the
     # SuperLink writes for an unreachable node comes from the SuperLink itself.
@@ -318,16 +339,24 @@ def exchange(
     up = 0
     for reply in received:
         node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        if node not in sent:  # answers no message of this exchange: not checked, not used
+            continue
+        up += message_bytes(reply)
+        if node in replies or node in rejected:  # one message, one reply: a second one voids both
+            replies.pop(node, None)
+            rejected[node] = "more than one reply to one message"
+            continue
         if reply.has_error():
             rejected[node] = f"client error: {reply.error.reason}"
             continue
-        up += message_bytes(reply)
         spec = expect.get(node) if isinstance(expect, Mapping) else expect
         reason = spec.check(reply.content) if spec is not None else None
         if reason:
             rejected[node] = reason
         else:
             replies[node] = reply.content
+    for node in undelivered:
+        rejected[node] = "the grid did not take the message (not stored, or the batch too large)"
     for node in gone - set(replies) - set(rejected):
         rejected[node] = "left the federation (SuperNode disconnected)"
     for node in sent - set(replies) - set(rejected):

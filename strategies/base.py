@@ -47,6 +47,8 @@ class StrategyOutput:
         if self.ids is None:
             return np.asarray(self.labels, dtype=np.int64)
         ids = np.asarray(self.ids)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ProtocolError(f"item ids of dtype {ids.dtype}; valid: integers")
         if ids.shape != np.shape(self.labels):
             raise ProtocolError(f"{ids.size} item ids for {np.size(self.labels)} labels")
         if ids.size and (ids.min() < 0 or ids.max() >= num_items):

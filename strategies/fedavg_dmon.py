@@ -264,15 +264,16 @@ class FedAvgDMoN(ClusteringStrategy):
         assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
                                         "labels": ArraySpec((None,), kind="iu", low=0, high=k),
                                         "owned": ArraySpec((None,), kind="iu", low=0, high=2)},
-                                same_length=("node_ids", "labels", "owned"))
+                                same_length=("node_ids", "labels", "owned"),
+                                optional={name: ValueSpec(low=-1.0, high=1.0) for name in proto.CLIENT_METRICS})
         out = session.broadcast("dmon_assign", pack(final if federated else None, {"k": k}), assign_spec)
         ids, labels, per_client = [], [], []
         for node, content in out.items():
             arrays, vals = unpack(content)
             n = arrays["node_ids"].size
             own = arrays["owned"].astype(bool)
-            ids.append(arrays["node_ids"][own])
-            labels.append(arrays["labels"][own])
+            ids.append(arrays["node_ids"][own].astype(np.int64))  # int64 and uint64 would concatenate to float64
+            labels.append(arrays["labels"][own].astype(np.int64))
             per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
                                **{k_: float(v) for k_, v in vals.items()}})
         dropped = sorted(session.partition_of(n) for n in session.dropped)

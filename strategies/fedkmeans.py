@@ -101,8 +101,9 @@ class FedKMeans(ClusteringStrategy):
                               "labels": ArraySpec((None,), kind="iu", low=0, high=k)},
                       same_length=("node_ids", "labels")),
         )
-        ids = np.concatenate([unpack(c)[0]["node_ids"] for c in final.values()])
-        labels = np.concatenate([unpack(c)[0]["labels"] for c in final.values()])
+        # int64 each: int64 and uint64 replies would concatenate to float64
+        ids = np.concatenate([unpack(c)[0]["node_ids"].astype(np.int64) for c in final.values()])
+        labels = np.concatenate([unpack(c)[0]["labels"].astype(np.int64) for c in final.values()])
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
     @staticmethod

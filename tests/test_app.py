@@ -223,3 +223,30 @@ def test_the_server_app_lets_flower_see_a_config_error_unless_app_run_collects_i
     with pytest.raises(SystemExit) as exit_info:
         build_server_app(bad, errors)(None, context)
     assert exit_info.value.code == 2 and [type(e) for e in errors] == [ConfigError]
+
+
+def test_unsigned_node_ids_from_one_client_give_the_same_labels(tmp_path, monkeypatch):
+    """int64 and uint64 ids concatenate to float64, which used to crash the server unattributed."""
+    from clients.fedkmeans import FedKMeansClient
+
+    honest = run_experiment("fedkmeans", "iris", 3, {}, tmp_path / "honest")
+    patch_reply(monkeypatch, FedKMeansClient, "kmeans_assign",
+                lambda shard, out, vals: ({**out, "node_ids": out["node_ids"].astype(np.uint64)}, vals), client=1)
+    unsigned = run_experiment("fedkmeans", "iris", 3, {}, tmp_path / "unsigned")
+    assert np.array_equal(np.load(tmp_path / "honest" / "labels.npy"), np.load(tmp_path / "unsigned" / "labels.npy"))
+    assert unsigned["metrics"]["acc"] == honest["metrics"]["acc"]
+
+
+def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_path, monkeypatch):
+    from app.transport import ProtocolError
+    from clients.base import ClusteringClient
+
+    honest = ClusteringClient.on_secagg_setup
+
+    def short_key(self, arrays, values):
+        out, vals = honest(self, arrays, values)
+        return out, ({**vals, "public_key": 32} if self.shard.client_id == 1 else vals)
+
+    monkeypatch.setattr(ClusteringClient, "on_secagg_setup", short_key)
+    with pytest.raises(ProtocolError, match=r"^step 'secagg_setup': party 1: public key must be 32 bytes, got int$"):
+        run_experiment("fedkmeans", "iris", 3, {"fedkmeans.secure": True}, tmp_path / "r")

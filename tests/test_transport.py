@@ -26,7 +26,8 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
     @app.query("hello")
     def hello(message, context):
         pid = context.node_config["partition-id"]
-        values = {"partition_id": pid, "num_partitions": context.node_config["num-partitions"]}
+        values = {"partition_id": pid, "num_partitions": context.node_config["num-partitions"], "num_rows": N,
+                  "dataset": "sbm", "partitioner": "node-random"}
         return Message(pack(values=values), reply_to=message)
 
     @app.query("block")
@@ -53,6 +54,20 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
             return Message(pack({"block": out}, {"count": float("nan")}), reply_to=message)
         if kind == "nan-in-list":
             return Message(pack({"block": out}, {"count": [1.0, float("nan")]}), reply_to=message)
+        if kind == "extra-array":  # FedAvg over every array would average it in
+            return Message(pack({"block": out, "w.extra": np.zeros(2_000_000)}, {"count": N}), reply_to=message)
+        if kind == "extra-value":
+            return Message(pack({"block": out}, {"count": N, "note": "hi"}), reply_to=message)
+        if kind == "metadata":  # declares int8 (1,), carries the float64 block: the ledger reads the metadata
+            import io
+
+            from flwr.app import Array, ArrayRecord
+
+            buffer = io.BytesIO()
+            np.save(buffer, out, allow_pickle=False)
+            fake = Array(dtype="int8", shape=(1,), stype="numpy.ndarray", data=buffer.getvalue())
+            return Message(RecordDict({"arrays": ArrayRecord({"block": fake}),
+                                       "values": pack(values={"count": N})["values"]}), reply_to=message)
         return Message(pack({"block": out}, {"count": N}), reply_to=message)
 
     return app
@@ -91,6 +106,9 @@ def test_valid_replies_pass_and_clients_are_ordered_by_partition():
         ("nan-value", "value 'count' is nan"),
         ("nan-in-list", "value 'count' is [1.0, nan]"),
         ("raise", "client error: RuntimeError: disk on fire"),
+        ("extra-array", "unexpected array 'w.extra'"),
+        ("extra-value", "unexpected value 'note'"),
+        ("metadata", "array 'block' declares int8 (1,) but holds float64 (50, 3)"),
     ],
 )
 def test_malformed_reply_is_rejected_and_reported(kind, reason):
@@ -166,6 +184,77 @@ def test_disconnected_node_is_given_up_before_the_timeout():
     assert session.stats.rounds[-1]["seconds"] < 30  # well before the 60 s timeout
 
 
+class TamperingGrid(InProcessGrid):
+    """In-process grid that adds one forged reply to the first pull with replies: a second reply
+    to an answered message (``duplicate``), or a reply to a message never sent from a node never
+    asked (``stray``); or that refuses to take the messages of nodes in ``refused``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.forge, self.refused = None, set()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        return ["" if m.metadata.dst_node_id in self.refused else i for i, m in zip(ids, messages)]
+
+    def pull_messages(self, message_ids):
+        got = list(super().pull_messages(message_ids))
+        if got and self.forge:
+            forged = Message(pack({"block": np.full((N, 3), 7.0)}, {"count": N}),
+                             reply_to=Message(RecordDict(), dst_node_id=0, message_type="query.block"))
+            first = got[0].metadata
+            answers, sender = ((first.reply_to_message_id, first.src_node_id) if self.forge == "duplicate"
+                               else ("a message of another round", 4242))
+            forged.metadata.__dict__.update(_reply_to_message_id=answers, _src_node_id=sender)
+            got.append(forged)
+            self.forge = None
+        return got
+
+
+@pytest.mark.parametrize("forge", ["duplicate", "stray"])
+def test_a_second_reply_voids_the_first_and_a_stray_reply_is_ignored(forge):
+    grid = TamperingGrid(make_client_app({}), 3)
+    session = ServerSession(grid, registry.validate({"num-clients": 3, "timeout": 5}))
+    session.connect()
+    grid.forge = forge
+    replies = session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC, require_all=False)
+    if forge == "stray":  # from node 4242, never asked: not checked, not used
+        assert sorted(replies) == session.node_ids and session.rejects == []
+    else:  # one message, one reply
+        assert len(replies) == 2 and [r["reason"] for r in session.rejects] == ["more than one reply to one message"]
+    assert all(np.all(unpack(c)[0]["block"] == session.partition_of(n)) for n, c in replies.items())
+
+
+def test_a_message_the_grid_does_not_take_is_reported_at_once_not_at_the_timeout():
+    grid = TamperingGrid(make_client_app({}), 3)
+    session = ServerSession(grid, registry.validate({"num-clients": 3, "timeout": 600}))
+    session.connect()
+    grid.refused.add(session.node_ids[1])
+    with pytest.raises(ProtocolError, match=r"client 1 .*the grid did not take the message"):
+        session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+    assert session.stats.rounds[-1]["seconds"] < 60
+
+
+def test_an_error_reply_counts_its_bytes():
+    def error_app(size):
+        app = make_client_app({})
+
+        @app.query("fail")
+        def fail(message, context):
+            raise RuntimeError("x" * size)
+
+        return app
+
+    ups = []
+    for size in (10, 100_010):
+        session = session_for(error_app(size), num_nodes=2)
+        with pytest.raises(ProtocolError):
+            session.broadcast("fail", pack(values={"k": 1}), SPEC)
+        ups.append(session.stats.bytes_up)
+    assert ups[1] - ups[0] >= 2 * 100_000  # both clients' error texts
+
+
 def test_tolerant_step_drops_the_client_and_stops_below_min_clients():
     session = session_for(make_client_app({}), **{"min-clients": 3})
     content = pack({"v": np.zeros((N, 3))})
@@ -219,6 +308,29 @@ def test_handshake_refuses_inconsistent_partitions():
                                                {"partition-id": 0, "num-partitions": 2}])
     session = ServerSession(grid, registry.validate({"num-clients": 2, "timeout": 5}))
     with pytest.raises(ProtocolError, match=r"partition ids \[0, 0\] are not 0..1"):
+        session.connect()
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("partition_id", 1.7, "value 'partition_id' is 1.7, expected whole numbers"),
+    ("num_rows", -5, r"value 'num_rows' is -5, expected numbers in \[0, None\]"),
+    ("num_rows", None, "missing value 'num_rows'"),
+])
+def test_handshake_refuses_malformed_counts(field, value, reason):
+    """Every strategy sizes its checks by the announced rows (strategies.base.announced_rows)."""
+    app = ClientApp()
+
+    @app.query("hello")
+    def hello(message, context):
+        values = {"partition_id": context.node_config["partition-id"], "num_partitions": 2, "num_rows": N,
+                  "dataset": "sbm", "partitioner": "node-random"}
+        if context.node_config["partition-id"] == 1:
+            values[field] = value
+            values = {k: v for k, v in values.items() if v is not None}
+        return Message(pack(values=values), reply_to=message)
+
+    session = ServerSession(InProcessGrid(app, 2), registry.validate({"num-clients": 2, "timeout": 5}))
+    with pytest.raises(ProtocolError, match=rf"step 'hello' rejected 1 client\(s\): .*{reason}"):
         session.connect()
 
 

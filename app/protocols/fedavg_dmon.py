@@ -371,6 +371,11 @@ def combine_scores(scores: list[float], edges: list[int]) -> float:
     return float(s.mean()) if s.size else -math.inf
 
 
+#: What :func:`client_metrics` and the validation score may report (all in [-1, 1]).
+CLIENT_METRICS = ("acc", "nmi", "ari", "f1", "modularity_test", "conductance_test", "modularity_local",
+                  "conductance_local", "val_modularity")
+
+
 def client_metrics(labels: np.ndarray, y: np.ndarray | None, adj_test: sp.csr_matrix, adj: sp.csr_matrix) -> dict:
     """A client's own evaluation: ACC/NMI/ARI/macro-F1 on its nodes (needs ``y``),
     modularity/conductance on its test edges (``*_test``) and on its whole local graph."""
