@@ -11,6 +11,7 @@ prefix (``kcagc.local-factor``). Every key is declared once as a :class:`Param`;
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -156,8 +157,10 @@ class Schema:
     def validate(self, raw: Mapping[str, Any]) -> RunConfig:
         unknown = sorted(set(raw) - set(self.params))
         if unknown:
+            close = difflib.get_close_matches(unknown[0], list(self.params), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(
-                f"unknown config key '{unknown[0]}'; valid keys: "
+                f"unknown config key '{unknown[0]}'{hint}; valid keys: "
                 + ", ".join(sorted(self.params))
             )
         values = self.defaults()

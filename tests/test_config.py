@@ -26,6 +26,8 @@ def test_defaults_validate_and_resolve_auto_partitioner():
         ({"strategy": "kmeanz"}, ["'kmeanz'", "valid choices", "fedkmeans"]),
         ({"dataset": "coraa"}, ["'coraa'", "valid choices", "cora"]),
         ({"no-such-key": 1}, ["'no-such-key'", "valid keys", "num-rounds"]),
+        ({"fedkmean.secure": 1},
+         ["unknown config key 'fedkmean.secure' (did you mean 'fedkmeans.secure'?); valid keys"]),
         ({"num-rounds": 0}, ["0", "'num-rounds'", "out of range", "[1, 1000000]"]),
         ({"num-clients": 5000}, ["5000", "'num-clients'", "valid range", "1024"]),
         ({"seed": "abc"}, ["'abc'", "'seed'", "integer"]),
