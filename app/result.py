@@ -25,6 +25,12 @@ def default_out_dir(strategy: str, dataset: str) -> Path:
     return Path("results") / f"{strategy}-{dataset}-{stamp}"
 
 
+def file_in_the_way(directory: Path) -> Path | None:
+    """The first existing path that is a file, on the way to (and including) ``directory``:
+    the directory cannot be created or written into while there is one."""
+    return next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+
+
 def jsonable(value):
     """``value`` with numpy arrays/scalars, paths and non-finite floats made JSON-safe."""
     if isinstance(value, dict):

@@ -18,7 +18,7 @@ from app import registry
 from app.config import ConfigError
 from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
-from app.result import RESULT_FILE, default_out_dir
+from app.result import RESULT_FILE, default_out_dir, file_in_the_way
 from app.transport import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
@@ -39,7 +39,7 @@ def run_experiment(
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
     out = Path(out_dir or config["out-dir"] or default_out_dir(strategy, dataset)).resolve()
-    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(out)
     if blocking is not None:  # found now, not when the result is written after the whole run
         raise ConfigError(f"out-dir {str(out)!r}: {str(blocking)!r} is a file; valid: a directory for {RESULT_FILE}")
     raw["out-dir"] = str(out)

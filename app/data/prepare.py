@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from app.config import ConfigError
+from app.result import file_in_the_way
 
 from .datasets import DATASETS, resolve_data_root
 from .evaluation import CONTENTS
@@ -66,7 +67,7 @@ def _parse_sets(items: list[str]) -> dict:
 
 def _check_dir(flag: str, directory: Path, valid: str) -> None:
     """``directory`` can be created or is one: no file on its path."""
-    blocking = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(directory)
     if blocking is not None:
         raise ConfigError(f"{flag}: {str(blocking)!r} is a file; valid: {valid}")
 
