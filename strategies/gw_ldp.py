@@ -63,7 +63,8 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    outside -1..k-1, a label on a test graph, repeated graph ids or sizes that
    do not add up stops the run
    (:func:`app.protocols.gw_ldp.embedding_upload_problem`), as does a graph id
-   two clients both upload. A client encodes at its own ``gw-ldp.epsilon``
+   two clients both upload or a periodic release whose graph ids, sizes,
+   splits or labels differ from the client's release before. A client encodes at its own ``gw-ldp.epsilon``
    and refuses a request for another; a request sent again after a timeout
    (``retries``) gets the first draw's codes back, so it is no new release.
    The server uses each client's newest release: a client that dropped
@@ -242,16 +243,14 @@ class GWLDP(ClusteringStrategy):
             history.append({"round": rnd, "loss": loss})
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
                 released = self._pool_norm_statistics(session, weights, layers)
-                ups = self._embed(session, released, width, described, rnd)
-                latest.update({c: (rnd, up) for c, up in ups.items()})
+                self._keep(latest, rnd, self._embed(session, released, width, described, rnd))
                 releases += 1
         timing["train_s"] = time.perf_counter() - t0
         final_round = int(cfg["num-rounds"]) + 1
         t0 = time.perf_counter()
         weights = self._pool_norm_statistics(session, weights, layers)
         timing["norm_s"] = time.perf_counter() - t0
-        ups = self._embed(session, weights, width, described, final_round)
-        latest.update({c: (final_round, up) for c, up in ups.items()})
+        self._keep(latest, final_round, self._embed(session, weights, width, described, final_round))
         releases += 1
         uploads = self._combine(latest)
         self._record_ldp(session, uploads, releases)
@@ -380,6 +379,20 @@ class GWLDP(ClusteringStrategy):
             up["embeddings"] = [arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:])]
             out[client] = up
         return out
+
+    @staticmethod
+    def _keep(latest: dict, rnd: int, ups: dict) -> None:
+        """Make ``ups`` (round ``rnd``) each client's newest release. Only the codes may change between
+        releases: the graphs, their sizes, splits and labels are the client's data, so a release that
+        names other ones is refused."""
+        for client, up in ups.items():
+            if client in latest:
+                before = latest[client][1]
+                for name in ("graph_ids", "sizes", "split", "labels", "eval_labels"):
+                    if not np.array_equal(up[name], before[name]):
+                        raise ProtocolError(f"client {client}: its embedding release of round {rnd} changes "
+                                            f"'{name}' from its release of round {latest[client][0]}")
+            latest[client] = (rnd, up)
 
     @staticmethod
     def _combine(latest: dict) -> dict:

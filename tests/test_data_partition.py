@@ -315,16 +315,18 @@ def test_collection_errors(collection, sbm):
 
 
 def test_error_messages_are_one_line(sbm):
+    # A parameter is named by its keyword and its run-config key, which is what a run-config user typed.
     cases = [
         (dict(partitioner="nodes"), "unknown partitioner 'nodes'; valid choices: node-random"),
         (dict(partitioner="node-random", num_clients=0), "number of clients"),
         (dict(partitioner="node-random", num_clients=801), "at most 800"),
         (dict(partitioner="node-random", alpha=0.5), "unknown parameter 'alpha' for partitioner 'node-random'"),
-        (dict(partitioner="node-random", overlap=1.5), "overlap"),
+        (dict(partitioner="node-random", overlap=1.5), "'overlap' (run-config 'partition.overlap')"),
         (dict(partitioner="node-community", community="metis"), "valid choices: louvain, spectral"),
-        (dict(partitioner="node-dirichlet", alpha=0.0), "alpha"),
-        (dict(partitioner="node-dirichlet", min_size=500), "min-size"),
-        (dict(partitioner="khop", centres=2, num_clients=3), "centres"),
+        (dict(partitioner="node-dirichlet", alpha=0.0), "'alpha' (run-config 'partition.alpha')"),
+        (dict(partitioner="node-dirichlet", min_size=500), "lower 'min_size' (run-config 'partition.min-size')"),
+        (dict(partitioner="khop", centres=2, num_clients=3), "raise 'centres' (run-config 'khop.centres')"),
+        (dict(partitioner="vertical", sizes="1,2"), "for 'sizes' (run-config 'partition.sizes'); need 3"),
         (dict(partitioner="node-random", overlap="lots"), "invalid value 'lots' for 'overlap'"),
         (dict(partitioner="khop", hops=1.5), "invalid value 1.5 for 'hops'"),
     ]

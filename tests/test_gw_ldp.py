@@ -674,6 +674,29 @@ def test_a_malformed_embedding_upload_stops_the_run_and_names_the_client(out_dir
         run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "reference": False}, out_dir)
 
 
+def test_a_release_that_names_other_graphs_than_the_one_before_stops_the_run(out_dir, monkeypatch):
+    # Ids are checked for repeats and range only within one release; a later release must repeat
+    # the graphs of the earlier one, or the server would mix one client's codes under two sets of ids.
+    shared_datasets_or_skip()
+    from clients.gw_ldp import GWLDPClient
+
+    honest, calls = GWLDPClient.on_gw_embed, []
+
+    def shifted(self, arrays, values):
+        reply, vals = honest(self, arrays, values)
+        if self.shard.client_id == 1:
+            calls.append(1)
+            if len(calls) > 1:
+                reply["graph_ids"] = reply["graph_ids"] + 100_000
+        return reply, vals
+
+    monkeypatch.setattr(GWLDPClient, "on_gw_embed", shifted)
+    with pytest.raises(ProtocolError, match=r"^client 1: its embedding release of round 4 changes 'graph_ids' "
+                                            r"from its release of round 2$"):
+        run_experiment("gw-ldp", "citeseer", 2, {**KHOP, "khop.centres": 20, "gw-ldp.embed-every": 2,
+                                                 "gw-ldp.svc": False, "reference": False}, out_dir)
+
+
 def _trained_gin_and_client_batches(clients: int):
     """A GIN trained a few full-batch steps on 60 random graphs (so its statistics and
     weights are not at their initial values), the graphs cut into ``clients`` batches."""

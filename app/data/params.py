@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from app.config import ConfigError, Param
 
 from .datasets import DATASET_PARAMS, FILE_DATASETS
-from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, VERTICAL_SPLITS
+from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, RUN_CONFIG_KEYS, VERTICAL_SPLITS
 
 #: The run-config's seed (data generation, partitioning and the protocol); also
 #: ``python -m app.data.prepare --seed``.
@@ -71,28 +71,12 @@ _DATASET_KEYS = {
     "circles": {"circles.samples": "samples", "circles.noise": "noise", "circles.factor": "factor"},
 }
 
-#: kwarg name of a partitioner -> run-config key.
-_PARTITION_KEYS = {
-    "overlap": "partition.overlap",
-    "replicas": "partition.replicas",
-    "with_features": "partition.with-features",
-    "alpha": "partition.alpha",
-    "min_size": "partition.min-size",
-    "community": "partition.community",
-    "split": "partition.split",
-    "sizes": "partition.sizes",
-    "hops": "khop.hops",
-    "centres": "khop.centres",
-    "max_nodes": "khop.max-nodes",
-}
-
 assert all(set(v.values()) == set(DATASET_PARAMS[k]) for k, v in _DATASET_KEYS.items())
-assert all(set(v) <= set(_PARTITION_KEYS) for v in PARTITION_PARAMS.values())
 
 
 def data_keys_read(dataset: str, partitioner: str) -> set[str]:
     """The data run-config keys that ``dataset`` and ``partitioner`` read (the others have no effect)."""
-    keys = set(_DATASET_KEYS.get(dataset, {})) | {_PARTITION_KEYS[kw] for kw in PARTITION_PARAMS[partitioner]}
+    keys = set(_DATASET_KEYS.get(dataset, {})) | {RUN_CONFIG_KEYS[kw] for kw in PARTITION_PARAMS[partitioner]}
     return keys | ({"data-root"} if dataset in FILE_DATASETS else set())
 
 
@@ -133,4 +117,4 @@ def partition_kwargs(partitioner: str, config_values: Mapping[str, Any]) -> dict
     'min_size': 2}`` for node-dirichlet."""
     if partitioner not in PARTITIONERS:
         raise ConfigError(f"unknown partitioner {partitioner!r}; valid choices: " + ", ".join(PARTITIONERS))
-    return {kw: _value(config_values, _PARTITION_KEYS[kw]) for kw in PARTITION_PARAMS[partitioner]}
+    return {kw: _value(config_values, RUN_CONFIG_KEYS[kw]) for kw in PARTITION_PARAMS[partitioner]}

@@ -95,6 +95,28 @@ PARTITION_PARAMS: dict[str, dict[str, Any]] = {
     "graph-dirichlet": {"alpha": 0.5, "min_size": 2},
 }
 
+#: The run-config key of each keyword parameter (``app.data.params``), named beside it in errors.
+RUN_CONFIG_KEYS: dict[str, str] = {
+    "overlap": "partition.overlap",
+    "replicas": "partition.replicas",
+    "with_features": "partition.with-features",
+    "alpha": "partition.alpha",
+    "min_size": "partition.min-size",
+    "community": "partition.community",
+    "split": "partition.split",
+    "sizes": "partition.sizes",
+    "hops": "khop.hops",
+    "centres": "khop.centres",
+    "max_nodes": "khop.max-nodes",
+}
+assert all(set(v) <= set(RUN_CONFIG_KEYS) for v in PARTITION_PARAMS.values())
+
+
+def _name(kwarg: str) -> str:
+    """How an error names a parameter: its keyword and its run-config key."""
+    return f"'{kwarg}' (run-config '{RUN_CONFIG_KEYS[kwarg]}')"
+
+
 COMMUNITY_METHODS = ("louvain", "spectral")
 VERTICAL_SPLITS = ("contiguous", "random")
 
@@ -173,7 +195,7 @@ def _coerce(partitioner: str, name: str, value, default):
             return float(value)
         return str(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"invalid value {value!r} for '{name}' of partitioner '{partitioner}'; "
+        raise ConfigError(f"invalid value {value!r} for {_name(name)} of partitioner '{partitioner}'; "
                           f"expected {kind.__name__}") from None
 
 
@@ -188,7 +210,8 @@ def _check_range(name: str, value, low=None, high=None, partitioner: str = "") -
         lo = "-inf" if low is None else f"{low:g}"
         hi = "inf" if high is None else f"{high:g}"
         raise ConfigError(
-            f"value {value!r} for '{name}' of partitioner '{partitioner}' is out of range; valid range: [{lo}, {hi}]"
+            f"value {value!r} for {_name(name)} of partitioner '{partitioner}' is out of range; "
+            f"valid range: [{lo}, {hi}]"
         )
 
 
@@ -359,7 +382,7 @@ def _spectral_parts(adj: sp.csr_matrix, k: int, rng: np.random.Generator) -> np.
 
 def _node_community(data, num_clients, seed, overlap, community):
     if community not in COMMUNITY_METHODS:
-        raise ConfigError(f"invalid value {community!r} for 'community'; valid choices: "
+        raise ConfigError(f"invalid value {community!r} for {_name('community')}; valid choices: "
                           + ", ".join(COMMUNITY_METHODS))
     rng = _rng(seed, "node-community")
     n = data.num_nodes
@@ -395,7 +418,8 @@ def dirichlet_assign(labels: np.ndarray, num_clients: int, alpha: float, min_siz
     every client holds at least ``min_size`` items. Label -1 is its own group."""
     n = labels.size
     if min_size * num_clients > n:
-        raise ConfigError(f"min-size {min_size} x {num_clients} clients exceeds the {n} {what}; lower min-size")
+        raise ConfigError(f"min_size {min_size} x {num_clients} clients exceeds the {n} {what}; "
+                          f"lower {_name('min_size')}")
     classes, inv = np.unique(labels, return_inverse=True)
     order = np.argsort(inv, kind="stable")
     bounds = np.searchsorted(inv[order], np.arange(classes.size + 1))
@@ -409,14 +433,15 @@ def dirichlet_assign(labels: np.ndarray, num_clients: int, alpha: float, min_siz
             assign[idx] = np.repeat(np.arange(num_clients), np.diff(np.concatenate([[0], cuts, [idx.size]])))
         if np.bincount(assign, minlength=num_clients).min() >= min_size:
             return assign
-    raise ConfigError(f"Dirichlet split with alpha={alpha} did not give every client min-size={min_size} "
-                      f"{what} in {max_tries} draws; raise alpha or lower min-size")
+    raise ConfigError(f"Dirichlet split with alpha={alpha} did not give every client min_size={min_size} "
+                      f"{what} in {max_tries} draws; raise {_name('alpha')} or lower {_name('min_size')}")
 
 
 def _check_dirichlet(partitioner, alpha, min_size):
     if not alpha > 0:
-        raise ConfigError(f"value {alpha!r} for 'alpha' of partitioner '{partitioner}' is out of range; need alpha > 0")
-    _check_range("min-size", min_size, 0, None, partitioner)
+        raise ConfigError(f"value {alpha!r} for {_name('alpha')} of partitioner '{partitioner}' is out of range; "
+                          "need alpha > 0")
+    _check_range("min_size", min_size, 0, None, partitioner)
 
 
 def _labels_or_error(data: GraphData, partitioner: str) -> np.ndarray:
@@ -524,9 +549,9 @@ def _vertical(data, num_clients, seed, split, sizes):
         try:
             sz = [int(s) for s in str(sizes).replace(";", ",").split(",") if s.strip()]
         except ValueError:
-            raise ConfigError(f"invalid value {sizes!r} for 'sizes'; expected comma-separated integers") from None
+            raise ConfigError(f"invalid value {sizes!r} for {_name('sizes')}; expected comma-separated integers") from None
         if len(sz) != num_clients or min(sz) < 1 or sum(sz) != f:
-            raise ConfigError(f"invalid value {sizes!r} for 'sizes'; need {num_clients} positive integers "
+            raise ConfigError(f"invalid value {sizes!r} for {_name('sizes')}; need {num_clients} positive integers "
                               f"summing to the {f} feature columns")
         sz = np.array(sz)
     else:
@@ -535,7 +560,7 @@ def _vertical(data, num_clients, seed, split, sizes):
         sz = np.full(num_clients, f // num_clients)
         sz[: f % num_clients] += 1
     if split not in VERTICAL_SPLITS:
-        raise ConfigError(f"invalid value {split!r} for 'split'; valid choices: " + ", ".join(VERTICAL_SPLITS))
+        raise ConfigError(f"invalid value {split!r} for {_name('split')}; valid choices: " + ", ".join(VERTICAL_SPLITS))
     cols = np.arange(f, dtype=np.int64) if split == "contiguous" else rng.permutation(f).astype(np.int64)
     bounds = np.concatenate([[0], np.cumsum(sz)])
     x = data.x.tocsc() if sp.issparse(data.x) else data.x
@@ -586,12 +611,12 @@ def khop_nodes(adj: sp.csr_matrix, centre: int, hops: int, max_nodes: int,
 def _khop(data, num_clients, seed, hops, centres, max_nodes):
     _check_range("hops", hops, 0, None, "khop")
     _check_range("centres", centres, 0, data.num_nodes, "khop")
-    _check_range("max-nodes", max_nodes, 0, None, "khop")
+    _check_range("max_nodes", max_nodes, 0, None, "khop")
     rng = _rng(seed, "khop")
     n = data.num_nodes
     k = n if centres == 0 else int(centres)
     if k < num_clients:
-        raise ConfigError(f"khop: {k} centres cannot be split over {num_clients} clients; raise centres")
+        raise ConfigError(f"khop: {k} centres cannot be split over {num_clients} clients; raise {_name('centres')}")
     chosen = rng.choice(n, size=k, replace=False).astype(np.int64)
     assign = np.arange(k) % num_clients
     adj = data.adj
