@@ -14,7 +14,6 @@ weighted k-means on the union of local centres.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 
 def assign(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,6 +59,8 @@ def update_centres(centres: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
 
 def local_seeds(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Client init: k-means++ centres of the local rows and their sizes."""
+    from sklearn.cluster import KMeans  # here, not at the top: the ClientApp process of every message imports this module
+
     k_local = min(k, len(x))
     km = KMeans(k_local, init="k-means++", n_init=1, random_state=seed).fit(x)
     return km.cluster_centers_, np.bincount(km.labels_, minlength=k_local).astype(np.float64)
@@ -69,5 +70,7 @@ def merge_seeds(centres: np.ndarray, weights: np.ndarray, k: int, seed: int) -> 
     """Server init: weighted k-means++ / Lloyd on the union of local centres."""
     if len(centres) < k:
         raise ValueError(f"only {len(centres)} local centres for k={k}; need at least k rows in total")
+    from sklearn.cluster import KMeans
+
     km = KMeans(k, init="k-means++", n_init=10, random_state=seed)
     return km.fit(centres, sample_weight=weights).cluster_centers_
