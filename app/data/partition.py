@@ -549,7 +549,8 @@ def _vertical(data, num_clients, seed, split, sizes):
         try:
             sz = [int(s) for s in str(sizes).replace(";", ",").split(",") if s.strip()]
         except ValueError:
-            raise ConfigError(f"invalid value {sizes!r} for {_name('sizes')}; expected comma-separated integers") from None
+            raise ConfigError(f"invalid value {sizes!r} for {_name('sizes')}; "
+                              "expected comma-separated integers") from None
         if len(sz) != num_clients or min(sz) < 1 or sum(sz) != f:
             raise ConfigError(f"invalid value {sizes!r} for {_name('sizes')}; need {num_clients} positive integers "
                               f"summing to the {f} feature columns")

@@ -59,7 +59,8 @@ def update_centres(centres: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
 
 def local_seeds(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Client init: k-means++ centres of the local rows and their sizes."""
-    from sklearn.cluster import KMeans  # here, not at the top: the ClientApp process of every message imports this module
+    # imported here: a deployed ClientApp process, started for every message, imports this module
+    from sklearn.cluster import KMeans
 
     k_local = min(k, len(x))
     km = KMeans(k_local, init="k-means++", n_init=1, random_state=seed).fit(x)
