@@ -12,6 +12,7 @@ ledger.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -61,6 +62,18 @@ class ClientInfo:
     node_id: int
     partition_id: int
     summary: dict
+
+
+@contextmanager
+def _stops_the_run(where: str):
+    """A secure-aggregation input that is refused (a malformed key, a sum beyond the declared
+    bounds) stops the run as a ProtocolError naming ``where``; a dropout stays a dropout."""
+    try:
+        yield
+    except SecAggDropoutError:
+        raise
+    except SecAggError as err:
+        raise ProtocolError(f"{where}: {err}") from None
 
 
 class ServerSession:
@@ -268,12 +281,8 @@ class ServerSession:
         replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": session_id}),
                                  ReplySpec(values=("public_key",)))
         keys = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}
-        try:  # a key that is not 32 bytes, or another party's, is refused naming the party (= partition id)
+        with _stops_the_run(f"step '{SECAGG_SETUP}'"):  # a key not 32 bytes, or another party's, names the party
             relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
-        except SecAggDropoutError:
-            raise
-        except SecAggError as err:
-            raise ProtocolError(f"step '{SECAGG_SETUP}': {err}") from None
         self.broadcast(SECAGG_AGREE, pack(values=relayed),
                        ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
         self.ledger.add_mechanism(
@@ -321,11 +330,7 @@ class ServerSession:
         encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
         uploads = {self.partition_of(n): unpack(c)[0][name] for n, c in replies.items()}
         expected = set(range(len(self.clients))) if parties is None else set(parties)
-        try:
+        with _stops_the_run(f"secure sum {values['secagg_tag']!r}"):
             total = unmask_sum(uploads, expected, encoder)
-        except SecAggDropoutError:
-            raise
-        except SecAggError as err:
-            raise ProtocolError(f"secure sum {values['secagg_tag']!r}: {err}") from None
         self.stats.secure_aggregations += 1
         return total

@@ -140,6 +140,12 @@ def common_feature_dimension(widths) -> int:
     return dims[0]
 
 
+def concat_int64(parts) -> np.ndarray:
+    """Integer arrays from several clients as one int64 array: each part is cast first,
+    since an int64 and a uint64 part would concatenate to float64."""
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
+
 def announced_rows(session) -> dict[int, int]:
     """The rows (nodes or samples) each client announced in the hello handshake, by node id."""
     return {c.node_id: int(c.summary["num_rows"]) for c in session.clients}

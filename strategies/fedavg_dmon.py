@@ -72,7 +72,7 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension
+from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension, concat_int64
 
 MODES = ("federated", "isolated", "centralised")
 SELECT = ("val-modularity", "last")
@@ -272,8 +272,8 @@ class FedAvgDMoN(ClusteringStrategy):
             arrays, vals = unpack(content)
             n = arrays["node_ids"].size
             own = arrays["owned"].astype(bool)
-            ids.append(arrays["node_ids"][own].astype(np.int64))  # int64 and uint64 would concatenate to float64
-            labels.append(arrays["labels"][own].astype(np.int64))
+            ids.append(arrays["node_ids"][own])
+            labels.append(arrays["labels"][own])
             per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
                                **{k_: float(v) for k_, v in vals.items()}})
         dropped = sorted(session.partition_of(n) for n in session.dropped)
@@ -286,7 +286,7 @@ class FedAvgDMoN(ClusteringStrategy):
         if mech is not None:
             metrics["dp_epsilon"] = mech.epsilon()
             metrics["dp_noise_multiplier"] = mech.noise_multiplier
-        return StrategyOutput(labels=np.concatenate(labels), ids=np.concatenate(ids), history=history,
+        return StrategyOutput(labels=concat_int64(labels), ids=concat_int64(ids), history=history,
                               metrics=metrics)
 
     def reference(self, data) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.protocols import fedkmeans as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows
+from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, concat_int64
 
 
 class FedKMeans(ClusteringStrategy):
@@ -101,9 +101,8 @@ class FedKMeans(ClusteringStrategy):
                               "labels": ArraySpec((None,), kind="iu", low=0, high=k)},
                       same_length=("node_ids", "labels")),
         )
-        # int64 each: int64 and uint64 replies would concatenate to float64
-        ids = np.concatenate([unpack(c)[0]["node_ids"].astype(np.int64) for c in final.values()])
-        labels = np.concatenate([unpack(c)[0]["labels"].astype(np.int64) for c in final.values()])
+        ids = concat_int64(unpack(c)[0]["node_ids"] for c in final.values())
+        labels = concat_int64(unpack(c)[0]["labels"] for c in final.values())
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
     @staticmethod

@@ -68,7 +68,8 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension
+from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
+                             concat_int64)
 
 #: Bandwidths whose 2 sigma^2 is a normal float64 (a smaller one makes every
 #: kernel entry 0/0, a larger one every entry 1).
@@ -194,7 +195,7 @@ class FedSC(ClusteringStrategy):
             self._record_dp(session, dp)  # refresh the release counts in the ledger
         blocks = [unpack(content)[0] for content in final.values()]
         c = np.hstack([b["c"] for b in blocks])
-        ids = np.concatenate([b["node_ids"] for b in blocks]).astype(np.int64)
+        ids = concat_int64(b["node_ids"] for b in blocks)
         self._check_sample_ids(session, final, blocks, ids)
         affinity = proto.reconstruct(z, c, sigma)
         if not np.isfinite(affinity).all():

@@ -64,9 +64,10 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    do not add up stops the run
    (:func:`app.protocols.gw_ldp.embedding_upload_problem`), as does a graph id
    two clients both upload or a periodic release whose graph ids, sizes,
-   splits or labels differ from the client's release before. A client encodes at its own ``gw-ldp.epsilon``
-   and refuses a request for another; a request sent again after a timeout
-   (``retries``) gets the first draw's codes back, so it is no new release.
+   splits or labels differ from the client's release before. A client
+   encodes at its own ``gw-ldp.epsilon`` and refuses a request for another;
+   a request sent again after a timeout (``retries``) gets the first draw's
+   codes back, so it is no new release.
    The server uses each client's newest release: a client that dropped
    before the last one keeps its periodic release in the matrix (Algorithm
    2's reason for the periodic signal; ``stale_clients`` lists it with that release's round), a

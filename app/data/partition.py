@@ -561,7 +561,8 @@ def _vertical(data, num_clients, seed, split, sizes):
         sz = np.full(num_clients, f // num_clients)
         sz[: f % num_clients] += 1
     if split not in VERTICAL_SPLITS:
-        raise ConfigError(f"invalid value {split!r} for {_name('split')}; valid choices: " + ", ".join(VERTICAL_SPLITS))
+        raise ConfigError(f"invalid value {split!r} for {_name('split')}; valid choices: "
+                          + ", ".join(VERTICAL_SPLITS))
     cols = np.arange(f, dtype=np.int64) if split == "contiguous" else rng.permutation(f).astype(np.int64)
     bounds = np.concatenate([[0], np.cumsum(sz)])
     x = data.x.tocsc() if sp.issparse(data.x) else data.x
