@@ -147,8 +147,13 @@ class ValueSpec:
             if not number or not np.isfinite(v) or (self.whole and whole_number(v) is None):
                 return f"value '{name}' is {value!r}, expected {'whole' if self.whole else 'finite'} numbers"
             if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
-                return f"value '{name}' is {value!r}, expected numbers in [{self.low}, {self.high}]"
+                return f"value '{name}' is {value!r}, expected numbers {self._range()}"
         return None
+
+    def _range(self) -> str:
+        if self.high is None:
+            return f">= {self.low}"
+        return f"<= {self.high}" if self.low is None else f"in [{self.low}, {self.high}]"
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,9 @@ class ReplySpec:
 
     def check(self, content: RecordDict) -> str | None:
         """Return why ``content`` is not a valid reply, or None."""
+        stray = sorted(set(content.keys()) - {ARRAYS, VALUES})
+        if stray:  # pack() makes no other record: the ledger would not see it
+            return f"unexpected record '{stray[0]}'"
         try:
             names, values = describe(content)  # names first: no decoding of an unexpected array
             extra = sorted(set(names) - set(self.arrays))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 import numpy as np
 
@@ -144,6 +144,35 @@ def concat_int64(parts) -> np.ndarray:
     """Integer arrays from several clients as one int64 array: each part is cast first,
     since an int64 and a uint64 part would concatenate to float64."""
     return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
+
+def check_item_ids(session, step: str, ids_by_node: Mapping[int, np.ndarray], exclusive: bool,
+                   expected: Mapping[int, int] | None = None, below: int | None = None) -> None:
+    """Stop the run, naming the clients, on final item ids that cannot be theirs: negative
+    once cast to int64 (a uint64 id at or above 2^63 wraps there), at or above ``below``,
+    sent by two clients when ``exclusive`` (every item lives on one client), or, with
+    ``expected`` (node id -> count), a count other than the client announced. Without
+    ``below``, ids beyond the data are refused where the labels are laid out
+    (:meth:`StrategyOutput.dense_labels`), which cannot tell whose they were."""
+    from app.transport import ProtocolError
+
+    ids = {node: np.asarray(a, dtype=np.int64) for node, a in ids_by_node.items()}
+    repeated = np.empty(0, np.int64)
+    if exclusive and ids:
+        values, counts = np.unique(np.concatenate(list(ids.values())), return_counts=True)
+        repeated = values[counts > 1]
+    problems = []
+    for node, a in ids.items():
+        found = [f"{n} {what}" for n, what in (
+            (int((a < 0).sum()), "negative ids"),
+            (int((a >= below).sum()) if below is not None else 0, f"ids at or above {below}"),
+            (int(np.isin(a, repeated).sum()), "ids another client also sent")) if n]
+        if expected is not None and a.size != expected[node]:
+            found.append(f"{a.size} ids for the {expected[node]} rows it announced")
+        if found:
+            problems.append(f"client {session.partition_of(node)}: " + ", ".join(found))
+    if problems:
+        raise ProtocolError(f"step '{step}': item ids that cannot be the client's: " + "; ".join(problems))
 
 
 def announced_rows(session) -> dict[int, int]:

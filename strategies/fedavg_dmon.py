@@ -72,7 +72,8 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput, common_feature_dimension, concat_int64
+from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
+                             common_feature_dimension, concat_int64)
 
 MODES = ("federated", "isolated", "centralised")
 SELECT = ("val-modularity", "last")
@@ -183,8 +184,11 @@ class FedAvgDMoN(ClusteringStrategy):
         sizes = {n: unpack(v)[1] for n, v in init.items()}
         f = common_feature_dimension(s["num_features"] for s in sizes.values())
         counts = {n: int(s["num_nodes"]) for n, s in sizes.items()}
-        if min(counts.values()) < 1:
-            raise ProtocolError(f"a client holds no nodes: {counts}")
+        rows = announced_rows(session)
+        wrong = {session.partition_of(n): (count, rows[n]) for n, count in counts.items() if count != rows[n]}
+        if wrong:  # the FedAvg weight of a client is its node count: an inflated one would outvote the others
+            raise ProtocolError("step 'dmon_init': node counts other than announced in hello: " + ", ".join(
+                f"client {c} reports {got} for its {announced} nodes" for c, (got, announced) in sorted(wrong.items())))
         hidden, dropout = int(c[P + "hidden"]), float(c[P + "dropout"])
         shapes = proto.param_shapes(f, k, hidden)
         weights = proto.init_weights(f, k, seed, hidden, dropout)
@@ -267,9 +271,14 @@ class FedAvgDMoN(ClusteringStrategy):
                                 same_length=("node_ids", "labels", "owned"),
                                 optional={name: ValueSpec(low=-1.0, high=1.0) for name in proto.CLIENT_METRICS})
         out = session.broadcast("dmon_assign", pack(final if federated else None, {"k": k}), assign_spec)
+        replies = {node: unpack(content) for node, content in out.items()}
+        check_item_ids(session, "dmon_assign", {node: a["node_ids"] for node, (a, _) in replies.items()},
+                       exclusive=False, expected=rows)
+        # every node is owned by one client (copies made by partition.overlap are not owned)
+        check_item_ids(session, "dmon_assign", {node: a["node_ids"][a["owned"].astype(bool)]
+                                                for node, (a, _) in replies.items()}, exclusive=True)
         ids, labels, per_client = [], [], []
-        for node, content in out.items():
-            arrays, vals = unpack(content)
+        for node, (arrays, vals) in replies.items():
             n = arrays["node_ids"].size
             own = arrays["owned"].astype(bool)
             ids.append(arrays["node_ids"][own])

@@ -27,7 +27,7 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.protocols import fedkmeans as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
-from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, concat_int64
+from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 
 
 class FedKMeans(ClusteringStrategy):
@@ -62,6 +62,12 @@ class FedKMeans(ClusteringStrategy):
         local = {node: unpack(content)[0] for node, content in init.items()}
         for node, a in local.items():
             self._check_counts(session, node, "kmeans_init", a["counts"], rows[node], at_most=k)
+            with np.errstate(over="ignore"):
+                overflow = not np.isfinite(np.square(a["centres"]).sum(1)).all()
+            if a["centres"].shape[1] < 1 or overflow:  # every client squares distances to these centres
+                raise ProtocolError(f"step 'kmeans_init': client {session.partition_of(node)} (node {node}) sent "
+                                    f"centres of width {a['centres'].shape[1]} "
+                                    + ("whose squared norms overflow" if overflow else "(no features)"))
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}
         if len(set(widths.values())) != 1:
             raise ProtocolError(f"clients disagree on the feature dimension (client: width): {widths}")
@@ -101,8 +107,11 @@ class FedKMeans(ClusteringStrategy):
                               "labels": ArraySpec((None,), kind="iu", low=0, high=k)},
                       same_length=("node_ids", "labels")),
         )
-        ids = concat_int64(unpack(c)[0]["node_ids"] for c in final.values())
-        labels = concat_int64(unpack(c)[0]["labels"] for c in final.values())
+        replies = {node: unpack(content)[0] for node, content in final.items()}
+        check_item_ids(session, "kmeans_assign", {node: r["node_ids"] for node, r in replies.items()},
+                       exclusive=True, expected=rows)  # partition.overlap > 0 is refused: each row on one client
+        ids = concat_int64(r["node_ids"] for r in replies.values())
+        labels = concat_int64(r["labels"] for r in replies.values())
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
     @staticmethod

@@ -69,7 +69,7 @@ from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
-                             concat_int64)
+                             check_item_ids, concat_int64)
 
 #: Bandwidths whose 2 sigma^2 is a normal float64 (a smaller one makes every
 #: kernel entry 0/0, a larger one every entry 1).
@@ -195,8 +195,11 @@ class FedSC(ClusteringStrategy):
             self._record_dp(session, dp)  # refresh the release counts in the ledger
         blocks = [unpack(content)[0] for content in final.values()]
         c = np.hstack([b["c"] for b in blocks])
+        # without partition.overlap every sample lives on one client: else a client's columns
+        # would stand for another's samples and leave some unlabelled
+        check_item_ids(session, "fedsc_final", {node: b["node_ids"] for node, b in zip(final, blocks)},
+                       exclusive=float(cfg["partition.overlap"]) == 0, below=sum(announced_rows(session).values()))
         ids = concat_int64(b["node_ids"] for b in blocks)
-        self._check_sample_ids(session, final, blocks, ids)
         affinity = proto.reconstruct(z, c, sigma)
         if not np.isfinite(affinity).all():
             raise ProtocolError("step 'fedsc_final': the reconstructed affinity C'K(Z,Z)C is not finite: an upload "
@@ -212,30 +215,24 @@ class FedSC(ClusteringStrategy):
         metrics = {"sigma": sigma, "landmarks": d}
         return StrategyOutput(labels=labels, ids=ids, history=history, metrics=metrics)
 
-    def _check_sample_ids(self, session, final, blocks, ids) -> None:
-        """Every sample id below the samples announced in hello, and, without
-        ``partition.overlap`` (no sample on two clients), none on two clients: else a
-        client's columns would stand for another's samples and leave some unlabelled."""
-        total = sum(announced_rows(session).values())
-        _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-        bad = ids >= total
-        if float(self.config["partition.overlap"]) == 0:
-            bad |= counts[inverse] > 1
-        if bad.any():
-            owners = np.concatenate([np.full(b["node_ids"].size, session.partition_of(n))
-                                     for n, b in zip(final, blocks)])
-            raise ProtocolError(f"step 'fedsc_final': sample ids outside 0..{total - 1} or on two clients "
-                                f"(partition.overlap=0) from client(s) {sorted(set(owners[bad].tolist()))}")
-
     def _bandwidth(self, session) -> tuple[float, int]:
         """Step 1: sigma (given, or from the clients' distance sums) and the feature dimension m."""
         estimate = not self.config["fedsc.sigma"] > 0
-        wanted = ("distance_sum", "pairs", "features") if estimate else ("features",)
-        replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}), ReplySpec(values=wanted))
+        numbers = {"features": ValueSpec(whole=True, low=1)}
+        if estimate:
+            numbers.update(distance_sum=ValueSpec(low=0), pairs=ValueSpec(whole=True, low=0))
+        replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}),
+                                    ReplySpec(numbers=numbers))
         vals = [unpack(c)[1] for c in replies.values()]
         features = common_feature_dimension(v["features"] for v in vals)
         if not estimate:
             return float(self.config["fedsc.sigma"]), features
+        rows = announced_rows(session)
+        for node, v in zip(replies, vals):  # the pairs of a client's own samples: fixed by its row count
+            if v["pairs"] != rows[node] * (rows[node] - 1) // 2:
+                raise ProtocolError(f"step 'fedsc_bandwidth': client {session.partition_of(node)} reports "
+                                    f"{v['pairs']!r} pairs for its {rows[node]} samples; expected "
+                                    f"{rows[node] * (rows[node] - 1) // 2}")
         try:
             sigma = proto.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
         except ValueError as err:

@@ -78,6 +78,16 @@ def _send_labels(session, labels: np.ndarray) -> None:
     session.broadcast("labels", pack({"labels": labels.astype(np.int64)}), ReplySpec(values=("received",)))
 
 
+
+def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
+    """Reject a summed degree vector no graph on ``n`` nodes gives: every client's part
+    ``A_c 1 / r`` lies in [0, n], so the sum does too, up to ``slack`` for the clients'
+    Gaussian noise (12 standard deviations of the summed noise) and fixed-point rounding."""
+    slack += 1e-6
+    if d.size and (d.min() < -slack or d.max() > n + slack):
+        raise ProtocolError(f"step 'fedspectral_degrees': the summed degrees range from {d.min():.6g} to "
+                            f"{d.max():.6g}, outside [0, {n}] (noise allowance {slack:.3g}); an upload is malformed")
+
 class FedSpectral(ClusteringStrategy):
     name = "fedspectral"
     summary = "FedSpectral baseline: local spectral labels, co-association spectral clustering on the server"
@@ -277,6 +287,7 @@ class FedSpectralPlus(ClusteringStrategy):
             d = session.secure_sum(replies, "degrees", values)
         else:
             d = np.asarray(unpack(next(iter(replies.values())))[0]["degrees"], dtype=np.float64)
+        _check_degrees(d, n, 12.0 * deg_noise * np.sqrt(len(session.clients)))
         session.ledger.add_mechanism(
             "fedspectral-plus:global-degrees",
             protects=("per-client degrees (masked)" if masked else "nothing: one client, whose degrees are the sum")

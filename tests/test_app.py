@@ -156,6 +156,43 @@ def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, mon
     assert not (out_dir / RESULT_FILE).exists()
 
 
+@pytest.mark.parametrize(
+    "tamper, reason",
+    [
+        (lambda o: {**o, "node_ids": np.arange(o["node_ids"].size)},  # ids client 0 holds too
+         r"client 0: \d+ ids another client also sent; client 1: \d+ ids another client also sent$"),
+        (lambda o: {"node_ids": o["node_ids"][:0], "labels": o["labels"][:0]},
+         r"client 1: 0 ids for the (\d+) rows it announced$"),
+        (lambda o: {**o, "node_ids": o["node_ids"].astype(np.uint64) + np.uint64(2**63)},
+         r"client 1: \d+ negative ids$"),
+    ],
+    ids=["another-clients-ids", "no-labels", "ids-wrapping-negative"],
+)
+def test_fedkmeans_final_ids_that_cannot_be_the_clients_stop_the_run(out_dir, monkeypatch, tamper, reason):
+    """Each per-client check passes; only ids set against the other clients' and the hello show the lie
+    (before: the first label won, or the client's rows went unlabelled, and coverage fell silently)."""
+    from app.transport import ProtocolError
+    from clients.fedkmeans import FedKMeansClient
+
+    patch_reply(monkeypatch, FedKMeansClient, "kmeans_assign", lambda shard, out, vals: (tamper(out), vals), client=1)
+    with pytest.raises(ProtocolError, match=r"^step 'kmeans_assign': item ids that cannot be the client's: " + reason):
+        run_experiment("fedkmeans", "sbm", 2, {"num-clusters": 3, "num-rounds": 2}, out_dir)
+    assert not (out_dir / RESULT_FILE).exists()
+
+
+def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(out_dir, monkeypatch):
+    """Finite centres of 1e300 pass the array checks, but every client's distances to them overflow:
+    the run used to stop a step later blaming all clients."""
+    from app.transport import ProtocolError
+    from clients.fedkmeans import FedKMeansClient
+
+    patch_reply(monkeypatch, FedKMeansClient, "kmeans_init",
+                lambda shard, out, vals: ({**out, "centres": np.full_like(out["centres"], 1e300)}, vals), client=1)
+    with pytest.raises(ProtocolError, match=r"^step 'kmeans_init': client 1 \(node \d+\) sent centres of width \d+ "
+                                            r"whose squared norms overflow$"):
+        run_experiment("fedkmeans", "sbm", 2, {"num-clusters": 3, "num-rounds": 2}, out_dir)
+
+
 def test_final_labels_with_item_ids_outside_the_dataset_are_refused():
     from app.transport import ProtocolError
     from strategies.base import StrategyOutput

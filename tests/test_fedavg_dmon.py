@@ -193,6 +193,25 @@ def test_malformed_final_labels_stop_the_run_naming_the_client(out_dir, monkeypa
         run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 1}, out_dir)
 
 
+def test_node_counts_and_owned_ids_that_cannot_be_the_clients_stop_the_run(out_dir, monkeypatch):
+    from app.transport import ProtocolError
+    from conftest import patch_reply
+
+    # the FedAvg weight is the node count: 10^15 would make client 1's weights the average
+    patch_reply(monkeypatch, FedAvgDMoNClient, "dmon_init",
+                lambda shard, out, vals: (out, {**vals, "num_nodes": 10**15}), client=1)
+    with pytest.raises(ProtocolError, match=r"^step 'dmon_init': node counts other than announced in hello: "
+                                            r"client 1 reports 1000000000000000 for its \d+ nodes$"):
+        run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 1}, out_dir)
+    monkeypatch.undo()
+    # client 1 claims to own the first nodes, which client 0 owns
+    patch_reply(monkeypatch, FedAvgDMoNClient, "dmon_assign",
+                lambda shard, out, vals: ({**out, "node_ids": np.arange(out["node_ids"].size)}, vals), client=1)
+    with pytest.raises(ProtocolError, match=r"^step 'dmon_assign': item ids that cannot be the client's: client 0: "
+                                            r"\d+ ids another client also sent; client 1: \d+ ids another"):
+        run_experiment("fedavg-dmon", "sbm", 2, {**FAST, "num-rounds": 1}, out_dir)
+
+
 @pytest.mark.parametrize("tamper, reason", [
     (lambda v: {**v, "losses": v["losses"][1:]}, r"value 'losses' is \[.*\], expected a list of 5 numbers"),
     (lambda v: {**v, "losses": "x"}, r"value 'losses' is 'x', expected a list of 5 numbers"),

@@ -350,6 +350,23 @@ def test_coefficients_missing_a_sample_are_rejected(out_dir, monkeypatch):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
 
 
+@pytest.mark.parametrize("change, reason", [
+    ({"pairs": 2.5, "distance_sum": -1e6}, r"rejected 1 client\(s\): client 1 .*value 'distance_sum' is -1000000.0, "
+                                          r"expected numbers >= 0"),
+    ({"pairs": 1}, r"step 'fedsc_bandwidth': client 1 reports 1 pairs for its 75 samples; expected 2775"),
+    ({"features": "four"}, r"rejected 1 client\(s\): client 1 .*value 'features' is 'four', expected whole numbers"),
+    ({"features": 4.5}, r"rejected 1 client\(s\): client 1 .*value 'features' is 4.5, expected whole numbers"),
+])
+def test_bandwidth_statistics_no_client_could_hold_stop_the_run_naming_the_client(out_dir, monkeypatch, change,
+                                                                                   reason):
+    """sigma comes from every client's distance sum and pair count: one client must not set it for all
+    (before: a negative sum was averaged in, and a bad feature width read as a config error)."""
+    patch_reply(monkeypatch, FedSCClient, "fedsc_bandwidth", lambda shard, out, vals: (out, {**vals, **change}),
+                client=1)
+    with pytest.raises(ProtocolError, match=reason):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1}, out_dir)
+
+
 @pytest.mark.parametrize("landmarks, reason", [
     (10**9, r"client 1 \(node \d+\) sent landmarks=1000000000, more than its 75 samples"),
     ("x", r"step 'fedsc_rank' rejected 1 client\(s\): client 1 .*value 'landmarks' is 'x', expected whole numbers"),
@@ -373,8 +390,15 @@ def test_sample_ids_of_another_client_are_rejected(out_dir, monkeypatch):
     """Without overlap every sample lives on one client: ids claiming another's samples stop the run."""
     patch_reply(monkeypatch, FedSCClient, "fedsc_final",
                 lambda shard, out, vals: ({**out, "node_ids": np.arange(out["node_ids"].size)}, vals))
-    with pytest.raises(ProtocolError, match=r"sample ids outside 0..149 or on two clients \(partition.overlap=0\) "
-                                            r"from client\(s\) \[0, 1\]"):
+    with pytest.raises(ProtocolError, match=r"^step 'fedsc_final': item ids that cannot be the client's: "
+                                            r"client 0: \d+ ids another client also sent; client 1: \d+ ids"):
+        run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
+    monkeypatch.undo()
+    # ids sent as uint64 at or above 2^63 are negative once cast to int64
+    patch_reply(monkeypatch, FedSCClient, "fedsc_final", lambda shard, out, vals: (
+        {**out, "node_ids": out["node_ids"].astype(np.uint64) + np.uint64(2**63)}, vals), client=1)
+    with pytest.raises(ProtocolError, match=r"^step 'fedsc_final': item ids that cannot be the client's: "
+                                            r"client 1: \d+ negative ids$"):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
 
 

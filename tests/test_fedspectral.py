@@ -305,6 +305,22 @@ def test_baseline_local_labels_outside_0_to_k_are_rejected_naming_the_client(out
         run_experiment("fedspectral", "sbm", 2, {**SBM, "num-clusters": K}, out_dir)
 
 
+def test_exact_mode_refuses_degrees_no_graph_gives(out_dir, monkeypatch):
+    from clients.fedspectral import FedSpectralPlusClient
+    from strategies.fedspectral import _check_degrees
+
+    # one client, whose degrees are the sum: negated, every node looked isolated and the run "converged"
+    patch_reply(monkeypatch, FedSpectralPlusClient, "fedspectral_degrees",
+                lambda shard, out, vals: ({"degrees": -out["degrees"]}, vals))
+    with pytest.raises(ProtocolError, match=r"step 'fedspectral_degrees': the summed degrees range from -\d+ "
+                                            r"to -\d+, outside \[0, 300\]"):
+        run_experiment("fedspectral-plus", "sbm", 1, exact(), out_dir)
+    _check_degrees(np.array([-2.9, 302.9]), 300, slack=3.0)  # within the noise allowance
+    for d in ([-3.1, 5.0], [0.0, 303.1]):
+        with pytest.raises(ProtocolError, match="outside"):
+            _check_degrees(np.array(d), 300, slack=3.0)
+
+
 def test_paper_mode_recovers_planted_blocks_and_float32_wire(tmp_path):
     over = {**SBM, "num-clusters": K, "partition.replicas": 2}
     r64 = run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "a")

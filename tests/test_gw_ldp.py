@@ -338,6 +338,12 @@ def test_malformed_embedding_uploads_are_named():
     }
     for message, (change, graphs) in bad.items():
         assert message in proto.embedding_upload_problem({**good, **change}, graphs, 2, epsilon=0.0)
+    # four sizes of 2^62 + 1 or more: each >= 1, and their int64 sum wraps around onto the 4 rows
+    # (np.repeat over them crashed the server process)
+    four = {"embeddings": np.array([[1, 0]] * 4, np.int8), "sizes": np.ones(4, np.int64) + 2**62,
+            "graph_ids": np.arange(4), "split": np.zeros(4, np.int64), "labels": np.ones(4, np.int64),
+            "eval_labels": np.ones(4, np.int64)}
+    assert "(each from 1 to 4 expected)" in proto.embedding_upload_problem(four, 4, 2, epsilon=0.0)
     # Algorithm 1 samples exactly m coordinates per row: an all-zero row (nothing released, yet recorded
     # as noised) or a row with more non-zeros is no code of the mechanism
     codes = good["embeddings"]

@@ -805,8 +805,10 @@ def embedding_upload_problem(arrays: dict, graphs: int, num_classes: int, epsilo
         if arrays[name].shape != (graphs,):
             return f"'{name}' has shape {arrays[name].shape}, expected ({graphs},)"
     emb = arrays["embeddings"]
-    if (sizes < 1).any() or sizes.sum() != len(emb):
-        return f"graph sizes sum to {sizes.sum()} (all >= 1 expected) for {len(emb)} embedding rows"
+    # Bounding every size first keeps the sum from wrapping around int64 onto the row count.
+    if (sizes < 1).any() or (sizes > len(emb)).any() or sizes.sum() != len(emb):
+        return (f"graph sizes from {sizes.min()} to {sizes.max()} (each from 1 to {len(emb)} expected) "
+                f"sum to {sizes.sum()} for {len(emb)} embedding rows")
     rows = np.repeat(np.arange(graphs), sizes)  # the graph of every embedding row
     if math.isinf(epsilon):
         sums = emb.sum(1)
