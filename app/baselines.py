@@ -82,14 +82,14 @@ def _threads(work: float):
 # ---------------------------------------------------------------------------
 # validation helpers
 # ---------------------------------------------------------------------------
-def _check_k(k: Any, n: int) -> int:
+def _check_k(k: Any, n: int, what: str = "number of samples") -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise ValueError(f"invalid number of clusters k={k!r}; expected an integer >= 1")
     k = int(k)
     if k < 1:
         raise ValueError(f"invalid number of clusters k={k}; need k >= 1")
     if k > n:
-        raise ValueError(f"invalid number of clusters k={k}; need k <= number of samples ({n})")
+        raise ValueError(f"invalid number of clusters k={k}; need k <= {what} ({n})")
     return k
 
 
@@ -423,7 +423,7 @@ def agc_singular(x: Any, adj: Any, k: int, order: int, seed: int, kind: str = "a
     G = agc_filter_matrix(adj, kind)
     n = G.shape[0]
     X = _maybe_dense(_features(x, n))
-    k = _check_k(k, min(n, X.shape[1]))
+    k = _check_k(k, min(n, X.shape[1]), "the smaller of rows and columns")
 
     def filt(M: np.ndarray) -> np.ndarray:
         for _ in range(order):
@@ -495,22 +495,24 @@ def agc(
 
 def _agc(x: Any, adj: Any, k: int, seed: int, order: int | None, max_order: int, n_init: int,
          kind: str) -> tuple[np.ndarray, int]:
+    n = _square_sparse(adj).shape[0]
+    X = _features(x, n)
+    k = _check_k(k, n)
+    # with fewer feature columns than clusters (a narrow vertical block) every singular vector is kept
+    dim = min(k, X.shape[1])
     if order is not None:
         order = _check_order(order)
-        U = agc_embedding(x, adj, k, order, seed, kind)
+        U = agc_embedding(X, adj, dim, order, seed, kind)
         return kmeans(U, k, seed, n_init=n_init), order
     if int(max_order) < 1:
         raise ValueError(f"invalid max_order={max_order}; need >= 1")
     G = agc_filter_matrix(adj, kind)
-    n = G.shape[0]
-    X = _features(x, n)
-    k = _check_k(k, min(n, X.shape[1]))
     F = X.toarray() if sp.issparse(X) else np.array(X, dtype=np.float64, copy=True)
     prev_labels, prev_intra, V = None, np.inf, None
     for psi in range(1, int(max_order) + 1):
         F = np.asarray(G @ F)
         # G^psi X changes little from psi-1 to psi: warm-start from the last right basis
-        U, _, V = _randomized_left_sv(lambda B: F @ B, lambda C: F.T @ C, F.shape, k, seed,
+        U, _, V = _randomized_left_sv(lambda B: F @ B, lambda C: F.T @ C, F.shape, dim, seed,
                                       min_iter=4 if V is None else 1, start=V)
         labels = kmeans(U, k, seed, n_init=n_init)
         intra = agc_intra_distance(F, labels)

@@ -101,7 +101,8 @@ def schema() -> Schema:
 def unused_keys(config: RunConfig, keys) -> list[str]:
     """Those of ``keys`` that neither the strategy, nor the dataset, nor the partitioner of
     ``config`` reads: setting them has no effect."""
-    read = {p.key for p in core_params()} | {p.key for p in get(str(config["strategy"])).strategy.params}
+    strategy = get(str(config["strategy"])).strategy
+    read = {p.key for p in (*core_params(), *strategy.params, *strategy.borrowed)}
     read |= data_keys_read(str(config["dataset"]), str(config["partitioner"]))
     return [k for k in keys if k not in read]
 

@@ -221,6 +221,7 @@ class ServerSession:
         replies = dict(sorted(result.replies.items(), key=lambda item: self._order.get(item[0], item[0])))
         if record:
             self._record_uploads(action, replies, expect)
+            self._record_uploads(action, result.refused, expect, rejected=True)
         return replies
 
     def _client_times(self) -> dict:
@@ -252,19 +253,25 @@ class ServerSession:
         """Send the same content to every client (see :meth:`exchange`)."""
         return self.exchange(action, {n: content for n in self.node_ids}, expect, **kwargs)
 
-    def _record_uploads(self, action, replies, expect) -> None:
+    def _record_uploads(self, action, replies, expect, rejected: bool = False) -> None:
+        """Ledger rows for every array and value of ``replies``; ``rejected``: replies that failed
+        their check, which left the client all the same (recorded unmasked and un-noised, since
+        the server cannot vouch for either)."""
         for node, content in replies.items():
             spec = expect.get(node) if isinstance(expect, Mapping) else expect
-            arrays, values = describe(content)
             client = self.partition_of(node)
+            try:
+                arrays, values = describe(content)
+            except Exception:  # a reply malformed beyond reading: its bytes are counted, its names unknown
+                self.ledger.add_upload(action, client, "<unreadable reply>", (), "unknown", rejected=True)
+                continue
             for name, (shape, dtype) in arrays.items():
-                aspec = spec.arrays.get(name, ArraySpec()) if spec else ArraySpec()
-                self.ledger.add_upload(
-                    action, client, name, shape, dtype,
-                    masked=aspec.masked, noised=aspec.noised,
-                )
+                aspec = spec.arrays.get(name, ArraySpec()) if spec and not rejected else ArraySpec()
+                self.ledger.add_upload(action, client, name, shape, dtype,
+                                       masked=aspec.masked, noised=aspec.noised, rejected=rejected)
             for name, value in values.items():
-                self.ledger.add_upload(action, client, name, (), type(value).__name__)
+                shape = (len(value),) if isinstance(value, list) else ()
+                self.ledger.add_upload(action, client, name, shape, type(value).__name__, rejected=rejected)
 
     # -- secure aggregation ---------------------------------------------------
     def setup_secure_aggregation(self) -> None:

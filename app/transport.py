@@ -254,13 +254,15 @@ def message_bytes(message: Message) -> int:
 
 @dataclass
 class Exchange:
-    """Outcome of one exchange: accepted reply contents, rejects and timings."""
+    """Outcome of one exchange: accepted reply contents, rejects and timings.
+    ``refused``: contents that arrived but failed the check (they left the client all the same)."""
 
     replies: dict[int, RecordDict]
     rejected: dict[int, str]
     seconds: float
     bytes_up: int
     bytes_down: int
+    refused: dict[int, RecordDict] = field(default_factory=dict)
 
 
 def _push_and_poll(
@@ -344,6 +346,7 @@ def exchange(
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     replies: dict[int, RecordDict] = {}
     rejected: dict[int, str] = {}
+    refused: dict[int, RecordDict] = {}
     up = 0
     for reply in received:
         node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
@@ -361,6 +364,7 @@ def exchange(
         reason = spec.check(reply.content) if spec is not None else None
         if reason:
             rejected[node] = reason
+            refused[node] = reply.content
         else:
             replies[node] = reply.content
     for node in undelivered:
@@ -374,4 +378,4 @@ def exchange(
     stats.bytes_down += down
     stats.bytes_up += up
     stats.messages += len(messages) + len(received)
-    return Exchange(replies, rejected, seconds, up, down)
+    return Exchange(replies, rejected, seconds, up, down, refused)

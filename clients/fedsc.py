@@ -53,8 +53,9 @@ class FedSCClient(ClusteringClient):
     def _round(self, arrays, values):
         x = self.features()
         _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
-        if "dp_nm_z" in values:
-            z_p = self._gaussian(z_p, values["dp_clip_z"], values["dp_nm_z"], per_row=False)
+        dp = self._dp_request(values, "z", int(self.config["num-rounds"]))
+        if dp:
+            z_p = dp.apply(z_p, np.random.default_rng())
             update = z_p.ravel()  # the objective value is not protected: left out
         else:
             noise = float(self.config["fedsc.noise-z"])
@@ -74,17 +75,35 @@ class FedSCClient(ClusteringClient):
 
     def _final(self, arrays, values):
         c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
-        if "dp_nm_c" in values:
-            # rows of c.T are the samples' columns c_i: clip each, add noise
-            c = self._gaussian(c.T, values["dp_clip_c"], values["dp_nm_c"], per_row=True).T
+        dp = self._dp_request(values, "c", 1)
+        if dp:  # rows of c.T are the samples' columns c_i: clip each, add noise
+            c = dp.apply(c.T, np.random.default_rng()).T
         else:
             c = proto.perturb(c, float(self.config["fedsc.noise-c"]), np.random.default_rng())
         return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}, {}
 
-    @staticmethod
-    def _gaussian(array: np.ndarray, clip: float, noise_multiplier: float, per_row: bool) -> np.ndarray:
-        """Clip (whole array or each row) and add N(0, (noise_multiplier * clip)^2) noise."""
+    def _dp_request(self, values, which: str, releases: int):
+        """The Gaussian mechanism for upload ``which`` ("z": Z_p, ``releases`` = the rounds,
+        the whole array clipped; "c": C_p, once, each sample's column clipped), or None without
+        one. The clip is this client's own ``fedsc.dp-clip-<which>``; the noise multiplier comes
+        with the request, and a request that would spend more than half this client's own
+        ``fedsc.dp-epsilon`` on ``which`` (at half its delta, the split the server makes), or
+        leaves the noise out, is refused: the server must not be able to lower the noise. Noise
+        from fresh OS entropy, which the server cannot predict."""
         from app.privacy.gaussian import GaussianMechanism
 
-        mech = GaussianMechanism(float(clip), float(noise_multiplier), per_row=per_row)
-        return mech.apply(array, np.random.default_rng())
+        budget = float(self.config["fedsc.dp-epsilon"]) / 2
+        key = f"dp_nm_{which}"
+        if key not in values:
+            if budget > 0:
+                raise ValueError(f"refusing fedsc_{'round' if which == 'z' else 'final'} without noise: this "
+                                 f"client's fedsc.dp-epsilon is {2 * budget:g}")
+            return None
+        clip = float(self.config[f"fedsc.dp-clip-{which}"])
+        delta = float(self.config["fedsc.dp-delta"]) / 2
+        check = GaussianMechanism(clip, float(values[key]), delta=delta)
+        check.step(releases)
+        if budget > 0 and check.epsilon() > budget * (1 + 1e-6):
+            raise ValueError(f"refusing {key}={values[key]!r}: {releases} release(s) would spend epsilon "
+                             f"{check.epsilon():.4g}, above this client's {budget:g} (half its fedsc.dp-epsilon)")
+        return GaussianMechanism(clip, float(values[key]), delta=delta, per_row=which == "c")

@@ -49,11 +49,19 @@ class FedSpectralPlusClient(ClusteringClient):
             raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
         return y
 
-    def _upload(self, action: str, arrays, values, name: str, compute) -> tuple[dict, dict]:
+    def _upload(self, action: str, arrays, values, name: str, compute, sensitivity) -> tuple[dict, dict]:
         """Upload ``compute()`` as array ``name``: plus Gaussian noise of std ``noise_std`` (fresh
         OS entropy: the server must not be able to predict it), released once per request
-        (:meth:`released_once`), masked under secure aggregation."""
+        (:meth:`released_once`), masked under secure aggregation. A ``noise_std`` below this
+        client's own ``fedspectral-plus.noise-multiplier`` times ``sensitivity()`` (the edge
+        sensitivity it computes itself from the request) is refused: the server must not be able
+        to lower the noise."""
         std = float(values.get("noise_std", 0.0))
+        multiplier = float(self.config["fedspectral-plus.noise-multiplier"])
+        needed = multiplier * sensitivity() if multiplier > 0 else 0.0
+        if std < needed * (1 - 1e-9):
+            raise ValueError(f"refusing {action} with noise_std={std:g}: this client's fedspectral-plus."
+                             f"noise-multiplier={multiplier:g} needs at least {needed:.6g}")
 
         def reply() -> dict:
             out = compute()
@@ -72,13 +80,16 @@ class FedSpectralPlusClient(ClusteringClient):
 
     def on_fedspectral_power(self, arrays, values):
         op = _cached(self.shard, "normalised", lambda: proto.local_normalised_operator(self.shard.adj))
+        # the server's sensitivity counts every client as a holder of an edge: one is a lower bound
         return self._upload("fedspectral_power", arrays, values, "block",
-                            lambda: proto.paper_client_step(op, self._block(arrays), int(values["iters"])))
+                            lambda: proto.paper_client_step(op, self._block(arrays), int(values["iters"])),
+                            lambda: proto.paper_edge_sensitivity(self._block(arrays), int(values["iters"]), holders=1))
 
     def on_fedspectral_degrees(self, arrays, values):
         return self._upload("fedspectral_degrees", arrays, values, "degrees",
-                            lambda: proto.local_degrees(self.weighted_adjacency()))
+                            lambda: proto.local_degrees(self.weighted_adjacency()), lambda: proto.DEGREE_SENSITIVITY)
 
     def on_fedspectral_product(self, arrays, values):
         return self._upload("fedspectral_product", arrays, values, "block",
-                            lambda: self.weighted_adjacency() @ self._block(arrays))
+                            lambda: self.weighted_adjacency() @ self._block(arrays),
+                            lambda: proto.exact_edge_sensitivity(self._block(arrays)))

@@ -65,6 +65,7 @@ class ClusteringStrategy(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     params: ClassVar[tuple[Param, ...]] = ()
+    borrowed: ClassVar[tuple[Param, ...]] = ()  # keys another strategy declares that this one reads too
     partitioners: ClassVar[tuple[str, ...]]  # first one is the default
     needs_edges: ClassVar[bool] = False  # the method uses the graph's edges
     needs_features: ClassVar[bool] = False  # the method uses node features

@@ -158,8 +158,8 @@ class FedSC(ClusteringStrategy):
             (size,), kind="u" if secure else "f", masked=secure, noised=noised)})
         common = {"sigma": sigma, "lambda": lam}
         if dp:
-            common.update(dp_clip_z=dp["z"].clip, dp_nm_z=dp["z"].noise_multiplier,
-                          dp_clip_c=dp["c"].clip, dp_nm_c=dp["c"].noise_multiplier)
+            # each client clips at its own fedsc.dp-clip-* and checks the multipliers against its own budget
+            common.update(dp_nm_z=dp["z"].noise_multiplier, dp_nm_c=dp["c"].noise_multiplier)
         history = []
         for r in range(1, rounds + 1):
             values = dict(common, round=r)

@@ -295,7 +295,7 @@ class FedSpectralPlus(ClusteringStrategy):
                      + (" with Gaussian noise" if self.dp is not None else ""),
             params={"revealed": "global degree vector (N values, aggregate over all clients)"},
             guarantee="none: the aggregate degree vector is revealed to the server"
-            if self.dp is None else "none by itself: covered by the fedspectral-plus Gaussian mechanism",
+            if self.dp is None else "covered by gaussian:fedspectral-plus (the degree vector is one of its releases)",
         )
         connected = d > 0.5  # exact degrees are integers (sums of 1/r over r holders)
         dinv = proto.inverse_sqrt_degrees(d, floor=0.5)

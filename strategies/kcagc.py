@@ -398,13 +398,14 @@ class KCAGC(ClusteringStrategy):
 class KCAGCBasic(KCAGC):
     """Protocol 2: the same filter, embedding and secure Lloyd on all n nodes.
 
-    Uses the ``kcagc.*`` keys (filter order, embedding, iterations, restarts);
-    ``kcagc.local-factor`` and ``kcagc.tree`` do not apply.
+    Uses the ``kcagc.*`` keys (filter, order, embedding, iterations, restarts, pruning);
+    ``kcagc.local-factor``, ``kcagc.local-restarts`` and ``kcagc.tree`` do not apply.
     """
 
     name = "kcagc-basic"
     summary = "basic kCAGC: Lloyd over all nodes, n x k distances per iteration by secure aggregation"
     params = ()
+    borrowed = tuple(p for p in PARAMS if p.key not in ("kcagc.local-factor", "kcagc.local-restarts", "kcagc.tree"))
     basic = True
 
 

@@ -216,6 +216,22 @@ def test_agc_fixed_and_adaptive_on_sbm():
     assert np.array_equal(labels2, B.agc(x, A, 4, seed=0, max_order=6)[0])  # deterministic
 
 
+def test_agc_with_fewer_feature_columns_than_clusters_keeps_every_singular_vector():
+    """A narrow vertical block (iris over 2 parties: 2 columns, 3 classes) used to stop the run with
+    'need k <= number of samples (2)'; AGC then clusters the whole column space."""
+    A, x, y = planted_partition(n=300, k=3, seed=1, feat_noise=1.0)
+    narrow = x[:, :2]
+    for order in (3, None):
+        labels, _ = B.agc(narrow, A, 3, seed=0, order=order, max_order=4)
+        assert sorted(np.unique(labels)) == [0, 1, 2]
+        # two singular vectors of a two-column matrix span its columns: the same clustering as U of X itself
+        full = B.kmeans(np.linalg.svd(B.low_pass_filter(narrow, A, 3), full_matrices=False)[0], 3, 0)
+        if order == 3:
+            assert M.ari(labels, full) == 1.0
+    with pytest.raises(ValueError, match=r"need k <= number of samples \(300\)"):
+        B.agc(narrow, A, 301, seed=0, order=3)
+
+
 def _load_planetoid(name: str, tmp: Path):
     tg = pytest.importorskip("torch_geometric.datasets")
     src = SHARED / "planetoid" / name

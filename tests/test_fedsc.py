@@ -266,6 +266,30 @@ def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path)
     assert all("objective" not in h for h in ratio["history"])
 
 
+def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
+    """The clients add the noise; the multiplier comes with the request. Before, a server that left it
+    out (or sent a smaller one) got un-noised (or less noised) Z_p and C_p."""
+    from flwr.app import Context, RecordDict
+
+    from strategies.fedsc import _noise_multiplier
+
+    config = validate({"strategy": "fedsc", "dataset": "iris", "num-rounds": 3, "fedsc.sigma": 2.5,
+                       "fedsc.landmarks": 10, "fedsc.dp-epsilon": 8.0, "fedsc.dp-clip-z": 50.0})
+    client = FedSCClient(None, config, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                               run_config={}))
+    nm_z = _noise_multiplier(4.0, 5e-6, 3)  # what the server sends: half the budget over the rounds
+    mech = client._dp_request({"dp_nm_z": nm_z}, "z", 3)
+    assert mech.clip == 50.0 and mech.noise_multiplier == nm_z and not mech.per_row
+    assert client._dp_request({"dp_nm_c": _noise_multiplier(4.0, 5e-6, 1)}, "c", 1).per_row
+    with pytest.raises(ValueError, match=r"^refusing dp_nm_z=.*: 3 release\(s\) would spend epsilon .*, above this "
+                                         r"client's 4 \(half its fedsc.dp-epsilon\)$"):
+        client._dp_request({"dp_nm_z": 0.9 * nm_z}, "z", 3)
+    with pytest.raises(ValueError, match=r"^refusing fedsc_final without noise: this client's fedsc.dp-epsilon is 8$"):
+        client._dp_request({}, "c", 1)
+    without = FedSCClient(None, validate({"strategy": "fedsc"}), client.context)
+    assert without._dp_request({}, "z", 3) is None
+
+
 def clients_inputs(raw: dict, out_dir) -> list[np.ndarray]:
     """Run the protocol in memory; return the feature rows each client actually clustered."""
     grid = InProcessGrid(build_client_app(raw), raw["num-clients"])

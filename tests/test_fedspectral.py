@@ -337,19 +337,27 @@ def test_client_noise_has_the_requested_std_and_a_re_sent_request_gets_the_same_
 
     from clients.fedspectral import FedSpectralPlusClient
 
-    client = FedSpectralPlusClient(None, {}, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                                                     run_config={}))
+    config = {"fedspectral-plus.noise-multiplier": 0.0}
+    client = FedSpectralPlusClient(None, config, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                                         run_config={}))
     request = {"block": np.ones((3, 2))}
 
     def upload(release, std=0.5):
         return client._upload("fedspectral_product", request, {"noise_std": std, "release": release}, "block",
-                              lambda: np.zeros((20000, 2)))[0]["block"]
+                              lambda: np.zeros((20000, 2)), lambda: 0.2)[0]["block"]
 
     first = upload(1)
     assert first.std() == pytest.approx(0.5, rel=0.03) and abs(first.mean()) < 0.02  # the noise is really added
     assert np.array_equal(upload(1), first)  # the same request again: the first draw, no second release
     assert not np.array_equal(upload(2), first)  # the next release: fresh noise
     assert not upload(3, std=0.0).any()  # no noise requested, none added
+    # a client whose own config asks for noise refuses a request for less than its multiplier x sensitivity
+    config["fedspectral-plus.noise-multiplier"] = 2.0
+    assert upload(4, std=0.4).std() == pytest.approx(0.4, rel=0.03)
+    for std in (0.39, 0.0):
+        with pytest.raises(ValueError, match=r"refusing fedspectral_product with noise_std=.*: this client's "
+                                             r"fedspectral-plus.noise-multiplier=2 needs at least 0.4$"):
+            upload(5, std=std)
 
 
 def test_a_noised_block_re_sent_after_a_timeout_is_one_release(out_dir):
@@ -403,6 +411,8 @@ def test_gaussian_noise_is_accounted_per_edge(tmp_path):
     assert eps is not None and 0 < eps < float("inf") and res["privacy"]["delta"] == pytest.approx(1e-5)
     ups = [u for u in res["privacy"]["uploads"] if u["name"] in ("block", "degrees")]
     assert ups and all(u["noised"] for u in ups)
+    # the noised degree vector is one of the Gaussian releases: not listed as uncovered
+    assert "not covered" not in res["privacy"]["overall_note"]
     ref = GaussianMechanism(1.0, 2.0, delta=1e-5, adjacency="remove")
     ref.step(releases)
     assert eps == pytest.approx(ref.epsilon(), rel=1e-9)  # RDP composition over every release

@@ -605,3 +605,14 @@ def test_benchmark_rejects_bad_all_columns_and_order_arguments(argv, message, ca
         _kcagc_benchmark().main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_kcagc_basic_reads_the_kcagc_keys_of_protocol_2_only():
+    """The unused-key warning named kcagc.filter-order for kcagc-basic, which does read it."""
+    from app.registry import unused_keys, validate
+
+    keys = ["kcagc.filter-order", "kcagc.embedding", "kcagc.restarts", "kcagc.prune", "kcagc.local-factor",
+            "kcagc.local-restarts", "kcagc.tree"]
+    config = validate({"strategy": "kcagc-basic", "dataset": "cora", "kcagc.filter-order": 1})
+    assert unused_keys(config, keys) == ["kcagc.local-factor", "kcagc.local-restarts", "kcagc.tree"]
+    assert unused_keys(validate({"strategy": "kcagc", "dataset": "cora"}), keys) == []

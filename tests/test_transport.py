@@ -309,6 +309,18 @@ def test_uploads_reach_the_ledger_with_shapes():
     assert all(u["shape"] == [N, 3] and not u["masked"] for u in blocks)
 
 
+def test_a_refused_reply_still_reaches_the_ledger_flagged_rejected():
+    """A refused reply left its client all the same: the ledger lists it (before: no row at all)."""
+    session = session_for(make_client_app({2: "shape", 3: "nan-in-list"}))
+    session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC, require_all=False)
+    rows = [u for u in session.ledger.to_dict()["uploads"] if u["action"] == "block"]
+    accepted = sorted((u["client"], u["name"], tuple(u["shape"])) for u in rows if not u["rejected"])
+    assert accepted == [(0, "block", (N, 3)), (0, "count", ()), (1, "block", (N, 3)), (1, "count", ())]
+    refused = sorted((u["client"], u["name"], tuple(u["shape"])) for u in rows if u["rejected"])
+    assert refused == [(2, "block", (N, 2)), (2, "count", ()), (3, "block", (N, 3)), (3, "count", (2,))]
+    assert not any(u["masked"] or u["noised"] for u in rows if u["rejected"])
+
+
 def test_handshake_refuses_inconsistent_partitions():
     app = make_client_app({})
     grid = InProcessGrid(app, 2, node_configs=[{"partition-id": 0, "num-partitions": 2},

@@ -153,14 +153,17 @@ class PrivacyLedger:
         dtype: str,
         masked: bool = False,
         noised: bool = False,
+        rejected: bool = False,
     ) -> None:
-        """Record that ``client`` sent array ``name`` in phase ``action``.
+        """Record that ``client`` sent array ``name`` in phase ``action``
+        (``rejected``: in a reply the server refused, which left the client all the same).
 
         Identical records (same action, client, name, shape, dtype, flags) are
         aggregated into one row with a ``count``.
         """
         shape_t = tuple(int(s) for s in shape)
-        key = (str(action), str(_client_id(client)), str(name), shape_t, str(dtype), bool(masked), bool(noised))
+        key = (str(action), str(_client_id(client)), str(name), shape_t, str(dtype), bool(masked), bool(noised),
+               bool(rejected))
         with self._lock:
             row = self._uploads.get(key)
             if row is None:
@@ -172,6 +175,7 @@ class PrivacyLedger:
                     "dtype": str(dtype),
                     "masked": bool(masked),
                     "noised": bool(noised),
+                    "rejected": bool(rejected),
                     "count": 1,
                 }
             else:
@@ -249,7 +253,9 @@ class PrivacyLedger:
             )
         with self._lock:
             uploads = [dict(r) for r in self._uploads.values()]
-        heuristic = [m["name"] for m, e, _ in rows if e is None and not m["guarantee"].lower().startswith("secure")]
+        # secure aggregation is no DP guarantee, but no gap either; "covered by" names the DP mechanism that holds
+        heuristic = [m["name"] for m, e, _ in rows
+                     if e is None and not m["guarantee"].lower().startswith(("secure", "covered by"))]
         if composed:
             note = "basic composition (sum) over: " + ", ".join(composed)
             if len(composed) > 1:  # the terms may protect different units (a client, a graph, a row)
