@@ -11,6 +11,7 @@ prefix (``kcagc.local-factor``). Every key is declared once as a :class:`Param`;
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import math
 from dataclasses import dataclass, field
@@ -21,6 +22,13 @@ Scalar = bool | int | float | str
 
 class ConfigError(ValueError):
     """A bad configuration value; the message is one line meant for the user."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are a ConfigError (one line, exit 2 from the caller), not usage lines + error."""
+
+    def error(self, message: str):
+        raise ConfigError(message.replace("\n", " "))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Stable top-level keys (other tools read them): ``strategy``, ``dataset``,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -16,19 +17,53 @@ from pathlib import Path
 
 import numpy as np
 
+from app.config import ConfigError
+
 RESULT_FILE = "result.json"
 LABELS_FILE = "labels.npy"
 
 
 def default_out_dir(strategy: str, dataset: str) -> Path:
+    """A new directory ``results/<strategy>-<dataset>-<time>``, created here (see :func:`new_dir`)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("results") / f"{strategy}-{dataset}-{stamp}"
+    return new_dir(Path("results") / f"{strategy}-{dataset}-{stamp}")
+
+
+def new_dir(path: Path) -> Path:
+    """Create ``path``, or ``path-2``, ``path-3``, ... when taken, and return it: runs started in
+    the same second would otherwise share a default directory; creating it claims it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
 
 
 def file_in_the_way(directory: Path) -> Path | None:
     """The first existing path that is a file, on the way to (and including) ``directory``:
     the directory cannot be created or written into while there is one."""
     return next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+
+
+def cannot_write(directory: Path) -> str | None:
+    """Why no file can be written into ``directory`` (``Permission denied``, ...), or None.
+
+    Tried, not guessed from permission bits (root passes every access check, ``/proc`` refuses
+    anyway): the missing directories and a temporary file are created, then removed again."""
+    missing = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=directory).close()
+    except OSError as err:
+        return err.strerror or str(err)
+    finally:
+        for p in missing:
+            if p.is_dir():
+                p.rmdir()
+    return None
 
 
 def jsonable(value):
@@ -49,25 +84,54 @@ def jsonable(value):
 
 
 def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = None) -> Path:
-    """Write ``out_dir/result.json`` (and ``labels.npy``) atomically.
+    """Write ``out_dir/result.json`` (and ``labels.npy``); never replace a result.json.
 
-    The JSON is written last, via a temporary file and a rename, so a
-    ``result.json`` on disk always belongs to a finished run.
+    Both are written to temporary files first and the JSON is put in place first, by a
+    hard link that fails if the name is taken, so a ``result.json`` on disk always belongs
+    to a finished run and a run never overwrites another's. If another run's result.json
+    is there (one that appeared while this run ran), this run's files go to a new directory
+    next to ``out_dir`` (see :func:`new_dir`) and a ConfigError names both.
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if labels is not None:
-        np.save(out / LABELS_FILE, np.asarray(labels))
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".result-", suffix=".json")
+    text = (json.dumps(jsonable(result), indent=2) + "\n").encode()
+    files = {RESULT_FILE: _temporary(out, ".json", lambda f: f.write(text))}
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(jsonable(result), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, out / RESULT_FILE)
+        if labels is not None:
+            files[LABELS_FILE] = _temporary(out, ".npy", lambda f: np.save(f, np.asarray(labels)))
+        if _publish(files, out):
+            return out / RESULT_FILE
+        kept = new_dir(out)
+        _publish(files, kept)
+    finally:
+        for tmp in files.values():
+            tmp.unlink(missing_ok=True)
+    raise ConfigError(f"out-dir {str(out)!r} already holds another run's {RESULT_FILE}; this run's result is in "
+                      f"{str(kept / RESULT_FILE)!r} instead; valid: a new or empty out-dir for each run")
+
+
+def _temporary(directory: Path, suffix: str, write) -> Path:
+    """A new hidden file in ``directory`` holding what ``write(file)`` writes."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".result-", suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return out / RESULT_FILE
+    return Path(tmp)
+
+
+def _publish(files: dict[str, Path], directory: Path) -> bool:
+    """Give the temporary ``files`` their names in ``directory``, result.json first and only
+    if it is not taken (False then); labels.npy follows, so it is never another run's."""
+    try:
+        os.link(files[RESULT_FILE], directory / RESULT_FILE)
+    except FileExistsError:
+        return False
+    if LABELS_FILE in files:
+        os.replace(files[LABELS_FILE], directory / LABELS_FILE)
+    return True
 
 
 def summary_table(result: dict) -> str:

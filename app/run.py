@@ -8,17 +8,17 @@ The ServerApp logs a summary table and writes ``OUT/result.json``.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from app import registry
-from app.config import ConfigError
+from app.config import ArgumentParser, ConfigError
 from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
-from app.result import RESULT_FILE, default_out_dir, file_in_the_way
+from app.result import RESULT_FILE, cannot_write, default_out_dir, file_in_the_way
 from app.transport import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
@@ -38,12 +38,22 @@ def run_experiment(
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
-    out = Path(out_dir or config["out-dir"] or default_out_dir(strategy, dataset)).resolve()
-    blocking = file_in_the_way(out)
-    if blocking is not None:  # found now, not when the result is written after the whole run
-        raise ConfigError(f"out-dir {str(out)!r}: {str(blocking)!r} is a file; valid: a directory for {RESULT_FILE}")
-    raw["out-dir"] = str(out)
+    given = out_dir or config["out-dir"]
+    _check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
     _check_against_data(config, num_clients)
+    out = Path(given).resolve() if given else default_out_dir(strategy, dataset).resolve()
+    raw["out-dir"] = str(out)
+    try:
+        return _run(engine, raw, num_clients)
+    except BaseException:
+        if not given:  # the directory claimed for this run, left empty by a failed run
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def _run(engine: str, raw: dict, num_clients: int) -> dict:
+    """The checked run ``raw`` on ``engine``; its result dict."""
     if engine == "inprocess":
         from app.client_app import build_client_app
         from app.inprocess import InProcessGrid
@@ -57,7 +67,7 @@ def run_experiment(
     from app.server_app import build_server_app
 
     path = Path(raw["out-dir"]) / RESULT_FILE
-    before = path.stat().st_mtime_ns if path.exists() else None  # an earlier result stays until replaced
+    before = path.stat().st_mtime_ns if path.exists() else None  # an earlier result is not this run's
     errors: list[Exception] = []
     run_simulation(
         server_app=build_server_app(raw, errors),
@@ -74,11 +84,24 @@ def run_experiment(
     return result
 
 
+def _check_out_dir(out: Path) -> None:
+    """``out`` can hold the result: checked before the run, which would otherwise be lost at its end."""
+    blocking = file_in_the_way(out)
+    if blocking is not None:
+        raise ConfigError(f"out-dir {str(out)!r}: {str(blocking)!r} is a file; valid: a directory for {RESULT_FILE}")
+    reason = cannot_write(out)
+    if reason is not None:
+        raise ConfigError(f"out-dir {str(out)!r} cannot be created or written ({reason}); valid: a directory "
+                          f"this user can write {RESULT_FILE} into")
+
+
 def _check_against_data(config, num_clients: int) -> None:
     """Load and split the data once in this process, before any engine starts (the in-process
     clients reuse both): a split the data does not allow (more clients than nodes, columns or
-    graphs, ...) or more clusters than items is a one-line config error, not client errors."""
+    graphs, ...), more clusters than items or an eval-file of other data is a one-line config
+    error, not client errors or a result scored against the wrong labels."""
     from app.client_app import node_shard
+    from app.data.evaluation import check_evaluation
     from app.data.shards import server_data
     from app.data.types import GraphCollection
 
@@ -87,6 +110,8 @@ def _check_against_data(config, num_clients: int) -> None:
                        dataset_kwargs(config.as_dict()))
     items, what = ((data.num_graphs, "graphs") if isinstance(data, GraphCollection)
                    else (data.num_nodes, "nodes"))
+    if config["eval-file"]:
+        check_evaluation(str(config["eval-file"]), data)
     if config["partitioner"] != "khop" and int(config["num-clusters"]) > items:
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
@@ -112,8 +137,12 @@ def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str):
     return given if given is not None else overrides.pop(key, None)
 
 
+def _or_default(value, default):
+    return default if value is None else value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.run", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m app.run", description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default=None, help="one of: " + ", ".join(registry.STRATEGIES))
     parser.add_argument("--dataset", default=None)
     parser.add_argument("--num-clients", type=int, default=None)
@@ -121,16 +150,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="any run-config key, e.g. --set seed=3 (repeatable)")
     parser.add_argument("--out", default=None, help="directory for result.json")
     parser.add_argument("--engine", default="simulation", help="simulation (Flower, default) or inprocess")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         overrides = _parse_set(args.set)
         schema = registry.schema()
         defaults = schema.defaults()
-        strategy = _flag_or_set("--strategy", args.strategy, overrides, "strategy") or defaults["strategy"]
-        dataset = _flag_or_set("--dataset", args.dataset, overrides, "dataset") or defaults["dataset"]
+        # an empty value (--strategy "", --set strategy=) is refused by validation, not taken for the default
+        strategy = _or_default(_flag_or_set("--strategy", args.strategy, overrides, "strategy"), defaults["strategy"])
+        dataset = _or_default(_flag_or_set("--dataset", args.dataset, overrides, "dataset"), defaults["dataset"])
         clients = _flag_or_set("--num-clients", args.num_clients, overrides, "num-clients")
         # 0 (the run-config default, "every connected SuperNode" in a deployment): this many simulated ones
-        num_clients = schema.params["num-clients"].coerce(clients or 0) or DEFAULT_NUM_CLIENTS
+        num_clients = schema.params["num-clients"].coerce(_or_default(clients, 0)) or DEFAULT_NUM_CLIENTS
         out = _flag_or_set("--out", args.out, overrides, "out-dir")
         if out and (Path(out) / RESULT_FILE).exists():
             raise ConfigError(f"--out {out} already holds a {RESULT_FILE}; valid: a new or empty directory")

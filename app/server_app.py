@@ -34,7 +34,7 @@ def evaluation_data(config: RunConfig):
     else the pooled dataset (simulation), used for evaluation and the
     centralised reference only, never sent to a client."""
     if config["eval-file"]:
-        return load_evaluation(str(config["eval-file"]))
+        return load_evaluation(str(config["eval-file"]), str(config["dataset"]))
     return server_data(
         dataset=str(config["dataset"]),
         seed=int(config["seed"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -169,6 +170,9 @@ def test_pyproject_run_config_equals_schema_defaults():
         (["--set", "seed=-1"], "value -1 for 'seed' is out of range"),
         (["--engine", "warp"], "unknown engine 'warp'"),
         (["--set", "seed"], "invalid --set 'seed'"),
+        # argparse's own errors: one line too, not its usage lines first
+        (["--num-clients", "1.5"], "error: argument --num-clients: invalid int value: '1.5'"),
+        (["--bogus"], "error: unrecognized arguments: --bogus"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args, fragment, tmp_path):
@@ -214,6 +218,151 @@ def test_cli_refuses_an_out_dir_that_holds_a_result_or_is_a_file(tmp_path, capsy
     assert main([*common, "--out", str(earlier / "result.json" / "sub")]) == 2
     assert capsys.readouterr().err.endswith(f"{str(earlier / 'result.json')!r} is a file; valid: a directory for "
                                             "result.json\n")
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--strategy", ""], "strategy"), (["--set", "strategy="], "strategy"),
+    (["--dataset", ""], "dataset"), (["--set", "dataset="], "dataset"),
+    (["--set", "num-clients="], "num-clients"),
+])
+def test_cli_empty_values_are_refused_not_taken_for_the_default(args, key, tmp_path, capsys, monkeypatch):
+    import app.inprocess
+    from app.run import main
+
+    monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
+    valid = ("expected an integer" if key == "num-clients"
+             else "valid choices: " + ", ".join(registry.schema().params[key].choices))
+    assert main(["--engine", "inprocess", "--out", str(tmp_path / "r"), *args]) == 2
+    assert capsys.readouterr().err == f"error: invalid value '' for '{key}'; {valid}\n"
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """It used to fail once the run was over, with a traceback, and the result was lost."""
+    import app.inprocess
+    from app.result import cannot_write
+    from app.run import main
+
+    monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
+    assert main(["--engine", "inprocess", "--dataset", "karate", "--out", "/proc/no-such/r"]) == 2
+    assert capsys.readouterr().err == ("error: out-dir '/proc/no-such/r' cannot be created or written (No such file "
+                                       "or directory); valid: a directory this user can write result.json into\n")
+    # the check leaves nothing behind
+    assert cannot_write(tmp_path / "a" / "b") is None and list(tmp_path.iterdir()) == []
+
+
+def test_write_result_never_replaces_a_result_json(tmp_path):
+    """A second run into the same directory used to replace the first one's result and labels."""
+    import numpy as np
+
+    from app.result import write_result
+
+    out = tmp_path / "r"
+    write_result({"run": 1}, out, np.array([0, 1]))
+    with pytest.raises(ConfigError) as err:
+        write_result({"run": 2}, out, np.array([1, 0]))
+    assert str(err.value) == (f"out-dir {str(out)!r} already holds another run's result.json; this run's result is "
+                              f"in {str(tmp_path / 'r-2' / 'result.json')!r} instead; valid: a new or empty out-dir "
+                              "for each run")
+    assert json.loads((out / "result.json").read_text()) == {"run": 1}
+    assert np.load(out / "labels.npy").tolist() == [0, 1]
+    assert json.loads((tmp_path / "r-2" / "result.json").read_text()) == {"run": 2}  # not lost either
+    assert np.load(tmp_path / "r-2" / "labels.npy").tolist() == [1, 0]
+    assert sorted(p.name for p in out.iterdir()) == ["labels.npy", "result.json"]  # no temporary file left
+
+
+def test_cli_keeps_a_result_json_written_while_the_run_ran(tmp_path, capsys, monkeypatch):
+    """Two runs started a second apart with the same --out both passed the start-up check."""
+    from app.run import main
+    from strategies.fedkmeans import FedKMeans
+
+    out = tmp_path / "r"
+    honest = FedKMeans.run
+
+    def other_run_finishes_first(self, session):
+        out.mkdir()
+        (out / "result.json").write_text("{}")
+        return honest(self, session)
+
+    monkeypatch.setattr(FedKMeans, "run", other_run_finishes_first)
+    argv = ["--engine", "inprocess", "--dataset", "karate", "--num-clients", "2", "--set", "reference=false"]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"error: out-dir {str(out)!r} already holds another "
+                                                               "run's result.json; this run's result is in")
+    assert (out / "result.json").read_text() == "{}"
+    assert json.loads((tmp_path / "r-2" / "result.json").read_text())["dataset"] == "karate"
+
+
+def test_default_out_dirs_of_runs_started_in_the_same_second_differ(tmp_path, monkeypatch):
+    """They shared results/<strategy>-<dataset>-<time>: the second run replaced the first one's result."""
+    import time
+
+    from app.run import run_experiment
+    from app.transport import ProtocolError
+    from strategies.fedkmeans import FedKMeans
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda fmt: "20250101-000000")
+    base = tmp_path.resolve() / "results" / "fedkmeans-karate-20250101-000000"
+    paths = [run_experiment("fedkmeans", "karate", 2, {"reference": False})["path"] for _ in range(2)]
+    assert paths == [str(base / "result.json"), str(base.with_name(base.name + "-2") / "result.json")]
+
+    def vanish(self, session):
+        raise ProtocolError("client 1 vanished")
+
+    monkeypatch.setattr(FedKMeans, "run", vanish)
+    with pytest.raises(ProtocolError):
+        run_experiment("fedkmeans", "karate", 2, {"reference": False})
+    assert sorted(p.name for p in base.parent.iterdir()) == [base.name, base.name + "-2"]  # no empty one left
+
+
+@pytest.fixture
+def sbm34_eval_file(tmp_path, capsys) -> str:
+    """An eval-file as the reviewer made it: SBM labels of 34 nodes, karate's size."""
+    from app.data.prepare import main as prepare
+
+    path = str(tmp_path / "sbm34.npz")
+    assert prepare(["--dataset", "sbm", "--partitioner", "node-random", "--num-clients", "2", "--set",
+                    "sbm.nodes=34", "--out", str(tmp_path / "shards"), "--eval-file", path]) == 0
+    capsys.readouterr()
+    return path
+
+
+SAME_DATA = "valid: an eval-file written by python -m app.data.prepare --dataset sbm with the run's seed and dataset " \
+            "settings"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dataset", "karate"], "was made for dataset 'sbm', not 'karate'; valid: one written by python -m "
+                              "app.data.prepare --dataset karate ... --eval-file PATH"),
+    (["--dataset", "sbm"], f"holds 34 nodes of 'sbm', the run's 'sbm' has 1000; {SAME_DATA}"),
+    (["--dataset", "sbm", "--set", "sbm.nodes=34", "--set", "seed=1"],
+     f"was made from other 'sbm' data than the run's (another seed or dataset setting); {SAME_DATA}"),
+])
+def test_an_eval_file_of_other_data_is_refused_before_the_run(sbm34_eval_file, args, message, tmp_path, capsys,
+                                                               monkeypatch):
+    """Karate scored against SBM labels used to exit 0; other sizes failed only once the run was over."""
+    import app.inprocess
+    from app.run import main
+
+    monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
+    argv = ["--engine", "inprocess", "--num-clients", "2", "--out", str(tmp_path / "r"),
+            "--set", f"eval-file={sbm34_eval_file}", *args]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: eval-file {sbm34_eval_file!r} {message}\n"
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_server_refuses_an_eval_file_of_another_dataset_and_takes_its_own(sbm34_eval_file, tmp_path):
+    """A deployed ServerApp has no dataset to compare with, but knows the run's dataset name."""
+    from app.data.evaluation import load_evaluation
+    from app.run import main
+
+    with pytest.raises(ConfigError, match="^eval-file .* was made for dataset 'sbm', not 'karate'; valid: "):
+        load_evaluation(sbm34_eval_file, "karate")
+    assert main(["--engine", "inprocess", "--dataset", "sbm", "--num-clients", "2", "--set", "sbm.nodes=34",
+                 "--set", f"eval-file={sbm34_eval_file}", "--out", str(tmp_path / "r")]) == 0
+    assert json.loads((tmp_path / "r" / "result.json").read_text())["metrics"]["nmi"] > 0.5
 
 
 @pytest.mark.parametrize("strategy, dataset, clients, overrides, message", [

@@ -330,9 +330,16 @@ KARATE = ["--dataset", "karate", "--partitioner", "node-random", "--num-clients"
     (["--eval-file", "{tmp}/eval.npz", "--eval-contents", "foo"],
      "invalid value 'foo' for '--eval-contents'; valid choices: labels-only, full"),
     (["--eval-file", "{tmp}/afile/eval.npz"], "--eval-file: '{tmp}/afile' is a file; valid: a file in a directory"),
+    # these three used to fail with a traceback after the shards and manifest.json were written
+    (["--eval-file", "{tmp}/adir"], "--eval-file: '{tmp}/adir' is a directory; valid: a file in a directory"),
+    (["--eval-file", "/proc/no-such/eval.npz"],
+     "--eval-file: '/proc/no-such' cannot be created or written (No such file or directory); valid: a file in a "
+     "directory"),
+    (["--set", "sbm.nodes=50", "--set", "sbm.nodes=60"], "--set sbm.nodes given twice ('50', '60'); valid: once"),
 ])
 def test_prepare_refuses_bad_input_before_writing_anything(tmp_path, capsys, extra, message):
     (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
     extra = [a.format(tmp=tmp_path) for a in extra]
     assert prepare_main(KARATE + extra + ["--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == f"error: {message.format(tmp=tmp_path)}\n"
@@ -340,6 +347,12 @@ def test_prepare_refuses_bad_input_before_writing_anything(tmp_path, capsys, ext
     assert prepare_main(KARATE + ["--out", str(tmp_path / "afile" / "o")]) == 2
     assert capsys.readouterr().err == (f"error: --out: '{tmp_path / 'afile'}' is a file; valid: a directory for "
                                        "the shards\n")
+
+
+def test_prepare_refuses_an_out_dir_it_cannot_write(tmp_path, capsys):
+    assert prepare_main(KARATE + ["--out", "/proc/no-such/o"]) == 2
+    assert capsys.readouterr().err == ("error: --out: '/proc/no-such/o' cannot be created or written (No such file or "
+                                       "directory); valid: a directory for the shards\n")
 
 
 def test_prepare_module_entry_point(tmp_path):

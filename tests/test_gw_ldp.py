@@ -529,11 +529,11 @@ def test_ldp_noise_is_fresh_at_every_run_and_not_derived_from_the_seed(out_dir):
     (the server knows the seed, so codes drawn from it could be replayed and the noise removed)."""
     shared_datasets_or_skip()
     raw = {"strategy": "gw-ldp", "dataset": "citeseer", "num-clients": 2, **KHOP, "khop.centres": 20,
-           "gw-ldp.epsilon": 2.0, "gw-ldp.svc": False, "reference": False, "out-dir": str(out_dir)}
+           "gw-ldp.epsilon": 2.0, "gw-ldp.svc": False, "reference": False}
     runs = []
-    for _ in range(2):
+    for run in range(2):
         grid = InProcessGrid(build_client_app(raw), 2, record=True)
-        run_server(grid, raw)
+        run_server(grid, {**raw, "out-dir": str(out_dir / str(run))})
         down = next(m for m in grid.pushed if m.metadata.message_type == "query.gw_embed")
         codes = {tuple(a["graph_ids"]): a["embeddings"] for a in
                  (unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == "query.gw_embed")}

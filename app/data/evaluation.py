@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.config import ConfigError
-from app.data.shards import _get_graphs, _get_matrix, _put_graphs, _put_matrix
+from app.data.shards import _get_graphs, _get_matrix, _put_graphs, _put_matrix, data_hash
 from app.data.types import GraphCollection, GraphData
 
 CONTENTS = ("labels-only", "full")
@@ -34,7 +34,8 @@ def write_evaluation(data: GraphData | GraphCollection, path: str | Path, conten
     if contents not in CONTENTS:
         raise ConfigError(f"invalid evaluation contents {contents!r}; valid choices: " + ", ".join(CONTENTS))
     arrays: dict[str, np.ndarray] = {}
-    header = {"name": data.name, "contents": contents, "collection": isinstance(data, GraphCollection)}
+    header = {"name": data.name, "contents": contents, "collection": isinstance(data, GraphCollection),
+              "data_hash": data_hash(data)}  # which data the labels are of: see check_evaluation
     if isinstance(data, GraphCollection):
         arrays["y"] = np.asarray(data.y)
         if contents == "full":
@@ -55,8 +56,48 @@ def write_evaluation(data: GraphData | GraphCollection, path: str | Path, conten
     return path
 
 
-def load_evaluation(path: str | Path) -> GraphData | GraphCollection:
-    """Read an evaluation file; ``meta['evaluation']`` says what it holds."""
+def load_evaluation(path: str | Path, dataset: str | None = None) -> GraphData | GraphCollection:
+    """Read an evaluation file; ``meta['evaluation']`` says what it holds. With ``dataset``, a file
+    made for another dataset is refused."""
+    arrays, header = _read(path)
+    if dataset is not None:
+        _check_name(path, header, dataset)
+    meta = {"evaluation": header["contents"]}
+    if header["collection"]:
+        graphs = _get_graphs(arrays, header["graphs"]) if "graphs" in header else []
+        return GraphCollection(header["name"], graphs, arrays["y"], meta=meta)
+    n = int(header["num_nodes"])
+    adj = _get_matrix(arrays, "adj", header["adj"]) if "adj" in header else sp.csr_matrix((n, n))
+    x = _get_matrix(arrays, "x", header["x"]) if "x" in header else None
+    return GraphData(header["name"], sp.csr_matrix(adj, dtype=np.float64), x, arrays.get("y"), meta)
+
+
+def check_evaluation(path: str | Path, data: GraphData | GraphCollection) -> None:
+    """Refuse an evaluation file made from other data than the run's ``data``: its labels would
+    score other items, or stop the run once it is over when the sizes differ."""
+    arrays, header = _read(path)
+    _check_name(path, header, data.name)
+    size, what = (len(data.y), "graphs") if isinstance(data, GraphCollection) else (data.num_nodes, "nodes")
+    made = len(arrays["y"]) if header["collection"] else int(header["num_nodes"])
+    valid = (f"valid: an eval-file written by python -m app.data.prepare --dataset {data.name} with the run's seed "
+             "and dataset settings")
+    if made != size:
+        raise ConfigError(f"eval-file {str(path)!r} holds {made} {what} of '{data.name}', the run's '{data.name}' "
+                          f"has {size}; {valid}")
+    made_from = header.get("data_hash")  # None: a file written before the hash was recorded, checked by size only
+    if made_from is not None and made_from != data_hash(data):
+        raise ConfigError(f"eval-file {str(path)!r} was made from other '{data.name}' data than the run's (another "
+                          f"seed or dataset setting); {valid}")
+
+
+def _check_name(path: str | Path, header: dict, dataset: str) -> None:
+    if header["name"] != dataset:
+        raise ConfigError(f"eval-file {str(path)!r} was made for dataset {header['name']!r}, not {dataset!r}; "
+                          f"valid: one written by python -m app.data.prepare --dataset {dataset} ... --eval-file PATH")
+
+
+def _read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays and the JSON header of an evaluation file."""
     path = Path(path)
     if not path.is_file():
         state = "is a directory" if path.is_dir() else "does not exist"
@@ -69,11 +110,4 @@ def load_evaluation(path: str | Path) -> GraphData | GraphCollection:
     except Exception:  # np.load guesses the format; its message about pickles misleads for a text file
         raise ConfigError(f"eval-file {str(path)!r} is not an evaluation file (an .npz written by "
                           "python -m app.data.prepare ... --eval-file PATH)") from None
-    meta = {"evaluation": header["contents"]}
-    if header["collection"]:
-        graphs = _get_graphs(arrays, header["graphs"]) if "graphs" in header else []
-        return GraphCollection(header["name"], graphs, arrays["y"], meta=meta)
-    n = int(header["num_nodes"])
-    adj = _get_matrix(arrays, "adj", header["adj"]) if "adj" in header else sp.csr_matrix((n, n))
-    x = _get_matrix(arrays, "x", header["x"]) if "x" in header else None
-    return GraphData(header["name"], sp.csr_matrix(adj, dtype=np.float64), x, arrays.get("y"), meta)
+    return arrays, header

@@ -12,13 +12,12 @@ exit code 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from app.config import ConfigError
-from app.result import file_in_the_way
+from app.config import ArgumentParser, ConfigError
+from app.result import cannot_write, file_in_the_way
 
 from .datasets import DATASETS, resolve_data_root
 from .evaluation import CONTENTS
@@ -27,13 +26,8 @@ from .partition import PARTITIONERS, partition
 from .shards import data_hash, write_shards
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2
-        raise ConfigError(message.replace("\n", " "))
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m app.data.prepare", description=__doc__.splitlines()[0])
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m app.data.prepare", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", required=True, help="one of: " + ", ".join(DATASETS))
     p.add_argument("--partitioner", required=True, help="one of: " + ", ".join(PARTITIONERS))
     p.add_argument("--num-clients", required=True, type=int)
@@ -53,23 +47,35 @@ def _parser() -> argparse.ArgumentParser:
 
 def _parse_sets(items: list[str]) -> dict:
     keys = {p.key: p for p in DATA_PARAMS}
-    values = {}
+    given, values = {}, {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"invalid --set {item!r}; expected KEY=VALUE")
         k, v = item.split("=", 1)
-        k = k.strip()
+        k, v = k.strip(), v.strip()
         if k not in keys:
             raise ConfigError(f"unknown config key '{k}'; valid keys: " + ", ".join(sorted(keys)))
-        values[k] = keys[k].coerce(v.strip())
+        if k in given:  # as python -m app.run: the later one silently winning hides a typo
+            raise ConfigError(f"--set {k} given twice ({given[k]!r}, {v!r}); valid: once")
+        given[k] = v
+        values[k] = keys[k].coerce(v)
     return values
 
 
 def _check_dir(flag: str, directory: Path, valid: str) -> None:
-    """``directory`` can be created or is one: no file on its path."""
+    """``directory`` can be created or is one (no file on its path), and files can be written into it."""
     blocking = file_in_the_way(directory)
     if blocking is not None:
         raise ConfigError(f"{flag}: {str(blocking)!r} is a file; valid: {valid}")
+    reason = cannot_write(directory)
+    if reason is not None:
+        raise ConfigError(f"{flag}: {str(directory)!r} cannot be created or written ({reason}); valid: {valid}")
+
+
+def _check_eval_file(path: Path) -> None:
+    if path.is_dir():
+        raise ConfigError(f"--eval-file: {str(path)!r} is a directory; valid: a file in a directory")
+    _check_dir("--eval-file", path.parent, "a file in a directory")
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -87,7 +93,7 @@ def run(argv: list[str] | None = None) -> dict:
                           + ", ".join(CONTENTS))
     _check_dir("--out", Path(args.out), "a directory for the shards")
     if args.eval_file:
-        _check_dir("--eval-file", Path(args.eval_file).parent, "a file in a directory")
+        _check_eval_file(Path(args.eval_file))
     values = _parse_sets(args.set)
     root = args.data_root or config_data_root(values)
     dkw = dataset_kwargs(values, args.dataset)
