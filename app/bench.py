@@ -19,6 +19,13 @@ progress bar, and writes
 Each strategy's issue adds its suite with :func:`register_suite` (see the
 ``smoke`` suite at the bottom of this file). Label metrics (acc, f1, nmi,
 ari, cluster_similarity) are shown in percent like the papers.
+
+The scripts in ``benchmarks/`` parse their arguments with
+:class:`app.config.ArgumentParser` and the ``type=`` helpers :func:`value_arg`, :func:`list_arg`,
+:func:`config_value`, :func:`config_list`: every value, and every item of a
+comma-separated list, is checked before the first run starts. They run
+``main`` through :func:`run_script`, which ends on a later bad input (a
+ConfigError) with one line, too.
 """
 
 from __future__ import annotations
@@ -498,6 +505,116 @@ def _embedding_plot(suite: Suite, exps: list[dict], results_dir: Path) -> list[P
             return [plots.plot_embedding(coords, labelings, results_dir / f"{suite.name}_embedding.png",
                                          title=f"{e['dataset']}: {e['key']} seed {r['seed']}")]
     return []
+
+
+# ---------------------------------------------------------------------------
+# the benchmark scripts' arguments
+# ---------------------------------------------------------------------------
+def run_script(main: Callable[[], int]) -> int:
+    """A benchmark script's exit code: bad input (a ConfigError: a bad argument, which
+    :class:`app.config.ArgumentParser` raises, or a dataset whose files disagree, found by the first
+    run) ends it with one line and exit code 2."""
+    from app.config import ConfigError
+
+    try:
+        return main()
+    except ConfigError as err:
+        print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _valid(kind: Callable, choices: Sequence, low: float | None, high: float | None, valid: str) -> str:
+    """The error's tail: what the valid values are."""
+    if valid:
+        return f"valid: {valid}"
+    if choices:
+        return "valid choices: " + ", ".join(map(str, choices))
+    low, high = (v if v is None or isinstance(v, int) else f"{v:g}" for v in (low, high))  # 4294967295, not 4.3e+09
+    if low is not None and high is not None:
+        return f"valid: {kind.__name__}s in [{low}, {high}]"
+    if low is not None:
+        return f"valid: {kind.__name__}s >= {low}"
+    return f"valid: {kind.__name__}s" + ("" if high is None else f" <= {high}")
+
+
+def value_arg(kind: Callable[[str], Any] = str, choices: Sequence = (), low: float | None = None,
+              high: float | None = None, valid: str = "") -> Callable[[str], Any]:
+    """argparse ``type=`` for one value: ``kind`` converts it (a ValueError rejects it), then it must be one of
+    ``choices`` and within [``low``, ``high``] where given. The error names the value and ``valid`` (the
+    description of the valid values; default: the choices, or the kind and bounds)."""
+    tail = _valid(kind, choices, low, high, valid)
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; {tail}") from None
+        # "not >=" rather than "<": NaN compares false and is out of every range
+        if (choices and value not in choices) or (low is not None and not value >= low) \
+                or (high is not None and not value <= high):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; {tail}")
+        return value
+
+    return parse
+
+
+def list_arg(kind: Callable[[str], Any] = str, choices: Sequence = (), low: float | None = None,
+             high: float | None = None, valid: str = "", empty_ok: bool = False) -> Callable[[str], list]:
+    """argparse ``type=`` for a comma-separated list (``--parts a,b``) of :func:`value_arg` items, read whole
+    at parse time: a typo late in the list stops the script before the first item runs. An empty list is an
+    error unless ``empty_ok`` (a script that would run nothing would still rewrite its results)."""
+    item = value_arg(kind, choices, low, high, valid)
+
+    def parse(text: str) -> list:
+        values = [item(part.strip()) for part in text.split(",") if part.strip()]
+        if not values and not empty_ok:
+            raise argparse.ArgumentTypeError(f"empty list {text!r}; {_valid(kind, choices, low, high, valid)}")
+        return values
+
+    return parse
+
+
+def _config_checks(key: str) -> tuple:
+    """The type, choices and range declared for run-config ``key`` (app.registry)."""
+    from app import registry
+
+    param = registry.schema().params[key]
+    return param.kind, param.choices or (), param.low, param.high
+
+
+def config_value(key: str) -> Callable[[str], Any]:
+    """:func:`value_arg` for a value of run-config ``key``: an argument that feeds the key is checked as the
+    runs would check it, before any starts."""
+    return value_arg(*_config_checks(key))
+
+
+def config_list(key: str, empty_ok: bool = False) -> Callable[[str], list]:
+    """:func:`list_arg` of values of run-config ``key`` (see :func:`config_value`)."""
+    return list_arg(*_config_checks(key), empty_ok=empty_ok)
+
+
+def existing_file(text: str) -> str:
+    """``kind`` for :func:`value_arg`: the path of a file that exists (e.g. results to merge)."""
+    if not Path(text).is_file():
+        raise ValueError(text)
+    return text
+
+
+def strategy_datasets(strategy: str) -> tuple[str, ...]:
+    """The datasets ``strategy`` runs on with its default partitioner: those the run-config check accepts,
+    so a benchmark's ``--datasets`` fails at parse time, not at its first run of that dataset."""
+    from app import registry
+    from app.config import ConfigError
+    from app.data import DATASETS
+
+    def fits(dataset: str) -> bool:
+        try:
+            registry.validate({"strategy": strategy, "dataset": dataset})
+        except ConfigError:
+            return False
+        return True
+
+    return tuple(d for d in DATASETS if fits(d))
 
 
 # ---------------------------------------------------------------------------

@@ -37,7 +37,6 @@ by its owner) scored on the whole graph.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -48,7 +47,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from app.bench import replace_section  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from app.bench import (config_list, list_arg, replace_section, run_script,  # noqa: E402
+                       strategy_datasets)
 
 RESULTS = HERE / "results"
 RUNS = RESULTS / "fedavg_dmon_runs"
@@ -494,32 +495,24 @@ def write_md(section: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suites", default="figures,cost,dp", help=f"comma-separated, from {', '.join(SUITES)}")
-    ap.add_argument("--datasets", default="cora,citeseer")
-    ap.add_argument("--clients", default="2,3,5,8,10,15")
-    ap.add_argument("--overlaps", default="0,0.5",
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suites", default="figures,cost,dp", type=list_arg(choices=SUITES),
+                    help=f"comma-separated, from {', '.join(SUITES)}")
+    ap.add_argument("--datasets", default="cora,citeseer", type=list_arg(choices=strategy_datasets("fedavg-dmon")))
+    ap.add_argument("--clients", default="2,3,5,8,10,15", type=list_arg(int, low=1))
+    ap.add_argument("--overlaps", default="0,0.5", type=config_list("partition.overlap"),
                     help="partition.overlap values (0 = Figure 1; 0.5 = the authors' 1.5 N/C nodes per client)")
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", default="0,1,2", type=config_list("seed"))
     ap.add_argument("--rounds", type=int, default=250)
     ap.add_argument("--dp-rounds", type=int, default=100)
     ap.add_argument("--dp-clients", type=int, default=5)
     ap.add_argument("--dp-clip", type=float, default=0.5)
-    ap.add_argument("--dp-seeds", default="0")
-    ap.add_argument("--epsilons", default="0,1,10,100,1000,10000")
+    ap.add_argument("--dp-seeds", default="0", type=config_list("seed"))
+    ap.add_argument("--epsilons", default="0,1,10,100,1000,10000", type=config_list("fedavg-dmon.dp-epsilon"),
+                    help="fedavg-dmon.dp-epsilon values (0 = no DP)")
     ap.add_argument("--force", action="store_true", help="re-run figures/dp runs that already have a record")
     ap.add_argument("--render-only", action="store_true", help="rewrite tables/plots from the records")
     args = ap.parse_args(argv)
-    args.suites = [s for s in args.suites.split(",") if s]
-    bad = [s for s in args.suites if s not in SUITES]
-    if bad:
-        ap.error(f"unknown suite {bad[0]!r}; valid choices: {', '.join(SUITES)}")
-    args.datasets = [s for s in args.datasets.split(",") if s]
-    args.clients = [int(s) for s in args.clients.split(",") if s]
-    args.overlaps = [float(s) for s in args.overlaps.split(",") if s]
-    args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    args.dp_seeds = [int(s) for s in args.dp_seeds.split(",") if s]
-    args.epsilons = [float(s) for s in args.epsilons.split(",") if s]
     if not args.render_only:
         jobs = plan(args)
         for i, job in enumerate(jobs, 1):
@@ -548,4 +541,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

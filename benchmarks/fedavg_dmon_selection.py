@@ -27,10 +27,10 @@ Replays are cached in ``benchmarks/results/fedavg_dmon_selection/``; the table g
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -39,7 +39,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
 
-from app.bench import replace_section  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from app.bench import list_arg, replace_section, run_script, strategy_datasets  # noqa: E402
 from fedavg_dmon import run_dir  # noqa: E402  (this directory's grid: where the app's records are)
 
 CACHE = HERE / "results" / "fedavg_dmon_selection"
@@ -115,9 +116,22 @@ def app_record(dataset, clients, overlap, seed, mode, rounds):
     return json.loads(path.read_text())["client"]["f1"] if path.exists() else None
 
 
+def parse_cell(text: str, datasets: tuple[str, ...]) -> tuple[str, int, float, int]:
+    """``kind`` of a ``--cells`` item: (dataset, clients, overlap, seed); anything else is a ValueError."""
+    dataset, clients, overlap, seed = text.split(":")
+    cell = dataset, int(clients), float(overlap), int(seed)
+    if dataset not in datasets or cell[1] < 1 or not 0 <= cell[2] <= 1 or cell[3] < 0:
+        raise ValueError(text)
+    return cell
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cells", default=DEFAULT_CELLS, help="comma-separated dataset:clients:overlap:seed")
+    datasets = strategy_datasets("fedavg-dmon")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default=DEFAULT_CELLS, help="comma-separated dataset:clients:overlap:seed",
+                    type=list_arg(partial(parse_cell, datasets=datasets),
+                                  valid=f"dataset:clients:overlap:seed, dataset one of {', '.join(datasets)}, "
+                                        "clients >= 1, overlap in [0, 1], seed >= 0"))
     ap.add_argument("--rounds", type=int, default=250)
     args = ap.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -125,9 +139,7 @@ def main(argv=None) -> int:
              + " | ".join(f"fed - iso ({r})" for r in RULES) + " | fed F1 (val) | = app |",
              "|---|---|---|---|---|" + "---|" * len(RULES) + "---|---|"]
     summary = {r: [] for r in RULES}
-    for cell in (c for c in args.cells.split(",") if c):
-        dataset, clients, overlap, seed = cell.split(":")
-        clients, overlap, seed = int(clients), float(overlap), int(seed)
+    for dataset, clients, overlap, seed in args.cells:
         f1 = {}
         for mode in ("federated", "isolated"):
             path = CACHE / f"{dataset}-{mode}-c{clients}-ov{overlap}-s{seed}-r{args.rounds}.json"
@@ -162,4 +174,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

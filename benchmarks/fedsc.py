@@ -26,7 +26,6 @@ Writes ``benchmarks/results/fedsc.json``, PNG plots next to it and the
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -43,7 +42,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.bench import replace_section  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from app.bench import list_arg, replace_section, run_script, value_arg  # noqa: E402
 from app.baselines import kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.data.partition import partition  # noqa: E402
@@ -80,6 +80,8 @@ EPSILONS = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)
 #: leaves a client. 2.5 is the non-private estimate (mean pairwise distance 2.545) rounded: acceptable
 #: for public Iris; a deployment must fix sigma without looking at the private data.
 IRIS_DP_SIGMA = 2.5
+#: The parts of the run, each skippable with ``--skip``.
+PARTS = ("table", "grid", "dp", "errors", "attack")
 #: When the clients' data noise started to come from OS entropy (before: one seeded draw shared with
 #: the reference).
 OS_ENTROPY_SINCE = "2026-11-23T08:00Z"
@@ -407,12 +409,14 @@ def cost_of(table: list[dict]) -> dict | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=10, help="seeds for Iris and circles")
-    ap.add_argument("--digits-seeds", type=int, default=3, help="seeds for digits in the accuracy table")
-    ap.add_argument("--grid-seeds", type=int, default=2, help="seeds per factor-noise cell (digits)")
-    ap.add_argument("--dp-seeds", type=int, default=3, help="seeds per epsilon (Iris)")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: table,grid,dp,errors,attack")
+    seeds = value_arg(int, low=1)
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=seeds, default=10, help="seeds for Iris and circles")
+    ap.add_argument("--digits-seeds", type=seeds, default=3, help="seeds for digits in the accuracy table")
+    ap.add_argument("--grid-seeds", type=seeds, default=2, help="seeds per factor-noise cell (digits)")
+    ap.add_argument("--dp-seeds", type=seeds, default=3, help="seeds per epsilon (Iris)")
+    ap.add_argument("--skip", default="", type=list_arg(choices=PARTS, empty_ok=True),
+                    help="comma-separated parts to skip: " + ",".join(PARTS))
     ap.add_argument("--keep", action="store_true",
                     help="parts in --skip keep their figures from benchmarks/results/fedsc.json (the header keeps "
                          "naming the accuracy table's run; a re-run DP curve names its own)")
@@ -424,7 +428,7 @@ def main(argv=None) -> int:
         update_md(section)
         print(section)
         return 0
-    skip = set(filter(None, args.skip.split(",")))
+    skip = set(args.skip)
     started = time.time()
     command = "python benchmarks/fedsc.py " + " ".join(argv if argv is not None else sys.argv[1:])
     old = json.loads((RESULTS / "fedsc.json").read_text()) if args.keep else {}
@@ -460,4 +464,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -17,7 +17,6 @@ of ``benchmarks/RESULTS.md`` is rebuilt from whatever JSON exists.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -30,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.bench import replace_section  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from app.bench import config_value, replace_section, run_script, value_arg  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -498,12 +498,12 @@ def report() -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("part", choices=("table", "curves", "cost", "privacy", "readings", "scale", "report"))
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=value_arg(int, low=1), default=1)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--nodes", type=int, default=1_000_000)
-    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--nodes", type=config_value("sbm.nodes"), default=1_000_000)
+    p.add_argument("--clients", type=value_arg(int, low=1), default=10)
     p.add_argument("--wire", default="float64", choices=("float64", "float32"))
     p.add_argument("--no-reference", action="store_true")
     a = p.parse_args(argv)
@@ -528,4 +528,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.protocols import gw_ldp as proto  # noqa: E402
-from app.bench import replace_section  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from app.bench import (config_list, existing_file, list_arg, replace_section,  # noqa: E402
+                       run_script, strategy_datasets, value_arg)
 from app.run import run_experiment  # noqa: E402
 from app.transport import ProtocolError  # noqa: E402
 
@@ -284,16 +286,8 @@ def part_sensitivity(part: str, args, data: dict) -> None:
     """GW_H(GIN) of ``--datasets`` with other values of one training setting (``SENSITIVITY[part]``: the
     clients' Adam learning rate, ``--lrs``, or local epochs per round, ``--epochs-list``), everything
     else as in the BatchNorm table's pooled row: a sensitivity check, not a selection (the test folds
-    would pick it)."""
-    store, key, setting, values = SENSITIVITY[part]
-    trained = {"rounds": args.rounds, "epochs": args.epochs}
-    if any(trained[k] != POOLED_ROW_TRAINING[k] for k in trained):
-        raise SystemExit(f"--parts {part} varies one setting of the pooled row, trained with --rounds "
-                         f"{POOLED_ROW_TRAINING['rounds']} --epochs {POOLED_ROW_TRAINING['epochs']}; got --rounds "
-                         f"{args.rounds} --epochs {args.epochs}")
-    if POOLED_ROW_TRAINING[setting] in getattr(args, values):
-        raise SystemExit(f"--parts {part}: {POOLED_ROW_TRAINING[setting]:g} is the pooled row's own value (its "
-                         f"column); list only other values")
+    would pick it); :func:`check_parts` has checked the pooled row's training before any part ran."""
+    store, key, _, values = SENSITIVITY[part]
     out = data.setdefault(store, {})
     for dataset in args.datasets:
         for value in getattr(args, values):
@@ -1197,19 +1191,56 @@ def plots(data: dict) -> None:
         plt.close(fig)
 
 
+#: ``--parts``: name -> the function that runs it on (args, results).
+PARTS = {"table1": part_table1, "cluster": part_cluster, "timing": part_timing, "bound": part_bound,
+         "rounds": part_rounds, "dp": part_dp, "features": part_features, "selection": part_selection,
+         "selection-cv": part_selection_cv, "hidden": part_hidden, "size-only": part_size_only,
+         "seen-labels": part_seen_labels, "norm": part_norm, "plain-gw": part_plain_gw,
+         "lr": partial(part_sensitivity, "lr"), "epochs": partial(part_sensitivity, "epochs")}
+#: ``--dp-settings`` items: training-DP mode (``gw-ldp.dp`` other than none) and noise multiplier.
+DP_SETTING = "mode:noise, mode one of client, sgd, noise > 0"
+
+
+def dp_setting(text: str) -> str:
+    """``kind`` of a ``--dp-settings`` item (:data:`DP_SETTING`); the part splits it when it runs."""
+    mode, noise = text.split(":")  # not exactly one ':' is a ValueError too
+    if mode not in ("client", "sgd") or not float(noise) > 0:
+        raise ValueError(text)
+    return text
+
+
+def check_parts(ap: argparse.ArgumentParser, args) -> None:
+    """One-line ``ap.error`` for a part whose arguments cannot run, before any part runs."""
+    for part in (p for p in args.parts if p in SENSITIVITY):
+        setting, values = SENSITIVITY[part][2:]
+        trained = {"rounds": args.rounds, "epochs": args.epochs}
+        if any(trained[k] != POOLED_ROW_TRAINING[k] for k in trained):
+            ap.error(f"--parts {part} varies one setting of the pooled row, trained with --rounds "
+                     f"{POOLED_ROW_TRAINING['rounds']} --epochs {POOLED_ROW_TRAINING['epochs']}; got --rounds "
+                     f"{args.rounds} --epochs {args.epochs}")
+        if POOLED_ROW_TRAINING[setting] in getattr(args, values):
+            ap.error(f"--parts {part}: {POOLED_ROW_TRAINING[setting]:g} is the pooled row's own value (its "
+                     f"column); list only other values")
+
+
 def main() -> int:
     global JSON_PATH
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="timing,table1,cluster")
-    ap.add_argument("--datasets", default="mutag")
-    ap.add_argument("--folds", type=int, default=10, help="ten-fold 7:2:1 folds to run (0..folds-1)")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="timing,table1,cluster", type=list_arg(choices=tuple(PARTS)))
+    ap.add_argument("--datasets", default="mutag", type=list_arg(choices=strategy_datasets("gw-ldp")))
+    ap.add_argument("--folds", type=value_arg(int, low=1, high=proto.FOLDS), default=10,
+                    help="ten-fold 7:2:1 folds to run (0..folds-1)")
     ap.add_argument("--alpha", type=float, default=1.0, help="gw-ldp.alpha of the federated runs (1 = GW)")
-    ap.add_argument("--alphas", default="0.25,0.5,0.75", help="FGW_AX alphas of the GW_A baseline")
+    ap.add_argument("--alphas", default="0.25,0.5,0.75", type=config_list("gw-ldp.alpha"),
+                    help="FGW_AX alphas of the GW_A baseline")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--rounds-list", default="40,250", help="part rounds: FedAvg rounds to compare")
-    ap.add_argument("--lrs", default="0.003,0.03", help="part lr: client learning rates to compare with 0.01")
-    ap.add_argument("--epochs-list", default="1,5", help="part epochs: local epochs per round to compare with 2")
+    ap.add_argument("--rounds-list", default="40,250", type=config_list("num-rounds"),
+                    help="part rounds: FedAvg rounds to compare")
+    ap.add_argument("--lrs", default="0.003,0.03", type=config_list("gw-ldp.lr"),
+                    help="part lr: client learning rates to compare with 0.01")
+    ap.add_argument("--epochs-list", default="1,5", type=config_list("gw-ldp.local-epochs"),
+                    help="part epochs: local epochs per round to compare with 2")
     ap.add_argument("--cluster-rounds", type=int, default=50)
     ap.add_argument("--centres", type=int, default=500)
     ap.add_argument("--cluster-alpha", type=float, default=1.0, help="part cluster: gw-ldp.alpha (1 = GW)")
@@ -1220,27 +1251,25 @@ def main() -> int:
     ap.add_argument("--central-epochs", type=int, default=300,
                     help="parts features, seen-labels: centralised GNN epochs")
     ap.add_argument("--dp-settings", default="sgd:1,sgd:2,sgd:4,sgd:8,client:2,client:8",
+                    type=list_arg(dp_setting, valid=DP_SETTING),
                     help="part dp: training-DP mode:noise-multiplier pairs")
-    ap.add_argument("--sweep", default="1,10,100", help="extra MUTAG GIN epsilons per graph")
+    ap.add_argument("--sweep", default="1,10,100", type=config_list("gw-ldp.epsilon", empty_ok=True),
+                    help="extra MUTAG GIN epsilons per graph")
     ap.add_argument("--fresh", action="store_true", help="ignore stored results")
-    ap.add_argument("--models", default="gin,gcn")
-    ap.add_argument("--variants", default="plain,ldp", help="table1: GW_H (plain) and/or GW_H* (ldp) rows")
+    ap.add_argument("--models", default="gin,gcn", type=list_arg(choices=proto.MODELS, empty_ok=True),
+                    help="GW_H rows of these models (empty: the GW_A baseline alone)")
+    ap.add_argument("--variants", default="plain,ldp", type=list_arg(choices=tuple(VARIANTS.values())),
+                    help="table1: GW_H (plain) and/or GW_H* (ldp) rows")
     ap.add_argument("--no-gw-a", dest="gw_a", action="store_false", help="skip the centralised GW_A baseline")
     ap.add_argument("--render-only", action="store_true")
     ap.add_argument("--json", default=str(JSON_PATH), help="results file (parts run separately can be merged)")
-    ap.add_argument("--merge", default="", help="comma-separated result files to merge into --json first")
+    ap.add_argument("--merge", default="", type=list_arg(existing_file, valid="existing result files", empty_ok=True),
+                    help="comma-separated result files to merge into --json first")
     args = ap.parse_args()
+    check_parts(ap, args)  # all of them before any part runs
     JSON_PATH = Path(args.json)
-    args.datasets = [d for d in args.datasets.split(",") if d]
-    args.sweep = [float(x) for x in args.sweep.split(",") if x]
-    args.dp_settings = [x for x in args.dp_settings.split(",") if x]
-    args.rounds_list = [int(x) for x in args.rounds_list.split(",") if x]
-    args.lrs = [float(x) for x in args.lrs.split(",") if x]
-    args.epochs_list = [int(x) for x in args.epochs_list.split(",") if x]
-    args.models = [m for m in args.models.split(",") if m]
-    args.alphas = [float(a) for a in args.alphas.split(",") if a]
     data = {} if args.fresh else load_json()
-    for extra in (p for p in args.merge.split(",") if p):
+    for extra in args.merge:
         for key, value in json.loads(Path(extra).read_text()).items():
             if isinstance(value, list):
                 data.setdefault(key, []).extend(v for v in value if v not in data[key])
@@ -1248,15 +1277,10 @@ def main() -> int:
                 data.setdefault(key, {}).update(value)
     if args.merge:
         save_json(data)
-    parts = {"table1": part_table1, "cluster": part_cluster, "timing": part_timing, "bound": part_bound,
-             "rounds": part_rounds, "dp": part_dp, "features": part_features, "selection": part_selection,
-             "selection-cv": part_selection_cv, "hidden": part_hidden, "size-only": part_size_only,
-             "seen-labels": part_seen_labels, "norm": part_norm, "plain-gw": part_plain_gw,
-             "lr": partial(part_sensitivity, "lr"), "epochs": partial(part_sensitivity, "epochs")}
     if not args.render_only:
         data.setdefault("commands", []).append(" ".join(sys.argv[1:]))
-        for name in args.parts.split(","):
-            parts[name](args, data)
+        for name in args.parts:
+            PARTS[name](args, data)
     text = render(data, args)
     print(text)
     write_md(text)
@@ -1265,4 +1289,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_script(main))

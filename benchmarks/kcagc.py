@@ -68,11 +68,13 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.bench import replace_section  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from app.bench import (existing_file, list_arg, replace_section, run_script,  # noqa: E402
+                       strategy_datasets, value_arg)
 from app.baselines import agc, kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.metrics import evaluate  # noqa: E402
-from app.protocols.kcagc import PAPER_ORDER, embedding  # noqa: E402
+from app.protocols.kcagc import EMBEDDINGS, PAPER_ORDER, embedding  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -130,7 +132,10 @@ PART_FILES = {"table2": "kcagc.json", "timing": "kcagc_timing.json", "tree": "kc
               "table2-joint": "kcagc_joint.json", "table2-mixed": "kcagc_mixed.json", "filter": "kcagc_filter.json",
               "order": "kcagc_order.json", "all-columns": "kcagc_all_columns.json"}
 #: The order part's filter orders psi unless --orders gives others.
-ORDERS = "1,2,3,5,9,15,25,40,60"
+ORDERS = (1, 2, 3, 5, 9, 15, 25, 40, 60)
+#: ``--compare`` items: a ``kcagc.embedding`` with optional ``+`` flags.
+COMPARE_FLAGS = ("prune", "adaptive")
+COMPARE = f"embedding[+flag...], embedding one of {', '.join(EMBEDDINGS)}, flag one of {', '.join(COMPARE_FLAGS)}"
 #: The all-columns part's embeddings (``kcagc.embedding`` values, computed on all columns at once).
 ALL_COLUMNS_EMBEDDINGS = ("svd", "normalized", "projection", "projection-unit")
 
@@ -766,9 +771,7 @@ def result_part(part: str, split: str, embedding: str) -> str:
 def run_grid(args, part: str) -> dict:
     """Run one part's cells; returns its summary (also saved to --out as it goes)."""
     seeds = list(range(args.seeds))
-    datasets = [d for d in args.datasets.split(",") if d]
-    clients = [int(c) for c in args.clients.split(",")]
-    factors = [int(f) for f in args.factors.split(",")]
+    datasets, clients, factors = args.datasets, args.clients, args.factors
     summary = {"part": part, "generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets,
                "clients": clients, "factors": factors, "split": args.split, "embedding": args.embedding,
                "restarts": args.restarts, "agc": {}, "runs": [], "load": round(os.getloadavg()[0], 2)}
@@ -792,7 +795,7 @@ def run_grid(args, part: str) -> dict:
     if part == "filter":
         emb["kcagc.filter"] = "spectral-norm"
     # the order part repeats the grid at every --orders psi; the others run the paper's psi (None)
-    orders = [int(o) for o in (args.orders or ORDERS).split(",")] if part == "order" else [None]
+    orders = list(args.orders or ORDERS) if part == "order" else [None]
     if part == "order":
         summary["orders"] = orders
     with tempfile.TemporaryDirectory() as tmp:
@@ -811,7 +814,7 @@ def run_grid(args, part: str) -> dict:
                     if part in ("table2", "timing", "filter", "order"):  # timing: basic's secure-aggregation cost
                         record("kcagc-basic", ds, c, 0, seed, tmp, **emb, **at)
                     if part == "embeddings":
-                        for variant in args.compare.split(","):
+                        for variant in args.compare:
                             e, *flags = variant.split("+")
                             v = {**emb, "kcagc.embedding": e, "kcagc.prune": "prune" in flags}
                             if "adaptive" in flags:  # AGC's adaptive psi on each party's own columns
@@ -835,15 +838,14 @@ def run_all_columns(args) -> dict:
     """The all-columns part: :func:`all_columns_runs` per dataset at the filter orders ``--orders`` (default
     the paper's psi of that dataset), saved to its JSON after each dataset."""
     seeds = list(range(args.seeds))
-    datasets = [d for d in args.datasets.split(",") if d]
-    dims = [int(d) for d in args.dims.split(",")]
+    datasets, dims = args.datasets, args.dims
     summary = {"part": "all-columns", "generated_utc": "", "elapsed_s": 0.0, "seeds": seeds, "datasets": datasets,
                "dims": dims, "embeddings": list(ALL_COLUMNS_EMBEDDINGS), "restarts": args.restarts, "orders": {},
                "runs": []}
     started = time.time()
     path = Path(args.out or RESULTS / PART_FILES["all-columns"])
     for ds in datasets:
-        orders = [int(o) for o in args.orders.split(",")] if args.orders else [PAPER_ORDER["agc"][ds]]
+        orders = args.orders or [PAPER_ORDER["agc"][ds]]
         summary["orders"][ds] = orders
         summary["runs"] += all_columns_runs(ds, orders, dims, ALL_COLUMNS_EMBEDDINGS, seeds, args.restarts)
         for (order, kind, dim), runs in all_columns_cells(summary, ds).items():
@@ -854,58 +856,65 @@ def run_all_columns(args) -> dict:
     return summary
 
 
-def check_parts(ap: argparse.ArgumentParser, args, parts: list[str]) -> None:
-    """One-line ``ap.error`` for a part or a part's arguments that cannot run."""
-    for part in parts:
-        if part not in PARTS:
-            ap.error(f"unknown part {part!r}; valid choices: " + ", ".join(PARTS))
-    if "filter" in parts and not (set(args.datasets.split(",")) <= set(TABLE_FILTER["acc"])
-                                  and set(args.factors.split(",")) <= {"1", "2"}):
+def compare_variant(text: str) -> str:
+    """``kind`` of a ``--compare`` item (:data:`COMPARE`); the embeddings part splits it when it runs."""
+    kind, *flags = text.split("+")
+    if kind not in EMBEDDINGS or not set(flags) <= set(COMPARE_FLAGS):
+        raise ValueError(text)
+    return text
+
+
+def check_parts(ap: argparse.ArgumentParser, args) -> None:
+    """One-line ``ap.error`` for a part whose arguments cannot run, before any part runs."""
+    datasets, clients, factors = (",".join(map(str, v)) for v in (args.datasets, args.clients, args.factors))
+    if "filter" in args.parts and not (set(args.datasets) <= set(TABLE_FILTER["acc"]) and set(args.factors) <= {1, 2}):
         ap.error(f"part 'filter' reproduces the paper's Tables VIII and IX: --datasets within "
-                 f"{','.join(TABLE_FILTER['acc'])} and --factors within 1,2 (got --datasets {args.datasets} "
-                 f"--factors {args.factors})")
-    if "order" in parts and ("," in args.clients or "," in args.factors):
+                 f"{','.join(TABLE_FILTER['acc'])} and --factors within 1,2 (got --datasets {datasets} "
+                 f"--factors {factors})")
+    if "order" in args.parts and (len(args.clients) > 1 or len(args.factors) > 1):
         ap.error(f"part 'order' runs one L and one k_hat factor (the paper: --clients 2 --factors 1), "
-                 f"got --clients {args.clients} --factors {args.factors}")
-    bad = [o for o in args.orders.split(",") if o and (not o.isdigit() or int(o) < 1)]
-    if bad:
-        ap.error(f"invalid filter order {bad[0]!r} in --orders {args.orders}; expected integers >= 1")
-    if "all-columns" in parts:
-        bad = [d for d in args.dims.split(",") if not d.isdigit() or int(d) < 1]
-        if bad:
-            ap.error(f"invalid projection dimension factor {bad[0]!r} in --dims {args.dims}; expected integers >= 1")
-        missing = [d for d in args.datasets.split(",") if d and d not in PAPER_ORDER["agc"]]
-        if missing and not args.orders:
-            ap.error(f"part 'all-columns' needs --orders for dataset {missing[0]!r} (the paper gives psi only for "
-                     f"{', '.join(PAPER_ORDER['agc'])})")
+                 f"got --clients {clients} --factors {factors}")
+    unpublished = [d for d in args.datasets if d not in PAPER_ORDER["agc"]]
+    beside_paper = [p for p in args.parts if p in ("table2", "timing")]  # AGC at the paper's psi, Tables II / IV
+    if unpublished and beside_paper:
+        ap.error(f"part {beside_paper[0]!r} sets its cells beside the paper's: --datasets within "
+                 f"{','.join(PAPER_ORDER['agc'])} (got {unpublished[0]!r})")
+    if unpublished and "all-columns" in args.parts and not args.orders:
+        ap.error(f"part 'all-columns' needs --orders for dataset {unpublished[0]!r} (the paper gives psi only for "
+                 f"{', '.join(PAPER_ORDER['agc'])})")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="table2", help="comma list of " + ", ".join(PARTS))
-    ap.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (timing: always 1)")
-    ap.add_argument("--datasets", default="cora,citeseer,wiki")
-    ap.add_argument("--clients", default="2,4,8,16")
-    ap.add_argument("--factors", default="1,2,4,8")
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="table2", type=list_arg(choices=PARTS),
+                    help="comma list of " + ", ".join(PARTS))
+    ap.add_argument("--seeds", type=value_arg(int, low=1), default=5, help="seeds 0..N-1 (timing: always 1)")
+    ap.add_argument("--datasets", default="cora,citeseer,wiki", type=list_arg(choices=strategy_datasets("kcagc")))
+    # the report sets the cells beside the paper's: its L and k_hat factors
+    ap.add_argument("--clients", default="2,4,8,16", type=list_arg(int, choices=CLIENTS))
+    ap.add_argument("--factors", default="1,2,4,8", type=list_arg(int, choices=FACTORS))
     ap.add_argument("--split", default="contiguous", choices=("contiguous", "random"),
                     help="vertical split of the feature columns")
-    ap.add_argument("--embedding", default="projection-unit",
+    ap.add_argument("--embedding", default="projection-unit", type=value_arg(choices=EMBEDDINGS),
                     help="kcagc.embedding for table2, timing, tree, filter and order (table2 with projection-joint-unit / "
                          "projection-mixed-unit is kept in kcagc_joint.json / kcagc_mixed.json beside the main table)")
     ap.add_argument("--mix-exponent", type=float, default=0.5,
                     help="kcagc.mix-exponent (own-norm exponent beta) with --embedding projection-mixed-unit")
     ap.add_argument("--restarts", type=int, default=50, help="kcagc.restarts (k-means++ seedings side by side)")
     ap.add_argument("--compare", default="svd,projection,normalized,projection-unit,normalized+prune,"
-                    "normalized+adaptive",
+                    "normalized+adaptive", type=list_arg(compare_variant, valid=COMPARE),
                     help="embeddings part: the kcagc.embedding choices compared (+prune: with kcagc.prune; "
                          "+adaptive: AGC's adaptive filter order per party)")
-    ap.add_argument("--orders", default="", help=f"order part: the filter orders psi (default {ORDERS}); "
+    ap.add_argument("--orders", default="", type=list_arg(int, low=1, empty_ok=True),
+                    help=f"order part: the filter orders psi (default {','.join(map(str, ORDERS))}); "
                     "all-columns part: the orders tried (default: the paper's psi of each dataset)")
-    ap.add_argument("--dims", default="1,2,3,4", help="all-columns part: projection dimensions as multiples of k")
+    ap.add_argument("--dims", default="1,2,3,4", type=list_arg(int, low=1),
+                    help="all-columns part: projection dimensions as multiples of k")
     ap.add_argument("--out", default="", help="JSON to write (default: the part's file in benchmarks/results)")
     ap.add_argument("--no-report", action="store_true", help="only write the JSON (a part of a grid)")
     ap.add_argument("--note", default="", help="with --merge: how the parts were run (goes into RESULTS.md)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    type=value_arg(existing_file, valid="existing JSON files"),
                     help="merge partial table2 JSONs (e.g. datasets run in parallel) into kcagc.json")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -926,9 +935,8 @@ def main(argv=None) -> int:
             summary["plots"] = plots(summary)
         (RESULTS / PART_FILES[key]).write_text(json.dumps(summary, indent=1) + "\n")
     else:
-        parts = [p for p in args.parts.split(",") if p]
-        check_parts(ap, args, parts)  # all of them before any runs
-        for part in parts:
+        check_parts(ap, args)  # all of them before any runs
+        for part in args.parts:
             if part == "all-columns":
                 run_all_columns(args)
                 continue
@@ -944,4 +952,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app import bench, plots
-from app.bench import Experiment, Suite
+from app.bench import Experiment, Suite, list_arg
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def fake_run_factory(calls: list, fail_on: tuple = ()):
@@ -156,6 +163,68 @@ def test_suite_validation():
         Suite("x", "x", ())
     with pytest.raises(ValueError, match="registered twice"):
         bench.register_suite(bench.SUITES["smoke"])
+
+
+# ---------------------------------------------------------------------------
+# the benchmark scripts' arguments
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, value, valid", [
+    ("gw_ldp.py --parts nonsense", "'nonsense'", "valid choices: table1, cluster, timing"),
+    ("gw_ldp.py --parts timing,table1,nonsnse", "'nonsnse'", "valid choices: table1, cluster, timing"),
+    ("gw_ldp.py --sweep abc", "'abc'", "valid: floats >= 0"),
+    ("gw_ldp.py --datasets mutag,cora", "'cora'", "valid choices: mutag, proteins, imdb-binary"),
+    ("gw_ldp.py --dp-settings sgd:1,foo:2", "'foo:2'", "mode one of client, sgd"),
+    ("gw_ldp.py --parts table1,lr --rounds 50", "--rounds 50", "trained with --rounds 40 --epochs 2"),
+    ("kcagc.py --clients abc", "'abc'", "valid choices: 2, 4, 8, 16"),
+    ("kcagc.py --datasets cora,nonsense", "'nonsense'", "valid choices: karate, sbm, iris, digits, circles, cora"),
+    ("kcagc.py --compare svd,svd+foo", "'svd+foo'", "flag one of prune, adaptive"),
+    ("kcagc.py --datasets cora,karate", "'karate'", "--datasets within cora,citeseer,pubmed,wiki"),
+    ("fedavg_dmon.py --clients abc", "'abc'", "valid: ints >= 1"),
+    ("fedavg_dmon.py --overlaps 0,2", "'2'", "valid: floats in [0, 1]"),
+    ("fedsc.py --skip table,nope", "'nope'", "valid choices: table, grid, dp, errors, attack"),
+    ("fedsc.py --seeds 0", "'0'", "valid: ints >= 1"),
+    ("fedspectral.py table --seeds 0", "'0'", "valid: ints >= 1"),
+    ("fedavg_dmon_selection.py --cells cora:2:0:0,cora:x:0:0", "'cora:x:0:0'", "dataset:clients:overlap:seed"),
+])
+def test_benchmark_bad_argument_is_one_line_exit_2(argv, value, valid):
+    """Every list is read whole at parse time: a bad item, even the last, stops the script with one
+    line naming it and the valid values (no traceback, no usage block) before anything runs."""
+    script, *args = argv.split()
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=5)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"{script}: error: ")
+    assert value in done.stderr and valid in done.stderr
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared" / "datasets").is_dir(), reason="shared datasets not found")
+def test_benchmark_stops_on_inconsistent_dataset_files_with_one_line(tmp_path):
+    """The reviewer's case: MUTAG with its graph labels cut to 100 lines. gw_ldp.py stops when it loads
+    the dataset, naming the file, instead of failing at the end on a label-length mismatch."""
+    import shutil
+
+    raw = tmp_path / "root" / "tudataset" / "MUTAG" / "raw"
+    shutil.copytree(REPO.parent / "shared" / "datasets" / "tudataset" / "MUTAG" / "raw", raw)
+    labels = raw / "MUTAG_graph_labels.txt"
+    labels.write_text("".join(labels.read_text().splitlines(keepends=True)[:100]))
+    env = {**os.environ, "FEDGRAPH_DATA_ROOT": str(tmp_path / "root"), "FEDGRAPH_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gw_ldp.py"), "--parts", "table1",
+                           "--datasets", "mutag", "--json", str(tmp_path / "gw.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
+    assert done.returncode == 2
+    assert done.stderr == (f"gw_ldp.py: error: dataset 'mutag': {labels} has 100 lines but "
+                           "MUTAG_graph_indicator.txt numbers 188 graphs; valid: one line per graph\n")
+
+
+def test_list_arg_checks_every_item():
+    floats = list_arg(float, low=0)
+    assert floats("1, inf,") == [1.0, math.inf]
+    for bad in ("1,nan", "1,-2", "", ","):
+        with pytest.raises(argparse.ArgumentTypeError, match="valid: floats >= 0"):
+            floats(bad)
+    assert list_arg(int, choices=(2, 4), empty_ok=True)("") == []
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid value '3'; valid choices: 2, 4"):
+        list_arg(int, choices=(2, 4))("2,3")
 
 
 # ---------------------------------------------------------------------------

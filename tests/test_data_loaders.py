@@ -249,3 +249,99 @@ def test_env_var_data_root(no_network, cache, monkeypatch):
     monkeypatch.setenv("FEDGRAPH_DATA_ROOT", "/nonexistent/root")
     with pytest.raises(DatasetNotFound, match="/nonexistent/root/agc/wiki.mat"):
         load_dataset("wiki")
+
+
+# ----------------------------------------------------------------------------- files that disagree
+
+
+@pytest.fixture
+def mutag_copy(tmp_path):
+    """A writable copy of the shared MUTAG files under a fresh data root."""
+    import shutil
+
+    shutil.copytree(SHARED / "tudataset" / "MUTAG", tmp_path / "tudataset" / "MUTAG")
+    return tmp_path / "tudataset" / "MUTAG" / "raw"
+
+
+def _cut(path: Path, lines: int) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:lines]))
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + line + "\n")
+
+
+@needs_shared
+@pytest.mark.parametrize("corrupt, file, detail", [
+    (lambda raw: _cut(raw / "MUTAG_graph_labels.txt", 100), "MUTAG_graph_labels.txt",
+     "has 100 lines but MUTAG_graph_indicator.txt numbers 188 graphs; valid: one line per graph"),
+    (lambda raw: _cut(raw / "MUTAG_node_labels.txt", 3000), "MUTAG_node_labels.txt",
+     "has 3000 lines but MUTAG_graph_indicator.txt has 3371 nodes; valid: one line per node"),
+    (lambda raw: _cut(raw / "MUTAG_edge_labels.txt", 7000), "MUTAG_edge_labels.txt",
+     "has 7000 lines but MUTAG_A.txt has 7442 edges; valid: one line per edge"),
+    (lambda raw: _append(raw / "MUTAG_A.txt", "1, 9999"), "MUTAG_A.txt",
+     "refers to node 9999; valid: nodes 1..3371 (the lines of the graph indicator)"),
+    (lambda raw: _append(raw / "MUTAG_A.txt", "1, 3371"), "MUTAG_A.txt",
+     "line 7443 joins node 1 of graph 1 to node 3371 of graph 188; valid: edges within one graph"),
+    (lambda raw: _append(raw / "MUTAG_graph_indicator.txt", "190"), "MUTAG_graph_indicator.txt",
+     "line 3372 has graph id 190; valid: graph ids 1, 2, ... in order, one line per node"),
+], ids=["graph-labels-cut", "node-labels-cut", "edge-labels-cut", "edge-out-of-range", "edge-across-graphs",
+        "graph-id-gap"])
+def test_inconsistent_tu_files_stop_at_load(mutag_copy, corrupt, file, detail, no_network, cache):
+    """TU files that parse but disagree (the reproduced case: graph labels cut to 100 lines) stop the load
+    with one line naming the dataset, the file and the mismatch, not a length error at the end of a run."""
+    corrupt(mutag_copy)
+    with pytest.raises(ConfigError) as e:
+        load_dataset("mutag", data_root=mutag_copy.parents[2])
+    assert str(e.value) == f"dataset 'mutag': {mutag_copy / file} {detail}"
+
+
+@needs_shared
+@pytest.mark.parametrize("part, change, detail", [
+    ("ally", lambda ally: np.vstack([ally, ally[:5]]),
+     "ind.cora.{{allx,tx}} under {raw} hold 2708 feature rows but ind.cora.{{ally,ty}} 2713 label rows; "
+     "valid: one of each per node"),
+    ("graph", lambda graph: {**graph, 0: [*graph[0], 5000]},
+     "{raw}/ind.cora.graph refers to node 5000; valid: nodes 0..2707 (the feature rows)"),
+], ids=["labels-longer", "edge-out-of-range"])
+def test_inconsistent_planetoid_files_stop_at_load(tmp_path, part, change, detail, no_network, cache):
+    import pickle
+    import shutil
+
+    raw = tmp_path / "planetoid" / "Cora" / "raw"
+    shutil.copytree(SHARED / "planetoid" / "Cora" / "raw", raw)
+    path = raw / f"ind.cora.{part}"
+    path.write_bytes(pickle.dumps(change(pickle.loads(path.read_bytes(), encoding="latin1"))))
+    with pytest.raises(ConfigError) as e:
+        load_dataset("cora", data_root=tmp_path)
+    assert str(e.value) == "dataset 'cora': " + detail.format(raw=raw)
+
+
+@pytest.mark.parametrize("name, files, detail", [
+    ("email-eu-core", {"email-Eu-core.txt": "0 1\n1 2\n", "email-Eu-core-department-labels.txt": "0 1\n2 1\n"},
+     "{raw}/email-Eu-core-department-labels.txt line 2 names node 2; valid: nodes 0, 1, ... in order, one line each"),
+    ("email-eu-core", {"email-Eu-core.txt": "0 1\n0 5\n", "email-Eu-core-department-labels.txt": "0 1\n1 1\n"},
+     "{raw}/email-Eu-core.txt refers to node 5; valid: nodes 0..1 (the lines of email-Eu-core-department-labels.txt)"),
+    ("ego-facebook", {"facebook_combined.txt": "0 1\n2 -1\n"},
+     "{raw}/facebook_combined.txt refers to node -1; valid: nodes 0..2 (ids >= 0)"),
+], ids=["email-label-lines", "email-edge-out-of-range", "facebook-negative-id"])
+def test_inconsistent_snap_files_stop_at_load(tmp_path, name, files, detail, no_network, cache):
+    raw = tmp_path / "snap" / ("email-Eu-core/raw" if name == "email-eu-core" else "ego-Facebook")
+    raw.mkdir(parents=True)
+    for file, text in files.items():
+        (raw / file).write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_dataset(name, data_root=tmp_path)
+    assert str(e.value) == f"dataset '{name}': " + detail.format(raw=raw)
+
+
+def test_inconsistent_wiki_matrices_stop_at_load(tmp_path, no_network):
+    import scipy.io as sio
+
+    path = tmp_path / "agc" / "wiki.mat"
+    path.parent.mkdir()
+    sio.savemat(path, {"W": sp.csr_matrix(np.ones((3, 3))), "fea": np.ones((2, 4)), "gnd": np.array([[1], [2], [1]])})
+    with pytest.raises(ConfigError) as e:
+        load_dataset("wiki", data_root=tmp_path)
+    assert str(e.value) == (f"dataset 'wiki': {path} holds a 3x3 W, 2 fea rows and 3 gnd entries; "
+                            "valid: a square W with one fea row and one gnd entry per node")

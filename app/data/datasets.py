@@ -158,6 +158,19 @@ def _check_files(name: str, base: Path, files: list[str], layout: str, how: str)
             raise _missing(name, p, layout, how)
 
 
+def _inconsistent(name: str, what: str, valid: str) -> ConfigError:
+    """Files that parse but disagree with each other (counts, node ids): one line naming them."""
+    return ConfigError(f"dataset '{name}': {what}; valid: {valid}")
+
+
+def _check_node_ids(name: str, ids: np.ndarray, n: int, source: str, nodes: str, first: int = 0) -> None:
+    """Every node id in ``ids`` (read from ``source``) is one of the ``n`` nodes ``nodes`` defines, numbered
+    from ``first``; the parsers would otherwise drop, wrap or index past such an id without a word."""
+    bad = (ids < first) | (ids >= n + first)
+    if bad.any():
+        raise _inconsistent(name, f"{source} refers to node {ids[bad][0]}", f"nodes {first}..{n - 1 + first} ({nodes})")
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """Exclusive inter-process lock (several simulated clients may load at once)."""
@@ -299,6 +312,11 @@ def load_planetoid(name: str, data_root=None, **_: object) -> GraphData:
     d = _pyg_load(src, f"planetoid/{from_name}", make)
     n = int(d.num_nodes)
     ei = _np(d.edge_index)
+    # PyG stacks the feature and label files separately and never compares their lengths
+    if len(d.y) != n:
+        raise _inconsistent(name, f"ind.{name}.{{allx,tx}} under {src / 'raw'} hold {n} feature rows but "
+                                  f"ind.{name}.{{ally,ty}} {len(d.y)} label rows", "one of each per node")
+    _check_node_ids(name, ei, n, str(src / "raw" / f"ind.{name}.graph"), "the feature rows")
     x = sp.csr_matrix(_np(d.x).astype(np.float64))
     return GraphData(
         name=name,
@@ -324,6 +342,8 @@ def load_tudataset(name: str, data_root=None, **_: object) -> GraphCollection:
         f"<data-root>/tudataset/{tu}/raw/{tu}_{{A,graph_indicator,graph_labels,...}}.txt",
         f"obtain {tu}.zip from the TU Dortmund graph kernel benchmark collection and extract it into raw/",
     )
+
+    _check_tu_files(name, src / "raw", tu)
 
     def make(dst: Path):
         from torch_geometric.datasets import TUDataset
@@ -352,6 +372,54 @@ def load_tudataset(name: str, data_root=None, **_: object) -> GraphCollection:
                            meta={"source": str(src), "loader": "torch_geometric.datasets.TUDataset"})
 
 
+def _tu_ints(path: Path) -> np.ndarray:
+    """A TU text file as PyG's reader takes it (its newline-terminated lines, comma-separated ints), 2-D."""
+    rows = path.read_text().split("\n")[:-1]
+    return np.loadtxt(rows, dtype=np.int64, delimiter=",", ndmin=2) if rows else np.zeros((0, 1), np.int64)
+
+
+def _tu_graph_ids(name: str, indicator: Path) -> np.ndarray:
+    """Each node's graph id (1-based) from ``*_graph_indicator.txt``. PyG slices the graphs by counting
+    nodes per id, so the ids must run 1, 2, ... in order, every graph with a node."""
+    graph_of = _tu_ints(indicator).ravel()
+    jumps = np.flatnonzero(~np.isin(np.diff(graph_of, prepend=0), (0, 1)))
+    if jumps.size or not graph_of.size:
+        where = f"line {jumps[0] + 1} has graph id {graph_of[jumps[0]]}" if jumps.size else "is empty"
+        raise _inconsistent(name, f"{indicator} {where}", "graph ids 1, 2, ... in order, one line per node")
+    return graph_of
+
+
+def _tu_edges(name: str, adjacency: Path, graph_of: np.ndarray) -> np.ndarray:
+    """The (1-based) edges of ``*_A.txt``, each between two nodes of one graph."""
+    edges = _tu_ints(adjacency)
+    if edges.size and edges.shape[1] != 2:
+        raise _inconsistent(name, f"{adjacency} has {edges.shape[1]} columns", "2 (one 'i, j' edge a line)")
+    _check_node_ids(name, edges, graph_of.size, str(adjacency), "the lines of the graph indicator", first=1)
+    across = np.flatnonzero(graph_of[edges[:, 0] - 1] != graph_of[edges[:, -1] - 1])
+    if across.size:
+        i, j = edges[across[0]]
+        raise _inconsistent(name, f"{adjacency} line {across[0] + 1} joins node {i} of graph {graph_of[i - 1]} "
+                                  f"to node {j} of graph {graph_of[j - 1]}", "edges within one graph")
+    return edges
+
+
+def _check_tu_files(name: str, raw: Path, tu: str) -> None:
+    """The TU files agree with each other, checked before PyG reads them: PyG pairs whatever counts it
+    finds, so a labels file cut short loads and fails only where a benchmark compares the labels."""
+    indicator, adjacency = raw / f"{tu}_graph_indicator.txt", raw / f"{tu}_A.txt"
+    graph_of = _tu_graph_ids(name, indicator)
+    edges = _tu_edges(name, adjacency, graph_of)
+    counts = {"graph": (int(graph_of[-1]), f"{indicator.name} numbers {graph_of[-1]} graphs"),
+              "node": (graph_of.size, f"{indicator.name} has {graph_of.size} nodes"),
+              "edge": (len(edges), f"{adjacency.name} has {len(edges)} edges")}
+    for unit, part in (("graph", "labels"), ("graph", "attributes"), ("node", "labels"), ("node", "attributes"),
+                       ("edge", "labels"), ("edge", "attributes")):
+        path = raw / f"{tu}_{unit}_{part}.txt"
+        count, source = counts[unit]
+        if path.is_file() and (lines := path.read_text().count("\n")) != count:  # PyG's records: the lines
+            raise _inconsistent(name, f"{path} has {lines} lines but {source}", f"one line per {unit}")
+
+
 def load_email_eu_core(data_root=None, **_: object) -> GraphData:
     """SNAP email-Eu-core (PyG EmailEUCore): directed e-mails symmetrised,
     self-loops dropped; y = one of 42 departments; no features."""
@@ -369,9 +437,17 @@ def load_email_eu_core(data_root=None, **_: object) -> GraphData:
 
         return EmailEUCore(root=str(dst))[0]
 
+    labels = src / "raw" / "email-Eu-core-department-labels.txt"
+    # PyG takes line i of the labels file as node i's label, whatever node the line names
+    ids = np.loadtxt(labels, dtype=np.int64, ndmin=2)[:, 0]
+    off = np.flatnonzero(ids != np.arange(ids.size))
+    if off.size:
+        raise _inconsistent(name, f"{labels} line {off[0] + 1} names node {ids[off[0]]}",
+                            "nodes 0, 1, ... in order, one line each")
     d = _pyg_load(src, "snap/email-Eu-core", make)
     n = int(d.num_nodes)
     ei = _np(d.edge_index)
+    _check_node_ids(name, ei, n, str(src / "raw" / "email-Eu-core.txt"), f"the lines of {labels.name}")
     return GraphData(name, symmetric_adjacency(ei[0], ei[1], n), None,
                      _np(d.y).astype(np.int64),
                      {"source": str(src), "loader": "torch_geometric.datasets.EmailEUCore"})
@@ -387,6 +463,7 @@ def load_ego_facebook(data_root=None, **_: object) -> GraphData:
                        "obtain facebook_combined.txt.gz from the SNAP dataset page 'ego-Facebook' and gunzip it")
     e = np.loadtxt(path, dtype=np.int64, comments="#", ndmin=2)
     n = int(e.max()) + 1 if e.size else 0
+    _check_node_ids(name, e, n, str(path), "ids >= 0")
     return GraphData(name, symmetric_adjacency(e[:, 0], e[:, 1], n), None, None, {"source": str(path)})
 
 
@@ -402,6 +479,10 @@ def load_wiki(data_root=None, **_: object) -> GraphData:
         raise _missing(name, path, "<data-root>/agc/wiki.mat (MATLAB file with W, fea, gnd)",
                        "obtain wiki.mat from github.com/karenlatong/AGC-master")
     m = sio.loadmat(str(path))
+    w, rows, labels = m["W"].shape, m["fea"].shape[0], np.asarray(m["gnd"]).size
+    if w != (rows, rows) or labels != rows:
+        raise _inconsistent(name, f"{path} holds a {w[0]}x{w[1]} W, {rows} fea rows and {labels} gnd entries",
+                            "a square W with one fea row and one gnd entry per node")
     adj = _binarise(m["W"])
     x = sp.csr_matrix(m["fea"], dtype=np.float64)
     x.sort_indices()
