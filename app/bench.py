@@ -31,6 +31,7 @@ ConfigError) with one line, too.
 from __future__ import annotations
 
 import argparse
+import shutil
 import contextlib
 import json
 import math
@@ -510,6 +511,13 @@ def _embedding_plot(suite: Suite, exps: list[dict], results_dir: Path) -> list[P
 # ---------------------------------------------------------------------------
 # the benchmark scripts' arguments
 # ---------------------------------------------------------------------------
+def fresh_dir(path: Path) -> Path:
+    """``path`` emptied for a new run: a benchmark owns its run directories, and a run never
+    replaces a result.json (:func:`app.result.write_result`)."""
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
 def run_script(main: Callable[[], int]) -> int:
     """A benchmark script's exit code: bad input (a ConfigError: a bad argument, which
     :class:`app.config.ArgumentParser` raises, or a dataset whose files disagree, found by the first

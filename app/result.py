@@ -42,27 +42,23 @@ def new_dir(path: Path) -> Path:
             continue
 
 
-def file_in_the_way(directory: Path) -> Path | None:
-    """The first existing path that is a file, on the way to (and including) ``directory``:
-    the directory cannot be created or written into while there is one."""
-    return next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+def unwritable(directory: Path) -> str | None:
+    """Why no file can be written into ``directory``, creating it if need be (one phrase for an
+    error), or None.
 
-
-def cannot_write(directory: Path) -> str | None:
-    """Why no file can be written into ``directory`` (``Permission denied``, ...), or None.
-
-    Tried, not guessed from permission bits (root passes every access check, ``/proc`` refuses
-    anyway): the missing directories and a temporary file are created, then removed again."""
-    missing = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
+    A file on the way (``directory`` or an ancestor) is named. Else it is tried, not guessed from
+    permission bits (root passes every access check, ``/proc`` refuses anyway): a temporary file
+    is created and removed in ``directory``, or, while it does not exist, in its nearest existing
+    ancestor. Nothing else is created, so runs starting side by side never remove each other's
+    directories."""
+    blocking = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        return f"{str(blocking)!r} is a file"
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=directory).close()
+        tempfile.NamedTemporaryFile(dir=existing).close()
     except OSError as err:
-        return err.strerror or str(err)
-    finally:
-        for p in missing:
-            if p.is_dir():
-                p.rmdir()
+        return f"{str(directory)!r} cannot be created or written ({err.strerror or err})"
     return None
 
 

@@ -18,7 +18,7 @@ from app import registry
 from app.config import ArgumentParser, ConfigError
 from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
-from app.result import RESULT_FILE, cannot_write, default_out_dir, file_in_the_way
+from app.result import RESULT_FILE, default_out_dir, unwritable
 from app.transport import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
@@ -66,8 +66,7 @@ def _run(engine: str, raw: dict, num_clients: int) -> dict:
     from app.client_app import build_client_app
     from app.server_app import build_server_app
 
-    path = Path(raw["out-dir"]) / RESULT_FILE
-    before = path.stat().st_mtime_ns if path.exists() else None  # an earlier result is not this run's
+    path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (_check_out_dir), nor another's after it
     errors: list[Exception] = []
     run_simulation(
         server_app=build_server_app(raw, errors),
@@ -77,7 +76,7 @@ def _run(engine: str, raw: dict, num_clients: int) -> dict:
     )
     if errors:
         raise errors[0]
-    if not path.exists() or path.stat().st_mtime_ns == before:
+    if not path.exists():
         raise ProtocolError(f"the simulation finished without writing {path}; see the log above")
     result = json.loads(path.read_text())
     result["path"] = str(path)
@@ -86,13 +85,11 @@ def _run(engine: str, raw: dict, num_clients: int) -> dict:
 
 def _check_out_dir(out: Path) -> None:
     """``out`` can hold the result: checked before the run, which would otherwise be lost at its end."""
-    blocking = file_in_the_way(out)
-    if blocking is not None:
-        raise ConfigError(f"out-dir {str(out)!r}: {str(blocking)!r} is a file; valid: a directory for {RESULT_FILE}")
-    reason = cannot_write(out)
-    if reason is not None:
-        raise ConfigError(f"out-dir {str(out)!r} cannot be created or written ({reason}); valid: a directory "
-                          f"this user can write {RESULT_FILE} into")
+    if (out / RESULT_FILE).exists():
+        raise ConfigError(f"out-dir {str(out)!r} already holds a {RESULT_FILE}; valid: a new or empty directory")
+    problem = unwritable(out)
+    if problem is not None:
+        raise ConfigError(f"out-dir: {problem}; valid: a writable directory for {RESULT_FILE}")
 
 
 def _check_against_data(config, num_clients: int) -> None:
@@ -162,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         # 0 (the run-config default, "every connected SuperNode" in a deployment): this many simulated ones
         num_clients = schema.params["num-clients"].coerce(_or_default(clients, 0)) or DEFAULT_NUM_CLIENTS
         out = _flag_or_set("--out", args.out, overrides, "out-dir")
-        if out and (Path(out) / RESULT_FILE).exists():
-            raise ConfigError(f"--out {out} already holds a {RESULT_FILE}; valid: a new or empty directory")
         config = registry.validate({**overrides, "strategy": strategy, "dataset": dataset})
         for key in registry.unused_keys(config, overrides):
             print(f"warning: --set {key} has no effect with strategy '{strategy}', dataset '{dataset}' and "

@@ -119,7 +119,7 @@ class ServerSession:
             raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
         self.clients = clients
         self._order = {c.node_id: c.partition_id for c in clients}
-        self._record_uploads(HELLO, replies, HELLO_SPEC)
+        self._record_uploads(HELLO, replies.items(), HELLO_SPEC)
         return clients
 
     def _wait_for_nodes(self, want: int) -> list[int]:
@@ -173,8 +173,8 @@ class ServerSession:
         (strategies that can continue with fewer clients) rejected clients
         are dropped for the rest of the run (``dropped``, reported in
         result.json) and the run stops only when fewer than ``min-clients``
-        remain. Accepted uploads go into the privacy ledger unless ``record``
-        is False.
+        remain. Uploads go into the privacy ledger unless ``record`` is False,
+        refused ones flagged ``rejected``.
         """
         self._round += 1
         result = self._send(action, category, contents, expect)
@@ -188,6 +188,7 @@ class ServerSession:
             result.replies.update(again.replies)
             result.rejected = {n: r for n, r in result.rejected.items() if n not in silent}
             result.rejected.update(again.rejected)
+            result.refused += again.refused
         self.stats.rounds.append(
             {
                 "action": action,
@@ -220,7 +221,7 @@ class ServerSession:
                 )
         replies = dict(sorted(result.replies.items(), key=lambda item: self._order.get(item[0], item[0])))
         if record:
-            self._record_uploads(action, replies, expect)
+            self._record_uploads(action, replies.items(), expect)
             self._record_uploads(action, result.refused, expect, rejected=True)
         return replies
 
@@ -254,10 +255,10 @@ class ServerSession:
         return self.exchange(action, {n: content for n in self.node_ids}, expect, **kwargs)
 
     def _record_uploads(self, action, replies, expect, rejected: bool = False) -> None:
-        """Ledger rows for every array and value of ``replies``; ``rejected``: replies that failed
-        their check, which left the client all the same (recorded unmasked and un-noised, since
-        the server cannot vouch for either)."""
-        for node, content in replies.items():
+        """Ledger rows for every array and value of ``replies`` ((node, content) pairs);
+        ``rejected``: replies the server refused, which left the client all the same (recorded
+        unmasked and un-noised, since the server cannot vouch for either)."""
+        for node, content in replies:
             spec = expect.get(node) if isinstance(expect, Mapping) else expect
             client = self.partition_of(node)
             try:

@@ -175,8 +175,10 @@ class ReplySpec:
 
     def check(self, content: RecordDict) -> str | None:
         """Return why ``content`` is not a valid reply, or None."""
-        stray = sorted(set(content.keys()) - {ARRAYS, VALUES})
-        if stray:  # pack() makes no other record: the ledger would not see it
+        # pack() makes no other record, and none of another type under these names: the ledger would not see it
+        stray = sorted((set(content.array_records) - {ARRAYS}) | (set(content.config_records) - {VALUES})
+                       | set(content.metric_records))
+        if stray:
             return f"unexpected record '{stray[0]}'"
         try:
             names, values = describe(content)  # names first: no decoding of an unexpected array
@@ -255,14 +257,15 @@ def message_bytes(message: Message) -> int:
 @dataclass
 class Exchange:
     """Outcome of one exchange: accepted reply contents, rejects and timings.
-    ``refused``: contents that arrived but failed the check (they left the client all the same)."""
+    ``refused``: (node, content) of every reply that arrived but was not accepted (it left the
+    client all the same): one that failed the check, or both of two replies to one message."""
 
     replies: dict[int, RecordDict]
     rejected: dict[int, str]
     seconds: float
     bytes_up: int
     bytes_down: int
-    refused: dict[int, RecordDict] = field(default_factory=dict)
+    refused: list[tuple[int, RecordDict]] = field(default_factory=list)
 
 
 def _push_and_poll(
@@ -346,7 +349,7 @@ def exchange(
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     replies: dict[int, RecordDict] = {}
     rejected: dict[int, str] = {}
-    refused: dict[int, RecordDict] = {}
+    refused: list[tuple[int, RecordDict]] = []
     up = 0
     for reply in received:
         node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
@@ -354,7 +357,9 @@ def exchange(
             continue
         up += message_bytes(reply)
         if node in replies or node in rejected:  # one message, one reply: a second one voids both
-            replies.pop(node, None)
+            if node in replies:
+                refused.append((node, replies.pop(node)))
+            refused.append((node, reply.content))
             rejected[node] = "more than one reply to one message"
             continue
         if reply.has_error():
@@ -364,7 +369,7 @@ def exchange(
         reason = spec.check(reply.content) if spec is not None else None
         if reason:
             rejected[node] = reason
-            refused[node] = reply.content
+            refused.append((node, reply.content))
         else:
             replies[node] = reply.content
     for node in undelivered:

@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import (config_list, list_arg, replace_section, run_script,  # noqa: E402
+from app.bench import (config_list, fresh_dir, list_arg, replace_section, run_script,  # noqa: E402
                        strategy_datasets)
 
 RESULTS = HERE / "results"
@@ -91,7 +91,7 @@ def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, s
         overrides["fedavg-dmon.select"] = "last"
     if eps > 0:
         overrides.update({"fedavg-dmon.dp-clip": clip, "fedavg-dmon.dp-epsilon": eps})
-    out = run_dir(suite, dataset, mode, clients, overlap, seed, rounds, eps)
+    out = fresh_dir(run_dir(suite, dataset, mode, clients, overlap, seed, rounds, eps))
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_experiment("fedavg-dmon", dataset, clients, overrides, out, engine="inprocess")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import config_value, replace_section, run_script, value_arg  # noqa: E402
+from app.bench import config_value, fresh_dir, replace_section, run_script, value_arg  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -43,7 +43,7 @@ BASE_PAPER = {"ego-facebook": 77.63, "email-eu-core": 87.05}
 
 
 def run(strategy: str, dataset: str, clients: int, overrides: dict, tag: str) -> dict:
-    out = RUNS / re.sub(r"[^A-Za-z0-9_.=-]+", "_", tag)
+    out = fresh_dir(RUNS / re.sub(r"[^A-Za-z0-9_.=-]+", "_", tag))
     t0 = time.perf_counter()
     r = run_experiment(strategy, dataset, clients, {**BASE, **overrides}, out, engine="inprocess")
     ag = (r.get("reference") or {}).get("agreement") or {}
@@ -318,7 +318,8 @@ def readings(seeds: list[int]) -> dict:
         adj = load_dataset(dataset).adj
         for seed in seeds:
             over = {"seed": seed, "reference": False}
-            fed_dir, one_dir = RUNS / f"readings-{dataset}-5c-s{seed}", RUNS / f"readings-{dataset}-1c-s{seed}"
+            fed_dir = fresh_dir(RUNS / f"readings-{dataset}-5c-s{seed}")
+            one_dir = fresh_dir(RUNS / f"readings-{dataset}-1c-s{seed}")
             run_experiment("fedspectral-plus", dataset, 5, {**BASE, **over}, fed_dir, engine="inprocess")
             run_experiment("fedspectral-plus", dataset, 1, {**BASE, **over}, one_dir, engine="inprocess")
             labels = np.load(fed_dir / "labels.npy")
@@ -368,7 +369,7 @@ def scale(nodes: int, clients: int, wire: str, reference: bool, block: int = 12,
         "fedspectral-plus.wire-dtype": wire, "fedspectral-plus.n-init": 3, "reference": reference,
     }
     t0 = time.perf_counter()
-    out = Path(tempfile.gettempdir()) / f"fedspectral-scale-{nodes}-{wire}"  # labels.npy is N int64
+    out = fresh_dir(Path(tempfile.gettempdir()) / f"fedspectral-scale-{nodes}-{wire}")  # labels.npy is N int64
     r = run_experiment("fedspectral-plus", "sbm", clients, over, out, engine="inprocess")
     wall = time.perf_counter() - t0
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -211,13 +211,13 @@ def test_cli_refuses_an_out_dir_that_holds_a_result_or_is_a_file(tmp_path, capsy
     (earlier / "result.json").write_text("{}")
     common = ["--engine", "inprocess", "--dataset", "karate", "--num-clients", "2"]
     assert main([*common, "--out", str(earlier)]) == 2
-    assert capsys.readouterr().err == (f"error: --out {earlier} already holds a result.json; valid: a new or empty "
-                                       "directory\n")
+    assert capsys.readouterr().err == (f"error: out-dir {str(earlier)!r} already holds a result.json; valid: a new "
+                                       "or empty directory\n")
     assert (earlier / "result.json").read_text() == "{}"  # nothing lost
     # a file in the way is found before the run, not when the result is written after it
     assert main([*common, "--out", str(earlier / "result.json" / "sub")]) == 2
-    assert capsys.readouterr().err.endswith(f"{str(earlier / 'result.json')!r} is a file; valid: a directory for "
-                                            "result.json\n")
+    assert capsys.readouterr().err.endswith(f"{str(earlier / 'result.json')!r} is a file; valid: a writable "
+                                            "directory for result.json\n")
 
 
 @pytest.mark.parametrize("args, key", [
@@ -240,15 +240,15 @@ def test_cli_empty_values_are_refused_not_taken_for_the_default(args, key, tmp_p
 def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
     """It used to fail once the run was over, with a traceback, and the result was lost."""
     import app.inprocess
-    from app.result import cannot_write
+    from app.result import unwritable
     from app.run import main
 
     monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
     assert main(["--engine", "inprocess", "--dataset", "karate", "--out", "/proc/no-such/r"]) == 2
-    assert capsys.readouterr().err == ("error: out-dir '/proc/no-such/r' cannot be created or written (No such file "
-                                       "or directory); valid: a directory this user can write result.json into\n")
+    assert capsys.readouterr().err == ("error: out-dir: '/proc/no-such/r' cannot be created or written (No such file "
+                                       "or directory); valid: a writable directory for result.json\n")
     # the check leaves nothing behind
-    assert cannot_write(tmp_path / "a" / "b") is None and list(tmp_path.iterdir()) == []
+    assert unwritable(tmp_path / "a" / "b") is None and list(tmp_path.iterdir()) == []
 
 
 def test_write_result_never_replaces_a_result_json(tmp_path):
@@ -386,10 +386,10 @@ def test_a_split_or_cluster_count_the_data_does_not_allow_stops_before_any_clien
 
 
 @pytest.mark.simulation
-def test_simulation_reports_a_run_time_config_error_and_keeps_an_earlier_result(tmp_path, monkeypatch):
+def test_simulation_reports_a_run_time_config_error_and_writes_no_result(tmp_path, monkeypatch):
     """Flower's simulation engine only logs the ServerApp's error (which runs in this process,
-    the clients in Ray's); run_experiment raises it, and never removes the result of an
-    earlier run in the same directory."""
+    the clients in Ray's); run_experiment raises it, and no result.json appears. (An earlier
+    result in the out-dir is refused before the run: test_cli_refuses_an_out_dir_that_holds_a_result...)"""
     from app.run import run_experiment
     from strategies.fedkmeans import FedKMeans
 
@@ -397,10 +397,9 @@ def test_simulation_reports_a_run_time_config_error_and_keeps_an_earlier_result(
         raise ConfigError("found only once the run started")
 
     monkeypatch.setattr(FedKMeans, "run", refuse)
-    (tmp_path / "result.json").write_text("{}")
     with pytest.raises(ConfigError, match="^found only once the run started$"):
-        run_experiment("fedkmeans", "karate", 2, {}, tmp_path, engine="simulation")
-    assert (tmp_path / "result.json").read_text() == "{}"
+        run_experiment("fedkmeans", "karate", 2, {}, tmp_path / "r", engine="simulation")
+    assert not (tmp_path / "r" / "result.json").exists()
 
 
 

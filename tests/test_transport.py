@@ -64,6 +64,12 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
             content = pack({"block": out}, {"count": N})
             content["private"] = MetricRecord({"acc": 0.9})
             return Message(content, reply_to=message)
+        if kind == "record-of-another-type":  # an ArrayRecord under the name of the values: describe() skips it
+            from flwr.app import Array, ArrayRecord
+
+            content = pack({"block": out})
+            content["values"] = ArrayRecord({"hidden": Array(np.zeros(1000))})
+            return Message(content, reply_to=message)
         if kind == "metadata":  # declares int8 (1,), carries the float64 block: the ledger reads the metadata
             import io
 
@@ -115,6 +121,7 @@ def test_valid_replies_pass_and_clients_are_ordered_by_partition():
         ("extra-array", "unexpected array 'w.extra'"),
         ("extra-value", "unexpected value 'note'"),
         ("extra-record", "unexpected record 'private'"),
+        ("record-of-another-type", "unexpected record 'values'"),
         ("metadata", "array 'block' declares int8 (1,) but holds float64 (50, 3)"),
     ],
 )
@@ -230,6 +237,9 @@ def test_a_second_reply_voids_the_first_and_a_stray_reply_is_ignored(forge):
         assert sorted(replies) == session.node_ids and session.rejects == []
     else:  # one message, one reply
         assert len(replies) == 2 and [r["reason"] for r in session.rejects] == ["more than one reply to one message"]
+        # both replies left the client: the ledger lists both, flagged rejected
+        [row] = [u for u in session.ledger.to_dict()["uploads"] if u["name"] == "block" and u["rejected"]]
+        assert row["count"] == 2 and row["client"] == session.partition_of(session.rejects[0]["node"])
     assert all(np.all(unpack(c)[0]["block"] == session.partition_of(n)) for n, c in replies.items())
 
 
@@ -363,3 +373,21 @@ def test_a_lost_message_is_retried_when_retries_allow():
     session.grid.ignore_next[session.node_ids[2]] = 2  # lost twice: one retry is not enough
     with pytest.raises(ProtocolError, match="client 2 .*no reply within 0.5 s"):
         session.broadcast("block", content, SPEC)
+
+
+def test_a_reply_refused_when_asked_again_reaches_the_ledger(monkeypatch):
+    """A client silent at first, then malformed when asked again: its upload is in the ledger."""
+    from app.session import ClientInfo
+    from app.transport import NO_REPLY, Exchange
+
+    session = ServerSession(None, registry.validate({"num-clients": 2, "retries": 1}))
+    session.clients = [ClientInfo(10, 0, {"num_rows": 5}), ClientInfo(11, 1, {"num_rows": 5})]
+    session._order = {10: 0, 11: 1}
+    spec = ReplySpec(arrays={"x": ArraySpec((3,))})
+    good, bad = pack({"x": np.zeros(3)}), pack({"x": np.zeros(4)})
+    answers = iter([Exchange({10: good}, {11: f"{NO_REPLY} 1 s"}, 0.0, 0, 0),
+                    Exchange({}, {11: "array 'x' has shape (4,), expected (3,)"}, 0.0, 0, 0, refused=[(11, bad)])])
+    monkeypatch.setattr(session, "_send", lambda *args: next(answers))
+    session.exchange("step", {10: good, 11: good}, spec, require_all=False)
+    rows = sorted((u["client"], tuple(u["shape"]), u["rejected"]) for u in session.ledger.to_dict()["uploads"])
+    assert rows == [(0, (3,), False), (1, (4,), True)]

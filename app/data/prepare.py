@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from app.config import ArgumentParser, ConfigError
-from app.result import cannot_write, file_in_the_way
+from app.result import unwritable
 
 from .datasets import DATASETS, resolve_data_root
 from .evaluation import CONTENTS
@@ -64,12 +64,9 @@ def _parse_sets(items: list[str]) -> dict:
 
 def _check_dir(flag: str, directory: Path, valid: str) -> None:
     """``directory`` can be created or is one (no file on its path), and files can be written into it."""
-    blocking = file_in_the_way(directory)
-    if blocking is not None:
-        raise ConfigError(f"{flag}: {str(blocking)!r} is a file; valid: {valid}")
-    reason = cannot_write(directory)
-    if reason is not None:
-        raise ConfigError(f"{flag}: {str(directory)!r} cannot be created or written ({reason}); valid: {valid}")
+    problem = unwritable(directory)
+    if problem is not None:
+        raise ConfigError(f"{flag}: {problem}; valid: {valid}")
 
 
 def _check_eval_file(path: Path) -> None:
