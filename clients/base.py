@@ -101,21 +101,27 @@ class ClusteringClient:
         """Arrays saved by :meth:`save` (KeyError if the step before was skipped)."""
         return {k: v.numpy() for k, v in self.context.state.array_records[record].items()}
 
-    def released_once(self, action: str, arrays, values, compute) -> tuple[dict, dict]:
+    def released_once(self, action: str, arrays, values, compute, most: int | None = None) -> tuple[dict, dict]:
         """The reply to a request whose answer carries fresh privacy noise, computed once:
         the same request sent again (its reply timed out and ``retries`` > 0) gets the
         kept reply back, so a retry is no second draw for the server to average and the
         accountant's count of releases stays exact. ``compute()`` returns the reply's
         arrays (a noised reply carries no values). The server makes every release's
-        request differ (its round), so only a re-sent request matches."""
+        request differ (its round), so only a re-sent request matches. ``most``: the
+        releases of ``action`` this client's privacy budget covers; a request for one
+        more is refused (the server must not be able to spend more than the budget)."""
         digest = request_digest(arrays, values)
         record = f"released:{action}"
+        made = 0
         if record in self.context.state.array_records:
             kept = self.load(record)
+            made = int(kept.pop("releases")[0])
             if np.array_equal(kept.pop("request"), digest):
                 return kept, {}
+        if most is not None and made >= most:
+            raise ValueError(f"refusing release {made + 1} of {action}: this client's privacy budget covers {most}")
         reply = compute()
-        self.save(record, request=digest, **reply)
+        self.save(record, request=digest, releases=np.array([made + 1]), **reply)
         return reply, {}
 
 

@@ -47,7 +47,8 @@ class FedSCClient(ClusteringClient):
         """Z_p (and the objective unless noised) for the server's average; a noised Z_p is
         one release: the same request re-sent gets it back (:meth:`released_once`)."""
         if "dp_nm_z" in values or float(self.config["fedsc.noise-z"]) > 0:
-            return self.released_once("fedsc_round", arrays, values, lambda: self._round(arrays, values)[0])
+            return self.released_once("fedsc_round", arrays, values, lambda: self._round(arrays, values)[0],
+                                      most=self._dp_releases(int(self.config["num-rounds"])))
         return self._round(arrays, values)
 
     def _round(self, arrays, values):
@@ -70,7 +71,8 @@ class FedSCClient(ClusteringClient):
         """The coefficients C_p with this client's sample ids; noised C_p is one release
         (:meth:`released_once`)."""
         if "dp_nm_c" in values or float(self.config["fedsc.noise-c"]) > 0:
-            return self.released_once("fedsc_final", arrays, values, lambda: self._final(arrays, values)[0])
+            return self.released_once("fedsc_final", arrays, values, lambda: self._final(arrays, values)[0],
+                                      most=self._dp_releases(1))
         return self._final(arrays, values)
 
     def _final(self, arrays, values):
@@ -81,6 +83,10 @@ class FedSCClient(ClusteringClient):
         else:
             c = proto.perturb(c, float(self.config["fedsc.noise-c"]), np.random.default_rng())
         return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}, {}
+
+    def _dp_releases(self, releases: int) -> int | None:
+        """How many noised uploads of one kind this client's ``fedsc.dp-epsilon`` covers (None: no budget)."""
+        return releases if float(self.config["fedsc.dp-epsilon"]) > 0 else None
 
     def _dp_request(self, values, which: str, releases: int):
         """The Gaussian mechanism for upload ``which`` ("z": Z_p, ``releases`` = the rounds,

@@ -288,6 +288,14 @@ def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
         client._dp_request({}, "c", 1)
     without = FedSCClient(None, validate({"strategy": "fedsc"}), client.context)
     assert without._dp_request({}, "z", 3) is None
+    # nor more releases than the budget covers: three rounds of Z_p, then a fourth request is refused
+    for r in (1, 2, 3, 3):  # the third sent twice (a retry): the kept reply, no new release
+        client.released_once("fedsc_round", {}, {"round": r}, lambda: {"update": np.zeros(2)},
+                             most=client._dp_releases(3))
+    with pytest.raises(ValueError, match=r"^refusing release 4 of fedsc_round: this client's privacy budget "
+                                         r"covers 3$"):
+        client.released_once("fedsc_round", {}, {"round": 4}, lambda: {"update": np.zeros(2)},
+                             most=client._dp_releases(3))
 
 
 def clients_inputs(raw: dict, out_dir) -> list[np.ndarray]:
