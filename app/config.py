@@ -31,6 +31,21 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message.replace("\n", " "))
 
 
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """``--set key=value`` items as ``{key: value}`` (stripped strings); a key given twice is
+    refused (the later one silently winning would hide a typo)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ConfigError(f"invalid --set {item!r}; expected key=value")
+        if key in out:
+            raise ConfigError(f"--set {key} given twice ({out[key]!r}, {value!r}); valid: once")
+        out[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Param:
     """One run-config key.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from app import registry
-from app.config import ArgumentParser, ConfigError
+from app.config import ArgumentParser, ConfigError, parse_assignments
 from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir, unwritable
@@ -114,28 +114,12 @@ def _check_against_data(config, num_clients: int) -> None:
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
 
 
-def _parse_set(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"invalid --set {item!r}; expected key=value")
-        key = key.strip()
-        if key in out:
-            raise ConfigError(f"--set {key} given twice ({out[key]!r}, {value.strip()!r}); valid: once")
-        out[key] = value.strip()
-    return out
-
-
-def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str):
-    """The value of option ``flag`` or of ``--set key=...``; both given is an error."""
+def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=None):
+    """The value of option ``flag`` or of ``--set key=...``, else ``default`` (an empty value is
+    a value: validation refuses it); both given is an error."""
     if given is not None and key in overrides:
         raise ConfigError(f"{flag} {given} and --set {key}={overrides[key]} both given; valid: one of them")
-    return given if given is not None else overrides.pop(key, None)
-
-
-def _or_default(value, default):
-    return default if value is None else value
+    return given if given is not None else overrides.pop(key, default)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,15 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="simulation", help="simulation (Flower, default) or inprocess")
     try:
         args = parser.parse_args(argv)
-        overrides = _parse_set(args.set)
+        overrides = parse_assignments(args.set)
         schema = registry.schema()
         defaults = schema.defaults()
-        # an empty value (--strategy "", --set strategy=) is refused by validation, not taken for the default
-        strategy = _or_default(_flag_or_set("--strategy", args.strategy, overrides, "strategy"), defaults["strategy"])
-        dataset = _or_default(_flag_or_set("--dataset", args.dataset, overrides, "dataset"), defaults["dataset"])
-        clients = _flag_or_set("--num-clients", args.num_clients, overrides, "num-clients")
+        strategy = _flag_or_set("--strategy", args.strategy, overrides, "strategy", defaults["strategy"])
+        dataset = _flag_or_set("--dataset", args.dataset, overrides, "dataset", defaults["dataset"])
+        clients = _flag_or_set("--num-clients", args.num_clients, overrides, "num-clients", 0)
         # 0 (the run-config default, "every connected SuperNode" in a deployment): this many simulated ones
-        num_clients = schema.params["num-clients"].coerce(_or_default(clients, 0)) or DEFAULT_NUM_CLIENTS
+        num_clients = schema.params["num-clients"].coerce(clients) or DEFAULT_NUM_CLIENTS
         out = _flag_or_set("--out", args.out, overrides, "out-dir")
         config = registry.validate({**overrides, "strategy": strategy, "dataset": dataset})
         for key in registry.unused_keys(config, overrides):

@@ -48,13 +48,13 @@ class FedSCClient(ClusteringClient):
         one release: the same request re-sent gets it back (:meth:`released_once`)."""
         if "dp_nm_z" in values or float(self.config["fedsc.noise-z"]) > 0:
             return self.released_once("fedsc_round", arrays, values, lambda: self._round(arrays, values)[0],
-                                      most=self._dp_releases(int(self.config["num-rounds"])))
+                                      most=self._budget("z"))
         return self._round(arrays, values)
 
     def _round(self, arrays, values):
         x = self.features()
         _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
-        dp = self._dp_request(values, "z", int(self.config["num-rounds"]))
+        dp = self._dp_request(values, "z")
         if dp:
             z_p = dp.apply(z_p, np.random.default_rng())
             update = z_p.ravel()  # the objective value is not protected: left out
@@ -72,44 +72,48 @@ class FedSCClient(ClusteringClient):
         (:meth:`released_once`)."""
         if "dp_nm_c" in values or float(self.config["fedsc.noise-c"]) > 0:
             return self.released_once("fedsc_final", arrays, values, lambda: self._final(arrays, values)[0],
-                                      most=self._dp_releases(1))
+                                      most=self._budget("c"))
         return self._final(arrays, values)
 
     def _final(self, arrays, values):
         c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
-        dp = self._dp_request(values, "c", 1)
+        dp = self._dp_request(values, "c")
         if dp:  # rows of c.T are the samples' columns c_i: clip each, add noise
             c = dp.apply(c.T, np.random.default_rng()).T
         else:
             c = proto.perturb(c, float(self.config["fedsc.noise-c"]), np.random.default_rng())
         return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}, {}
 
-    def _dp_releases(self, releases: int) -> int | None:
-        """How many noised uploads of one kind this client's ``fedsc.dp-epsilon`` covers (None: no budget)."""
-        return releases if float(self.config["fedsc.dp-epsilon"]) > 0 else None
+    def _budget(self, which: str) -> int | None:
+        """How many noised uploads of ``which`` ("z": Z_p, every round; "c": C_p, once) this
+        client's ``fedsc.dp-epsilon`` covers; None without one."""
+        if not float(self.config["fedsc.dp-epsilon"]) > 0:
+            return None
+        return int(self.config["num-rounds"]) if which == "z" else 1
 
-    def _dp_request(self, values, which: str, releases: int):
-        """The Gaussian mechanism for upload ``which`` ("z": Z_p, ``releases`` = the rounds,
-        the whole array clipped; "c": C_p, once, each sample's column clipped), or None without
-        one. The clip is this client's own ``fedsc.dp-clip-<which>``; the noise multiplier comes
-        with the request, and a request that would spend more than half this client's own
-        ``fedsc.dp-epsilon`` on ``which`` (at half its delta, the split the server makes), or
-        leaves the noise out, is refused: the server must not be able to lower the noise. Noise
-        from fresh OS entropy, which the server cannot predict."""
+    def _dp_request(self, values, which: str):
+        """The Gaussian mechanism for upload ``which`` ("z": Z_p, the whole array clipped; "c":
+        C_p, each sample's column clipped), or None without one. The clip is this client's own
+        ``fedsc.dp-clip-<which>``; the noise multiplier comes with the request, and a request
+        that would spend more than half this client's own ``fedsc.dp-epsilon`` over the uploads
+        it covers (:meth:`_budget`, at half its delta: the split the server makes), or leaves
+        the noise out, is refused: the server must not be able to lower the noise. Noise from
+        fresh OS entropy, which the server cannot predict."""
         from app.privacy.gaussian import GaussianMechanism
 
-        budget = float(self.config["fedsc.dp-epsilon"]) / 2
+        releases = self._budget(which)
         key = f"dp_nm_{which}"
         if key not in values:
-            if budget > 0:
+            if releases is not None:
                 raise ValueError(f"refusing fedsc_{'round' if which == 'z' else 'final'} without noise: this "
-                                 f"client's fedsc.dp-epsilon is {2 * budget:g}")
+                                 f"client's fedsc.dp-epsilon is {float(self.config['fedsc.dp-epsilon']):g}")
             return None
-        clip = float(self.config[f"fedsc.dp-clip-{which}"])
-        delta = float(self.config["fedsc.dp-delta"]) / 2
-        check = GaussianMechanism(clip, float(values[key]), delta=delta)
-        check.step(releases)
-        if budget > 0 and check.epsilon() > budget * (1 + 1e-6):
-            raise ValueError(f"refusing {key}={values[key]!r}: {releases} release(s) would spend epsilon "
-                             f"{check.epsilon():.4g}, above this client's {budget:g} (half its fedsc.dp-epsilon)")
-        return GaussianMechanism(clip, float(values[key]), delta=delta, per_row=which == "c")
+        mech = GaussianMechanism(float(self.config[f"fedsc.dp-clip-{which}"]), float(values[key]),
+                                 delta=float(self.config["fedsc.dp-delta"]) / 2, per_row=which == "c")
+        if releases is not None:  # the mechanism's own accountant serves this check only: the server accounts
+            mech.step(releases)
+            budget = float(self.config["fedsc.dp-epsilon"]) / 2
+            if mech.epsilon() > budget * (1 + 1e-6):
+                raise ValueError(f"refusing {key}={values[key]!r}: {releases} release(s) would spend epsilon "
+                                 f"{mech.epsilon():.4g}, above this client's {budget:g} (half its fedsc.dp-epsilon)")
+        return mech

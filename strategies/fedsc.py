@@ -229,10 +229,10 @@ class FedSC(ClusteringStrategy):
             return float(self.config["fedsc.sigma"]), features
         rows = announced_rows(session)
         for node, v in zip(replies, vals):  # the pairs of a client's own samples: fixed by its row count
-            if v["pairs"] != rows[node] * (rows[node] - 1) // 2:
+            pairs = rows[node] * (rows[node] - 1) // 2
+            if v["pairs"] != pairs:
                 raise ProtocolError(f"step 'fedsc_bandwidth': client {session.partition_of(node)} reports "
-                                    f"{v['pairs']!r} pairs for its {rows[node]} samples; expected "
-                                    f"{rows[node] * (rows[node] - 1) // 2}")
+                                    f"{v['pairs']!r} pairs for its {rows[node]} samples; expected {pairs}")
         try:
             sigma = proto.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
         except ValueError as err:

@@ -78,7 +78,6 @@ def _send_labels(session, labels: np.ndarray) -> None:
     session.broadcast("labels", pack({"labels": labels.astype(np.int64)}), ReplySpec(values=("received",)))
 
 
-
 def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
     """Reject a summed degree vector no graph on ``n`` nodes gives: every client's part
     ``A_c 1 / r`` lies in [0, n], so the sum does too, up to ``slack`` for the clients'
@@ -87,6 +86,7 @@ def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
     if d.size and (d.min() < -slack or d.max() > n + slack):
         raise ProtocolError(f"step 'fedspectral_degrees': the summed degrees range from {d.min():.6g} to "
                             f"{d.max():.6g}, outside [0, {n}] (noise allowance {slack:.3g}); an upload is malformed")
+
 
 class FedSpectral(ClusteringStrategy):
     name = "fedspectral"

@@ -278,24 +278,24 @@ def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
     client = FedSCClient(None, config, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
                                                run_config={}))
     nm_z = _noise_multiplier(4.0, 5e-6, 3)  # what the server sends: half the budget over the rounds
-    mech = client._dp_request({"dp_nm_z": nm_z}, "z", 3)
+    mech = client._dp_request({"dp_nm_z": nm_z}, "z")
     assert mech.clip == 50.0 and mech.noise_multiplier == nm_z and not mech.per_row
-    assert client._dp_request({"dp_nm_c": _noise_multiplier(4.0, 5e-6, 1)}, "c", 1).per_row
+    assert client._dp_request({"dp_nm_c": _noise_multiplier(4.0, 5e-6, 1)}, "c").per_row
     with pytest.raises(ValueError, match=r"^refusing dp_nm_z=.*: 3 release\(s\) would spend epsilon .*, above this "
                                          r"client's 4 \(half its fedsc.dp-epsilon\)$"):
-        client._dp_request({"dp_nm_z": 0.9 * nm_z}, "z", 3)
+        client._dp_request({"dp_nm_z": 0.9 * nm_z}, "z")
     with pytest.raises(ValueError, match=r"^refusing fedsc_final without noise: this client's fedsc.dp-epsilon is 8$"):
-        client._dp_request({}, "c", 1)
+        client._dp_request({}, "c")
     without = FedSCClient(None, validate({"strategy": "fedsc"}), client.context)
-    assert without._dp_request({}, "z", 3) is None
+    assert without._dp_request({}, "z") is None
     # nor more releases than the budget covers: three rounds of Z_p, then a fourth request is refused
     for r in (1, 2, 3, 3):  # the third sent twice (a retry): the kept reply, no new release
         client.released_once("fedsc_round", {}, {"round": r}, lambda: {"update": np.zeros(2)},
-                             most=client._dp_releases(3))
+                             most=client._budget("z"))
     with pytest.raises(ValueError, match=r"^refusing release 4 of fedsc_round: this client's privacy budget "
                                          r"covers 3$"):
         client.released_once("fedsc_round", {}, {"round": 4}, lambda: {"update": np.zeros(2)},
-                             most=client._dp_releases(3))
+                             most=client._budget("z"))
 
 
 def clients_inputs(raw: dict, out_dir) -> list[np.ndarray]:

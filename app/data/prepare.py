@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.config import ArgumentParser, ConfigError
+from app.config import ArgumentParser, ConfigError, parse_assignments
 from app.result import unwritable
 
 from .datasets import DATASETS, resolve_data_root
@@ -47,17 +47,10 @@ def _parser() -> ArgumentParser:
 
 def _parse_sets(items: list[str]) -> dict:
     keys = {p.key: p for p in DATA_PARAMS}
-    given, values = {}, {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"invalid --set {item!r}; expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        k, v = k.strip(), v.strip()
+    values = parse_assignments(items)
+    for k, v in values.items():
         if k not in keys:
             raise ConfigError(f"unknown config key '{k}'; valid keys: " + ", ".join(sorted(keys)))
-        if k in given:  # as python -m app.run: the later one silently winning hides a typo
-            raise ConfigError(f"--set {k} given twice ({given[k]!r}, {v!r}); valid: once")
-        given[k] = v
         values[k] = keys[k].coerce(v)
     return values
 
