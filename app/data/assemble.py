@@ -149,7 +149,7 @@ def _check_distinct(keys: np.ndarray, source: Source) -> None:
 def _check_weights(weight: np.ndarray, source: Source) -> None:
     bad = np.flatnonzero(~(np.isfinite(weight) & (weight > 0)))
     if bad.size:
-        raise source.error(f"{source.edge(bad[0])} has weight {weight[bad[0]]!r}",
+        raise source.error(f"{source.edge(bad[0])} has weight {weight[bad[0]]:g}",
                            "finite weights > 0 (leave a missing edge out)")
 
 

@@ -158,7 +158,7 @@ def _missing_ids(table: Table, columns: list[str], valid: str) -> None:
     for name in columns:
         col = table.frame[name]
         if col.dtype.kind not in "iu":
-            empty = np.flatnonzero(col.astype(str).to_numpy() == "")
+            empty = np.flatnonzero(col.to_numpy(dtype=object) == "")
             if empty.size:
                 raise table.error(f"{table.where(empty[0])} has no {name} ID", valid)
 
@@ -245,13 +245,14 @@ class Nodes:
 
 
 def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: list[str] | None = None,
-               collection: bool = False) -> Nodes:
+               collection: bool = False, id_names: tuple[str, ...] = ID_NAMES) -> Nodes:
     """The node table in ``path``: the first column (after the graph column when ``collection``) holds
     the IDs, ``label_column`` (when present; an error when it is not the default ``label`` and absent)
-    the labels, every other column a numeric feature. ``names``: the columns of a file without header."""
+    the labels, every other column a numeric feature. ``names``: the columns of a file without header;
+    ``id_names``: the names of the ID column that make the first row a header."""
     line, fields = first_fields(path, sep)
     lead = 1 if collection else 0
-    if names is None and len(fields) > lead and _is(fields[lead], ID_NAMES) and (not collection
+    if names is None and len(fields) > lead and _is(fields[lead], id_names) and (not collection
                                                                                  or _is(fields[0], GRAPH_NAMES)):
         columns = None
         header = fields
@@ -357,7 +358,7 @@ def read_collection_dir(directory: Path, name: str, label_column: str = "label",
                         weighted: bool = True) -> GraphCollection:
     """A graph collection in the CSV layout (module docstring)."""
     graphs_path, edges_path, nodes_path = (directory / f for f in COLLECTION_FILES)
-    graphs = read_nodes(graphs_path, ",", label_column)
+    graphs = read_nodes(graphs_path, ",", label_column, id_names=GRAPH_NAMES)
     if graphs.labels is None:
         raise graphs.table.error(f"no column {label_column!r} (data.label-column)", "graph, label columns")
     gkeys = id_array(graphs.ids, graphs.table.source, "graph IDs")
