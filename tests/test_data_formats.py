@@ -344,9 +344,15 @@ NODES = "id,f1,label\na,1,x\nb,2,y\nc,3,x\n"
      "{d}/g.csv: line 1: column 'time' is not a weight column; valid: the columns source, target[, weight] (weight "
      "named one of weight, w, value)"),
     ({"g.json": "{}"}, {}, "{d}/g.json: unknown format (suffix '.json'); valid: an edge list (.csv"),
+    ({"g.csv": "person,friend\n1,2\n2,3\n"}, {},
+     "{d}/g.csv: line 1 (person, friend) reads as a header with unknown column names; valid: a header naming source "
+     "and target (source,target, src,dst, from,to, u,v) or no header"),
+    ({"g.csv": "a,b\n", "n.csv": "user,age\na,3\nb,4\n"}, {"node_table": "n.csv"},
+     "{d}/n.csv: line 1 is neither a header (its first column 'user' is not one of id, node, node_id, name) nor an "
+     "ID followed by numbers; valid: a header row whose first column is named one of id, node, node_id, name"),
 ], ids=["unknown-node", "non-numeric-feature", "nan-feature", "inf-weight", "negative-weight", "empty", "ragged-long", "ragged-short",
         "one-class", "id-twice", "reverse-other-weight", "repeat-other-weight", "missing-label-column",
-        "unknown-column", "unknown-format"])
+        "unknown-column", "unknown-format", "unnamed-header", "unnamed-node-header"])
 def test_bad_files_stop_with_one_line_naming_file_and_line(tmp_path, files, options, expected):
     options = {k: tmp_path / v if k == "node_table" else v for k, v in options.items()}
     main = next(name for name in files if name.startswith("g."))

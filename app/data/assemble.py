@@ -23,7 +23,8 @@ from app.config import ConfigError
 
 from .types import GraphCollection, GraphData
 
-_INTEGER = r"[+-]?\d+"
+#: An integer written as text.
+INTEGER = r"[+-]?\d+"
 
 
 class DataFileError(ConfigError):
@@ -85,7 +86,7 @@ def id_array(values, source: Source, what: str = "node IDs") -> np.ndarray:
     import pandas as pd  # not at import: the ClientApp imports this module on every message
 
     text = a.astype(str)
-    if not text.size or not pd.Series(text).str.fullmatch(_INTEGER).all():
+    if not text.size or not pd.Series(text).str.fullmatch(INTEGER).all():
         return text
     try:
         ints = text.astype(np.int64)
