@@ -480,9 +480,13 @@ def test_a_crafted_planetoid_file_does_not_run(tmp_path):
 def test_dataset_values(tmp_path):
     from app import registry
 
-    with pytest.raises(ConfigError, match=r"^invalid value 'nowhere\.csv' for 'dataset': neither a built-in dataset "
+    with pytest.raises(ConfigError, match=r"^invalid value 'nowhere' for 'dataset': neither a built-in dataset "
                                           r"nor an existing file or directory; valid: a built-in dataset \(karate, "):
-        registry.validate({"dataset": "nowhere.csv"})
+        registry.validate({"dataset": "nowhere"})
+    # a path that is not here: a deployed SuperNode reads its own files; where it is read, it is missing
+    registry.validate({"dataset": str(tmp_path / "elsewhere.csv")})
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/elsewhere\.csv: no such file or directory; valid: an edge "):
+        load_dataset(str(tmp_path / "elsewhere.csv"))
     (tmp_path / "g.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"'dataset': unknown format \(suffix '\.json'\); valid: a built-in"):
         registry.validate({"dataset": str(tmp_path / "g.json")})
