@@ -374,7 +374,9 @@ def test_bad_arrays_and_objects(tmp_path):
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 2)))
     np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
     np.savez(tmp_path / "typo.npz", edge_indx=np.zeros((2, 1), int))
+    np.savez(tmp_path / "both.npz", edge_index=np.zeros((2, 1), int), adj_data=np.ones(1))
     for name, expected in (("empty", "no nodes (an empty graph); valid: at least one edge or node-table row"),
+                           ("both", "both edge_index and adj_data; valid: one of them"),
                            ("objects", "array 'x' holds Python objects (pickled); valid: numeric or string arrays"),
                            ("typo", "unknown array 'edge_indx'; valid: arrays named edge_index, edge_weight,")):
         with pytest.raises(ConfigError) as err:

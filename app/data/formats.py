@@ -204,6 +204,8 @@ def read_npz(path: Path, name: str, weighted: bool = True) -> GraphData:
     unknown = sorted(set(arrays) - set(NPZ_ARRAYS))
     if unknown:
         raise source.error(f"unknown array {unknown[0]!r}", "arrays named " + ", ".join(NPZ_ARRAYS))
+    if "edge_index" in arrays and "adj_data" in arrays:
+        raise source.error("both edge_index and adj_data", "one of them: the edges or the adjacency's CSR parts")
     x = arrays.get("x")
     if "x_data" in arrays:
         x = _csr_parts(arrays, "x", source)
