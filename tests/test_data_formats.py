@@ -148,6 +148,13 @@ def test_integer_ids_sort_numerically_and_whitespace_lists(tmp_path):
     assert read_graph(tmp_path / "h.edges").node_keys is None  # 0..n-1: the positions
 
 
+def test_a_spreadsheet_export_with_byte_order_mark_and_crlf(tmp_path):
+    (tmp_path / "g.csv").write_bytes(b"\xef\xbb\xbfSource,Target\r\na,b\r\nb,c\r\nc,c\r\n")
+    g = read_graph(tmp_path / "g.csv")
+    assert g.node_keys.tolist() == ["a", "b", "c"] and g.num_edges == 2
+    assert g.meta["notes"] == [f"{tmp_path}/g.csv: 1 self-loop(s) dropped (first: line 4, node 'c')"]
+
+
 # ----------------------------------------------------------------------------- runs
 
 

@@ -45,8 +45,8 @@ _PARSER_LINE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 def _open(path: Path):
     if path.suffix.lower() == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")  # a byte-order mark (spreadsheets write one) is not text
 
 
 def _skipped(line: str, sep: str | None) -> bool:
