@@ -16,7 +16,7 @@ import pytest
 import scipy.sparse as sp
 
 from app.config import ConfigError
-from app.data import GraphCollection, GraphData, load_dataset
+from app.data import GraphCollection, load_dataset
 from app.data.datasets import resolve_data_root
 from app.data.formats import as_graph, read_graph, write_npz
 from app.data.shards import data_hash
