@@ -16,6 +16,7 @@ from flwr.clientapp import ClientApp
 
 from app import registry
 from app.config import RunConfig
+from app.data.datasets import dataset_label
 from app.data.params import dataset_kwargs, partition_kwargs
 from app.data.shards import client_shard, load_shard_file
 from app.data.types import Shard
@@ -26,7 +27,7 @@ def node_shard(config: RunConfig, node_config: Mapping[str, Any]) -> Shard:
     """This node's shard: its own file in a deployment, else its partition."""
     if node_config.get("shard"):
         # refuses a shard cut from another dataset or by another partitioner
-        return load_shard_file(str(node_config["shard"]), dataset=str(config["dataset"]),
+        return load_shard_file(str(node_config["shard"]), dataset=dataset_label(str(config["dataset"])),
                                partitioner=str(config["partitioner"]))
     values = config.as_dict()
     partitioner = str(config["partitioner"])

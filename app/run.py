@@ -12,10 +12,11 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from app import registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
+from app.data.datasets import dataset_label, is_builtin
 from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir, unwritable
@@ -32,16 +33,29 @@ def run_experiment(
     overrides: Mapping[str, Any] | None = None,
     out_dir: str | Path | None = None,
     engine: str = "inprocess",
+    note: Callable[[str], None] | None = None,
 ) -> dict:
-    """Run one experiment and return its result dict (also in ``out_dir``)."""
+    """Run one experiment and return its result dict (also in ``out_dir``).
+
+    ``dataset`` is a built-in name or the path of a graph file or directory (made absolute here,
+    like ``data.node-table``, so the clients read the same file wherever they run). ``note`` is
+    called with each note of the data reader (repairs such as dropped self-loops), before the run;
+    result.json lists them too."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
+    if not is_builtin(dataset):
+        raw["dataset"] = str(Path(dataset).expanduser().resolve())
+        if config["data.node-table"]:
+            raw["data.node-table"] = str(Path(str(config["data.node-table"])).expanduser().resolve())
+        config = registry.validate(raw)
     given = out_dir or config["out-dir"]
     _check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
-    _check_against_data(config, num_clients)
-    out = Path(given).resolve() if given else default_out_dir(strategy, dataset).resolve()
+    data = _check_against_data(config, num_clients)
+    for text in data.meta.get("notes", []) if note else ():
+        note(text)
+    out = Path(given).resolve() if given else default_out_dir(strategy, dataset_label(dataset)).resolve()
     raw["out-dir"] = str(out)
     try:
         return _run(engine, raw, num_clients)
@@ -92,19 +106,23 @@ def _check_out_dir(out: Path) -> None:
         raise ConfigError(f"out-dir: {problem}; valid: a writable directory for {RESULT_FILE}")
 
 
-def _check_against_data(config, num_clients: int) -> None:
+def _check_against_data(config, num_clients: int):
     """Load and split the data once in this process, before any engine starts (the in-process
-    clients reuse both): a split the data does not allow (more clients than nodes, columns or
-    graphs, ...), more clusters than items or an eval-file of other data is a one-line config
-    error, not client errors or a result scored against the wrong labels."""
+    clients reuse both), and return it: data without what the strategy uses (a dataset given by
+    path is checked here, a built-in already by the config), a split the data does not allow
+    (more clients than nodes, columns or graphs, ...), more clusters than items or an eval-file
+    of other data is a one-line config error, not client errors or a result scored against the
+    wrong labels."""
     from app.client_app import node_shard
+    from app.data.datasets import DataProfile
     from app.data.evaluation import check_evaluation
     from app.data.shards import server_data
     from app.data.types import GraphCollection
 
-    node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
     data = server_data(str(config["dataset"]), str(config["data-root"]) or None, int(config["seed"]),
                        dataset_kwargs(config.as_dict()))
+    registry.get(str(config["strategy"])).strategy.check_data(config, DataProfile.of(data))
+    node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
     items, what = ((data.num_graphs, "graphs") if isinstance(data, GraphCollection)
                    else (data.num_nodes, "nodes"))
     if config["eval-file"]:
@@ -112,6 +130,7 @@ def _check_against_data(config, num_clients: int) -> None:
     if config["partitioner"] != "khop" and int(config["num-clusters"]) > items:
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
+    return data
 
 
 def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=None):
@@ -125,7 +144,8 @@ def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m app.run", description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default=None, help="one of: " + ", ".join(registry.STRATEGIES))
-    parser.add_argument("--dataset", default=None)
+    parser.add_argument("--dataset", default=None,
+                        help="a built-in dataset or the path of a graph file or directory (see README)")
     parser.add_argument("--num-clients", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any run-config key, e.g. --set seed=3 (repeatable)")
@@ -146,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in registry.unused_keys(config, overrides):
             print(f"warning: --set {key} has no effect with strategy '{strategy}', dataset '{dataset}' and "
                   f"partitioner '{config['partitioner']}'", file=sys.stderr)
-        result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine)
+        result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine,
+                                note=lambda text: print(f"note: {text}", file=sys.stderr))
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
