@@ -111,7 +111,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "strategy": config["strategy"],
         "dataset": config["dataset"],
         "num_clients": int(config["num-clients"]),
-        "config": config.as_dict(),
+        "config": {key: config[key] for key in registry.keys_read(config)},
         "metrics": metrics,
         "reference": reference,
         "timing": {

@@ -89,8 +89,16 @@ def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
 
 
 class FedSpectral(ClusteringStrategy):
+    """The FedSpectral baseline (Thakkar & Joshi). Every client knows all node ids and holds some of
+    the edges; it clusters its own graph spectrally and sends the label of every node once (no
+    edge or degree leaves it). The server spectrally clusters the co-association graph of these
+    labelings and sends the final labels back. Centralised reference: normalised spectral
+    clustering of the whole graph."""
+
     name = "fedspectral"
     summary = "FedSpectral baseline: local spectral labels, co-association spectral clustering on the server"
+    split = "edges: every client knows all node ids and holds some of the edges (with overlap)"
+    ignores = ("num-rounds", "secagg.scale", "secagg.bound")
     partitioners = ("edge",)
     needs_edges = True
     params = (
@@ -115,20 +123,31 @@ class FedSpectral(ClusteringStrategy):
 
 
 class FedSpectralPlus(ClusteringStrategy):
+    """FedSpectral+ (Thakkar & Joshi): spectral clustering of a graph whose edges are split over
+    the clients, each knowing all node ids. In ``paper`` mode every round each client runs a few
+    power iterations of its own normalised adjacency on the server's N x K block and sends the
+    result; the server averages and orthonormalises. In ``exact`` mode the clients first
+    secure-sum the degree vector, then each round send their share of the global operator applied
+    to the server's block, so the iteration converges to the whole graph's spectral embedding.
+    Uploads can be secure-aggregated and carry edge-level Gaussian DP noise. Centralised
+    reference: normalised spectral clustering of the whole graph."""
+
     name = "fedspectral-plus"
     summary = "FedSpectral+: federated power iteration (paper) or exact orthogonal iteration on edge-split graphs"
+    split = "edges: every client knows all node ids and holds some of the edges (with overlap)"
+    ignores = ("num-rounds",)
     partitioners = ("edge",)
     needs_edges = True
     params = (
         Param("fedspectral-plus.mode", str, "paper",
               "paper: average of local power iterations + QR (Algorithms 3-4); exact: global operator "
-              "via secure degree sum, Chebyshev orthogonal iteration until converged", choices=MODES),
+              "via secure degree sum, Chebyshev orthogonal iteration until converged", choices=MODES, primary=True),
         Param("fedspectral-plus.iters", int, 0,
               "paper mode: power iterations per client per round (0: paper's value, email-eu-core 1, else 6)",
               low=0, high=10_000),
         Param("fedspectral-plus.rounds", int, 0,
               "rounds (0: paper mode as the paper, email-eu-core 1, else 20; exact mode at most 2000); "
-              "the shared num-rounds key is not used", low=0, high=1_000_000),
+              "the shared num-rounds key is not used", low=0, high=1_000_000, primary=True),
         Param("fedspectral-plus.block", int, 0, "exact mode: block width b >= k (0: 2k, capped at N)",
               low=0, high=100_000),
         Param("fedspectral-plus.degree", int, 8, "exact mode: Chebyshev filter degree (1: plain shifted iteration)",

@@ -1,0 +1,92 @@
+"""What a user sees: the CLI's help from the schema and the keys result.json records."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import describe, registry
+from app.data import DATASETS
+from app.run import main, run_experiment
+
+
+def keys_in(text: str) -> set[str]:
+    """The keys of ``describe`` lines: the first word after the two-space indent and the ``*`` column."""
+    return {line[4:].split()[0] for line in text.splitlines() if line.startswith(("  * ", "    ")) and
+            not line.startswith("     ") and line[4:].split()}
+
+
+@pytest.mark.parametrize("strategy", list(registry.STRATEGIES))
+def test_strategy_help_lists_exactly_the_keys_a_run_reads(strategy, capsys):
+    assert main(["--strategy", strategy, "--help"]) == 0
+    text = capsys.readouterr().out
+    dataset = describe._example_dataset(strategy, "auto")
+    config = registry.validate({"strategy": strategy, "dataset": dataset})
+    assert keys_in(text) == set(registry.keys_read(config))
+    cls = registry.get(strategy).strategy
+    assert text.startswith(f"{strategy}: {cls.summary}\n")
+    assert f"data split: {cls.split}" in " ".join(text.split())
+    for p in cls.params:  # each own key with its type, default, valid values and meaning
+        assert " ".join(p.help.split()) in " ".join(text.split())
+        assert p.valid() in " ".join(text.split())
+
+
+def test_a_key_line_gives_type_default_range_and_marks_the_keys_that_matter(capsys):
+    assert main(["describe", "fedkmeans"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    i = next(i for i, line in enumerate(lines) if "fedkmeans.filter-order" in line)
+    assert lines[i].split() == ["*", "fedkmeans.filter-order", "int", "0", "[0,", "1000]"]
+    assert lines[i + 1].strip() == "AGC low-pass filter order applied to each client's local subgraph first"
+    tol = next(line for line in lines if "fedkmeans.tol" in line)
+    assert tol.split() == ["fedkmeans.tol", "float", "1e-06", "[0,", "inf)"]  # not marked
+
+
+def test_strategy_help_shows_the_keys_of_the_dataset_and_partitioner_asked_for(capsys):
+    assert main(["describe", "fedsc", "--dataset", "circles", "--set", "partitioner=sample-dirichlet"]) == 0
+    keys = keys_in(capsys.readouterr().out)
+    assert {"circles.noise", "partition.alpha", "partition.min-size", "fedsc.sigma"} <= keys
+    assert not keys & {"sbm.nodes", "partition.overlap", "data-root", "fedkmeans.tol"}
+
+
+def test_plain_help_and_list_name_every_strategy_and_dataset(capsys):
+    assert main(["--help"]) == 0
+    help_text = capsys.readouterr().out
+    assert main(["list"]) == 0
+    listing = capsys.readouterr().out
+    assert "usage: python -m app.run" in help_text and listing in help_text
+    for name in [*registry.STRATEGIES, *DATASETS]:
+        assert f"\n  {name} " in listing
+    assert "cora              graph\n" in listing and "mutag             graph collection\n" in listing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["describe"], "error: describe needs a strategy; valid choices: fedkmeans, gw-ldp"),
+    (["describe", "nope"], "error: unknown strategy 'nope'; valid choices: fedkmeans"),
+    (["frobnicate"], "error: unknown command 'frobnicate'; valid: list (strategies and datasets), describe"),
+])
+def test_a_bad_command_is_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message)
+
+
+@pytest.mark.parametrize("strategy, dataset, read, not_read", [
+    ("fedkmeans", "iris", {"num-rounds", "fedkmeans.filter-order", "partition.overlap", "secagg.bound"},
+     {"sbm.nodes", "data-root", "fedsc.sigma", "partition.alpha"}),
+    ("kcagc", "sbm", {"kcagc.filter", "sbm.nodes", "partition.split"}, {"num-rounds", "partition.overlap"}),
+])
+def test_result_config_holds_the_keys_the_run_read(strategy, dataset, read, not_read, tmp_path):
+    overrides = {"num-rounds": 2} if strategy == "fedkmeans" else {"kcagc.iterations": 1, "kcagc.restarts": 2,
+                                                                  "sbm.nodes": 200}
+    result = run_experiment(strategy, dataset, 2, overrides, tmp_path / "r")
+    config = result["config"]
+    assert list(config) == registry.keys_read(registry.validate({"strategy": strategy, "dataset": dataset}))
+    assert read <= set(config) and not not_read & set(config)
+    assert config["num-clients"] == 2 and config["num-clusters"] > 0  # as resolved for the run
+
+
+def test_a_key_the_strategy_does_not_read_is_warned_about(tmp_path, capsys):
+    argv = ["--engine", "inprocess", "--strategy", "fedspectral", "--num-clients", "2", "--out", str(tmp_path / "r"),
+            "--set", "sbm.nodes=200", "--set", "num-rounds=5"]
+    assert main(argv) == 0
+    assert ("warning: --set num-rounds has no effect with strategy 'fedspectral', dataset 'sbm' and partitioner "
+            "'edge'") in capsys.readouterr().err
