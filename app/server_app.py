@@ -84,7 +84,10 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     strategy = registry.get(str(config["strategy"])).strategy(config)
     setup_rounds = len(session.stats.rounds)
     protocol_start = time.perf_counter()
-    output = strategy.run(session)
+    try:
+        output = strategy.run(session)
+    finally:
+        session.progress.close()
     protocol_s = time.perf_counter() - protocol_start
     if output.truth is not None:
         labels = np.asarray(output.labels, dtype=np.int64)

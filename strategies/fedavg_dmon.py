@@ -259,6 +259,7 @@ class FedAvgDMoN(ClusteringStrategy):
                 mech.step()
             history.append({"round": r, "val_modularity": score, "loss": None if losses is None else losses[-1],
                             "losses": losses, "excluded": excluded})
+            session.round_done(r, rounds, val_modularity=score)
 
         if federated:
             if select == "val-modularity":

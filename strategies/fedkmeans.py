@@ -109,6 +109,7 @@ class FedKMeans(ClusteringStrategy):
             shift = float(np.abs(new - centres).max())
             centres = new
             history.append({"round": round_, "inertia": inertia, "shift": shift})
+            session.round_done(round_, int(self.config["num-rounds"]), inertia=inertia)
             if shift <= float(self.config["fedkmeans.tol"]):
                 break
         final = session.broadcast(

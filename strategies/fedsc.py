@@ -190,6 +190,7 @@ class FedSC(ClusteringStrategy):
             if not noised:
                 record["objective"] = float(total[-1])  # sum_p f_p(Z^{r-1}, C_p)
             history.append(record)
+            session.round_done(r, rounds, objective=record.get("objective"), shift=record["shift"])
             z = z_new
         # each client's reply must have one column (and one id) per sample it announced in hello
         noised_c = bool(dp) or cfg["fedsc.noise-c"] > 0

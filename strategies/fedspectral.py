@@ -278,6 +278,7 @@ class FedSpectralPlus(ClusteringStrategy):
                                 lambda: proto.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
             new = proto.paper_server_step(total / scale, self.contributors)
             history.append({"round": round_, "subspace_change": proto.subspace_distance(new, v)})
+            session.round_done(round_, rounds, subspace_change=history[-1]["subspace_change"])
             v = new
         labels = proto.embedding_labels(v, self.k, self.seed, int(self.config["fedspectral-plus.n-init"]))
         return StrategyOutput(labels=labels, history=history,
@@ -321,8 +322,11 @@ class FedSpectralPlus(ClusteringStrategy):
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         k = self.k
         block = min(int(cfg["fedspectral-plus.block"]) or 2 * k, n)
+        _, max_rounds = self.settings()
+        products = 0
 
         def apply(x: np.ndarray) -> np.ndarray:
+            nonlocal products
             y = dinv[:, None] * x
             scale = 1.0 / max(float(np.abs(y).max()), 1e-300)
             y *= scale
@@ -330,9 +334,10 @@ class FedSpectralPlus(ClusteringStrategy):
                 y = y.astype(np.float32).astype(np.float64)
             z = self._round("fedspectral_product", y, proto.product_bound(y, dmax),
                             lambda: proto.exact_edge_sensitivity(y), {})
+            products += 1
+            session.round_done(products, max_rounds)  # the subspace change is known per cycle, in the history
             return dinv[:, None] * z / scale
 
-        _, max_rounds = self.settings()
         tol = self.effective_tol(len(session.clients))
         result = proto.chebyshev_subspace_iteration(
             apply, n, k, block, int(cfg["fedspectral-plus.degree"]), tol, max_rounds, self.seed)

@@ -253,6 +253,7 @@ class GWLDP(ClusteringStrategy):
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
                 dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
+            session.round_done(rnd, int(cfg["num-rounds"]), loss=loss)
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
                 released = self._pool_norm_statistics(session, weights, layers)
                 self._keep(latest, rnd, self._embed(session, released, width, described, rnd))

@@ -383,6 +383,7 @@ class KCAGC(ClusteringStrategy):
             history.append({"level": level, "stage": "lloyd", "iteration": it,
                             "inertia": [float(i.min()) for i in inertia],
                             "moved": [int(len(mv)) for mv in moved]})
+            session.round_done(it + 1, Q + 1, inertia=sum(history[-1]["inertia"]))
             if not any(len(mv) for mv in moved) or it >= Q:
                 break
             it += 1

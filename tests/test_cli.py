@@ -1,12 +1,19 @@
-"""What a user sees: the CLI's help from the schema and the keys result.json records."""
+"""What a user sees: the CLI's help from the schema, the keys result.json records and progress lines."""
 
 from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
 
 import pytest
 
 from app import describe, registry
 from app.data import DATASETS
+from app.progress import Progress, progress_line
 from app.run import main, run_experiment
+from conftest import HANG_GUARD_S, REPO
 
 
 def keys_in(text: str) -> set[str]:
@@ -90,3 +97,39 @@ def test_a_key_the_strategy_does_not_read_is_warned_about(tmp_path, capsys):
     assert main(argv) == 0
     assert ("warning: --set num-rounds has no effect with strategy 'fedspectral', dataset 'sbm' and partitioner "
             "'edge'") in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- progress
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_updates_one_line_on_a_terminal():
+    stream = Terminal()
+    progress = Progress(stream)
+    progress.round(1, 3, 1_500_000, inertia=12.5)
+    progress.round(2, 3, 3_000_000, inertia=None)
+    progress.close()
+    parts = stream.getvalue().split("\r")
+    assert parts[0] == "" and parts[1].startswith("round 1/3 | ") and parts[1].endswith(" | inertia 12.5 | 1.5 MB\x1b[K")
+    assert parts[2].startswith("round 2/3 | ") and parts[2].endswith(" s | 3 MB\x1b[K\n")  # None: left out
+
+
+def test_progress_line():
+    assert progress_line(3, 20, 1.25, 524_288, {"loss": 0.123456789, "objective": None}) == (
+        "round 3/20 | 1.2 s | loss 0.123457 | 0.524 MB")
+
+
+def test_a_run_without_a_terminal_logs_progress_lines(tmp_path):
+    """The first round and the last one at least, whatever the machine's speed."""
+    done = subprocess.run([sys.executable, "-m", "app.run", "--engine", "inprocess", "--strategy", "fedkmeans",
+                           "--dataset", "iris", "--num-clients", "2", "--set", "num-rounds=50", "--set",
+                           "fedkmeans.tol=0", "--out", str(tmp_path / "r")],
+                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "round " in line and " MB" in line]
+    rounds = len(json.loads((tmp_path / "r" / "result.json").read_text())["history"])  # fewer once converged
+    assert lines[0].split("round ", 1)[1].startswith("1/50 | ") and " | inertia " in lines[0]
+    assert lines[-1].split("round ", 1)[1].startswith(f"{rounds}/50 | ")
+    assert "\r" not in done.stdout + done.stderr
