@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from app import registry
+from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
 from app.data.params import dataset_kwargs
 from app.privacy.secagg import SecAggError
@@ -68,12 +68,14 @@ def _run(engine: str, raw: dict, num_clients: int) -> dict:
 
     path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (_check_out_dir), nor another's after it
     errors: list[Exception] = []
-    run_simulation(
-        server_app=build_server_app(raw, errors),
-        client_app=build_client_app(raw),
-        num_supernodes=num_clients,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-    )
+    with quiet.simulation_engine():
+        run_simulation(
+            server_app=build_server_app(raw, errors),
+            client_app=build_client_app(raw),
+            num_supernodes=num_clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                            "init_args": quiet.ray_init_args()},
+        )
     if errors:
         raise errors[0]
     if not path.exists():
@@ -132,6 +134,8 @@ def _parser() -> ArgumentParser:
     parser.add_argument("command", nargs="*", help=COMMANDS)
     parser.add_argument("-h", "--help", action="store_true",
                         help="this help; with --strategy S: S's description and every key it reads")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show what Flower, Ray and torch print (left out by default)")
     parser.add_argument("--strategy", default=None, help="one of: " + ", ".join(registry.STRATEGIES))
     parser.add_argument("--dataset", default=None, help="one of the datasets listed below")
     parser.add_argument("--num-clients", type=int, default=None,
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.help or args.command:
             print(_explain(parser, args, overrides))
             return 0
+        quiet.set_verbose(args.verbose)
         schema = registry.schema()
         defaults = schema.defaults()
         strategy = _flag_or_set("--strategy", args.strategy, overrides, "strategy", defaults["strategy"])

@@ -1,15 +1,20 @@
-"""What a user sees: the CLI's help from the schema, the keys result.json records and progress lines."""
+"""What a user sees: the CLI's help from the schema, the keys result.json records, progress lines
+and a console without other packages' noise."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 import sys
+import warnings
+from logging import ERROR
 
 import pytest
+from flwr.common.logger import FLOWER_LOGGER, log, warn_deprecated_feature
 
-from app import describe, registry
+from app import describe, quiet, registry
 from app.data import DATASETS
 from app.progress import Progress, progress_line
 from app.run import main, run_experiment
@@ -133,3 +138,27 @@ def test_a_run_without_a_terminal_logs_progress_lines(tmp_path):
     assert lines[0].split("round ", 1)[1].startswith("1/50 | ") and " | inertia " in lines[0]
     assert lines[-1].split("round ", 1)[1].startswith(f"{rounds}/50 | ")
     assert "\r" not in done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------- quiet
+def test_other_packages_notices_are_left_out_unless_verbose():
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        for verbose in (False, True):
+            quiet.set_verbose(verbose)
+            records.clear()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with quiet.simulation_engine():
+                    warn_deprecated_feature("The `run_simulation` function is deprecated and will be removed")
+                    warnings.warn(quiet.RAY_WARNINGS[0] + " ...", FutureWarning)
+                    log(ERROR, "our own line")
+            assert [r.getMessage() for r in records][-1] == "our own line"
+            assert len(records) == (2 if verbose else 1) and len(caught) == (1 if verbose else 0)
+            assert quiet.ray_init_args() == ({} if verbose else {"log_to_driver": False})
+    finally:
+        quiet.set_verbose(False)
+        FLOWER_LOGGER.removeHandler(handler)
