@@ -1,5 +1,5 @@
-"""What a user sees: the CLI's help from the schema, the keys result.json records, progress lines
-and a console without other packages' noise."""
+"""What a user sees: the CLI's help from the schema, the keys result.json records, progress lines,
+a console without other packages' noise, and a one-line error from the ServerApp."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import warnings
 from logging import ERROR
 
 import pytest
+from flwr.app import Context, RecordDict
 from flwr.common.logger import FLOWER_LOGGER, log, warn_deprecated_feature
 
 from app import describe, quiet, registry
+from app.config import ConfigError
 from app.data import DATASETS
 from app.progress import Progress, progress_line
 from app.run import main, run_experiment
@@ -162,3 +164,31 @@ def test_other_packages_notices_are_left_out_unless_verbose():
     finally:
         quiet.set_verbose(False)
         FLOWER_LOGGER.removeHandler(handler)
+
+
+
+# ---------------------------------------------------------------------------------------- ServerApp errors
+def test_the_server_app_logs_a_config_error_as_app_runs_one_line_and_flower_no_traceback():
+    """Under `flwr run` the error still propagates (Flower marks the run failed with its message),
+    but Flower's report of it (the traceback and the exit-code notice) is left out of the log."""
+    from app.server_app import build_server_app
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    FLOWER_LOGGER.addHandler(handler)
+    before = list(FLOWER_LOGGER.filters)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    try:
+        with pytest.raises(ConfigError) as info:
+            build_server_app({"seed": -1})(None, context)
+        # what Flower 1.41/1.42's flwr-serverapp / flwr-simulation then log (run_serverapp.py, simulation/app.py)
+        log(ERROR, "%s raised an exception", "ServerApp", exc_info=info.value)
+        log(ERROR, "Exit Code: 201\nServerApp raised an exception\n\nFor more information, visit: <...>")
+        log(ERROR, "another error, with its traceback", exc_info=ValueError("not this one"))
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+        FLOWER_LOGGER.filters[:] = before
+    assert [r.getMessage() for r in records] == [
+        f"error: {info.value}", "another error, with its traceback"]
+    assert str(info.value) == "value -1 for 'seed' is out of range; valid range: [0, 4294967295]"
