@@ -55,7 +55,9 @@ class Param:
     ``check`` that raises ConfigError for a bad value (``dataset``: a built-in
     name or a path). Floats must be finite (NaN passes every range check),
     unless ``infinite``: then ``inf`` is a valid value too, with the meaning the
-    help text gives it.
+    help text gives it. ``primary`` marks the keys that matter most for a
+    method's result (listed first and marked in ``python -m app.run --strategy
+    S --help``).
     """
 
     key: str
@@ -67,6 +69,19 @@ class Param:
     choices: tuple[str, ...] | None = None
     infinite: bool = False
     check: Callable[[Any], None] | None = None
+    primary: bool = False
+
+    def valid(self) -> str:
+        """The valid values in words: the choices, the inclusive range, or the kind."""
+        if self.kind is bool:
+            return "true, false"
+        if self.choices is not None:
+            return ", ".join(self.choices)
+        if self.kind is str:
+            return "text"
+        low = "(-inf" if self.low is None else f"[{_fmt(self.low, '')}"
+        high = "inf]" if self.infinite else ("inf)" if self.high is None else f"{_fmt(self.high, '')}]")
+        return f"{low}, {high}"
 
     def coerce(self, value: Any) -> Scalar:
         """Return ``value`` as this parameter's type, or raise ConfigError."""
@@ -79,11 +94,9 @@ class Param:
         if self.check is not None:
             self.check(value)
         if self.kind is float and not (math.isfinite(value) or (self.infinite and value == math.inf)):
-            low = "(-inf" if self.low is None else f"[{_fmt(self.low, '')}"
-            high = "inf]" if self.infinite else ("inf)" if self.high is None else f"{_fmt(self.high, '')}]")
             raise ConfigError(
                 f"invalid value {value!r} for '{self.key}'; valid: a {'' if self.infinite else 'finite '}number "
-                f"in {low}, {high}"
+                f"in {self.valid()}"
             )
         if self.kind in (int, float):
             if (self.low is not None and value < self.low) or (

@@ -63,12 +63,12 @@ def core_params() -> list[Param]:
         Param("dataset", str, "sbm", "a built-in dataset's name, or the path of a graph file or directory",
               check=check_dataset_value),
         Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0,
-              high=100_000_000),
+              high=100_000_000, primary=True),
         Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",
               choices=("auto",) + tuple(PARTITIONERS)),
         SEED,
         Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1,
-              high=1_000_000),
+              high=1_000_000, primary=True),
         Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
         Param("retries", int, 0, "ask a client that did not answer within timeout again, this many times",
               low=0, high=100),
@@ -99,12 +99,34 @@ def schema() -> Schema:
     return s
 
 
+def params_read(strategy: str, dataset: str, partitioner: str) -> dict[str, list[Param]]:
+    """The keys a run of ``strategy`` on ``dataset`` split by ``partitioner`` (``auto``: the
+    strategy's own) reads, in schema order, by group: ``shared`` (the keys every method shares,
+    less those the strategy ignores), ``strategy`` (its own and borrowed keys) and ``data``
+    (the dataset's and the partitioner's)."""
+    cls = get(strategy).strategy
+    if partitioner == "auto":
+        partitioner = cls.partitioners[0]
+    params = schema().params
+    data = data_keys_read(dataset, partitioner)
+    return {
+        "shared": [p for p in core_params() if p.key not in cls.ignores],
+        "strategy": [*cls.params, *cls.borrowed],
+        "data": [p for key, p in params.items() if key in data],
+    }
+
+
+def keys_read(config: RunConfig) -> list[str]:
+    """The keys the run ``config`` reads (see :func:`params_read`), in schema order."""
+    groups = params_read(str(config["strategy"]), str(config["dataset"]), str(config["partitioner"]))
+    read = {p.key for group in groups.values() for p in group}
+    return [key for key in schema().params if key in read]
+
+
 def unused_keys(config: RunConfig, keys) -> list[str]:
     """Those of ``keys`` that neither the strategy, nor the dataset, nor the partitioner of
     ``config`` reads: setting them has no effect."""
-    strategy = get(str(config["strategy"])).strategy
-    read = {p.key for p in (*core_params(), *strategy.params, *strategy.borrowed)}
-    read |= data_keys_read(str(config["dataset"]), str(config["partitioner"]))
+    read = set(keys_read(config))
     return [k for k in keys if k not in read]
 
 

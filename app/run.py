@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from app import registry
+from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
 from app.data.datasets import dataset_label, is_builtin
 from app.data.params import dataset_kwargs
@@ -82,12 +82,14 @@ def _run(engine: str, raw: dict, num_clients: int) -> dict:
 
     path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (_check_out_dir), nor another's after it
     errors: list[Exception] = []
-    run_simulation(
-        server_app=build_server_app(raw, errors),
-        client_app=build_client_app(raw),
-        num_supernodes=num_clients,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-    )
+    with quiet.simulation_engine():
+        run_simulation(
+            server_app=build_server_app(raw, errors),
+            client_app=build_client_app(raw),
+            num_supernodes=num_clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                            "init_args": quiet.ray_init_args()},
+        )
     if errors:
         raise errors[0]
     if not path.exists():
@@ -141,19 +143,57 @@ def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=
     return given if given is not None else overrides.pop(key, default)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m app.run", description=__doc__.splitlines()[0])
+COMMANDS = "list (strategies and datasets), describe [STRATEGY] (its keys); none: run"
+
+
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m app.run", add_help=False, description=(
+        "Run one federated clustering experiment on Flower's simulation engine, beside the centralised method "
+        "it approximates, and write OUT/result.json."))
+    parser.add_argument("command", nargs="*", help=COMMANDS)
+    parser.add_argument("-h", "--help", action="store_true",
+                        help="this help; with --strategy S: S's description and every key it reads")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show what Flower, Ray and torch print (left out by default)")
     parser.add_argument("--strategy", default=None, help="one of: " + ", ".join(registry.STRATEGIES))
     parser.add_argument("--dataset", default=None,
-                        help="a built-in dataset or the path of a graph file or directory (see README)")
-    parser.add_argument("--num-clients", type=int, default=None)
+                        help="one of the datasets listed below, or the path of a graph file or directory (see README)")
+    parser.add_argument("--num-clients", type=int, default=None,
+                        help=f"simulated clients (default {DEFAULT_NUM_CLIENTS})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any run-config key, e.g. --set seed=3 (repeatable)")
+                        help="any run-config key, e.g. --set seed=3 (repeatable; describe STRATEGY lists them)")
     parser.add_argument("--out", default=None, help="directory for result.json")
     parser.add_argument("--engine", default="simulation", help="simulation (Flower, default) or inprocess")
+    return parser
+
+
+def _explain(parser: ArgumentParser, args, overrides: dict[str, str]) -> str:
+    """The text of ``--help``, ``list`` or ``describe [STRATEGY]``."""
+    from app import describe
+
+    if not args.command and not args.strategy:
+        return parser.format_help() + "\n" + describe.overview()
+    command, *names = args.command or ["describe"]
+    if command == "list" and not names:
+        return describe.overview()
+    if command == "describe" and len(names) <= 1:
+        strategy = names[0] if names else args.strategy
+        if strategy is None:
+            raise ConfigError("describe needs a strategy; valid choices: " + ", ".join(registry.STRATEGIES))
+        registry.get(strategy)  # a one-line error for an unknown name
+        return describe.strategy_help(strategy, args.dataset, overrides.get("partitioner", "auto"))
+    raise ConfigError(f"unknown command {' '.join(args.command)!r}; valid: {COMMANDS}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     try:
         args = parser.parse_args(argv)
         overrides = parse_assignments(args.set)
+        if args.help or args.command:
+            print(_explain(parser, args, overrides))
+            return 0
+        quiet.set_verbose(args.verbose)
         schema = registry.schema()
         defaults = schema.defaults()
         strategy = _flag_or_set("--strategy", args.strategy, overrides, "strategy", defaults["strategy"])

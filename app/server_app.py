@@ -8,6 +8,7 @@ centralised reference on the pooled data, and write ``result.json``.
 
 from __future__ import annotations
 
+import logging
 import time
 from logging import ERROR, INFO
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import Context
-from flwr.common.logger import log
+from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid, ServerApp
 
 from app import registry
@@ -26,8 +27,10 @@ from app.data.evaluation import load_evaluation
 from app.data.shards import server_data
 from app.data.types import GraphCollection
 from app.metrics import agreement, evaluate
+from app.privacy.secagg import SecAggError
 from app.result import default_out_dir, summary_table, write_result
 from app.session import ServerSession
+from app.transport import ProtocolError
 
 
 def evaluation_data(config: RunConfig):
@@ -88,7 +91,10 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     strategy = registry.get(str(config["strategy"])).strategy(config)
     setup_rounds = len(session.stats.rounds)
     protocol_start = time.perf_counter()
-    output = strategy.run(session)
+    try:
+        output = strategy.run(session)
+    finally:
+        session.progress.close()
     protocol_s = time.perf_counter() - protocol_start
     if output.truth is not None:
         labels = np.asarray(output.labels, dtype=np.int64)
@@ -115,7 +121,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "strategy": config["strategy"],
         "dataset": config["dataset"],
         "num_clients": int(config["num-clients"]),
-        "config": config.as_dict(),
+        "config": {key: config[key] for key in registry.keys_read(config)},
         "metrics": metrics,
         "reference": reference,
         "timing": {
@@ -143,13 +149,37 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     return result
 
 
+#: Errors whose message says it all: ``python -m app.run`` prints them as one line ``error: ...``
+#: (exit code 2 for a config error, 1 for a run that stopped), and so does the ServerApp's log.
+ONE_LINE_ERRORS = (ConfigError, ProtocolError, SecAggError)
+
+
+class _ReportedInOneLine(logging.Filter):
+    """Drops Flower's report of ``error``, which the ServerApp has logged in one line: the record
+    carrying it with its traceback ("ServerApp raised an exception", "Simulation raised an
+    exception") and the exit-code notice after it. Flower still marks the run failed with the
+    message as its reason (``flwr ls``)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error, self.seen = error, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is self.error:
+            self.seen = True
+            return False
+        return not (self.seen and record.getMessage().startswith("Exit Code: "))
+
+
 def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None) -> ServerApp:
     """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``.
 
     ``errors``: a list that receives the exception that stopped the run (Flower's
     simulation engine only logs it), for the caller to report once the engine is done;
     a config error then ends the ServerApp quietly. Without it (``flwr run``) every
-    error propagates, so that Flower marks the run as failed with its reason."""
+    error propagates, so that Flower marks the run as failed with its reason; one of
+    ``ONE_LINE_ERRORS`` is logged as the line ``python -m app.run`` prints, without
+    Flower's traceback."""
     overrides = dict(overrides or {})
     app = ServerApp()
 
@@ -159,12 +189,14 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
             run_server(grid, {**context.run_config, **overrides})
         except Exception as err:
             if errors is None:
+                if isinstance(err, ONE_LINE_ERRORS):
+                    log(ERROR, "error: %s", err)
+                    FLOWER_LOGGER.addFilter(_ReportedInOneLine(err))
                 raise
             errors.append(err)
             if not isinstance(err, ConfigError):
                 raise
-            log(ERROR, "config error: %s", err)
-            raise SystemExit(2) from None
+            raise SystemExit(2) from None  # the caller reports it
 
     return app
 

@@ -6,7 +6,8 @@ partition it holds and how big its shard is: sizes only, no data), orders the
 clients by partition id, and then gives the strategy :meth:`exchange` /
 :meth:`broadcast`, which go through :func:`app.transport.exchange` and record
 per-round timings, traffic, rejected replies and the uploads in the privacy
-ledger.
+ledger. A strategy reports the end of each of its rounds with :meth:`round_done`
+and the round's headline value (:mod:`app.progress` shows it).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from app.config import RunConfig
 from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
+from app.progress import Progress
 from app.privacy.secagg import (
     FixedPointEncoder,
     SecAggDropoutError,
@@ -93,6 +95,7 @@ class ServerSession:
         self.dropped: dict[int, dict] = {}
         self.min_clients = max(1, int(config["min-clients"]))
         self.retries = int(config["retries"])
+        self.progress = Progress()
 
     # -- set-up ---------------------------------------------------------------
     def connect(self) -> list[ClientInfo]:
@@ -120,6 +123,7 @@ class ServerSession:
         self.clients = clients
         self._order = {c.node_id: c.partition_id for c in clients}
         self._record_uploads(HELLO, replies.items(), HELLO_SPEC)
+        self.progress = Progress()  # its elapsed time counts from here: the engine's start-up is not the protocol's
         return clients
 
     def _wait_for_nodes(self, want: int) -> list[int]:
@@ -140,6 +144,11 @@ class ServerSession:
             current = sorted(self.grid.get_node_ids())
             if current != nodes:
                 nodes, stable_since = current, time.monotonic()
+
+    def round_done(self, done: int, total: int, **headline: float | None) -> None:
+        """The strategy's round ``done`` of at most ``total`` is over; ``headline``: the one value
+        that says how it went (``inertia=...``, ``loss=...``; None: not known, e.g. under DP)."""
+        self.progress.round(done, total, self.stats.bytes_up + self.stats.bytes_down, **headline)
 
     @property
     def node_ids(self) -> list[int]:

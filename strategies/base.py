@@ -60,12 +60,15 @@ class StrategyOutput:
 
 
 class ClusteringStrategy(ABC):
-    """Server side of one method; subclasses set the class attributes."""
+    """Server side of one method; subclasses set the class attributes. A subclass's docstring is
+    the paragraph ``python -m app.run --strategy NAME --help`` prints about the method."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    split: ClassVar[str]  # what each client holds, in words
     params: ClassVar[tuple[Param, ...]] = ()
     borrowed: ClassVar[tuple[Param, ...]] = ()  # keys another strategy declares that this one reads too
+    ignores: ClassVar[tuple[str, ...]] = ()  # shared keys (app.registry.core_params) the method does not read
     partitioners: ClassVar[tuple[str, ...]]  # first one is the default
     needs_edges: ClassVar[bool] = False  # the method uses the graph's edges
     needs_features: ClassVar[bool] = False  # the method uses node features

@@ -112,16 +112,26 @@ def dp_mechanism(config):
 
 
 class FedAvgDMoN(ClusteringStrategy):
+    """Federated community detection (Leeney & McConville, 2023). Each client holds a subgraph of
+    one graph (cross-client edges are lost; ``partition.overlap`` lets clients share nodes) and
+    trains a DMoN graph neural network (a GCN encoder with a modularity loss and collapse
+    regularisation) for a few local epochs per round; the server averages the weights by node
+    count (FedAvg; optionally under secure aggregation and/or client-level DP-FedAvg) and keeps the
+    weights of the round with the best validation-edge modularity. Modes ``isolated`` and
+    ``centralised`` give the paper's comparison. Centralised reference: DMoN trained on the whole
+    graph for as many epochs."""
+
     name = "fedavg-dmon"
     summary = "FedAvg of a DMoN GNN (modularity loss) over node-partitioned subgraphs"
+    split = "nodes: each client holds a subgraph of one graph (optionally with shared nodes)"
     partitioners = ("node-random", "node-community", "node-dirichlet")
     needs_edges = True
     needs_features = True
     params = (
         Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "
-              "centralised (one client with the whole graph)", choices=MODES),
-        Param(P + "local-epochs", int, 5, "local Adam epochs per round", low=1, high=100_000),
-        Param(P + "lr", float, 1e-3, "Adam learning rate", low=1e-12, high=10.0),
+              "centralised (one client with the whole graph)", choices=MODES, primary=True),
+        Param(P + "local-epochs", int, 5, "local Adam epochs per round", low=1, high=100_000, primary=True),
+        Param(P + "lr", float, 1e-3, "Adam learning rate", low=1e-12, high=10.0, primary=True),
         Param(P + "hidden", int, 64, "GCN output dimension", low=1, high=100_000),
         Param(P + "dropout", float, 0.5, "dropout after the GCN layer", low=0.0, high=0.99),
         Param(P + "collapse", float, 1.0, "collapse regularisation lambda of the DMoN loss", low=0.0),
@@ -249,6 +259,7 @@ class FedAvgDMoN(ClusteringStrategy):
                 mech.step()
             history.append({"round": r, "val_modularity": score, "loss": None if losses is None else losses[-1],
                             "losses": losses, "excluded": excluded})
+            session.round_done(r, rounds, val_modularity=score)
 
         if federated:
             if select == "val-modularity":

@@ -31,13 +31,23 @@ from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, 
 
 
 class FedKMeans(ClusteringStrategy):
+    """Federated Lloyd k-means, the baseline the other methods can be compared with. Each client
+    holds some rows (the nodes of a graph, optionally smoothed first by an AGC low-pass filter over
+    its own subgraph, or samples). The server merges the clients' local k-means++ centres into k
+    starting centres; then every round each client sends its per-cluster sums, counts and inertia
+    (optionally under secure aggregation, so the server sees only their sum over the clients) and
+    the server moves the centres. Finally the clients send their rows' labels for evaluation.
+    Centralised reference: k-means on the pooled (filtered) features."""
+
     name = "fedkmeans"
     summary = "federated Lloyd k-means on rows split over clients (baseline)"
+    split = "rows: each client holds some nodes (with their induced subgraph) or samples"
     partitioners = ("node-random", "node-community", "node-dirichlet", "sample", "sample-dirichlet")
     needs_features = True
     params = (
         Param("fedkmeans.filter-order", int, 0,
-              "AGC low-pass filter order applied to each client's local subgraph first", low=0, high=1000),
+              "AGC low-pass filter order applied to each client's local subgraph first", low=0, high=1000,
+              primary=True),
         Param("fedkmeans.tol", float, 1e-6, "stop when no centre moves more than this", low=0.0),
         Param("fedkmeans.secure", bool, False, "secure aggregation of the per-round statistics"),
     )
@@ -99,6 +109,7 @@ class FedKMeans(ClusteringStrategy):
             shift = float(np.abs(new - centres).max())
             centres = new
             history.append({"round": round_, "inertia": inertia, "shift": shift})
+            session.round_done(round_, int(self.config["num-rounds"]), inertia=inertia)
             if shift <= float(self.config["fedkmeans.tol"]):
                 break
         final = session.broadcast(

@@ -77,13 +77,23 @@ SIGMA_RANGE = (1e-150, 1e150)
 
 
 class FedSC(ClusteringStrategy):
+    """Federated spectral clustering by secure similarity reconstruction (Qiao, Ding & Fan, 2023).
+    Each client holds some samples (or the features of some nodes of a graph). Together they
+    factorise the Gaussian kernel's feature map with shared landmarks Z and private coefficients:
+    every round each client improves its coefficients and sends its update of Z (optionally
+    secure-aggregated, noised or under a calibrated Gaussian mechanism); at the end each client
+    sends its coefficients, from which the server clusters an approximation of the full kernel
+    matrix. Centralised reference: spectral clustering on the exact kernel of the pooled samples."""
+
     name = "fedsc"
     summary = "federated spectral clustering by kernel factorisation (secure similarity reconstruction)"
+    split = "samples: each client holds some rows (samples, or the node features of some nodes)"
     partitioners = ("sample", "sample-dirichlet", "node-random", "node-community", "node-dirichlet")
     needs_features = True
     params = (
         Param("fedsc.landmarks", int, 0,
-              "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000),
+              "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000,
+              primary=True),
         Param("fedsc.mass", float, proto.DEFAULT_MASS,
               "spectral-mass rule: fraction of the singular-value mass d landmarks must carry",
               low=1e-6, high=1.0),
@@ -91,7 +101,7 @@ class FedSC(ClusteringStrategy):
               low=0.0, high=1e6),
         Param("fedsc.sigma", float, 0.0,
               "Gaussian kernel bandwidth (0: mean pairwise distance, estimated from the clients)", low=0.0,
-              high=SIGMA_RANGE[1]),
+              high=SIGMA_RANGE[1], primary=True),
         Param("fedsc.secure", bool, False, "secure aggregation of the landmark uploads Z_p"),
         Param("fedsc.filter-order", int, 0,
               "graph data: AGC low-pass filter order applied to each client's features first", low=0, high=1000),
@@ -180,6 +190,7 @@ class FedSC(ClusteringStrategy):
             if not noised:
                 record["objective"] = float(total[-1])  # sum_p f_p(Z^{r-1}, C_p)
             history.append(record)
+            session.round_done(r, rounds, objective=record.get("objective"), shift=record["shift"])
             z = z_new
         # each client's reply must have one column (and one id) per sample it announced in hello
         noised_c = bool(dp) or cfg["fedsc.noise-c"] > 0

@@ -89,8 +89,16 @@ def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
 
 
 class FedSpectral(ClusteringStrategy):
+    """The FedSpectral baseline (Thakkar & Joshi). Every client knows all node ids and holds some of
+    the edges; it clusters its own graph spectrally and sends the label of every node once (no
+    edge or degree leaves it). The server spectrally clusters the co-association graph of these
+    labelings and sends the final labels back. Centralised reference: normalised spectral
+    clustering of the whole graph."""
+
     name = "fedspectral"
     summary = "FedSpectral baseline: local spectral labels, co-association spectral clustering on the server"
+    split = "edges: every client knows all node ids and holds some of the edges (with overlap)"
+    ignores = ("num-rounds", "secagg.scale", "secagg.bound")
     partitioners = ("edge",)
     needs_edges = True
     params = (
@@ -115,8 +123,19 @@ class FedSpectral(ClusteringStrategy):
 
 
 class FedSpectralPlus(ClusteringStrategy):
+    """FedSpectral+ (Thakkar & Joshi): spectral clustering of a graph whose edges are split over
+    the clients, each knowing all node ids. In ``paper`` mode every round each client runs a few
+    power iterations of its own normalised adjacency on the server's N x K block and sends the
+    result; the server averages and orthonormalises. In ``exact`` mode the clients first
+    secure-sum the degree vector, then each round send their share of the global operator applied
+    to the server's block, so the iteration converges to the whole graph's spectral embedding.
+    Uploads can be secure-aggregated and carry edge-level Gaussian DP noise. Centralised
+    reference: normalised spectral clustering of the whole graph."""
+
     name = "fedspectral-plus"
     summary = "FedSpectral+: federated power iteration (paper) or exact orthogonal iteration on edge-split graphs"
+    split = "edges: every client knows all node ids and holds some of the edges (with overlap)"
+    ignores = ("num-rounds",)
     partitioners = ("edge",)
     needs_edges = True
     refuses_weights = ("bounds the degrees by n and an edge's DP sensitivity by a unit weight (it counts every "
@@ -124,13 +143,13 @@ class FedSpectralPlus(ClusteringStrategy):
     params = (
         Param("fedspectral-plus.mode", str, "paper",
               "paper: average of local power iterations + QR (Algorithms 3-4); exact: global operator "
-              "via secure degree sum, Chebyshev orthogonal iteration until converged", choices=MODES),
+              "via secure degree sum, Chebyshev orthogonal iteration until converged", choices=MODES, primary=True),
         Param("fedspectral-plus.iters", int, 0,
               "paper mode: power iterations per client per round (0: paper's value, email-eu-core 1, else 6)",
               low=0, high=10_000),
         Param("fedspectral-plus.rounds", int, 0,
               "rounds (0: paper mode as the paper, email-eu-core 1, else 20; exact mode at most 2000); "
-              "the shared num-rounds key is not used", low=0, high=1_000_000),
+              "the shared num-rounds key is not used", low=0, high=1_000_000, primary=True),
         Param("fedspectral-plus.block", int, 0, "exact mode: block width b >= k (0: 2k, capped at N)",
               low=0, high=100_000),
         Param("fedspectral-plus.degree", int, 8, "exact mode: Chebyshev filter degree (1: plain shifted iteration)",
@@ -261,6 +280,7 @@ class FedSpectralPlus(ClusteringStrategy):
                                 lambda: proto.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
             new = proto.paper_server_step(total / scale, self.contributors)
             history.append({"round": round_, "subspace_change": proto.subspace_distance(new, v)})
+            session.round_done(round_, rounds, subspace_change=history[-1]["subspace_change"])
             v = new
         labels = proto.embedding_labels(v, self.k, self.seed, int(self.config["fedspectral-plus.n-init"]))
         return StrategyOutput(labels=labels, history=history,
@@ -304,8 +324,11 @@ class FedSpectralPlus(ClusteringStrategy):
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         k = self.k
         block = min(int(cfg["fedspectral-plus.block"]) or 2 * k, n)
+        _, max_rounds = self.settings()
+        products = 0
 
         def apply(x: np.ndarray) -> np.ndarray:
+            nonlocal products
             y = dinv[:, None] * x
             scale = 1.0 / max(float(np.abs(y).max()), 1e-300)
             y *= scale
@@ -313,9 +336,10 @@ class FedSpectralPlus(ClusteringStrategy):
                 y = y.astype(np.float32).astype(np.float64)
             z = self._round("fedspectral_product", y, proto.product_bound(y, dmax),
                             lambda: proto.exact_edge_sensitivity(y), {})
+            products += 1
+            session.round_done(products, max_rounds)  # the subspace change is known per cycle, in the history
             return dinv[:, None] * z / scale
 
-        _, max_rounds = self.settings()
         tol = self.effective_tol(len(session.clients))
         result = proto.chebyshev_subspace_iteration(
             apply, n, k, block, int(cfg["fedspectral-plus.degree"]), tol, max_rounds, self.seed)

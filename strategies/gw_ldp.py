@@ -134,18 +134,29 @@ DP_LEDGER = {  # name, what it protects, the unit of one neighbouring change
 
 
 class GWLDP(ClusteringStrategy):
+    """Graph classification and clustering with local differential privacy. Clients hold whole
+    graphs (a share of a graph collection such as MUTAG, or k-hop subgraphs around nodes of one
+    graph) and train a shared GNN by FedAvg (optionally with client-level DP-FedAvg or local
+    DP-SGD). Then each client sends LDP-encoded node embeddings of its graphs (epsilon per graph)
+    and the server computes the Gromov-Wasserstein distance between every pair of graphs, clusters
+    the GW matrix and fits an SVC on it for classification. Centralised reference:
+    Gromov-Wasserstein on the graphs' shortest-path distances (topology only), clustered the same
+    way."""
+
     name = "gw-ldp"
     summary = "FedAvg GNN + LDP node embeddings + server-side Gromov-Wasserstein (graph classification/clustering)"
+    split = "graphs: each client holds whole graphs of a collection (graph-dirichlet) or k-hop subgraphs (khop)"
+    ignores = ("secagg.scale", "secagg.bound")
     partitioners = ("graph-dirichlet", "khop")
     refuses_weights = "takes integer node degrees and hop distances (it counts every edge as 1)"
     params = (
         Param("gw-ldp.model", str, "gin", "shared GNN: gcn (2 layers, 16) or gin (5 layers, 64)",
-              choices=proto.MODELS),
+              choices=proto.MODELS, primary=True),
         Param("gw-ldp.local-epochs", int, 1, "full-batch local epochs per FedAvg round (E)", low=0, high=10_000),
         Param("gw-ldp.lr", float, 0.01, "Adam learning rate of local training", low=1e-9, high=10.0),
         Param("gw-ldp.epsilon", float, 0.0,
               "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP", low=0.0,
-              infinite=True),
+              infinite=True, primary=True),
         Param("gw-ldp.embedding", str, "hidden",
               "node embedding uploaded: softmax of the last message-passing layer (hidden: n x 16 for GCN, "
               "n x 64 for GIN; the paper's h-dimensional H) or of the class scores (classes: n x C)",
@@ -243,6 +254,7 @@ class GWLDP(ClusteringStrategy):
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
                 dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
+            session.round_done(rnd, int(cfg["num-rounds"]), loss=loss)
             if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
                 released = self._pool_norm_statistics(session, weights, layers)
                 self._keep(latest, rnd, self._embed(session, released, width, described, rnd))

@@ -99,11 +99,11 @@ from strategies.base import ClusteringStrategy, StrategyOutput, common_node_coun
 PARAMS = (
     Param("kcagc.filter", str, "agc",
           "graph filter G = I - L_s / c on the self-looped normalised Laplacian: agc = AGC's (c = 2), "
-          "spectral-norm = the paper's Appendix E.2 filter (c = ||L_s||)", choices=FILTERS),
+          "spectral-norm = the paper's Appendix E.2 filter (c = ||L_s||)", choices=FILTERS, primary=True),
     Param("kcagc.filter-order", int, 0,
           "filter order psi; 0 = the paper's value (agc: cora 9, citeseer 15, pubmed 60, wiki 2; "
           "spectral-norm: cora 5, citeseer 5), AGC's adaptive rule on other datasets; "
-          "-1 = adaptive (per client)", low=-1, high=1000),
+          "-1 = adaptive (per client)", low=-1, high=1000, primary=True),
     Param("kcagc.local-factor", int, 1,
           "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
           low=1, high=10**7),
@@ -114,7 +114,7 @@ PARAMS = (
           "norm J over all clients (one secure sum of the n squared row norms, revealed to all), "
           "projection-mixed-unit = U S divided by |U S|^beta J^(1-beta) (the same secure sum; "
           "beta = kcagc.mix-exponent)",
-          choices=proto.EMBEDDINGS),
+          choices=proto.EMBEDDINGS, primary=True),
     Param("kcagc.mix-exponent", float, 0.5,
           "projection-mixed-unit: exponent beta of a row's own norm in its divisor |U S|^beta J^(1-beta) "
           "(1 = projection-unit, 0 = projection-joint-unit)", low=0.0, high=1.0),
@@ -148,8 +148,17 @@ def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
 
 
 class KCAGC(ClusteringStrategy):
+    """kCAGC, k-means for attributed graph clustering over vertically split features. Every client
+    holds all nodes and the graph but only its own block of feature columns. Each client filters its
+    block with a graph low-pass filter, embeds it, clusters it locally and sends the node-ID sets of
+    its local clusters; the server intersects them into weighted virtual nodes and runs k-means++
+    and Lloyd on them, learning only the clients' summed squared distances (secure aggregation).
+    Centralised reference: AGC (the same filter and embedding, k-means) on all feature columns."""
+
     name = "kcagc"
     summary = "kCAGC: intersections of local clusters, weighted k-means with secure aggregation (vertical split)"
+    split = "feature columns (vertical): every client holds all nodes and the graph, and its own feature columns"
+    ignores = ("num-rounds",)
     partitioners = ("vertical",)
     params = PARAMS
     basic = False
@@ -374,6 +383,7 @@ class KCAGC(ClusteringStrategy):
             history.append({"level": level, "stage": "lloyd", "iteration": it,
                             "inertia": [float(i.min()) for i in inertia],
                             "moved": [int(len(mv)) for mv in moved]})
+            session.round_done(it + 1, Q + 1, inertia=sum(history[-1]["inertia"]))
             if not any(len(mv) for mv in moved) or it >= Q:
                 break
             it += 1
@@ -396,11 +406,11 @@ class KCAGC(ClusteringStrategy):
 
 
 class KCAGCBasic(KCAGC):
-    """Protocol 2: the same filter, embedding and secure Lloyd on all n nodes.
-
-    Uses the ``kcagc.*`` keys (filter, order, embedding, iterations, restarts, pruning);
-    ``kcagc.local-factor``, ``kcagc.local-restarts`` and ``kcagc.tree`` do not apply.
-    """
+    """Basic kCAGC (Protocol 2): the same filter, embedding and secure k-means++ and Lloyd as
+    ``kcagc``, but on every node instead of virtual nodes, so the server learns the summed
+    squared distances of all n nodes to every centre in each iteration. It reads the ``kcagc.*``
+    keys except ``kcagc.local-factor``, ``kcagc.local-restarts`` and ``kcagc.tree``. Centralised
+    reference: AGC on all feature columns."""
 
     name = "kcagc-basic"
     summary = "basic kCAGC: Lloyd over all nodes, n x k distances per iteration by secure aggregation"

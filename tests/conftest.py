@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,19 @@ SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 # Keep torch / BLAS to one thread per process: the machine has 2 cores and
 # the simulation tests run clients in parallel.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: Seconds after which a test gives up on an event (a subprocess ending, a log line, a process
+#: exiting): a guard against a hang only, minutes long, so that a busy machine never fails a test.
+HANG_GUARD_S = 600.0
+
+
+def wait_until(condition, what: str, guard_s: float = HANG_GUARD_S, poll_s: float = 0.1) -> None:
+    """Return once ``condition()`` holds; fail naming ``what`` if it still does not after ``guard_s``."""
+    deadline = time.monotonic() + guard_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {guard_s:g} s")
+        time.sleep(poll_s)
 
 
 @pytest.fixture

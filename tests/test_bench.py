@@ -15,6 +15,7 @@ import pytest
 
 from app import bench, plots
 from app.bench import Experiment, Suite, list_arg
+from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -191,7 +192,7 @@ def test_benchmark_bad_argument_is_one_line_exit_2(argv, value, valid):
     line naming it and the valid values (no traceback, no usage block) before anything runs."""
     script, *args = argv.split()
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=5)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(f"{script}: error: ")
     assert value in done.stderr and valid in done.stderr
@@ -210,7 +211,7 @@ def test_benchmark_stops_on_inconsistent_dataset_files_with_one_line(tmp_path):
     env = {**os.environ, "FEDGRAPH_DATA_ROOT": str(tmp_path / "root")}
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gw_ldp.py"), "--parts", "table1",
                            "--datasets", "mutag", "--json", str(tmp_path / "gw.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=10)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 2
     assert done.stderr == (f"gw_ldp.py: error: dataset 'mutag': {labels} has 100 lines but "
                            "MUTAG_graph_indicator.txt numbers 188 graphs; valid: one line per graph\n")

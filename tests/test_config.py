@@ -13,7 +13,7 @@ from app import registry
 from app.config import ConfigError, Param, Schema
 from app.data import DATASETS
 from app.data.formats import FORMAT_HELP
-from conftest import REPO
+from conftest import HANG_GUARD_S, REPO
 
 
 def test_defaults_validate_and_resolve_auto_partitioner():
@@ -183,7 +183,7 @@ def test_pyproject_run_config_equals_schema_defaults():
 def test_cli_bad_input_exits_2_with_one_line(args, fragment, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "app.run", "--out", str(tmp_path / "r"), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 2
     lines = [l for l in proc.stderr.splitlines() if l.strip()]

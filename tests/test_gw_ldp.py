@@ -18,7 +18,7 @@ from app.protocols import gw_ldp as proto
 from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import ProtocolError, unpack
-from tests.conftest import shared_datasets_or_skip
+from tests.conftest import HANG_GUARD_S, shared_datasets_or_skip, wait_until
 
 
 def random_graph(rng, n, p=0.3):
@@ -133,11 +133,11 @@ def test_ten_fold_splits_test_every_item_once_in_7_2_1_shape():
 
 
 def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
+    import contextlib
     import os
     import signal
     import subprocess
     import sys
-    import time
 
     script = tmp_path / "pool.py"
     script.write_text(
@@ -148,27 +148,29 @@ def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
         "mats = [proto.intra_distance(rng.random((30, 3))) for _ in range(400)]\n"
         "print('start', flush=True)\n"
         "proto.gw_matrix(mats, workers=2)\n")
+    def alive(pids: list[int]) -> list[int]:
+        """Those of ``pids`` still running (a zombie has ended)."""
+        out = []
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                if open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+                    out.append(pid)
+        return out
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "start"
         children: list[int] = []
-        for _ in range(100):  # wait until the pool's workers exist
-            time.sleep(0.05)
+
+        def pool_started() -> bool:
             out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
-            children = [int(x) for x in out.split()]
-            if len(children) >= 2:
-                break
-        assert len(children) >= 2
+            children[:] = [int(x) for x in out.split()]
+            return len(children) >= 2
+
+        wait_until(pool_started, "the pool's two workers")
         os.kill(proc.pid, sig)
-        proc.wait(timeout=20)
-        deadline = time.time() + 10
-        while time.time() < deadline and any(os.path.exists(f"/proc/{c}") and
-                                             "Z" not in open(f"/proc/{c}/stat").read().split()[2]
-                                             for c in children if os.path.exists(f"/proc/{c}/stat")):
-            time.sleep(0.1)
-        alive = [c for c in children if os.path.exists(f"/proc/{c}/stat")
-                 and open(f"/proc/{c}/stat").read().split()[2] != "Z"]
-        assert alive == [], f"orphaned pool workers after {sig!r}: {alive}"
+        proc.wait(timeout=HANG_GUARD_S)
+        wait_until(lambda: not alive(children), f"the pool workers {children} to end after {sig!r} (orphaned?)")
 
 
 # --------------------------------------------------------------------------- LDP (Algorithm 1)

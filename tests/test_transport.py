@@ -15,6 +15,7 @@ from app.inprocess import InProcessGrid
 from app.session import ServerSession
 from app.transport import (ArraySpec, CommStats, ProtocolError, ReplySpec, ValueSpec, exchange, message_bytes,
                            pack, unpack)
+from conftest import HANG_GUARD_S
 
 N = 50
 
@@ -191,11 +192,11 @@ def test_silent_node_times_out_and_is_reported():
 
 def test_disconnected_node_is_given_up_before_the_timeout():
     session = session_for(make_client_app({}))
-    session.timeout = 60
+    session.timeout = HANG_GUARD_S
     session.grid.dropped.add(session.node_ids[2])
     with pytest.raises(ProtocolError, match="client 2 .*left the federation"):
         session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
-    assert session.stats.rounds[-1]["seconds"] < 30  # well before the 60 s timeout
+    assert session.stats.rounds[-1]["seconds"] < HANG_GUARD_S  # given up, not timed out ("no reply within")
 
 
 class TamperingGrid(InProcessGrid):
@@ -245,12 +246,12 @@ def test_a_second_reply_voids_the_first_and_a_stray_reply_is_ignored(forge):
 
 def test_a_message_the_grid_does_not_take_is_reported_at_once_not_at_the_timeout():
     grid = TamperingGrid(make_client_app({}), 3)
-    session = ServerSession(grid, registry.validate({"num-clients": 3, "timeout": 600}))
+    session = ServerSession(grid, registry.validate({"num-clients": 3, "timeout": HANG_GUARD_S}))
     session.connect()
     grid.refused.add(session.node_ids[1])
     with pytest.raises(ProtocolError, match=r"client 1 .*the grid did not take the message"):
         session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
-    assert session.stats.rounds[-1]["seconds"] < 60
+    assert session.stats.rounds[-1]["seconds"] < HANG_GUARD_S  # reported, not timed out ("no reply within")
 
 
 def test_an_error_reply_counts_its_bytes():

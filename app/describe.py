@@ -1,0 +1,115 @@
+"""What ``python -m app.run --help``, ``list`` and ``describe`` print.
+
+Generated from the strategy registry and the run-config schema (:class:`app.config.Param`),
+so the text cannot drift from what a run reads: every strategy's description is its class
+docstring, every key's line its Param (type, default, valid values, meaning).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+from app import registry
+from app.config import ConfigError, Param
+from app.data import DATASETS
+from app.data.datasets import COLLECTIONS, EDGELESS, FEATURELESS, FILE_DATASETS
+
+WIDTH = 100
+GROUPS = {"shared": "shared", "strategy": "{strategy}", "data": "data (dataset {dataset}, partitioner {partitioner})"}
+
+
+def _wrap(text: str, indent: str = "") -> str:
+    return textwrap.fill(" ".join(text.split()), WIDTH, initial_indent=indent, subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def dataset_kind(name: str) -> str:
+    """``name``'s shape in a few words: one graph, a graph collection or points; node features or none."""
+    if name in COLLECTIONS:
+        shape = "graph collection"
+    elif name in EDGELESS:
+        shape = "points, no edges"
+    else:
+        shape = "graph"
+    return shape + (", no node features" if name in FEATURELESS else "")
+
+
+def accepted_datasets(strategy: str) -> list[str]:
+    """The datasets ``strategy`` runs on with at least one of its partitioners."""
+    partitioners = registry.get(strategy).strategy.partitioners
+    return [d for d in DATASETS if any(_fits(strategy, d, p) for p in partitioners)]
+
+
+def _fits(strategy: str, dataset: str, partitioner: str) -> bool:
+    try:
+        registry.validate({"strategy": strategy, "dataset": dataset, "partitioner": partitioner})
+    except ConfigError:
+        return False
+    return True
+
+
+def overview() -> str:
+    """The strategies with their one-line summaries and the datasets by where they come from."""
+    width = max(map(len, registry.STRATEGIES))
+    lines = [_wrap("strategies (python -m app.run describe NAME, or --strategy NAME --help: its description "
+                   "and every key it reads):")]
+    lines += [f"  {name:<{width}}  {entry.strategy.summary}" for name, entry in registry.STRATEGIES.items()]
+    embedded = [d for d in DATASETS if d not in FILE_DATASETS]
+    lines += ["", "datasets, embedded (no files needed):"]
+    lines += [f"  {d:<{width}}  {dataset_kind(d)}" for d in embedded]
+    lines += ["", _wrap("datasets read from the data root (--set data-root=PATH, else $FEDGRAPH_DATA_ROOT, "
+                        "else ../shared/datasets):")]
+    lines += [f"  {d:<{width}}  {dataset_kind(d)}" for d in DATASETS if d in FILE_DATASETS]
+    return "\n".join(lines)
+
+
+def _default(p: Param) -> str:
+    if p.kind is bool:
+        return "true" if p.default else "false"
+    if p.kind is str:
+        return repr(p.default)
+    return f"{p.default:.12g}" if p.kind is float else str(p.default)
+
+
+def param_lines(p: Param, width: int) -> list[str]:
+    """One key: ``* key  type  default  valid values`` (``*``: a key that matters most; valid values
+    too long for the line go below it), then its meaning."""
+    head = f"  {'*' if p.primary else ' '} {p.key:<{width}}  {p.kind.__name__:<5}  {_default(p):<10}"
+    valid = p.valid()
+    if len(head) + 2 + len(valid) <= WIDTH:
+        return [f"{head}  {valid}", _wrap(p.help, " " * 8)]
+    return [head.rstrip(), _wrap("valid: " + valid, " " * 8), _wrap(p.help, " " * 8)]
+
+
+def _example_dataset(strategy: str, partitioner: str) -> str:
+    """The default dataset where ``strategy`` (with ``partitioner``) takes it, else the first it takes."""
+    default = registry.schema().params["dataset"].default
+    fitting = [d for d in DATASETS if _fits(strategy, d, partitioner)]
+    return default if default in fitting else (fitting or [default])[0]
+
+
+def strategy_help(strategy: str, dataset: str | None = None, partitioner: str = "auto") -> str:
+    """The description of ``strategy``, its data split, the datasets it accepts and every key a run
+    of it on ``dataset`` (default: the default dataset if the strategy takes it) split by
+    ``partitioner`` reads, with type, default, valid values and meaning."""
+    cls = registry.get(strategy).strategy
+    if dataset is None:
+        dataset = _example_dataset(strategy, partitioner)
+    resolved = cls.partitioners[0] if partitioner == "auto" else partitioner
+    groups = registry.params_read(strategy, dataset, resolved)
+    width = max(len(p.key) for group in groups.values() for p in group)
+    partitioners = ", ".join(f"{p} (default)" if i == 0 else p for i, p in enumerate(cls.partitioners))
+    lines = [f"{strategy}: {cls.summary}", "", _wrap((inspect.getdoc(cls) or "").replace("``", "'")), "",
+             _wrap(f"data split: {cls.split}"), _wrap(f"partitioners: {partitioners}"),
+             _wrap("datasets: " + ", ".join(accepted_datasets(strategy))), "",
+             _wrap(f"Keys a run on dataset '{dataset}' with partitioner '{resolved}' reads (set with --set "
+                   "KEY=VALUE; --dataset and --set partitioner=... show those of another split); "
+                   "* marks the keys that matter most:")]
+    names = {"strategy": strategy, "dataset": dataset, "partitioner": resolved}
+    for group, params in groups.items():
+        if params:
+            lines += ["", GROUPS[group].format(**names) + ":"]
+            for p in sorted(params, key=lambda p: not p.primary):
+                lines += param_lines(p, width)
+    return "\n".join(lines)

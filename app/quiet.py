@@ -1,0 +1,68 @@
+"""A run's console holds the app's own lines; what Flower, Ray and torch print that a user
+cannot act on is left out unless verbose (``python -m app.run -v``).
+
+Left out around the simulation engine (:func:`simulation_engine`):
+
+* Flower's notice that ``flwr.simulation.run_simulation`` is deprecated. Flower 1.41 and 1.42
+  offer no supported in-process replacement: the supported way is ``flwr run`` against a
+  SuperLink (see the README), whose simulation runtime calls the same engine;
+* Ray's FutureWarning about a future default for GPU-visibility variables (no GPU is used);
+* everything the Ray actors print (``log_to_driver``): torch's ``torch.jit.script``
+  deprecation (PyG calls it on import), once per actor, and Flower's "Manually terminating
+  ClientAppActor" at shutdown. The clients print nothing of their own; an error in a client
+  reaches the server as an error reply and stops the run with one line naming the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from contextlib import contextmanager
+from typing import Iterator
+
+from flwr.common.logger import FLOWER_LOGGER
+
+FLOWER_NOTICES = ("DEPRECATED FEATURE: The `run_simulation` function is deprecated",)
+RAY_WARNINGS = ("Tip: In future versions of Ray, Ray will no longer override accelerator",)
+
+_verbose = False
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show everything (True) or only the app's own lines (False, the default)."""
+    global _verbose
+    _verbose = verbose
+
+
+def verbose() -> bool:
+    return _verbose
+
+
+class _DropNotices(logging.Filter):
+    """Drops Flower log records that start with one of ``FLOWER_NOTICES``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(FLOWER_NOTICES)
+
+
+def ray_init_args() -> dict:
+    """``init_args`` of the simulation backend: the actors' output stays in the actors unless verbose."""
+    return {} if _verbose else {"log_to_driver": False}
+
+
+@contextmanager
+def simulation_engine() -> Iterator[None]:
+    """Around ``run_simulation``: Flower's deprecation notice and Ray's FutureWarning left out
+    unless verbose."""
+    if _verbose:
+        yield
+        return
+    notices = _DropNotices()
+    FLOWER_LOGGER.addFilter(notices)
+    try:
+        with warnings.catch_warnings():
+            for message in RAY_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+            yield
+    finally:
+        FLOWER_LOGGER.removeFilter(notices)
