@@ -13,7 +13,7 @@ import textwrap
 from app import registry
 from app.config import ConfigError, Param
 from app.data import DATASETS
-from app.data.datasets import COLLECTIONS, EDGELESS, FEATURELESS, FILE_DATASETS
+from app.data.datasets import BUILTIN_PROFILES, FILE_DATASETS
 
 WIDTH = 100
 GROUPS = {"shared": "shared", "strategy": "{strategy}", "data": "data (dataset {dataset}, partitioner {partitioner})"}
@@ -26,13 +26,14 @@ def _wrap(text: str, indent: str = "") -> str:
 
 def dataset_kind(name: str) -> str:
     """``name``'s shape in a few words: one graph, a graph collection or points; node features or none."""
-    if name in COLLECTIONS:
+    profile = BUILTIN_PROFILES[name]
+    if profile.collection:
         shape = "graph collection"
-    elif name in EDGELESS:
+    elif not profile.edges:
         shape = "points, no edges"
     else:
         shape = "graph"
-    return shape + (", no node features" if name in FEATURELESS else "")
+    return shape + ("" if profile.features else ", no node features")
 
 
 def accepted_datasets(strategy: str) -> list[str]:
