@@ -318,7 +318,7 @@ def block_krylov_iteration(
     max_rounds: int,
     seed: int,
     basis_blocks: int = 20,
-    patience: int = 8,
+    patience: int = 16,
 ) -> IterationResult:
     """Top-k eigenvectors of a symmetric ``M`` with ``||M||_2 <= 1``, given only
     ``apply(X) = M X`` (one call = one federated round).
@@ -337,7 +337,9 @@ def block_krylov_iteration(
     Stops when the top-k residuals are all <= ``tol`` ("converged"), when the
     largest has not halved for ``patience`` rounds because the products carry
     noise (fixed-point rounding of secure aggregation, DP noise: "stagnated"),
-    or after ``max_rounds`` rounds ("max-rounds"). A basis that would exceed
+    or after ``max_rounds`` rounds ("max-rounds"). Before the Krylov space
+    reaches the top-k eigenvectors their residuals hover (on the 1M-node SBM
+    between 0.1 and 0.4 for 8 rounds), hence the patience of 16. A basis that would exceed
     ``basis_blocks`` blocks is restarted thickly (Krylov-Schur): its top Ritz
     vectors, half the room, become the basis (``H`` their Ritz values), the
     pending block stays orthogonal to them, no product is repeated.
