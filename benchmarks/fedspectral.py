@@ -555,8 +555,9 @@ def report() -> Path:
     sv, sc = _load("solvers"), _load("scale")
     if sv or sc:
         lines += ["Exact mode's server iteration, Chebyshev-filtered orthogonal iteration (degree 8, block 2K, "
-                  "stops when the top-k subspace moves less than 1e-8) → block Krylov (`fedspectral-plus.solver="
-                  "krylov`, the default: block 2K, stops when every top-k Ritz residual is <= 1e-9), each pair run "
+                  "stops when the top-k subspace moves less than 1e-8; `auto` takes it under DP noise) → block Krylov "
+                  "(`fedspectral-plus.solver=krylov`, what `auto` takes without noise: block 2K, stops when every "
+                  "top-k Ritz residual is <= 1e-9), each pair run "
                   "side by side in one process (`python benchmarks/fedspectral.py solvers`"
                   f"{', seeds ' + str(sv['seeds']) + ', mean over seeds' if sv else ''}; 5 clients, 40% overlap; "
                   "the 1M-node SBM rows come from the scale runs below). Rounds are products `M X` (one "
