@@ -5,7 +5,8 @@
     python benchmarks/fedspectral.py cost     # protocol time and bytes per round, federated vs centralised
     python benchmarks/fedspectral.py privacy  # edge-level DP: epsilon vs agreement with centralised
     python benchmarks/fedspectral.py readings # email-Eu-core paper mode against other readings of the reference
-    python benchmarks/fedspectral.py scale    # 1,000,000-node SBM over 10 clients, K = 10
+    python benchmarks/fedspectral.py scale    # 1,000,000-node SBM over 10 clients, K = 10 (--solver)
+    python benchmarks/fedspectral.py solvers  # exact mode: Chebyshev vs block Krylov, rounds / messages / epsilon
     python benchmarks/fedspectral.py report   # rewrite the RESULTS.md section from the JSON files
 
 Every run goes through ``app.run.run_experiment(..., engine="inprocess")``
@@ -52,8 +53,10 @@ def run(strategy: str, dataset: str, clients: int, overrides: dict, tag: str) ->
         "cluster_similarity": ag.get("cluster_similarity"), "ari_vs_central": ag.get("ari"),
         "nmi_vs_central": ag.get("nmi"), "nmi_truth": r["metrics"].get("nmi"), "ari_truth": r["metrics"].get("ari"),
         "protocol_rounds": r["metrics"].get("protocol_rounds"), "stop": r["metrics"].get("stop"),
+        "solver": r["metrics"].get("solver"),
         "protocol_s": r["timing"]["protocol_s"], "reference_s": (r.get("reference") or {}).get("time_s"),
         "bytes_up": r["communication"]["bytes_up"], "bytes_down": r["communication"]["bytes_down"],
+        "messages": r["communication"]["messages"],
         "per_round": r["timing"]["per_round"], "wall_s": time.perf_counter() - t0,
         "epsilon": r["privacy"].get("epsilon"),
     }
@@ -213,15 +216,15 @@ def cost(seeds: list[int]) -> dict:
 def privacy(seeds: list[int], quick: bool) -> dict:
     """Edge-level DP: accountant epsilon (delta 1e-5) against agreement with centralised, per noise multiplier.
 
-    Exact mode runs a fixed 30 rounds (noise keeps the subspace test from ever
-    stopping it, and the budget grows with every release); paper mode uses
-    the paper's iters/rounds.
+    Exact mode (Chebyshev iteration, the default under noise) runs a fixed 30
+    rounds (noise keeps the subspace test from ever stopping it, and the budget
+    grows with every release); paper mode uses the paper's iters/rounds.
     """
     rows = []
     multipliers = [0.01, 0.03, 0.1, 0.3, 1.0] if not quick else [0.1, 1.0]
     for dataset in ("ego-facebook", "email-eu-core"):
         for mode, extra in (("exact", {"fedspectral-plus.mode": "exact", "fedspectral-plus.rounds": 30,
-                                       "fedspectral-plus.tol": 0.0}),
+                                       "fedspectral-plus.solver": "chebyshev", "fedspectral-plus.tol": 0.0}),
                             ("paper", {})):
             for nm in [0.0, *multipliers]:
                 for seed in seeds:
@@ -275,6 +278,75 @@ def _plot_privacy(payload: dict) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return save_fig(fig, RESULTS / "fedspectral_privacy.png")
+
+
+# --------------------------------------------------------------------------- solvers
+
+# Exact mode's two server iterations; Chebyshev with the tolerance it stops on by default
+# elsewhere (1e-8 on the subspace change; degree 8, block 2K), Krylov with the defaults.
+SOLVERS = (("chebyshev", {"fedspectral-plus.solver": "chebyshev", "fedspectral-plus.tol": 1e-8}),
+           ("krylov", {"fedspectral-plus.solver": "krylov"}))
+SOLVER_VARIANTS = (
+    ("plain", {}),
+    ("float32 wire", {"fedspectral-plus.wire-dtype": "float32"}),
+    ("secure", {"fedspectral-plus.secure": True, "secagg.scale": 2.0**32}),
+    ("DP, noise multiplier 0.01", {"fedspectral-plus.noise-multiplier": 0.01, "fedspectral-plus.rounds": 200}),
+    ("DP, noise multiplier 1", {"fedspectral-plus.noise-multiplier": 1.0, "fedspectral-plus.rounds": 200}),
+)
+
+
+def solvers(seeds: list[int]) -> dict:
+    """Exact mode with each server iteration, side by side in one process (5 clients, 40% overlap):
+    rounds, messages, bytes, protocol time, ARI against centralised, and with noise the
+    accountant's epsilon at the same noise multiplier (every round is one release)."""
+    rows = []
+    for dataset in ("ego-facebook", "email-eu-core"):
+        for variant, over in SOLVER_VARIANTS:
+            for seed in seeds:
+                for solver, solver_over in SOLVERS:
+                    rec = run("fedspectral-plus", dataset, 5,
+                              {"fedspectral-plus.mode": "exact", **over, **solver_over, "seed": seed},
+                              f"solvers-{solver}-{variant}-{dataset}-s{seed}")
+                    rec.pop("per_round")
+                    rec.update({"variant": variant, "seed": seed})
+                    rows.append(rec)
+    payload = {"seeds": seeds, "rows": rows, "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _save("solvers", payload)
+    return payload
+
+
+def _solver_lines(payload: dict | None, scale_runs: list[dict]) -> list[str]:
+    """Chebyshev -> Krylov per graph and variant (mean over seeds), then the 1M-node SBM runs."""
+    lines = ["| graph | variant | rounds | ratio | messages | MB up | protocol s | time ratio "
+             "| ARI vs centralised | epsilon | stop |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+    def pair(cheb: dict, kry: dict, graph: str, variant: str) -> str:
+        eps = ("–" if cheb["epsilon"] is None else f"{cheb['epsilon']:.2f} → {kry['epsilon']:.2f}")
+        return (f"| {graph} | {variant} | {cheb['protocol_rounds']:.0f} → {kry['protocol_rounds']:.0f} | "
+                f"{kry['protocol_rounds'] / cheb['protocol_rounds']:.2f} | {cheb['messages']:.0f} → "
+                f"{kry['messages']:.0f} | {cheb['bytes_up'] / 1e6:,.0f} → {kry['bytes_up'] / 1e6:,.0f} | "
+                f"{cheb['protocol_s']:.2f} → {kry['protocol_s']:.2f} | {kry['protocol_s'] / cheb['protocol_s']:.2f} | "
+                f"{_f(cheb['ari_vs_central'])} / {_f(kry['ari_vs_central'])} | {eps} | {cheb['stop']} / {kry['stop']} |")
+
+    if payload:
+        fields = ("protocol_rounds", "messages", "bytes_up", "protocol_s", "ari_vs_central")
+        groups = _seed_means(payload["rows"], ("dataset", "variant", "solver"), fields)
+        by = {(g["dataset"], g["variant"], g["solver"]): g for g in groups}
+        for g in groups:
+            g.update(epsilon=g["first"]["epsilon"], stop=g["first"]["stop"])
+        for (dataset, variant, solver), cheb in by.items():
+            kry = by.get((dataset, variant, "krylov"))
+            if solver == "chebyshev" and kry:
+                lines.append(pair(cheb, kry, dataset, variant))
+    runs = {r.get("solver", "chebyshev"): r for r in scale_runs if r["nodes"] == 1_000_000}
+    if "chebyshev" in runs and "krylov" in runs:
+        cheb, kry = runs["chebyshev"], runs["krylov"]
+        for r in (cheb, kry):
+            r.setdefault("epsilon", None)
+        lines.append(pair(cheb, kry, "SBM, 1,000,000 nodes, 10 clients",
+                          f"float32 wire, block {cheb.get('block')} / {kry.get('block')}, "
+                          f"tol {cheb.get('tol'):g} / {kry.get('tol'):g}"))
+    return lines
 
 
 # --------------------------------------------------------------------------- readings
@@ -359,13 +431,15 @@ def _keep_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 31))
 
 
-def scale(nodes: int, clients: int, wire: str, reference: bool, block: int = 12, tol: float = 1e-3) -> dict:
-    """SBM with ``nodes`` nodes, 10 planted blocks (mean degree ~20), ``clients`` clients, exact mode."""
+def scale(nodes: int, clients: int, wire: str, reference: bool, solver: str, block: int, tol: float) -> dict:
+    """SBM with ``nodes`` nodes, 10 planted blocks (mean degree ~20), ``clients`` clients, exact mode
+    with server iteration ``solver``."""
     kept = _keep_freed_memory()
     over = {
         "sbm.nodes": nodes, "sbm.blocks": 10, "sbm.p-in": 16 * 10 / nodes, "sbm.p-out": 4 * 10 / (9 * nodes),
         "sbm.features": 0, "num-clusters": 10, "partition.overlap": 0.0,
-        "fedspectral-plus.mode": "exact", "fedspectral-plus.block": block, "fedspectral-plus.tol": tol,
+        "fedspectral-plus.mode": "exact", "fedspectral-plus.solver": solver,
+        "fedspectral-plus.block": block, "fedspectral-plus.tol": tol,
         "fedspectral-plus.wire-dtype": wire, "fedspectral-plus.n-init": 3, "reference": reference,
     }
     t0 = time.perf_counter()
@@ -376,7 +450,8 @@ def scale(nodes: int, clients: int, wire: str, reference: bool, block: int = 12,
     peak = usage.ru_maxrss / 1024 / 1024  # GB (Linux: KiB)
     iter_steps = [x for x in r["timing"]["per_round"] if x["action"] == "fedspectral_product"]
     rec = {
-        "nodes": nodes, "clients": clients, "k": 10, "wire": wire, "block": block, "tol": tol, "wall_s": wall,
+        "nodes": nodes, "clients": clients, "k": 10, "wire": wire, "solver": solver, "block": block, "tol": tol,
+        "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime, "user_s": usage.ru_utime, "system_s": usage.ru_stime,
         "malloc_keep_freed": kept, "load_avg_1min_at_end": os.getloadavg()[0],
         "total_s": r["timing"]["total_s"], "protocol_s": r["timing"]["protocol_s"],
@@ -385,14 +460,16 @@ def scale(nodes: int, clients: int, wire: str, reference: bool, block: int = 12,
         "ari_vs_central": ((r.get("reference") or {}).get("agreement") or {}).get("ari"),
         "protocol_rounds": r["metrics"]["protocol_rounds"], "stop": r["metrics"]["stop"],
         "bytes_up": r["communication"]["bytes_up"], "bytes_down": r["communication"]["bytes_down"],
+        "messages": r["communication"]["messages"],
         "round_s_mean": sum(x["seconds"] for x in iter_steps) / max(1, len(iter_steps)),
         "message_mb": (iter_steps[0]["bytes_up"] / clients / 1e6) if iter_steps else None,
         "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(json.dumps({k: v for k, v in rec.items()}, default=float), flush=True)
     old = _load("scale") or {"runs": []}
-    key = (nodes, wire, block, tol)
-    old["runs"] = [x for x in old["runs"] if (x["nodes"], x["wire"], x.get("block", 14), x.get("tol", 1e-4)) != key]
+    key = (nodes, wire, solver, block, tol)
+    old["runs"] = [x for x in old["runs"]
+                   if (x["nodes"], x["wire"], x.get("solver", "chebyshev"), x["block"], x["tol"]) != key]
     old["runs"].append(rec)
     _save("scale", old)
     return rec
@@ -453,7 +530,8 @@ def report() -> Path:
         lines.append("")
     pv = _load("privacy")
     if pv:
-        lines += [f"Edge-level DP (`python benchmarks/fedspectral.py privacy`, seeds {pv['seeds']}; every client "
+        lines += [f"Edge-level DP (`python benchmarks/fedspectral.py privacy`, seeds {pv['seeds']}; exact mode with "
+                  "the Chebyshev iteration; every client "
                   "adds Gaussian noise to each upload, calibrated to one edge; epsilon from Opacus' RDP accountant "
                   f"over all releases, delta {pv['delta']:g}; plot `results/fedspectral_privacy.png`):", "",
                   "| dataset | mode | noise multiplier | rounds | epsilon | clusterSimilarity | ARI vs centralised |",
@@ -474,17 +552,31 @@ def report() -> Path:
             lines.append(f"| {g['dataset']} | {g['reference']} | {g['largest_reference_cluster']:.0f} | "
                          f"{_pct(g['cluster_similarity'])} | {_f(g['ari'])} |")
         lines.append("")
-    sc = _load("scale")
+    sv, sc = _load("solvers"), _load("scale")
+    if sv or sc:
+        lines += ["Exact mode's server iteration, Chebyshev-filtered orthogonal iteration (degree 8, block 2K, "
+                  "stops when the top-k subspace moves less than 1e-8; `auto` takes it under DP noise) → block Krylov "
+                  "(`fedspectral-plus.solver=krylov`, what `auto` takes without noise: block 2K, stops when every "
+                  "top-k Ritz residual is <= 1e-9), each pair run "
+                  "side by side in one process (`python benchmarks/fedspectral.py solvers`"
+                  f"{', seeds ' + str(sv['seeds']) + ', mean over seeds' if sv else ''}; 5 clients, 40% overlap; "
+                  "the 1M-node SBM rows come from the scale runs below). Rounds are products `M X` (one "
+                  "broadcast each; messages count every message of the run, both directions, handshake and "
+                  "labels included); epsilon is the run's RDP accountant at delta 1e-5 over all its releases; "
+                  "float32 and secure aggregation raise tol to what the wire resolves (32 x 2^-24, "
+                  "32 x clients / secagg.scale):", ""] + _solver_lines(sv, sc["runs"] if sc else []) + [""]
     if sc:
-        lines += ["Scale (`python benchmarks/fedspectral.py scale`): exact mode, SBM with 10 planted blocks "
-                  "(mean degree ~20), 10 clients, K = 10; peak RSS of the whole "
-                  "in-process federation (server + all clients):", "",
-                  "| nodes | wire | block | tol | rounds | stop | s / round | MB per client message | protocol s | total s "
-                  "| process CPU s (system) | load avg | centralised s | peak RSS GB | ARI vs planted | ARI vs centralised |",
-                  "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["Scale (`python benchmarks/fedspectral.py scale --solver S --block B --tol T --wire float32`): "
+                  "exact mode, SBM with 10 planted blocks (mean degree ~20), 10 clients, K = 10; peak RSS of the "
+                  "whole in-process federation (server + all clients):", "",
+                  "| nodes | wire | solver | block | tol | rounds | stop | messages | s / round | MB per client message "
+                  "| protocol s | total s | process CPU s (system) | load avg | centralised s | peak RSS GB "
+                  "| ARI vs planted | ARI vs centralised |",
+                  "|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sc["runs"]:
             lines.append(
-                f"| {r['nodes']:,} | {r['wire']} | {r.get('block', 14)} | {r.get('tol', 1e-4):g} | {r['protocol_rounds']} | {r['stop']} | {r['round_s_mean']:.2f} | "
+                f"| {r['nodes']:,} | {r['wire']} | {r.get('solver', 'chebyshev')} | {r['block']} | {r['tol']:g} | "
+                f"{r['protocol_rounds']} | {r['stop']} | {r.get('messages', '–')} | {r['round_s_mean']:.2f} | "
                 f"{_f(r['message_mb'], 1)} | {r['protocol_s']:.1f} | {r['total_s']:.1f} | {_f(r.get('cpu_s'), 0)} "
                 f"({_f(r.get('system_s'), 0)}) | "
                 f"{_f(r.get('load_avg_1min_at_end'), 1)} | {_f(r['reference_s'], 1)} | "
@@ -500,13 +592,17 @@ def report() -> Path:
 
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("table", "curves", "cost", "privacy", "readings", "scale", "report"))
+    p.add_argument("part", choices=("table", "curves", "cost", "privacy", "readings", "scale", "solvers",
+                                    "report"))
     p.add_argument("--seeds", type=value_arg(int, low=1), default=1)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--nodes", type=config_value("sbm.nodes"), default=1_000_000)
     p.add_argument("--clients", type=value_arg(int, low=1), default=10)
     p.add_argument("--wire", default="float64", choices=("float64", "float32"))
     p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--solver", default="krylov", choices=("krylov", "chebyshev"), help="scale: exact mode's iteration")
+    p.add_argument("--block", type=value_arg(int, low=1), default=12, help="scale: block width")
+    p.add_argument("--tol", type=value_arg(float, low=0.0, high=1.0), default=1e-3, help="scale: fedspectral-plus.tol")
     a = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     seeds = list(range(a.seeds))
@@ -523,7 +619,9 @@ def main(argv=None) -> int:
     elif a.part == "readings":
         readings(seeds)
     elif a.part == "scale":
-        scale(a.nodes, a.clients, a.wire, not a.no_reference)
+        scale(a.nodes, a.clients, a.wire, not a.no_reference, a.solver, a.block, a.tol)
+    elif a.part == "solvers":
+        solvers(seeds)
     report()
     return 0
 

@@ -115,6 +115,80 @@ def test_chebyshev_iteration_stops_on_a_noise_floor_and_on_max_rounds():
         proto.chebyshev_subspace_iteration(lambda x: x, 10, 4, 3, 2, 1e-6, 10, seed=0)
 
 
+def federated_operator(shards):
+    """``X -> D^-1/2 sum_c (A_c / r) D^-1/2 X`` from the clients' own weighted adjacencies and
+    degree shares (what exact mode's server gets back each round), counting the rounds."""
+    weighted = [proto.weighted_local_adjacency(s.adj, s.edge_weight) for s in shards]
+    dinv = proto.inverse_sqrt_degrees(sum(proto.local_degrees(w) for w in weighted), floor=0.5)
+    calls = []
+
+    def apply(x):
+        calls.append(x.shape[1])
+        y = dinv[:, None] * x
+        return dinv[:, None] * sum(w @ y for w in weighted)
+
+    return apply, calls
+
+
+def test_block_krylov_with_one_client_finds_the_centralised_eigenspace():
+    data = sbm_graph(seed=2)
+    apply, calls = federated_operator(partition(data, "edge", 1, seed=0))
+    res = proto.block_krylov_iteration(apply, data.num_nodes, K, 2 * K, 1e-10, 2000, seed=0)
+    vals, vecs = sla.eigsh(normalised(data.adj), k=K, which="LA", tol=1e-12)
+    assert res.converged and res.stop == "converged" and res.rounds == len(calls)
+    assert set(calls) == {2 * K}  # every round one block of the configured width
+    np.testing.assert_allclose(res.values, vals[::-1], atol=1e-10)
+    assert proto.subspace_distance(res.vectors, vecs) < 1e-8
+    np.testing.assert_allclose(res.vectors.T @ res.vectors, np.eye(K), atol=1e-12)
+    # the residual the server stopped on is the true one
+    m = normalised(data.adj)
+    true = np.linalg.norm(m @ res.vectors - res.vectors * res.values, axis=0).max()
+    assert true <= 1e-10 and true == pytest.approx(res.history[-1]["residual"], rel=1e-3)
+    cheb = proto.chebyshev_subspace_iteration(apply, data.num_nodes, K, 2 * K, 8, 1e-10, 2000, seed=0)
+    assert res.rounds < cheb.rounds
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_block_krylov_with_several_clients_equals_the_one_client_run(replicas):
+    data = sbm_graph(seed=3)
+    runs = []
+    for clients in (1, 3):
+        apply, _ = federated_operator(partition(data, "edge", clients, seed=1, replicas=min(replicas, clients)))
+        runs.append(proto.block_krylov_iteration(apply, data.num_nodes, K, 2 * K, 1e-9, 2000, seed=4))
+    one, several = runs
+    assert several.rounds == one.rounds and several.stop == one.stop == "converged"
+    assert proto.subspace_distance(several.vectors, one.vectors) < 1e-9
+    np.testing.assert_allclose(several.values, one.values, atol=1e-12)
+    assert np.array_equal(proto.embedding_labels(several.vectors, K, 0), proto.embedding_labels(one.vectors, K, 0))
+
+
+def test_block_krylov_restarts_within_its_basis_and_exhausts_small_spaces():
+    m = normalised(sbm_graph(seed=1).adj)
+    vals, vecs = sla.eigsh(m, k=K, which="LA", tol=1e-12)
+    res = proto.block_krylov_iteration(lambda x: m @ x, m.shape[0], K, K + 1, 1e-9, 2000, seed=0, basis_blocks=3)
+    widths = [h["basis"] for h in res.history]
+    assert res.converged and max(widths) <= 3 * (K + 1) and widths != sorted(widths)  # restarted at least once
+    assert proto.subspace_distance(res.vectors, vecs) < 1e-7
+    # a 6-node graph: two blocks of 4 span everything, the residual is 0
+    small = normalised(sp.csr_matrix(np.ones((6, 6)) - np.eye(6)))
+    tiny = proto.block_krylov_iteration(lambda x: small @ x, 6, 2, 4, 0.0, 50, seed=0)
+    assert tiny.converged and tiny.rounds == 2 and tiny.history[-1]["residual"] == 0.0
+
+
+def test_block_krylov_stops_on_a_noise_floor_and_on_max_rounds():
+    m = normalised(sbm_graph().adj)
+    rng = np.random.default_rng(0)
+    noisy = proto.block_krylov_iteration(
+        lambda x: m @ x + 1e-4 * rng.standard_normal(x.shape), m.shape[0], K, 8, 1e-12, 5000, seed=0)
+    assert noisy.stop == "stagnated" and not noisy.converged and noisy.rounds < 100
+    capped = proto.block_krylov_iteration(lambda x: m @ x, m.shape[0], K, 8, 0.0, 7, seed=0)
+    assert capped.stop == "max-rounds" and capped.rounds == 7
+    with pytest.raises(ValueError, match="k <= block"):
+        proto.block_krylov_iteration(lambda x: x, 10, 4, 3, 1e-6, 10, seed=0)
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        proto.block_krylov_iteration(lambda x: x, 10, 2, 3, 1e-6, 10, seed=0, basis_blocks=1)
+
+
 def test_coassociation_low_rank_equals_dense_similarity_graph():
     rng = np.random.default_rng(0)
     truth = np.repeat(np.arange(5), 40)
@@ -166,6 +240,10 @@ def test_bad_config_values_are_one_line_errors():
         validate({"strategy": "fedspectral", "partitioner": "node-random"})
     with pytest.raises(ConfigError, match="wire-dtype"):
         validate({"strategy": "fedspectral-plus", "fedspectral-plus.wire-dtype": "float16"})
+    with pytest.raises(ConfigError, match="fedspectral-plus.solver.*valid choices: auto, krylov, chebyshev"):
+        validate({"strategy": "fedspectral-plus", "fedspectral-plus.solver": "lanczos"})
+    with pytest.raises(ConfigError, match="fedspectral-plus.basis-blocks"):
+        validate({"strategy": "fedspectral-plus", "fedspectral-plus.basis-blocks": 1})
 
 
 # --------------------------------------------------------------------------- end to end (in-process)
@@ -175,9 +253,13 @@ def exact(**extra):
     return {**SBM, "num-clusters": K, "fedspectral-plus.mode": "exact", **extra}
 
 
-def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir):
-    result = run_experiment("fedspectral-plus", "sbm", 1, exact(), out_dir)
+@pytest.mark.parametrize("solver", ["krylov", "chebyshev"])
+def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir, solver):
+    result = run_experiment("fedspectral-plus", "sbm", 1, exact(**{"fedspectral-plus.solver": solver}), out_dir)
     assert result["metrics"]["converged"] and result["metrics"]["stop"] == "converged"
+    assert result["metrics"]["solver"] == solver
+    final = result["metrics"]["final_residual" if solver == "krylov" else "final_subspace_change"]
+    assert final <= result["metrics"]["tol"] == 1e-9
     assert result["reference"]["agreement"]["ari"] == 1.0
     labels = np.load(out_dir / "labels.npy")
     data = sbm_graph()
@@ -419,6 +501,14 @@ def test_gaussian_noise_is_accounted_per_edge(tmp_path):
     stronger = GaussianMechanism(1.0, 8.0, delta=1e-5, adjacency="remove")
     stronger.step(releases)
     assert stronger.epsilon() < eps
+    assert res["metrics"]["solver"] == "chebyshev"  # auto under noise
+    krylov = run_experiment("fedspectral-plus", "sbm", 2, {**over, "fedspectral-plus.solver": "krylov"}, tmp_path / "k")
+    mech = {m["name"]: m for m in krylov["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
+    assert krylov["metrics"]["solver"] == "krylov" and krylov["metrics"]["stop"] in ("stagnated", "max-rounds")
+    assert mech["params"]["releases"] == krylov["metrics"]["protocol_rounds"] + 1
+    ref = GaussianMechanism(1.0, 2.0, delta=1e-5, adjacency="remove")
+    ref.step(mech["params"]["releases"])
+    assert krylov["privacy"]["epsilon"] == pytest.approx(ref.epsilon(), rel=1e-9)
     paper = run_experiment("fedspectral-plus", "sbm", 2, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 3,
                                                          "fedspectral-plus.noise-multiplier": 2.0}, tmp_path / "c")
     mech = {m["name"]: m for m in paper["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
