@@ -24,6 +24,7 @@ from app.data.params import dataset_kwargs
 from app.data.evaluation import load_evaluation
 from app.data.shards import server_data
 from app.data.types import GraphCollection
+from app.engine import EngineWatch
 from app.metrics import agreement, evaluate
 from app.result import default_out_dir, summary_table, write_result
 from app.session import ServerSession
@@ -135,20 +136,23 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     return result
 
 
-def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None) -> ServerApp:
+def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None,
+                     watch: EngineWatch | None = None) -> ServerApp:
     """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``.
 
     ``errors``: a list that receives the exception that stopped the run (Flower's
     simulation engine only logs it), for the caller to report once the engine is done;
     a config error then ends the ServerApp quietly. Without it (``flwr run``) every
-    error propagates, so that Flower marks the run as failed with its reason."""
+    error propagates, so that Flower marks the run as failed with its reason. ``watch``
+    (:func:`app.engine.simulate`): the grid it gives stops the run once the engine has
+    failed, and it is told when the ServerApp ends."""
     overrides = dict(overrides or {})
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            run_server(grid, {**context.run_config, **overrides})
+            run_server(grid if watch is None else watch.grid(grid), {**context.run_config, **overrides})
         except Exception as err:
             if errors is None:
                 raise
@@ -157,6 +161,9 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
                 raise
             log(ERROR, "config error: %s", err)
             raise SystemExit(2) from None
+        finally:
+            if watch is not None:
+                watch.server_done.set()
 
     return app
 
