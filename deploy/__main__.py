@@ -9,6 +9,9 @@ the strategy with ``flwr run``, then stops every process. Example::
         --out results/deploy-karate
 
 ``result.json`` lands in ``OUT/result``; logs of every process in ``OUT``.
+
+``python -m deploy superlink start|status|stop``: your own local SuperLink for
+``flwr run .`` (see :mod:`deploy.superlink`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from app import registry
 from app.config import ConfigError
 from app.data import prepare
+from deploy import superlink
 from deploy.federation import LocalFederation
 from deploy.pki import make_all
 
@@ -65,7 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--partitioner", default="auto", help="auto: the strategy's own")
     local.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     local.add_argument("--out", type=Path, required=True)
+    link = sub.add_parser("superlink", help="start, check or stop your own local SuperLink for flwr run")
+    link.add_argument("action", choices=("start", "status", "stop"))
+    link.add_argument("--timeout", type=float, default=None,
+                      help=f"seconds to wait for it to answer (start, default {superlink.START_TIMEOUT_S:g}) or "
+                           f"to end before it is killed (stop, default {superlink.STOP_TIMEOUT_S:g})")
     args = parser.parse_args(argv)
+    if args.command == "superlink":
+        return superlink.main(args.action, args.timeout)
     try:
         path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
     except (ConfigError, RuntimeError) as err:
