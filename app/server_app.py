@@ -26,6 +26,7 @@ from app.data.shards import server_data
 from app.data.types import GraphCollection
 from app.engine import EngineWatch
 from app.metrics import agreement, evaluate
+from app.quality import assess
 from app.result import default_out_dir, summary_table, write_result
 from app.session import ServerSession
 
@@ -67,6 +68,26 @@ def _side_by_side(protocol_s: float, rounds: list[dict]) -> dict:
     return {"parallel_s": protocol_s - sum(r["client_sum_s"] - r["client_max_s"] for r in rounds)}
 
 
+def _reference(strategy, data, labels: np.ndarray, score) -> dict:
+    """The ``reference`` section: the centralised method (``method``) on the pooled data, its
+    metrics (``score``) and its ``agreement`` with ``labels``; ``skipped`` with the reason when
+    it is not computed (``reference=false``, an eval-file without the pooled data)."""
+    reference: dict = {"method": strategy.reference_method()}
+    if not strategy.config["reference"]:
+        return {**reference, "skipped": "reference=false"}
+    if data.meta.get("evaluation") == "labels-only":
+        return {**reference, "skipped": "the eval-file holds labels only (no pooled data to run it on); "
+                                        "python -m app.data.prepare --eval-contents full writes the pooled data"}
+    started = time.perf_counter()
+    ref_labels = strategy.reference(data)
+    if ref_labels is None:
+        return {**reference, "skipped": f"strategy '{strategy.name}' has no centralised counterpart"}
+    ref_labels = np.asarray(ref_labels)
+    known = labels >= 0
+    return {**reference, **score(ref_labels), "time_s": time.perf_counter() - started,
+            "agreement": agreement(ref_labels[known], labels[known])}
+
+
 def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     """Run one experiment over ``grid``; return the result dict (also written)."""
     started = time.perf_counter()
@@ -95,17 +116,9 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         score = lambda predicted: _score(predicted, data)  # noqa: E731
 
     metrics = {**score(labels), **output.metrics}
-    reference: dict | None = None
-    if config["reference"] and data.meta.get("evaluation") == "labels-only":
-        reference = {"skipped": "the eval-file holds labels only; the reference needs the pooled data"}
-    elif config["reference"]:
-        ref_start = time.perf_counter()
-        ref_labels = strategy.reference(data)
-        if ref_labels is not None:
-            reference = {**score(np.asarray(ref_labels)), "time_s": time.perf_counter() - ref_start}
-            known = labels >= 0
-            reference["agreement"] = agreement(np.asarray(ref_labels)[known], labels[known])
-            metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
+    reference = _reference(strategy, data, labels, score)
+    if "agreement" in reference:
+        metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
 
     rounds = session.stats.rounds[setup_rounds:]
     result = {
@@ -115,6 +128,8 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "config": config.as_dict(),
         "metrics": metrics,
         "reference": reference,
+        "quality": assess(str(config["strategy"]), str(config["dataset"]), config.as_dict(), metrics, reference,
+                          int(np.unique(labels[labels >= 0]).size)),
         "timing": {
             "total_s": time.perf_counter() - started,
             "protocol_s": protocol_s,
