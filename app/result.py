@@ -132,7 +132,7 @@ def _publish(files: dict[str, Path], directory: Path) -> bool:
 
 def summary_table(result: dict) -> str:
     """A short plain-text summary: federated vs centralised metrics, how close they are (see
-    :mod:`app.quality`), the paper's figure and cost."""
+    :mod:`app.quality`), the paper's figure, cost and what the privacy guarantee covers."""
     metrics = result.get("metrics", {})
     reference = result.get("reference", {}) or {}
     names = [k for k in ("acc", "f1", "nmi", "ari", "modularity", "conductance") if k in metrics]
@@ -153,9 +153,7 @@ def summary_table(result: dict) -> str:
         f"{c['bytes_down'] / 1e6:.3f} MB down, {c['bytes_up'] / 1e6:.3f} MB up, "
         f"{c['messages']} messages, {c['secure_aggregations']} secure aggregations"
     )
-    privacy = result.get("privacy", {})
-    if privacy.get("epsilon") is not None:
-        lines.append(f"privacy: epsilon={privacy['epsilon']:.4g}, delta={privacy.get('delta')}")
+    lines += privacy_lines(result.get("privacy", {}))
     return "\n".join(lines)
 
 
@@ -176,4 +174,35 @@ def _quality_lines(result: dict) -> list[str]:
                 f"{key} {v['paper']} (this run {v['run']})" for key, v in paper["setting_differs"].items())
         lines.append(line)
     lines += [f"note: {note}" for note in quality.get("notes", [])]
+    return lines
+
+
+def _upload_list(uploads: list[dict]) -> str:
+    """``action (name, ...), ...`` of ``uploads``, in the order they were first sent."""
+    names: dict[str, list[str]] = {}
+    for u in uploads:
+        listed = names.setdefault(u["action"], [])
+        if u["name"] not in listed:
+            listed.append(u["name"])
+    return ", ".join(f"{action} ({', '.join(found)})" for action, found in names.items())
+
+
+def privacy_lines(privacy: dict) -> list[str]:
+    """What the DP guarantee covers and what it does not, from the ledger (``privacy`` of
+    result.json): the noised uploads under (epsilon, delta); masked and clear ones outside it."""
+    uploads = privacy.get("uploads", [])
+    noised = [u for u in uploads if u["noised"]]
+    masked = [u for u in uploads if u["masked"] and not u["noised"]]
+    clear = [u for u in uploads if not u["masked"] and not u["noised"]]
+    if privacy.get("epsilon") is not None:
+        lines = [f"privacy: (epsilon={privacy['epsilon']:.4g}, delta={privacy.get('delta'):.3g}) covers the noised "
+                 f"uploads only: {_upload_list(noised) or 'none'}"]
+    else:
+        lines = ["privacy: no differential privacy guarantee" + (
+            f"; noised without a guarantee: {_upload_list(noised)}" if noised else "")]
+    if masked:
+        lines.append(f"privacy: masked by secure aggregation (the server sees sums), not covered by DP: "
+                     f"{_upload_list(masked)}")
+    if clear:
+        lines.append(f"privacy: sent in clear, not covered by DP: {_upload_list(clear)}")
     return lines

@@ -11,7 +11,7 @@ from app import registry
 from app.data.evaluation import write_evaluation
 from app.data.shards import server_data
 from app.quality import CLOSE_ARI, PAPER_FIGURES, assess, notes, paper, verdict
-from app.result import summary_table
+from app.result import privacy_lines, summary_table
 from app.run import run_experiment
 
 AGREEING = {"ari": 0.95, "nmi": 0.9, "cluster_similarity": 0.99}
@@ -89,6 +89,21 @@ def test_a_reference_not_computed_is_named_with_the_reason(tmp_path):
     full = write_evaluation(server_data("karate", None, 0), tmp_path / "full.npz", contents="full")
     pooled = run_experiment("fedkmeans", "karate", 2, {"eval-file": str(full), "num-rounds": 2}, tmp_path / "full")
     assert "agreement" in pooled["reference"] and pooled["quality"]["verdict"] is not None
+
+
+def test_the_privacy_lines_say_what_the_epsilon_covers_and_what_it_does_not():
+    def upload(action, name, masked=False, noised=False):
+        return {"action": action, "name": name, "masked": masked, "noised": noised}
+
+    uploads = [upload("hello", "num_rows"), upload("round", "z", noised=True), upload("round", "sum", masked=True),
+               upload("round", "z", noised=True), upload("final", "labels"), upload("final", "ids")]
+    assert privacy_lines({"epsilon": 0.1, "delta": 1e-5, "uploads": uploads}) == [
+        "privacy: (epsilon=0.1, delta=1e-05) covers the noised uploads only: round (z)",
+        "privacy: masked by secure aggregation (the server sees sums), not covered by DP: round (sum)",
+        "privacy: sent in clear, not covered by DP: hello (num_rows), final (labels, ids)"]
+    assert privacy_lines({"epsilon": None, "uploads": uploads[:1]}) == [
+        "privacy: no differential privacy guarantee",
+        "privacy: sent in clear, not covered by DP: hello (num_rows)"]
 
 
 def test_assess_is_the_result_sections_content():
