@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -107,15 +108,22 @@ def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = 
 
 
 def _temporary(directory: Path, suffix: str, write) -> Path:
-    """A new hidden file in ``directory`` holding what ``write(file)`` writes."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".result-", suffix=suffix)
+    """A new hidden file in ``directory`` holding what ``write(file)`` writes, created with the
+    mode an ordinary new file gets (0666 less the umask; ``mkstemp`` would make it 0600)."""
+    while True:
+        tmp = directory / f".result-{secrets.token_hex(8)}{suffix}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return Path(tmp)
+    return tmp
 
 
 def _publish(files: dict[str, Path], directory: Path) -> bool:

@@ -4,14 +4,16 @@ paper's figure for the same dataset, notes on misleading metrics, what DP covers
 from __future__ import annotations
 
 import json
+import os
 
+import numpy as np
 import pytest
 
 from app import registry
 from app.data.evaluation import write_evaluation
 from app.data.shards import server_data
 from app.quality import CLOSE_ARI, PAPER_FIGURES, assess, notes, paper, verdict
-from app.result import privacy_lines, summary_table
+from app.result import privacy_lines, summary_table, write_result
 from app.run import run_experiment
 
 AGREEING = {"ari": 0.95, "nmi": 0.9, "cluster_similarity": 0.99}
@@ -104,6 +106,17 @@ def test_the_privacy_lines_say_what_the_epsilon_covers_and_what_it_does_not():
     assert privacy_lines({"epsilon": None, "uploads": uploads[:1]}) == [
         "privacy: no differential privacy guarantee",
         "privacy: sent in clear, not covered by DP: hello (num_rows)"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_result_files_get_the_mode_of_ordinary_new_files(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        path = write_result({"strategy": "x"}, tmp_path / "out", np.zeros(3, dtype=np.int64))
+    finally:
+        os.umask(previous)
+    for name in ("result.json", "labels.npy"):
+        assert (path.parent / name).stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_assess_is_the_result_sections_content():
