@@ -130,7 +130,7 @@ def cause(err: BaseException) -> str:
     while err.__cause__ is not None or (err.__context__ is not None and not err.__suppress_context__):
         err = err.__cause__ or err.__context__
     lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"{type(err).__name__}: {lines[0].rstrip('.') if lines else ''}".rstrip(": ")
 
 
 def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num_supernodes: int) -> None:

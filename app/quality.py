@@ -41,8 +41,7 @@ _GW_LDP = "GW-LDP paper, Table 1 (SVM on GW of the LDP embeddings, GW_H*(GIN); 1
 #: Published figures for the datasets the papers used (shared/papers/NOTES.md).
 PAPER_FIGURES: dict[tuple[str, str], PaperFigure] = {
     ("kcagc", "cora"): PaperFigure("kCAGC paper, Table II", "ACC 67.81% with 2 parties and k_hat = k; best over "
-                                   "k_hat 72.12% (2 parties), 72.44% / 71.89% / 72.78% (4 / 8 / 16)", "acc",
-                                   {"num-clients": 2, "kcagc.local-factor": 1}),
+                                   "k_hat 72.12% (2 parties), 72.44% / 71.89% / 72.78% (4 / 8 / 16)", "acc", {}),
     ("kcagc", "citeseer"): PaperFigure("kCAGC paper, Table II", "best ACC over k_hat 69.74% / 69.90% / 69.96% / "
                                        "70.32% with 2 / 4 / 8 / 16 parties", "acc", {}),
     ("kcagc", "pubmed"): PaperFigure("kCAGC paper, Table II", "best ACC over k_hat about 69.85%", "acc", {}),
