@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -128,15 +129,22 @@ def labels_table(labels: np.ndarray, keys: np.ndarray | None = None, key_column:
 
 
 def _temporary(directory: Path, suffix: str, write) -> Path:
-    """A new hidden file in ``directory`` holding what ``write(file)`` writes."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".result-", suffix=suffix)
+    """A new hidden file in ``directory`` holding what ``write(file)`` writes, created with the
+    mode an ordinary new file gets (0666 less the umask; ``mkstemp`` would make it 0600)."""
+    while True:
+        tmp = directory / f".result-{secrets.token_hex(8)}{suffix}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return Path(tmp)
+    return tmp
 
 
 def _publish(files: dict[str, Path], directory: Path) -> bool:
@@ -153,27 +161,78 @@ def _publish(files: dict[str, Path], directory: Path) -> bool:
 
 
 def summary_table(result: dict) -> str:
-    """A short plain-text table: federated vs centralised metrics, cost."""
+    """A short plain-text summary: federated vs centralised metrics, how close they are (see
+    :mod:`app.quality`), the paper's figure, cost and what the privacy guarantee covers."""
     metrics = result.get("metrics", {})
     reference = result.get("reference", {}) or {}
-    names = [k for k in ("acc", "f1", "nmi", "ari", "modularity", "conductance", "cluster_similarity") if k in metrics]
+    names = [k for k in ("acc", "f1", "nmi", "ari", "modularity", "conductance") if k in metrics]
     lines = [
         f"{result['strategy']} on {result['dataset']} with {result['num_clients']} clients",
-        f"{'metric':<20}{'federated':>12}{'centralised':>14}",
+        f"{'metric':<30}{'federated':>10}{'centralised':>13}",
     ]
     for name in names:
         ref = reference.get(name)
-        ref_s = f"{ref:>14.4f}" if isinstance(ref, (int, float)) else f"{'-':>14}"
-        lines.append(f"{name:<20}{metrics[name]:>12.4f}{ref_s}")
+        ref_s = f"{ref:>13.4f}" if isinstance(ref, (int, float)) else f"{'-':>13}"
+        lines.append(f"{name:<30}{metrics[name]:>10.4f}{ref_s}")
     for name, value in (reference.get("agreement") or {}).items():
-        lines.append(f"{'agreement ' + name:<20}{value:>12.4f}")
+        lines.append(f"{'agreement ' + name:<30}{value:>10.4f}  (federated vs centralised labels)")
+    lines += _quality_lines(result)
     t, c = result["timing"], result["communication"]
     lines.append(
         f"protocol {t['protocol_s']:.3f} s in {t['rounds']} rounds; "
         f"{c['bytes_down'] / 1e6:.3f} MB down, {c['bytes_up'] / 1e6:.3f} MB up, "
         f"{c['messages']} messages, {c['secure_aggregations']} secure aggregations"
     )
-    privacy = result.get("privacy", {})
-    if privacy.get("epsilon") is not None:
-        lines.append(f"privacy: epsilon={privacy['epsilon']:.4g}, delta={privacy.get('delta')}")
+    lines += privacy_lines(result.get("privacy", {}))
     return "\n".join(lines)
+
+
+def _quality_lines(result: dict) -> list[str]:
+    reference, quality = result.get("reference") or {}, result.get("quality") or {}
+    lines = []
+    if reference.get("method"):
+        lines.append(f"reference: {reference['method']}")
+    if quality.get("summary"):
+        lines.append(f"verdict: {quality['summary']}")
+    paper = quality.get("paper")
+    if paper:
+        run = paper["run"]
+        line = f"paper: {paper['source']}: {paper['reports']}; this run: {paper['metric']} " + (
+            f"{run:.4f}" if isinstance(run, (int, float)) else "not measured")
+        if paper["setting_differs"]:
+            line += "; its setting differs: " + ", ".join(
+                f"{key} {v['paper']} (this run {v['run']})" for key, v in paper["setting_differs"].items())
+        lines.append(line)
+    lines += [f"note: {note}" for note in quality.get("notes", [])]
+    return lines
+
+
+def _upload_list(uploads: list[dict]) -> str:
+    """``action (name, ...), ...`` of ``uploads``, in the order they were first sent."""
+    names: dict[str, list[str]] = {}
+    for u in uploads:
+        listed = names.setdefault(u["action"], [])
+        if u["name"] not in listed:
+            listed.append(u["name"])
+    return ", ".join(f"{action} ({', '.join(found)})" for action, found in names.items())
+
+
+def privacy_lines(privacy: dict) -> list[str]:
+    """What the DP guarantee covers and what it does not, from the ledger (``privacy`` of
+    result.json): the noised uploads under (epsilon, delta); masked and clear ones outside it."""
+    uploads = privacy.get("uploads", [])
+    noised = [u for u in uploads if u["noised"]]
+    masked = [u for u in uploads if u["masked"] and not u["noised"]]
+    clear = [u for u in uploads if not u["masked"] and not u["noised"]]
+    if privacy.get("epsilon") is not None:
+        lines = [f"privacy: (epsilon={privacy['epsilon']:.4g}, delta={privacy.get('delta'):.3g}) covers the noised "
+                 f"uploads only: {_upload_list(noised) or 'none'}"]
+    else:
+        lines = ["privacy: no differential privacy guarantee" + (
+            f"; noised without a guarantee: {_upload_list(noised)}" if noised else "")]
+    if masked:
+        lines.append(f"privacy: masked by secure aggregation (the server sees sums), not covered by DP: "
+                     f"{_upload_list(masked)}")
+    if clear:
+        lines.append(f"privacy: sent in clear, not covered by DP: {_upload_list(clear)}")
+    return lines

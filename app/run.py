@@ -1,7 +1,8 @@
 """Run one experiment in-process: ``python -m app.run --strategy NAME ...``.
 
 The same ServerApp and ClientApp as ``flwr run`` run under Flower's
-simulation engine (``flwr.simulation.run_simulation``, default) or on the
+simulation engine (``flwr.simulation.run_simulation`` through :func:`app.engine.simulate`,
+default: an engine that fails ends the run with exit code 1) or on the
 in-process grid (``--engine inprocess``: no Ray start-up, same code path).
 The ServerApp logs a summary table and writes ``OUT/result.json``.
 """
@@ -18,6 +19,7 @@ from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
 from app.data.datasets import dataset_label, is_builtin
 from app.data.params import dataset_kwargs
+from app.engine import EngineError
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir, unwritable
 from app.transport import ProtocolError
@@ -75,21 +77,14 @@ def _run(engine: str, raw: dict, num_clients: int) -> dict:
 
         return run_server(InProcessGrid(build_client_app(raw), num_clients), raw)
 
-    from flwr.simulation import run_simulation
-
     from app.client_app import build_client_app
+    from app.engine import simulate
     from app.server_app import build_server_app
 
     path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (_check_out_dir), nor another's after it
     errors: list[Exception] = []
     with quiet.simulation_engine():
-        run_simulation(
-            server_app=build_server_app(raw, errors),
-            client_app=build_client_app(raw),
-            num_supernodes=num_clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                            "init_args": quiet.ray_init_args()},
-        )
+        simulate(lambda watch: build_server_app(raw, errors, watch), build_client_app(raw), num_clients)
     if errors:
         raise errors[0]
     if not path.exists():
@@ -211,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (ProtocolError, SecAggError) as err:  # the run stopped (a client refused or vanished): no result
+    except (ProtocolError, SecAggError, EngineError) as err:  # the run stopped: no result
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"result: {result['path']}")

@@ -26,8 +26,10 @@ from app.data.params import dataset_kwargs
 from app.data.evaluation import load_evaluation
 from app.data.shards import server_data
 from app.data.types import GraphCollection
+from app.engine import EngineWatch
 from app.metrics import agreement, evaluate
 from app.privacy.secagg import SecAggError
+from app.quality import assess
 from app.result import default_out_dir, summary_table, write_result
 from app.session import ServerSession
 from app.transport import ProtocolError
@@ -70,6 +72,26 @@ def _side_by_side(protocol_s: float, rounds: list[dict]) -> dict:
     return {"parallel_s": protocol_s - sum(r["client_sum_s"] - r["client_max_s"] for r in rounds)}
 
 
+def _reference(strategy, data, labels: np.ndarray, score) -> dict:
+    """The ``reference`` section: the centralised method (``method``) on the pooled data, its
+    metrics (``score``) and its ``agreement`` with ``labels``; ``skipped`` with the reason when
+    it is not computed (``reference=false``, an eval-file without the pooled data)."""
+    reference: dict = {"method": strategy.reference_method()}
+    if not strategy.config["reference"]:
+        return {**reference, "skipped": "reference=false"}
+    if data.meta.get("evaluation") == "labels-only":
+        return {**reference, "skipped": "the eval-file holds labels only (no pooled data to run it on); "
+                                        "python -m app.data.prepare --eval-contents full writes the pooled data"}
+    started = time.perf_counter()
+    ref_labels = strategy.reference(data)
+    if ref_labels is None:
+        return {**reference, "skipped": f"strategy '{strategy.name}' has no centralised counterpart"}
+    ref_labels = np.asarray(ref_labels)
+    known = labels >= 0
+    return {**reference, **score(ref_labels), "time_s": time.perf_counter() - started,
+            "agreement": agreement(ref_labels[known], labels[known])}
+
+
 def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     """Run one experiment over ``grid``; return the result dict (also written)."""
     started = time.perf_counter()
@@ -104,17 +126,9 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         score = lambda predicted: _score(predicted, data)  # noqa: E731
 
     metrics = {**score(labels), **output.metrics}
-    reference: dict | None = None
-    if config["reference"] and data.meta.get("evaluation") == "labels-only":
-        reference = {"skipped": "the eval-file holds labels only; the reference needs the pooled data"}
-    elif config["reference"]:
-        ref_start = time.perf_counter()
-        ref_labels = strategy.reference(data)
-        if ref_labels is not None:
-            reference = {**score(np.asarray(ref_labels)), "time_s": time.perf_counter() - ref_start}
-            known = labels >= 0
-            reference["agreement"] = agreement(np.asarray(ref_labels)[known], labels[known])
-            metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
+    reference = _reference(strategy, data, labels, score)
+    if "agreement" in reference:
+        metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
 
     rounds = session.stats.rounds[setup_rounds:]
     result = {
@@ -124,6 +138,8 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "config": {key: config[key] for key in registry.keys_read(config)},
         "metrics": metrics,
         "reference": reference,
+        "quality": assess(str(config["strategy"]), str(config["dataset"]), config.as_dict(), metrics, reference,
+                          int(np.unique(labels[labels >= 0]).size)),
         "timing": {
             "total_s": time.perf_counter() - started,
             "protocol_s": protocol_s,
@@ -171,7 +187,8 @@ class _ReportedInOneLine(logging.Filter):
         return not (self.seen and record.getMessage().startswith("Exit Code: "))
 
 
-def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None) -> ServerApp:
+def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None,
+                     watch: EngineWatch | None = None) -> ServerApp:
     """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``.
 
     ``errors``: a list that receives the exception that stopped the run (Flower's
@@ -179,14 +196,15 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
     a config error then ends the ServerApp quietly. Without it (``flwr run``) every
     error propagates, so that Flower marks the run as failed with its reason; one of
     ``ONE_LINE_ERRORS`` is logged as the line ``python -m app.run`` prints, without
-    Flower's traceback."""
+    Flower's traceback. ``watch`` (:func:`app.engine.simulate`): the grid it gives stops
+    the run once the engine has failed, and it is told when the ServerApp ends."""
     overrides = dict(overrides or {})
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            run_server(grid, {**context.run_config, **overrides})
+            run_server(grid if watch is None else watch.grid(grid), {**context.run_config, **overrides})
         except Exception as err:
             if errors is None:
                 if isinstance(err, ONE_LINE_ERRORS):
@@ -197,6 +215,9 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
             if not isinstance(err, ConfigError):
                 raise
             raise SystemExit(2) from None  # the caller reports it
+        finally:
+            if watch is not None:
+                watch.server_done.set()
 
     return app
 

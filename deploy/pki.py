@@ -4,7 +4,8 @@
 
 * ``ca.crt`` / ``ca.key``: a self-signed certificate authority (EC P-384).
   ``ca.crt`` goes to every SuperNode and to the ``flwr`` CLI; ``ca.key``
-  stays with whoever runs the SuperLink.
+  stays with whoever runs the SuperLink, kept offline and apart from the
+  results (it signs certificates every SuperNode trusts).
 * ``superlink.crt`` / ``superlink.key``: the SuperLink's server certificate,
   signed by the CA, valid for ``localhost``, ``127.0.0.1`` and every ``--host``
   (the SuperLink's address as SuperNodes see it on other machines).
@@ -50,7 +51,10 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
-def make_ca(out: Path, name: str = "fedgraph federation CA") -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def make_ca(out: Path, name: str = "fedgraph federation CA",
+            keep_key: bool = True) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A new CA: ``ca.crt`` in ``out``, and ``ca.key`` when ``keep_key`` (else the key exists only
+    in memory, to sign this run's certificates: no one can sign another later)."""
     key = ec.generate_private_key(ec.SECP384R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = dt.datetime.now(dt.timezone.utc)
@@ -67,7 +71,8 @@ def make_ca(out: Path, name: str = "fedgraph federation CA") -> tuple[x509.Certi
         .sign(key, hashes.SHA384())
     )
     _write(out / "ca.crt", cert.public_bytes(serialization.Encoding.PEM))
-    _write(out / "ca.key", _pem_key(key), private=True)
+    if keep_key:
+        _write(out / "ca.key", _pem_key(key), private=True)
     return cert, key
 
 
@@ -102,9 +107,9 @@ def make_node_keys(out: Path, index: int) -> tuple[Path, Path]:
     return private, public
 
 
-def make_all(out: Path, nodes: int, hosts: list[str] = ()) -> None:
+def make_all(out: Path, nodes: int, hosts: list[str] = (), keep_ca_key: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    ca_cert, ca_key = make_ca(out)
+    ca_cert, ca_key = make_ca(out, keep_key=keep_ca_key)
     make_server_cert(out, ca_cert, ca_key, list(hosts))
     for i in range(nodes):
         make_node_keys(out, i)

@@ -156,6 +156,13 @@ class ClusteringStrategy(ABC):
         """Labels of the centralised counterpart on the pooled ``data``."""
         return None
 
+    def reference_method(self) -> str | None:
+        """What :meth:`reference` computes, with this run's parameters (one line), or None."""
+        return None
+
+    def _k_and_seed(self) -> str:
+        return f"k = {self.config['num-clusters']}, seed {self.config['seed']}"
+
 
 def common_feature_dimension(widths) -> int:
     """The feature width every client reported; clients that disagree stop the run."""

@@ -324,3 +324,10 @@ class FedAvgDMoN(ClusteringStrategy):
                                collapse_regularization=float(c[P + "collapse"]),
                                sparse_features=bool(c[P + "sparse-features"]))
         return labels
+
+    def reference_method(self) -> str:
+        c = self.config
+        epochs = int(c["num-rounds"]) * int(c[P + "local-epochs"])
+        return (f"centralised DMoN (hidden {c[P + 'hidden']}, lr {c[P + 'lr']:g}, dropout {c[P + 'dropout']:g}, "
+                f"collapse {c[P + 'collapse']:g}) trained on the pooled graph's training edges for {epochs} epochs, "
+                f"last weights, {self._k_and_seed()}")

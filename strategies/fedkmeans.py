@@ -152,3 +152,8 @@ class FedKMeans(ClusteringStrategy):
         x = filtered_features(data.x, data.adj, int(self.config["fedkmeans.filter-order"]))
         return kmeans(x, int(self.config["num-clusters"]), seed=int(self.config["seed"]))
 
+    def reference_method(self) -> str:
+        order = int(self.config["fedkmeans.filter-order"])
+        features = f"features AGC-filtered {order} times" if order else "features (unfiltered: filter-order 0)"
+        return f"centralised k-means (k-means++, 10 restarts) on the pooled {features}, {self._k_and_seed()}"
+

@@ -352,6 +352,16 @@ class FedSC(ClusteringStrategy):
         out[ids[::-1]] = labels[::-1]  # first occurrence wins, as in StrategyOutput
         return out
 
+    def reference_method(self) -> str:
+        c = self.config
+        sigma = f"sigma {c['fedsc.sigma']:g}" if c["fedsc.sigma"] > 0 else "sigma from the clients' distance statistics"
+        order = int(c["fedsc.filter-order"])
+        noise = (f"; features perturbed by its own draw of data-noise {c['fedsc.data-noise']:g}"
+                 if c["fedsc.data-noise"] > 0 else "")
+        return (f"centralised spectral clustering on the exact Gaussian kernel of the pooled samples ({sigma}, "
+                f"kNN-sparsified, k-means with {c['fedsc.n-init']} restarts; features AGC-filtered {order} times"
+                f"{noise}), {self._k_and_seed()}")
+
 
 @lru_cache(maxsize=64)
 def _noise_multiplier(epsilon: float, delta: float, steps: int) -> float:

@@ -80,6 +80,12 @@ def _reference(config, data) -> np.ndarray:
                           n_init=int(config[f"{config['strategy']}.n-init"]))
 
 
+def _reference_method(strategy) -> str:
+    restarts = strategy.config[f"{strategy.name}.n-init"]
+    return ("centralised normalised spectral clustering of the pooled graph (top-k eigenvectors of "
+            f"D^-1/2 A D^-1/2, rows normalised, k-means with {restarts} restarts), {strategy._k_and_seed()}")
+
+
 def _send_labels(session, labels: np.ndarray) -> None:
     session.broadcast("labels", pack({"labels": labels.astype(np.int64)}), ReplySpec(values=("received",)))
 
@@ -126,6 +132,9 @@ class FedSpectral(ClusteringStrategy):
 
     def reference(self, data) -> np.ndarray:
         return _reference(self.config, data)
+
+    def reference_method(self) -> str:
+        return _reference_method(self)
 
 
 class FedSpectralPlus(ClusteringStrategy):
@@ -406,6 +415,9 @@ class FedSpectralPlus(ClusteringStrategy):
 
     def reference(self, data) -> np.ndarray:
         return _reference(self.config, data)
+
+    def reference_method(self) -> str:
+        return _reference_method(self)
 
 
 def paper_settings(dataset: str) -> tuple[int, int]:

@@ -511,6 +511,10 @@ class GWLDP(ClusteringStrategy):
         return proto.cluster_gw(dist, int(self.config["num-clusters"]), str(self.config["gw-ldp.clustering"]),
                                 int(self.config["seed"]))
 
+    def reference_method(self) -> str:
+        return ("centralised topology-only GW_A: Gromov-Wasserstein distances between the pooled graphs' "
+                f"shortest-path matrices, clustered by {self.config['gw-ldp.clustering']}, {self._k_and_seed()}")
+
 
 def pooled_graphs(data, config):
     """All graphs of the run in graph-id order, with their (pseudo-)labels."""

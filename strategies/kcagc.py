@@ -404,6 +404,13 @@ class KCAGC(ClusteringStrategy):
                         kind=kind)
         return labels
 
+    def reference_method(self) -> str:
+        kind = str(self.config["kcagc.filter"])
+        order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]), kind)
+        psi = f"order {order}" if order is not None else "AGC's adaptive order"
+        return (f"centralised AGC on the pooled features: graph filter '{kind}' of {psi}, top-k left singular "
+                f"vectors, k-means; {self._k_and_seed()}")
+
 
 class KCAGCBasic(KCAGC):
     """Basic kCAGC (Protocol 2): the same filter, embedding and secure k-means++ and Lloyd as

@@ -309,7 +309,7 @@ def test_default_out_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
     from strategies.fedkmeans import FedKMeans
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(time, "strftime", lambda fmt: "20250101-000000")
+    monkeypatch.setattr(time, "strftime", lambda fmt, *when: "20250101-000000")
     base = tmp_path.resolve() / "results" / "fedkmeans-karate-20250101-000000"
     paths = [run_experiment("fedkmeans", "karate", 2, {"reference": False})["path"] for _ in range(2)]
     assert paths == [str(base / "result.json"), str(base.with_name(base.name + "-2") / "result.json")]
