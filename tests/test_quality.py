@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app import registry
+from app.data import DATASETS
 from app.data.evaluation import write_evaluation
 from app.data.shards import server_data
 from app.quality import CLOSE_ARI, PAPER_FIGURES, assess, notes, paper, verdict
@@ -56,7 +57,7 @@ def test_the_paper_figure_is_given_only_for_its_dataset_with_the_setting_that_di
                                         "partition.overlap": {"run": 0.0, "paper": 0.4}}
     assert paper("fedspectral-plus", "karate", config, {}) is None
     for (strategy, dataset), figure in PAPER_FIGURES.items():  # every entry names real keys and data
-        assert strategy in registry.STRATEGIES and dataset in registry.schema().params["dataset"].choices
+        assert strategy in registry.STRATEGIES and dataset in DATASETS
         assert set(figure.setting) <= set(registry.schema().defaults())
 
 
