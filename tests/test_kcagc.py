@@ -533,8 +533,8 @@ def test_clients_disagreeing_on_the_node_count_are_rejected(out_dir, monkeypatch
 def test_a_negative_secure_sum_is_rejected_as_malformed(out_dir, monkeypatch):
     honest = KCAGCClient.masked
 
-    def negative(self, array, values, participants=None):  # client 0 uploads -1 instead of its distances
-        return honest(self, -np.ones_like(array) if self.shard.client_id == 0 else array, values, participants)
+    def negative(self, array, values, participants=None, floor=None):  # client 0 uploads -1, not its distances
+        return honest(self, -np.ones_like(array) if self.shard.client_id == 0 else array, values, participants, floor)
 
     monkeypatch.setattr(KCAGCClient, "masked", negative)
     with pytest.raises(ProtocolError, match=r"step 'kcagc_step \(seed, level 1\)': a summed squared distance "
@@ -545,8 +545,8 @@ def test_a_negative_secure_sum_is_rejected_as_malformed(out_dir, monkeypatch):
 def test_a_secure_sum_above_the_clients_bounds_is_rejected_as_malformed(out_dir, monkeypatch):
     honest = KCAGCClient.masked
 
-    def inflated(self, array, values, participants=None):  # client 0 adds 7 to every masked part
-        up = honest(self, array, values, participants)
+    def inflated(self, array, values, participants=None, floor=None):  # client 0 adds 7 to every masked part
+        up = honest(self, array, values, participants, floor)
         extra = np.array(7 * int(values["secagg_scale"]), dtype=up.dtype) if self.shard.client_id == 0 else 0
         return up + extra
 
