@@ -1,14 +1,22 @@
-"""``python -m deploy local``: one strategy on a real local deployment.
+"""``python -m deploy``: deployment commands.
 
-Creates certificates and SuperNode keys, cuts the dataset into one shard file
-per SuperNode (plus the server's labels-only evaluation file), starts a TLS
-SuperLink with SuperNode authentication and N authenticated SuperNodes, runs
-the strategy with ``flwr run``, then stops every process. Example::
+``local``: one strategy on a real local deployment. Creates certificates,
+SuperNode keys and the app signing key, signs the app, cuts the dataset into
+one shard file per SuperNode (plus the server's labels-only evaluation file),
+starts a TLS SuperLink on loopback with SuperNode authentication, the Fleet
+gateway (the only port SuperNodes use) and N authenticated SuperNodes that run
+only the signed app, runs the strategy with ``flwr run``, then stops every
+process. Example::
 
     python -m deploy local --nodes 3 --strategy fedkmeans --dataset karate \\
         --out results/deploy-karate
 
 ``result.json`` lands in ``OUT/result``; logs of every process in ``OUT``.
+
+``keygen --out DIR``: an app signing key pair (``DIR/app-signing``, ``.pub``).
+``sign --app DIR --key KEY --signatures DIR``: sign the app ``flwr run DIR`` submits.
+``trust --out FILE KEY.pub ...``: a SuperNode's ``--trusted-entities`` file.
+``gateway ...``: the Fleet gateway (see :mod:`deploy.gateway`).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from app.config import ConfigError
 from app.data import prepare
 from deploy.federation import LocalFederation
 from deploy.pki import make_all
+from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,13 +49,17 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
         run_config[key] = value
     partitioner = run_config["partitioner"] = registry.validate(run_config)["partitioner"]
     make_all(pki, nodes)
+    signing_key, signing_public = make_signing_key(pki)
     data_sets = [s for s in sets if s.split("=", 1)[0].startswith(("sbm.", "circles.", "partition.", "khop."))]
     prepare.run(["--dataset", dataset, "--partitioner", partitioner, "--num-clients", str(nodes),
                  "--out", str(shards), "--eval-file", str(out / "eval.npz"), "--eval-graph",
                  *sum((["--set", s] for s in data_sets), [])])
+    trusted = write_trusted_entities([signing_public], pki / "trusted-entities.yaml")
+    sign_app(REPO, signing_key, pki / "signatures")
     with LocalFederation(out, pki) as federation:
         federation.start_superlink()
-        federation.start_nodes([shards / f"client-{i}.npz" for i in range(nodes)])
+        federation.start_gateway(pki / "signatures")
+        federation.start_nodes([shards / f"client-{i}.npz" for i in range(nodes)], trusted_entities=trusted)
         proc = federation.run_app(REPO, run_config, timeout=timeout)
         (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
     path = result_dir / "result.json"
@@ -65,13 +78,42 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--partitioner", default="auto", help="auto: the strategy's own")
     local.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     local.add_argument("--out", type=Path, required=True)
+    keygen = sub.add_parser("keygen", help="create an app signing key pair (Ed25519, OpenSSH format)")
+    keygen.add_argument("--out", type=Path, required=True)
+    keygen.add_argument("--name", default="app-signing")
+    sign = sub.add_parser("sign", help="sign the app that `flwr run APP` submits")
+    sign.add_argument("--app", type=Path, default=REPO)
+    sign.add_argument("--key", type=Path, required=True, help="the signer's private key")
+    sign.add_argument("--signatures", type=Path, required=True, help="the directory the gateway reads")
+    trust = sub.add_parser("trust", help="write a SuperNode's --trusted-entities file")
+    trust.add_argument("--out", type=Path, required=True)
+    trust.add_argument("public_keys", type=Path, nargs="+", metavar="KEY.pub")
+    gateway = sub.add_parser("gateway", help="serve the Fleet API of a loopback SuperLink, nothing else")
+    gateway.add_argument("--listen", required=True, metavar="HOST:PORT", help="where SuperNodes connect")
+    gateway.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink (loopback)")
+    gateway.add_argument("--ca", type=Path, required=True, help="ca.crt, to check the SuperLink")
+    gateway.add_argument("--cert", type=Path, required=True, help="certificate presented to SuperNodes")
+    gateway.add_argument("--key", type=Path, required=True, help="its private key")
+    gateway.add_argument("--signatures", type=Path, required=True, help="directory of app signatures")
     args = parser.parse_args(argv)
     try:
-        path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
-    except (ConfigError, RuntimeError) as err:
+        if args.command == "keygen":
+            private, public = make_signing_key(args.out, args.name)
+            print(f"signing key: {private} (keep it with the signer); public key: {public}")
+        elif args.command == "sign":
+            digest = sign_app(args.app, args.key, args.signatures)
+            print(f"signed the app in {args.app.resolve()}: FAB sha256 {digest}")
+        elif args.command == "trust":
+            print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out)}")
+        elif args.command == "gateway":
+            from deploy.gateway import serve
+
+            serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures)
+        else:
+            print(f"result: {run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)}")
+    except (ConfigError, RuntimeError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"result: {path}")
     return 0
 
 
