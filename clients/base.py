@@ -201,13 +201,15 @@ class ClusteringClient:
         ledger (RDP composition at the policy's ``delta``) above the node's ``epsilon``."""
         strategy, run = str(self.config["strategy"]), int(self.context.run_id)
         ledger = self.ledger()
+        budget, delta = float(self.policy["epsilon"]), float(self.policy["delta"])
         with ledger.locked():
-            mine = [r for r in ledger.records() if r["strategy"] == strategy]
+            # read only for a limit: a long run appends thousands of releases
+            limited = most is not None or math.isfinite(budget)
+            mine = [r for r in ledger.records() if r["strategy"] == strategy] if limited else []
             made = sum(r["run"] == run and r["action"] == action for r in mine)
             if most is not None and made >= most:
                 raise PrivacyRefusal("releases", f"release {made + 1} of {action} in run {run}: this client's "
                                                  f"privacy budget for the run covers {most} (ledger {ledger.where()})")
-            budget, delta = float(self.policy["epsilon"]), float(self.policy["delta"])
             if math.isfinite(budget) and ledger.path is None:
                 raise PrivacyRefusal("epsilon", f"this node's {strategy} epsilon={budget:g} needs a ledger file to "
                                                 "count releases over runs; valid: node-config privacy-ledger, or a "

@@ -377,3 +377,17 @@ def test_composed_epsilon():
     for z in (1.0, 1.0, 2.0):
         accountant.step(noise_multiplier=z, sample_rate=1.0)
     assert composed_epsilon([1.0, 2.0, 1.0], 1e-5) == pytest.approx(accountant.get_epsilon(delta=1e-5))
+
+
+def test_the_server_reads_a_refusal_in_every_engines_error_text():
+    from flwr.clientapp.client_app import ClientAppException
+
+    from app.session import _refusal
+
+    err = PrivacyRefusal("epsilon", "fedsc_round (noise multiplier 2) would bring ... 'x'")
+    wrapped = ClientAppException(str(err))  # Flower's simulation engine wraps the client's exception
+    for text in (f"{type(err).__name__}: {err}",  # the in-process grid
+                 str(type(err)) + ":<'" + str(err) + "'>",  # a SuperNode's ClientApp process
+                 str(type(wrapped)) + ":<'" + str(wrapped) + "'>"):  # Ray
+        assert _refusal(f"client error: {text}") == ("epsilon", "fedsc_round (noise multiplier 2) would bring ... 'x'")
+    assert _refusal("client error: ValueError: the joint row norms arrived twice") is None

@@ -117,8 +117,9 @@ class NodeLedger:
                   "noise_multiplier": None if noise_multiplier is None else float(noise_multiplier)}
         line = json.dumps(record, allow_nan=False) + "\n"
         if self.path is None:
-            data = "".join(f"{old}\n" for old in self._lines()) + line
-            self.state[STATE_RECORD] = ArrayRecord({"lines": Array(np.frombuffer(data.encode(), dtype=np.uint8))})
+            kept = self.state.array_records.get(STATE_RECORD)
+            data = (kept["lines"].numpy().tobytes() if kept is not None else b"") + line.encode()
+            self.state[STATE_RECORD] = ArrayRecord({"lines": Array(np.frombuffer(data, dtype=np.uint8))})
             return
         with open(self.path, "a") as handle:
             handle.write(line)
