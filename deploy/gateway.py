@@ -86,4 +86,4 @@ def serve(listen: str, superlink: str, ca_cert: Path, cert: Path, key: Path, sig
 
     host, _, port = listen.rpartition(":")
     uvicorn.run(create_app(superlink, ca_cert, signatures), host=host.strip("[]"), port=int(port),
-                ssl_certfile=str(cert), ssl_keyfile=str(key), log_level="info")
+                ssl_certfile=str(cert), ssl_keyfile=str(key), log_level="info", access_log=False)
