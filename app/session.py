@@ -12,6 +12,7 @@ and the round's headline value (:mod:`app.progress` shows it).
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import numpy as np
 from app.config import RunConfig
 from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
 from app.progress import Progress
+from app.privacy.policy import PrivacyRefusal
 from app.privacy.secagg import (
     FixedPointEncoder,
     SecAggDropoutError,
@@ -64,6 +66,25 @@ class ClientInfo:
     node_id: int
     partition_id: int
     summary: dict
+
+
+class PrivacyRefused(ProtocolError):
+    """Clients refused a step by their node's privacy policy (``refusals``: partition id
+    -> (rule, detail)); the run stops, whichever step it was."""
+
+    def __init__(self, action: str, refusals: dict[int, tuple[str, str]], detail: str) -> None:
+        self.action = action
+        self.refusals = refusals
+        super().__init__(f"step '{action}' refused by the privacy policy of {detail}")
+
+
+_REFUSAL = re.compile(re.escape(PrivacyRefusal.MARKER) + r", rule '([^']+)': (.*?)(?:'>)?$", re.S)
+
+
+def _refusal(reason: str) -> tuple[str, str] | None:
+    """(rule, detail) of a client's error text that is a :class:`PrivacyRefusal`, else None."""
+    found = _REFUSAL.search(reason)
+    return (found.group(1), found.group(2)) if found else None
 
 
 @contextmanager
@@ -210,6 +231,7 @@ class ServerSession:
         )
         for node, reason in sorted(result.rejected.items()):
             self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
+        self._stop_on_refusals(action, result.rejected)
         if result.rejected:
             reasons = set(result.rejected.values())
             if len(result.rejected) > 1 and len(reasons) == 1:  # e.g. a setting every client refuses: say it once
@@ -233,6 +255,17 @@ class ServerSession:
             self._record_uploads(action, replies.items(), expect)
             self._record_uploads(action, result.refused, expect, rejected=True)
         return replies
+
+    def _stop_on_refusals(self, action: str, rejected: Mapping[int, str]) -> None:
+        """Raise :class:`PrivacyRefused` naming every client whose reply is a privacy-policy
+        refusal and its rule (a refusal is a decision, not a dropout: the run stops)."""
+        found = {node: rule for node, reason in rejected.items() if (rule := _refusal(reason))}
+        if not found:
+            return
+        refusals = {self._order.get(n, -1): found[n] for n in found}
+        detail = "; ".join(f"client {self._order.get(n, '?')} (node {n}), rule '{rule}': {text}"
+                           for n, (rule, text) in sorted(found.items()))
+        raise PrivacyRefused(action, refusals, detail)
 
     def _client_times(self) -> dict:
         """The clients' share of the round, where the grid measures it (the

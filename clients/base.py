@@ -10,6 +10,9 @@ the message's action. Anything a client must remember between steps goes into
 from __future__ import annotations
 
 import hashlib
+import math
+from contextlib import contextmanager
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -17,6 +20,8 @@ from flwr.app import Array, ArrayRecord, Context, RecordDict
 
 from app.config import RunConfig
 from app.data.types import Shard
+from app.privacy.budget import NodeLedger, composed_epsilon
+from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
 from app.transport import pack, unpack
 
@@ -35,7 +40,9 @@ class ClusteringClient:
         self.context = context
 
     def handle(self, action: str, content: RecordDict) -> RecordDict:
-        """Answer protocol step ``action`` (``on_<action>(arrays, values)``)."""
+        """Answer protocol step ``action`` (``on_<action>(arrays, values)``), unless this
+        node's privacy policy sets a rule the strategy cannot meet (every step refused)."""
+        self.policy.refuse_unmet()
         arrays, values = unpack(content)
         reply_arrays, reply_values = getattr(self, f"on_{action}")(arrays, values)
         return pack(reply_arrays, reply_values)
@@ -58,6 +65,21 @@ class ClusteringClient:
         self.save("labels", labels=arrays["labels"])
         return {}, {"received": int(arrays["labels"].size)}
 
+    # -- this node's privacy policy (app.privacy.policy) ----------------------
+    @cached_property
+    def policy(self) -> StrategyPolicy:
+        """This node's rules for the run's strategy, from its node config (never the run's)."""
+        return node_policy(self.context.node_config).for_strategy(str(self.config["strategy"]))
+
+    def require_masking(self, action: str, values, needed_by_run: bool) -> None:
+        """Refuse an upload requested without masking that this node's policy, or its own
+        view of the run (``needed_by_run``), requires masked."""
+        self.policy.require_masking(action, values, needed_by_run)
+
+    def masking_groups(self, parties: int) -> list[set[int]]:
+        """The masking groups the protocol defines among ``parties`` clients (default: all of them)."""
+        return [set(range(parties))]
+
     # -- secure aggregation (see app.privacy.secagg) -------------------------
     def on_secagg_setup(self, arrays, values):
         """Create this party's X25519 key pair; upload the public key only."""
@@ -66,25 +88,56 @@ class ClusteringClient:
         return {}, {"public_key": party.public_key_bytes()}
 
     def on_secagg_agree(self, arrays, values):
-        """Derive the pairwise mask seeds from the relayed public keys."""
+        """Derive the pairwise mask seeds from the relayed public keys: those of every
+        other client of the run (``num_partitions`` of the shard), no fewer."""
         party = self._load_party()
-        party.agree(unpack_id_bytes(values))
+        keys = unpack_id_bytes(values)
+        everyone = set(range(self.shard.num_clients))
+        if set(keys) != everyone:
+            raise PrivacyRefusal("masking-group", f"keys relayed for parties {sorted(keys)}; this client masks only "
+                                                  f"with every client of the run, {sorted(everyone)}")
+        self.policy.check_group(len(everyone))
+        party.agree(keys)
         self._save_party(party)
         return {}, {"peers": len(party.peers)}
 
-    def masked(self, array: np.ndarray, values, participants=None) -> np.ndarray:
-        """``array`` fixed-point encoded and pairwise masked (uint32 / uint64 ring) for a secure sum.
+    def masked(self, array: np.ndarray, values, participants=None, floor: float | None = None) -> np.ndarray:
+        """``array`` clipped to the declared bound, fixed-point encoded and pairwise masked
+        (uint32 / uint64 ring) for a secure sum.
 
         ``values`` are the message values from ``ServerSession.secagg_values``;
-        ``participants`` (partition ids) restricts the masks to a sub-group's
-        sum (default: every client).
+        ``participants`` (partition ids) restricts the masks to a sub-group's sum, one
+        of :meth:`masking_groups` only (default: every client). A group this node's
+        ``min-group`` does not allow, and a declared bound below ``floor`` (default:
+        the run's ``secagg.bound``; what the honest server declares), are refused
+        whatever the array holds. Values beyond the bound are clipped to it, never
+        refused: a refusal that depended on the values would tell the server, which
+        chose the bound, whether one exceeds it (a bisection of the bound reads them).
         """
-        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
+        group = self._masking_group(participants)
+        self.policy.check_group(len(group))
+        bound = float(values["secagg_bound"])
+        floor = float(self.config["secagg.bound"]) if floor is None else float(floor)
+        if not bound >= floor * (1 - 1e-12):
+            raise PrivacyRefusal("secagg-bound", f"secagg_bound={bound:.6g} for '{values['secagg_tag']}', below "
+                                                 f"{floor:.6g}, the bound this step declares honestly")
+        encoder = FixedPointEncoder(values["secagg_scale"], bound, values["secagg_parties"])
         party = self._load_party()
-        out = party.mask(np.asarray(array, dtype=np.float64), str(values["secagg_tag"]), encoder,
-                         participants=participants)
+        clipped = np.clip(np.asarray(array, dtype=np.float64), -bound, bound)
+        out = party.mask(clipped, str(values["secagg_tag"]), encoder,
+                         participants=None if participants is None else sorted(group))
         self._save_party(party)  # the party remembers used tags
         return out
+
+    def _masking_group(self, participants) -> set[int]:
+        everyone = set(range(self.shard.num_clients))
+        if participants is None:
+            return everyone
+        group = {int(p) for p in participants}
+        if group not in self.masking_groups(len(everyone)):
+            raise PrivacyRefusal("masking-group", f"masking group {sorted(group)} is not one of the protocol's "
+                                                  f"groups {[sorted(g) for g in self.masking_groups(len(everyone))]}")
+        return group
 
     def _save_party(self, party: SecAggParty) -> None:
         self.context.state["secagg"] = ArrayRecord({"party": Array(party.to_array())})
@@ -101,28 +154,75 @@ class ClusteringClient:
         """Arrays saved by :meth:`save` (KeyError if the step before was skipped)."""
         return {k: v.numpy() for k, v in self.context.state.array_records[record].items()}
 
-    def released_once(self, action: str, arrays, values, compute, most: int | None = None) -> tuple[dict, dict]:
+    def released_once(self, action: str, arrays, values, compute) -> tuple[dict, dict]:
         """The reply to a request whose answer carries fresh privacy noise, computed once:
         the same request sent again (its reply timed out and ``retries`` > 0) gets the
         kept reply back, so a retry is no second draw for the server to average and the
         accountant's count of releases stays exact. ``compute()`` returns the reply's
         arrays (a noised reply carries no values). The server makes every release's
-        request differ (its round), so only a re-sent request matches. ``most``: the
-        releases of ``action`` this client's privacy budget covers; a request for one
-        more is refused (the server must not be able to spend more than the budget)."""
+        request differ (its round), so only a re-sent request matches."""
         digest = request_digest(arrays, values)
-        record = f"released:{action}"
-        made = 0
-        if record in self.context.state.array_records:
-            kept = self.load(record)
-            made = int(kept.pop("releases")[0])
-            if np.array_equal(kept.pop("request"), digest):
-                return kept, {}
-        if most is not None and made >= most:
-            raise ValueError(f"refusing release {made + 1} of {action}: this client's privacy budget covers {most}")
+        kept = self._kept_reply(action, digest)
+        if kept is not None:
+            return kept, {}
         reply = compute()
-        self.save(record, request=digest, releases=np.array([made + 1]), **reply)
+        self.save(f"released:{action}", request=digest, **reply)
         return reply, {}
+
+    def _kept_reply(self, action: str, digest: np.ndarray) -> dict | None:
+        record = f"released:{action}"
+        if record not in self.context.state.array_records:
+            return None
+        kept = self.load(record)
+        return kept if np.array_equal(kept.pop("request"), digest) else None
+
+    def ledger(self) -> NodeLedger:
+        """This node's privacy ledger (on disk where its node config or data says)."""
+        return NodeLedger(self.policy.ledger, self.context.state)
+
+    def release(self, action: str, arrays, values, compute, *, multiplier: float | None,
+                most: int | None = None) -> tuple[dict, dict]:
+        """:meth:`released_once` under :meth:`spending`: recorded in this node's ledger,
+        refused beyond its budget (a re-sent request gets its kept reply, no new release)."""
+        digest = request_digest(arrays, values)
+        kept = self._kept_reply(action, digest)
+        if kept is not None:
+            return kept, {}
+        with self.spending(action, digest, multiplier, most):
+            return self.released_once(action, arrays, values, compute)
+
+    @contextmanager
+    def spending(self, action: str, digest: np.ndarray, multiplier: float | None, most: int | None = None):
+        """One release of ``action``, recorded in this node's ledger once the body (which
+        computes it) has run. ``multiplier``: its noise std / L2 sensitivity (None:
+        un-noised). Refused before the body runs: release ``most`` + 1 of ``action`` in this
+        run (the run's own budget; counted in the ledger, so a restarted node continues the
+        count), and a release that would take the strategy's epsilon over every run in the
+        ledger (RDP composition at the policy's ``delta``) above the node's ``epsilon``."""
+        strategy, run = str(self.config["strategy"]), int(self.context.run_id)
+        ledger = self.ledger()
+        budget, delta = float(self.policy["epsilon"]), float(self.policy["delta"])
+        with ledger.locked():
+            # read only for a limit: a long run appends thousands of releases
+            limited = most is not None or math.isfinite(budget)
+            mine = [r for r in ledger.records() if r["strategy"] == strategy] if limited else []
+            made = sum(r["run"] == run and r["action"] == action for r in mine)
+            if most is not None and made >= most:
+                raise PrivacyRefusal("releases", f"release {made + 1} of {action} in run {run}: this client's "
+                                                 f"privacy budget for the run covers {most} (ledger {ledger.where()})")
+            if math.isfinite(budget) and ledger.path is None:
+                raise PrivacyRefusal("epsilon", f"this node's {strategy} epsilon={budget:g} needs a ledger file to "
+                                                "count releases over runs; valid: node-config privacy-ledger, or a "
+                                                "shard / data file to keep it beside")
+            if math.isfinite(budget):
+                spent = composed_epsilon([r["noise_multiplier"] for r in mine] + [multiplier], delta)
+                if spent > budget * (1 + 1e-9):
+                    kind = "un-noised" if multiplier is None else f"noise multiplier {multiplier:.4g}"
+                    raise PrivacyRefusal("epsilon", f"{action} ({kind}) after {len(mine)} earlier release(s) would "
+                                                    f"bring this node's {strategy} epsilon to {spent:.4g} at delta "
+                                                    f"{delta:g}, above its budget {budget:g} (ledger {ledger.where()})")
+            yield
+            ledger.append(run, strategy, action, bytes(digest).hex(), multiplier)
 
 
 def request_digest(arrays: dict, values: dict) -> np.ndarray:

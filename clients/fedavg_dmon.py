@@ -7,10 +7,13 @@ dropout, and in isolated/centralised mode the best local weights so far.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
+from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedavg_dmon as proto
-from clients.base import ClusteringClient
+from clients.base import ClusteringClient, request_digest
 
 _GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
 
@@ -81,11 +84,18 @@ class FedAvgDMoNClient(ClusteringClient):
     def on_dmon_train(self, arrays, values):
         """Train from the received weights; reply the weights (federated; noised under DP) and,
         without DP, the validation score of the received weights and the per-epoch losses.
-        A noised reply is one release: the same request re-sent gets it back (no retraining,
-        no second draw; :meth:`released_once`)."""
-        if self._dp() and self._p("mode") == "federated":
-            return self.released_once("dmon_train", arrays, values, lambda: self._train(arrays, values)[0])
-        return self._train(arrays, values)
+        One release in this node's ledger; a noised reply re-sent gets the same draw (no
+        retraining, no second draw; :meth:`release`)."""
+        federated = self._p("mode") == "federated"
+        mech = self._mechanism if self._dp() and federated else None
+        self.policy.check_noise("dmon_train", mech and mech.noise_multiplier)
+        if federated:
+            self.require_masking("dmon_train", values, needed_by_run=bool(self._p("secure")))
+        if mech:
+            return self.release("dmon_train", arrays, values, lambda: self._train(arrays, values)[0],
+                                multiplier=mech.effective_noise_multiplier)
+        with self.spending("dmon_train", request_digest(arrays, values), None):
+            return self._train(arrays, values)
 
     def _train(self, arrays, values):
         k = int(values["k"])
@@ -109,13 +119,15 @@ class FedAvgDMoNClient(ClusteringClient):
         reply_values = {} if dp else {"val_modularity": score, "val_edges": edges, "losses": losses}
         if self._p("mode") != "federated":
             return {}, reply_values  # isolated / centralised: the weights never leave
-        upload = proto.dp_update(received, state.weights, self._mechanism()) if dp else state.weights
+        upload = proto.dp_update(received, state.weights, self._mechanism) if dp else state.weights
         if "secagg_tag" in values:
             vector = float(values["factor"]) * proto.flatten(upload)
             return {"weights": self.masked(vector, values)}, reply_values
         return dict(upload), reply_values
 
+    @cached_property
     def _mechanism(self):
+        """The DP-FedAvg mechanism of this client's run config (calibrated once per message)."""
         from strategies.fedavg_dmon import dp_mechanism
 
         return dp_mechanism(self.config)
@@ -123,9 +135,11 @@ class FedAvgDMoNClient(ClusteringClient):
     def on_dmon_eval(self, arrays, values):
         """Validation score of the received weights; refused under DP (not covered by the noise)."""
         if self._dp():
-            raise ValueError("dmon_eval refused: with fedavg-dmon.dp-clip > 0 the validation score is not sent "
-                             "(it is not covered by the DP noise)")
-        score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
+            raise PrivacyRefusal("fedavg-dmon.dp-clip", "dmon_eval refused: with fedavg-dmon.dp-clip > 0 the "
+                                                        "validation score is not sent (it is not covered by the DP noise)")
+        self.policy.check_noise("dmon_eval", None)
+        with self.spending("dmon_eval", request_digest(arrays, values), None):
+            score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
         return {}, {"val_modularity": score, "val_edges": edges}
 
     def on_dmon_assign(self, arrays, values):

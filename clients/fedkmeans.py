@@ -25,6 +25,7 @@ class FedKMeansClient(ClusteringClient):
 
     def on_kmeans_step(self, arrays, values):
         stats = proto.join_statistics(*proto.lloyd_statistics(self.features(), arrays["centres"]))
+        self.require_masking("kmeans_step", values, needed_by_run=bool(self.config["fedkmeans.secure"]))
         if "secagg_tag" in values:
             stats = self.masked(stats, values)
         return {"stats": stats}, {}

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedsc as proto
-from clients.base import ClusteringClient
+from clients.base import ClusteringClient, request_digest
 from strategies.fedsc import client_features
 
 
@@ -33,28 +34,35 @@ class FedSCClient(ClusteringClient):
         return self.load("fedsc")["x"]
 
     def on_fedsc_bandwidth(self, arrays, values):
+        """The feature dimension; when sigma is estimated also two un-noised statistics of
+        the samples (one release in this node's ledger)."""
         x = self.features()
         if not values.get("estimate", True):  # sigma is given: no statistic of the samples leaves
             return {}, {"features": int(x.shape[1])}
-        total, pairs = proto.local_distance_sum(x)
+        self.policy.check_noise("fedsc_bandwidth", None)
+        with self.spending("fedsc_bandwidth", request_digest(arrays, values), None):
+            total, pairs = proto.local_distance_sum(x)
         return {}, {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
 
     def on_fedsc_rank(self, arrays, values):
-        d = proto.local_landmark_count(self.features(), float(values["sigma"]), float(values["mass"]))
+        """The landmark count of the spectral-mass rule: an un-noised release."""
+        self.policy.check_noise("fedsc_rank", None)
+        with self.spending("fedsc_rank", request_digest(arrays, values), None):
+            d = proto.local_landmark_count(self.features(), float(values["sigma"]), float(values["mass"]))
         return {}, {"landmarks": int(d)}
 
     def on_fedsc_round(self, arrays, values):
-        """Z_p (and the objective unless noised) for the server's average; a noised Z_p is
-        one release: the same request re-sent gets it back (:meth:`released_once`)."""
-        if "dp_nm_z" in values or float(self.config["fedsc.noise-z"]) > 0:
-            return self.released_once("fedsc_round", arrays, values, lambda: self._round(arrays, values)[0],
-                                      most=self._budget("z"))
-        return self._round(arrays, values)
+        """Z_p (and the objective unless noised) for the server's average: one release in this
+        node's ledger (:meth:`release`; the same request re-sent gets it back)."""
+        dp = self._dp_request(values, "z")
+        self.policy.check_noise("fedsc_round", dp and dp.noise_multiplier)
+        self.require_masking("fedsc_round", values, needed_by_run=bool(self.config["fedsc.secure"]))
+        return self.release("fedsc_round", arrays, values, lambda: self._round(arrays, values, dp),
+                            multiplier=dp and dp.effective_noise_multiplier, most=self._budget("z"))
 
-    def _round(self, arrays, values):
+    def _round(self, arrays, values, dp) -> dict:
         x = self.features()
         _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
-        dp = self._dp_request(values, "z")
         if dp:
             z_p = dp.apply(z_p, np.random.default_rng())
             update = z_p.ravel()  # the objective value is not protected: left out
@@ -65,24 +73,23 @@ class FedSCClient(ClusteringClient):
             update = z_p.ravel() if noise > 0 else np.concatenate([z_p.ravel(), [f]])
         if "secagg_tag" in values:
             update = self.masked(update, values)
-        return {"update": update}, {}
+        return {"update": update}
 
     def on_fedsc_final(self, arrays, values):
-        """The coefficients C_p with this client's sample ids; noised C_p is one release
-        (:meth:`released_once`)."""
-        if "dp_nm_c" in values or float(self.config["fedsc.noise-c"]) > 0:
-            return self.released_once("fedsc_final", arrays, values, lambda: self._final(arrays, values)[0],
-                                      most=self._budget("c"))
-        return self._final(arrays, values)
-
-    def _final(self, arrays, values):
-        c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
+        """The coefficients C_p with this client's sample ids: one release in this node's
+        ledger (:meth:`release`)."""
         dp = self._dp_request(values, "c")
+        self.policy.check_noise("fedsc_final", dp and dp.noise_multiplier)
+        return self.release("fedsc_final", arrays, values, lambda: self._final(arrays, values, dp),
+                            multiplier=dp and dp.effective_noise_multiplier, most=self._budget("c"))
+
+    def _final(self, arrays, values, dp) -> dict:
+        c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if dp:  # rows of c.T are the samples' columns c_i: clip each, add noise
             c = dp.apply(c.T, np.random.default_rng()).T
         else:
             c = proto.perturb(c, float(self.config["fedsc.noise-c"]), np.random.default_rng())
-        return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}, {}
+        return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}
 
     def _budget(self, which: str) -> int | None:
         """How many noised uploads of ``which`` ("z": Z_p, every round; "c": C_p, once) this
@@ -105,8 +112,9 @@ class FedSCClient(ClusteringClient):
         key = f"dp_nm_{which}"
         if key not in values:
             if releases is not None:
-                raise ValueError(f"refusing fedsc_{'round' if which == 'z' else 'final'} without noise: this "
-                                 f"client's fedsc.dp-epsilon is {float(self.config['fedsc.dp-epsilon']):g}")
+                raise PrivacyRefusal("fedsc.dp-epsilon", f"fedsc_{'round' if which == 'z' else 'final'} was "
+                                                         f"requested without noise; this client's fedsc.dp-epsilon is "
+                                                         f"{float(self.config['fedsc.dp-epsilon']):g}")
             return None
         mech = GaussianMechanism(float(self.config[f"fedsc.dp-clip-{which}"]), float(values[key]),
                                  delta=float(self.config["fedsc.dp-delta"]) / 2, per_row=which == "c")
@@ -114,6 +122,7 @@ class FedSCClient(ClusteringClient):
             mech.step(releases)
             budget = float(self.config["fedsc.dp-epsilon"]) / 2
             if mech.epsilon() > budget * (1 + 1e-6):
-                raise ValueError(f"refusing {key}={values[key]!r}: {releases} release(s) would spend epsilon "
-                                 f"{mech.epsilon():.4g}, above this client's {budget:g} (half its fedsc.dp-epsilon)")
+                raise PrivacyRefusal("fedsc.dp-epsilon", f"{key}={values[key]!r}: {releases} release(s) would spend "
+                                                         f"epsilon {mech.epsilon():.4g}, above this client's "
+                                                         f"{budget:g} (half its fedsc.dp-epsilon)")
         return mech

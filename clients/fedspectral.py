@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedspectral as proto
 from clients.base import ClusteringClient
 
@@ -49,29 +50,45 @@ class FedSpectralPlusClient(ClusteringClient):
             raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
         return y
 
-    def _upload(self, action: str, arrays, values, name: str, compute, sensitivity) -> tuple[dict, dict]:
+    def _spread_block(self, action: str, arrays) -> np.ndarray:
+        """The request's block, refused when a column sits on fewer nodes than this node's
+        ``min-block-support`` (:func:`app.protocols.fedspectral.block_support`): its product
+        would read those nodes' rows of the adjacency (an identity block: every edge)."""
+        y = self._block(arrays)
+        support, column = proto.block_support(y)
+        floor = float(self.policy["min-block-support"])
+        if support < floor:
+            raise PrivacyRefusal("min-block-support", f"'{action}' block column {column} spreads over "
+                                                      f"{support:.3g} node(s) (||y||_1^2 / ||y||_2^2), below this "
+                                                      f"node's min-block-support={floor:g}: its product would read "
+                                                      "those nodes' rows of the adjacency")
+        return y
+
+    def _upload(self, action: str, arrays, values, name: str, compute, sensitivity: float, *,
+                masked_by_run: bool, floor: float) -> tuple[dict, dict]:
         """Upload ``compute()`` as array ``name``: plus Gaussian noise of std ``noise_std`` (fresh
-        OS entropy: the server must not be able to predict it), released once per request
-        (:meth:`released_once`), masked under secure aggregation. A ``noise_std`` below this
-        client's own ``fedspectral-plus.noise-multiplier`` times ``sensitivity()`` (the edge
-        sensitivity it computes itself from the request) is refused: the server must not be able
-        to lower the noise."""
+        OS entropy: the server must not be able to predict it), masked under secure
+        aggregation (declared bound at least ``floor``), one release in this node's ledger
+        (:meth:`release`; a re-sent request gets the same draw). Refused: a noise multiplier
+        ``noise_std / sensitivity`` (the edge sensitivity this client computes itself from
+        the request) below this node's ``noise-multiplier`` or its run's
+        ``fedspectral-plus.noise-multiplier`` (the server must not be able to lower the
+        noise), and an unmasked request when masking is required (``masked_by_run``: by
+        this client's view of the run)."""
         std = float(values.get("noise_std", 0.0))
-        multiplier = float(self.config["fedspectral-plus.noise-multiplier"])
-        needed = multiplier * sensitivity() if multiplier > 0 else 0.0
-        if std < needed * (1 - 1e-9):
-            raise ValueError(f"refusing {action} with noise_std={std:g}: this client's fedspectral-plus."
-                             f"noise-multiplier={multiplier:g} needs at least {needed:.6g}")
+        multiplier = std / sensitivity if std > 0 and sensitivity > 0 else None
+        self.policy.check_noise(action, multiplier, float(self.config["fedspectral-plus.noise-multiplier"]))
+        self.require_masking(action, values, masked_by_run)
 
         def reply() -> dict:
             out = compute()
             if std > 0:
                 out = out + np.random.default_rng().normal(0.0, std, size=out.shape)
             if "secagg_tag" in values:
-                return {name: self.masked(out, values)}
+                return {name: self.masked(out, values, floor=floor)}
             return {name: out.astype(str(values.get("wire_dtype", "float64")))}
 
-        return self.released_once(action, arrays, values, reply) if std > 0 else (reply(), {})
+        return self.release(action, arrays, values, reply, multiplier=multiplier)
 
     def weighted_adjacency(self):
         """``A_c / r`` (each local edge divided by the number of clients holding it)."""
@@ -80,16 +97,21 @@ class FedSpectralPlusClient(ClusteringClient):
 
     def on_fedspectral_power(self, arrays, values):
         op = _cached(self.shard, "normalised", lambda: proto.local_normalised_operator(self.shard.adj))
+        y = self._spread_block("fedspectral_power", arrays)
         # the server's sensitivity counts every client as a holder of an edge: one is a lower bound
         return self._upload("fedspectral_power", arrays, values, "block",
-                            lambda: proto.paper_client_step(op, self._block(arrays), int(values["iters"])),
-                            lambda: proto.paper_edge_sensitivity(self._block(arrays), int(values["iters"]), holders=1))
+                            lambda: proto.paper_client_step(op, y, int(values["iters"])),
+                            proto.paper_edge_sensitivity(y, int(values["iters"]), holders=1),
+                            masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=proto.paper_bound(y))
 
     def on_fedspectral_degrees(self, arrays, values):
         return self._upload("fedspectral_degrees", arrays, values, "degrees",
-                            lambda: proto.local_degrees(self.weighted_adjacency()), lambda: proto.DEGREE_SENSITIVITY)
+                            lambda: proto.local_degrees(self.weighted_adjacency()), proto.DEGREE_SENSITIVITY,
+                            masked_by_run=self.shard.num_clients > 1, floor=float(self.shard.adj.shape[0]))
 
     def on_fedspectral_product(self, arrays, values):
-        return self._upload("fedspectral_product", arrays, values, "block",
-                            lambda: self.weighted_adjacency() @ self._block(arrays),
-                            lambda: proto.exact_edge_sensitivity(self._block(arrays)))
+        y = self._spread_block("fedspectral_product", arrays)
+        # the honest bound needs the global largest degree, which no client knows: no floor
+        return self._upload("fedspectral_product", arrays, values, "block", lambda: self.weighted_adjacency() @ y,
+                            proto.exact_edge_sensitivity(y),
+                            masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=0.0)

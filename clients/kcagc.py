@@ -21,6 +21,18 @@ from clients.base import ClusteringClient
 class KCAGCClient(ClusteringClient):
     actions = ("kcagc_local", "kcagc_step", "kcagc_joint")
 
+    def masking_groups(self, parties: int) -> list[set[int]]:
+        """All clients; with ``kcagc.tree`` (more than two clients) every internal node of
+        :func:`app.protocols.kcagc.tree_groups`, none of which leaves a client alone."""
+        if bool(self.config["kcagc.tree"]) and parties > 2:
+            return [set(g) for level in proto.tree_groups(parties)[1:] for g in level]
+        return [set(range(parties))]
+
+    def _masked_if_several(self, action: str, part: np.ndarray, values, **kwargs) -> np.ndarray:
+        """``part`` masked (:meth:`masked`); in clear only with a single client, whose part is the sum."""
+        self.require_masking(action, values, needed_by_run=self.shard.num_clients > 1)
+        return self.masked(part, values, **kwargs) if "secagg_tag" in values else part
+
     def features(self, values, unscaled: bool = False) -> np.ndarray:
         """This client's embedding ``Z^l`` (n x d), computed once per run and kept in state.
 
@@ -51,8 +63,7 @@ class KCAGCClient(ClusteringClient):
         own-norm exponent ``mix`` for the mixed embedding, 0 for the joint one)."""
         z = self.features(values, unscaled=True)
         if values["stage"] == "sum":
-            squared = (z ** 2).sum(1)
-            return {"s": self.masked(squared, values) if "secagg_tag" in values else squared}, {}
+            return {"s": self._masked_if_several("kcagc_joint", (z ** 2).sum(1), values)}, {}
         state = self.load("kcagc_z")
         if state["scaled"][0]:
             raise ValueError("the joint row norms arrived twice")
@@ -78,7 +89,7 @@ class KCAGCClient(ClusteringClient):
         ``moved`` centre (P x m; after ``seeds``, the last seed of each restart). The
         result is masked with the other clients of this client's ``group``
         only (the server unmasks one sum per group); a client in no group
-        this level (tree variant, odd one out) sends an empty array.
+        this level (tree variant: its group moves up unchanged) sends an empty array.
         """
         size = int(values["size"])
         if not size:
@@ -105,6 +116,6 @@ class KCAGCClient(ClusteringClient):
             part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
-        if "secagg_tag" not in values:
-            return {"d": part.ravel()}, {}
-        return {"d": self.masked(part.ravel(), values, participants=arrays["group"].astype(np.int64).tolist())}, {}
+        floor = proto.distance_bound(str(values["embedding"]), float(self.config["secagg.bound"]))
+        return {"d": self._masked_if_several("kcagc_step", part.ravel(), values, floor=floor,
+                                             participants=arrays["group"].astype(np.int64).tolist())}, {}

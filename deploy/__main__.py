@@ -1,9 +1,12 @@
-"""``python -m deploy local``: one strategy on a real local deployment.
+"""``python -m deploy``: deployment commands.
 
-Creates certificates and SuperNode keys, cuts the dataset into one shard file
-per SuperNode (plus the server's evaluation file), starts a TLS SuperLink with
-SuperNode authentication and N authenticated SuperNodes, runs the strategy with
-``flwr run``, then stops every process. Example::
+``local``: one strategy on a real local deployment. Creates certificates,
+SuperNode keys and the app signing key, signs the app, cuts the dataset into
+one shard file per SuperNode (plus the server's evaluation file), starts a TLS
+SuperLink on loopback with SuperNode authentication, the Fleet gateway (the
+only port SuperNodes use) and N authenticated SuperNodes that run only the
+signed app, runs the strategy with ``flwr run``, then stops every process.
+Example::
 
     python -m deploy local --nodes 3 --strategy fedkmeans --dataset sbm \\
         --out results/deploy-sbm
@@ -12,8 +15,12 @@ SuperNode authentication and N authenticated SuperNodes, runs the strategy with
 summary printed at the end is ``python -m app.run``'s. Certificates and keys exist
 only in a private temporary directory while the federation runs.
 
-``python -m deploy superlink start|status|stop``: your own local SuperLink for
-``flwr run .`` (see :mod:`deploy.superlink`).
+``superlink start|status|stop``: your own local SuperLink for ``flwr run .``
+(see :mod:`deploy.superlink`).
+``keygen --out DIR``: an app signing key pair (``DIR/app-signing``, ``.pub``).
+``sign --app DIR --key KEY --signatures DIR``: sign the app ``flwr run DIR`` submits.
+``trust --out FILE KEY.pub ...``: a SuperNode's ``--trusted-entities`` file.
+``gateway ...``: the Fleet gateway (see :mod:`deploy.gateway`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from app.result import summary_table
 from deploy import superlink
 from deploy.federation import LocalFederation
 from deploy.pki import make_all
+from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,11 +67,16 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
                  "--out", str(shards), "--eval-file", str(eval_file), "--eval-graph",
                  "--eval-contents", "full" if config["reference"] else "labels-only",
                  *sum((["--set", s] for s in data_sets), [])])
-    with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki:
-        make_all(Path(pki), nodes, keep_ca_key=False)
-        with LocalFederation(out, Path(pki)) as federation:
+    with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki_dir:
+        pki = Path(pki_dir)
+        make_all(pki, nodes, keep_ca_key=False)
+        signing_key, signing_public = make_signing_key(pki)
+        trusted = write_trusted_entities([signing_public], pki / "trusted-entities.yaml")
+        sign_app(REPO, signing_key, pki / "signatures")
+        with LocalFederation(out, pki) as federation:
             federation.start_superlink()
-            federation.start_nodes([shards / f"client-{i}.npz" for i in range(nodes)])
+            federation.start_gateway(pki / "signatures")
+            federation.start_nodes([shards / f"client-{i}.npz" for i in range(nodes)], trusted_entities=trusted)
             proc = federation.run_app(REPO, run_config, timeout=timeout)
             (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
     path = result_dir / "result.json"
@@ -87,16 +100,46 @@ def main(argv: list[str] | None = None) -> int:
     link.add_argument("--timeout", type=float, default=None,
                       help=f"seconds to wait for it to answer (start, default {superlink.START_TIMEOUT_S:g}) or "
                            f"to end before it is killed (stop, default {superlink.STOP_TIMEOUT_S:g})")
+    keygen = sub.add_parser("keygen", help="create an app signing key pair (Ed25519, OpenSSH format)")
+    keygen.add_argument("--out", type=Path, required=True)
+    keygen.add_argument("--name", default="app-signing")
+    sign = sub.add_parser("sign", help="sign the app that `flwr run APP` submits")
+    sign.add_argument("--app", type=Path, default=REPO)
+    sign.add_argument("--key", type=Path, required=True, help="the signer's private key")
+    sign.add_argument("--signatures", type=Path, required=True, help="the directory the gateway reads")
+    trust = sub.add_parser("trust", help="write a SuperNode's --trusted-entities file")
+    trust.add_argument("--out", type=Path, required=True)
+    trust.add_argument("public_keys", type=Path, nargs="+", metavar="KEY.pub")
+    gateway = sub.add_parser("gateway", help="serve the Fleet API of a loopback SuperLink, nothing else")
+    gateway.add_argument("--listen", required=True, metavar="HOST:PORT", help="where SuperNodes connect")
+    gateway.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink (loopback)")
+    gateway.add_argument("--ca", type=Path, required=True, help="ca.crt, to check the SuperLink")
+    gateway.add_argument("--cert", type=Path, required=True, help="certificate presented to SuperNodes")
+    gateway.add_argument("--key", type=Path, required=True, help="its private key")
+    gateway.add_argument("--signatures", type=Path, required=True, help="directory of app signatures")
     args = parser.parse_args(argv)
     if args.command == "superlink":
         return superlink.main(args.action, args.timeout)
     try:
-        path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
-    except (ConfigError, RuntimeError) as err:
+        if args.command == "keygen":
+            private, public = make_signing_key(args.out, args.name)
+            print(f"signing key: {private} (keep it with the signer); public key: {public}")
+        elif args.command == "sign":
+            digest = sign_app(args.app, args.key, args.signatures)
+            print(f"signed the app in {args.app.resolve()}: FAB sha256 {digest}")
+        elif args.command == "trust":
+            print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out)}")
+        elif args.command == "gateway":
+            from deploy.gateway import serve
+
+            serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures)
+        else:
+            path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
+            print(summary_table(json.loads(path.read_text())))
+            print(f"result: {path}")
+    except (ConfigError, RuntimeError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(summary_table(json.loads(path.read_text())))
-    print(f"result: {path}")
     return 0
 
 

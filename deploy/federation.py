@@ -5,6 +5,9 @@ from :mod:`deploy.pki`) and SuperNode authentication, registers SuperNode
 public keys with ``flwr supernode register``, starts ``flower-supernode``
 processes, each pointed at its own shard file (``--node-config
 "shard='...'"``), and runs the app with ``flwr run`` against that SuperLink.
+With :meth:`start_gateway` the SuperNodes connect through the Fleet gateway
+(:mod:`deploy.gateway`: the Fleet API only, with the federation's app
+signatures) and, given ``trusted_entities``, run only signed apps.
 Every process runs in its own process group and is killed by :meth:`close`
 (also on errors: use it as a context manager). Everything listens on
 127.0.0.1; across machines the same commands work with real addresses (see
@@ -25,6 +28,7 @@ from typing import Any, Mapping
 import psutil
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
 CONNECTION = "fedgraph"
 
 
@@ -79,6 +83,7 @@ class LocalFederation:
         self.home = self.workdir / "flwr-home"
         self.home.mkdir(exist_ok=True)
         self.processes: dict[str, subprocess.Popen] = {}
+        self.fleet_address = self.address  # where SuperNodes connect: the gateway once started
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.home),
@@ -101,9 +106,9 @@ class LocalFederation:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     # -- processes --------------------------------------------------------------
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
                                 cwd=self.workdir, start_new_session=True)
         self.processes[name] = proc
         return proc
@@ -130,6 +135,22 @@ class LocalFederation:
                 raise RuntimeError(f"SuperLink did not start:\n{self.log('superlink')[-2000:]}")
             time.sleep(0.2)
 
+    def start_gateway(self, signatures: Path, timeout: float = 120.0) -> None:
+        """Start the Fleet gateway on its own port; SuperNodes started afterwards connect to it."""
+        port = free_port()
+        cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"127.0.0.1:{port}",
+               "--superlink", self.address, "--ca", str(self.pki / "ca.crt"),
+               "--cert", str(self.pki / "superlink.crt"), "--key", str(self.pki / "superlink.key"),
+               "--signatures", str(Path(signatures).resolve())]
+        env = {**self.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        proc = self._spawn("gateway", cmd, env)
+        deadline = time.monotonic() + timeout
+        while "Uvicorn running" not in self.log("gateway"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Fleet gateway did not start:\n{self.log('gateway')[-2000:]}")
+            time.sleep(0.2)
+        self.fleet_address = f"127.0.0.1:{port}"
+
     def register(self, public_key: Path) -> None:
         """Register a SuperNode public key (only registered SuperNodes may join)."""
         proc = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), CONNECTION],
@@ -138,23 +159,28 @@ class LocalFederation:
             raise RuntimeError(f"registering {public_key} failed:\n{proc.stdout}\n{proc.stderr}")
 
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
-                        root_certificates: Path | None = None, node_config: str | None = None) -> subprocess.Popen:
-        cmd = [str(BIN / "flower-supernode"), "--superlink", self.address, "--port", str(free_port())]
+                        root_certificates: Path | None = None, node_config: str | None = None,
+                        trusted_entities: Path | None = None) -> subprocess.Popen:
+        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address, "--port", str(free_port())]
         cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
         if private_key:
             cmd += ["--auth-supernode-private-key", str(private_key)]
+        if trusted_entities:
+            cmd += ["--trusted-entities", str(trusted_entities)]
         config = node_config if node_config is not None else f"shard='{Path(shard).resolve()}'"
         cmd += ["--node-config", config]
         return self._spawn(name, cmd)
 
-    def start_nodes(self, shards: list[Path]) -> None:
-        """Register and start one authenticated TLS SuperNode per shard."""
+    def start_nodes(self, shards: list[Path], trusted_entities: Path | None = None) -> None:
+        """Register and start one authenticated TLS SuperNode per shard (running only apps
+        signed by a key in ``trusted_entities``, when given)."""
         for i, shard in enumerate(shards):
             key = self.pki / f"supernode-{i}" if self.auth else None
             if self.auth:
                 self.register(self.pki / f"supernode-{i}.pub")
             root = self.pki / "ca.crt" if self.pki else None
-            self.start_supernode(f"supernode-{i}", shard, private_key=key, root_certificates=root)
+            self.start_supernode(f"supernode-{i}", shard, private_key=key, root_certificates=root,
+                                 trusted_entities=trusted_entities)
 
     def run_app(self, app_dir: Path, run_config: Mapping[str, Any], timeout: float = 900.0) -> subprocess.CompletedProcess:
         """``flwr run APP <connection> --stream --run-config ...``; returns the finished process."""

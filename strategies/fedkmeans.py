@@ -143,7 +143,9 @@ class FedKMeans(ClusteringStrategy):
         elif inertia < -tol:
             problem = f"a negative inertia {inertia:g}"
         if problem:
-            raise ProtocolError(f"step '{step}': {who} sent {problem}")
+            # a client clips what exceeds the declared bound (refusing would tell the server it did)
+            hint = " (each client clips its values to secagg.bound; is it above every client's?)" if node is None else ""
+            raise ProtocolError(f"step '{step}': {who} sent {problem}{hint}")
 
     def reference(self, data) -> np.ndarray:
         """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""

@@ -65,8 +65,11 @@ graph and its own block of feature columns. The math is in
    masks with its group's members only and uploads only its group's part),
    each internal node re-clustering the intersection of its children's
    clusters into k_hat clusters, the root into k. The server then learns the
-   summed distances of every group (e.g. of each pair of clients at level 1),
-   not only of all clients (ledger entry ``kcagc:tree-group-sums``).
+   summed distances of every group (e.g. of each pair of clients at level 1;
+   with an odd number of clients the last three form one group, so that no
+   client is ever alone), not only of all clients (ledger entry
+   ``kcagc:tree-group-sums``). Each client masks only within the groups
+   :func:`app.protocols.kcagc.tree_groups` defines and refuses any other.
 
    Masked distances travel in the 32-bit ring (uint32) with the unit-row
    embeddings, whose parts are provably at most 4, else in the 64-bit ring

@@ -155,3 +155,128 @@ def test_a_config_error_under_flwr_run_is_the_one_line_app_run_prints(tmp_path):
     assert len(errors) == 1 and errors[0].endswith(f"error: {message}"), log
     [run] = json.loads(runs.stdout)["runs"]
     assert "failed" in run["status"] and message in run["status-details"], runs.stdout
+
+
+
+STRANGER_PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "stranger"
+version = "1.0.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "stranger"
+
+[tool.flwr.app.components]
+serverapp = "stranger_app:server"
+clientapp = "stranger_app:client"
+
+[tool.flwr.app.config]
+marker-dir = ""
+"""
+
+STRANGER_APP = '''\
+"""Reads every member's shard file and sends its sha256 home (the attack on an open federation)."""
+import hashlib
+import pathlib
+import time
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+client = ClientApp()
+server = ServerApp()
+
+
+@client.query()
+def steal(message: Message, context: Context) -> Message:
+    data = pathlib.Path(str(context.node_config["shard"])).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    marker = pathlib.Path(str(context.run_config["marker-dir"])) / f"stolen-{context.node_id}"
+    marker.write_text(digest)
+    return Message(RecordDict({"loot": ConfigRecord({"sha256": digest})}), reply_to=message)
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    while not list(grid.get_node_ids()):
+        time.sleep(0.5)
+    messages = [Message(RecordDict(), dst_node_id=node, message_type="query") for node in grid.get_node_ids()]
+    for reply in grid.send_and_receive(messages, timeout=600):
+        print("stranger got", reply.has_content() and dict(reply.content["loot"]))
+'''
+
+
+def _stranger_cli(tmp_path, address: str, ca: "Path") -> dict:
+    """A FLWR_HOME whose only connection is the address members' SuperNodes use, with ca.crt."""
+    import os
+
+    home = tmp_path / "stranger-home"
+    home.mkdir()
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "public"\n\n[superlink.public]\n'
+                                      f'address = "{address}"\nroot-certificates = "{ca}"\n')
+    return {**os.environ, "FLWR_HOME": str(home)}
+
+
+def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_get_an_app_run(tmp_path):
+    """The attack on an open federation: with ca.crt alone, register a SuperNode, list runs and
+    run an app that reads the members' shard files. Through the gateway (the only address
+    other machines reach) the Control API does not answer; an unsigned app that the operator's
+    Control API does accept is refused by every SuperNode before any of its code runs."""
+    import subprocess
+
+    from deploy.federation import BIN
+    from deploy.signing import make_signing_key, sign_app, write_trusted_entities
+
+    pki = tmp_path / "pki"
+    make_all(pki, 2)
+    signing_key, signing_public = make_signing_key(tmp_path / "signer")
+    sign_app(REPO, signing_key, pki / "signatures")
+    trusted = write_trusted_entities([signing_public], tmp_path / "trusted-entities.yaml")
+    shards = []
+    for i in range(2):
+        shards.append(tmp_path / f"client-{i}.npz")
+        shards[-1].write_bytes(f"private data of member {i}".encode())
+    stranger_app = tmp_path / "stranger-app"
+    stranger_app.mkdir()
+    (stranger_app / "pyproject.toml").write_text(STRANGER_PYPROJECT)
+    (stranger_app / "stranger_app.py").write_text(STRANGER_APP)
+    stranger_key, stranger_pub = make_node_keys(tmp_path, 99)
+    loot = tmp_path / "loot"
+    loot.mkdir()
+    with LocalFederation(tmp_path / "fed", pki) as federation:
+        federation.start_superlink()
+        federation.start_gateway(pki / "signatures")
+        federation.start_nodes(shards, trusted_entities=trusted)
+        env = _stranger_cli(tmp_path, federation.fleet_address, (pki / "ca.crt").resolve())
+
+        def stranger(*args):
+            return subprocess.run([str(BIN / "flwr"), *args], env=env, capture_output=True, text=True,
+                                  timeout=300, cwd=tmp_path)
+
+        register = stranger("supernode", "register", str(stranger_pub), "public")
+        assert register.returncode != 0 and "registered successfully" not in register.stdout, register.stdout
+        listed = stranger("ls", "public")
+        assert listed.returncode != 0, listed.stdout
+        submitted = stranger("run", str(stranger_app), "public", "--run-config", f"marker-dir='{loot}'")
+        assert submitted.returncode != 0 and "Successfully started run" not in submitted.stdout, submitted.stdout
+        federation.start_supernode("stranger-node", shards[0], private_key=stranger_key,
+                                   root_certificates=pki / "ca.crt")
+        # the operator's own Control API (loopback) accepts the unsigned app; the members refuse it
+        accepted = federation.run_app(stranger_app, {"marker-dir": str(loot)}, timeout=600)
+        assert "Successfully started run" in accepted.stdout, accepted.stdout + accepted.stderr
+        deadline = time.monotonic() + 300
+        refused, gave_up = "The FAB could not be verified", "Exit Code: 305"  # 305: no connection to the SuperLink
+        while time.monotonic() < deadline and not (gave_up in federation.log("stranger-node") and all(
+                refused in federation.log(f"supernode-{i}") for i in range(2))):
+            time.sleep(0.5)
+        for i in range(2):
+            assert refused in federation.log(f"supernode-{i}"), federation.log(f"supernode-{i}")[-3000:]
+        assert gave_up in federation.log("stranger-node"), federation.log("stranger-node")[-2000:]
+        assert not connected(federation, "stranger-node")
+    assert list(loot.iterdir()) == []  # no ClientApp of the stranger's ever ran

@@ -271,6 +271,7 @@ def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
     out (or sent a smaller one) got un-noised (or less noised) Z_p and C_p."""
     from flwr.app import Context, RecordDict
 
+    from app.privacy.policy import PrivacyRefusal
     from strategies.fedsc import _noise_multiplier
 
     config = validate({"strategy": "fedsc", "dataset": "iris", "num-rounds": 3, "fedsc.sigma": 2.5,
@@ -281,21 +282,22 @@ def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
     mech = client._dp_request({"dp_nm_z": nm_z}, "z")
     assert mech.clip == 50.0 and mech.noise_multiplier == nm_z and not mech.per_row
     assert client._dp_request({"dp_nm_c": _noise_multiplier(4.0, 5e-6, 1)}, "c").per_row
-    with pytest.raises(ValueError, match=r"^refusing dp_nm_z=.*: 3 release\(s\) would spend epsilon .*, above this "
-                                         r"client's 4 \(half its fedsc.dp-epsilon\)$"):
+    with pytest.raises(PrivacyRefusal, match=r"rule 'fedsc.dp-epsilon': dp_nm_z=.*: 3 release\(s\) would spend "
+                                             r"epsilon .*, above this client's 4 \(half its fedsc.dp-epsilon\)$"):
         client._dp_request({"dp_nm_z": 0.9 * nm_z}, "z")
-    with pytest.raises(ValueError, match=r"^refusing fedsc_final without noise: this client's fedsc.dp-epsilon is 8$"):
+    with pytest.raises(PrivacyRefusal, match=r"rule 'fedsc.dp-epsilon': fedsc_final was requested without noise; "
+                                             r"this client's fedsc.dp-epsilon is 8$"):
         client._dp_request({}, "c")
     without = FedSCClient(None, validate({"strategy": "fedsc"}), client.context)
     assert without._dp_request({}, "z") is None
     # nor more releases than the budget covers: three rounds of Z_p, then a fourth request is refused
     for r in (1, 2, 3, 3):  # the third sent twice (a retry): the kept reply, no new release
-        client.released_once("fedsc_round", {}, {"round": r}, lambda: {"update": np.zeros(2)},
-                             most=client._budget("z"))
-    with pytest.raises(ValueError, match=r"^refusing release 4 of fedsc_round: this client's privacy budget "
-                                         r"covers 3$"):
-        client.released_once("fedsc_round", {}, {"round": 4}, lambda: {"update": np.zeros(2)},
-                             most=client._budget("z"))
+        client.release("fedsc_round", {}, {"round": r}, lambda: {"update": np.zeros(2)}, multiplier=nm_z / 2,
+                       most=client._budget("z"))
+    with pytest.raises(PrivacyRefusal, match=r"rule 'releases': release 4 of fedsc_round in run 1: this client's "
+                                             r"privacy budget for the run covers 3 \(ledger the run context"):
+        client.release("fedsc_round", {}, {"round": 4}, lambda: {"update": np.zeros(2)}, multiplier=nm_z / 2,
+                       most=client._budget("z"))
 
 
 def clients_inputs(raw: dict, out_dir) -> list[np.ndarray]:

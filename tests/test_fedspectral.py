@@ -417,16 +417,21 @@ def test_paper_mode_recovers_planted_blocks_and_float32_wire(tmp_path):
 def test_client_noise_has_the_requested_std_and_a_re_sent_request_gets_the_same_draw():
     from flwr.app import Context, RecordDict
 
+    from app.privacy.policy import PrivacyRefusal
+    from app.registry import validate
     from clients.fedspectral import FedSpectralPlusClient
 
-    config = {"fedspectral-plus.noise-multiplier": 0.0}
-    client = FedSpectralPlusClient(None, config, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                                                         run_config={}))
+    def client(multiplier: float) -> FedSpectralPlusClient:
+        config = validate({"strategy": "fedspectral-plus", "fedspectral-plus.noise-multiplier": multiplier})
+        return FedSpectralPlusClient(None, config, context)
+
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     request = {"block": np.ones((3, 2))}
 
-    def upload(release, std=0.5):
-        return client._upload("fedspectral_product", request, {"noise_std": std, "release": release}, "block",
-                              lambda: np.zeros((20000, 2)), lambda: 0.2)[0]["block"]
+    def upload(release, std=0.5, multiplier=0.0):
+        return client(multiplier)._upload("fedspectral_product", request, {"noise_std": std, "release": release},
+                                          "block", lambda: np.zeros((20000, 2)), 0.2, masked_by_run=False,
+                                          floor=0.0)[0]["block"]
 
     first = upload(1)
     assert first.std() == pytest.approx(0.5, rel=0.03) and abs(first.mean()) < 0.02  # the noise is really added
@@ -434,12 +439,12 @@ def test_client_noise_has_the_requested_std_and_a_re_sent_request_gets_the_same_
     assert not np.array_equal(upload(2), first)  # the next release: fresh noise
     assert not upload(3, std=0.0).any()  # no noise requested, none added
     # a client whose own config asks for noise refuses a request for less than its multiplier x sensitivity
-    config["fedspectral-plus.noise-multiplier"] = 2.0
-    assert upload(4, std=0.4).std() == pytest.approx(0.4, rel=0.03)
-    for std in (0.39, 0.0):
-        with pytest.raises(ValueError, match=r"refusing fedspectral_product with noise_std=.*: this client's "
-                                             r"fedspectral-plus.noise-multiplier=2 needs at least 0.4$"):
-            upload(5, std=std)
+    assert upload(4, std=0.4, multiplier=2.0).std() == pytest.approx(0.4, rel=0.03)
+    for std, got in ((0.39, "noise multiplier 1.95"), (0.0, "no noise")):
+        with pytest.raises(PrivacyRefusal, match=rf"rule 'noise-multiplier': 'fedspectral_product' was requested "
+                                                 rf"with {got}; this client needs at least 2 \(its node's "
+                                                 r"noise-multiplier 0, its run's 2\)$"):
+            upload(5, std=std, multiplier=2.0)
 
 
 def test_a_noised_block_re_sent_after_a_timeout_is_one_release(out_dir):

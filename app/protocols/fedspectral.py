@@ -416,6 +416,21 @@ def paper_bound(y: np.ndarray) -> float:
     return float(np.linalg.norm(y))
 
 
+def block_support(y: np.ndarray) -> tuple[float, int]:
+    """The smallest effective support ``||y_j||_1^2 / ||y_j||_2^2`` over the nonzero columns
+    ``y_j`` of a block, and that column (``(inf, -1)`` without one). The support lies in
+    [1, N]: 1 for a basis vector, whose product ``A y_j`` is one row of ``A``; about
+    0.64 N for a Gaussian column. It counts the nodes a column spreads over."""
+    y = np.asarray(y, dtype=np.float64)
+    squares = (y ** 2).sum(axis=0)
+    nonzero = np.flatnonzero(squares > 0)
+    if nonzero.size == 0:
+        return math.inf, -1
+    support = np.abs(y[:, nonzero]).sum(axis=0) ** 2 / squares[nonzero]
+    j = int(np.argmin(support))
+    return float(support[j]), int(nonzero[j])
+
+
 def exact_edge_sensitivity(y: np.ndarray) -> float:
     """L2 change of the released products when one global edge (i, j) is added
     or removed (at all r clients holding it): rows i and j of ``sum_c Z_c`` move

@@ -376,10 +376,18 @@ def seeding_step(closest: np.ndarray, weights: np.ndarray, rng: np.random.Genera
 def tree_groups(num_parties: int) -> list[list[list[int]]]:
     """Binary-tree levels: each level is a list of groups of party ids.
 
-    Level 0 is every party alone; each next level merges neighbouring pairs
-    (an odd group out moves up unchanged) until one group holds all parties.
+    Level 0 is every party alone; level 1 pairs neighbouring parties, the last
+    three together when their number is odd; each next level merges
+    neighbouring groups (an odd group out moves up unchanged) until one group
+    holds all parties. No party is ever alone above level 0: the sums of a
+    group and of its children would otherwise differ by that party's part.
     """
     levels = [[[p] for p in range(num_parties)]]
+    if num_parties > 1:
+        pairs = [[p, p + 1] for p in range(0, num_parties - 1, 2)]
+        if num_parties % 2:
+            pairs[-1].append(num_parties - 1)
+        levels.append(pairs)
     while len(levels[-1]) > 1:
         prev = levels[-1]
         levels.append([sum(prev[i:i + 2], []) for i in range(0, len(prev), 2)])

@@ -1,0 +1,67 @@
+"""App signing and the Fleet gateway's verification records, checked with Flower's own
+SuperNode verification (``_verify_fab``, what ``--trusted-entities`` runs)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import yaml
+from flwr.cli.build import build_fab_from_disk
+from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-module
+from flwr.supercore.fab import Fab
+from flwr.supernode.start_client_internal import _verify_fab
+
+from deploy.__main__ import REPO, main
+from deploy.gateway import signed_fab
+from deploy.signing import VERIFIED_ENTRY, make_signing_key, sign_fab, verifications, write_trusted_entities
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory):
+    """The repository's app as ``flwr run .`` builds it, signed by one key; a second key signs nothing."""
+    tmp = tmp_path_factory.mktemp("signing")
+    key, public = make_signing_key(tmp / "signer")
+    _, other_public = make_signing_key(tmp / "other")
+    content = build_fab_from_disk(REPO)  # Flower's builder walks the whole tree, .venv too: once
+    fab_hash = sign_fab(content, key, tmp / "signatures")
+    return tmp, content, fab_hash, public, other_public
+
+
+def trusted(tmp, *public_keys) -> dict[str, str]:
+    return yaml.safe_load(write_trusted_entities(list(public_keys), tmp / "trusted.yaml").read_text())
+
+
+def test_a_supernode_verifies_the_signed_app_and_nothing_else(signed):
+    tmp, content, fab_hash, public, other_public = signed
+    assert hashlib.sha256(content).hexdigest() == fab_hash
+    records = verifications(tmp / "signatures", fab_hash)
+    assert records[VERIFIED_ENTRY] == "Valid"
+    assert _verify_fab(Fab(fab_hash, content, records), trusted(tmp, public))
+    assert not _verify_fab(Fab(fab_hash, content, records), trusted(tmp, other_public))  # not whom it trusts
+    changed = content + b"\0"  # another app (or one byte of this one changed) under the same records
+    assert not _verify_fab(Fab(hashlib.sha256(changed).hexdigest(), changed, records), trusted(tmp, public))
+    assert verifications(tmp / "signatures", "0" * 64) == {}  # unsigned: nothing for the SuperNode to check
+    assert verifications(tmp / "signatures", "../../etc/passwd") == {}
+
+
+def test_the_gateway_replaces_whatever_records_a_fab_came_with(signed):
+    tmp, _, fab_hash, _, _ = signed
+    response = GetFabResponse()
+    response.fab.hash_str = "f" * 64
+    response.fab.content = b"a stranger's app"
+    response.fab.verifications.update({"fpk_forged": '{"signature": "x", "signed_at": 1}', VERIFIED_ENTRY: "Valid"})
+    out = GetFabResponse()
+    out.ParseFromString(signed_fab(response.SerializeToString(), tmp / "signatures"))
+    assert dict(out.fab.verifications) == {} and out.fab.content == b"a stranger's app"
+    response.fab.hash_str = fab_hash
+    out.ParseFromString(signed_fab(response.SerializeToString(), tmp / "signatures"))
+    assert dict(out.fab.verifications) == verifications(tmp / "signatures", fab_hash)
+
+
+def test_signing_cli_errors_are_one_line(signed, tmp_path, capsys):
+    tmp, _, _, public, _ = signed
+    assert main(["sign", "--key", str(public), "--signatures", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == f"error: {public}: not an unencrypted Ed25519 private key in OpenSSH format\n"
+    assert main(["trust", "--out", str(tmp_path / "t.yaml"), str(tmp / "signer" / "app-signing")]) == 2
+    assert "not an Ed25519 public key in OpenSSH format" in capsys.readouterr().err
