@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from app.config import ConfigError, Param, RunConfig, Schema
 from app.data import DATASETS
 from app.data.params import DATA_PARAMS, SEED, data_keys_read
+from app.data.parties import PARTIES
 from app.data.partition import PARTITIONERS
 from app.transport import POLL_MODES
 from clients.fedavg_dmon import FedAvgDMoNClient
@@ -60,7 +61,8 @@ def core_params() -> list[Param]:
     """Keys every method shares."""
     return [
         Param("strategy", str, "fedkmeans", "clustering method", choices=tuple(STRATEGIES)),
-        Param("dataset", str, "sbm", "dataset name", choices=tuple(DATASETS)),
+        Param("dataset", str, "sbm", f"dataset name; {PARTIES!r}: every SuperNode brings its own data (node "
+              "config data=PATH)", choices=tuple(DATASETS) + (PARTIES,)),
         Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0,
               high=100_000_000),
         Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from app import registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
 from app.data.params import dataset_kwargs
+from app.data.parties import PARTIES
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir, unwritable
 from app.transport import ProtocolError
@@ -32,19 +33,30 @@ def run_experiment(
     overrides: Mapping[str, Any] | None = None,
     out_dir: str | Path | None = None,
     engine: str = "inprocess",
+    node_configs: list[Mapping[str, Any]] | None = None,
 ) -> dict:
-    """Run one experiment and return its result dict (also in ``out_dir``)."""
+    """Run one experiment and return its result dict (also in ``out_dir``).
+
+    ``node_configs`` (in-process engine only): each node's node config, e.g. a party's
+    own data with ``dataset = 'parties'`` (``data``, ``partition-id``, ``out-dir``;
+    :mod:`app.data.parties`); default: partition i of ``num_clients``."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
     given = out_dir or config["out-dir"]
     _check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
-    _check_against_data(config, num_clients)
+    if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
+        raise ConfigError(f"{len(node_configs)} node configs for {num_clients} clients on engine {engine!r}; valid: "
+                          "one per client, engine 'inprocess'")
+    if str(config["dataset"]) == PARTIES:
+        _check_parties(config, node_configs)
+    else:
+        _check_against_data(config, num_clients)
     out = Path(given).resolve() if given else default_out_dir(strategy, dataset).resolve()
     raw["out-dir"] = str(out)
     try:
-        return _run(engine, raw, num_clients)
+        return _run(engine, raw, num_clients, node_configs)
     except BaseException:
         if not given:  # the directory claimed for this run, left empty by a failed run
             with contextlib.suppress(OSError):
@@ -52,14 +64,14 @@ def run_experiment(
         raise
 
 
-def _run(engine: str, raw: dict, num_clients: int) -> dict:
+def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
     """The checked run ``raw`` on ``engine``; its result dict."""
     if engine == "inprocess":
         from app.client_app import build_client_app
         from app.inprocess import InProcessGrid
         from app.server_app import run_server
 
-        return run_server(InProcessGrid(build_client_app(raw), num_clients), raw)
+        return run_server(InProcessGrid(build_client_app(raw), num_clients, node_configs), raw)
 
     from flwr.simulation import run_simulation
 
@@ -112,6 +124,20 @@ def _check_against_data(config, num_clients: int) -> None:
     if config["partitioner"] != "khop" and int(config["num-clusters"]) > items:
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
+
+
+def _check_parties(config, node_configs) -> None:
+    """A run on the parties' own data: every party's data is read and turned into its shard
+    here first (the in-process clients reuse them), so a piece the split cannot use is a
+    one-line config error before the run."""
+    from app.data.parties import party_node_shard
+
+    if node_configs is None:
+        raise ConfigError(f"dataset={PARTIES!r} needs parties that bring their own data: deployed SuperNodes with "
+                          "node config data=PATH, or app.cluster(strategy, [piece, ...]) in Python; valid here: a "
+                          "dataset name or file")
+    for i, node_config in enumerate(node_configs):
+        party_node_shard(config.as_dict(), node_config, int(node_config.get("partition-id", i)), len(node_configs))
 
 
 def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=None):
