@@ -4,7 +4,7 @@
 from :mod:`deploy.pki`) and SuperNode authentication, registers SuperNode
 public keys with ``flwr supernode register``, starts ``flower-supernode``
 processes, each pointed at its own shard file (``--node-config
-"shard='...'"``), and runs the app with ``flwr run`` against that SuperLink.
+"shard='...'"``) or its party's own data (``data='...'``), and runs the app with ``flwr run`` against that SuperLink.
 Every process runs in its own process group and is killed by :meth:`close`
 (also on errors: use it as a context manager). Everything listens on
 127.0.0.1; across machines the same commands work with real addresses (see
@@ -149,12 +149,18 @@ class LocalFederation:
 
     def start_nodes(self, shards: list[Path]) -> None:
         """Register and start one authenticated TLS SuperNode per shard."""
-        for i, shard in enumerate(shards):
+        self.start_configured_nodes([f"shard='{Path(shard).resolve()}'" for shard in shards])
+
+    def start_configured_nodes(self, node_configs: list[str]) -> None:
+        """Register and start one authenticated TLS SuperNode per node config
+        (``--node-config`` text, e.g. ``data='/abs/party-0' out-dir='/abs/out-0'``)."""
+        for i, node_config in enumerate(node_configs):
             key = self.pki / f"supernode-{i}" if self.auth else None
             if self.auth:
                 self.register(self.pki / f"supernode-{i}.pub")
             root = self.pki / "ca.crt" if self.pki else None
-            self.start_supernode(f"supernode-{i}", shard, private_key=key, root_certificates=root)
+            self.start_supernode(f"supernode-{i}", None, private_key=key, root_certificates=root,
+                                 node_config=node_config)
 
     def run_app(self, app_dir: Path, run_config: Mapping[str, Any], timeout: float = 900.0) -> subprocess.CompletedProcess:
         """``flwr run APP <connection> --stream --run-config ...``; returns the finished process."""
