@@ -81,6 +81,14 @@ def test_party_shard_per_split_family():
     assert graphs.keys.tolist() == [10, 20] and graphs.num_graphs == 2
 
 
+def test_party_labels_keep_the_class_numbers_the_party_wrote():
+    g = piece(np.zeros((3, 3)), np.ones((3, 1)), np.array([1, -1, 0]))
+    g.meta["label_names"] = [1, 3]  # the file held classes 1 and 3, read as 0 and 1
+    assert party_shard(g, "node-random", 0, 1).y.tolist() == [3, -1, 1]
+    g.meta["label_names"] = ["a", "b"]  # text classes: the reader's numbers
+    assert party_shard(g, "node-random", 0, 1).y.tolist() == [1, -1, 0]
+
+
 @pytest.mark.parametrize("make, partitioner, message", [
     (lambda g: GraphCollection("c", [g], np.array([0])), "node-random",
      "the party's data is a collection of graphs; partitioner 'node-random' needs one graph (nodes and edges)"),

@@ -93,6 +93,16 @@ def item_keys(piece: GraphData | GraphCollection) -> np.ndarray:
     return np.arange(n, dtype=np.int64) if keys is None else np.asarray(keys)
 
 
+def party_labels(y: np.ndarray | None, meta: Mapping[str, Any]) -> np.ndarray | None:
+    """A party's labels as its own class values where those are whole numbers >= 0 (the
+    reader numbers the classes a file holds 0..C-1, so a party holding classes 1 and 3 would
+    otherwise call them 0 and 1, and parties would disagree), else the reader's numbers."""
+    names = meta.get("label_names")
+    if y is None or not names or not all(isinstance(v, (int, np.integer)) and v >= 0 for v in names):
+        return y
+    return np.where(y >= 0, np.asarray(names, dtype=np.int64)[np.maximum(y, 0)], -1)
+
+
 def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_id: int, num_partitions: int,
                 *, seed: int = 0, params: Mapping[str, Any] | None = None, source: str = "the party's data") -> Shard:
     """The shard of the party ``partition_id`` of ``num_partitions`` holding ``piece``.
@@ -118,7 +128,8 @@ def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_
     if kind == "graphs":
         return Shard(node_ids=np.empty(0, np.int64), graphs=list(piece.graphs),
                      graph_ids=np.arange(len(piece.graphs), dtype=np.int64),
-                     graph_y=np.asarray(piece.y, dtype=np.int64), meta={"num_graphs": len(piece.graphs)}, **common)
+                     graph_y=np.asarray(party_labels(piece.y, piece.meta), dtype=np.int64),
+                     meta={"num_graphs": len(piece.graphs)}, **common)
     n = piece.num_nodes
     if n == 0:
         raise ConfigError(f"{source} holds no nodes")
@@ -131,12 +142,14 @@ def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_
         r = edge_replicas(int(num_partitions), float(params.get("overlap", 0.0)), int(params.get("replicas", 0)))
         return Shard(node_ids=rows, adj=piece.adj, x=piece.x if params.get("with_features") else None,
                      edge_weight=np.full(piece.adj.nnz, float(r)), meta={"replicas": r}, **common)
+    y = party_labels(piece.y, piece.meta)
     if kind == "khop":
-        local = partition(piece, "khop", 1, seed=seed, **{k: v for k, v in params.items()
-                                                          if k in ("hops", "centres", "max_nodes")})[0]
+        labelled = GraphData(piece.name, piece.adj, piece.x, y)
+        local = partition(labelled, "khop", 1, seed=seed, **{k: v for k, v in params.items()
+                                                             if k in ("hops", "centres", "max_nodes")})[0]
         return Shard(node_ids=rows, graphs=local.graphs, graph_ids=local.graph_ids, graph_y=local.graph_y,
                      meta=local.meta, **common)
-    return Shard(node_ids=rows, adj=piece.adj, x=piece.x, y=piece.y, owned=np.ones(n, dtype=bool),
+    return Shard(node_ids=rows, adj=piece.adj, x=piece.x, y=y, owned=np.ones(n, dtype=bool),
                  meta={"num_owned": n}, **common)
 
 
