@@ -46,7 +46,8 @@ class Result:
     """One run's outcome: what ``result.json`` holds, with the labels and the user's IDs.
 
     ``labels[i]`` is the cluster of the item ``ids[i]`` (a node, or a graph for graph
-    collections; -1: the method gave it none). Pre-split node and graph splits keep
+    collections, ``item`` for k-hop subgraphs, numbered in centre order; -1: the method gave
+    it none). Pre-split node and graph splits keep
     each party's items apart (two parties' items are different items even under the
     same ID): ``parties[i]`` is the index of the piece holding item i, else None.
     ``path``: the result.json written (None without ``out_dir``).
@@ -97,9 +98,9 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
             engine: str = "inprocess", out_dir: str | os.PathLike | None = None, **keywords) -> Result:
     """Run ``strategy`` on ``data`` and return its :class:`Result`.
 
-    ``data``: one graph (or collection), split over ``num_clients`` (default 4) clients by
-    the run's partitioner (``partitioner``, default the strategy's own); or a list of
-    pieces, one per party, each holding only its own share (``dataset = 'parties'``,
+    ``data``: one graph (or collection; a list of PyG ``Data`` as one collection:
+    ``as_graph(graphs)``), split over ``num_clients`` (default 4) clients by the run's
+    partitioner (``partitioner``, default the strategy's own); or a list of pieces, one per party, each holding only its own share (``dataset = 'parties'``,
     :mod:`app.data.parties`: the partitioner only names the split family, e.g. ``vertical``
     for pieces that are feature columns of the same nodes); ``num_clients`` is then the
     number of pieces.
@@ -134,6 +135,8 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     finally:
         if memory.is_memory(name):
             memory.forget(name)
+    if result["config"]["partitioner"] == "khop":  # the items are k-hop subgraphs, in centre order
+        return _result(result, labels, np.arange(labels.size), None, item="item")
     return _result(result, labels, whole.keys, None)
 
 
@@ -172,8 +175,9 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
         return read(Path(tmp) / "run")
 
 
-def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndarray | None) -> Result:
-    item = "graph" if result["config"]["partitioner"] == "graph-dirichlet" else "node"
+def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndarray | None,
+            item: str | None = None) -> Result:
+    item = item or ("graph" if result["config"]["partitioner"] == "graph-dirichlet" else "node")
     path = Path(result["path"]) if result.get("path") else None
     return Result(strategy=result["strategy"], labels=np.asarray(labels, dtype=np.int64), ids=np.asarray(keys),
                   item=item, parties=parties, metrics=result["metrics"], reference=result["reference"],

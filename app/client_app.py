@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 
 from app import registry
 from app.config import ConfigError, RunConfig
+from app.data.datasets import dataset_label
 from app.data.params import dataset_kwargs, partition_kwargs
 from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard
 from app.data.shards import client_shard, load_shard_file
@@ -30,11 +31,25 @@ from clients.base import ClusteringClient
 PARTY_STATE = "party"
 
 
-def join_parties(node_config: Mapping[str, Any], state: RecordDict, hello: RecordDict) -> None:
+def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[str]:
+    """A party's own data (node config ``data``) has what the strategy uses (one graph or a
+    collection, edges, features, no edge weights where the method counts every edge as 1):
+    a one-line ConfigError naming the data otherwise. Returns the reader's notes."""
+    from app.data.datasets import DataProfile
+    from app.data.parties import load_piece, read_options
+
+    spec = str(node_config.get(DATA_KEY) or "")
+    piece = load_piece(spec, read_options(node_config))
+    named = RunConfig({**config.as_dict(), "dataset": "in-memory piece" if spec.startswith("memory:") else spec})
+    registry.get(str(config["strategy"])).strategy.check_data(named, DataProfile.of(piece))
+    return list(piece.meta.get("notes", []))
+
+
+def join_parties(config: RunConfig, node_config: Mapping[str, Any], state: RecordDict, hello: RecordDict) -> None:
     """The ``hello`` of a party (``dataset = 'parties'``): keep its partition id in ``state``
     for the rest of the run, its node config's ``partition-id`` or else the one the server
-    assigned (by Flower node id), and check its out-dir can take labels.csv now, not at
-    the end of the run."""
+    assigned (by Flower node id), check its data fits the strategy and its out-dir can take
+    labels.csv now, not at the end of the run."""
     _, values = unpack(hello)
     parts = int(values["num_partitions"])
     given = node_config.get(PARTITION_KEY)
@@ -50,6 +65,8 @@ def join_parties(node_config: Mapping[str, Any], state: RecordDict, hello: Recor
         if problem is not None:
             raise ConfigError(f"node config {OUT_KEY}: {problem}; valid: a writable directory for labels.csv")
     state[PARTY_STATE] = ConfigRecord({"partition_id": int(pid), "num_partitions": parts})
+    node_shard(config, node_config, state)  # the data is read and split as the run will use it
+    check_party_data(config, node_config)
 
 
 def party_partition(state: RecordDict | None) -> tuple[int, int]:
@@ -70,7 +87,7 @@ def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordD
                           f"dataset={config['dataset']!r}")
     if node_config.get("shard"):
         # refuses a shard cut from another dataset or by another partitioner
-        return load_shard_file(str(node_config["shard"]), dataset=str(config["dataset"]),
+        return load_shard_file(str(node_config["shard"]), dataset=dataset_label(str(config["dataset"])),
                                partitioner=str(config["partitioner"]))
     values = config.as_dict()
     partitioner = str(config["partitioner"])
@@ -101,7 +118,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
             config = registry.validate({**context.run_config, **overrides})
             client_cls = registry.get(str(config["strategy"])).client
             if action == "hello" and str(config["dataset"]) == PARTIES:
-                join_parties(context.node_config, context.state, message.content)
+                join_parties(config, context.node_config, context.state, message.content)
             shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)
             return Message(client.handle(action, message.content), reply_to=message)

@@ -15,7 +15,7 @@ import argparse
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 Scalar = bool | int | float | str
 
@@ -64,9 +64,11 @@ class Param:
     """One run-config key.
 
     ``kind`` is the Python type (bool, int, float, str). Numbers may carry an
-    inclusive range ``low``/``high``; strings may carry ``choices``. Floats must
-    be finite (NaN passes every range check), unless ``infinite``: then ``inf``
-    is a valid value too, with the meaning the help text gives it.
+    inclusive range ``low``/``high``; strings may carry ``choices``, or a
+    ``check`` that raises ConfigError for a bad value (``dataset``: a built-in
+    name or a path). Floats must be finite (NaN passes every range check),
+    unless ``infinite``: then ``inf`` is a valid value too, with the meaning the
+    help text gives it.
     """
 
     key: str
@@ -77,6 +79,7 @@ class Param:
     high: float | None = None
     choices: tuple[str, ...] | None = None
     infinite: bool = False
+    check: Callable[[Any], None] | None = None
 
     def coerce(self, value: Any) -> Scalar:
         """Return ``value`` as this parameter's type, or raise ConfigError."""
@@ -86,6 +89,8 @@ class Param:
                 f"invalid value {value!r} for '{self.key}'; valid choices: "
                 + ", ".join(self.choices)
             )
+        if self.check is not None:
+            self.check(value)
         if self.kind is float and not (math.isfinite(value) or (self.infinite and value == math.inf)):
             low = "(-inf" if self.low is None else f"[{_fmt(self.low, '')}"
             high = "inf]" if self.infinite else ("inf)" if self.high is None else f"{_fmt(self.high, '')}]")

@@ -2,8 +2,12 @@
 
 Stable top-level keys (other tools read them): ``strategy``, ``dataset``,
 ``num_clients``, ``config``, ``metrics``, ``reference``, ``timing``,
-``communication``, ``privacy``; plus ``history`` (per-round records) and
-``rejected`` (client replies the transport refused).
+``communication``, ``privacy``; plus ``history`` (per-round records),
+``rejected`` (client replies the transport refused) and ``notes`` (what the
+data reader repaired or found, e.g. self-loops dropped). Beside it,
+``labels.npy`` (the cluster of every item, in row order) and ``labels.csv``
+(the same with the user's node or graph IDs: columns ``node,cluster`` or
+``graph,cluster``; -1 where no client returned a label).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from app.config import ConfigError
 
 RESULT_FILE = "result.json"
 LABELS_FILE = "labels.npy"
+LABELS_CSV = "labels.csv"
 
 
 def default_out_dir(strategy: str, dataset: str) -> Path:
@@ -79,14 +84,17 @@ def jsonable(value):
     return value
 
 
-def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = None) -> Path:
-    """Write ``out_dir/result.json`` (and ``labels.npy``); never replace a result.json.
+def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = None,
+                 keys: np.ndarray | None = None, key_column: str = "node") -> Path:
+    """Write ``out_dir/result.json`` (and ``labels.npy`` and ``labels.csv``); never replace a result.json.
 
-    Both are written to temporary files first and the JSON is put in place first, by a
-    hard link that fails if the name is taken, so a ``result.json`` on disk always belongs
-    to a finished run and a run never overwrites another's. If another run's result.json
-    is there (one that appeared while this run ran), this run's files go to a new directory
-    next to ``out_dir`` (see :func:`new_dir`) and a ConfigError names both.
+    ``labels.csv`` pairs each label with its item's ID: ``keys`` (the user's node or graph IDs,
+    default ``0..len(labels)-1``) in a column named ``key_column``. Every file is written to a
+    temporary file first and the JSON is put in place first, by a hard link that fails if the
+    name is taken, so a ``result.json`` on disk always belongs to a finished run and a run never
+    overwrites another's. If another run's result.json is there (one that appeared while this run
+    ran), this run's files go to a new directory next to ``out_dir`` (see :func:`new_dir`) and a
+    ConfigError names both.
     """
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -95,6 +103,8 @@ def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = 
     try:
         if labels is not None:
             files[LABELS_FILE] = _temporary(out, ".npy", lambda f: np.save(f, np.asarray(labels)))
+            table = labels_table(labels, keys, key_column)
+            files[LABELS_CSV] = _temporary(out, ".csv", lambda f: table.to_csv(f, index=False))
         if _publish(files, out):
             return out / RESULT_FILE
         kept = new_dir(out)
@@ -104,6 +114,17 @@ def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = 
             tmp.unlink(missing_ok=True)
     raise ConfigError(f"out-dir {str(out)!r} already holds another run's {RESULT_FILE}; this run's result is in "
                       f"{str(kept / RESULT_FILE)!r} instead; valid: a new or empty out-dir for each run")
+
+
+def labels_table(labels: np.ndarray, keys: np.ndarray | None = None, key_column: str = "node"):
+    """A DataFrame of ``key_column`` (``keys``, default ``0..len-1``) and ``cluster`` (``labels``)."""
+    import pandas as pd
+
+    labels = np.asarray(labels)
+    keys = np.arange(len(labels), dtype=np.int64) if keys is None else np.asarray(keys)
+    if len(keys) != len(labels):
+        raise ValueError(f"{len(keys)} IDs for {len(labels)} labels")
+    return pd.DataFrame({key_column: keys, "cluster": labels})
 
 
 def _temporary(directory: Path, suffix: str, write) -> Path:
@@ -120,13 +141,14 @@ def _temporary(directory: Path, suffix: str, write) -> Path:
 
 def _publish(files: dict[str, Path], directory: Path) -> bool:
     """Give the temporary ``files`` their names in ``directory``, result.json first and only
-    if it is not taken (False then); labels.npy follows, so it is never another run's."""
+    if it is not taken (False then); the labels files follow, so they are never another run's."""
     try:
         os.link(files[RESULT_FILE], directory / RESULT_FILE)
     except FileExistsError:
         return False
-    if LABELS_FILE in files:
-        os.replace(files[LABELS_FILE], directory / LABELS_FILE)
+    for name in (LABELS_FILE, LABELS_CSV):
+        if name in files:
+            os.replace(files[name], directory / name)
     return True
 
 

@@ -12,11 +12,13 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from app import registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
+from app.data.datasets import dataset_label, is_builtin
 from app.data.params import dataset_kwargs
+from app.data import memory
 from app.data.parties import PARTIES
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir, unwritable
@@ -33,27 +35,38 @@ def run_experiment(
     overrides: Mapping[str, Any] | None = None,
     out_dir: str | Path | None = None,
     engine: str = "inprocess",
+    note: Callable[[str], None] | None = None,
     node_configs: list[Mapping[str, Any]] | None = None,
 ) -> dict:
     """Run one experiment and return its result dict (also in ``out_dir``).
 
-    ``node_configs`` (in-process engine only): each node's node config, e.g. a party's
-    own data with ``dataset = 'parties'`` (``data``, ``partition-id``, ``out-dir``;
-    :mod:`app.data.parties`); default: partition i of ``num_clients``."""
+    ``dataset`` is a built-in name or the path of a graph file or directory (made absolute here,
+    like ``data.node-table``, so the clients read the same file wherever they run). ``note`` is
+    called with each note of the data reader (repairs such as dropped self-loops), before the run;
+    result.json lists them too. ``node_configs`` (in-process engine only): each node's node
+    config, e.g. a party's own data with ``dataset = 'parties'`` (``data``, ``partition-id``,
+    ``out-dir``; :mod:`app.data.parties`); default: partition i of ``num_clients``."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
+    if not is_builtin(dataset) and dataset != PARTIES and not memory.is_memory(dataset):
+        raw["dataset"] = str(Path(dataset).expanduser().resolve())
+        if config["data.node-table"]:
+            raw["data.node-table"] = str(Path(str(config["data.node-table"])).expanduser().resolve())
+        config = registry.validate(raw)
     given = out_dir or config["out-dir"]
     _check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
     if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
         raise ConfigError(f"{len(node_configs)} node configs for {num_clients} clients on engine {engine!r}; valid: "
                           "one per client, engine 'inprocess'")
     if str(config["dataset"]) == PARTIES:
-        _check_parties(config, node_configs)
+        notes = _check_parties(config, node_configs)
     else:
-        _check_against_data(config, num_clients)
-    out = Path(given).resolve() if given else default_out_dir(strategy, dataset).resolve()
+        notes = _check_against_data(config, num_clients).meta.get("notes", [])
+    for text in notes if note else ():
+        note(text)
+    out = Path(given).resolve() if given else default_out_dir(strategy, dataset_label(dataset)).resolve()
     raw["out-dir"] = str(out)
     try:
         return _run(engine, raw, num_clients, node_configs)
@@ -104,19 +117,23 @@ def _check_out_dir(out: Path) -> None:
         raise ConfigError(f"out-dir: {problem}; valid: a writable directory for {RESULT_FILE}")
 
 
-def _check_against_data(config, num_clients: int) -> None:
+def _check_against_data(config, num_clients: int):
     """Load and split the data once in this process, before any engine starts (the in-process
-    clients reuse both): a split the data does not allow (more clients than nodes, columns or
-    graphs, ...), more clusters than items or an eval-file of other data is a one-line config
-    error, not client errors or a result scored against the wrong labels."""
+    clients reuse both), and return it: data without what the strategy uses (a dataset given by
+    path is checked here, a built-in already by the config), a split the data does not allow
+    (more clients than nodes, columns or graphs, ...), more clusters than items or an eval-file
+    of other data is a one-line config error, not client errors or a result scored against the
+    wrong labels."""
     from app.client_app import node_shard
+    from app.data.datasets import DataProfile
     from app.data.evaluation import check_evaluation
     from app.data.shards import server_data
     from app.data.types import GraphCollection
 
-    node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
     data = server_data(str(config["dataset"]), str(config["data-root"]) or None, int(config["seed"]),
                        dataset_kwargs(config.as_dict()))
+    registry.get(str(config["strategy"])).strategy.check_data(config, DataProfile.of(data))
+    node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
     items, what = ((data.num_graphs, "graphs") if isinstance(data, GraphCollection)
                    else (data.num_nodes, "nodes"))
     if config["eval-file"]:
@@ -124,20 +141,26 @@ def _check_against_data(config, num_clients: int) -> None:
     if config["partitioner"] != "khop" and int(config["num-clusters"]) > items:
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
+    return data
 
 
-def _check_parties(config, node_configs) -> None:
-    """A run on the parties' own data: every party's data is read and turned into its shard
-    here first (the in-process clients reuse them), so a piece the split cannot use is a
-    one-line config error before the run."""
+def _check_parties(config, node_configs) -> list[str]:
+    """A run on the parties' own data: every party's data is read, turned into its shard and
+    checked against the strategy here first (the in-process clients reuse them), so a piece the
+    split or the method cannot use is a one-line config error before the run. Returns the
+    readers' notes."""
+    from app.client_app import check_party_data
     from app.data.parties import party_node_shard
 
     if node_configs is None:
         raise ConfigError(f"dataset={PARTIES!r} needs parties that bring their own data: deployed SuperNodes with "
                           "node config data=PATH, or app.cluster(strategy, [piece, ...]) in Python; valid here: a "
                           "dataset name or file")
+    notes = []
     for i, node_config in enumerate(node_configs):
         party_node_shard(config.as_dict(), node_config, int(node_config.get("partition-id", i)), len(node_configs))
+        notes += check_party_data(config, node_config)
+    return notes
 
 
 def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=None):
@@ -151,7 +174,8 @@ def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m app.run", description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default=None, help="one of: " + ", ".join(registry.STRATEGIES))
-    parser.add_argument("--dataset", default=None)
+    parser.add_argument("--dataset", default=None,
+                        help="a built-in dataset or the path of a graph file or directory (see README)")
     parser.add_argument("--num-clients", type=int, default=None)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any run-config key, e.g. --set seed=3 (repeatable)")
@@ -172,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in registry.unused_keys(config, overrides):
             print(f"warning: --set {key} has no effect with strategy '{strategy}', dataset '{dataset}' and "
                   f"partitioner '{config['partitioner']}'", file=sys.stderr)
-        result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine)
+        result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine,
+                                note=lambda text: print(f"note: {text}", file=sys.stderr))
     except (ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

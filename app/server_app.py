@@ -23,6 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from app import registry
 from app.config import ConfigError, RunConfig
+from app.data.datasets import DataProfile, dataset_label
 from app.data.params import dataset_kwargs
 from app.data.evaluation import load_evaluation
 from app.data.parties import PARTIES
@@ -39,7 +40,7 @@ def evaluation_data(config: RunConfig):
     else the pooled dataset (simulation), used for evaluation and the
     centralised reference only, never sent to a client."""
     if config["eval-file"]:
-        return load_evaluation(str(config["eval-file"]), str(config["dataset"]))
+        return load_evaluation(str(config["eval-file"]), dataset_label(str(config["dataset"])))
     return server_data(
         dataset=str(config["dataset"]),
         seed=int(config["seed"]),
@@ -124,12 +125,15 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     config = registry.validate(raw_config)
     parties = str(config["dataset"]) == PARTIES
     data = None if parties else evaluation_data(config)
+    if data is not None and not config["eval-file"]:  # the pooled data: what the strategy needs (a path dataset is checked only here)
+        registry.get(str(config["strategy"])).strategy.check_data(config, DataProfile.of(data))
     num_items = 0 if parties else len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
     values = config.as_dict()
     if values["num-clusters"] == 0:
         values["num-clusters"] = int(np.unique(data.y[data.y >= 0]).size) if data.y is not None else 0
         if values["num-clusters"] < 1:
-            raise ConfigError(f"dataset '{config['dataset']}' has no labels; set num-clusters >= 1")
+            raise ConfigError(f"dataset '{config['dataset']}' has no labels; valid: num-clusters >= 1 (the number "
+                              "of clusters to find)")
 
     session = ServerSession(grid, config)
     values["num-clients"] = len(session.connect())
@@ -166,9 +170,18 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
                           "dropped": [{"node": n, **d} for n, d in session.dropped.items()]},
         "privacy": session.ledger.to_dict(),
         "history": output.history,
+        "notes": [] if parties else data.meta.get("notes", []),  # a party's notes stay with it
     }
-    out_dir = str(config["out-dir"]) or default_out_dir(str(config["strategy"]), str(config["dataset"]))
-    path = write_result(result, out_dir, labels)
+    out_dir = str(config["out-dir"]) or default_out_dir(str(config["strategy"]), dataset_label(str(config["dataset"])))
+    # labels.csv names the user's IDs where the labels are the data's own items, else (k-hop subgraphs) the items';
+    # on the parties' own data the server knows positions only (each party writes its IDs' labels itself)
+    if parties:
+        keys, column = None, "position"
+    elif output.truth is None:
+        keys, column = data.keys, "graph" if isinstance(data, GraphCollection) else "node"
+    else:
+        keys, column = None, "item"
+    path = write_result(result, out_dir, labels, keys, column)
     result["path"] = str(path)
     log(INFO, "\n%s\nresult written to %s", summary_table(result), path)
     return result

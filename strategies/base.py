@@ -70,6 +70,9 @@ class ClusteringStrategy(ABC):
     partitioners: ClassVar[tuple[str, ...]]  # first one is the default
     needs_edges: ClassVar[bool] = False  # the method uses the graph's edges
     needs_features: ClassVar[bool] = False  # the method uses node features
+    #: Why the method cannot take edge weights (it counts every edge as 1), or "" when it uses them as
+    #: they are (weighted degrees, filters, losses) or uses no edges.
+    refuses_weights: ClassVar[str] = ""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -118,24 +121,44 @@ class ClusteringStrategy(ABC):
 
     @classmethod
     def check_dataset(cls, config: RunConfig) -> None:
-        """The dataset has what the method and the partitioner use: one graph or a
-        collection, edges, node features."""
-        from app.data.datasets import COLLECTION_PARTITIONERS, COLLECTIONS, EDGELESS, FEATURELESS
+        """A built-in dataset fits the method (:meth:`check_data` on its known profile, before anything
+        loads); a dataset given by path is checked once loaded (``app.run`` loads it before any engine
+        starts, the ServerApp before it connects)."""
+        from app.data.datasets import builtin_profile, is_builtin
+
+        dataset = str(config["dataset"])
+        if is_builtin(dataset):
+            cls.check_data(config, builtin_profile(dataset, int(config["sbm.features"])))
+
+    @classmethod
+    def check_data(cls, config: RunConfig, profile) -> None:
+        """The data (its :class:`app.data.datasets.DataProfile`) has what the method and the partitioner
+        use: one graph or a collection, edges, node features, labels or a cluster count, and edge weights
+        only where the method uses them."""
+        from app.data.datasets import BUILTIN_PROFILES, COLLECTION_PARTITIONERS
 
         dataset = str(config["dataset"])
         partitioner = cls.partitioners[0] if config["partitioner"] == "auto" else str(config["partitioner"])
-        if (dataset in COLLECTIONS) != (partitioner in COLLECTION_PARTITIONERS):
-            shape = "a graph collection" if dataset in COLLECTIONS else "one graph"
-            valid = ("one graph (e.g. karate, sbm, cora)" if dataset in COLLECTIONS
-                     else "a graph collection: " + ", ".join(COLLECTIONS))
+        if profile.collection != (partitioner in COLLECTION_PARTITIONERS):
+            shape = "a graph collection" if profile.collection else "one graph"
+            valid = ("one graph (e.g. karate, sbm, cora, or an edge list)" if profile.collection
+                     else "a graph collection: " + ", ".join(k for k, v in BUILTIN_PROFILES.items() if v.collection)
+                     + ", or a directory of graphs")
             raise ConfigError(f"dataset {dataset!r} is {shape}; strategy '{cls.name}' with partitioner "
                               f"{partitioner!r} needs {valid}")
-        if cls.needs_edges and dataset in EDGELESS:
+        if cls.needs_edges and not profile.edges:
             raise ConfigError(f"dataset {dataset!r} has no edges; strategy '{cls.name}' needs them; "
                               "valid: a dataset with edges, e.g. karate, sbm, cora")
-        if cls.needs_features and (dataset in FEATURELESS or (dataset == "sbm" and not config["sbm.features"])):
+        if cls.needs_features and not profile.features:
             raise ConfigError(f"dataset {dataset!r} has no node features; strategy '{cls.name}' needs them; "
-                              "valid: a dataset with features, e.g. sbm (sbm.features > 0), cora, citeseer")
+                              "valid: a dataset with features, e.g. sbm (sbm.features > 0), cora, citeseer, or a "
+                              "node table with feature columns")
+        if profile.weighted and cls.refuses_weights:
+            raise ConfigError(f"dataset {dataset!r} has edge weights; strategy '{cls.name}' {cls.refuses_weights}; "
+                              "valid: data.weighted=false (every edge weight 1) or an unweighted graph")
+        if not profile.labels and not int(config["num-clusters"]):
+            raise ConfigError(f"dataset {dataset!r} has no labels; valid: num-clusters >= 1 (the number of clusters "
+                              "to find)")
 
     @abstractmethod
     def run(self, session) -> StrategyOutput:

@@ -119,6 +119,8 @@ class FedSpectralPlus(ClusteringStrategy):
     summary = "FedSpectral+: federated power iteration (paper) or exact orthogonal iteration on edge-split graphs"
     partitioners = ("edge",)
     needs_edges = True
+    refuses_weights = ("bounds the degrees by n and an edge's DP sensitivity by a unit weight (it counts every "
+                       "edge as 1)")
     params = (
         Param("fedspectral-plus.mode", str, "paper",
               "paper: average of local power iterations + QR (Algorithms 3-4); exact: global operator "

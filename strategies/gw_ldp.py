@@ -137,6 +137,7 @@ class GWLDP(ClusteringStrategy):
     name = "gw-ldp"
     summary = "FedAvg GNN + LDP node embeddings + server-side Gromov-Wasserstein (graph classification/clustering)"
     partitioners = ("graph-dirichlet", "khop")
+    refuses_weights = "takes integer node degrees and hop distances (it counts every edge as 1)"
     params = (
         Param("gw-ldp.model", str, "gin", "shared GNN: gcn (2 layers, 16) or gin (5 layers, 64)",
               choices=proto.MODELS),

@@ -11,6 +11,8 @@ import pytest
 
 from app import registry
 from app.config import ConfigError, Param, Schema
+from app.data import DATASETS
+from app.data.formats import FORMAT_HELP
 from conftest import REPO
 
 
@@ -25,7 +27,8 @@ def test_defaults_validate_and_resolve_auto_partitioner():
     "raw, fragments",
     [
         ({"strategy": "kmeanz"}, ["'kmeanz'", "valid choices", "fedkmeans"]),
-        ({"dataset": "coraa"}, ["'coraa'", "valid choices", "cora"]),
+        ({"dataset": "coraa"}, ["'coraa'", "neither a built-in dataset nor an existing file", "valid: a built-in "
+                                "dataset (karate, sbm,", "cora", "or the path of an edge list (.csv"]),
         ({"no-such-key": 1}, ["'no-such-key'", "valid keys", "num-rounds"]),
         ({"fedkmean.secure": 1},
          ["unknown config key 'fedkmean.secure' (did you mean 'fedkmeans.secure'?); valid keys"]),
@@ -80,22 +83,24 @@ def test_secure_aggregation_with_one_client_is_refused_before_the_run(strategy, 
 @pytest.mark.parametrize("raw, message", [
     ({"strategy": "fedkmeans", "dataset": "mutag"},
      "dataset 'mutag' is a graph collection; strategy 'fedkmeans' with partitioner 'node-random' needs one graph "
-     "(e.g. karate, sbm, cora)"),
+     "(e.g. karate, sbm, cora, or an edge list)"),
     ({"strategy": "gw-ldp", "dataset": "karate"},
      "dataset 'karate' is one graph; strategy 'gw-ldp' with partitioner 'graph-dirichlet' needs a graph collection: "
-     "mutag, proteins, imdb-binary"),
+     "mutag, proteins, imdb-binary, or a directory of graphs"),
     ({"strategy": "gw-ldp", "dataset": "mutag", "partitioner": "khop"},
      "dataset 'mutag' is a graph collection; strategy 'gw-ldp' with partitioner 'khop' needs one graph "
-     "(e.g. karate, sbm, cora)"),
+     "(e.g. karate, sbm, cora, or an edge list)"),
     ({"strategy": "fedspectral", "dataset": "iris"},
      "dataset 'iris' has no edges; strategy 'fedspectral' needs them; valid: a dataset with edges, e.g. karate, "
      "sbm, cora"),
     ({"strategy": "fedavg-dmon", "dataset": "email-eu-core"},
      "dataset 'email-eu-core' has no node features; strategy 'fedavg-dmon' needs them; valid: a dataset with "
-     "features, e.g. sbm (sbm.features > 0), cora, citeseer"),
+     "features, e.g. sbm (sbm.features > 0), cora, citeseer, or a node table with feature columns"),
     ({"strategy": "fedkmeans", "dataset": "sbm", "sbm.features": 0},
      "dataset 'sbm' has no node features; strategy 'fedkmeans' needs them; valid: a dataset with features, "
-     "e.g. sbm (sbm.features > 0), cora, citeseer"),
+     "e.g. sbm (sbm.features > 0), cora, citeseer, or a node table with feature columns"),
+    ({"strategy": "fedspectral", "dataset": "ego-facebook"},
+     "dataset 'ego-facebook' has no labels; valid: num-clusters >= 1 (the number of clusters to find)"),
 ])
 def test_a_dataset_without_what_the_strategy_uses_is_refused_before_the_run(raw, message):
     """Found on the clients after the run started, these used to stop it with client errors, or
@@ -231,7 +236,8 @@ def test_cli_empty_values_are_refused_not_taken_for_the_default(args, key, tmp_p
 
     monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
     valid = ("expected an integer" if key == "num-clients"
-             else "valid choices: " + ", ".join(registry.schema().params[key].choices))
+             else "valid: a built-in dataset (" + ", ".join(DATASETS) + f") or the path of {FORMAT_HELP}"
+             if key == "dataset" else "valid choices: " + ", ".join(registry.schema().params[key].choices))
     assert main(["--engine", "inprocess", "--out", str(tmp_path / "r"), *args]) == 2
     assert capsys.readouterr().err == f"error: invalid value '' for '{key}'; {valid}\n"
     assert not (tmp_path / "r").exists()

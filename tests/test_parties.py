@@ -14,7 +14,8 @@ import scipy.sparse as sp
 from app.client_app import build_client_app
 from app.config import ConfigError
 from app.data import load_dataset, memory
-from app.data.parties import (LABELS_CSV, PARTIES, item_offsets, node_set_digest, party_shard, to_positions,
+from app.result import LABELS_CSV
+from app.data.parties import (PARTIES, item_offsets, node_set_digest, party_shard, to_positions,
                               write_party_labels)
 from app.data.partition import partition
 from app.data.types import GraphCollection, GraphData
@@ -251,6 +252,6 @@ def test_the_ledger_lists_the_digest_and_the_result_has_no_pooled_scores(sbm, tm
 
 
 def test_write_party_labels_refuses_a_count_mismatch(tmp_path):
-    with pytest.raises(ValueError, match="2 labels for 3 nodes"):
+    with pytest.raises(ValueError, match="3 IDs for 2 labels"):
         write_party_labels(tmp_path, np.array([1, 2, 3]), np.array([0, 1]))
     assert not (tmp_path / LABELS_CSV).exists()

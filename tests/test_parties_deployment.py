@@ -14,7 +14,7 @@ import pytest
 
 from app import cluster
 from app.data.formats import read_graph
-from app.data.parties import LABELS_CSV
+from app.result import LABELS_CSV
 from app.data.prepare import run as prepare
 from deploy.__main__ import run_local_parties
 from tests.conftest import shared_datasets_or_skip

@@ -1,7 +1,7 @@
 """Data held in memory, named for the in-process engine without touching the disk.
 
 :func:`app.api.cluster` registers a Python object (a whole graph, or each
-party's piece) under ``memory:<content hash>``; the in-process ClientApp and
+party's piece) under ``memory:<content hash>`` (:func:`app.data.shards.data_hash`, IDs included); the in-process ClientApp and
 ServerApp, which run in this process, look the name up where a run would
 otherwise read a file. The table is process-local: Flower's simulation engine
 (Ray workers) and a deployment cannot see it.
@@ -9,10 +9,7 @@ otherwise read a file. The table is process-local: Flower's simulation engine
 
 from __future__ import annotations
 
-import hashlib
 import threading
-
-import numpy as np
 
 from app.config import ConfigError
 
@@ -24,25 +21,14 @@ _USERS: dict[str, int] = {}  # runs holding each name: two runs may register the
 _LOCK = threading.Lock()
 
 
-def content_hash(data: GraphData | GraphCollection) -> str:
-    """SHA-256 of the data's content (graphs, features, labels) and of its item IDs."""
-    from .shards import data_hash
-
-    h = hashlib.sha256(data_hash(data).encode())
-    for keys in (getattr(data, "node_keys", None), getattr(data, "graph_keys", None)):
-        if keys is not None:
-            keys = np.ascontiguousarray(keys)
-            h.update(f"{keys.dtype.str}{keys.shape}".encode())
-            h.update(keys.tobytes())
-    return h.hexdigest()
-
-
 def register(data: GraphData | GraphCollection) -> str:
     """Keep ``data`` in this process's table until as many :func:`forget` calls; return
     its name ``memory:<hash>``."""
     if not isinstance(data, (GraphData, GraphCollection)):
         raise TypeError(f"only GraphData or GraphCollection can be registered, not {type(data).__name__}")
-    name = PREFIX + content_hash(data)
+    from .shards import data_hash
+
+    name = PREFIX + data_hash(data)
     with _LOCK:
         _TABLE[name] = data
         _USERS[name] = _USERS.get(name, 0) + 1

@@ -3,8 +3,9 @@
 The lead declares ``dataset``, ``partitioner``, ``seed`` and ``num-clusters``;
 this module declares everything else the data layer reads. Keys are grouped
 by prefix: ``sbm.*`` and ``circles.*`` are dataset parameters (kwargs of
-:func:`app.data.load_dataset`), ``partition.*`` and ``khop.*`` are partitioner
-parameters (kwargs of :func:`app.data.partition.partition`).
+:func:`app.data.load_dataset`), ``data.*`` the options of a dataset given by
+path (kwargs of :func:`app.data.formats.read_graph`), ``partition.*`` and
+``khop.*`` are partitioner parameters (kwargs of :func:`app.data.partition.partition`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 
 from app.config import ConfigError, Param
 
-from .datasets import DATASET_PARAMS, FILE_DATASETS
+from .datasets import DATASET_PARAMS, FILE_DATASETS, PATH_PARAMS, is_builtin
 from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, RUN_CONFIG_KEYS, VERTICAL_SPLITS
 
 #: The run-config's seed (data generation, partitioning and the protocol); also
@@ -24,6 +25,15 @@ SEED = Param("seed", int, 0, "seed of data generation, partitioning and the prot
 DATA_PARAMS: list[Param] = [
     Param("data-root", str, "",
           "folder with the raw datasets (empty: $FEDGRAPH_DATA_ROOT, else ../shared/datasets)"),
+    # A dataset given by path (app.data.formats.read_graph's options).
+    Param("data.node-table", str, "",
+          "path dataset: node table of an edge list (ID column, numeric features, optional label column); "
+          "empty: DIR/nodes.csv when the dataset is a directory DIR"),
+    Param("data.label-column", str, "label",
+          "path dataset: the label column of the node table or graphs.csv (networkx: the node attribute; .mat: "
+          "the variable); the default 'label' is used when present"),
+    Param("data.weighted", bool, True,
+          "path dataset: edge weights from a weight column or the adjacency values; false: every edge weight 1"),
     # Synthetic attributed SBM (default: small, fast, clearly clustered).
     Param("sbm.nodes", int, 1000, "SBM: number of nodes", low=2, high=100_000_000),
     Param("sbm.blocks", int, 4, "SBM: number of planted blocks (clusters)", low=1, high=10_000),
@@ -71,12 +81,20 @@ _DATASET_KEYS = {
     "circles": {"circles.samples": "samples", "circles.noise": "noise", "circles.factor": "factor"},
 }
 
+#: run-config key -> kwarg of a dataset given by path.
+_PATH_KEYS = {"data.node-table": "node_table", "data.label-column": "label_column", "data.weighted": "weighted"}
+
 assert all(set(v.values()) == set(DATASET_PARAMS[k]) for k, v in _DATASET_KEYS.items())
+assert set(_PATH_KEYS.values()) == set(PATH_PARAMS)
+
+
+def _dataset_keys(dataset: str) -> dict[str, str]:
+    return _DATASET_KEYS.get(dataset, {}) if is_builtin(dataset) else _PATH_KEYS
 
 
 def data_keys_read(dataset: str, partitioner: str) -> set[str]:
     """The data run-config keys that ``dataset`` and ``partitioner`` read (the others have no effect)."""
-    keys = set(_DATASET_KEYS.get(dataset, {})) | {RUN_CONFIG_KEYS[kw] for kw in PARTITION_PARAMS[partitioner]}
+    keys = set(_dataset_keys(dataset)) | {RUN_CONFIG_KEYS[kw] for kw in PARTITION_PARAMS[partitioner]}
     return keys | ({"data-root"} if dataset in FILE_DATASETS else set())
 
 
@@ -99,16 +117,16 @@ def dataset_kwargs(config_values: Mapping[str, Any], dataset: str | None = None)
     """kwargs for ``load_dataset(dataset, data_root=..., seed=..., **kwargs)``.
 
     Only the keys of ``dataset`` (default: ``config_values['dataset']``) are
-    returned, e.g. ``{'nodes': 1000, 'blocks': 4, ...}`` for sbm and ``{}`` for
-    cora. ``data-root`` and ``seed`` are not included (see :func:`data_root`).
+    returned, e.g. ``{'nodes': 1000, 'blocks': 4, ...}`` for sbm, ``{}`` for
+    cora and ``{'node_table': '', 'label_column': 'label', 'weighted': True}``
+    for a path. ``data-root`` and ``seed`` are not included (see :func:`data_root`).
     """
     if dataset is None:
         try:
             dataset = config_values["dataset"]
         except KeyError:
             raise ConfigError("missing config key 'dataset'") from None
-    keys = _DATASET_KEYS.get(str(dataset), {})
-    return {kw: _value(config_values, key) for key, kw in keys.items()}
+    return {kw: _value(config_values, key) for key, kw in _dataset_keys(str(dataset)).items()}
 
 
 def partition_kwargs(partitioner: str, config_values: Mapping[str, Any]) -> dict:

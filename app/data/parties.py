@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
@@ -42,16 +41,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from app.config import ConfigError
+from app.result import LABELS_CSV
 
 from . import memory
-from .params import partition_kwargs
+from .params import dataset_kwargs, partition_kwargs
 from .partition import PARTITIONERS, edge_replicas, partition
 from .types import GraphCollection, GraphData, Shard
 
 #: The reserved dataset value of a run whose parties bring their own data.
 PARTIES = "parties"
-#: The file each party writes its labels to, in its out-dir.
-LABELS_CSV = "labels.csv"
 
 #: Node-config keys of a party's SuperNode: its data (a file or directory, or a registered
 #: ``memory:`` name in-process), its partition id (else the server assigns one by Flower
@@ -81,16 +79,6 @@ def family(partitioner: str) -> str:
         return FAMILY[partitioner]
     except KeyError:
         raise ConfigError(f"unknown partitioner {partitioner!r}; valid choices: " + ", ".join(FAMILY)) from None
-
-
-def item_keys(piece: GraphData | GraphCollection) -> np.ndarray:
-    """The user's IDs of a piece's items in row order: node IDs (``node_keys``) of a graph,
-    graph IDs (``graph_keys``) of a collection; 0..n-1 where the piece has none."""
-    if isinstance(piece, GraphCollection):
-        keys, n = getattr(piece, "graph_keys", None), len(piece.graphs)
-    else:
-        keys, n = getattr(piece, "node_keys", None), piece.num_nodes
-    return np.arange(n, dtype=np.int64) if keys is None else np.asarray(keys)
 
 
 def party_labels(y: np.ndarray | None, meta: Mapping[str, Any]) -> np.ndarray | None:
@@ -124,7 +112,7 @@ def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_
         need = "a collection of graphs" if kind == "graphs" else "one graph (nodes and edges)"
         raise ConfigError(f"{source} is {held}; partitioner '{partitioner}' needs {need}")
     common = {"client_id": int(partition_id), "num_clients": int(num_partitions), "dataset": PARTIES,
-              "partitioner": partitioner, "keys": item_keys(piece)}
+              "partitioner": partitioner, "keys": piece.keys}
     if kind == "graphs":
         return Shard(node_ids=np.empty(0, np.int64), graphs=list(piece.graphs),
                      graph_ids=np.arange(len(piece.graphs), dtype=np.int64),
@@ -162,33 +150,33 @@ def num_items(shard: Shard) -> int:
 
 
 def read_options(node_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The reader options in a node config: ``read.<option>`` keys, dashes as underscores."""
-    return {k[len(READ_PREFIX):].replace("-", "_"): v for k, v in node_config.items() if k.startswith(READ_PREFIX)}
+    """The reader options of a node config, typed: ``read.<option>`` is the run-config key
+    ``data.<option>`` of a dataset given by path (``read.label-column='class'``,
+    ``read.weighted=false``, ``read.node-table=...``); another ``read.`` key is a one-line ConfigError."""
+    from .datasets import PATH_PARAMS
 
-
-def _signature(path: Path) -> tuple:
-    """Sizes and modification times of ``path`` (every file below it, for a directory):
-    a changed file is read again."""
-    if path.is_dir():
-        return tuple(sorted((str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns)
-                            for p in path.rglob("*") if p.is_file()))
-    return (path.stat().st_size, path.stat().st_mtime_ns)
+    valid = {f"{READ_PREFIX}{name.replace('_', '-')}" for name in PATH_PARAMS}
+    given = {k: v for k, v in node_config.items() if k.startswith(READ_PREFIX)}
+    for key in sorted(set(given) - valid):
+        raise ConfigError(f"unknown node config key {key!r}; valid: " + ", ".join(sorted(valid)))
+    return dataset_kwargs({"data." + k[len(READ_PREFIX):]: v for k, v in given.items()}, PARTIES)
 
 
 def load_piece(spec: str, options: Mapping[str, Any] | None = None) -> GraphData | GraphCollection:
     """A party's piece: the data registered as ``spec`` (``memory:...``), else its file or
-    directory read by :func:`app.data.read_graph` with ``options``; read once per process
+    directory read by :func:`app.data.formats.read_graph` with ``options``; read once per process
     while the files stay unchanged. Shared object: do not mutate."""
     if memory.is_memory(spec):
         return memory.lookup(spec)
-    from . import read_graph
+    from .datasets import source_stamp
+    from .formats import read_graph
     from .shards import _remember
 
     path = Path(spec).expanduser()
     if not path.exists():
         raise ConfigError(f"node config {DATA_KEY}={spec!r}: no such file or directory; valid: the party's data "
                           "file or directory")
-    key = (str(path.resolve()), _signature(path), tuple(sorted((options or {}).items())))
+    key = (str(path.resolve()), source_stamp(str(path), dict(options or {})), tuple(sorted((options or {}).items())))
     return _remember(_PIECES, key, lambda: read_graph(str(path), **dict(options or {})), _MAX_CACHED)
 
 
@@ -277,19 +265,11 @@ def write_party_labels(out_dir: str | os.PathLike, keys: np.ndarray, labels: np.
     """Write ``out_dir/labels.csv``: one row ``<item ID>,<cluster>`` per item, in row order
     (cluster -1: the method gave this item none, e.g. a node that is no k-hop centre).
     Written to a temporary file and renamed, so a reader never sees half a file."""
-    import pandas as pd
+    from app.result import _temporary, labels_table
 
-    keys, labels = np.asarray(keys), np.asarray(labels, dtype=np.int64)
-    if keys.shape != labels.shape:
-        raise ValueError(f"{labels.size} labels for {keys.size} {item}s")
+    table = labels_table(np.asarray(labels, dtype=np.int64), np.asarray(keys), item)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".labels-", suffix=".csv")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            pd.DataFrame({item: keys, "cluster": labels}).to_csv(f, index=False)
-        os.replace(tmp, out / LABELS_CSV)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tmp = _temporary(out, ".csv", lambda f: table.to_csv(f, index=False))
+    os.replace(tmp, out / LABELS_CSV)
     return out / LABELS_CSV

@@ -506,7 +506,7 @@ def _edge(data, num_clients, seed, overlap, replicas, with_features):
     r = edge_replicas(num_clients, overlap, replicas)
     up = sp.triu(data.adj, k=1, format="csr")
     rows = np.repeat(np.arange(n, dtype=up.indices.dtype), np.diff(up.indptr))
-    cols = up.indices
+    cols, weights = up.indices, up.data
     m = cols.size
     del up
     chosen = _choose_distinct(rng, m, num_clients, r)
@@ -523,8 +523,7 @@ def _edge(data, num_clients, seed, overlap, replicas, with_features):
         e = order[bounds[c]: bounds[c + 1]] // r
         rr, cc = rows[e], cols[e]
         adj = sp.csr_matrix(
-            (np.ones(2 * e.size, dtype=np.float64), (np.concatenate([rr, cc]), np.concatenate([cc, rr]))),
-            shape=(n, n),
+            (np.tile(weights[e], 2), (np.concatenate([rr, cc]), np.concatenate([cc, rr]))), shape=(n, n),
         )
         adj.sort_indices()
         shards.append(Shard(

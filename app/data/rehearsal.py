@@ -32,7 +32,7 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 
-from .parties import family, item_keys
+from .parties import family
 from .types import GraphCollection, GraphData, Shard
 
 
@@ -75,7 +75,7 @@ def write_party_folder(data: GraphData | GraphCollection, shard: Shard, folder: 
         raise ConfigError("--format files with partitioner 'khop': a khop party holds nodes and the edges among "
                           "them; valid: cut with a node partitioner (node-random, ...) and run with partitioner=khop")
     folder.mkdir(parents=True, exist_ok=True)
-    keys = item_keys(data)
+    keys = data.keys
     if kind == "graphs":
         return _write_graphs(data, shard, folder, keys)
     rows = np.asarray(shard.node_ids, dtype=np.int64)
@@ -98,7 +98,7 @@ def _write_graphs(data: GraphCollection, shard: Shard, folder: Path, keys: np.nd
     nodes, edges = [], []
     weighted = _weighted(*(g.adj for g in data.graphs))
     for key, g in zip(graph_keys, shard.graphs):
-        node_keys = item_keys(g)
+        node_keys = g.keys
         lead = {"graph": np.full(g.num_nodes, key)}
         nodes.append(pd.DataFrame({**lead, "id": node_keys, **_features(g.x, np.arange(g.num_features))}))
         edges.append(_edges(g.adj, node_keys, weighted, {"graph": np.full(g.num_edges, key)}))

@@ -31,7 +31,8 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 
-from .datasets import load_dataset, resolve_data_root
+from . import memory
+from .datasets import load_dataset, resolve_data_root, source_stamp
 from .partition import partition
 from .types import GraphCollection, GraphData, Shard
 
@@ -72,17 +73,33 @@ def _hash_matrix(h, m) -> None:
         _hash_array(h, np.asarray(m))
 
 
+def _hash_keys(h, keys: np.ndarray | None) -> None:
+    """User IDs, when there are any (data without them hashes as it always has); unicode IDs by
+    their text, not by numpy's fixed width, which depends on how the array was made."""
+    if keys is None:
+        return
+    if keys.dtype.kind == "U":
+        h.update(f"keys:str{len(keys)}".encode())
+        h.update("\0".join(keys.tolist()).encode())
+    else:
+        h.update(b"keys:int")
+        _hash_array(h, keys)
+
+
 def data_hash(data: GraphData | GraphCollection) -> str:
-    """sha256 fingerprint of a dataset's content (adjacency, features, labels)."""
+    """sha256 fingerprint of a dataset's content (adjacency, features, labels, and the user's
+    node and graph IDs where given)."""
     h = hashlib.sha256()
     h.update(data.name.encode())
     graphs = data.graphs if isinstance(data, GraphCollection) else [data]
     if isinstance(data, GraphCollection):
         _hash_array(h, np.asarray(data.y))
+        _hash_keys(h, data.graph_keys)
     for g in graphs:
         _hash_matrix(h, g.adj)
         _hash_matrix(h, g.x)
         _hash_matrix(h, g.y)
+        _hash_keys(h, g.node_keys)
     return h.hexdigest()
 
 
@@ -424,9 +441,12 @@ def clear_caches() -> None:
 
 def server_data(dataset: str, data_root: str | None = None, seed: int = 0,
                 dataset_kwargs: Mapping[str, Any] | None = None) -> GraphData | GraphCollection:
-    """The full dataset, loaded once per process. Shared object: do not mutate."""
+    """The full dataset, loaded once per process (data registered in this process by
+    :mod:`app.data.memory`: that object). Shared object: do not mutate."""
+    if memory.is_memory(dataset):
+        return memory.lookup(dataset)
     root = resolve_data_root(data_root)
-    key = (dataset, str(root), int(seed), _freeze(dataset_kwargs))
+    key = (dataset, str(root), int(seed), _freeze(dataset_kwargs), source_stamp(dataset, dataset_kwargs))
     return _remember(_DATA, key, lambda: load_dataset(dataset, data_root=root, seed=seed,
                                                       **dict(dataset_kwargs or {})))
 
@@ -450,7 +470,7 @@ def client_shard(dataset: str, partitioner: str, partition_id: int, num_partitio
                                num_clients=int(num_partitions), client_id=int(partition_id))
     root = resolve_data_root(data_root)
     key = (dataset, partitioner, int(num_partitions), int(seed), str(root),
-           _freeze(dataset_kwargs), _freeze(partition_kwargs))
+           _freeze(dataset_kwargs), _freeze(partition_kwargs), source_stamp(dataset, dataset_kwargs))
 
     def make():
         data = server_data(dataset, data_root, seed, dataset_kwargs)

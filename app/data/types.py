@@ -3,12 +3,19 @@
 Conventions (checked by :meth:`GraphData.validate`):
 
 * ``adj`` is a ``scipy.sparse.csr_matrix`` of shape ``(n, n)``, symmetric,
-  ``float64``, with sorted indices, no explicit zeros and no self-loops.
-  Loaders symmetrise directed sources and collapse duplicate edges to weight 1.
+  ``float64``, with sorted indices, no self-loops and finite positive entries:
+  the edge weights, 1 unless the source gives weights (see
+  :attr:`GraphData.weighted`). Readers symmetrise directed sources.
   Non-graph datasets (iris, digits, circles) carry an empty ``(n, n)`` matrix.
 * ``x`` is ``None`` or an ``(n, f)`` float64 array (dense ``ndarray`` or CSR for
   bag-of-words style features).
 * ``y`` is ``None`` or an ``int64`` array of length ``n``; ``-1`` = unknown.
+* ``node_keys`` is ``None`` (the nodes are ``0..n-1``) or the user's node IDs in
+  row order: ``n`` distinct values, ``int64`` or a numpy unicode array. The
+  readers of :mod:`app.data.formats` put the rows in ID order (numeric when
+  every ID is an integer, else lexicographic), so one graph gives the same rows
+  whatever order its file lists it in, and leave ``None`` for IDs ``0..n-1``.
+  ``GraphCollection.graph_keys`` is the same for its graphs.
 """
 
 from __future__ import annotations
@@ -27,6 +34,23 @@ def _num_classes(y: np.ndarray | None) -> int:
     return int(np.unique(y[y >= 0]).size)
 
 
+def check_keys(keys: np.ndarray | None, count: int, what: str) -> None:
+    """``keys`` is None or ``count`` distinct int64 or unicode IDs (``what`` names them in the error)."""
+    if keys is None:
+        return
+    if keys.ndim != 1 or len(keys) != count:
+        raise ValueError(f"{what} must be 1-D of length {count}, got shape {keys.shape}")
+    if keys.dtype != np.int64 and keys.dtype.kind != "U":
+        raise ValueError(f"{what} must be int64 or a unicode array, got {keys.dtype}")
+    if np.unique(keys).size != count:
+        raise ValueError(f"{what} are not distinct")
+
+
+def key_list(keys: np.ndarray | None, count: int) -> np.ndarray:
+    """The IDs of ``count`` items: ``keys``, or ``0..count-1`` when None."""
+    return np.arange(count, dtype=np.int64) if keys is None else keys
+
+
 @dataclass
 class GraphData:
     """One attributed graph (or a plain sample matrix with an empty graph)."""
@@ -36,10 +60,21 @@ class GraphData:
     x: np.ndarray | sp.csr_matrix | None = None
     y: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
+    node_keys: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
         return int(self.adj.shape[0])
+
+    @property
+    def weighted(self) -> bool:
+        """Whether some edge has a weight other than 1."""
+        return bool(self.adj.nnz) and bool((self.adj.data != 1.0).any())
+
+    @property
+    def keys(self) -> np.ndarray:
+        """The node IDs in row order (``0..n-1`` without ``node_keys``)."""
+        return key_list(self.node_keys, self.num_nodes)
 
     @property
     def num_edges(self) -> int:
@@ -70,11 +105,14 @@ class GraphData:
                 raise ValueError(f"{self.name}: adj is not symmetric")
             if not a.has_sorted_indices:
                 raise ValueError(f"{self.name}: adj indices are not sorted")
+            if not (np.isfinite(a.data).all() and (a.data > 0).all()):
+                raise ValueError(f"{self.name}: adj has an entry that is not a finite positive weight")
         if self.x is not None and self.x.shape[0] != n:
             raise ValueError(f"{self.name}: x has {self.x.shape[0]} rows, expected {n}")
         if self.y is not None:
             if self.y.shape != (n,) or self.y.dtype != np.int64:
                 raise ValueError(f"{self.name}: y must be int64 of shape ({n},)")
+        check_keys(self.node_keys, n, f"{self.name}: node_keys")
         return self
 
 
@@ -86,9 +124,30 @@ class GraphCollection:
     graphs: list[GraphData]
     y: np.ndarray
     meta: dict = field(default_factory=dict)
+    graph_keys: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.graphs)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether some edge of some graph has a weight other than 1."""
+        return any(g.weighted for g in self.graphs)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """The graph IDs in order (``0..len-1`` without ``graph_keys``)."""
+        return key_list(self.graph_keys, self.num_graphs)
+
+    def validate(self) -> "GraphCollection":
+        """Raise ``ValueError`` if a graph breaks the :class:`GraphData` conventions or the
+        graph labels or IDs do not fit the graphs."""
+        for g in self.graphs:
+            g.validate()
+        if self.y.shape != (self.num_graphs,) or self.y.dtype != np.int64:
+            raise ValueError(f"{self.name}: y must be int64 of shape ({self.num_graphs},)")
+        check_keys(self.graph_keys, self.num_graphs, f"{self.name}: graph_keys")
+        return self
 
     @property
     def num_graphs(self) -> int:

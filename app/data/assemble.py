@@ -1,0 +1,328 @@
+"""Graph assembly shared by every reader: node IDs to rows, the checks, the notes.
+
+Every format ends here with the same arrays: the two ends of each edge (row
+positions), optional weights, optional node IDs, features and labels. This
+module puts the rows in ID order (numeric when every ID is an integer, else
+lexicographic), builds the symmetric adjacency and refuses what cannot be a
+graph, each time with one line naming the file, the line (or array entry) and
+what was expected (:class:`DataFileError`, a ConfigError: exit code 2 from the
+CLIs). What it repairs it says: repeated edges are merged and self-loops
+dropped, and isolated nodes are kept; each is one note in ``meta["notes"]``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from app.config import ConfigError
+
+from .types import GraphCollection, GraphData
+
+_INTEGER = r"[+-]?\d+"
+
+
+class DataFileError(ConfigError):
+    """A data file (or object) that is not a usable graph; the message is one line."""
+
+
+@dataclass
+class Source:
+    """Where the arrays came from, for messages: ``file`` names the file (or the object), ``edge(i)``
+    and ``node(i)`` name edge row i and node row i in it (``line 17``, ``edge_index column 3``)."""
+
+    file: str
+    edge: Callable[[int], str] = lambda i: f"edge {i}"
+    node: Callable[[int], str] = lambda i: f"node {i}"
+    notes: list[str] = field(default_factory=list)
+
+    def error(self, what: str, valid: str) -> DataFileError:
+        return DataFileError(f"{self.file}: {what}; valid: {valid}")
+
+    def note(self, text: str) -> None:
+        self.notes.append(f"{self.file}: {text}")
+
+
+def describe(err: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+
+
+@contextmanager
+def one_line(what: str, valid: str):
+    """A parser failing inside in a way the readers do not name is still one line: any exception but a
+    ConfigError becomes ``DataFileError('<what> (<Type>: <first line>); valid: <valid>')``."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise DataFileError(f"{what} ({describe(err)}); valid: {valid}") from None
+
+
+def show(value) -> str:
+    """A node ID or label as the user wrote it (strings quoted)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+# --------------------------------------------------------------------------- IDs and labels
+
+
+def id_array(values, source: Source, what: str = "node IDs") -> np.ndarray:
+    """``values`` as IDs: int64 when every one is an integer (also integers written as text),
+    else a unicode array of their text. Two spellings of one integer (``7``, ``007``) are refused."""
+    a = np.asarray(values)
+    if a.dtype.kind in "iu":
+        if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+            return a.astype(str)
+        return a.astype(np.int64)
+    if a.dtype.kind in "fcb":
+        raise source.error(f"{what} of type {a.dtype}", "integers or strings")
+    import pandas as pd  # not at import: the ClientApp imports this module on every message
+
+    text = a.astype(str)
+    if not text.size or not pd.Series(text).str.fullmatch(_INTEGER).all():
+        return text
+    try:
+        ints = text.astype(np.int64)
+    except OverflowError:  # beyond 64 bits: kept as text
+        return text
+    unique, first = np.unique(ints, return_index=True)
+    if unique.size != np.unique(text).size:
+        clash = np.flatnonzero(ints == ints[np.setdiff1d(np.arange(ints.size), first)[0]])
+        raise source.error(f"{what} {text[clash[0]]!r} and {text[clash[1]]!r} are the same integer",
+                           "one spelling per node")
+    return ints
+
+
+def label_codes(raw, source: Source, what: str, where: Callable[[int], str],
+                negative_unknown: bool = False) -> tuple[np.ndarray, list]:
+    """Labels as int64 codes ``0..C-1`` in the order of their values (numeric when all are integers)
+    and the values themselves. Text labels: an empty one is unknown (-1). Integer arrays: with
+    ``negative_unknown`` (the -1 of :class:`GraphData`) a negative label is unknown, else every value
+    is a class (TU's -1/1). Labels of a single class are refused: nothing to score a clustering
+    against. ``what`` names the labels (``column 'label'``), ``where(i)`` the row of label i."""
+    a = np.asarray(raw)
+    if a.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(a) | (a != np.round(a)))
+        if bad.size:
+            raise source.error(f"{where(bad[0])}: {what} holds {a[bad[0]]!r}", "integer or text class labels")
+        a = a.astype(np.int64)
+    if a.dtype.kind in "iu":
+        values = a.astype(np.int64)
+        known = values >= 0 if negative_unknown else np.ones(values.shape, bool)
+    else:
+        text = a.astype(str)
+        known = text != ""
+        given = id_array(text[known], source, what)
+        values = np.full(a.shape, -1 if given.dtype == np.int64 else "", dtype=given.dtype)
+        values[known] = given
+    names, codes = np.unique(values[known], return_inverse=True)
+    if names.size < 2:
+        found = f"one class ({show(names[0])})" if names.size else "no known label"
+        raise source.error(f"{what} has {found}", "two classes or more, or no labels (then set num-clusters)")
+    y = np.full(a.shape, -1, dtype=np.int64)
+    y[known] = codes
+    return y, names.tolist()
+
+
+def _canonical_order(keys: np.ndarray) -> np.ndarray:
+    return np.argsort(keys, kind="stable")
+
+
+def _check_distinct(keys: np.ndarray, source: Source) -> None:
+    order = _canonical_order(keys)
+    same = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+    if same.size:
+        i, j = sorted(order[same[0]: same[0] + 2])
+        raise source.error(f"{source.node(j)} repeats node ID {show(keys[j])} of {source.node(i)}",
+                           "each node ID once")
+
+
+# --------------------------------------------------------------------------- edges
+
+
+def _check_weights(weight: np.ndarray, source: Source) -> None:
+    bad = np.flatnonzero(~(np.isfinite(weight) & (weight > 0)))
+    if bad.size:
+        raise source.error(f"{source.edge(bad[0])} has weight {weight[bad[0]]!r}",
+                           "finite weights > 0 (leave a missing edge out)")
+
+
+def edge_adjacency(n: int, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None, keys: np.ndarray,
+                   source: Source) -> sp.csr_matrix:
+    """The symmetric CSR adjacency of the edges ``src[i] - dst[i]`` (row positions 0..n-1).
+
+    A self-loop is dropped and an edge given again (same direction, same weight) merged, each said
+    in a note; an edge and its reverse are one undirected edge. A weight that is not finite and
+    positive, and an edge or its reverse given again with another weight, are refused."""
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    if weight is not None:
+        weight = np.asarray(weight, dtype=np.float64)
+        _check_weights(weight, source)
+    loops = np.flatnonzero(src == dst)
+    if loops.size:
+        source.note(f"{loops.size} self-loop(s) dropped (first: {source.edge(loops[0])}, node "
+                    f"{show(keys[src[loops[0]]])})")
+    index = np.flatnonzero(src != dst)
+    lo, hi = np.minimum(src[index], dst[index]), np.maximum(src[index], dst[index])
+    # one key per undirected pair, the direction in the lowest bit: sorted, an edge given again
+    # is next to its first occurrence, and a reverse pair next to the pair
+    pair = (lo * np.int64(n) + hi) * 2 + (src[index] > dst[index])
+    order = np.argsort(pair, kind="stable")
+    pair = pair[order]
+    same_pair = (pair[1:] >> 1) == (pair[:-1] >> 1)
+    repeated = same_pair & (pair[1:] == pair[:-1])
+    if weight is not None:
+        w = weight[index][order]
+        clash = np.flatnonzero(same_pair & (w[1:] != w[:-1]))
+        if clash.size:
+            _refuse_weight_clash(clash, order, index, pair, w, src, dst, keys, source)
+    if repeated.any():
+        later = index[order[1:][repeated]]
+        first = int(later.min())
+        twin = index[order[np.flatnonzero(repeated)[np.argmin(later)]]]
+        source.note(f"{int(repeated.sum())} repeated edge(s) merged (first: {source.edge(first)} repeats "
+                    f"{source.edge(int(twin))}, {show(keys[src[first]])} - {show(keys[dst[first]])})")
+    keep = np.concatenate([[True], ~same_pair]) if pair.size else np.zeros(0, bool)
+    rows, cols = lo[order][keep], hi[order][keep]
+    data = np.ones(rows.size) if weight is None else weight[index][order][keep]
+    adj = sp.csr_matrix((np.concatenate([data, data]), (np.concatenate([rows, cols]), np.concatenate([cols, rows]))),
+                        shape=(n, n), dtype=np.float64)
+    adj.sort_indices()
+    return adj
+
+
+def _refuse_weight_clash(clash, order, index, pair, w, src, dst, keys, source: Source) -> None:
+    """One line for the earliest edge that gives an undirected pair a second weight."""
+    later = np.maximum(index[order[clash]], index[order[clash + 1]])
+    k = clash[np.argmin(later)]
+    i, j = sorted((int(index[order[k]]), int(index[order[k + 1]])))
+    a, b = show(keys[src[j]]), show(keys[dst[j]])
+    wi, wj = (w[k], w[k + 1]) if index[order[k]] == i else (w[k + 1], w[k])
+    kind = "repeats" if pair[k] == pair[k + 1] else "reverses"
+    raise source.error(f"{source.edge(j)} ({a} - {b}, weight {wj:g}) {kind} {source.edge(i)} with weight {wi:g}",
+                       "one weight per undirected edge")
+
+
+# --------------------------------------------------------------------------- one graph
+
+
+def assemble(name: str, num_nodes: int, src, dst, source: Source, *, keys=None, weight=None, x=None,
+             labels=None, labels_what: str = "labels", label_source: Source | None = None,
+             negative_unknown: bool = False, meta: dict | None = None) -> GraphData:
+    """A checked :class:`GraphData` from row positions: edges ``src[i] - dst[i]`` (0..num_nodes-1),
+    optional edge ``weight``, node ``keys`` (IDs, see :func:`id_array`), features ``x`` and raw
+    ``labels`` (see :func:`label_codes`, with ``negative_unknown``; named ``labels_what`` in
+    ``label_source``, default ``source``), all in the source's row order; the graph's rows follow
+    the IDs' order. ``source.notes`` end up in ``meta['notes']``."""
+    if num_nodes == 0:
+        raise source.error("no nodes (an empty graph)", "at least one edge or node-table row")
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    _check_ends(num_nodes, src, dst, source)
+    keys = np.arange(num_nodes, dtype=np.int64) if keys is None else id_array(keys, source)
+    _check_distinct(keys, source)
+    label_source = label_source or source
+    y, label_names = (None, None) if labels is None else label_codes(labels, label_source, labels_what,
+                                                                      label_source.node, negative_unknown)
+    order = _canonical_order(keys)
+    rank = np.empty(num_nodes, dtype=np.int64)
+    rank[order] = np.arange(num_nodes)
+    keys = keys[order]
+    adj = edge_adjacency(num_nodes, rank[src], rank[dst], weight, keys, source)
+    if x is not None:
+        x = x[order]
+    if y is not None:
+        y = y[order]
+    _note_isolated(adj, keys, source)
+    meta = {**(meta or {}), "notes": list(source.notes)}
+    if label_names is not None:
+        meta["label_names"] = label_names
+    canonical = keys.dtype == np.int64 and np.array_equal(keys, np.arange(num_nodes))
+    return GraphData(name, adj, x, y, meta, None if canonical else keys)
+
+
+def _check_ends(n: int, src: np.ndarray, dst: np.ndarray, source: Source) -> None:
+    bad = np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))
+    if bad.size:
+        end = src[bad[0]] if not 0 <= src[bad[0]] < n else dst[bad[0]]
+        raise source.error(f"{source.edge(bad[0])} refers to node {end}", f"node positions 0..{n - 1}")
+
+
+def _note_isolated(adj: sp.csr_matrix, keys: np.ndarray, source: Source) -> None:
+    if not adj.nnz:
+        source.note(f"no edges: {adj.shape[0]} nodes with features only (strategies that need edges refuse it)")
+        return
+    alone = np.flatnonzero(np.diff(adj.indptr) == 0)
+    if alone.size:
+        source.note(f"{alone.size} isolated node(s) kept, without an edge (first: {show(keys[alone[0]])})")
+
+
+# --------------------------------------------------------------------------- collections
+
+
+def assemble_collection(name: str, graph_of: np.ndarray, num_graphs: int, src, dst, source: Source, *,
+                        graph_keys=None, graph_labels=None, labels_what: str = "labels",
+                        label_source: Source | None = None, graph_where: Callable[[int], str] | None = None,
+                        node_keys=None, weight=None,
+                        x=None, meta: dict | None = None) -> GraphCollection:
+    """A checked :class:`GraphCollection` from row positions over all graphs at once: node i belongs to
+    graph ``graph_of[i]`` (0..num_graphs-1), every edge joins two nodes of one graph, and the checks and
+    notes of :func:`assemble` hold over the whole collection (one note each, not one per graph). Graphs
+    follow their ``graph_keys`` order, nodes within a graph their ``node_keys`` order (IDs scoped to
+    the graph); a graph's node keys are dropped."""
+    where = graph_where or (lambda i: f"graph {i}")
+    graph_of = np.asarray(graph_of, dtype=np.int64)
+    n = graph_of.size
+    sizes = np.bincount(graph_of, minlength=num_graphs)
+    if num_graphs == 0 or not sizes.all():
+        what = "no graphs" if num_graphs == 0 else f"{where(int(np.flatnonzero(sizes == 0)[0]))} has no nodes"
+        raise source.error(what, "graphs of one node or more")
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    _check_ends(n, src, dst, source)
+    across = np.flatnonzero(graph_of[src] != graph_of[dst])
+    if across.size:
+        raise source.error(f"{source.edge(across[0])} joins two graphs", "edges within one graph")
+    gkeys = np.arange(num_graphs, dtype=np.int64) if graph_keys is None else id_array(graph_keys, source, "graph IDs")
+    _check_distinct(gkeys, Source(source.file, node=where))
+    graph_rank = np.empty(num_graphs, dtype=np.int64)
+    graph_rank[_canonical_order(gkeys)] = np.arange(num_graphs)
+    within = np.arange(n) if node_keys is None else id_array(node_keys, source)
+    _check_distinct_within(graph_of, within, source)
+    inner = np.argsort(within, kind="stable")
+    order = inner[np.argsort(graph_rank[graph_of[inner]], kind="stable")]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    adj = edge_adjacency(n, rank[src], rank[dst], weight, within[order], source)
+    y, label_names = label_codes(graph_labels, label_source or source, labels_what, where)
+    bounds = np.concatenate([[0], np.cumsum(sizes[_canonical_order(gkeys)])])
+    x = None if x is None else x[order]
+    graphs = []
+    for g in range(num_graphs):
+        a, b = bounds[g], bounds[g + 1]
+        block = adj[a:b, a:b].tocsr()
+        block.sort_indices()
+        graphs.append(GraphData(f"{name}/{g}", block, None if x is None else x[a:b], None, {"index": g}))
+    alone = np.diff(adj.indptr) == 0
+    if alone.any():
+        graph_at = np.repeat(np.arange(num_graphs), np.diff(bounds))
+        source.note(f"{int(alone.sum())} isolated node(s) kept, without an edge, in "
+                    f"{np.unique(graph_at[alone]).size} graph(s)")
+    gorder = _canonical_order(gkeys)
+    meta = {**(meta or {}), "notes": list(source.notes), "label_names": label_names}
+    gkeys = gkeys[gorder]
+    canonical = gkeys.dtype == np.int64 and np.array_equal(gkeys, np.arange(num_graphs))
+    return GraphCollection(name, graphs, y[gorder], meta, None if canonical else gkeys)
+
+
+def _check_distinct_within(graph_of: np.ndarray, keys: np.ndarray, source: Source) -> None:
+    order = np.lexsort((keys, graph_of))
+    same = np.flatnonzero((keys[order][1:] == keys[order][:-1]) & (graph_of[order][1:] == graph_of[order][:-1]))
+    if same.size:
+        i, j = sorted(order[same[0]: same[0] + 2])
+        raise source.error(f"{source.node(j)} repeats node ID {show(keys[j])} of {source.node(i)} in one graph",
+                           "each node ID once per graph")
