@@ -50,7 +50,8 @@ class Result:
     it none). Pre-split node and graph splits keep
     each party's items apart (two parties' items are different items even under the
     same ID): ``parties[i]`` is the index of the piece holding item i, else None.
-    ``path``: the result.json written (None without ``out_dir``).
+    ``notes``: what the data readers repaired or noticed (e.g. isolated nodes, dropped
+    self-loops). ``path``: the result.json written (None without ``out_dir``).
     """
 
     strategy: str
@@ -65,6 +66,7 @@ class Result:
     privacy: dict
     history: list
     config: dict
+    notes: list[str] = field(default_factory=list)
     path: Path | None = None
     result: dict = field(default_factory=dict, repr=False)
 
@@ -112,7 +114,10 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     Bad arguments raise :class:`app.config.ConfigError` with one line.
     """
     from app.data.formats import as_graph
+    from app.run import ENGINES
 
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = run_config(config, keywords)
     if isinstance(data, list):
         pieces = [as_graph(piece) for piece in data]
@@ -162,17 +167,25 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
     directory removed afterwards)."""
     from app.run import run_experiment
 
+    notes: list[str] = []
+
     def read(run: Path) -> tuple[dict, np.ndarray]:
-        return json.loads((run / RESULT_FILE).read_text()), np.load(run / LABELS_FILE)
+        result = json.loads((run / RESULT_FILE).read_text())
+        result["notes"] = notes  # the readers' notes (a party's stay out of result.json)
+        return result, np.load(run / LABELS_FILE)
+
+    def run(out: Path) -> Path:
+        done = run_experiment(strategy, dataset, num_clients, raw, out, engine, note=notes.append,
+                              node_configs=node_configs)
+        return Path(done["path"])
 
     if out_dir is not None:
-        path = Path(run_experiment(strategy, dataset, num_clients, raw, out_dir, engine, node_configs)["path"])
+        path = run(Path(out_dir))
         result, labels = read(path.parent)
         result["path"] = str(path)
         return result, labels
     with tempfile.TemporaryDirectory(prefix="fedgraph-") as tmp:
-        run_experiment(strategy, dataset, num_clients, raw, Path(tmp) / "run", engine, node_configs)
-        return read(Path(tmp) / "run")
+        return read(run(Path(tmp) / "run").parent)
 
 
 def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndarray | None,
@@ -182,4 +195,5 @@ def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndar
     return Result(strategy=result["strategy"], labels=np.asarray(labels, dtype=np.int64), ids=np.asarray(keys),
                   item=item, parties=parties, metrics=result["metrics"], reference=result["reference"],
                   timing=result["timing"], communication=result["communication"], privacy=result["privacy"],
-                  history=result["history"], config=result["config"], path=path, result=result)
+                  history=result["history"], config=result["config"], notes=result["notes"], path=path,
+                  result=result)
