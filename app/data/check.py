@@ -59,19 +59,14 @@ def describe(shard: Shard, piece) -> list[str]:
         width = {g.num_features for g in shard.graphs}
         lines = [f"{shard.num_graphs} graphs ({_ids(shard.keys)}), {nodes} nodes, {edges} edges, "
                  f"feature columns: {'/'.join(map(str, sorted(width))) or 0}, graph {_labels(shard.graph_y)}"]
-        empty = sum(g.num_nodes == 0 for g in shard.graphs)
-        if empty:
-            lines.append(f"note: {empty} graphs without nodes")
     else:
         features = 0 if piece.x is None else int(piece.x.shape[1])
         lines = [f"{piece.num_nodes} nodes ({_ids(shard.keys)}), {piece.num_edges} edges, {features} feature columns, "
                  f"{_labels(piece.y)}"]
-        isolated = int((np.diff(piece.adj.indptr) == 0).sum())
-        if isolated:
-            lines.append(f"note: {isolated} isolated nodes (no edge in this party's data)")
         if kind == "khop":
             sizes = [g.num_nodes for g in shard.graphs]
             lines.append(f"k-hop subgraphs: {len(sizes)} centres, {min(sizes)}..{max(sizes)} nodes each")
+    lines += [f"note: {note}" for note in piece.meta.get("notes", [])]  # the reader's repairs and findings
     lines.append(f"split '{shard.partitioner}' ({kind}): this party holds {HOLDS[kind]}")
     if kind in SHARED_NODES:
         lines.append(f"node-set digest (every party must show the same): {node_set_digest(shard.keys)}")
