@@ -55,8 +55,8 @@ def join_parties(config: RunConfig, node_config: Mapping[str, Any], state: Recor
     given = node_config.get(PARTITION_KEY)
     pid = values["partition_id"] if given is None else given
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < parts:
-        raise ConfigError(f"node config {PARTITION_KEY}={pid!r} is out of range for the {parts} parties of this run; "
-                          f"valid: 0..{parts - 1}")
+        raise ConfigError(f"node config {PARTITION_KEY}={pid!r}; valid: a whole number 0..{parts - 1} for the {parts} "
+                          "parties of this run")
     if node_config.get("num-partitions", parts) != parts:
         raise ConfigError(f"node config num-partitions={node_config['num-partitions']!r}, but the run has {parts} "
                           "parties")

@@ -192,6 +192,10 @@ def test_the_server_assigns_partition_ids_by_node_id_unless_a_party_names_its_ow
     configs[1]["partition-id"] = 0  # the server gave the other one 0 as well
     with pytest.raises(ProtocolError, match=r"partition ids \[0, 0\] are not 0\.\.1 exactly once"):
         run_experiment("fedkmeans", PARTIES, 2, overrides, tmp_path / "c", node_configs=configs)
+    configs[1]["partition-id"] = 5  # seen by the party itself at hello (a deployment has no check before the run)
+    raw = {"strategy": "fedkmeans", "dataset": PARTIES, "num-clients": 2, **overrides, "out-dir": str(tmp_path / "d")}
+    with pytest.raises(ProtocolError, match=r"node config partition-id=5; valid: a whole number 0\.\.1 for the 2 "):
+        run_server(InProcessGrid(build_client_app(raw), 2, configs), raw)
 
 
 def test_a_party_sending_ids_beyond_its_rows_stops_the_run_naming_it(sbm, tmp_path, monkeypatch):
