@@ -207,7 +207,7 @@ def test_benchmark_stops_on_inconsistent_dataset_files_with_one_line(tmp_path):
     shutil.copytree(REPO.parent / "shared" / "datasets" / "tudataset" / "MUTAG" / "raw", raw)
     labels = raw / "MUTAG_graph_labels.txt"
     labels.write_text("".join(labels.read_text().splitlines(keepends=True)[:100]))
-    env = {**os.environ, "FEDGRAPH_DATA_ROOT": str(tmp_path / "root"), "FEDGRAPH_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "FEDGRAPH_DATA_ROOT": str(tmp_path / "root")}
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gw_ldp.py"), "--parts", "table1",
                            "--datasets", "mutag", "--json", str(tmp_path / "gw.json")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=10)

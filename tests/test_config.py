@@ -274,7 +274,8 @@ def test_write_result_never_replaces_a_result_json(tmp_path):
     assert np.load(out / "labels.npy").tolist() == [0, 1]
     assert json.loads((tmp_path / "r-2" / "result.json").read_text()) == {"run": 2}  # not lost either
     assert np.load(tmp_path / "r-2" / "labels.npy").tolist() == [1, 0]
-    assert sorted(p.name for p in out.iterdir()) == ["labels.npy", "result.json"]  # no temporary file left
+    assert (tmp_path / "r-2" / "labels.csv").read_text() == "node,cluster\n0,1\n1,0\n"
+    assert sorted(p.name for p in out.iterdir()) == ["labels.csv", "labels.npy", "result.json"]  # no temporary file
 
 
 def test_cli_keeps_a_result_json_written_while_the_run_ran(tmp_path, capsys, monkeypatch):

@@ -305,7 +305,8 @@ def test_prepare_cli_writes_loadable_shards(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,match", [
-    (["--dataset", "nope", "--partitioner", "edge", "--num-clients", "2"], "unknown dataset 'nope'"),
+    (["--dataset", "nope", "--partitioner", "edge", "--num-clients", "2"],
+     "invalid value 'nope' for 'dataset': neither a built-in dataset nor an existing file"),
     (["--dataset", "sbm", "--partitioner", "nope", "--num-clients", "2"], "unknown partitioner 'nope'"),
     (["--dataset", "sbm", "--partitioner", "edge", "--num-clients", "0"], "num-clients"),
     (["--dataset", "sbm", "--partitioner", "edge", "--num-clients", "2", "--set", "foo=1"], "unknown config key"),

@@ -23,7 +23,8 @@ from app.config import ConfigError
 
 from .types import GraphCollection, GraphData
 
-_INTEGER = r"[+-]?\d+"
+#: An integer written as text.
+INTEGER = r"[+-]?\d+"
 
 
 class DataFileError(ConfigError):
@@ -85,7 +86,7 @@ def id_array(values, source: Source, what: str = "node IDs") -> np.ndarray:
     import pandas as pd  # not at import: the ClientApp imports this module on every message
 
     text = a.astype(str)
-    if not text.size or not pd.Series(text).str.fullmatch(_INTEGER).all():
+    if not text.size or not pd.Series(text).str.fullmatch(INTEGER).all():
         return text
     try:
         ints = text.astype(np.int64)
@@ -149,7 +150,7 @@ def _check_distinct(keys: np.ndarray, source: Source) -> None:
 def _check_weights(weight: np.ndarray, source: Source) -> None:
     bad = np.flatnonzero(~(np.isfinite(weight) & (weight > 0)))
     if bad.size:
-        raise source.error(f"{source.edge(bad[0])} has weight {weight[bad[0]]!r}",
+        raise source.error(f"{source.edge(bad[0])} has weight {weight[bad[0]]:g}",
                            "finite weights > 0 (leave a missing edge out)")
 
 

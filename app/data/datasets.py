@@ -127,20 +127,23 @@ def dataset_label(dataset: str) -> str:
 
 
 def check_dataset_value(dataset: str) -> None:
-    """``dataset`` is a built-in name or the path of a file or directory in a known format, else a
-    one-line ConfigError naming it, the built-in names and the formats."""
+    """``dataset`` is a built-in name or a path: of a file or directory in a known format where it
+    exists. A path that does not exist here is let through (a deployed SuperNode reads its own files,
+    not the one the run-config names; where it is read, :func:`app.data.formats.read_graph` names it
+    as missing); anything else is a one-line ConfigError naming it, the built-in names and the formats."""
     if is_builtin(dataset):
         return
     valid = f"valid: a built-in dataset ({', '.join(DATASETS)}) or the path of {FORMAT_HELP}"
     path = Path(dataset).expanduser()
     if not dataset:
         raise ConfigError(f"invalid value '' for 'dataset'; {valid}")
-    if not path.exists():
+    if path.exists():
+        if graph_kind(path) is None:
+            found = f"suffix {path.suffix!r}" if path.is_file() else "a directory without graph files"
+            raise ConfigError(f"invalid value {dataset!r} for 'dataset': unknown format ({found}); {valid}")
+    elif not (os.sep in dataset or "/" in dataset or graph_kind(path) is not None):
         raise ConfigError(f"invalid value {dataset!r} for 'dataset': neither a built-in dataset nor an existing file "
                           f"or directory; {valid}")
-    if graph_kind(path) is None:
-        found = f"suffix {path.suffix!r}" if path.is_file() else "a directory without graph files"
-        raise ConfigError(f"invalid value {dataset!r} for 'dataset': unknown format ({found}); {valid}")
 
 
 def source_stamp(dataset: str, params: dict | None = None) -> tuple:

@@ -204,6 +204,8 @@ def read_npz(path: Path, name: str, weighted: bool = True) -> GraphData:
     unknown = sorted(set(arrays) - set(NPZ_ARRAYS))
     if unknown:
         raise source.error(f"unknown array {unknown[0]!r}", "arrays named " + ", ".join(NPZ_ARRAYS))
+    if "edge_index" in arrays and "adj_data" in arrays:
+        raise source.error("both edge_index and adj_data", "one of them: the edges or the adjacency's CSR parts")
     x = arrays.get("x")
     if "x_data" in arrays:
         x = _csr_parts(arrays, "x", source)
@@ -236,22 +238,24 @@ def read_npz(path: Path, name: str, weighted: bool = True) -> GraphData:
 
 
 def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    valid = "valid: np.savez of the arrays " + ", ".join(NPZ_ARRAYS)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if not hasattr(z, "files"):
-                raise DataFileError(f"{path}: a single .npy array, not an .npz archive; valid: np.savez of the "
-                                    "arrays " + ", ".join(NPZ_ARRAYS))
-            arrays = {}
-            for key in z.files:
-                try:
-                    arrays[key] = z[key]
-                except ValueError:
-                    raise DataFileError(f"{path}: array {key!r} holds Python objects (pickled); valid: numeric or "
-                                        "string arrays") from None
-            return arrays
+        archive = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
-        raise DataFileError(f"{path}: not an .npz archive ({type(err).__name__}: {err}); valid: np.savez of the "
-                            "arrays " + ", ".join(NPZ_ARRAYS)) from None
+        raise DataFileError(f"{path}: not an .npz archive ({describe(err)}); {valid}") from None
+    if not hasattr(archive, "files"):
+        raise DataFileError(f"{path}: a single .npy array, not an .npz archive; {valid}")
+    with archive:
+        arrays = {}
+        for key in archive.files:
+            try:
+                arrays[key] = archive[key]
+            except ValueError:  # allow_pickle=False refuses an object array
+                raise DataFileError(f"{path}: array {key!r} holds Python objects (pickled); valid: numeric or string "
+                                    "arrays") from None
+            except (zipfile.BadZipFile, OSError, EOFError) as err:
+                raise DataFileError(f"{path}: array {key!r} cannot be read ({describe(err)}); {valid}") from None
+    return arrays
 
 
 def _csr_parts(arrays: dict, prefix: str, source: Source) -> sp.csr_matrix:
@@ -374,7 +378,7 @@ def read_pyg(path: Path, name: str, weighted: bool = True) -> GraphData | GraphC
         with torch.serialization.safe_globals(allowed):
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(err))
         detail = f"it refers to {found.group(1)}" if found else (str(err).strip().splitlines() or [""])[-1]
         raise DataFileError(f"{path} is not a PyG Data ({detail}, which weights-only loading refuses); valid: "
                             "torch.save of a torch_geometric Data or a list of Data") from None

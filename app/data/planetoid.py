@@ -54,6 +54,7 @@ _ALLOWED = {
     **{(module, "csr_matrix"): lambda: _PickledCSR for module in ("scipy.sparse.csr", "scipy.sparse._csr",
                                                                    "scipy.sparse")},
     ("collections", "defaultdict"): lambda: __import__("collections").defaultdict,
+    ("_codecs", "encode"): lambda: __import__("codecs").encode,  # bytes as Python 3 writes them in protocols 2-3
     ("__builtin__", "list"): lambda: list,
     ("builtins", "list"): lambda: list,
 }

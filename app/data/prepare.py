@@ -23,7 +23,7 @@ from pathlib import Path
 from app.config import ArgumentParser, ConfigError, exit_code, parse_assignments
 from app.result import unwritable
 
-from .datasets import DATASETS, resolve_data_root
+from .datasets import DATASETS, FILE_DATASETS, check_dataset_value, resolve_data_root
 from .evaluation import CONTENTS
 from .params import DATA_PARAMS, SEED, data_root as config_data_root, dataset_kwargs, partition_kwargs
 from .partition import PARTITIONERS, partition
@@ -34,7 +34,8 @@ FORMATS = ("shards", "files")
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m app.data.prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", required=True, help="one of: " + ", ".join(DATASETS))
+    p.add_argument("--dataset", required=True, help="one of: " + ", ".join(DATASETS)
+                   + ", or the path of a graph file or directory")
     p.add_argument("--partitioner", required=True, help="one of: " + ", ".join(PARTITIONERS))
     p.add_argument("--num-clients", required=True, type=int)
     p.add_argument("--seed", type=int, default=0)
@@ -79,8 +80,7 @@ def _check_eval_file(path: Path) -> None:
 
 def run(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
-    if args.dataset not in DATASETS:
-        raise ConfigError(f"unknown dataset {args.dataset!r}; valid choices: " + ", ".join(DATASETS))
+    check_dataset_value(args.dataset)
     if args.partitioner not in PARTITIONERS:
         raise ConfigError(f"unknown partitioner {args.partitioner!r}; valid choices: " + ", ".join(PARTITIONERS))
     if args.num_clients < 1:
@@ -119,8 +119,7 @@ def run(argv: list[str] | None = None) -> dict:
         "params": pkw,
         "dataset_params": dkw,
         "data_hash": data_hash(data),
-        "data_root": str(resolve_data_root(root)) if args.dataset not in ("karate", "sbm", "iris", "digits",
-                                                                            "circles") else None,
+        "data_root": str(resolve_data_root(root)) if args.dataset in FILE_DATASETS else None,
     }
     manifest = write_shards(shards, args.out, info)
     if args.eval_file:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .assemble import DataFileError, Source, assemble, assemble_collection, id_array, show
+from .assemble import INTEGER, DataFileError, Source, assemble, assemble_collection, id_array, show
 from .formats import SEPARATORS, text_suffix
 from .types import GraphCollection, GraphData
 
@@ -45,8 +45,8 @@ _PARSER_LINE = re.compile(r"Expected (\d+) fields in line (\d+), saw (\d+)")
 
 def _open(path: Path):
     if path.suffix.lower() == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")  # a byte-order mark (spreadsheets write one) is not text
 
 
 def _skipped(line: str, sep: str | None) -> bool:
@@ -112,9 +112,12 @@ def first_fields(path: Path, sep: str | None) -> tuple[int, list[str]]:
                 if not _skipped(line, sep):
                     return number, _fields(line, sep)
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
-        raise DataFileError(f"{path}: not a UTF-8 text file ({type(err).__name__}); valid: a delimited text "
-                            "file") from None
+        raise _not_text(path, err) from None
     return 0, []
+
+
+def _not_text(path: Path, err: BaseException) -> DataFileError:
+    return DataFileError(f"{path}: not a UTF-8 text file ({type(err).__name__}); valid: a delimited text file")
 
 
 def read_table(path: Path, sep: str | None, names: list[str] | None, text_columns: tuple[str, ...],
@@ -141,8 +144,7 @@ def read_table(path: Path, sep: str | None, names: list[str] | None, text_column
             raise DataFileError(f"{path}: cannot be parsed ({str(err).strip().splitlines()[0]}); valid: a "
                                 "delimited text file") from None
         except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
-            raise DataFileError(f"{path}: not a UTF-8 text file ({type(err).__name__}); valid: a delimited "
-                                "text file") from None
+            raise _not_text(path, err) from None
         except pd.errors.EmptyDataError:
             return pd.DataFrame({c: [] for c in names or ()})
 
@@ -158,7 +160,7 @@ def _missing_ids(table: Table, columns: list[str], valid: str) -> None:
     for name in columns:
         col = table.frame[name]
         if col.dtype.kind not in "iu":
-            empty = np.flatnonzero(col.astype(str).to_numpy() == "")
+            empty = np.flatnonzero(col.to_numpy(dtype=object) == "")
             if empty.size:
                 raise table.error(f"{table.where(empty[0])} has no {name} ID", valid)
 
@@ -179,6 +181,14 @@ class Edges:
 
 def _is(field: str, names: tuple[str, ...]) -> bool:
     return field.strip().lower() in names
+
+
+def _number(field: str) -> bool:
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
 
 
 def read_edges(path: Path, sep: str | None, collection: bool = False) -> Edges:
@@ -245,13 +255,14 @@ class Nodes:
 
 
 def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: list[str] | None = None,
-               collection: bool = False) -> Nodes:
+               collection: bool = False, id_names: tuple[str, ...] = ID_NAMES) -> Nodes:
     """The node table in ``path``: the first column (after the graph column when ``collection``) holds
     the IDs, ``label_column`` (when present; an error when it is not the default ``label`` and absent)
-    the labels, every other column a numeric feature. ``names``: the columns of a file without header."""
+    the labels, every other column a numeric feature. ``names``: the columns of a file without header;
+    ``id_names``: the names of the ID column that make the first row a header."""
     line, fields = first_fields(path, sep)
     lead = 1 if collection else 0
-    if names is None and len(fields) > lead and _is(fields[lead], ID_NAMES) and (not collection
+    if names is None and len(fields) > lead and _is(fields[lead], id_names) and (not collection
                                                                                  or _is(fields[0], GRAPH_NAMES)):
         columns = None
         header = fields
@@ -261,6 +272,10 @@ def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: 
         raise DataFileError(f"{path}: line {line or 1} is not a header row; valid: a header row graph, id, "
                             "features...[, label]")
     else:
+        if names is None and any(not _number(f) for f in fields[1:]):
+            raise DataFileError(f"{path}: line {line} is neither a header (its first column {fields[0]!r} is not "
+                                f"one of {', '.join(id_names)}) nor an ID followed by numbers; valid: a header "
+                                f"row whose first column is named one of {', '.join(id_names)}")
         columns = names or (["id"] + [f"x{i}" for i in range(len(fields) - 1)])
         header = columns
     if label_column not in header[lead + 1:] and label_column != "label":
@@ -299,6 +314,7 @@ def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_
         keys = nodes.ids
     else:
         codes, ends = pd.factorize(np.concatenate([edges.src, edges.dst]))
+        _refuse_unnamed_header(edges, ends)
         if nodes is None:
             keys = ends
         else:
@@ -308,12 +324,26 @@ def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_
     meta = {"source": str(path if path is not None else node_table)}
     if nodes is not None:
         meta["node_table"] = str(node_table)
-        source.node = nodes.table.where
-        source.file = str(path) if path is not None else str(node_table)
     return assemble(name, len(keys), src, dst, source, keys=keys, weight=weight,
                     x=None if nodes is None else nodes.x, labels=None if nodes is None else nodes.labels,
                     labels_what=f"column {nodes.label_column!r}" if nodes is not None else "labels",
                     label_source=None if nodes is None else nodes.table.source, meta=meta)
+
+
+def _refuse_unnamed_header(edges: Edges, ends: np.ndarray) -> None:
+    """A first row of words over integer IDs is a header with names the reader does not know: refused,
+    not read as an edge between two nodes named like the columns."""
+    if edges.table.header or np.asarray(ends).dtype.kind in "iu" or len(edges.src) < 2:
+        return
+    text = np.asarray(ends).astype(str)
+    first = [str(edges.src[0]), str(edges.dst[0])]
+    words = pd.Series(first).str.fullmatch(INTEGER)
+    rest = pd.Series(text[~np.isin(text, first)])
+    if not words.any() and rest.size and rest.str.fullmatch(INTEGER).all():
+        raise edges.table.error(f"{edges.table.where(0)} ({', '.join(first)}) reads as a header with unknown column "
+                                "names", "a header naming source and target (" + ", ".join(
+                                    f"{s},{t}" for s, t in zip(SOURCE_NAMES[:4], TARGET_NAMES[:4]))
+                                + ") or no header")
 
 
 def _edges_in_table(edges: Edges, nodes: Nodes, codes: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -357,7 +387,7 @@ def read_collection_dir(directory: Path, name: str, label_column: str = "label",
                         weighted: bool = True) -> GraphCollection:
     """A graph collection in the CSV layout (module docstring)."""
     graphs_path, edges_path, nodes_path = (directory / f for f in COLLECTION_FILES)
-    graphs = read_nodes(graphs_path, ",", label_column)
+    graphs = read_nodes(graphs_path, ",", label_column, id_names=GRAPH_NAMES)
     if graphs.labels is None:
         raise graphs.table.error(f"no column {label_column!r} (data.label-column)", "graph, label columns")
     gkeys = id_array(graphs.ids, graphs.table.source, "graph IDs")
