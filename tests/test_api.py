@@ -61,6 +61,7 @@ def inputs(g: GraphData, tmp_path) -> dict:
 
 
 def test_every_input_type_gives_the_same_run(sbm, tmp_path):
+    registered = dict(memory._TABLE)
     results = {kind: cluster("fedkmeans", data, 3, seed=1, **SMALL) for kind, data in inputs(sbm, tmp_path).items()}
     first = results["GraphData"]
     for kind, r in results.items():
@@ -68,7 +69,7 @@ def test_every_input_type_gives_the_same_run(sbm, tmp_path):
         assert r.metrics == first.metrics and r.timing["rounds"] == first.timing["rounds"], kind
     assert results["path"].ids.tolist() == [f"v{i:04d}" for i in range(sbm.num_nodes)]
     assert results["networkx"].ids.tolist() == list(range(sbm.num_nodes))
-    assert not memory._TABLE  # every registration released
+    assert memory._TABLE == registered  # every registration released
 
 
 def test_the_result_holds_what_result_json_holds(sbm, tmp_path, monkeypatch):
@@ -151,10 +152,11 @@ def test_presplit_graph_collections_give_the_partitioners_clustering(tmp_path):
     (lambda g: cluster("fedkmeans", {"not": "a graph"}), "^as_graph: a dict; valid: GraphData"),
 ])
 def test_bad_arguments_are_one_line_config_errors(sbm, call, message):
+    registered = dict(memory._TABLE)
     with pytest.raises(ConfigError, match=message) as err:
         call(sbm)
     assert "\n" not in str(err.value)
-    assert not memory._TABLE
+    assert memory._TABLE == registered
 
 
 def test_check_prints_what_a_party_will_hold_and_refuses_bad_files(sbm, tmp_path, capsys):

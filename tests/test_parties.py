@@ -51,6 +51,16 @@ def register(pieces, out=None, ids=True) -> list[dict]:
     return configs
 
 
+@pytest.fixture(autouse=True)
+def forget_registered_pieces():
+    """The pieces a test registers (:func:`register`) are released after it."""
+    before = set(memory._TABLE)
+    yield
+    for name in set(memory._TABLE) - before:
+        while name in memory._TABLE:
+            memory.forget(name)
+
+
 @pytest.fixture(scope="module")
 def sbm():
     return load_dataset("sbm", nodes=120, features=6, seed=0)
