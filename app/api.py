@@ -33,6 +33,7 @@ import numpy as np
 
 from app.config import ConfigError
 from app.data import memory
+from app.data.params import dataset_kwargs
 from app.data.parties import PARTIES, SHARED_NODES, family
 from app.result import LABELS_FILE, RESULT_FILE
 
@@ -102,12 +103,15 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
 
     ``data``: one graph (or collection; a list of PyG ``Data`` as one collection:
     ``as_graph(graphs)``), split over ``num_clients`` (default 4) clients by the run's
-    partitioner (``partitioner``, default the strategy's own); or a list of pieces, one per party, each holding only its own share (``dataset = 'parties'``,
+    partitioner (``partitioner``, default the strategy's own); or a list of pieces, one per
+    party, each holding only its own share (``dataset = 'parties'``,
     :mod:`app.data.parties`: the partitioner only names the split family, e.g. ``vertical``
     for pieces that are feature columns of the same nodes); ``num_clients`` is then the
     number of pieces.
-    ``config``: run-config keys as in ``pyproject.toml`` (``{"fedkmeans.filter-order": 2}``);
-    simple keys may also be keywords (``seed=3``, ``num_rounds=5``, ``num_clusters=4``).
+    ``config``: run-config keys as in ``pyproject.toml`` (``{"fedkmeans.filter-order": 2}``;
+    ``data.node-table``, ``data.label-column`` and ``data.weighted`` are the reader's options
+    for ``data`` and every piece); simple keys may also be keywords (``seed=3``,
+    ``num_rounds=5``, ``num_clusters=4``).
     ``engine``: ``inprocess`` (default), or ``simulation`` (Flower's engine; a path only).
     ``out_dir``: where result.json, labels.npy and labels.csv go (pre-split: each party's
     labels.csv in ``party-<i>/``); None: nowhere, the Result holds everything.
@@ -119,8 +123,10 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = run_config(config, keywords)
+    options = dataset_kwargs(raw, PARTIES)  # data.node-table, data.label-column, data.weighted: the reader's
+    options["node_table"] = options["node_table"] or None
     if isinstance(data, list):
-        pieces = [as_graph(piece) for piece in data]
+        pieces = [as_graph(piece, **options) for piece in data]
         if not pieces:
             raise ConfigError("an empty list of pieces; valid: one piece per party")
         if num_clients not in (None, len(pieces)):
@@ -130,7 +136,7 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
             raise ConfigError(f"engine={engine!r} with pre-split pieces; valid: 'inprocess' (the pieces stay in "
                               "this process)")
         return _presplit(strategy, pieces, raw, out_dir)
-    whole = as_graph(data)
+    whole = as_graph(data, **options)
     if engine != "inprocess" and not isinstance(data, (str, os.PathLike)):
         raise ConfigError(f"engine={engine!r} with in-memory data; valid: 'inprocess', or a file path")
     clients = DEFAULT_NUM_CLIENTS if num_clients is None else num_clients

@@ -63,6 +63,11 @@ def inputs(g: GraphData, tmp_path) -> dict:
 def test_every_input_type_gives_the_same_run(sbm, tmp_path):
     registered = dict(memory._TABLE)
     results = {kind: cluster("fedkmeans", data, 3, seed=1, **SMALL) for kind, data in inputs(sbm, tmp_path).items()}
+    files = tmp_path / "files"  # an edge list with its node table elsewhere: the reader's option data.node-table
+    (files / "edges.csv").rename(tmp_path / "e.csv")
+    (files / "nodes.csv").rename(tmp_path / "n.csv")
+    results["edge list + data.node-table"] = cluster("fedkmeans", str(tmp_path / "e.csv"), 3, seed=1, **{
+        **SMALL, "config": {**SMALL["config"], "data.node-table": str(tmp_path / "n.csv")}})
     first = results["GraphData"]
     for kind, r in results.items():
         assert np.array_equal(r.labels, first.labels), kind
