@@ -3,28 +3,88 @@
 Each handler validates the run-config, finds this node's shard (a shard file
 named by the node-config key ``shard`` in a deployment, or the partition
 ``partition-id`` of ``num-partitions`` built from the dataset in simulation,
-cached per process) and hands the message to the configured method's client
-class. Whatever the client must keep between steps lives in ``context.state``.
+cached per process; with ``dataset = 'parties'`` the party's own data named by
+the node-config key ``data``, see :mod:`app.data.parties`) and hands the
+message to the configured method's client class. Whatever the client must keep
+between steps lives in ``context.state``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from app import registry
-from app.config import RunConfig
+from app.config import ConfigError, RunConfig
 from app.data.datasets import dataset_label
 from app.data.params import dataset_kwargs, partition_kwargs
+from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard
 from app.data.shards import client_shard, load_shard_file
 from app.data.types import Shard
+from app.result import unwritable
+from app.transport import unpack
 from clients.base import ClusteringClient
 
+PARTY_STATE = "party"
 
-def node_shard(config: RunConfig, node_config: Mapping[str, Any]) -> Shard:
-    """This node's shard: its own file in a deployment, else its partition."""
+
+def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[str]:
+    """A party's own data (node config ``data``) has what the strategy uses (one graph or a
+    collection, edges, features, no edge weights where the method counts every edge as 1):
+    a one-line ConfigError naming the data otherwise. Returns the reader's notes."""
+    from app.data.datasets import DataProfile
+    from app.data.parties import load_piece, read_options
+
+    spec = str(node_config.get(DATA_KEY) or "")
+    piece = load_piece(spec, read_options(node_config))
+    named = RunConfig({**config.as_dict(), "dataset": "in-memory piece" if spec.startswith("memory:") else spec})
+    registry.get(str(config["strategy"])).strategy.check_data(named, DataProfile.of(piece))
+    return list(piece.meta.get("notes", []))
+
+
+def join_parties(config: RunConfig, node_config: Mapping[str, Any], state: RecordDict, hello: RecordDict) -> None:
+    """The ``hello`` of a party (``dataset = 'parties'``): keep its partition id in ``state``
+    for the rest of the run, its node config's ``partition-id`` or else the one the server
+    assigned (by Flower node id), check its data fits the strategy and its out-dir can take
+    labels.csv now, not at the end of the run."""
+    _, values = unpack(hello)
+    parts = int(values["num_partitions"])
+    given = node_config.get(PARTITION_KEY)
+    pid = values["partition_id"] if given is None else given
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < parts:
+        raise ConfigError(f"node config {PARTITION_KEY}={pid!r}; valid: a whole number 0..{parts - 1} for the {parts} "
+                          "parties of this run")
+    if node_config.get("num-partitions", parts) != parts:
+        raise ConfigError(f"node config num-partitions={node_config['num-partitions']!r}, but the run has {parts} "
+                          "parties")
+    if node_config.get(OUT_KEY):
+        problem = unwritable(Path(str(node_config[OUT_KEY])))
+        if problem is not None:
+            raise ConfigError(f"node config {OUT_KEY}: {problem}; valid: a writable directory for labels.csv")
+    state[PARTY_STATE] = ConfigRecord({"partition_id": int(pid), "num_partitions": parts})
+    node_shard(config, node_config, state)  # the data is read and split as the run will use it
+    check_party_data(config, node_config)
+
+
+def party_partition(state: RecordDict | None) -> tuple[int, int]:
+    """(partition id, number of parties) of a party, kept by :func:`join_parties`."""
+    if state is None or PARTY_STATE not in state.config_records:
+        raise ConfigError(f"dataset={PARTIES!r}: a message before the hello handshake; valid: hello first")
+    record = state.config_records[PARTY_STATE]
+    return int(record["partition_id"]), int(record["num_partitions"])
+
+
+def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordDict | None = None) -> Shard:
+    """This node's shard: its own file in a deployment, its own data (``dataset = 'parties'``;
+    ``state`` holds its partition id), else its partition."""
+    if str(config["dataset"]) == PARTIES:
+        return party_node_shard(config.as_dict(), node_config, *party_partition(state))
+    if node_config.get(DATA_KEY):
+        raise ConfigError(f"node config '{DATA_KEY}' is read with dataset={PARTIES!r} only, but this run uses "
+                          f"dataset={config['dataset']!r}")
     if node_config.get("shard"):
         # refuses a shard cut from another dataset or by another partitioner
         return load_shard_file(str(node_config["shard"]), dataset=dataset_label(str(config["dataset"])),
@@ -57,7 +117,9 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         def handler(message: Message, context: Context) -> Message:
             config = registry.validate({**context.run_config, **overrides})
             client_cls = registry.get(str(config["strategy"])).client
-            shard = node_shard(config, context.node_config)
+            if action == "hello" and str(config["dataset"]) == PARTIES:
+                join_parties(config, context.node_config, context.state, message.content)
+            shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)
             return Message(client.handle(action, message.content), reply_to=message)
 

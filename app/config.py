@@ -46,6 +46,19 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
     return out
 
 
+def exit_code(run, argv: list[str] | None = None) -> int:
+    """A command line tool's exit code: ``run(argv)`` gives 0; a ConfigError, its one line on
+    stderr and 2 (a user error)."""
+    import sys
+
+    try:
+        run(argv)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 @dataclass(frozen=True)
 class Param:
     """One run-config key.

@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from app.config import ConfigError, Param, RunConfig, Schema
 from app.data.datasets import check_dataset_value
 from app.data.params import DATA_PARAMS, SEED, data_keys_read
+from app.data import memory
+from app.data.parties import PARTIES
 from app.data.partition import PARTITIONERS
 from app.transport import POLL_MODES
 from clients.fedavg_dmon import FedAvgDMoNClient
@@ -49,6 +51,17 @@ STRATEGIES: dict[str, Entry] = {
 }
 
 
+def check_dataset(dataset: str) -> None:
+    """The ``dataset`` value: a built-in name, a path (:func:`app.data.datasets.check_dataset_value`),
+    the reserved ``parties``, or data registered in this process (``memory:...``, :mod:`app.data.memory`)."""
+    if dataset == PARTIES:
+        return
+    if memory.is_memory(dataset):
+        memory.lookup(dataset)
+        return
+    check_dataset_value(dataset)
+
+
 def get(name: str) -> Entry:
     """The registered entry for ``name``, or a one-line ConfigError."""
     if name not in STRATEGIES:
@@ -60,8 +73,8 @@ def core_params() -> list[Param]:
     """Keys every method shares."""
     return [
         Param("strategy", str, "fedkmeans", "clustering method", choices=tuple(STRATEGIES)),
-        Param("dataset", str, "sbm", "a built-in dataset's name, or the path of a graph file or directory",
-              check=check_dataset_value),
+        Param("dataset", str, "sbm", f"a built-in dataset's name, or the path of a graph file or directory; "
+              f"{PARTIES!r}: every SuperNode brings its own data (node config data=PATH)", check=check_dataset),
         Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0,
               high=100_000_000, primary=True),
         Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",

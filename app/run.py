@@ -17,8 +17,10 @@ from typing import Any, Callable, Mapping
 
 from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, parse_assignments
+from app.data import memory
 from app.data.datasets import dataset_label, is_builtin
 from app.data.params import dataset_kwargs
+from app.data.parties import PARTIES
 from app.engine import EngineError
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, default_out_dir, unwritable
@@ -36,31 +38,40 @@ def run_experiment(
     out_dir: str | Path | None = None,
     engine: str = "inprocess",
     note: Callable[[str], None] | None = None,
+    node_configs: list[Mapping[str, Any]] | None = None,
 ) -> dict:
     """Run one experiment and return its result dict (also in ``out_dir``).
 
     ``dataset`` is a built-in name or the path of a graph file or directory (made absolute here,
     like ``data.node-table``, so the clients read the same file wherever they run). ``note`` is
     called with each note of the data reader (repairs such as dropped self-loops), before the run;
-    result.json lists them too."""
+    result.json lists them too. ``node_configs`` (in-process engine only): each node's node
+    config, e.g. a party's own data with ``dataset = 'parties'`` (``data``, ``partition-id``,
+    ``out-dir``; :mod:`app.data.parties`); default: partition i of ``num_clients``."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = registry.validate(raw)  # fail before any engine starts
-    if not is_builtin(dataset):
+    if not is_builtin(dataset) and dataset != PARTIES and not memory.is_memory(dataset):
         raw["dataset"] = str(Path(dataset).expanduser().resolve())
         if config["data.node-table"]:
             raw["data.node-table"] = str(Path(str(config["data.node-table"])).expanduser().resolve())
         config = registry.validate(raw)
     given = out_dir or config["out-dir"]
     _check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
-    data = _check_against_data(config, num_clients)
-    for text in data.meta.get("notes", []) if note else ():
+    if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
+        raise ConfigError(f"{len(node_configs)} node configs for {num_clients} clients on engine {engine!r}; valid: "
+                          "one per client, engine 'inprocess'")
+    if str(config["dataset"]) == PARTIES:
+        notes = _check_parties(config, node_configs)
+    else:
+        notes = _check_against_data(config, num_clients).meta.get("notes", [])
+    for text in notes if note else ():
         note(text)
     out = Path(given).resolve() if given else default_out_dir(strategy, dataset_label(dataset)).resolve()
     raw["out-dir"] = str(out)
     try:
-        return _run(engine, raw, num_clients)
+        return _run(engine, raw, num_clients, node_configs)
     except BaseException:
         if not given:  # the directory claimed for this run, left empty by a failed run
             with contextlib.suppress(OSError):
@@ -68,14 +79,14 @@ def run_experiment(
         raise
 
 
-def _run(engine: str, raw: dict, num_clients: int) -> dict:
+def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
     """The checked run ``raw`` on ``engine``; its result dict."""
     if engine == "inprocess":
         from app.client_app import build_client_app
         from app.inprocess import InProcessGrid
         from app.server_app import run_server
 
-        return run_server(InProcessGrid(build_client_app(raw), num_clients), raw)
+        return run_server(InProcessGrid(build_client_app(raw), num_clients, node_configs), raw)
 
     from app.client_app import build_client_app
     from app.engine import simulate
@@ -128,6 +139,25 @@ def _check_against_data(config, num_clients: int):
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
     return data
+
+
+def _check_parties(config, node_configs) -> list[str]:
+    """A run on the parties' own data: every party's data is read, turned into its shard and
+    checked against the strategy here first (the in-process clients reuse them), so a piece the
+    split or the method cannot use is a one-line config error before the run. Returns the
+    readers' notes."""
+    from app.client_app import check_party_data
+    from app.data.parties import party_node_shard
+
+    if node_configs is None:
+        raise ConfigError(f"dataset={PARTIES!r} needs parties that bring their own data: deployed SuperNodes with "
+                          "node config data=PATH, or app.cluster(strategy, [piece, ...]) in Python; valid here: a "
+                          "dataset name or file")
+    notes = []
+    for i, node_config in enumerate(node_configs):
+        party_node_shard(config.as_dict(), node_config, int(node_config.get("partition-id", i)), len(node_configs))
+        notes += check_party_data(config, node_config)
+    return notes
 
 
 def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=None):

@@ -3,7 +3,10 @@
 ``run_server`` is the whole server side of one experiment: validate the
 run-config, connect to the clients (``hello`` handshake), run the configured
 strategy, evaluate its clustering against the ground truth and against the
-centralised reference on the pooled data, and write ``result.json``.
+centralised reference on the pooled data, and write ``result.json``. With
+``dataset = 'parties'`` the server holds no data at all: it sends every party
+the labels of its own items (where the method did not already) and writes the
+strategy's own metrics and the cluster sizes, the reference skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from app.config import ConfigError, RunConfig
 from app.data.datasets import DataProfile, dataset_label
 from app.data.params import dataset_kwargs
 from app.data.evaluation import load_evaluation
+from app.data.parties import PARTIES
 from app.data.shards import server_data
 from app.data.types import GraphCollection
 from app.engine import EngineWatch
@@ -32,7 +36,7 @@ from app.privacy.secagg import SecAggError
 from app.quality import assess
 from app.result import default_out_dir, summary_table, write_result
 from app.session import ServerSession
-from app.transport import ProtocolError
+from app.transport import ProtocolError, ReplySpec, ValueSpec, pack
 
 
 def evaluation_data(config: RunConfig):
@@ -92,14 +96,54 @@ def _reference(strategy, data, labels: np.ndarray, score) -> dict:
             "agreement": agreement(ref_labels[known], labels[known])}
 
 
+def deliver_labels(session: ServerSession, labels: np.ndarray) -> None:
+    """``labels`` step of a run on the parties' own data: each party gets the labels of its own
+    items only (its slice of the positions, in its row order), where the method has not sent
+    them already. A party that fails to take them is recorded and dropped; the others keep theirs."""
+    if any(r["action"] == "labels" for r in session.stats.rounds):
+        return
+    contents = {node: pack({"labels": labels[session.offsets[node]: session.offsets[node] + session.items[node]]})
+                for node in session.node_ids}
+    session.exchange("labels", contents, ReplySpec(numbers={"received": ValueSpec(whole=True, low=0)}),
+                     require_all=False)
+
+
+def parties_outcome(strategy, labels: np.ndarray, metrics: dict) -> tuple[np.ndarray, dict, dict]:
+    """Labels, metrics and reference of a run on the parties' own data, which the server cannot
+    score: the strategy's own metrics and the cluster sizes."""
+    known = labels[labels >= 0]
+    sizes = np.bincount(known) if known.size else np.zeros(0, dtype=np.int64)
+    scores = {**metrics, "cluster_sizes": [int(v) for v in sizes], "items": int(labels.size),
+              "coverage": float(known.size / labels.size) if labels.size else 0.0}
+    return labels, scores, {"method": strategy.reference_method(),
+                            "skipped": f"dataset '{PARTIES}': the server holds no pooled data and no ground truth"}
+
+
+def evaluate_output(strategy, output, data, num_items: int) -> tuple[np.ndarray, dict, dict]:
+    """The labels of ``output`` laid out over the data's items, their metrics against the data's
+    labels and graph (or the strategy's ``truth``), and the centralised reference beside them."""
+    if output.truth is not None:
+        labels = np.asarray(output.labels, dtype=np.int64)
+        score = lambda predicted: evaluate(predicted, y_true=output.truth)  # noqa: E731
+    else:
+        labels = output.dense_labels(num_items)
+        score = lambda predicted: _score(predicted, data)  # noqa: E731
+    metrics = {**score(labels), **output.metrics}
+    reference = _reference(strategy, data, labels, score)
+    if "agreement" in reference:
+        metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
+    return labels, metrics, reference
+
+
 def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     """Run one experiment over ``grid``; return the result dict (also written)."""
     started = time.perf_counter()
     config = registry.validate(raw_config)
-    data = evaluation_data(config)
-    if not config["eval-file"]:  # the pooled data: what the strategy needs (a path dataset is checked only here)
+    parties = str(config["dataset"]) == PARTIES
+    data = None if parties else evaluation_data(config)
+    if data is not None and not config["eval-file"]:  # the pooled data: what the strategy needs (a path dataset is checked only here)
         registry.get(str(config["strategy"])).strategy.check_data(config, DataProfile.of(data))
-    num_items = len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
+    num_items = 0 if parties else len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
     values = config.as_dict()
     if values["num-clusters"] == 0:
         values["num-clusters"] = int(np.unique(data.y[data.y >= 0]).size) if data.y is not None else 0
@@ -115,20 +159,14 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     protocol_start = time.perf_counter()
     try:
         output = strategy.run(session)
+        if parties:
+            labels = output.dense_labels(session.num_positions())
+            deliver_labels(session, labels)
     finally:
         session.progress.close()
     protocol_s = time.perf_counter() - protocol_start
-    if output.truth is not None:
-        labels = np.asarray(output.labels, dtype=np.int64)
-        score = lambda predicted: evaluate(predicted, y_true=output.truth)  # noqa: E731
-    else:
-        labels = output.dense_labels(num_items)
-        score = lambda predicted: _score(predicted, data)  # noqa: E731
-
-    metrics = {**score(labels), **output.metrics}
-    reference = _reference(strategy, data, labels, score)
-    if "agreement" in reference:
-        metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
+    labels, metrics, reference = (parties_outcome(strategy, labels, output.metrics) if parties
+                                  else evaluate_output(strategy, output, data, num_items))
 
     rounds = session.stats.rounds[setup_rounds:]
     result = {
@@ -153,12 +191,17 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
                           "dropped": [{"node": n, **d} for n, d in session.dropped.items()]},
         "privacy": session.ledger.to_dict(),
         "history": output.history,
-        "notes": data.meta.get("notes", []),
+        "notes": [] if parties else data.meta.get("notes", []),  # a party's notes stay with it
     }
     out_dir = str(config["out-dir"]) or default_out_dir(str(config["strategy"]), dataset_label(str(config["dataset"])))
-    # labels.csv names the user's IDs where the labels are the data's own items, else (k-hop subgraphs) the items'
-    keys, column = ((data.keys, "graph" if isinstance(data, GraphCollection) else "node") if output.truth is None
-                    else (None, "item"))
+    # labels.csv names the user's IDs where the labels are the data's own items, else (k-hop subgraphs) the items';
+    # on the parties' own data the server knows positions only (each party writes its IDs' labels itself)
+    if parties:
+        keys, column = None, "position"
+    elif output.truth is None:
+        keys, column = data.keys, "graph" if isinstance(data, GraphCollection) else "node"
+    else:
+        keys, column = None, "item"
     path = write_result(result, out_dir, labels, keys, column)
     result["path"] = str(path)
     log(INFO, "\n%s\nresult written to %s", summary_table(result), path)

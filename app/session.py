@@ -24,8 +24,8 @@ from flwr.serverapp import Grid
 import numpy as np
 
 from app.config import RunConfig
+from app.data.parties import PARTIES, SHARED_NODES, family, item_offsets, node_set_mismatch, to_positions
 from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
-from app.progress import Progress
 from app.privacy.policy import PrivacyRefusal
 from app.privacy.secagg import (
     FixedPointEncoder,
@@ -36,6 +36,7 @@ from app.privacy.secagg import (
     relay_public_keys,
     unmask_sum,
 )
+from app.progress import Progress
 from app.transport import (
     ArraySpec,
     CommStats,
@@ -54,6 +55,16 @@ HELLO_SPEC = ReplySpec(values=("dataset", "partitioner"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
                                 "num_partitions": ValueSpec(whole=True, low=1),
                                 "num_rows": ValueSpec(whole=True, low=0)})
+
+def party_hello_spec(partitioner: str) -> ReplySpec:
+    """The hello reply of a party with its own data (``dataset = 'parties'``): the counts of
+    every hello, its graph count, and where every party holds the same nodes the digest of
+    its ordered node IDs (:func:`app.data.parties.node_set_digest`)."""
+    shared = family(partitioner) in SHARED_NODES
+    return ReplySpec(values=HELLO_SPEC.values + (("node_digest",) if shared else ()),
+                     numbers={**HELLO_SPEC.numbers, "num_graphs": ValueSpec(whole=True, low=0)})
+
+
 SECAGG_SETUP = "secagg_setup"
 SECAGG_AGREE = "secagg_agree"
 SETTLE_S = 1.0
@@ -117,6 +128,9 @@ class ServerSession:
         self.min_clients = max(1, int(config["min-clients"]))
         self.retries = int(config["retries"])
         self.progress = Progress()
+        self.parties = str(config["dataset"]) == PARTIES
+        self.items: dict[int, int] = {}  # parties: node id -> its items (rows, or graphs)
+        self.offsets: dict[int, int] = {}  # parties: node id -> where its items start among the positions
 
     # -- set-up ---------------------------------------------------------------
     def connect(self) -> list[ClientInfo]:
@@ -127,7 +141,11 @@ class ServerSession:
         """
         nodes = self._wait_for_nodes(int(self.config["num-clients"]))
         want = len(nodes)
-        replies = self.exchange(HELLO, {n: RecordDict() for n in nodes}, HELLO_SPEC, record=False)
+        spec, contents = HELLO_SPEC, {n: RecordDict() for n in nodes}
+        if self.parties:  # partition ids by Flower node id, for parties whose node config names none
+            spec = party_hello_spec(str(self.config["partitioner"]))
+            contents = {n: pack(values={"partition_id": i, "num_partitions": want}) for i, n in enumerate(nodes)}
+        replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []
         for node, content in replies.items():
             _, values = unpack(content)
@@ -143,9 +161,46 @@ class ServerSession:
             raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
         self.clients = clients
         self._order = {c.node_id: c.partition_id for c in clients}
-        self._record_uploads(HELLO, replies.items(), HELLO_SPEC)
+        self._record_uploads(HELLO, replies.items(), spec)
+        if self.parties:
+            self._place_parties(clients)
         self.progress = Progress()  # its elapsed time counts from here: the engine's start-up is not the protocol's
         return clients
+
+    def _place_parties(self, clients: list[ClientInfo]) -> None:
+        """Parties with their own data: where every party must hold the same nodes, stop on
+        differing node sets (one line with the counts); then each party's item count and
+        offset among the server's positions (:func:`app.data.parties.item_offsets`)."""
+        partitioner = str(self.config["partitioner"])
+        count = "num_graphs" if family(partitioner) == "graphs" else "num_rows"
+        counts = {c.partition_id: int(c.summary[count]) for c in clients}
+        if family(partitioner) in SHARED_NODES:
+            problem = node_set_mismatch(partitioner, counts, {c.partition_id: c.summary["node_digest"] for c in clients})
+            if problem:
+                raise ProtocolError(problem)
+        offsets = item_offsets(partitioner, [counts[c.partition_id] for c in clients])
+        self.items = {c.node_id: counts[c.partition_id] for c in clients}
+        self.offsets = {c.node_id: offset for c, offset in zip(clients, offsets)}
+
+    def positions(self, step: str, node: int, ids) -> np.ndarray:
+        """Item ids a client sent (node rows or graphs) as the server's item ids: unchanged from a
+        partitioned dataset (they are global already); a party's rows 0..n-1 offset by the items
+        of the parties before it (:func:`app.data.parties.to_positions`), an id outside its rows
+        stopping the run."""
+        if not self.parties:
+            return np.asarray(ids, dtype=np.int64)
+        try:
+            return to_positions(ids, self.offsets[node], self.items[node])
+        except ValueError as err:
+            raise ProtocolError(f"step '{step}': client {self.partition_of(node)} (node {node}) sent {err}") from None
+
+    def num_positions(self) -> int:
+        """The items of all parties (parties with their own data): the server's positions."""
+        if not self.items:
+            return 0
+        if family(str(self.config["partitioner"])) in SHARED_NODES:
+            return max(self.items.values())
+        return sum(self.items.values())
 
     def _wait_for_nodes(self, want: int) -> list[int]:
         deadline = time.monotonic() + self.timeout

@@ -19,6 +19,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, RecordDict
 
 from app.config import RunConfig
+from app.data import parties
 from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
@@ -49,7 +50,10 @@ class ClusteringClient:
 
     # -- steps every method shares -------------------------------------------
     def on_hello(self, arrays, values):
-        """Say which partition this node holds and its size (counts only)."""
+        """Say which partition this node holds and its size (counts only). A party with its
+        own data (``dataset = 'parties'``) also says how many graphs it holds and, where every
+        party must hold the same nodes (edge, vertical), the digest of its ordered node IDs
+        (:func:`app.data.parties.node_set_digest`), never the IDs."""
         s = self.shard
         summary = {
             "partition_id": s.client_id,
@@ -58,12 +62,25 @@ class ClusteringClient:
             "partitioner": s.partitioner,
             "num_rows": int(len(s.node_ids)) if s.node_ids is not None else 0,
         }
+        if s.dataset == parties.PARTIES:
+            summary["num_graphs"] = s.num_graphs
+            if parties.family(s.partitioner) in parties.SHARED_NODES:
+                summary["node_digest"] = parties.node_set_digest(s.keys)
         return {}, summary
 
     def on_labels(self, arrays, values):
-        """Receive the final cluster labels of this client's items and keep them."""
-        self.save("labels", labels=arrays["labels"])
-        return {}, {"received": int(arrays["labels"].size)}
+        """Receive the final cluster labels of this client's items (in its row order) and keep
+        them; a party with its own data also writes them with its own IDs to labels.csv in its
+        node config's out-dir."""
+        labels = arrays["labels"]
+        self.save("labels", labels=labels)
+        s = self.shard
+        if s.dataset == parties.PARTIES:
+            item = "graph" if parties.family(s.partitioner) == "graphs" else "node"
+            out = self.context.node_config.get(parties.OUT_KEY)
+            if out:
+                parties.write_party_labels(str(out), s.keys, labels, item)
+        return {}, {"received": int(labels.size)}
 
     # -- this node's privacy policy (app.privacy.policy) ----------------------
     @cached_property

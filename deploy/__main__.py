@@ -21,6 +21,15 @@ only in a private temporary directory while the federation runs.
 ``sign --app DIR --key KEY --signatures DIR``: sign the app ``flwr run DIR`` submits.
 ``trust --out FILE KEY.pub ...``: a SuperNode's ``--trusted-entities`` file.
 ``gateway ...``: the Fleet gateway (see :mod:`deploy.gateway`).
+
+With ``--parties DIR`` (folders ``party-0``, ``party-1``, ... in the user file
+format, e.g. from ``python -m app.data.prepare --format files``) nothing is
+cut: SuperNode i gets node config ``data='DIR/party-i' partition-id=i
+out-dir='OUT/party-i'`` and the run uses ``dataset='parties'``; each party's
+``labels.csv`` lands in ``OUT/party-i``::
+
+    python -m deploy local --parties parties/ --strategy kcagc --set num-clusters=4 \
+        --out results/deploy-parties
 """
 
 from __future__ import annotations
@@ -32,11 +41,12 @@ import tempfile
 from pathlib import Path
 
 from app import registry
-from app.config import ConfigError
+from app.config import ConfigError, parse_assignments
 from app.data import prepare
+from app.data.parties import PARTIES
 from app.result import summary_table
 from deploy import superlink
-from deploy.federation import LocalFederation
+from deploy.federation import LocalFederation, toml_value
 from deploy.pki import make_all
 from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
@@ -67,16 +77,58 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
                  "--out", str(shards), "--eval-file", str(eval_file), "--eval-graph",
                  "--eval-contents", "full" if config["reference"] else "labels-only",
                  *sum((["--set", s] for s in data_sets), [])])
+    return _deploy(out, run_config, [f"shard='{shards / f'client-{i}.npz'}'" for i in range(nodes)], timeout)
+
+
+def party_folders(parties: Path) -> list[Path]:
+    """The folders ``party-0`` ... ``party-<n-1>`` of ``parties`` (a one-line ConfigError otherwise)."""
+    found = {p.name: p for p in Path(parties).glob("party-*") if p.is_dir()}
+    folders = [found.get(f"party-{i}") for i in range(len(found))]
+    if not found or None in folders:
+        raise ConfigError(f"--parties {str(parties)!r} holds {sorted(found) or 'no party folders'}; valid: folders "
+                          "party-0 .. party-<n-1> (python -m app.data.prepare --format files writes them)")
+    return [f.resolve() for f in folders]
+
+
+def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list[str], out: Path,
+                      read: list[str] = (), timeout: float = 900.0) -> Path:
+    """Run ``strategy`` on a local deployment whose SuperNode i holds only ``parties/party-i``
+    (``dataset='parties'``, partition id i; ``read``: reader options, ``KEY=VALUE``, as node config
+    ``read.KEY``); return the path of its result.json. Each party's files are checked as
+    ``python -m app.data.check`` does before anything starts; its labels.csv goes to ``OUT/party-i``."""
+    from app.data.check import check_party
+
+    out = out.resolve()
+    folders = party_folders(parties)
+    run_config = {"strategy": strategy, "dataset": PARTIES, "partitioner": partitioner, "num-clients": len(folders),
+                  "out-dir": str(out / "result"), **parse_assignments(sets)}
+    config = registry.validate(run_config)
+    run_config["partitioner"] = config["partitioner"]
+    options = {f"read.{k}": v for k, v in parse_assignments(list(read)).items()}
+    for folder in folders:
+        check_party(str(folder), config.as_dict(), {k[len("read."):]: v for k, v in options.items()})
+    node_configs = [" ".join(f"{k}={toml_value(v)}" for k, v in {"data": str(folder), "partition-id": i,
+                                                                   "out-dir": str(out / f"party-{i}"),
+                                                                   **options}.items())
+                    for i, folder in enumerate(folders)]
+    return _deploy(out, run_config, node_configs, timeout)
+
+
+def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float) -> Path:
+    """Certificates and the app signing key (in a private temporary directory), a TLS SuperLink
+    with the Fleet gateway, one authenticated SuperNode per node config running only the signed
+    app, ``flwr run``; the path of the run's result.json."""
+    result_dir = Path(run_config["out-dir"])
     with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki_dir:
         pki = Path(pki_dir)
-        make_all(pki, nodes, keep_ca_key=False)
+        make_all(pki, len(node_configs), keep_ca_key=False)
         signing_key, signing_public = make_signing_key(pki)
         trusted = write_trusted_entities([signing_public], pki / "trusted-entities.yaml")
         sign_app(REPO, signing_key, pki / "signatures")
         with LocalFederation(out, pki) as federation:
             federation.start_superlink()
             federation.start_gateway(pki / "signatures")
-            federation.start_nodes([shards / f"client-{i}.npz" for i in range(nodes)], trusted_entities=trusted)
+            federation.start_configured_nodes(node_configs, trusted_entities=trusted)
             proc = federation.run_app(REPO, run_config, timeout=timeout)
             (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
     path = result_dir / "result.json"
@@ -95,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--partitioner", default="auto", help="auto: the strategy's own")
     local.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     local.add_argument("--out", type=Path, required=True)
+    local.add_argument("--parties", type=Path, default=None,
+                       help="folders party-0, party-1, ... of the parties' own data (dataset='parties'; "
+                            "--nodes and --dataset are not used)")
+    local.add_argument("--read", action="append", default=[], metavar="KEY=VALUE",
+                       help="with --parties: a reader option for every party (node config read.KEY)")
     link = sub.add_parser("superlink", help="start, check or stop your own local SuperLink for flwr run")
     link.add_argument("action", choices=("start", "status", "stop"))
     link.add_argument("--timeout", type=float, default=None,
@@ -133,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             from deploy.gateway import serve
 
             serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures)
+        elif args.parties is not None:
+            path = run_local_parties(args.parties, args.strategy, args.partitioner, args.set, args.out, args.read)
         else:
             path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
+        if args.command == "local":
             print(summary_table(json.loads(path.read_text())))
             print(f"result: {path}")
     except (ConfigError, RuntimeError, OSError, ValueError) as err:

@@ -4,10 +4,11 @@
 from :mod:`deploy.pki`) and SuperNode authentication, registers SuperNode
 public keys with ``flwr supernode register``, starts ``flower-supernode``
 processes, each pointed at its own shard file (``--node-config
-"shard='...'"``), and runs the app with ``flwr run`` against that SuperLink.
-With :meth:`start_gateway` the SuperNodes connect through the Fleet gateway
-(:mod:`deploy.gateway`: the Fleet API only, with the federation's app
-signatures) and, given ``trusted_entities``, run only signed apps.
+"shard='...'"``) or its party's own data (``data='...'``), and runs the app
+with ``flwr run`` against that SuperLink. With :meth:`start_gateway` the
+SuperNodes connect through the Fleet gateway (:mod:`deploy.gateway`: the Fleet
+API only, with the federation's app signatures) and, given
+``trusted_entities``, run only signed apps.
 Every process runs in its own process group and is killed by :meth:`close`
 (also on errors: use it as a context manager). Everything listens on
 127.0.0.1; across machines the same commands work with real addresses (see
@@ -174,13 +175,19 @@ class LocalFederation:
     def start_nodes(self, shards: list[Path], trusted_entities: Path | None = None) -> None:
         """Register and start one authenticated TLS SuperNode per shard (running only apps
         signed by a key in ``trusted_entities``, when given)."""
-        for i, shard in enumerate(shards):
+        self.start_configured_nodes([f"shard='{Path(shard).resolve()}'" for shard in shards], trusted_entities)
+
+    def start_configured_nodes(self, node_configs: list[str], trusted_entities: Path | None = None) -> None:
+        """Register and start one authenticated TLS SuperNode per node config (``--node-config``
+        text, e.g. ``data='/abs/party-0' out-dir='/abs/out-0'``), running only apps signed by a
+        key in ``trusted_entities``, when given."""
+        for i, node_config in enumerate(node_configs):
             key = self.pki / f"supernode-{i}" if self.auth else None
             if self.auth:
                 self.register(self.pki / f"supernode-{i}.pub")
             root = self.pki / "ca.crt" if self.pki else None
-            self.start_supernode(f"supernode-{i}", shard, private_key=key, root_certificates=root,
-                                 trusted_entities=trusted_entities)
+            self.start_supernode(f"supernode-{i}", None, private_key=key, root_certificates=root,
+                                 node_config=node_config, trusted_entities=trusted_entities)
 
     def run_app(self, app_dir: Path, run_config: Mapping[str, Any], timeout: float = 900.0) -> subprocess.CompletedProcess:
         """``flwr run APP <connection> --stream --run-config ...``; returns the finished process."""

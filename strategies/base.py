@@ -16,6 +16,7 @@ from typing import ClassVar, Mapping
 import numpy as np
 
 from app.config import ConfigError, Param, RunConfig
+from app.data.parties import PARTIES
 
 
 @dataclass
@@ -88,7 +89,10 @@ class ClusteringStrategy(ABC):
                 f"partitioner {partitioner!r} does not fit strategy '{cls.name}'; "
                 "valid choices: auto, " + ", ".join(cls.partitioners)
             )
-        cls.check_dataset(config)
+        if str(config["dataset"]) == PARTIES:
+            cls.check_parties(config)
+        else:
+            cls.check_dataset(config)
         clients = int(config["num-clients"])  # 0: every connected SuperNode, known only at run time
         if 0 < clients < int(config["min-clients"]):
             raise ConfigError(f"min-clients={config['min-clients']} exceeds num-clients={clients}; valid: "
@@ -106,6 +110,17 @@ class ClusteringStrategy(ABC):
                 raise ConfigError(f"secagg.bound={config['secagg.bound']:g} x secagg.scale={config['secagg.scale']:g}"
                                   f" x {clients} clients does not fit the 64-bit ring of {secure[0]}; valid: a "
                                   "product below 2^63") from None
+
+    @staticmethod
+    def check_parties(config: RunConfig) -> None:
+        """A run on the parties' own data: the server holds none, so it cannot count classes
+        or score against an evaluation file."""
+        if int(config["num-clusters"]) == 0:
+            raise ConfigError(f"num-clusters=0 (the number of classes) with dataset={PARTIES!r}: the server holds "
+                              "no labels to count; valid: num-clusters >= 1")
+        if config["eval-file"]:
+            raise ConfigError(f"eval-file with dataset={PARTIES!r}: the parties' data is nowhere else to score "
+                              "against; valid: eval-file=''")
 
     @classmethod
     def check_dataset(cls, config: RunConfig) -> None:

@@ -283,16 +283,16 @@ class FedAvgDMoN(ClusteringStrategy):
                                 optional={name: ValueSpec(low=-1.0, high=1.0) for name in proto.CLIENT_METRICS})
         out = session.broadcast("dmon_assign", pack(final if federated else None, {"k": k}), assign_spec)
         replies = {node: unpack(content) for node, content in out.items()}
-        check_item_ids(session, "dmon_assign", {node: a["node_ids"] for node, (a, _) in replies.items()},
-                       exclusive=False, expected=rows)
+        ids_of = {node: session.positions("dmon_assign", node, a["node_ids"]) for node, (a, _) in replies.items()}
+        check_item_ids(session, "dmon_assign", ids_of, exclusive=False, expected=rows)
         # every node is owned by one client (copies made by partition.overlap are not owned)
-        check_item_ids(session, "dmon_assign", {node: a["node_ids"][a["owned"].astype(bool)]
+        check_item_ids(session, "dmon_assign", {node: ids_of[node][a["owned"].astype(bool)]
                                                 for node, (a, _) in replies.items()}, exclusive=True)
         ids, labels, per_client = [], [], []
         for node, (arrays, vals) in replies.items():
             n = arrays["node_ids"].size
             own = arrays["owned"].astype(bool)
-            ids.append(arrays["node_ids"][own])
+            ids.append(ids_of[node][own])
             labels.append(arrays["labels"][own])
             per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
                                **{k_: float(v) for k_, v in vals.items()}})

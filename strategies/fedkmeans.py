@@ -119,9 +119,10 @@ class FedKMeans(ClusteringStrategy):
                       same_length=("node_ids", "labels")),
         )
         replies = {node: unpack(content)[0] for node, content in final.items()}
-        check_item_ids(session, "kmeans_assign", {node: r["node_ids"] for node, r in replies.items()},
+        ids_of = {node: session.positions("kmeans_assign", node, r["node_ids"]) for node, r in replies.items()}
+        check_item_ids(session, "kmeans_assign", ids_of,
                        exclusive=True, expected=rows)  # partition.overlap > 0 is refused: each row on one client
-        ids = concat_int64(r["node_ids"] for r in replies.values())
+        ids = concat_int64(ids_of.values())
         labels = concat_int64(r["labels"] for r in replies.values())
         return StrategyOutput(labels=labels, ids=ids, history=history)
 

@@ -208,9 +208,10 @@ class FedSC(ClusteringStrategy):
         c = np.hstack([b["c"] for b in blocks])
         # without partition.overlap every sample lives on one client: else a client's columns
         # would stand for another's samples and leave some unlabelled
-        check_item_ids(session, "fedsc_final", {node: b["node_ids"] for node, b in zip(final, blocks)},
+        ids_of = {node: session.positions("fedsc_final", node, b["node_ids"]) for node, b in zip(final, blocks)}
+        check_item_ids(session, "fedsc_final", ids_of,
                        exclusive=float(cfg["partition.overlap"]) == 0, below=sum(announced_rows(session).values()))
-        ids = concat_int64(b["node_ids"] for b in blocks)
+        ids = concat_int64(ids_of.values())
         affinity = proto.reconstruct(z, c, sigma)
         if not np.isfinite(affinity).all():
             raise ProtocolError("step 'fedsc_final': the reconstructed affinity C'K(Z,Z)C is not finite: an upload "

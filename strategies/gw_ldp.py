@@ -293,8 +293,9 @@ class GWLDP(ClusteringStrategy):
         metrics["graphs_missing"] = sum(v["graphs"] for c, v in described.items() if c not in latest)
         labels = proto.cluster_gw(dist, k, str(cfg["gw-ldp.clustering"]), seed)
         ids = uploads["graph_ids"]
-        if cfg["partitioner"] == "khop":
-            return StrategyOutput(labels=labels, truth=uploads["eval_labels"], metrics=metrics, history=history)
+        if cfg["partitioner"] == "khop":  # the centres' labels are the truth; ids: the centres, for delivery
+            return StrategyOutput(labels=labels, ids=ids, truth=uploads["eval_labels"], metrics=metrics,
+                                  history=history)
         return StrategyOutput(labels=labels, ids=ids, metrics=metrics, history=history)
 
     def _aggregate(self, replies, weights, limits):
@@ -389,7 +390,8 @@ class GWLDP(ClusteringStrategy):
             if problem:
                 raise ProtocolError(f"client {client}: malformed embedding upload: {problem}")
             bounds = np.concatenate([[0], np.cumsum(arrays["sizes"].astype(np.int64))])
-            up = {n: arrays[n].astype(np.int64) for n in ("sizes", "graph_ids", "split", "labels", "eval_labels")}
+            up = {n: arrays[n].astype(np.int64) for n in ("sizes", "split", "labels", "eval_labels")}
+            up["graph_ids"] = session.positions("gw_embed", node, arrays["graph_ids"])
             up["embeddings"] = [arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:])]
             out[client] = up
         return out

@@ -4,7 +4,11 @@
         --num-clients 4 --seed 0 --set partition.overlap=0.1 --out shards/cora-4
 
 Each SuperNode then loads only its own file, e.g.
-``--node-config "shard=shards/cora-4/client-3.npz"``. ``--set`` takes the data
+``--node-config "shard=shards/cora-4/client-3.npz"``. With ``--format files``
+it writes ``OUT/party-<i>/`` instead: what party i would hold, in the user file
+format (:mod:`app.data.rehearsal`), for a rehearsal of a deployment in which
+every party brings its own data (``dataset='parties'``, node config
+``data=OUT/party-<i>``; ``python -m deploy local --parties OUT``). ``--set`` takes the data
 keys of :data:`app.data.params.DATA_PARAMS` (``sbm.nodes=5000``,
 ``partition.alpha=0.3``, ``data-root=...``). Bad input: one line on stderr and
 exit code 2.
@@ -16,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from app.config import ArgumentParser, ConfigError, parse_assignments
+from app.config import ArgumentParser, ConfigError, exit_code, parse_assignments
 from app.result import unwritable
 
 from .datasets import DATASETS, FILE_DATASETS, check_dataset_value, resolve_data_root
@@ -24,6 +28,8 @@ from .evaluation import CONTENTS
 from .params import DATA_PARAMS, SEED, data_root as config_data_root, dataset_kwargs, partition_kwargs
 from .partition import PARTITIONERS, partition
 from .shards import data_hash, write_shards
+
+FORMATS = ("shards", "files")
 
 
 def _parser() -> ArgumentParser:
@@ -38,6 +44,8 @@ def _parser() -> ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="data run-config key, e.g. sbm.nodes=5000 (repeatable)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--format", default="shards", help="shards (default: client-<i>.npz for node config shard=) or "
+                   "files (party-<i>/ folders in the user file format, for node config data=)")
     p.add_argument("--eval-file", default=None,
                    help="also write the server's evaluation file here (see app/data/evaluation.py)")
     p.add_argument("--eval-contents", default="labels-only", help="labels-only (default) or full")
@@ -46,7 +54,8 @@ def _parser() -> ArgumentParser:
     return p
 
 
-def _parse_sets(items: list[str]) -> dict:
+def parse_data_sets(items: list[str]) -> dict:
+    """``--set`` items of the data run-config keys, typed (a one-line ConfigError for another key)."""
     keys = {p.key: p for p in DATA_PARAMS}
     values = parse_assignments(items)
     for k, v in values.items():
@@ -81,10 +90,20 @@ def run(argv: list[str] | None = None) -> dict:
     if args.eval_contents not in CONTENTS:
         raise ConfigError(f"invalid value {args.eval_contents!r} for '--eval-contents'; valid choices: "
                           + ", ".join(CONTENTS))
+    if args.format not in FORMATS:
+        raise ConfigError(f"invalid value {args.format!r} for '--format'; valid choices: " + ", ".join(FORMATS))
     _check_dir("--out", Path(args.out), "a directory for the shards")
+    if args.format == "files":
+        taken = sorted(p.name for p in Path(args.out).glob("party-*"))
+        if taken:
+            raise ConfigError(f"--out {args.out!r} already holds {', '.join(taken[:3])}; valid: a new or empty "
+                              "directory for the party folders")
+        if args.eval_file:
+            raise ConfigError("--eval-file with --format files: a run on the parties' own data has no eval-file; "
+                              "valid: leave it out")
     if args.eval_file:
         _check_eval_file(Path(args.eval_file))
-    values = _parse_sets(args.set)
+    values = parse_data_sets(args.set)
     root = args.data_root or config_data_root(values)
     dkw = dataset_kwargs(values, args.dataset)
     pkw = partition_kwargs(args.partitioner, values)
@@ -93,6 +112,8 @@ def run(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     data = load_dataset(args.dataset, data_root=root, seed=args.seed, **dkw)
     shards = partition(data, args.partitioner, args.num_clients, seed=args.seed, **pkw)
+    if args.format == "files":
+        return _write_files(data, shards, Path(args.out), args, time.perf_counter() - t0)
     info = {
         "seed": args.seed,
         "params": pkw,
@@ -115,13 +136,24 @@ def run(argv: list[str] | None = None) -> dict:
     return manifest
 
 
+def _write_files(data, shards, out: Path, args, seconds: float) -> dict:
+    """``--format files``: one folder per party (:func:`app.data.rehearsal.write_party_folder`)."""
+    from .rehearsal import write_party_folder
+
+    t0 = time.perf_counter()
+    parties = {}
+    for s in shards:
+        folder = out / f"party-{s.client_id}"
+        parties[folder.name] = write_party_folder(data, s, folder)
+        print(f"{folder}: {', '.join(parties[folder.name])} (nodes={s.num_nodes} edges={s.num_edges} "
+              f"graphs={s.num_graphs} features={0 if s.x is None else s.x.shape[1]})")
+    print(f"wrote {len(shards)} party folders of {args.dataset} ({args.partitioner}, seed {args.seed}) to {out} in "
+          f"{seconds + time.perf_counter() - t0:.2f}s; run with dataset='parties' partitioner='{args.partitioner}'")
+    return {"format": "files", "dataset": args.dataset, "partitioner": args.partitioner, "parties": parties}
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_code(run, argv)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 
+from . import memory
 from .datasets import load_dataset, resolve_data_root, source_stamp
 from .partition import partition
 from .types import GraphCollection, GraphData, Shard
@@ -440,7 +441,10 @@ def clear_caches() -> None:
 
 def server_data(dataset: str, data_root: str | None = None, seed: int = 0,
                 dataset_kwargs: Mapping[str, Any] | None = None) -> GraphData | GraphCollection:
-    """The full dataset, loaded once per process. Shared object: do not mutate."""
+    """The full dataset, loaded once per process (data registered in this process by
+    :mod:`app.data.memory`: that object). Shared object: do not mutate."""
+    if memory.is_memory(dataset):
+        return memory.lookup(dataset)
     root = resolve_data_root(data_root)
     key = (dataset, str(root), int(seed), _freeze(dataset_kwargs), source_stamp(dataset, dataset_kwargs))
     return _remember(_DATA, key, lambda: load_dataset(dataset, data_root=root, seed=seed,

@@ -175,7 +175,9 @@ class Shard:
     aligned with ``adj.data``: the number of clients that hold each local edge,
     so ``adj.data / edge_weight`` summed over clients gives the global graph.
     ``graphs``/``graph_ids``/``graph_y`` hold graph-level samples (k-hop
-    subgraphs or a share of a graph collection).
+    subgraphs or a share of a graph collection). ``keys`` (a party's own data,
+    ``dataset = 'parties'``) are the user's IDs of its items in row order: node
+    IDs, or graph IDs for a graph split; they never leave the party.
     """
 
     client_id: int
@@ -192,6 +194,7 @@ class Shard:
     graph_ids: np.ndarray | None = None
     graph_y: np.ndarray | None = None
     owned: np.ndarray | None = None
+    keys: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property

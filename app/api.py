@@ -1,0 +1,205 @@
+"""Cluster your own graph from Python: :func:`cluster`.
+
+::
+
+    from app import cluster
+
+    result = cluster("fedkmeans", "graph/edges.csv", num_clients=4, num_clusters=3, seed=1)
+    result.labels_frame()            # pandas: node ID, cluster
+    result.metrics, result.reference, result.timing, result.communication, result.privacy
+
+    # pre-split: one piece per party, each holding only its own data (no partitioner)
+    result = cluster("kcagc", [columns_a, columns_b], num_clusters=7)
+
+``data`` is anything :func:`app.data.formats.as_graph` takes (a ``GraphData`` /
+``GraphCollection``, a PyG ``Data``, a ``networkx`` graph, scipy / numpy
+arrays, a file or directory path), or a list of such pieces, one per party.
+The run is the same ServerApp and ClientApp as ``python -m app.run``
+(:func:`app.run.run_experiment`); in-memory data is never written to disk: it
+is registered in this process (:mod:`app.data.memory`), which the in-process
+engine reads, so only a path can also run on Flower's simulation engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from app.config import ConfigError
+from app.data import memory
+from app.data.params import dataset_kwargs
+from app.data.parties import PARTIES, SHARED_NODES, family
+from app.result import LABELS_FILE, RESULT_FILE
+
+#: Run-config keys given by :func:`cluster`'s own arguments.
+ARGUMENT_KEYS = {"strategy": "strategy", "dataset": "data", "num-clients": "num_clients", "out-dir": "out_dir"}
+DEFAULT_NUM_CLIENTS = 4
+
+
+@dataclass
+class Result:
+    """One run's outcome: what ``result.json`` holds, with the labels and the user's IDs.
+
+    ``labels[i]`` is the cluster of the item ``ids[i]`` (a node, or a graph for graph
+    collections, ``item`` for k-hop subgraphs, numbered in centre order; -1: the method gave
+    it none). Pre-split node and graph splits keep
+    each party's items apart (two parties' items are different items even under the
+    same ID): ``parties[i]`` is the index of the piece holding item i, else None.
+    ``notes``: what the data readers repaired or noticed (e.g. isolated nodes, dropped
+    self-loops). ``path``: the result.json written (None without ``out_dir``).
+    """
+
+    strategy: str
+    labels: np.ndarray
+    ids: np.ndarray
+    item: str
+    parties: np.ndarray | None
+    metrics: dict
+    reference: dict | None
+    timing: dict
+    communication: dict
+    privacy: dict
+    history: list
+    config: dict
+    notes: list[str] = field(default_factory=list)
+    path: Path | None = None
+    result: dict = field(default_factory=dict, repr=False)
+
+    def labels_frame(self):
+        """A pandas DataFrame of (``party``,) ``node`` (or ``graph``) and ``cluster``, one row per item."""
+        import pandas as pd
+
+        columns = {} if self.parties is None else {"party": self.parties}
+        return pd.DataFrame({**columns, self.item: self.ids, "cluster": self.labels})
+
+
+def run_config(config: Mapping[str, Any] | None, keywords: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config of ``config`` (keys as in ``pyproject.toml``) and the keyword arguments
+    (``num_rounds=5`` is ``num-rounds``); a key given twice, or one :func:`cluster` takes as an
+    argument, is a one-line ConfigError."""
+    raw = dict(config or {})
+    for name, value in keywords.items():
+        key = name.replace("_", "-")
+        if key in raw:
+            raise ConfigError(f"run-config key '{key}' given twice (config={{'{key}': {raw[key]!r}}} and "
+                              f"{name}={value!r}); valid: once")
+        raw[key] = value
+    for key in raw:
+        if key in ARGUMENT_KEYS:
+            raise ConfigError(f"run-config key '{key}' is cluster()'s argument {ARGUMENT_KEYS[key]}; valid: pass it "
+                              "as that argument")
+    return raw
+
+
+def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapping[str, Any] | None = None,
+            engine: str = "inprocess", out_dir: str | os.PathLike | None = None, **keywords) -> Result:
+    """Run ``strategy`` on ``data`` and return its :class:`Result`.
+
+    ``data``: one graph (or collection; a list of PyG ``Data`` as one collection:
+    ``as_graph(graphs)``), split over ``num_clients`` (default 4) clients by the run's
+    partitioner (``partitioner``, default the strategy's own); or a list of pieces, one per
+    party, each holding only its own share (``dataset = 'parties'``,
+    :mod:`app.data.parties`: the partitioner only names the split family, e.g. ``vertical``
+    for pieces that are feature columns of the same nodes); ``num_clients`` is then the
+    number of pieces.
+    ``config``: run-config keys as in ``pyproject.toml`` (``{"fedkmeans.filter-order": 2}``;
+    ``data.node-table``, ``data.label-column`` and ``data.weighted`` are the reader's options
+    for ``data`` and every piece); simple keys may also be keywords (``seed=3``,
+    ``num_rounds=5``, ``num_clusters=4``).
+    ``engine``: ``inprocess`` (default), or ``simulation`` (Flower's engine; a path only).
+    ``out_dir``: where result.json, labels.npy and labels.csv go (pre-split: each party's
+    labels.csv in ``party-<i>/``); None: nowhere, the Result holds everything.
+    Bad arguments raise :class:`app.config.ConfigError` with one line.
+    """
+    from app.data.formats import as_graph
+    from app.run import ENGINES
+
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
+    raw = run_config(config, keywords)
+    options = dataset_kwargs(raw, PARTIES)  # data.node-table, data.label-column, data.weighted: the reader's
+    options["node_table"] = options["node_table"] or None
+    if isinstance(data, list):
+        pieces = [as_graph(piece, **options) for piece in data]
+        if not pieces:
+            raise ConfigError("an empty list of pieces; valid: one piece per party")
+        if num_clients not in (None, len(pieces)):
+            raise ConfigError(f"num_clients={num_clients!r} with {len(pieces)} pieces; valid: None or {len(pieces)} "
+                              "(one party per piece)")
+        if engine != "inprocess":
+            raise ConfigError(f"engine={engine!r} with pre-split pieces; valid: 'inprocess' (the pieces stay in "
+                              "this process)")
+        return _presplit(strategy, pieces, raw, out_dir)
+    whole = as_graph(data, **options)
+    if engine != "inprocess" and not isinstance(data, (str, os.PathLike)):
+        raise ConfigError(f"engine={engine!r} with in-memory data; valid: 'inprocess', or a file path")
+    clients = DEFAULT_NUM_CLIENTS if num_clients is None else num_clients
+    name = memory.register(whole) if engine == "inprocess" else str(data)
+    try:
+        result, labels = _execute(strategy, name, clients, raw, out_dir, engine)
+    finally:
+        if memory.is_memory(name):
+            memory.forget(name)
+    if result["config"]["partitioner"] == "khop":  # the items are k-hop subgraphs, in centre order
+        return _result(result, labels, np.arange(labels.size), None, item="item")
+    return _result(result, labels, whole.keys, None)
+
+
+def _presplit(strategy: str, pieces: list, raw: dict, out_dir) -> Result:
+    """Each piece as one party's own data (module docstring of :mod:`app.data.parties`)."""
+    names = [memory.register(piece) for piece in pieces]
+    try:
+        node_configs = [{"data": name, "partition-id": i, "num-partitions": len(pieces),
+                         **({"out-dir": str(Path(out_dir).resolve() / f"party-{i}")} if out_dir else {})}
+                        for i, name in enumerate(names)]
+        result, labels = _execute(strategy, PARTIES, len(pieces), raw, out_dir, "inprocess", node_configs)
+    finally:
+        for name in names:
+            memory.forget(name)
+    if family(str(result["config"]["partitioner"])) in SHARED_NODES:
+        return _result(result, labels, pieces[0].keys, None)
+    return _result(result, labels, np.concatenate([p.keys for p in pieces]),
+                   np.repeat(np.arange(len(pieces)), [len(p.keys) for p in pieces]))
+
+
+def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=None) -> tuple[dict, np.ndarray]:
+    """Run it; return result.json's content and the labels (in ``out_dir``, else in a temporary
+    directory removed afterwards)."""
+    from app.run import run_experiment
+
+    notes: list[str] = []
+
+    def read(run: Path) -> tuple[dict, np.ndarray]:
+        result = json.loads((run / RESULT_FILE).read_text())
+        result["notes"] = notes  # the readers' notes (a party's stay out of result.json)
+        return result, np.load(run / LABELS_FILE)
+
+    def run(out: Path) -> Path:
+        done = run_experiment(strategy, dataset, num_clients, raw, out, engine, note=notes.append,
+                              node_configs=node_configs)
+        return Path(done["path"])
+
+    if out_dir is not None:
+        path = run(Path(out_dir))
+        result, labels = read(path.parent)
+        result["path"] = str(path)
+        return result, labels
+    with tempfile.TemporaryDirectory(prefix="fedgraph-") as tmp:
+        return read(run(Path(tmp) / "run").parent)
+
+
+def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndarray | None,
+            item: str | None = None) -> Result:
+    item = item or ("graph" if result["config"]["partitioner"] == "graph-dirichlet" else "node")
+    path = Path(result["path"]) if result.get("path") else None
+    return Result(strategy=result["strategy"], labels=np.asarray(labels, dtype=np.int64), ids=np.asarray(keys),
+                  item=item, parties=parties, metrics=result["metrics"], reference=result["reference"],
+                  timing=result["timing"], communication=result["communication"], privacy=result["privacy"],
+                  history=result["history"], config=result["config"], notes=result["notes"], path=path,
+                  result=result)

@@ -1,0 +1,60 @@
+"""Data held in memory, named for the in-process engine without touching the disk.
+
+:func:`app.api.cluster` registers a Python object (a whole graph, or each
+party's piece) under ``memory:<content hash>`` (:func:`app.data.shards.data_hash`, IDs included); the in-process ClientApp and
+ServerApp, which run in this process, look the name up where a run would
+otherwise read a file. The table is process-local: Flower's simulation engine
+(Ray workers) and a deployment cannot see it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from app.config import ConfigError
+
+from .types import GraphCollection, GraphData
+
+PREFIX = "memory:"
+_TABLE: dict[str, GraphData | GraphCollection] = {}
+_USERS: dict[str, int] = {}  # runs holding each name: two runs may register the same content
+_LOCK = threading.Lock()
+
+
+def register(data: GraphData | GraphCollection) -> str:
+    """Keep ``data`` in this process's table until as many :func:`forget` calls; return
+    its name ``memory:<hash>``."""
+    if not isinstance(data, (GraphData, GraphCollection)):
+        raise TypeError(f"only GraphData or GraphCollection can be registered, not {type(data).__name__}")
+    from .shards import data_hash
+
+    name = PREFIX + data_hash(data)
+    with _LOCK:
+        _TABLE[name] = data
+        _USERS[name] = _USERS.get(name, 0) + 1
+    return name
+
+
+def is_memory(name: str) -> bool:
+    return str(name).startswith(PREFIX)
+
+
+def lookup(name: str) -> GraphData | GraphCollection:
+    """The data registered as ``name``; a one-line ConfigError if this process has none."""
+    with _LOCK:
+        data = _TABLE.get(str(name))
+    if data is None:
+        raise ConfigError(f"no data registered as {name!r} in this process; in-memory data runs on the "
+                          "in-process engine only (valid: engine='inprocess', or a file path)")
+    return data
+
+
+def forget(name: str) -> None:
+    """Release one registration of ``name`` (after its run); the last one drops the data."""
+    with _LOCK:
+        left = _USERS.get(name, 0) - 1
+        if left > 0:
+            _USERS[name] = left
+        else:
+            _USERS.pop(name, None)
+            _TABLE.pop(name, None)
