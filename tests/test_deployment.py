@@ -270,11 +270,10 @@ def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_get_an_app_
         # the operator's own Control API (loopback) accepts the unsigned app; the members refuse it
         accepted = federation.run_app(stranger_app, {"marker-dir": str(loot)}, timeout=600)
         assert "Successfully started run" in accepted.stdout, accepted.stdout + accepted.stderr
-        deadline = time.monotonic() + 300
         refused, gave_up = "The FAB could not be verified", "Exit Code: 305"  # 305: no connection to the SuperLink
-        while time.monotonic() < deadline and not (gave_up in federation.log("stranger-node") and all(
-                refused in federation.log(f"supernode-{i}") for i in range(2))):
-            time.sleep(0.5)
+        wait_until(lambda: gave_up in federation.log("stranger-node") and all(
+            refused in federation.log(f"supernode-{i}") for i in range(2)),
+            "every member to refuse the unsigned app and the stranger's node to give up")
         for i in range(2):
             assert refused in federation.log(f"supernode-{i}"), federation.log(f"supernode-{i}")[-3000:]
         assert gave_up in federation.log("stranger-node"), federation.log("stranger-node")[-2000:]

@@ -79,6 +79,7 @@ def test_policy_from_inline_keys_and_a_file_inline_winning(tmp_path):
     assert fedsc.ledger == tmp_path / "c.npz.privacy-ledger.jsonl"  # beside the data
     assert node_policy({"privacy-ledger": "/x/l.jsonl"}).ledger.as_posix() == "/x/l.jsonl"
     assert node_policy({"partition-id": 0}).ledger is None  # simulation: the run context
+    assert node_policy({"data": "memory:0123abcd"}).ledger is None  # in-memory data: no file in the cwd
 
 
 @pytest.mark.parametrize("config, message", [

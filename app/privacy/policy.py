@@ -55,6 +55,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from app.config import ConfigError, Param
+from app.data.memory import is_memory
 
 POLICY_FILE_KEY = "privacy-policy"
 LEDGER_KEY = "privacy-ledger"
@@ -215,11 +216,12 @@ def _read_file(path: Path, sections: dict) -> None:
 def ledger_path(node_config: Mapping[str, Any]) -> Path | None:
     """Where this node's privacy ledger lives: node-config ``privacy-ledger``, else
     beside its data (``<data file>.privacy-ledger.jsonl``, or ``privacy-ledger.jsonl``
-    in a data directory), else nowhere (simulation: the run context keeps it)."""
+    in a data directory), else nowhere (simulation and in-memory data: the run context
+    keeps it)."""
     if node_config.get(LEDGER_KEY):
         return Path(str(node_config[LEDGER_KEY])).expanduser()
     for key in ("shard", "data"):
-        if node_config.get(key):
+        if node_config.get(key) and not is_memory(str(node_config[key])):
             data = Path(str(node_config[key])).expanduser()
             return data / "privacy-ledger.jsonl" if data.is_dir() else data.with_name(
                 data.name + ".privacy-ledger.jsonl")
