@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from app.config import ConfigError
+from app.data import memory
 
 RESULT_FILE = "result.json"
 LABELS_FILE = "labels.npy"
@@ -166,8 +167,9 @@ def summary_table(result: dict) -> str:
     metrics = result.get("metrics", {})
     reference = result.get("reference", {}) or {}
     names = [k for k in ("acc", "f1", "nmi", "ari", "modularity", "conductance") if k in metrics]
+    dataset = "data given in memory" if memory.is_memory(str(result["dataset"])) else result["dataset"]
     lines = [
-        f"{result['strategy']} on {result['dataset']} with {result['num_clients']} clients",
+        f"{result['strategy']} on {dataset} with {result['num_clients']} clients",
         f"{'metric':<30}{'federated':>10}{'centralised':>13}",
     ]
     for name in names:

@@ -16,6 +16,7 @@ from typing import ClassVar, Mapping
 import numpy as np
 
 from app.config import ConfigError, Param, RunConfig
+from app.data import memory
 from app.data.parties import PARTIES
 
 
@@ -140,27 +141,27 @@ class ClusteringStrategy(ABC):
         only where the method uses them."""
         from app.data.datasets import BUILTIN_PROFILES, COLLECTION_PARTITIONERS
 
-        dataset = str(config["dataset"])
+        dataset = memory.shown(str(config["dataset"]))
         partitioner = cls.partitioners[0] if config["partitioner"] == "auto" else str(config["partitioner"])
         if profile.collection != (partitioner in COLLECTION_PARTITIONERS):
             shape = "a graph collection" if profile.collection else "one graph"
             valid = ("one graph (e.g. karate, sbm, cora, or an edge list)" if profile.collection
                      else "a graph collection: " + ", ".join(k for k, v in BUILTIN_PROFILES.items() if v.collection)
                      + ", or a directory of graphs")
-            raise ConfigError(f"dataset {dataset!r} is {shape}; strategy '{cls.name}' with partitioner "
+            raise ConfigError(f"dataset {dataset} is {shape}; strategy '{cls.name}' with partitioner "
                               f"{partitioner!r} needs {valid}")
         if cls.needs_edges and not profile.edges:
-            raise ConfigError(f"dataset {dataset!r} has no edges; strategy '{cls.name}' needs them; "
+            raise ConfigError(f"dataset {dataset} has no edges; strategy '{cls.name}' needs them; "
                               "valid: a dataset with edges, e.g. karate, sbm, cora")
         if cls.needs_features and not profile.features:
-            raise ConfigError(f"dataset {dataset!r} has no node features; strategy '{cls.name}' needs them; "
+            raise ConfigError(f"dataset {dataset} has no node features; strategy '{cls.name}' needs them; "
                               "valid: a dataset with features, e.g. sbm (sbm.features > 0), cora, citeseer, or a "
                               "node table with feature columns")
         if profile.weighted and cls.refuses_weights:
-            raise ConfigError(f"dataset {dataset!r} has edge weights; strategy '{cls.name}' {cls.refuses_weights}; "
+            raise ConfigError(f"dataset {dataset} has edge weights; strategy '{cls.name}' {cls.refuses_weights}; "
                               "valid: data.weighted=false (every edge weight 1) or an unweighted graph")
         if not profile.labels and not int(config["num-clusters"]):
-            raise ConfigError(f"dataset {dataset!r} has no labels; valid: num-clusters >= 1 (the number of clusters "
+            raise ConfigError(f"dataset {dataset} has no labels; valid: num-clusters >= 1 (the number of clusters "
                               "to find)")
 
     @abstractmethod

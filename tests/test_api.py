@@ -155,6 +155,7 @@ def test_presplit_graph_collections_give_the_partitioners_clustering(tmp_path):
     (lambda g: cluster("fedkmeans", [], 3), "^an empty list of pieces"),
     (lambda g: cluster("fedkmeans", [g, g]), "^num-clusters=0 \\(the number of classes\\) with dataset='parties'"),
     (lambda g: cluster("fedkmeans", {"not": "a graph"}), "^as_graph: a dict; valid: GraphData"),
+    (lambda g: cluster("gw-ldp", g, 2), "^dataset given in memory is one graph; strategy 'gw-ldp'"),
 ])
 def test_bad_arguments_are_one_line_config_errors(sbm, call, message):
     registered = dict(memory._TABLE)

@@ -79,6 +79,7 @@ def test_a_run_names_its_reference_and_says_how_close_it_is(tmp_path):
     table = summary_table(result)
     assert f"reference: {on_disk['reference']['method']}" in table
     assert f"verdict: {on_disk['quality']['summary']}" in table
+    assert summary_table({**result, "dataset": "memory:0123"}).startswith("fedkmeans on data given in memory with 3")
 
 
 def test_a_reference_not_computed_is_named_with_the_reason(tmp_path):

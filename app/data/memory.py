@@ -39,6 +39,11 @@ def is_memory(name: str) -> bool:
     return str(name).startswith(PREFIX)
 
 
+def shown(name: str) -> str:
+    """How a message names ``name``: quoted, or as data given in memory (its hash means nothing to a user)."""
+    return "given in memory" if is_memory(name) else repr(str(name))
+
+
 def lookup(name: str) -> GraphData | GraphCollection:
     """The data registered as ``name``; a one-line ConfigError if this process has none."""
     with _LOCK:
