@@ -106,8 +106,8 @@ def combine_landmark_counts(counts) -> int:
 
     A local kernel is a principal submatrix of the full one, and the full
     kernel usually needs more landmarks for the same mass (digits, 8 clients:
-    largest local count at 99% 118, full kernel at 99% 287; Iris 7 vs 7). At the
-    default 99.9% the largest local count is 200 on digits with 8 clients, 366
+    largest local count at 99% 119, full kernel at 99% 287; Iris 6-7 vs 7). At the
+    default 99.9% the largest local count is 200 on digits with 8 clients, 368
     with 4, 11-13 on Iris (``benchmarks/defaults.py``, RESULTS.md); for a
     high-rank kernel over many small clients it can still fall short of the
     full kernel's count, and ``fedsc.landmarks`` should be set (the authors
