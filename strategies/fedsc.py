@@ -95,8 +95,9 @@ class FedSC(ClusteringStrategy):
               "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000,
               primary=True),
         Param("fedsc.mass", float, proto.DEFAULT_MASS,
-              "spectral-mass rule: fraction of the singular-value mass d landmarks must carry",
-              low=1e-6, high=1.0),
+              "spectral-mass rule: fraction of the singular-value mass d landmarks must carry on each client's "
+              "kernel (the authors: 0.99 of the full kernel's; a client's smaller kernel needs more)",
+              low=1e-6, high=1.0, primary=True),
         Param("fedsc.lambda", float, proto.DEFAULT_LAMBDA, "ridge weight lambda of the coefficients C",
               low=0.0, high=1e6),
         Param("fedsc.sigma", float, 0.0,

@@ -148,7 +148,7 @@ class FedSpectralPlus(ClusteringStrategy):
     reference: normalised spectral clustering of the whole graph."""
 
     name = "fedspectral-plus"
-    summary = "FedSpectral+: federated power iteration (paper) or exact orthogonal iteration on edge-split graphs"
+    summary = "FedSpectral+: exact federated block iteration (default) or the paper's power iteration, edge split"
     split = "edges: every client knows all node ids and holds some of the edges (with overlap)"
     ignores = ("num-rounds",)
     partitioners = ("edge",)
@@ -156,10 +156,11 @@ class FedSpectralPlus(ClusteringStrategy):
     refuses_weights = ("bounds the degrees by n and an edge's DP sensitivity by a unit weight (it counts every "
                        "edge as 1)")
     params = (
-        Param("fedspectral-plus.mode", str, "paper",
-              "paper: average of local power iterations + QR (Algorithms 3-4); exact: global operator "
-              "via secure degree sum, block Krylov (or Chebyshev) iteration until converged", choices=MODES,
-              primary=True),
+        Param("fedspectral-plus.mode", str, "exact",
+              "exact: global operator via secure degree sum, block Krylov (or Chebyshev) iteration until "
+              "converged, the centralised labels (needs every client each round); paper: average of local "
+              "power iterations + QR (Algorithms 3-4), far from centralised when a client holds few edges",
+              choices=MODES, primary=True),
         Param("fedspectral-plus.iters", int, 0,
               "paper mode: power iterations per client per round (0: paper's value, email-eu-core 1, else 6)",
               low=0, high=10_000),

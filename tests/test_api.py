@@ -97,7 +97,8 @@ PRESPLIT = {  # strategy, partitioner, run-config: split families whose pieces g
     "samples": ("fedsc", "sample", {"num-rounds": 3, "fedsc.sigma": 1.0, "fedsc.landmarks": 12}),
     "vertical": ("kcagc", "vertical", {"kcagc.iterations": 3, "kcagc.restarts": 2, "kcagc.local-restarts": 1,
                                        "kcagc.filter-order": 2}),
-    "edge": ("fedspectral-plus", "edge", {"fedspectral-plus.rounds": 3, "fedspectral-plus.iters": 2}),
+    "edge": ("fedspectral-plus", "edge", {"fedspectral-plus.mode": "paper", "fedspectral-plus.rounds": 3,
+                                          "fedspectral-plus.iters": 2}),
 }
 
 

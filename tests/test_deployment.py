@@ -30,7 +30,8 @@ RUN_GUARD_S = 3600.0
 
 SMALL_SBM = ["sbm.nodes=300", "sbm.features=8"]
 DEPLOYED = {
-    "fedspectral-plus": ("edge", ["fedspectral-plus.rounds=3", "fedspectral-plus.iters=2"]),
+    "fedspectral-plus": ("edge", ["fedspectral-plus.mode=paper", "fedspectral-plus.rounds=3",
+                                  "fedspectral-plus.iters=2"]),
     "kcagc": ("vertical", ["kcagc.iterations=2", "kcagc.restarts=1", "kcagc.local-restarts=1",
                            "kcagc.filter-order=2"]),
 }

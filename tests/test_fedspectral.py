@@ -253,6 +253,10 @@ def exact(**extra):
     return {**SBM, "num-clusters": K, "fedspectral-plus.mode": "exact", **extra}
 
 
+def paper(**extra):
+    return {**SBM, "num-clusters": K, "fedspectral-plus.mode": "paper", **extra}
+
+
 @pytest.mark.parametrize("solver", ["krylov", "chebyshev"])
 def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir, solver):
     result = run_experiment("fedspectral-plus", "sbm", 1, exact(**{"fedspectral-plus.solver": solver}), out_dir)
@@ -306,7 +310,7 @@ def run_recorded(strategy, clients, overrides, out_dir, tamper=None):
 
 @pytest.mark.parametrize("mode", ["exact", "paper"])
 def test_secure_aggregation_gives_the_same_labels(mode, tmp_path):
-    over = exact() if mode == "exact" else {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 6}
+    over = exact() if mode == "exact" else paper(**{"fedspectral-plus.rounds": 6})
     over = {**over, "partition.replicas": 2, "secagg.scale": 2.0**32}
     plain = run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "plain")
     grid, secure = run_recorded("fedspectral-plus", 3, {**over, "fedspectral-plus.secure": True}, tmp_path / "s")
@@ -333,22 +337,21 @@ def test_malformed_block_is_rejected_and_reported(bad, out_dir):
         reply.content.array_records["arrays"]["block"] = Array(np.ascontiguousarray(block))
 
     # paper mode averages the valid blocks: the bad client is dropped and reported
-    _, result = run_recorded("fedspectral-plus", 3, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 2},
-                             out_dir, tamper)
+    _, result = run_recorded("fedspectral-plus", 3, paper(**{"fedspectral-plus.rounds": 2}), out_dir, tamper)
     [dropped] = result["communication"]["dropped"]
     assert dropped["action"] == "fedspectral_power" and dropped["node"] == 1002
     reason = dropped["reason"]
     assert ("has shape (299, 4), expected (300, 4)" in reason) if bad == "shape" else ("NaN" in reason)
     # with secure aggregation every block is needed: the same reply stops the run
     with pytest.raises(ProtocolError) as err:
-        run_recorded("fedspectral-plus", 3, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 2,
-                                             "fedspectral-plus.secure": True}, out_dir / "secure", tamper)
+        run_recorded("fedspectral-plus", 3, paper(**{"fedspectral-plus.rounds": 2, "fedspectral-plus.secure": True}),
+                     out_dir / "secure", tamper)
     assert "fedspectral_power" in str(err.value) and "node 1002" in str(err.value)
 
 
 def test_uploads_never_carry_the_edge_list(out_dir):
     """What leaves a client: N x b float blocks (plus) or N labels (baseline)."""
-    over = {**SBM, "num-clusters": K, "partition.replicas": 1, "fedspectral-plus.rounds": 3}
+    over = paper(**{"partition.replicas": 1, "fedspectral-plus.rounds": 3})
     grid, result = run_recorded("fedspectral-plus", 2, over, out_dir / "plus")
     data = sbm_graph()
     shards = partition(data, "edge", 2, seed=0, replicas=1)
@@ -404,7 +407,7 @@ def test_exact_mode_refuses_degrees_no_graph_gives(out_dir, monkeypatch):
 
 
 def test_paper_mode_recovers_planted_blocks_and_float32_wire(tmp_path):
-    over = {**SBM, "num-clusters": K, "partition.replicas": 2}
+    over = paper(**{"partition.replicas": 2})
     r64 = run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "a")
     assert r64["metrics"]["protocol_rounds"] == 20 and r64["metrics"]["iters"] == 6  # paper defaults
     assert r64["metrics"]["ari"] > 0.95
@@ -514,9 +517,10 @@ def test_gaussian_noise_is_accounted_per_edge(tmp_path):
     ref = GaussianMechanism(1.0, 2.0, delta=1e-5, adjacency="remove")
     ref.step(mech["params"]["releases"])
     assert krylov["privacy"]["epsilon"] == pytest.approx(ref.epsilon(), rel=1e-9)
-    paper = run_experiment("fedspectral-plus", "sbm", 2, {**SBM, "num-clusters": K, "fedspectral-plus.rounds": 3,
-                                                         "fedspectral-plus.noise-multiplier": 2.0}, tmp_path / "c")
-    mech = {m["name"]: m for m in paper["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
+    plain = run_experiment("fedspectral-plus", "sbm", 2, paper(**{"fedspectral-plus.rounds": 3,
+                                                                  "fedspectral-plus.noise-multiplier": 2.0}),
+                           tmp_path / "c")
+    mech = {m["name"]: m for m in plain["privacy"]["mechanisms"]}["gaussian:fedspectral-plus"]
     assert mech["params"]["releases"] == 3  # one per round, no degree release in paper mode
     # paper-mode sensitivity: 4 * iters * ||V||_2 * sqrt(clients), V scaled to max |entry| 1
     assert mech["params"]["max_sensitivity"] > 4 * 6 * np.sqrt(2)
@@ -540,8 +544,8 @@ def test_simulation_secure_exact_run_uploads_only_masked_blocks(out_dir):
 
 def test_paper_mode_continues_without_a_dropped_client_and_exact_mode_stops(out_dir, tmp_path):
     base = {"strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 3, "partitioner": "edge",
-            "partition.overlap": 0.67, "fedspectral-plus.rounds": 4, "fedspectral-plus.iters": 2,
-            "min-clients": 2, "timeout": 30.0}
+            "partition.overlap": 0.67, "fedspectral-plus.mode": "paper", "fedspectral-plus.rounds": 4,
+            "fedspectral-plus.iters": 2, "min-clients": 2, "timeout": 30.0}
     raw = {**base, "out-dir": str(out_dir)}
     result = run_server(LeavingGrid(build_client_app(raw), 3, leave_at=3, action="fedspectral_power"), raw)
     assert [d["client"] for d in result["communication"]["dropped"]] == [2]

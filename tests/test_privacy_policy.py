@@ -121,8 +121,8 @@ def test_a_rule_a_strategy_cannot_meet_refuses_the_whole_run(tmp_path):
 MASKING_RUNS = {
     "fedkmeans": ({"dataset": "sbm", **SBM, "fedkmeans.secure": True, "num-rounds": 2}, "kmeans_step"),
     "kcagc": ({"dataset": "sbm", **SBM, "kcagc.restarts": 2, "kcagc.iterations": 1}, "kcagc_step"),
-    "fedspectral-plus": ({"dataset": "sbm", **SBM, "fedspectral-plus.secure": True, "fedspectral-plus.rounds": 2},
-                         "fedspectral_power"),
+    "fedspectral-plus": ({"dataset": "sbm", **SBM, "fedspectral-plus.mode": "paper", "fedspectral-plus.secure": True,
+                          "fedspectral-plus.rounds": 2}, "fedspectral_power"),
     "fedsc": ({"dataset": "iris", "fedsc.secure": True, "num-rounds": 2, "fedsc.landmarks": 12}, "fedsc_round"),
     "fedavg-dmon": ({"dataset": "sbm", **SBM, "fedavg-dmon.secure": True, "num-rounds": 1,
                      "fedavg-dmon.local-epochs": 1, "fedavg-dmon.select": "last"}, "dmon_train"),
@@ -255,7 +255,8 @@ def test_values_beyond_the_bound_are_clipped_not_refused():
 # --------------------------------------------------------------------------- noise floors from the node
 def test_the_node_config_noise_floor_holds_whatever_the_run_config_says(tmp_path):
     """Before, a SuperNode's --node-config noise-multiplier=5 was ignored: the run-config decided."""
-    raw = {**SBM, "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2, "fedspectral-plus.rounds": 2}
+    raw = {**SBM, "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2, "fedspectral-plus.mode": "paper",
+           "fedspectral-plus.rounds": 2}
     floor = {"fedspectral-plus.noise-multiplier": 5.0}
     with pytest.raises(PrivacyRefused, match=r"rule 'noise-multiplier': 'fedspectral_power' was requested with no "
                                              r"noise; this client needs at least 5 \(its node's noise-multiplier 5, "

@@ -50,7 +50,8 @@ DATA_PARAMS: list[Param] = [
     # Partitioners.
     Param("partition.overlap", float, 0.0,
           "node-*: fraction of nodes also given to one other client; edge: each edge goes to "
-          "round(overlap * clients) clients (at least 1)", low=0.0, high=1.0),
+          "round(overlap * clients) clients (at least 1); the less each client holds, the further a "
+          "federated result from the centralised one", low=0.0, high=1.0, primary=True),
     Param("partition.replicas", int, 0,
           "edge: clients per edge r (0: derive from partition.overlap)", low=0, high=100_000),
     Param("partition.with-features", bool, False, "edge: also give every client the node features"),
