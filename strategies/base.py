@@ -201,8 +201,8 @@ class ClusteringStrategy(ABC):
             return []
         edges = {c.partition_id: int(c.summary["num_edges"]) for c in clients}
         if not any(edges.values()):
-            raise ProtocolError(f"no client holds an edge; strategy '{cls.name}' clusters by the edges; valid: "
-                                "a graph with edges")
+            raise ProtocolError(f"no client holds an edge in its shard; strategy '{cls.name}' clusters by the "
+                                "edges; valid: a graph with edges (and a split that keeps some within the shards)")
         if not cls.local_graphs:
             return []
         rows = sum(int(c.summary["num_rows"]) for c in clients)

@@ -100,7 +100,7 @@ def test_check_shards_stops_on_an_empty_shard_and_an_edgeless_structure_run():
         FedKMeans.check_shards([_client(0, 5, 0, 5, "node-random"), _client(1, 0, 0, 0, "node-random")])
     with pytest.raises(ProtocolError, match=r"^clients 0, 1 hold no graphs"):
         registry.get("gw-ldp").strategy.check_shards([_client(i, 0, 0, 0, "graph-dirichlet") for i in range(2)])
-    with pytest.raises(ProtocolError, match=r"^no client holds an edge; strategy 'fedspectral-plus' clusters by"):
+    with pytest.raises(ProtocolError, match=r"^no client holds an edge in its shard; strategy 'fedspectral-plus' clusters by"):
         FedSpectralPlus.check_shards([_client(i, 10, 0, 10) for i in range(2)])
     # fedspectral-plus sums the shards' products exactly: isolated rows in a shard are no warning
     assert FedSpectralPlus.check_shards([_client(0, 10, 1, 8), _client(1, 10, 0, 10)]) == []
