@@ -13,7 +13,7 @@ The rule (also in the README, "Results"):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 CLOSE_ARI = 0.9
 TOLERANCE = 0.02
@@ -131,10 +131,11 @@ def notes(metrics: Mapping, reference: Mapping | None, clusters_found: int, clus
 
 
 def assess(strategy: str, dataset: str, config: Mapping, metrics: Mapping, reference: Mapping | None,
-           clusters_found: int) -> dict:
-    """The ``quality`` section of result.json."""
+           clusters_found: int, data_warnings: Sequence[str] = ()) -> dict:
+    """The ``quality`` section of result.json; ``data_warnings``: where the clients' shards support
+    the method weakly (:meth:`strategies.base.ClusteringStrategy.check_shards`), first among the notes."""
     kind, line = verdict(metrics, reference)
     return {"verdict": kind, "summary": line, "rule": RULE,
             "paper": paper(strategy, dataset, config, metrics),
             "clusters_found": clusters_found,
-            "notes": notes(metrics, reference, clusters_found, int(config.get("num-clusters", 0)))}
+            "notes": [*data_warnings, *notes(metrics, reference, clusters_found, int(config.get("num-clusters", 0)))]}

@@ -94,7 +94,8 @@ def core_params() -> list[Param]:
         Param("secagg.scale", float, float(2**20),
               "secure aggregation: fixed-point scale (resolution 1/scale)", low=1.0, high=float(2**40)),
         Param("secagg.bound", float, 1e6,
-              "secure aggregation: largest |value| one client may contribute", low=1e-9),
+              "secure aggregation: largest |value| one client may contribute (fedkmeans: one row's, its sums "
+              "may reach its rows x this)", low=1e-9),
         Param("reference", bool, True, "also run the centralised reference on the pooled data"),
         Param("eval-file", str, "",
               "server-side evaluation file (deployment); empty = load the dataset (simulation)"),

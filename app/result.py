@@ -69,6 +69,15 @@ def unwritable(directory: Path) -> str | None:
     return None
 
 
+def check_out_dir(out: Path) -> None:
+    """``out`` can hold the result: checked when a run starts, which would otherwise be lost at its end."""
+    if (out / RESULT_FILE).exists():
+        raise ConfigError(f"out-dir {str(out)!r} already holds a {RESULT_FILE}; valid: a new or empty directory")
+    problem = unwritable(out)
+    if problem is not None:
+        raise ConfigError(f"out-dir: {problem}; valid: a writable directory for {RESULT_FILE}")
+
+
 def jsonable(value):
     """``value`` with numpy arrays/scalars, paths and non-finite floats made JSON-safe."""
     if isinstance(value, dict):

@@ -23,7 +23,7 @@ from app.data.params import dataset_kwargs
 from app.data.parties import PARTIES
 from app.engine import EngineError
 from app.privacy.secagg import SecAggError
-from app.result import RESULT_FILE, default_out_dir, unwritable
+from app.result import RESULT_FILE, check_out_dir, default_out_dir
 from app.transport import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
@@ -58,7 +58,7 @@ def run_experiment(
             raw["data.node-table"] = str(Path(str(config["data.node-table"])).expanduser().resolve())
         config = registry.validate(raw)
     given = out_dir or config["out-dir"]
-    _check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
+    check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
     if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
         raise ConfigError(f"{len(node_configs)} node configs for {num_clients} clients on engine {engine!r}; valid: "
                           "one per client, engine 'inprocess'")
@@ -92,7 +92,7 @@ def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
     from app.engine import simulate
     from app.server_app import build_server_app
 
-    path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (_check_out_dir), nor another's after it
+    path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (check_out_dir), nor another's after it
     errors: list[Exception] = []
     with quiet.simulation_engine():
         simulate(lambda watch: build_server_app(raw, errors, watch), build_client_app(raw), num_clients)
@@ -103,15 +103,6 @@ def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
     result = json.loads(path.read_text())
     result["path"] = str(path)
     return result
-
-
-def _check_out_dir(out: Path) -> None:
-    """``out`` can hold the result: checked before the run, which would otherwise be lost at its end."""
-    if (out / RESULT_FILE).exists():
-        raise ConfigError(f"out-dir {str(out)!r} already holds a {RESULT_FILE}; valid: a new or empty directory")
-    problem = unwritable(out)
-    if problem is not None:
-        raise ConfigError(f"out-dir: {problem}; valid: a writable directory for {RESULT_FILE}")
 
 
 def _check_against_data(config, num_clients: int):

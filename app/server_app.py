@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from logging import ERROR, INFO
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -34,7 +34,7 @@ from app.engine import EngineWatch
 from app.metrics import agreement, evaluate
 from app.privacy.secagg import SecAggError
 from app.quality import assess
-from app.result import default_out_dir, summary_table, write_result
+from app.result import check_out_dir, default_out_dir, summary_table, write_result
 from app.session import ServerSession
 from app.transport import ProtocolError, ReplySpec, ValueSpec, pack
 
@@ -151,10 +151,16 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
             raise ConfigError(f"dataset '{config['dataset']}' has no labels; valid: num-clusters >= 1 (the number "
                               "of clusters to find)")
 
+    if config["out-dir"]:
+        check_out_dir(Path(str(config["out-dir"])))
     session = ServerSession(grid, config)
     values["num-clients"] = len(session.connect())
     config = session.config = RunConfig(values)
-    strategy = registry.get(str(config["strategy"])).strategy(config)
+    strategy_cls = registry.get(str(config["strategy"])).strategy
+    warnings = strategy_cls.check_shards(session.clients)
+    for text in warnings:
+        log(WARNING, "warning: %s", text)
+    strategy = strategy_cls(config)
     setup_rounds = len(session.stats.rounds)
     protocol_start = time.perf_counter()
     try:
@@ -177,7 +183,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "metrics": metrics,
         "reference": reference,
         "quality": assess(str(config["strategy"]), str(config["dataset"]), config.as_dict(), metrics, reference,
-                          int(np.unique(labels[labels >= 0]).size)),
+                          int(np.unique(labels[labels >= 0]).size), warnings),
         "timing": {
             "total_s": time.perf_counter() - started,
             "protocol_s": protocol_s,

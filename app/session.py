@@ -31,6 +31,7 @@ from app.privacy.secagg import (
     FixedPointEncoder,
     SecAggDropoutError,
     SecAggError,
+    SecAggOverflowError,
     finest_scale,
     pack_id_bytes,
     relay_public_keys,
@@ -51,18 +52,20 @@ from app.transport import (
 )
 
 HELLO = "hello"
-HELLO_SPEC = ReplySpec(values=("dataset", "partitioner"),
+HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
                                 "num_partitions": ValueSpec(whole=True, low=1),
-                                "num_rows": ValueSpec(whole=True, low=0)})
+                                "num_rows": ValueSpec(whole=True, low=0),
+                                "num_graphs": ValueSpec(whole=True, low=0),
+                                "num_edges": ValueSpec(whole=True, low=0),
+                                "num_isolated": ValueSpec(whole=True, low=0)})
 
 def party_hello_spec(partitioner: str) -> ReplySpec:
-    """The hello reply of a party with its own data (``dataset = 'parties'``): the counts of
-    every hello, its graph count, and where every party holds the same nodes the digest of
-    its ordered node IDs (:func:`app.data.parties.node_set_digest`)."""
+    """The hello reply of a party with its own data (``dataset = 'parties'``): the values of
+    every hello and, where every party holds the same nodes, the digest of its ordered node IDs
+    (:func:`app.data.parties.node_set_digest`)."""
     shared = family(partitioner) in SHARED_NODES
-    return ReplySpec(values=HELLO_SPEC.values + (("node_digest",) if shared else ()),
-                     numbers={**HELLO_SPEC.numbers, "num_graphs": ValueSpec(whole=True, low=0)})
+    return ReplySpec(values=HELLO_SPEC.values + (("node_digest",) if shared else ()), numbers=HELLO_SPEC.numbers)
 
 
 SECAGG_SETUP = "secagg_setup"
@@ -108,6 +111,19 @@ def _stops_the_run(where: str):
         raise
     except SecAggError as err:
         raise ProtocolError(f"{where}: {err}") from None
+
+
+def _check_one_cut(clients: list[ClientInfo]) -> None:
+    """Shard files from different cuts of the data (another seed, other data or split parameters:
+    each node's ``shard_cut``) hold overlapping or missing items; stop before the first step."""
+    cuts: dict[str, list[int]] = {}
+    for c in clients:
+        cuts.setdefault(str(c.summary["shard_cut"]), []).append(c.partition_id)
+    if len(cuts) > 1:
+        listed = "; ".join(f"client{'s' * (len(ids) > 1)} {', '.join(map(str, ids))}: {cut or 'cut in memory'}"
+                           for cut, ids in cuts.items())
+        raise ProtocolError(f"the clients' shards come from different cuts of the data ({listed}); valid: the "
+                            "shard files of one python -m app.data.prepare run")
 
 
 class ServerSession:
@@ -159,6 +175,7 @@ class ServerSession:
         ids = [c.partition_id for c in clients]
         if ids != list(range(want)):
             raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
+        _check_one_cut(clients)
         self.clients = clients
         self._order = {c.node_id: c.partition_id for c in clients}
         self._record_uploads(HELLO, replies.items(), spec)
@@ -412,11 +429,22 @@ class ServerSession:
         client, so the true sum cannot wrap around the ring). The fixed-point
         scale is ``secagg.scale``, or with ``finest`` the finest power of two
         that the ring ``secagg.scale`` picks still holds (never coarser): for
-        sums of values that may lie far below ``1 / secagg.scale``.
+        sums of values that may lie far below ``1 / secagg.scale``. A bound
+        derived from the data (a sum over a client's rows) that the 64-bit
+        ring cannot hold at ``secagg.scale`` gets the finest scale it can hold:
+        a sum over many rows needs no finer resolution than one row.
         """
         if not self._secagg_ready:
             raise ProtocolError("secure aggregation used before setup_secure_aggregation()")
         scale, parties = float(self.config["secagg.scale"]), len(self.clients)
+        try:
+            FixedPointEncoder(scale, bound, parties)
+        except SecAggOverflowError:
+            scale = finest_scale(bound, parties, 64)
+            if scale < 1.0:
+                raise ProtocolError(f"secure sum {name!r}: {parties} clients x bound {bound:.6g} does not fit the "
+                                    "64-bit ring even at resolution 1; valid: fewer rows per client or a lower "
+                                    "secagg.bound")
         if finest:
             ring = FixedPointEncoder(scale, bound, parties).ring_bits
             scale = max(scale, finest_scale(bound, parties, ring))

@@ -50,9 +50,13 @@ class ClusteringClient:
 
     # -- steps every method shares -------------------------------------------
     def on_hello(self, arrays, values):
-        """Say which partition this node holds and its size (counts only). A party with its
-        own data (``dataset = 'parties'``) also says how many graphs it holds and, where every
-        party must hold the same nodes (edge, vertical), the digest of its ordered node IDs
+        """Say which partition this node holds and its size (counts only): rows, graphs, local
+        edges and rows without a local edge, so that the server can tell a split the method
+        cannot use before the first step; and which cut of the data a shard file comes from
+        (its ``shard_cut``: seed, data hash and split parameters of ``python -m app.data.prepare``;
+        empty for a shard cut in this process), so that shards of different cuts are refused at
+        once. A party with its own data (``dataset = 'parties'``), where every party must hold
+        the same nodes (edge, vertical), also sends the digest of its ordered node IDs
         (:func:`app.data.parties.node_set_digest`), never the IDs."""
         s = self.shard
         summary = {
@@ -61,9 +65,12 @@ class ClusteringClient:
             "dataset": s.dataset,
             "partitioner": s.partitioner,
             "num_rows": int(len(s.node_ids)) if s.node_ids is not None else 0,
+            "num_graphs": s.num_graphs,
+            "num_edges": s.num_edges,
+            "num_isolated": s.num_isolated,
+            "shard_cut": s.cut,
         }
         if s.dataset == parties.PARTIES:
-            summary["num_graphs"] = s.num_graphs
             if parties.family(s.partitioner) in parties.SHARED_NODES:
                 summary["node_digest"] = parties.node_set_digest(s.keys)
         return {}, summary

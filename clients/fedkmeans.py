@@ -26,8 +26,9 @@ class FedKMeansClient(ClusteringClient):
     def on_kmeans_step(self, arrays, values):
         stats = proto.join_statistics(*proto.lloyd_statistics(self.features(), arrays["centres"]))
         self.require_masking("kmeans_step", values, needed_by_run=bool(self.config["fedkmeans.secure"]))
-        if "secagg_tag" in values:
-            stats = self.masked(stats, values)
+        if "secagg_tag" in values:  # an honest server declares at least this client's rows x secagg.bound
+            floor = proto.statistics_bound(len(self.shard.node_ids), float(self.config["secagg.bound"]))
+            stats = self.masked(stats, values, floor=floor)
         return {"stats": stats}, {}
 
     def on_kmeans_assign(self, arrays, values):

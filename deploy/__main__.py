@@ -46,7 +46,7 @@ from app.data import prepare
 from app.data.parties import PARTIES
 from app.result import summary_table
 from deploy import superlink
-from deploy.federation import LocalFederation, toml_value
+from deploy.federation import SUPERLINK_WAIT_S, LocalFederation, toml_value
 from deploy.pki import make_all
 from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
@@ -131,10 +131,25 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
             federation.start_configured_nodes(node_configs, trusted_entities=trusted)
             proc = federation.run_app(REPO, run_config, timeout=timeout)
             (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
+            ended = federation.ended()
     path = result_dir / "result.json"
     if not path.exists():
-        raise RuntimeError(f"the deployed run wrote no result; see {out / 'flwr-run.log'}")
+        raise RuntimeError(f"the deployed run wrote no result{_ended_processes(out, ended)}; see "
+                           f"{out / 'flwr-run.log'}")
     return path
+
+
+def _ended_processes(out: Path, ended: dict[str, int]) -> str:
+    """What ended during the run, for the error line: the SuperLink (its runs are lost: it keeps them
+    in memory; the SuperNodes give up reconnecting after ``SUPERLINK_WAIT_S``) or SuperNodes."""
+    if "superlink" in ended:
+        return (f": the SuperLink ended mid-run (exit code {ended['superlink']}, log {out / 'superlink.log'}); its "
+                f"runs are lost with it, and the SuperNodes stop reconnecting after {SUPERLINK_WAIT_S:g} s; start "
+                "the deployment again")
+    if ended:
+        return ": these processes ended mid-run: " + ", ".join(f"{n} (exit code {c}, log {out / (n + '.log')})"
+                                                              for n, c in sorted(ended.items()))
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

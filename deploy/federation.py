@@ -17,6 +17,7 @@ the README, "Deploying on several machines").
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -27,10 +28,24 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import psutil
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 CONNECTION = "fedgraph"
+#: How long a SuperNode keeps trying to reach a SuperLink that went away before it exits with
+#: Flower's "Giving up reconnection after ... seconds" (``flower-supernode --max-wait-time``); a
+#: restarted SuperLink has lost its runs, so waiting longer only hides the failure.
+SUPERLINK_WAIT_S = 300.0
+#: A SuperNode killed without a goodbye stays online for the SuperLink until its heartbeat expires
+#: (Flower: HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL after its last heartbeat), and the SuperLink
+#: refuses to activate its key again before then (412, the SuperNode exits with code 305).
+REJOIN_S = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL
+#: The refusal of an activation (Flower's FLEET_NODE_ACTIVATION_FAILED, code 2004) in the SuperNode's
+#: log: its key is still online, or not registered (then the retries end at the timeout).
+_STILL_ONLINE = "Failed to activate SuperNode"
+#: What a SuperNode logs once the SuperLink has activated it.
+_JOINED = "SuperNode ID: "
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -74,8 +89,10 @@ def run_config_arg(values: Mapping[str, Any]) -> str:
 class LocalFederation:
     """SuperLink and SuperNodes on loopback (see module docstring)."""
 
-    def __init__(self, workdir: Path, pki: Path | None, *, auth: bool = True) -> None:
+    def __init__(self, workdir: Path, pki: Path | None, *, auth: bool = True,
+                 superlink_wait_s: float = SUPERLINK_WAIT_S) -> None:
         self.workdir = Path(workdir)
+        self.superlink_wait_s = superlink_wait_s  # each SuperNode's --max-wait-time
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pki = Path(pki) if pki else None
         self.auth = auth and self.pki is not None
@@ -84,6 +101,7 @@ class LocalFederation:
         self.home = self.workdir / "flwr-home"
         self.home.mkdir(exist_ok=True)
         self.processes: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}  # each SuperNode's command, for restart_supernode
         self.fleet_address = self.address  # where SuperNodes connect: the gateway once started
         self.env = {
             **os.environ,
@@ -107,8 +125,9 @@ class LocalFederation:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     # -- processes --------------------------------------------------------------
-    def _spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "w")
+    def _spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None,
+               append: bool = False) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "a" if append else "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
                                 cwd=self.workdir, start_new_session=True)
         self.processes[name] = proc
@@ -162,7 +181,10 @@ class LocalFederation:
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
                         root_certificates: Path | None = None, node_config: str | None = None,
                         trusted_entities: Path | None = None) -> subprocess.Popen:
-        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address, "--port", str(free_port())]
+        """Start ``flower-supernode``; it stops reconnecting ``superlink_wait_s`` seconds after losing the
+        SuperLink (Flower logs "Giving up reconnection after ... seconds")."""
+        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address, "--port", str(free_port()),
+               "--max-wait-time", repr(float(self.superlink_wait_s))]
         cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
         if private_key:
             cmd += ["--auth-supernode-private-key", str(private_key)]
@@ -170,7 +192,37 @@ class LocalFederation:
             cmd += ["--trusted-entities", str(trusted_entities)]
         config = node_config if node_config is not None else f"shard='{Path(shard).resolve()}'"
         cmd += ["--node-config", config]
+        self.commands[name] = cmd
         return self._spawn(name, cmd)
+
+    def restart_supernode(self, name: str, timeout: float = REJOIN_S + 60.0, first_wait_s: float = 2.0) -> int:
+        """Start SuperNode ``name`` again with its command and key (after it was killed) and return once it
+        has joined; returns the attempts it took. While the SuperLink still counts the killed instance
+        online (:data:`REJOIN_S` after its last heartbeat) it refuses the key; each refused attempt is
+        logged in ``NAME.log`` (appended to) and retried after a back-off doubling from ``first_wait_s``
+        (at most 16 s), up to ``timeout`` seconds in all."""
+        cmd, deadline, wait_s = self.commands[name], time.monotonic() + timeout, first_wait_s
+        for attempt in itertools.count(1):
+            start = len(self.log(name))
+            proc = self._spawn(name, cmd, append=True)
+
+            def since() -> str:
+                return self.log(name)[start:]
+
+            while proc.poll() is None and _STILL_ONLINE not in since() and _JOINED not in since():
+                time.sleep(0.2)
+            if _JOINED in since():
+                return attempt
+            if _STILL_ONLINE not in since() or time.monotonic() + wait_s > deadline:
+                raise RuntimeError(f"{name} did not rejoin within {timeout:g} s:\n{since()[-2000:]}")
+            _kill_tree(proc)
+            with open(self.workdir / f"{name}.log", "a") as log:
+                log.write(f"restart: the SuperLink still counts {name}'s previous instance online (a killed node "
+                          f"goes offline {REJOIN_S:g} s after its last heartbeat); attempt {attempt + 1} in "
+                          f"{wait_s:g} s\n")
+            time.sleep(wait_s)
+            wait_s = min(2 * wait_s, 16.0)
+        raise AssertionError("unreachable")
 
     def start_nodes(self, shards: list[Path], trusted_entities: Path | None = None) -> None:
         """Register and start one authenticated TLS SuperNode per shard (running only apps
@@ -194,6 +246,10 @@ class LocalFederation:
         cmd = [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
                "--run-config", run_config_arg(run_config)]
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def ended(self) -> dict[str, int]:
+        """The started processes that have exited, with their exit codes (e.g. a SuperLink that died)."""
+        return {name: proc.returncode for name, proc in self.processes.items() if proc.poll() is not None}
 
     def kill(self, name: str) -> None:
         """Kill one started process and everything it started (SIGKILL: a crash, not a shutdown)."""

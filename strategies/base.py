@@ -61,6 +61,20 @@ class StrategyOutput:
         return out
 
 
+#: Share of rows without a local edge above which a method that clusters each shard's own graph
+#: (``local_graphs``) is warned about, and above which it stops: the clients' graphs are then
+#: almost all isolated nodes (e.g. 100 clients sharing karate's 78 edges: 95%).
+ISOLATED_WARN = 0.5
+ISOLATED_STOP = 0.9
+
+
+def _listed(ids, most: int = 8) -> str:
+    """Partition ids as a short list: the first ``most`` and how many more."""
+    ids = sorted(ids)
+    head = ", ".join(str(i) for i in ids[:most])
+    return head + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
 class ClusteringStrategy(ABC):
     """Server side of one method; subclasses set the class attributes. A subclass's docstring is
     the paragraph ``python -m app.run --strategy NAME --help`` prints about the method."""
@@ -77,6 +91,9 @@ class ClusteringStrategy(ABC):
     #: Why the method cannot take edge weights (it counts every edge as 1), or "" when it uses them as
     #: they are (weighted degrees, filters, losses) or uses no edges.
     refuses_weights: ClassVar[str] = ""
+    #: Each client clusters the graph of its own shard: its rows without a local edge carry no
+    #: structure into the result (:meth:`check_shards`).
+    local_graphs: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -163,6 +180,46 @@ class ClusteringStrategy(ABC):
         if not profile.labels and not int(config["num-clusters"]):
             raise ConfigError(f"dataset {dataset} has no labels; valid: num-clusters >= 1 (the number of clusters "
                               "to find)")
+
+    @classmethod
+    def check_shards(cls, clients) -> list[str]:
+        """What the shards announced in the hello handshake (``clients``: :class:`app.session.ClientInfo`)
+        allow: a client holding no items, or a structure method without a single edge, stops the run
+        (a :class:`ProtocolError` naming the clients); returns warnings where the data merely supports
+        the method weakly (:data:`ISOLATED_WARN`, :data:`ISOLATED_STOP`)."""
+        from app.data.parties import family
+        from app.transport import ProtocolError
+
+        if not clients:
+            return []
+        graphs = family(str(clients[0].summary["partitioner"])) == "graphs"
+        item, count = ("graphs", "num_graphs") if graphs else ("rows", "num_rows")
+        empty = [c.partition_id for c in clients if not int(c.summary[count])]
+        if empty:
+            raise ProtocolError(f"client{'s' * (len(empty) > 1)} {_listed(empty)} hold{'s' * (len(empty) == 1)} no "
+                                f"{item}: an empty shard; valid: fewer clients or a split that gives each some {item}")
+        if graphs or not cls.needs_edges:
+            return []
+        edges = {c.partition_id: int(c.summary["num_edges"]) for c in clients}
+        if not any(edges.values()):
+            raise ProtocolError(f"no client holds an edge in its shard; strategy '{cls.name}' clusters by the "
+                                "edges; valid: a graph with edges (and a split that keeps some within the shards)")
+        if not cls.local_graphs:
+            return []
+        rows = sum(int(c.summary["num_rows"]) for c in clients)
+        share = sum(int(c.summary["num_isolated"]) for c in clients) / rows
+        bare = [p for p, e in edges.items() if not e]
+        what = (f"{share:.0%} of the clients' rows have no edge in their own shard"
+                + (f" and client{'s' * (len(bare) > 1)} {_listed(bare)} hold{'s' * (len(bare) == 1)} none at all"
+                   if bare else ""))
+        if share > ISOLATED_STOP:
+            raise ProtocolError(f"{what}: strategy '{cls.name}' clusters each shard's own graph, and these carry "
+                                f"almost no structure (over {ISOLATED_STOP:.0%}); valid: fewer clients, or a method "
+                                "that combines the shards before clustering (e.g. fedspectral-plus)")
+        if share > ISOLATED_WARN or bare:
+            return [f"{what}: strategy '{cls.name}' clusters each shard's own graph, so the result rests on little "
+                    "structure; fewer clients give each more edges"]
+        return []
 
     @abstractmethod
     def run(self, session) -> StrategyOutput:

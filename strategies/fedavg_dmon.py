@@ -126,6 +126,7 @@ class FedAvgDMoN(ClusteringStrategy):
     split = "nodes: each client holds a subgraph of one graph (optionally with shared nodes)"
     partitioners = ("node-random", "node-community", "node-dirichlet")
     needs_edges = True
+    local_graphs = True
     needs_features = True
     params = (
         Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "

@@ -90,9 +90,10 @@ class FedKMeans(ClusteringStrategy):
             session.setup_secure_aggregation()
         size = centres.size + k + 1
         step_spec = ReplySpec(arrays={"stats": ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
+        bound = proto.statistics_bound(max(rows.values()), float(self.config["secagg.bound"]))
         history = []
         for round_ in range(1, int(self.config["num-rounds"]) + 1):
-            values = session.secagg_values("stats", float(self.config["secagg.bound"])) if secure else {}
+            values = session.secagg_values("stats", bound) if secure else {}
             replies = session.broadcast("kmeans_step", pack({"centres": centres}, values), step_spec)
             if secure:
                 total = session.secure_sum(replies, "stats", values)
@@ -145,7 +146,7 @@ class FedKMeans(ClusteringStrategy):
             problem = f"a negative inertia {inertia:g}"
         if problem:
             # a client clips what exceeds the declared bound (refusing would tell the server it did)
-            hint = " (each client clips its values to secagg.bound; is it above every client's?)" if node is None else ""
+            hint = " (each client clips its values to rows x secagg.bound; is it above every client's?)" if node is None else ""
             raise ProtocolError(f"step '{step}': {who} sent {problem}{hint}")
 
     def reference(self, data) -> np.ndarray:

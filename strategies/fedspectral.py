@@ -113,6 +113,7 @@ class FedSpectral(ClusteringStrategy):
     ignores = ("num-rounds", "secagg.scale", "secagg.bound")
     partitioners = ("edge",)
     needs_edges = True
+    local_graphs = True
     params = (
         Param("fedspectral.n-init", int, 10, "k-means restarts (clients and server)", low=1, high=1000),
     )

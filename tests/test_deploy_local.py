@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.result import summary_table
-from deploy.__main__ import main
+from deploy.__main__ import _ended_processes, main
 from deploy.pki import make_all
 
 
@@ -48,3 +48,12 @@ def test_deploy_local_prints_the_summary_with_the_reference_and_keeps_no_key_in_
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_run_without_result_names_what_ended_mid_run(tmp_path):
+    assert _ended_processes(tmp_path, {"superlink": -9}) == (
+        f": the SuperLink ended mid-run (exit code -9, log {tmp_path / 'superlink.log'}); its runs are lost with "
+        "it, and the SuperNodes stop reconnecting after 300 s; start the deployment again")
+    assert _ended_processes(tmp_path, {"supernode-1": -9}) == (
+        f": these processes ended mid-run: supernode-1 (exit code -9, log {tmp_path / 'supernode-1.log'})")
+    assert _ended_processes(tmp_path, {}) == ""

@@ -99,36 +99,49 @@ KILLED = {
 }
 
 
+def _small_federation_files(out, nodes: int, partitioner: str = "node-random", strategy: str = "fedkmeans",
+                            overrides=None):
+    """PKI, shards and eval file of the small SBM for ``nodes`` SuperNodes under ``out``; the run config
+    (``overrides``: the strategy's settings, default 3 rounds)."""
+    from app.data import prepare
+
+    make_all(out / "pki", nodes)
+    prepare.run(["--dataset", "sbm", "--partitioner", partitioner, "--num-clients", str(nodes), "--out",
+                 str(out / "shards"), "--eval-file", str(out / "eval.npz"), *sum((["--set", s] for s in SMALL_SBM), [])])
+    return {"strategy": strategy, "dataset": "sbm", "partitioner": partitioner, "num-clients": nodes,
+            **dict(s.split("=", 1) for s in SMALL_SBM), **(overrides or {"num-rounds": 3}),
+            "eval-file": str(out / "eval.npz"), "reference": False, "out-dir": str(out / "result")}
+
+
+def _run_with_fault(out, config, fault, **options):
+    """Start the SuperLink and one SuperNode per shard under ``out``, run ``fault(federation)`` in a thread
+    while ``flwr run`` runs ``config``; return the finished ``flwr run`` and the (closed) federation,
+    whose logs stay readable."""
+    with LocalFederation(out, out / "pki", **options) as federation:
+        federation.start_superlink()
+        federation.start_nodes([out / "shards" / f"client-{i}.npz" for i in range(int(config["num-clients"]))])
+        threading.Thread(target=fault, args=(federation,), daemon=True).start()
+        proc = federation.run_app(REPO, config, timeout=RUN_GUARD_S)
+    return proc, federation
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", sorted(KILLED))
 def test_killing_a_supernode_mid_run(strategy, tmp_path):
     partitioner, overrides = KILLED[strategy]
     out = tmp_path / "run"
-    pki = out / "pki"
-    make_all(pki, 3)
-    from app.data import prepare
-
-    prepare.run(["--dataset", "sbm", "--partitioner", partitioner, "--num-clients", "3", "--out", str(out / "shards"),
-                 "--eval-file", str(out / "eval.npz"), *sum((["--set", s] for s in SMALL_SBM), [])])
     # The run's default timeout (600 s per step) applies: the killed node is noticed by the SuperLink's
     # heartbeat, and a live node that is merely slow (a busy machine) must not count as gone.
-    config = {"strategy": strategy, "dataset": "sbm", "partitioner": partitioner, "num-clients": 3,
-              **dict(s.split("=", 1) for s in SMALL_SBM), **overrides, "eval-file": str(out / "eval.npz"),
-              "reference": False, "out-dir": str(out / "result")}
+    config = _small_federation_files(out, 3, partitioner, strategy, overrides)
     killed = threading.Event()
-    with LocalFederation(out, pki) as federation:
-        federation.start_superlink()
-        federation.start_nodes([out / "shards" / f"client-{i}.npz" for i in range(3)])
 
-        def kill_mid_run():
-            wait_until(lambda: "ROUND 6]" in federation.log("supernode-1"), "supernode-1 to receive round 6",
-                       RUN_GUARD_S)
-            federation.kill("supernode-1")
-            killed.set()
+    def kill_mid_run(federation):
+        wait_until(lambda: "ROUND 6]" in federation.log("supernode-1"), "supernode-1 to receive round 6", RUN_GUARD_S)
+        federation.kill("supernode-1")
+        killed.set()
 
-        threading.Thread(target=kill_mid_run, daemon=True).start()
-        proc = federation.run_app(REPO, config, timeout=RUN_GUARD_S)
-        logs = "\n".join(f"--- {name}:\n{federation.log(name)[-1500:]}" for name in ("supernode-0", "supernode-2"))
+    proc, federation = _run_with_fault(out, config, kill_mid_run)
+    logs = "\n".join(f"--- {name}:\n{federation.log(name)[-1500:]}" for name in ("supernode-0", "supernode-2"))
     log = proc.stdout + proc.stderr
     report = f"{log[-3000:]}\n{logs}"  # the run's log and the survivors', e.g. Flower's task-token errors
     assert killed.is_set(), report  # the run reached round 6 with every node
@@ -280,3 +293,69 @@ def test_a_stranger_with_the_ca_certificate_can_neither_register_nor_get_an_app_
         assert gave_up in federation.log("stranger-node"), federation.log("stranger-node")[-2000:]
         assert not connected(federation, "stranger-node")
     assert list(loot.iterdir()) == []  # no ClientApp of the stranger's ever ran
+
+
+@pytest.mark.slow
+def test_a_killed_supernode_restarted_with_its_key_rejoins_as_the_same_node(tmp_path):
+    """Flower refuses to activate a key whose previous instance is still online (until its heartbeat
+    expires, 60 s); restart_supernode retries with a bounded back-off, logging each refusal."""
+    _small_federation_files(tmp_path, 1)
+    with LocalFederation(tmp_path, tmp_path / "pki") as federation:
+        federation.start_superlink()
+        federation.start_nodes([tmp_path / "shards" / "client-0.npz"])
+        wait_until(lambda: "SuperNode ID: " in federation.log("supernode-0"), "supernode-0 to join")
+        federation.kill("supernode-0")
+        attempts = federation.restart_supernode("supernode-0", timeout=HANG_GUARD_S)
+        log = federation.log("supernode-0")
+    ids = re.findall(r"SuperNode ID: (\d+)", log)
+    assert len(ids) == 2 and ids[0] == ids[1], log  # the same node, by its registered key
+    assert log.count("restart: the SuperLink still counts supernode-0's previous instance online") == attempts - 1
+    assert log.count("Failed to activate SuperNode") == attempts - 1, log
+
+
+@pytest.mark.slow
+def test_a_superlink_killed_mid_run_fails_the_run_and_the_supernodes_give_up(tmp_path):
+    config = _small_federation_files(tmp_path, 2)
+
+    def kill_mid_run(federation):
+        wait_until(lambda: "[RUN " in federation.log("supernode-0"), "supernode-0 to receive a message", RUN_GUARD_S)
+        federation.kill("superlink")
+        for name in ("supernode-0", "supernode-1"):
+            wait_until(lambda: "Giving up reconnection after" in federation.log(name),
+                       f"{name} to give up on the SuperLink")
+        gave_up.set()
+
+    gave_up = threading.Event()
+    proc, federation = _run_with_fault(tmp_path, config, kill_mid_run, superlink_wait_s=5.0)
+    wait_until(gave_up.is_set, "the SuperNodes to give up on the SuperLink")
+    assert proc.returncode != 0
+    assert not (tmp_path / "result" / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_a_supernode_stopped_within_the_heartbeat_is_slow_not_dropped(tmp_path):
+    """SIGSTOP freezes a SuperNode (and its ClientApp) for a third of the heartbeat expiry, longer than
+    its steps take: the run waits for it (the step timeout is 600 s) and finishes with every client."""
+    import os
+    import signal
+    import time
+
+    from deploy.federation import REJOIN_S
+
+    config = _small_federation_files(tmp_path, 2)
+    stopped = threading.Event()
+
+    def stop_mid_run(federation):
+        wait_until(lambda: federation.log("supernode-1").count("[RUN ") >= 2, "supernode-1 to get its 2nd message",
+                   RUN_GUARD_S)
+        group = federation.processes["supernode-1"].pid
+        os.killpg(group, signal.SIGSTOP)
+        stopped.set()
+        time.sleep(REJOIN_S / 3)  # the fault's length, not a wait for an event
+        os.killpg(group, signal.SIGCONT)
+
+    proc, _ = _run_with_fault(tmp_path, config, stop_mid_run)
+    report = (proc.stdout + proc.stderr)[-3000:]
+    assert stopped.is_set(), report
+    result = json.loads((tmp_path / "result" / "result.json").read_text())
+    assert result["communication"]["dropped"] == [] and result["communication"]["rejected"] == [], report

@@ -8,6 +8,8 @@ node configs (what ``flower-supernode --node-config`` gives in a deployment).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 from types import SimpleNamespace
 
@@ -215,8 +217,9 @@ def test_kcagc_refuses_a_key_relay_without_every_client(tmp_path):
 def test_a_bound_probe_gets_the_same_answer_whatever_the_private_value(factor, tmp_path):
     """Before, a client refused a value above the server's secagg_bound and answered below it:
     bisecting the bound read a statistic to 9 digits in 40 requests. Now a bound below the one
-    the step declares honestly (the run's secagg.bound) is refused by every client, whatever its
-    data; from it up, every client answers (values beyond the bound clipped), whatever its data."""
+    the step declares honestly (fedkmeans: the client's rows x the run's secagg.bound) is refused
+    by every client, whatever its data; from it up, every client answers (values beyond the bound
+    clipped), whatever its data."""
     def probe(partition, arrays, values):
         return arrays, {**values, "secagg_bound": values["secagg_bound"] * factor}
 
@@ -225,8 +228,12 @@ def test_a_bound_probe_gets_the_same_answer_whatever_the_private_value(factor, t
         raw = {**MASKING_RUNS["fedkmeans"][0], "sbm.signal": signal, "secagg.bound": 10.0, "strategy": "fedkmeans",
                "num-clients": 3, "out-dir": str(tmp_path / f"signal-{signal}")}
         grid = MaliciousServerGrid(build_client_app(raw), 3, record=True, action="kmeans_step", rewrite=probe)
-        with pytest.raises(ProtocolError):  # refused by the clients, or their sums beyond the server's own bound
-            run_server(grid, raw)
+        if factor < 1:
+            with pytest.raises(ProtocolError):  # refused by the clients
+                run_server(grid, raw)
+        else:  # answered; a bound above the server's own may decode beyond it, which stops the run
+            with contextlib.suppress(ProtocolError):
+                run_server(grid, raw)
         first = [m for m in grid.pulled if m.metadata.message_type == "query.kmeans_step"][:3]
         answers.append(["answer" if m.has_content() else "refused" * (f"{PrivacyRefusal.MARKER}, rule 'secagg-bound'"
                                                                       in m.error.reason) for m in first])

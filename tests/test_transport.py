@@ -28,6 +28,7 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
     def hello(message, context):
         pid = context.node_config["partition-id"]
         values = {"partition_id": pid, "num_partitions": context.node_config["num-partitions"], "num_rows": N,
+                  "num_graphs": 0, "num_edges": 0, "num_isolated": N, "shard_cut": "",
                   "dataset": "sbm", "partitioner": "node-random"}
         return Message(pack(values=values), reply_to=message)
 
@@ -353,6 +354,7 @@ def test_handshake_refuses_malformed_counts(field, value, reason):
     @app.query("hello")
     def hello(message, context):
         values = {"partition_id": context.node_config["partition-id"], "num_partitions": 2, "num_rows": N,
+                  "num_graphs": 0, "num_edges": 0, "num_isolated": N, "shard_cut": "",
                   "dataset": "sbm", "partitioner": "node-random"}
         if context.node_config["partition-id"] == 1:
             values[field] = value

@@ -370,6 +370,7 @@ def _read_shard_file(p: Path, use_manifest: bool) -> tuple[Shard, dict]:
         raise ShardError(f"shard file {p} is corrupted or not a shard ({type(e).__name__}: {e})") from None
     shard, header = shard_from_arrays(arrays, where=f"shard file {p}")
     info = header.get("info", {})
+    shard.cut = shard_cut(info)
     if use_manifest and (p.parent / MANIFEST).is_file():
         try:
             man = json.loads((p.parent / MANIFEST).read_text())
@@ -388,6 +389,14 @@ def _read_shard_file(p: Path, use_manifest: bool) -> tuple[Shard, dict]:
         if entry.get("sha256") and entry["sha256"] != _file_sha256(p):
             raise ShardError(f"shard file {p} does not match {MANIFEST} next to it: file sha256 differs")
     return shard, info
+
+
+def shard_cut(info: Mapping[str, Any]) -> str:
+    """Which cut of the data a shard file belongs to, from its header's ``info``: the seed, the
+    data hash and a digest of the split and dataset parameters; equal for every file of one
+    ``python -m app.data.prepare`` run, and readable in an error that names two cuts."""
+    params = hashlib.sha256(_dumps([info.get("params"), info.get("dataset_params")]).encode()).hexdigest()
+    return f"seed {info.get('seed')}, data {str(info.get('data_hash'))[:12]}, parameters {params[:8]}"
 
 
 def _check_expected(p: Path, shard: Shard, info: dict, dataset, partitioner, num_clients, client_id,

@@ -196,6 +196,9 @@ class Shard:
     owned: np.ndarray | None = None
     keys: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Which cut of the data a shard file belongs to (:func:`app.data.shards.shard_cut`); "" for a
+    #: shard cut in this process.
+    cut: str = ""
 
     @property
     def num_nodes(self) -> int:
@@ -208,3 +211,10 @@ class Shard:
     @property
     def num_graphs(self) -> int:
         return 0 if self.graphs is None else len(self.graphs)
+
+    @property
+    def num_isolated(self) -> int:
+        """Rows without an edge in this shard (every row when it holds no graph)."""
+        if self.adj is None:
+            return self.num_nodes
+        return int((sp.csr_matrix(self.adj).getnnz(axis=1) == 0).sum())

@@ -37,6 +37,13 @@ def lloyd_statistics(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np
     return sums, counts, float(d2.sum())
 
 
+def statistics_bound(rows: int, value_bound: float) -> float:
+    """The largest |entry| of the statistics of a client with ``rows`` rows: each entry is a sum
+    over its rows of one row's value (a feature, 1 for the count, a squared distance), each at most
+    ``value_bound`` (and the count's 1), so the bound grows with the rows and holds at every size."""
+    return max(int(rows), 1) * max(float(value_bound), 1.0)
+
+
 def join_statistics(sums: np.ndarray, counts: np.ndarray, inertia: float) -> np.ndarray:
     """One vector ``[sums.ravel(), counts, inertia]``: summing these over
     clients sums each part, so it can go through one (secure) sum."""
