@@ -28,6 +28,8 @@ from typing import Any, Mapping
 
 import psutil
 
+from deploy import flower_shim
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 CONNECTION = "fedgraph"
@@ -71,6 +73,13 @@ def run_config_arg(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
 
 
+def supernode_command(env: Mapping[str, str]) -> list[str]:
+    """``flower-supernode``, through :mod:`deploy.flower_shim` unless ``env`` switches it off."""
+    if flower_shim.enabled(env):
+        return [sys.executable, "-m", "deploy.flower_shim", "supernode"]
+    return [str(BIN / "flower-supernode")]
+
+
 class LocalFederation:
     """SuperLink and SuperNodes on loopback (see module docstring)."""
 
@@ -94,6 +103,8 @@ class LocalFederation:
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "OMP_NUM_THREADS": "1",
+            # deploy.flower_shim and the SuperExec it starts run from this checkout
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
         self._write_cli_config()
 
@@ -143,8 +154,7 @@ class LocalFederation:
                "--superlink", self.address, "--ca", str(self.pki / "ca.crt"),
                "--cert", str(self.pki / "superlink.crt"), "--key", str(self.pki / "superlink.key"),
                "--signatures", str(Path(signatures).resolve())]
-        env = {**self.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        proc = self._spawn("gateway", cmd, env)
+        proc = self._spawn("gateway", cmd)
         deadline = time.monotonic() + timeout
         while "Uvicorn running" not in self.log("gateway"):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -162,7 +172,7 @@ class LocalFederation:
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
                         root_certificates: Path | None = None, node_config: str | None = None,
                         trusted_entities: Path | None = None) -> subprocess.Popen:
-        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address, "--port", str(free_port())]
+        cmd = [*supernode_command(self.env), "--superlink", self.fleet_address, "--port", str(free_port())]
         cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
         if private_key:
             cmd += ["--auth-supernode-private-key", str(private_key)]
