@@ -152,17 +152,17 @@ def main() -> None:
     os.environ[TIMING_SETTING] = "1"
     work = Path(tempfile.mkdtemp(prefix="deploy-bench-"))
     strategies = list(CASES) if "all" in args.strategy else args.strategy
+    out = HERE / "results" / "deployment.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     cases = []
     for strategy in strategies:
         dataset, sets = CASES[strategy]
         cases.append(run_case(strategy, dataset, [*sets, *args.set], args.nodes, work / strategy))
         print_tables(cases[-1:])
+        report = {"flower_shim": enabled(), "nodes": args.nodes, "cases": cases}
+        out.write_text(json.dumps(report, indent=2) + "\n")  # after every case: a partial run keeps its rows
     print()
     print_tables(cases)
-    report = {"flower_shim": enabled(), "nodes": args.nodes, "cases": cases}
-    out = HERE / "results" / "deployment.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"written {out} ({SETTING}={'on' if enabled() else 'off'})")
 
 
