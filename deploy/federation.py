@@ -162,12 +162,18 @@ class LocalFederation:
             time.sleep(0.2)
         self.fleet_address = f"127.0.0.1:{port}"
 
-    def register(self, public_key: Path) -> None:
-        """Register a SuperNode public key (only registered SuperNodes may join)."""
-        proc = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), CONNECTION],
-                              env=self.env, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0 or "registered successfully" not in proc.stdout:
-            raise RuntimeError(f"registering {public_key} failed:\n{proc.stdout}\n{proc.stderr}")
+    def register(self, *public_keys: Path) -> None:
+        """Register SuperNode public keys (only registered SuperNodes may join), all at once."""
+        procs = {key: subprocess.Popen([str(BIN / "flwr"), "supernode", "register", str(key), CONNECTION],
+                                       env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for key in public_keys}
+        failed = []
+        for key, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            if proc.returncode != 0 or "registered successfully" not in stdout:
+                failed.append(f"registering {key} failed:\n{stdout}\n{stderr}")
+        if failed:
+            raise RuntimeError("\n".join(failed))
 
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
                         root_certificates: Path | None = None, node_config: str | None = None,
@@ -191,10 +197,10 @@ class LocalFederation:
         """Register and start one authenticated TLS SuperNode per node config (``--node-config``
         text, e.g. ``data='/abs/party-0' out-dir='/abs/out-0'``), running only apps signed by a
         key in ``trusted_entities``, when given."""
+        if self.auth:
+            self.register(*(self.pki / f"supernode-{i}.pub" for i in range(len(node_configs))))
         for i, node_config in enumerate(node_configs):
             key = self.pki / f"supernode-{i}" if self.auth else None
-            if self.auth:
-                self.register(self.pki / f"supernode-{i}.pub")
             root = self.pki / "ca.crt" if self.pki else None
             self.start_supernode(f"supernode-{i}", None, private_key=key, root_certificates=root,
                                  node_config=node_config, trusted_entities=trusted_entities)
