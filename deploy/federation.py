@@ -101,6 +101,9 @@ class LocalFederation:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             # SuperExec checks for new tasks every second by default
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",
+            # every Flower process (one ClientApp per message) would report its start and exit to
+            # telemetry.flower.ai, waiting up to 4 s at exit
+            "FLWR_TELEMETRY_ENABLED": "0",
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "OMP_NUM_THREADS": "1",
             # deploy.flower_shim and the SuperExec it starts run from this checkout
