@@ -123,9 +123,10 @@ def process_started_at() -> float:
 
 def log_timing(action: str, entered: float) -> None:
     """One line: when this process started, began and finished loading this module, entered
-    and left the handler of ``action``."""
+    and left the handler of ``action``, and the CPU seconds it used so far."""
     print(f"fedgraph-timing clientapp {action} started={process_started_at():.3f} loading={LOADING_AT:.6f} "
-          f"loaded={LOADED_AT:.6f} entered={entered:.6f} left={time.time():.6f}", file=sys.stderr, flush=True)
+          f"loaded={LOADED_AT:.6f} entered={entered:.6f} left={time.time():.6f} cpu={time.process_time():.3f}",
+          file=sys.stderr, flush=True)
 
 
 def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:

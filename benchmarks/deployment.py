@@ -20,7 +20,9 @@ to SuperNode pull done), ClientApp start (send to ClientApp process start),
 Flower runtime (process start to the app's import: connect, pull the message,
 unpack the app bundle), app imports, compute (the handler), reply (handler
 return to the SuperNode's push done), server pick-up (last push to the
-server's receipt). Writes benchmarks/results/deployment.json.
+server's receipt); and the CPU seconds of one ClientApp process (what a
+message costs its node, however busy the machine). Writes
+benchmarks/results/deployment.json.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ CASES = {
     "fedavg-dmon": ("cora", []),
 }
 STAGES = ("supernode_pickup", "clientapp_start", "flower_runtime", "app_imports", "compute", "reply",
-          "server_pickup")
-_CLIENTAPP = re.compile(rf"{TIMING} clientapp (\S+) started=(\S+) loading=(\S+) loaded=(\S+) entered=(\S+) left=(\S+)")
+          "server_pickup", "clientapp_cpu")
+_CLIENTAPP = re.compile(rf"{TIMING} clientapp (\S+) started=(\S+) loading=(\S+) loaded=(\S+) entered=(\S+) "
+                        r"left=(\S+) cpu=(\S+)")
 _NODE = re.compile(rf"{TIMING} (pulled|pushed) (\S+)")
 
 
@@ -65,7 +68,7 @@ def node_messages(log: str) -> list[dict]:
     events = {"pulled": [], "pushed": []}
     for kind, at in _NODE.findall(log):
         events[kind].append(float(at))
-    apps = [dict(zip(("action", "started", "loading", "loaded", "entered", "left"), (a, *map(float, rest))))
+    apps = [dict(zip(("action", "started", "loading", "loaded", "entered", "left", "cpu"), (a, *map(float, rest))))
             for a, *rest in _CLIENTAPP.findall(log)]
     return [{**app, "pulled": pulled, "pushed": pushed}
             for app, pulled, pushed in zip(apps, events["pulled"], events["pushed"])]
@@ -90,6 +93,7 @@ def round_stages(rounds: list[dict], logs: list[str]) -> dict[str, list[float]]:
             stages["app_imports"].append(message["loaded"] - message["loading"])
             stages["compute"].append(message["left"] - message["loaded"])
             stages["reply"].append(message["pushed"] - message["left"])
+            stages["clientapp_cpu"].append(message["cpu"])
             pushes.setdefault(position, []).append(message["pushed"])
             position += 1
     for position, pushed in pushes.items():
