@@ -146,6 +146,21 @@ def print_tables(cases: list[dict]) -> None:
         print(f"{c['strategy']:<18}" + "".join(f"{c['median_stage_s'].get(s, float('nan')):>18.3f}" for s in STAGES))
 
 
+def markdown_tables(cases: list[dict]) -> str:
+    """The two tables of :func:`print_tables` in Markdown (for benchmarks/RESULTS.md)."""
+    lines = ["| strategy | dataset | simulation s | deployed s | ratio | rounds | messages | bytes | identical labels "
+             "| median deployed round s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| `{c['strategy']}` | {c['dataset']} | {c['simulation_s']:.1f} | {c['deployed_s']:.1f} | "
+              f"{c['ratio']:.2f} | {c['rounds']} | {c['messages']} | {c['bytes']:,} | "
+              f"{'yes' if c['same_labels'] else 'no'} | {c['median_round_s'] or 0:.2f} |" for c in cases]
+    stages = [s for s in STAGES if any(s in c["median_stage_s"] for c in cases)]
+    lines += ["", "| strategy | " + " | ".join(s.replace("_", " ") for s in stages) + " |",
+              "|---|" + "---|" * len(stages)]
+    lines += [f"| `{c['strategy']}` | " + " | ".join(f"{c['median_stage_s'][s]:.2f}" if s in c["median_stage_s"]
+                                                   else "" for s in stages) + " |" for c in cases]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", nargs="+", default=["all"], choices=["all", *CASES])
@@ -167,6 +182,8 @@ def main() -> None:
         out.write_text(json.dumps(report, indent=2) + "\n")  # after every case: a partial run keeps its rows
     print()
     print_tables(cases)
+    print()
+    print(markdown_tables(cases))
     print(f"written {out} ({SETTING}={'on' if enabled() else 'off'})")
 
 
