@@ -1,7 +1,7 @@
 """Flower's own SuperNode and SuperExec with shorter waits on one machine.
 
 ``python -m deploy.flower_shim supernode ARGS`` runs ``flower-supernode ARGS``
-(Flower's entry point, unchanged arguments) after two changes to the module
+(Flower's entry point, unchanged arguments) after these changes to the module
 ``flwr.supernode.start_client_internal`` of the pinned Flower (1.42):
 
 * its main loop sleeps 3 s after every pull that found no message; here such
@@ -9,8 +9,8 @@
   least :data:`FIRST_IDLE_POLL_S` and at most Flower's 3 s (a message that
   comes t seconds after the last one waits about t / 16 longer; an idle
   SuperNode polls every 3 s);
-* while a ClientApp runs it checks for the reply every 0.5 s; here every
-  :data:`REPLY_POLL_S`.
+* while a ClientApp runs it checks for the reply (and then for each of the
+  reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`.
 
 Both go through the module's ``time`` name, replaced by a :class:`PollClock`
 that maps Flower's two waits onto these and passes any other sleep through.
@@ -20,7 +20,7 @@ Flower's ``flower-superexec``, whose subprocess executor starts each
 has already imported Flower's ClientApp runtime and the third-party packages
 in :data:`PRELOAD` (``multiprocessing``'s forkserver). The app's own code is
 never preloaded: every ClientApp process loads it from the app bundle, as
-Flower's does. With ``FEDGRAPH_TIMING=1`` each message also leaves two ``fedgraph-timing``
+Flower's own ClientApp processes do. With ``FEDGRAPH_TIMING=1`` each message also leaves two ``fedgraph-timing``
 lines in the SuperNode's log (wall-clock seconds when it was pulled and its
 reply pushed), which ``benchmarks/deployment.py`` reads.
 
