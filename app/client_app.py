@@ -11,24 +11,34 @@ between steps lives in ``context.state``.
 
 from __future__ import annotations
 
+import time
+
+LOADING_AT = time.time()  # before the imports below: their cost is LOADED_AT - LOADING_AT
+
+import os  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
+from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
 
-from app import registry
-from app.config import ConfigError, RunConfig
-from app.data.datasets import dataset_label
-from app.data.params import dataset_kwargs, partition_kwargs
-from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard
-from app.data.shards import client_shard, load_shard_file
-from app.data.types import Shard
-from app.result import unwritable
-from app.transport import unpack
-from clients.base import ClusteringClient
+from app import registry  # noqa: E402
+from app.config import ConfigError, RunConfig  # noqa: E402
+from app.data.datasets import dataset_label  # noqa: E402
+from app.data.params import dataset_kwargs, partition_kwargs  # noqa: E402
+from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard  # noqa: E402
+from app.data.shards import client_shard, load_shard_file  # noqa: E402
+from app.data.types import Shard  # noqa: E402
+from app.result import unwritable  # noqa: E402
+from app.transport import unpack  # noqa: E402
+from clients.base import ClusteringClient  # noqa: E402
 
 PARTY_STATE = "party"
+#: with this environment variable set to 1 (``deploy.flower_shim.TIMING_SETTING``), every
+#: message leaves a line on stderr saying when its process started, loaded this module and ran
+#: the handler (wall-clock seconds; ``benchmarks/deployment.py`` reads them from the SuperNode log)
+TIMING_SETTING = "FEDGRAPH_TIMING"
 
 
 def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[str]:
@@ -103,6 +113,22 @@ def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordD
     )
 
 
+def process_started_at() -> float:
+    """Wall-clock time this process started (Linux: its start in clock ticks since boot)."""
+    with open("/proc/self/stat") as stat:
+        ticks = int(stat.read().rpartition(")")[2].split()[19])  # field 22, starttime
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age
+
+
+def log_timing(action: str, entered: float) -> None:
+    """One line: when this process started, began and finished loading this module, entered
+    and left the handler of ``action``, and the CPU seconds it used so far."""
+    print(f"fedgraph-timing clientapp {action} started={process_started_at():.3f} loading={LOADING_AT:.6f} "
+          f"loaded={LOADED_AT:.6f} entered={entered:.6f} left={time.time():.6f} cpu={time.process_time():.3f}",
+          file=sys.stderr, flush=True)
+
+
 def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """A ClientApp whose run-config is ``context.run_config`` updated by ``overrides``.
 
@@ -115,6 +141,13 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
     def make_handler(action: str) -> Callable[[Message, Context], Message]:
         def handler(message: Message, context: Context) -> Message:
+            entered = time.time()
+            reply = handle(message, context)
+            if os.environ.get(TIMING_SETTING) == "1":
+                log_timing(action, entered)
+            return reply
+
+        def handle(message: Message, context: Context) -> Message:
             config = registry.validate({**context.run_config, **overrides})
             client_cls = registry.get(str(config["strategy"])).client
             if action == "hello" and str(config["dataset"]) == PARTIES:
@@ -139,3 +172,4 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
 
 app = build_client_app()
+LOADED_AT = time.time()

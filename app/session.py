@@ -279,6 +279,7 @@ class ServerSession:
         refused ones flagged ``rejected``.
         """
         self._round += 1
+        sent_at = time.time()
         result = self._send(action, category, contents, expect)
         seconds, up, down = result.seconds, result.bytes_up, result.bytes_down
         for _ in range(self.retries):
@@ -294,6 +295,7 @@ class ServerSession:
         self.stats.rounds.append(
             {
                 "action": action,
+                "sent_at": sent_at,
                 "seconds": seconds,
                 "bytes_up": up,
                 "bytes_down": down,

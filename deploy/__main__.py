@@ -11,7 +11,8 @@ Example::
     python -m deploy local --nodes 3 --strategy fedkmeans --dataset sbm \\
         --out results/deploy-sbm
 
-``result.json`` lands in ``OUT/result``, logs of every process in ``OUT``; the
+``result.json`` lands in ``OUT/result``, logs of every process in ``OUT``, the
+app's files that are signed and run in ``OUT/app`` (:func:`stage_app`); the
 summary printed at the end is ``python -m app.run``'s. Certificates and keys exist
 only in a private temporary directory while the federation runs.
 
@@ -36,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 from app import registry
@@ -114,22 +117,37 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
     return _deploy(out, run_config, node_configs, timeout)
 
 
+def stage_app(out: Path) -> Path:
+    """A copy of the app's files (the top-level folders ``fab-include`` in pyproject.toml names,
+    and pyproject.toml) in ``out/app``: Flower's app builder walks every file under the
+    directory it is given, a checkout's .venv too; the bundle built from the copy is the same."""
+    stage = Path(out) / "app"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["fab-include"]
+    for folder in sorted({pattern.split("/", 1)[0] for pattern in patterns}):
+        shutil.copytree(REPO / folder, stage / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(REPO / "pyproject.toml", stage / "pyproject.toml")
+    return stage
+
+
 def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float) -> Path:
     """Certificates and the app signing key (in a private temporary directory), a TLS SuperLink
     with the Fleet gateway, one authenticated SuperNode per node config running only the signed
     app, ``flwr run``; the path of the run's result.json."""
     result_dir = Path(run_config["out-dir"])
+    app_dir = stage_app(out)
     with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki_dir:
         pki = Path(pki_dir)
         make_all(pki, len(node_configs), keep_ca_key=False)
         signing_key, signing_public = make_signing_key(pki)
         trusted = write_trusted_entities([signing_public], pki / "trusted-entities.yaml")
-        sign_app(REPO, signing_key, pki / "signatures")
+        sign_app(app_dir, signing_key, pki / "signatures")
         with LocalFederation(out, pki) as federation:
             federation.start_superlink()
             federation.start_gateway(pki / "signatures")
             federation.start_configured_nodes(node_configs, trusted_entities=trusted)
-            proc = federation.run_app(REPO, run_config, timeout=timeout)
+            proc = federation.run_app(app_dir, run_config, timeout=timeout)
             (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
             ended = federation.ended()
     path = result_dir / "result.json"

@@ -30,6 +30,8 @@ from typing import Any, Mapping
 import psutil
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
+from deploy import flower_shim
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
 CONNECTION = "fedgraph"
@@ -86,6 +88,13 @@ def run_config_arg(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
 
 
+def supernode_command(env: Mapping[str, str]) -> list[str]:
+    """``flower-supernode``, through :mod:`deploy.flower_shim` unless ``env`` switches it off."""
+    if flower_shim.enabled(env):
+        return [sys.executable, "-m", "deploy.flower_shim", "supernode"]
+    return [str(BIN / "flower-supernode")]
+
+
 class LocalFederation:
     """SuperLink and SuperNodes on loopback (see module docstring)."""
 
@@ -110,8 +119,13 @@ class LocalFederation:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             # SuperExec checks for new tasks every second by default
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.05",
+            # every Flower process (one ClientApp per message) would report its start and exit to
+            # telemetry.flower.ai, waiting up to 4 s at exit
+            "FLWR_TELEMETRY_ENABLED": "0",
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "OMP_NUM_THREADS": "1",
+            # deploy.flower_shim and the SuperExec it starts run from this checkout
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         }
         self._write_cli_config()
 
@@ -162,8 +176,7 @@ class LocalFederation:
                "--superlink", self.address, "--ca", str(self.pki / "ca.crt"),
                "--cert", str(self.pki / "superlink.crt"), "--key", str(self.pki / "superlink.key"),
                "--signatures", str(Path(signatures).resolve())]
-        env = {**self.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-        proc = self._spawn("gateway", cmd, env)
+        proc = self._spawn("gateway", cmd)
         deadline = time.monotonic() + timeout
         while "Uvicorn running" not in self.log("gateway"):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -171,19 +184,26 @@ class LocalFederation:
             time.sleep(0.2)
         self.fleet_address = f"127.0.0.1:{port}"
 
-    def register(self, public_key: Path) -> None:
-        """Register a SuperNode public key (only registered SuperNodes may join)."""
-        proc = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), CONNECTION],
-                              env=self.env, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0 or "registered successfully" not in proc.stdout:
-            raise RuntimeError(f"registering {public_key} failed:\n{proc.stdout}\n{proc.stderr}")
+    def register(self, *public_keys: Path) -> None:
+        """Register SuperNode public keys (only registered SuperNodes may join), all at once."""
+        procs = {key: subprocess.Popen([str(BIN / "flwr"), "supernode", "register", str(key), CONNECTION],
+                                       env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for key in public_keys}
+        failed = []
+        for key, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            if proc.returncode != 0 or "registered successfully" not in stdout:
+                failed.append(f"registering {key} failed:\n{stdout}\n{stderr}")
+        if failed:
+            raise RuntimeError("\n".join(failed))
 
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
                         root_certificates: Path | None = None, node_config: str | None = None,
                         trusted_entities: Path | None = None) -> subprocess.Popen:
-        """Start ``flower-supernode``; it stops reconnecting ``superlink_wait_s`` seconds after losing the
-        SuperLink (Flower logs "Giving up reconnection after ... seconds")."""
-        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address, "--port", str(free_port()),
+        """Start Flower's SuperNode (through :mod:`deploy.flower_shim` unless it is switched off); it
+        stops reconnecting ``superlink_wait_s`` seconds after losing the SuperLink (Flower logs
+        "Giving up reconnection after ... seconds")."""
+        cmd = [*supernode_command(self.env), "--superlink", self.fleet_address, "--port", str(free_port()),
                "--max-wait-time", repr(float(self.superlink_wait_s))]
         cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
         if private_key:
@@ -233,10 +253,10 @@ class LocalFederation:
         """Register and start one authenticated TLS SuperNode per node config (``--node-config``
         text, e.g. ``data='/abs/party-0' out-dir='/abs/out-0'``), running only apps signed by a
         key in ``trusted_entities``, when given."""
+        if self.auth:
+            self.register(*(self.pki / f"supernode-{i}.pub" for i in range(len(node_configs))))
         for i, node_config in enumerate(node_configs):
             key = self.pki / f"supernode-{i}" if self.auth else None
-            if self.auth:
-                self.register(self.pki / f"supernode-{i}.pub")
             root = self.pki / "ca.crt" if self.pki else None
             self.start_supernode(f"supernode-{i}", None, private_key=key, root_certificates=root,
                                  node_config=node_config, trusted_entities=trusted_entities)
