@@ -432,7 +432,7 @@ def render(db: dict) -> str:
     fig_md, series = figures_table(runs)
     dp_md, dp = dp_table(runs)
     db["plots"] = plots(series, dp)
-    parts = [START, "## fedavg-dmon: federated community detection, FedAvg + DMoN (issue 9)", "",
+    parts = [START, "## fedavg-dmon: federated community detection, FedAvg + DMoN", "",
              "`python benchmarks/fedavg_dmon.py` (options below); every run is `app.run.run_experiment(..., "
              "engine=\"inprocess\")`; raw figures in `benchmarks/results/fedavg_dmon.json`, plots "
              "`benchmarks/results/fedavg_dmon_*.png`. Paper: Leeney & McConville 2023 (Figures 1 and 2 are plots "

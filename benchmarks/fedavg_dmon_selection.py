@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     lines.append("| **cells with fed > iso** | | | | | " + " | ".join(
         f"{sum(d > 0 for d in summary[r])} of {len(summary[r])}" for r in RULES) + " | | |")
     body = "\n".join([
-        "## fedavg-dmon: sensitivity of federated vs isolated to the selection rule (issue 9)", "",
+        "## fedavg-dmon: sensitivity of federated vs isolated to the selection rule", "",
         "`python benchmarks/fedavg_dmon_selection.py` replays the app's training with the protocol's plain functions "
         "(`= app`: the replayed validation-selected federated F1 equals the app's record of the same run) and "
         "scores every round; each column is (federated - isolated) per-client macro-F1 in points, one seed per row, "

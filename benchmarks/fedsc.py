@@ -1,4 +1,4 @@
-"""FedSC benchmark (issue 7): the paper's tables through ``app.run.run_experiment``.
+"""FedSC benchmark: the paper's tables through ``app.run.run_experiment``.
 
 ``python benchmarks/fedsc.py [--seeds 10] [--digits-seeds 3] [--grid-seeds 3] [--quick]``
 
@@ -301,7 +301,7 @@ def pct(v) -> str:
 
 
 def markdown(summary: dict) -> str:
-    lines = ["<!-- fedsc:start -->", "## FedSC: federated spectral clustering (issue 7)", "",
+    lines = ["<!-- fedsc:start -->", "## FedSC: federated spectral clustering", "",
              f"`{summary['command']}` — {summary['generated_utc']}, {summary['elapsed_s']:.0f} s on the shared "
              "2-core machine. 8 clients, samples split at random (`sample`), S = 20 rounds (iris-S40: 40), "
              "lambda = 1e-4, sigma = mean pairwise distance (estimated from the clients), kNN with ceil(ln n) "

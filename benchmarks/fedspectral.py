@@ -1,4 +1,4 @@
-"""FedSpectral / FedSpectral+ benchmarks (issue 6).
+"""FedSpectral / FedSpectral+ benchmarks.
 
     python benchmarks/fedspectral.py table    # paper table: `python -m app.bench fedspectral` (harness)
     python benchmarks/fedspectral.py curves   # the paper's figures: similarity vs iters/rounds/overlap/clients
@@ -502,7 +502,7 @@ def _table_rows(payload: dict) -> list[str]:
 
 
 def report() -> Path:
-    lines = ["## FedSpectral / FedSpectral+ (issue 6): curves, cost, scale", ""]
+    lines = ["## FedSpectral / FedSpectral+: curves, cost, scale", ""]
     table = json.loads((RESULTS / "fedspectral.json").read_text()) if (RESULTS / "fedspectral.json").exists() else None
     if table:
         lines += [f"Paper table (`python -m app.bench fedspectral`, seeds {table['seeds']}, 5 clients, "

@@ -659,7 +659,7 @@ def selection_stats(data: dict) -> dict:
 
 def render(data: dict, args) -> str:
     cmds = "; ".join(f"`python benchmarks/gw_ldp.py {c}`" for c in data.get("commands", []))
-    lines = [START, "## GW-LDP: Gromov-Wasserstein with LDP embeddings (issue 8)", "",
+    lines = [START, "## GW-LDP: Gromov-Wasserstein with LDP embeddings", "",
              f"Runs (results accumulate in the JSON): {cmds}.", "",
              "Protocol: 10 clients (Dirichlet alpha 0.5 over labels), FedAvg of the GNN for 40 rounds x 2 local "
              "epochs through `app.run.run_experiment(engine=\"inprocess\")`; each client splits its graphs "

@@ -1,4 +1,4 @@
-"""kCAGC benchmark (issue 10): Tables II, IV, VIII-IX and Figure 5 of the paper, secure-aggregation counts, tree variant.
+"""kCAGC benchmark: Tables II, IV, VIII-IX and Figure 5 of the paper, secure-aggregation counts, tree variant.
 
 ``python benchmarks/kcagc.py [--parts table2,tree,embeddings,timing,filter,order,all-columns] [--seeds 5]
 [--datasets cora,citeseer,wiki] [--clients 2,4,8,16] [--factors 1,2,4,8] [--split contiguous|random]
@@ -253,7 +253,7 @@ def render(summary: dict, timing: dict | None = None, tree: dict | None = None, 
     runs = summary["runs"]
     split = summary.get("split", "contiguous")
     lines = [
-        "## kCAGC (`kcagc`, `kcagc-basic`) - issue 10",
+        "## kCAGC (`kcagc`, `kcagc-basic`)",
         "",
         f"`python benchmarks/kcagc.py --parts table2 --seeds {len(summary['seeds'])}` ({summary['generated_utc']}, "
         f"{summary['elapsed_s'] / 60:.1f} min of runs summed over the processes, 2-core machine). Vertical split "
@@ -523,7 +523,7 @@ def render_targets(parts: list) -> list[str]:
     """The issue's two Table II targets for every dataset of every Table II part run (``None`` for a
     part not run; the first is the main table): best cell against the paper's best, and how many
     cells lie more than 2 points below the paper's value in the same cell."""
-    lines = ["Targets at a glance (issue 10: each dataset's best cell at least the paper's best; no cell more "
+    lines = ["Targets at a glance (each dataset's best cell at least the paper's best; no cell more "
              "than 2 points below the paper's value in the same cell; seed means of the tables below):", "",
              "| dataset | configuration | best cell (L, k_hat) | paper best | cells > 2 below | worst cell |",
              "|---|---|---|---|---|---|"]
