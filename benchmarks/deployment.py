@@ -161,6 +161,17 @@ def markdown_tables(cases: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def kept_cases(out: Path, strategies: list[str], args) -> list[dict]:
+    """The rows of ``out`` for strategies this run does not measure, where ``out`` was written with the
+    same node count, shim setting and extra settings (re-running one strategy keeps the others')."""
+    if not out.exists():
+        return []
+    earlier = json.loads(out.read_text())
+    if (earlier.get("nodes"), earlier.get("flower_shim"), earlier.get("sets", [])) != (args.nodes, enabled(), args.set):
+        return []
+    return [c for c in earlier.get("cases", []) if c["strategy"] not in strategies]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", nargs="+", default=["all"], choices=["all", *CASES])
@@ -178,7 +189,7 @@ def main() -> None:
         dataset, sets = CASES[strategy]
         cases.append(run_case(strategy, dataset, [*sets, *args.set], args.nodes, work / strategy))
         print_tables(cases[-1:])
-        report = {"flower_shim": enabled(), "nodes": args.nodes, "cases": cases}
+        report = {"flower_shim": enabled(), "nodes": args.nodes, "sets": args.set, "cases": kept_cases(out, strategies, args) + cases}
         out.write_text(json.dumps(report, indent=2) + "\n")  # after every case: a partial run keeps its rows
     print()
     print_tables(cases)

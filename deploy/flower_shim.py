@@ -47,10 +47,11 @@ FLOWER_REPLY_POLL_S = 0.5
 FIRST_IDLE_POLL_S = 0.02
 IDLE_FRACTION = 1 / 8
 REPLY_POLL_S = 0.01
-#: imported once by the fork server, before any ClientApp process forks from it
+#: imported once by the fork server, before any ClientApp process forks from it (the GNN methods'
+#: torch, PyG and Opacus cost about 5 s of CPU to import: once per SuperNode, not once per message)
 PRELOAD = ("flwr.supernode.cli.flwr_clientapp", "flwr.supernode.runtime.run_clientapp", "numpy",
            "scipy.sparse", "scipy.sparse.linalg", "scipy.linalg", "cryptography.hazmat.primitives.asymmetric.x25519",
-           "cryptography.hazmat.primitives.ciphers.aead")
+           "cryptography.hazmat.primitives.ciphers.aead", "sklearn.cluster", "torch", "torch_geometric.nn", "opacus")
 #: with this environment variable set to 1, the SuperNode and the ClientApp log when each
 #: message passed each stage (lines starting with TIMING)
 TIMING_SETTING = "FEDGRAPH_TIMING"

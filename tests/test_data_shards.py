@@ -21,6 +21,7 @@ from app.data import shards as shards_mod  # noqa: E402
 from app.data.params import DATA_PARAMS, data_root, dataset_kwargs, partition_kwargs  # noqa: E402
 from app.data.partition import PARTITION_PARAMS, PARTITIONERS, partition  # noqa: E402
 from app.data.prepare import main as prepare_main  # noqa: E402
+from conftest import shared_datasets_or_skip  # noqa: E402
 from app.data.shards import (ShardError, client_shard, clear_caches, data_hash, load_shard_file,  # noqa: E402
                              server_data, write_shards)
 
@@ -376,3 +377,17 @@ def test_a_bad_eval_file_is_named_with_what_is_wrong(tmp_path):
         with pytest.raises(ConfigError) as err:
             load_evaluation(path)
         assert str(err.value).startswith(f"eval-file {str(path)!r} {state}") and "\n" not in str(err.value)
+
+
+def test_a_labels_only_eval_file_keeps_one_id_per_label(tmp_path):
+    """The deployed server writes labels.csv from the evaluation file alone: a collection's labels
+    without their graphs still name every graph, and the user's IDs come back as written."""
+    from app.data.evaluation import load_evaluation, write_evaluation
+
+    mutag = load_dataset("mutag", data_root=str(shared_datasets_or_skip()))
+    labels_only = load_evaluation(write_evaluation(mutag, tmp_path / "mutag.npz"))
+    assert labels_only.num_graphs == 0 and labels_only.keys.tolist() == list(range(len(mutag.y)))
+    named = GraphData("named", sp.csr_matrix((3, 3)), None, np.array([0, 1, 0]), node_keys=np.array(["b", "a", "c"]))
+    assert load_evaluation(write_evaluation(named, tmp_path / "named.npz")).keys.tolist() == ["b", "a", "c"]
+    graphs = GraphCollection("g", mutag.graphs[:2], mutag.y[:2], graph_keys=np.array([17, 4]))
+    assert load_evaluation(write_evaluation(graphs, tmp_path / "g.npz")).keys.tolist() == [17, 4]

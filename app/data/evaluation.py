@@ -5,7 +5,7 @@ metrics against ground truth, the operator gives the server an explicit
 evaluation file (run-config ``eval-file``), written by
 ``python -m app.data.prepare ... --eval-file PATH``:
 
-* ``labels-only`` (default): node labels (or graph labels), plus the graph's
+* ``labels-only`` (default): node labels (or graph labels) with the user's IDs, plus the graph's
   adjacency when ``--eval-graph`` is given (for modularity/conductance);
 * ``full``: the pooled dataset, so the server can also run the centralised
   reference; only for research set-ups where pooling is allowed.
@@ -36,6 +36,9 @@ def write_evaluation(data: GraphData | GraphCollection, path: str | Path, conten
     arrays: dict[str, np.ndarray] = {}
     header = {"name": data.name, "contents": contents, "collection": isinstance(data, GraphCollection),
               "data_hash": data_hash(data)}  # which data the labels are of: see check_evaluation
+    keys = data.graph_keys if isinstance(data, GraphCollection) else data.node_keys
+    if keys is not None:  # the user's IDs, for the server's labels.csv
+        arrays["keys"] = np.asarray(keys)
     if isinstance(data, GraphCollection):
         arrays["y"] = np.asarray(data.y)
         if contents == "full":
@@ -65,11 +68,12 @@ def load_evaluation(path: str | Path, dataset: str | None = None) -> GraphData |
     meta = {"evaluation": header["contents"]}
     if header["collection"]:
         graphs = _get_graphs(arrays, header["graphs"]) if "graphs" in header else []
-        return GraphCollection(header["name"], graphs, arrays["y"], meta=meta)
+        return GraphCollection(header["name"], graphs, arrays["y"], meta=meta, graph_keys=arrays.get("keys"))
     n = int(header["num_nodes"])
     adj = _get_matrix(arrays, "adj", header["adj"]) if "adj" in header else sp.csr_matrix((n, n))
     x = _get_matrix(arrays, "x", header["x"]) if "x" in header else None
-    return GraphData(header["name"], sp.csr_matrix(adj, dtype=np.float64), x, arrays.get("y"), meta)
+    return GraphData(header["name"], sp.csr_matrix(adj, dtype=np.float64), x, arrays.get("y"), meta,
+                     node_keys=arrays.get("keys"))
 
 
 def check_evaluation(path: str | Path, data: GraphData | GraphCollection) -> None:

@@ -136,8 +136,9 @@ class GraphCollection:
 
     @property
     def keys(self) -> np.ndarray:
-        """The graph IDs in order (``0..len-1`` without ``graph_keys``)."""
-        return key_list(self.graph_keys, self.num_graphs)
+        """The graph IDs in order (``0..len-1`` without ``graph_keys``); one per label, so also for
+        an evaluation file's labels without their graphs."""
+        return key_list(self.graph_keys, len(self.y))
 
     def validate(self) -> "GraphCollection":
         """Raise ``ValueError`` if a graph breaks the :class:`GraphData` conventions or the
