@@ -68,11 +68,11 @@ ISOLATED_WARN = 0.5
 ISOLATED_STOP = 0.9
 
 
-def _listed(ids, most: int = 8) -> str:
-    """Partition ids as a short list: the first ``most`` and how many more."""
+def _clients_hold(ids, most: int = 8) -> str:
+    """'client 3 holds' / 'clients 3, 4, ... and N more hold': the first ``most`` partition ids."""
     ids = sorted(ids)
-    head = ", ".join(str(i) for i in ids[:most])
-    return head + (f" and {len(ids) - most} more" if len(ids) > most else "")
+    listed = ", ".join(str(i) for i in ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+    return f"client {listed} holds" if len(ids) == 1 else f"clients {listed} hold"
 
 
 class ClusteringStrategy(ABC):
@@ -196,8 +196,7 @@ class ClusteringStrategy(ABC):
         item, count = ("graphs", "num_graphs") if graphs else ("rows", "num_rows")
         empty = [c.partition_id for c in clients if not int(c.summary[count])]
         if empty:
-            raise ProtocolError(f"client{'s' * (len(empty) > 1)} {_listed(empty)} hold{'s' * (len(empty) == 1)} no "
-                                f"{item}: an empty shard; valid: fewer clients or a split that gives each some {item}")
+            raise ProtocolError(f"{_clients_hold(empty)} no {item}: an empty shard; valid: fewer clients or a split that gives each some {item}")
         if graphs or not cls.needs_edges:
             return []
         edges = {c.partition_id: int(c.summary["num_edges"]) for c in clients}
@@ -210,8 +209,7 @@ class ClusteringStrategy(ABC):
         share = sum(int(c.summary["num_isolated"]) for c in clients) / rows
         bare = [p for p, e in edges.items() if not e]
         what = (f"{share:.0%} of the clients' rows have no edge in their own shard"
-                + (f" and client{'s' * (len(bare) > 1)} {_listed(bare)} hold{'s' * (len(bare) == 1)} none at all"
-                   if bare else ""))
+                + (f" and {_clients_hold(bare)} none at all" if bare else ""))
         if share > ISOLATED_STOP:
             raise ProtocolError(f"{what}: strategy '{cls.name}' clusters each shard's own graph, and these carry "
                                 f"almost no structure (over {ISOLATED_STOP:.0%}); valid: fewer clients, or a method "
