@@ -196,7 +196,8 @@ class ClusteringStrategy(ABC):
         item, count = ("graphs", "num_graphs") if graphs else ("rows", "num_rows")
         empty = [c.partition_id for c in clients if not int(c.summary[count])]
         if empty:
-            raise ProtocolError(f"{_clients_hold(empty)} no {item}: an empty shard; valid: fewer clients or a split that gives each some {item}")
+            raise ProtocolError(f"{_clients_hold(empty)} no {item}: an empty shard; valid: fewer clients or a "
+                                f"split that gives each some {item}")
         if graphs or not cls.needs_edges:
             return []
         edges = {c.partition_id: int(c.summary["num_edges"]) for c in clients}
