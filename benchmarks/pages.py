@@ -1,0 +1,94 @@
+"""The results report: ``docs/results/``, one page per method or topic and one scoreboard.
+
+Every benchmark script renders its own page from the JSON it wrote under
+``benchmarks/results/`` (so a page can be regenerated without re-running the
+measurements), and hands its scoreboard rows to :func:`write_scoreboard_rows`;
+``python benchmarks/scoreboard.py`` collects those rows into
+``docs/results/README.md``. Figures are PNG files under ``docs/results/img/``,
+embedded with :func:`figure`, so a forge's file browser shows them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REPORT_DIR = REPO_ROOT / "docs" / "results"
+IMAGE_DIR = REPORT_DIR / "img"
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One cell row of the scoreboard: a method on a dataset.
+
+    Figures are strings as they should appear (``"72.4"``, ``"0.98 ARI"``, ``"-"``);
+    ``page`` is the page slug and ``anchor`` the section heading anchor the row links to;
+    ``verdict`` is ``"met"``, ``"not met"`` or ``"no target"``, and ``why`` one line.
+    """
+
+    method: str
+    dataset: str
+    metric: str
+    paper: str
+    ours: str
+    reference: str
+    time: str
+    traffic: str
+    epsilon: str
+    verdict: str
+    why: str
+    page: str
+    anchor: str = ""
+
+
+def page_path(slug: str) -> Path:
+    return REPORT_DIR / f"{slug}.md"
+
+
+def write_page(slug: str, title: str, body: str, regenerate: str) -> Path:
+    """Write ``docs/results/<slug>.md``: a title, how to regenerate it, then ``body`` (markdown)."""
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    text = f"# {title}\n\nRegenerate: `{regenerate}`. Back to the [scoreboard](README.md).\n\n{body.strip()}\n"
+    path = page_path(slug)
+    path.write_text(text)
+    return path
+
+
+def figure(path: Path | str, caption: str) -> str:
+    """Markdown embedding a PNG under ``docs/results/img/`` (path relative to the page)."""
+    rel = Path(path).resolve().relative_to(REPORT_DIR)
+    return f"![{caption}]({rel.as_posix()})"
+
+
+def image_path(name: str) -> Path:
+    """Where a figure named ``name`` (e.g. ``kcagc_acc.png``) is saved."""
+    IMAGE_DIR.mkdir(parents=True, exist_ok=True)
+    return IMAGE_DIR / name
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    keep = [c for c in heading.strip().lower() if c.isalnum() or c in " -_"]
+    return "".join(keep).replace(" ", "-")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_scoreboard_rows(method: str, rows: list[ScoreRow]) -> Path:
+    """Keep ``method``'s scoreboard rows (``benchmarks/results/scoreboard_<method>.json``)."""
+    path = RESULTS_DIR / f"scoreboard_{method}.json"
+    path.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return path
+
+
+def read_scoreboard_rows() -> list[ScoreRow]:
+    """Every method's kept rows, in file-name order."""
+    return [ScoreRow(**r) for p in sorted(RESULTS_DIR.glob("scoreboard_*.json")) for r in json.loads(p.read_text())]
