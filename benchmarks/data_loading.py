@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.bench import run_script, value_arg  # noqa: E402
+from harness import run_script, value_arg  # noqa: E402
 from app.data.formats import read_graph  # noqa: E402
 
 

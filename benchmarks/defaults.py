@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from app.bench import list_arg, replace_section, run_script, value_arg  # noqa: E402
+from harness import list_arg, replace_section, run_script, value_arg  # noqa: E402
 from app.config import ArgumentParser  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 

@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import (config_list, fresh_dir, list_arg, replace_section, run_script,  # noqa: E402
+from harness import (config_list, fresh_dir, list_arg, replace_section, run_script,  # noqa: E402
                        strategy_datasets)
 
 RESULTS = HERE / "results"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import list_arg, replace_section, run_script, strategy_datasets  # noqa: E402
+from harness import list_arg, replace_section, run_script, strategy_datasets  # noqa: E402
 from fedavg_dmon import run_dir  # noqa: E402  (this directory's grid: where the app's records are)
 
 CACHE = HERE / "results" / "fedavg_dmon_selection"

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import list_arg, replace_section, run_script, value_arg  # noqa: E402
+from harness import list_arg, replace_section, run_script, value_arg  # noqa: E402
 from app.baselines import kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.data.partition import partition  # noqa: E402
@@ -230,7 +230,7 @@ def attack(alphas=ALPHAS) -> list[dict]:
 
 # ---------------------------------------------------------------------------
 def plots(summary: dict) -> list[str]:
-    from app.plots import plot_metric_vs_rounds
+    from plots import plot_metric_vs_rounds
 
     import matplotlib
 

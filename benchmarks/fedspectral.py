@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import config_value, fresh_dir, replace_section, run_script, value_arg  # noqa: E402
+from harness import config_value, fresh_dir, replace_section, run_script, value_arg  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -147,7 +147,7 @@ def _mean_by_x(recs: list[dict], key: str) -> tuple[list, list]:
 
 
 def _plot_curves(payload: dict) -> list[Path]:
-    from app.plots import _pyplot, _save as save_fig
+    from plots import _pyplot, _save as save_fig
 
     plt = _pyplot()
     s = payload["series"]
@@ -265,7 +265,7 @@ def _privacy_summary(payload: dict) -> list[dict]:
 
 
 def _plot_privacy(payload: dict) -> Path:
-    from app.plots import _pyplot, _save as save_fig
+    from plots import _pyplot, _save as save_fig
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -610,7 +610,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     seeds = list(range(a.seeds))
     if a.part == "table":
-        from app.bench import run_suite
+        from harness import run_suite
 
         run_suite("fedspectral", seeds=seeds if a.seeds != 1 else None, quick=a.quick)
     elif a.part == "curves":

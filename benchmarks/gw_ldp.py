@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.protocols import gw_ldp as proto  # noqa: E402
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import (config_list, existing_file, list_arg, replace_section,  # noqa: E402
+from harness import (config_list, existing_file, list_arg, replace_section,  # noqa: E402
                        run_script, strategy_datasets, value_arg)
 from app.run import run_experiment  # noqa: E402
 from app.transport import ProtocolError  # noqa: E402

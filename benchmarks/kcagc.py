@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import ArgumentParser  # noqa: E402
-from app.bench import (existing_file, list_arg, replace_section, run_script,  # noqa: E402
+from harness import (existing_file, list_arg, replace_section, run_script,  # noqa: E402
                        strategy_datasets, value_arg)
 from app.baselines import agc, kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402

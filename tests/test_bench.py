@@ -1,4 +1,5 @@
-"""app.bench harness (with a fake run function) and app.plots figures."""
+"""benchmarks/harness.py (with a fake run function), benchmarks/plots.py figures, and the
+benchmark scripts' argument checks."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import bench, plots
-from app.bench import Experiment, Suite, list_arg
+import harness
+import plots
+from harness import Experiment, Suite, list_arg
 from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,9 +63,10 @@ def suite():
     )
 
 
-def test_run_suite_writes_json_markdown_and_plots(tmp_path, suite):
+def test_run_suite_writes_json_and_figures_and_renders_tables(tmp_path, suite):
     calls = []
-    summary = bench.run_suite(suite, run_fn=fake_run_factory(calls), root=tmp_path, progress=False)
+    summary = harness.run_suite(suite, run_fn=fake_run_factory(calls), results_dir=tmp_path / "results",
+                                image_dir=tmp_path / "img", progress=False)
     assert len(calls) == 4
     assert calls[0][:4] == ("s", "d", 2, {"x": 1, "seed": 0}) and calls[0][5] == "inprocess"
     assert Path(calls[0][4]) == tmp_path / "results" / "unit-suite" / Experiment("s", "d", 2, {"x": 1}).slug / "seed0"
@@ -74,56 +77,60 @@ def test_run_suite_writes_json_markdown_and_plots(tmp_path, suite):
     assert e0["summary"]["agreement"]["ari"]["mean"] == pytest.approx(0.7)
     assert e0["summary"]["reference"]["acc"]["mean"] == pytest.approx(0.8)
     assert len(e0["runs"]) == 2 and e0["runs"][1]["seed"] == 1
-    md = (tmp_path / "RESULTS.md").read_text()
-    assert "<!-- bench:unit-suite:start -->" in md and "<!-- bench:unit-suite:end -->" in md
+    md = harness.render_markdown(suite, data)
     # paper 70.00, ours 70.50 +- 0.50, diff +0.50
-    assert "| method | 70.00 | 70.50 ± 0.50 | +0.50 | 95.00 | 90.50 ± 0.50 | -4.50 |" in md
-    assert "| method / d L=2 | 70.50 | 80.00 | 30.00 | 70.00 | 60.00 | 95.00 | 1.50 | 1,000 | 500 |" in md
-    for name in ("unit-suite_bars.png", "unit-suite_rounds.png"):
-        assert (tmp_path / "results" / name).stat().st_size > 1000
-    assert len(summary["plots"]) == 2
+    assert "| method, d L=2 | acc | 70.00 | 70.50 ± 0.50 | +0.50 |" in md
+    assert "| method, d L=4 | acc | 95.00 | 90.50 ± 0.50 | -4.50 |" in md
+    assert "| method, d L=2 | 70.50 | 80.00 | 30.00 | 70.00 | 60.00 | 1.50 | 1,500 |" in md
+    assert sorted(p.name for p in tmp_path.rglob("*.md")) == []
+    assert sorted(Path(p).name for p in summary["plots"]) == ["unit-suite_bars.png", "unit-suite_rounds.png"]
+    for p in summary["plots"]:
+        assert Path(p).parent == tmp_path / "img" and Path(p).stat().st_size > 1000
 
 
-def test_results_md_section_is_replaced_idempotently(tmp_path, suite):
-    md = tmp_path / "RESULTS.md"
-    md.write_text("# Results\n\nhand-written intro\n\n<!-- bench:other:start -->\nOTHER\n<!-- bench:other:end -->\n")
-    for _ in range(2):
-        bench.run_suite(suite, run_fn=fake_run_factory([]), root=tmp_path, progress=False, plots=False)
-    text = md.read_text()
-    assert text.count("<!-- bench:unit-suite:start -->") == 1
-    assert "hand-written intro" in text and "OTHER" in text
-    first = text
-    bench.run_suite(suite, run_fn=fake_run_factory([]), root=tmp_path, progress=False, plots=False)
-    strip = lambda t: "\n".join(l for l in t.splitlines() if "Generated" not in l)  # noqa: E731
-    assert strip(md.read_text()) == strip(first)
+def test_report_mode_redraws_from_the_json_without_running(tmp_path, suite, monkeypatch, capsys):
+    monkeypatch.setitem(harness.SUITES, suite.name, suite)
+    dirs = {"results_dir": tmp_path / "results", "image_dir": tmp_path / "img"}
+    assert harness.main([suite.name, "--no-plots"], run_fn=fake_run_factory([]), **dirs) == 0
+    first = capsys.readouterr().out
+    calls = []
+    assert harness.main([suite.name, "--report"], run_fn=fake_run_factory(calls), **dirs) == 0
+    again = capsys.readouterr().out
+    assert calls == [] and (tmp_path / "img" / "unit-suite_bars.png").is_file()
+    assert again.split("\nwrote ")[0] == first.split("\nwrote ")[0]
+    assert harness.main(["smoke", "--report"], results_dir=tmp_path / "none") == 2
+    assert "no results for suite 'smoke'" in capsys.readouterr().err
 
 
 def test_quick_mode_uses_quick_seeds_experiments_and_overrides(tmp_path, suite):
     calls = []
-    bench.run_suite(suite, quick=True, run_fn=fake_run_factory(calls), root=tmp_path, progress=False, plots=False)
+    harness.run_suite(suite, quick=True, run_fn=fake_run_factory(calls), results_dir=tmp_path, progress=False,
+                      plots=False)
     assert [(c[2], c[3]) for c in calls] == [(2, {"x": 1, "num-rounds": 1, "seed": 5})]
     calls.clear()
-    bench.run_suite(suite, seeds=range(3), run_fn=fake_run_factory(calls), root=tmp_path, progress=False, plots=False)
+    harness.run_suite(suite, seeds=range(3), run_fn=fake_run_factory(calls), results_dir=tmp_path, progress=False,
+                      plots=False)
     assert [c[3]["seed"] for c in calls] == [0, 1, 2, 0, 1, 2]
 
 
-def test_failed_run_is_recorded_and_suite_continues(tmp_path, suite, monkeypatch):
-    monkeypatch.setitem(bench.SUITES, suite.name, suite)
+def test_failed_run_is_recorded_and_suite_continues(tmp_path, suite, monkeypatch, capsys):
+    monkeypatch.setitem(harness.SUITES, suite.name, suite)
     calls = []
-    code = bench.main([suite.name, "--no-plots"], run_fn=fake_run_factory(calls, fail_on=((4, 1),)), root=tmp_path)
+    code = harness.main([suite.name, "--no-plots"], run_fn=fake_run_factory(calls, fail_on=((4, 1),)),
+                        results_dir=tmp_path / "results")
     assert code == 1 and len(calls) == 4
     data = json.loads((tmp_path / "results" / f"{suite.name}.json").read_text())
     runs = data["experiments"][1]["runs"]
     assert "RuntimeError: boom" in runs[1]["error"] and "error" not in runs[0]
     assert data["experiments"][1]["summary"]["runs_failed"] == 1
-    assert "(1 failed)" in (tmp_path / "RESULTS.md").read_text()
+    assert "(1 failed)" in capsys.readouterr().out
 
 
 def test_unknown_suite_exits_2_with_one_line_listing_suites(tmp_path, capsys):
-    assert bench.main(["no-such-suite"], root=tmp_path) == 2
+    assert harness.main(["no-such-suite"], results_dir=tmp_path / "results") == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "no-such-suite" in err and "smoke" in err
-    assert bench.main(["smoke", "--seeds", "0"], root=tmp_path) == 2
+    assert harness.main(["smoke", "--seeds", "0"], results_dir=tmp_path / "results") == 2
     assert not (tmp_path / "results").exists()
 
 
@@ -133,22 +140,22 @@ def test_cli_drives_app_run_run_experiment(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(app.run, "run_experiment", fake_run_factory(calls))
-    assert bench.main(["smoke", "--quick", "--no-plots"], root=tmp_path) == 0
+    assert harness.main(["smoke", "--quick", "--no-plots"], results_dir=tmp_path / "results") == 0
     assert [(c[0], c[1], c[2]) for c in calls] == [("fedkmeans", "sbm", 2), ("fedkmeans", "sbm", 4)]
 
 
-def test_smoke_suite_end_to_end(tmp_path):
+def test_smoke_suite_end_to_end(tmp_path, capsys):
     """The real smoke suite (fedkmeans on sbm, 2 and 4 clients) through app.run: every
     recorded run is the run a user gets from app.run with the same settings, and the
     table shows its numbers."""
     from app.run import run_experiment
 
-    code = bench.main(["smoke", "--quick", "--no-plots"], root=tmp_path)
+    code = harness.main(["smoke", "--quick", "--no-plots"], results_dir=tmp_path / "results")
+    table = capsys.readouterr().out
     data = json.loads((tmp_path / "results" / "smoke.json").read_text())
     runs = [(e, r) for e in data["experiments"] for r in e["runs"]]
     assert code == 0, [r.get("error") for _, r in runs]
     assert [(e["num_clients"], r["seed"]) for e, r in runs] == [(2, 0), (4, 0)]
-    table = (tmp_path / "RESULTS.md").read_text()
     for e, r in runs:
         direct = run_experiment(e["strategy"], e["dataset"], e["num_clients"], {**e["overrides"], "seed": r["seed"]},
                                 out_dir=tmp_path / f"direct{e['num_clients']}")
@@ -163,7 +170,7 @@ def test_suite_validation():
     with pytest.raises(ValueError, match="no experiments"):
         Suite("x", "x", ())
     with pytest.raises(ValueError, match="registered twice"):
-        bench.register_suite(bench.SUITES["smoke"])
+        harness.register_suite(harness.SUITES["smoke"])
 
 
 # ---------------------------------------------------------------------------
@@ -256,3 +263,30 @@ def test_plots_write_files(tmp_path):
         plots.plot_embedding(coords, {"bad": y[:10]}, tmp_path / "x.png")
     with pytest.raises(ValueError, match="unknown embedding method"):
         plots.embedding_2d(x=x, method="umap")
+
+
+# ---------------------------------------------------------------------------
+# the installed app does without the benchmarks' plotting
+# ---------------------------------------------------------------------------
+def test_app_strategies_clients_and_deploy_do_not_import_matplotlib():
+    """Every module a user or a SuperNode loads imports without matplotlib, which only the ``bench`` extra
+    installs: importing them all in a fresh interpreter leaves no matplotlib module behind."""
+    import tomllib
+
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "names = []\n"
+        "for pkg in ('app', 'strategies', 'clients', 'deploy'):\n"
+        "    names.append(importlib.import_module(pkg).__name__)\n"
+        "    for info in pkgutil.walk_packages(sys.modules[pkg].__path__, pkg + '.'):\n"
+        "        names.append(importlib.import_module(info.name).__name__)\n"
+        "print(len(names), sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, leaked = done.stdout.split(" ", 1)
+    assert int(count) > 50 and leaked.strip() == "[]"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("matplotlib") for d in project["dependencies"])
+    assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["bench"])

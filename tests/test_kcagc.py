@@ -603,7 +603,7 @@ def test_all_columns_svd_at_d_equal_k_is_centralised_agc():
      "argument --orders: invalid value 'x'; valid: ints >= 1"),
 ])
 def test_benchmark_rejects_bad_all_columns_and_order_arguments(argv, message, capsys):
-    from app.bench import run_script
+    from harness import run_script
 
     assert run_script(lambda: _kcagc_benchmark().main(argv)) == 2
     assert message in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Benchmark suites: ``python -m app.bench SUITE [--quick] [--seeds N]``.
+"""Benchmark suites: ``python benchmarks/harness.py SUITE [--quick] [--seeds N] [--report]``.
 
 A suite is one paper table: a list of experiments (strategy, dataset,
 num_clients, run-config overrides), the seeds to repeat them over, the
@@ -8,17 +8,17 @@ progress bar, and writes
 
 * ``benchmarks/results/SUITE.json`` - every run's metrics, reference,
   agreement, timing and communication, plus mean/std per experiment;
-* the SUITE section of ``benchmarks/RESULTS.md`` (between
-  ``<!-- bench:SUITE:start -->`` / ``<!-- bench:SUITE:end -->``, replaced
-  idempotently): a table in the paper's layout (rows x columns, each cell as
-  paper / ours / difference) and a table against the centralised reference;
-* plots next to the JSON: federated vs centralised (vs isolated) bars, metric
-  vs rounds when runs carry a ``history``, a 2-D embedding of the first run's
-  clusters when its ``labels.npy`` and dataset are available.
+* figures under ``docs/results/img/`` (:func:`suite_figures`): federated vs
+  centralised (vs isolated) bars, metric vs rounds when runs carry a
+  ``history``, a 2-D embedding of the first run's clusters when its
+  ``labels.npy`` is still there.
 
-Each strategy's issue adds its suite with :func:`register_suite` (see the
-``smoke`` suite at the bottom of this file). Label metrics (acc, f1, nmi,
-ari, cluster_similarity) are shown in percent like the papers.
+:func:`render_markdown` gives the suite's tables for the page that shows it
+(``docs/results/``, see ``benchmarks/pages.py``); ``--report`` redraws the
+figures and prints the tables from the JSON without running anything.
+Suites are added with :func:`register_suite` (see the ``smoke`` suite at the
+bottom of this file). Label metrics (acc, f1, nmi, ari, cluster_similarity)
+are shown in percent like the papers.
 
 The scripts in ``benchmarks/`` parse their arguments with
 :class:`app.config.ArgumentParser` and the ``type=`` helpers :func:`value_arg`, :func:`list_arg`,
@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from app.result import jsonable
+from pages import IMAGE_DIR, RESULTS_DIR, table
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCH_DIR = REPO_ROOT / "benchmarks"
 PERCENT_METRICS = ("acc", "f1", "nmi", "ari", "cluster_similarity")
 METRIC_NAMES = ("acc", "f1", "nmi", "ari", "modularity", "conductance", "cluster_similarity")
 RunFn = Callable[..., dict]
@@ -204,23 +203,24 @@ def run_suite(
     quick: bool = False,
     seeds: Sequence[int] | None = None,
     run_fn: RunFn | None = None,
-    root: str | Path | None = None,
+    results_dir: str | Path | None = None,
+    image_dir: str | Path | None = None,
     plots: bool = True,
     progress: bool = True,
     engine: str = "inprocess",
 ) -> dict:
-    """Run a suite and write its JSON, Markdown section and plots.
+    """Run a suite and write its JSON (under ``results_dir``, default ``benchmarks/results``)
+    and figures (under ``image_dir``, default ``docs/results/img``).
 
     ``run_fn`` defaults to :func:`app.run.run_experiment` (tests inject a fake
-    with the same signature); ``root`` is the benchmarks directory (default
-    ``<repo>/benchmarks``). A failing run is recorded with its error and the
-    suite continues. Returns the summary dict written to ``SUITE.json``.
+    with the same signature). A failing run is recorded with its error and the
+    suite continues. Returns the summary dict written to ``SUITE.json``, with
+    the paths of the figures under ``"plots"``.
     """
     suite = get_suite(suite) if isinstance(suite, str) else suite
     if run_fn is None:
         from app.run import run_experiment as run_fn  # noqa: N813
-    root = Path(root) if root is not None else BENCH_DIR
-    results_dir = root / "results"
+    results_dir = Path(results_dir) if results_dir is not None else RESULTS_DIR
     seeds = tuple(seeds) if seeds is not None else (suite.quick_seeds if quick else suite.seeds)
     if not seeds:
         raise ValueError("no seeds to run; pass --seeds N with N >= 1")
@@ -283,11 +283,17 @@ def run_suite(
     results_dir.mkdir(parents=True, exist_ok=True)
     json_path = results_dir / f"{suite.name}.json"
     json_path.write_text(json.dumps(jsonable(summary), indent=2) + "\n")
-    update_results_md(root / "RESULTS.md", suite, summary)
-    if plots:
-        summary["plots"] = [str(p) for p in _make_plots(suite, summary, results_dir)]
-        json_path.write_text(json.dumps(jsonable(summary), indent=2) + "\n")
+    summary["plots"] = suite_figures(suite, summary, image_dir) if plots else []
     return summary
+
+
+def load_summary(suite: str | Suite, results_dir: str | Path | None = None) -> dict:
+    """The summary :func:`run_suite` wrote for ``suite`` (its ``SUITE.json``)."""
+    name = suite if isinstance(suite, str) else suite.name
+    path = (Path(results_dir) if results_dir is not None else RESULTS_DIR) / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"no results for suite {name!r}: {path} is missing; run `python benchmarks/harness.py {name}`")
+    return json.loads(path.read_text())
 
 
 # ---------------------------------------------------------------------------
@@ -311,84 +317,63 @@ def _ours(summary: dict, block: str, metric: str) -> tuple[float | None, float |
     return s["mean"] * _scale(metric), s["std"] * _scale(metric), int(s["n"])
 
 
-def render_markdown(suite: Suite, summary: dict) -> str:
-    """The suite's RESULTS.md section (without the markers)."""
-    exps = summary["experiments"]
-    rows: list[str] = []
-    cols: list[str] = []
-    for e in exps:
-        if e["row"] not in rows:
-            rows.append(e["row"])
-        if e["col"] not in cols:
-            cols.append(e["col"])
-    cell = {(e["row"], e["col"]): e for e in exps}
-    metrics = list(suite.metrics)
-    unit = ", ".join(f"{m} {'%' if m in PERCENT_METRICS else ''}".strip() for m in metrics)
-    lines = [
-        f"## {suite.title} (`{suite.name}`)",
-        "",
-        f"Source: {suite.source or '–'}. Seeds: {', '.join(map(str, summary['seeds']))}"
-        f"{' (quick run)' if summary['quick'] else ''}. Generated {summary['generated_utc']} "
-        f"by `python -m app.bench {suite.name}{' --quick' if summary['quick'] else ''}`. "
-        f"Units: {unit}. Each cell: paper / ours (mean ± std over seeds) / difference (ours − paper).",
-        "",
-    ]
-    header = ["setting"]
-    for c in cols:
-        for m in metrics:
-            tag = c if len(metrics) == 1 else f"{c} {m}"
-            header += [f"{tag}: paper", "ours", "Δ"]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
-    for r in rows:
-        out = [r]
-        for c in cols:
-            e = cell.get((r, c))
-            for m in metrics:
-                if e is None:
-                    out += ["", "", ""]
-                    continue
-                paper = e["paper"].get(m)
-                mean, sd, n = _ours(e["summary"], "metrics", m)
-                ours = "–" if mean is None else (_fmt(mean, m) + (f" ± {_fmt(sd, m)}" if n > 1 else ""))
-                if e["summary"]["runs_failed"]:
-                    ours += f" ({e['summary']['runs_failed']} failed)"
-                diff = _fmt(mean - paper, m, signed=True) if (mean is not None and paper is not None) else "–"
-                out += [_fmt(paper, m) if paper is not None else "–", ours, diff]
-        lines.append("| " + " | ".join(out) + " |")
-    # against the centralised reference
-    m0 = metrics[0]
-    lines += [
-        "",
-        f"Against the centralised reference (same data and seed; {m0} and agreement of the labels):",
-        "",
-        f"| experiment | {m0} federated | {m0} centralised | {m0} isolated | agreement ARI | agreement NMI "
-        "| clusterSimilarity | time s | bytes up | bytes down |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for e in exps:
+def _ours_cell(e: dict, metric: str) -> str:
+    mean, sd, n = _ours(e["summary"], "metrics", metric)
+    text = "–" if mean is None else (_fmt(mean, metric) + (f" ± {_fmt(sd, metric)}" if n > 1 else ""))
+    failed = e["summary"]["runs_failed"]
+    return text + (f" ({failed} failed)" if failed else "")
+
+
+def paper_rows(suite: Suite, summary: dict) -> list[list[str]]:
+    """One row per experiment and metric: setting, metric, paper, ours (mean ± std over seeds), ours − paper."""
+    rows = []
+    for e in summary["experiments"]:
+        for m in suite.metrics:
+            paper = e["paper"].get(m)
+            mean = _ours(e["summary"], "metrics", m)[0]
+            diff = _fmt(mean - paper, m, signed=True) if (mean is not None and paper is not None) else "–"
+            rows.append([f"{e['row']}, {e['col']}", m, _fmt(paper, m) if paper is not None else "–",
+                         _ours_cell(e, m), diff])
+    return rows
+
+
+def reference_rows(suite: Suite, summary: dict) -> list[list[str]]:
+    """One row per experiment: the first metric federated / centralised / isolated, the agreement of the
+    federated with the centralised labels (ARI, NMI), time and bytes up + down."""
+    m0 = suite.metrics[0]
+    rows = []
+    for e in summary["experiments"]:
         s = e["summary"]
-        fed, _, _ = _ours(s, "metrics", m0)
-        ref, _, _ = _ours(s, "reference", m0)
-        iso, _, _ = _ours(s, "isolated", m0)
-        ag = {k: _ours(s, "agreement", k)[0] for k in ("ari", "nmi", "cluster_similarity")}
         t = (s.get("timing") or {}).get("total_s")
-        up = (s.get("communication") or {}).get("bytes_up")
-        down = (s.get("communication") or {}).get("bytes_down")
-        cells = [
-            f"{e['row']} / {e['col']}",
-            _fmt(fed, m0),
-            _fmt(ref, m0),
-            _fmt(iso, m0),
-            _fmt(ag["ari"], "ari"),
-            _fmt(ag["nmi"], "nmi"),
-            _fmt(ag["cluster_similarity"], "cluster_similarity"),
+        comm = s.get("communication") or {}
+        traffic = sum(comm[k]["mean"] for k in ("bytes_up", "bytes_down") if k in comm)
+        rows.append([
+            f"{e['row']}, {e['col']}",
+            *(_fmt(_ours(s, block, m0)[0], m0) for block in ("metrics", "reference", "isolated")),
+            *(_fmt(_ours(s, "agreement", k)[0], k) for k in ("ari", "nmi")),
             f"{t['mean']:.2f}" if t else "–",
-            f"{up['mean']:,.0f}" if up else "–",
-            f"{down['mean']:,.0f}" if down else "–",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    failed = [(e["key"], r["seed"], r["error"]) for e in exps for r in e["runs"] if "error" in r]
+            f"{traffic:,.0f}" if comm else "–",
+        ])
+    return rows
+
+
+def render_markdown(suite: Suite, summary: dict) -> str:
+    """The suite's tables for its page: paper vs ours, then against the centralised reference."""
+    m0 = suite.metrics[0]
+    units = ", ".join(f"{m} in %" if m in PERCENT_METRICS else m for m in suite.metrics)
+    seeds = ", ".join(map(str, summary["seeds"]))
+    lines = [
+        f"Source: {suite.source or '–'}. Seeds {seeds}{' (quick run)' if summary['quick'] else ''}; {units}; "
+        "ours = mean ± std over the seeds.",
+        "",
+        table(["setting", "metric", "paper", "ours", "ours − paper"], paper_rows(suite, summary)),
+        "",
+        f"Against the centralised reference (same data and seed): {m0} federated / centralised / isolated, "
+        "the agreement of the federated with the centralised labels, seconds per run, bytes up + down:",
+        "",
+        table(["setting", "fed.", "central.", "isol.", "ARI", "NMI", "s", "bytes"], reference_rows(suite, summary)),
+    ]
+    failed = [(e["key"], r["seed"], r["error"]) for e in summary["experiments"] for r in e["runs"] if "error" in r]
     if failed:
         lines += ["", "Failed runs:", ""]
         lines += [f"- `{k}` seed {s}: {err}" for k, s, err in failed]
@@ -397,100 +382,92 @@ def render_markdown(suite: Suite, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-_RESULTS_HEADER = (
-    "# Benchmark results\n\n"
-    "Each section is written by `python -m app.bench SUITE` (do not edit between the markers;\n"
-    "the next run replaces the section). Raw numbers: `benchmarks/results/SUITE.json`.\n"
-)
-
-
 def replace_section(path: str | Path, key: str, body: str) -> Path:
     """Put ``body`` between the markers ``<!-- key:start -->`` / ``<!-- key:end -->``
     of the Markdown file ``path``, replacing what was there or appending the
-    section; every benchmark writes its part of RESULTS.md this way."""
+    section (the method scripts' benchmarks/RESULTS.md sections until their pages replace them)."""
     path = Path(path)
     start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
     block = f"{start}\n{body.strip(chr(10))}\n{end}\n"
-    text = path.read_text() if path.exists() else _RESULTS_HEADER
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text, count=1)
     else:
         text = text.rstrip("\n") + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-
-def update_results_md(path: str | Path, suite: Suite, summary: dict) -> Path:
-    """Replace (or append) the suite's section between its markers, idempotently."""
-    return replace_section(path, f"bench:{suite.name}", render_markdown(suite, summary))
 
 
 # ---------------------------------------------------------------------------
 # plots
 # ---------------------------------------------------------------------------
-def _make_plots(suite: Suite, summary: dict, results_dir: Path) -> list[Path]:
-    out: list[Path] = []
-    try:
-        from app import plots
-    except Exception as exc:  # pragma: no cover - matplotlib missing
-        print(f"plots skipped: {exc}", file=sys.stderr)
-        return out
-    exps = summary["experiments"]
-    m0 = suite.metrics[0]
-    try:
-        groups = [f"{e['row']} / {e['col']}" for e in exps]
-        series: dict[str, list[float]] = {}
-        errors: dict[str, list[float]] = {}
-        for name, block in (("federated", "metrics"), ("centralised", "reference"), ("isolated", "isolated")):
-            vals = [_ours(e["summary"], block, m0) for e in exps]
-            if any(v[0] is not None for v in vals):
-                series[name] = [v[0] if v[0] is not None else float("nan") for v in vals]
-                errors[name] = [v[1] if v[1] is not None else 0.0 for v in vals]
-        if series:
-            out.append(plots.plot_grouped_bars(groups, series, results_dir / f"{suite.name}_bars.png",
-                                               ylabel=m0 + (" (%)" if m0 in PERCENT_METRICS else ""),
-                                               errors=errors, title=suite.title))
-    except Exception as exc:
-        print(f"bar plot skipped: {exc}", file=sys.stderr)
-    try:
-        series, rounds, ref = {}, {}, {}
-        for e in exps:
-            run = next((r for r in e["runs"] if r.get("history")), None)
-            if run is None:
-                continue
-            pts = [(h.get("round", i + 1), h[m0]) for i, h in enumerate(run["history"]) if isinstance(h.get(m0), (int, float))]
-            if pts:
-                label = f"{e['row']} / {e['col']}"
-                rounds[label] = [p[0] for p in pts]
-                series[label] = [p[1] for p in pts]
-                if isinstance((run.get("reference") or {}).get(m0), (int, float)):
-                    ref[f"centralised ({label})"] = run["reference"][m0]
-        if series:
-            out.append(plots.plot_metric_vs_rounds(series, results_dir / f"{suite.name}_rounds.png", metric=m0,
-                                                   rounds=rounds, reference=ref, title=suite.title))
-    except Exception as exc:
-        print(f"rounds plot skipped: {exc}", file=sys.stderr)
-    try:
-        out += _embedding_plot(suite, exps, results_dir)
-    except Exception as exc:
-        print(f"embedding plot skipped: {exc}", file=sys.stderr)
+def suite_figures(suite: Suite, summary: dict, image_dir: str | Path | None = None) -> list[str]:
+    """Draw the suite's figures from its summary into ``image_dir`` (default ``docs/results/img``):
+    ``SUITE_bars.png``, ``SUITE_rounds.png`` when runs carry a history, and ``SUITE_embedding.png`` when
+    a run's ``labels.npy`` is still on disk (otherwise an embedding drawn before is kept). Returns the
+    paths written; a figure that cannot be drawn is reported on stderr and skipped."""
+    import plots  # matplotlib: the ``bench`` extra
+
+    image_dir = Path(image_dir) if image_dir is not None else IMAGE_DIR
+    out = []
+    for name, draw in (("bars", _bars_figure), ("rounds", _rounds_figure), ("embedding", _embedding_figure)):
+        try:
+            path = draw(plots, suite, summary["experiments"], image_dir / f"{suite.name}_{name}.png")
+        except Exception as exc:  # one figure must not lose the others
+            print(f"{name} figure skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        if path is not None:
+            out.append(str(path))
     return out
 
 
-def _embedding_plot(suite: Suite, exps: list[dict], results_dir: Path) -> list[Path]:
+def _bars_figure(plots, suite: Suite, exps: list[dict], path: Path) -> Path | None:
+    m0 = suite.metrics[0]
+    series: dict[str, list[float]] = {}
+    errors: dict[str, list[float]] = {}
+    for name, block in (("federated", "metrics"), ("centralised", "reference"), ("isolated", "isolated")):
+        vals = [_ours(e["summary"], block, m0) for e in exps]
+        if any(v[0] is not None for v in vals):
+            series[name] = [v[0] if v[0] is not None else float("nan") for v in vals]
+            errors[name] = [v[1] if v[1] is not None else 0.0 for v in vals]
+    if not series:
+        return None
+    return plots.plot_grouped_bars([f"{e['row']}, {e['col']}" for e in exps], series, path, errors=errors,
+                                   ylabel=m0 + (" (%)" if m0 in PERCENT_METRICS else ""), title=suite.title)
+
+
+def _rounds_figure(plots, suite: Suite, exps: list[dict], path: Path) -> Path | None:
+    m0 = suite.metrics[0]
+    series, rounds, ref = {}, {}, {}
+    for e in exps:
+        run = next((r for r in e["runs"] if r.get("history")), None)
+        if run is None:
+            continue
+        pts = [(h.get("round", i + 1), h[m0]) for i, h in enumerate(run["history"])
+               if isinstance(h.get(m0), (int, float))]
+        if pts:
+            label = f"{e['row']}, {e['col']}"
+            rounds[label] = [p[0] for p in pts]
+            series[label] = [p[1] for p in pts]
+            if isinstance((run.get("reference") or {}).get(m0), (int, float)):
+                ref[f"centralised ({label})"] = run["reference"][m0]
+    if not series:
+        return None
+    return plots.plot_metric_vs_rounds(series, path, metric=m0, rounds=rounds, reference=ref, title=suite.title)
+
+
+def _embedding_figure(plots, suite: Suite, exps: list[dict], path: Path) -> Path | None:
+    """The first run whose labels are on disk, beside the ground truth and the centralised labels."""
     import numpy as np
 
-    from app import plots
+    from app.data import load_dataset
 
     for e in exps:
         for r in e["runs"]:
             lab_path = Path(r["out_dir"]) / "labels.npy"
             if "error" in r or not lab_path.exists():
                 continue
-            from app.data import load_dataset
-
             data = load_dataset(e["dataset"], seed=r["seed"])
             labels = np.load(lab_path)
             if getattr(data, "adj", None) is None or labels.shape[0] != data.adj.shape[0]:
@@ -503,9 +480,8 @@ def _embedding_plot(suite: Suite, exps: list[dict], results_dir: Path) -> list[P
             ref_path = Path(r["out_dir"]) / "reference_labels.npy"
             if ref_path.exists():
                 labelings["centralised"] = np.load(ref_path)
-            return [plots.plot_embedding(coords, labelings, results_dir / f"{suite.name}_embedding.png",
-                                         title=f"{e['dataset']}: {e['key']} seed {r['seed']}")]
-    return []
+            return plots.plot_embedding(coords, labelings, path, title=f"{e['dataset']}: {e['key']} seed {r['seed']}")
+    return path if path.exists() else None
 
 
 # ---------------------------------------------------------------------------
@@ -628,13 +604,17 @@ def strategy_datasets(strategy: str) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------
-def main(argv: list[str] | None = None, run_fn: RunFn | None = None, root: str | Path | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m app.bench", description="Run a benchmark suite (one paper table).")
+def main(argv: list[str] | None = None, run_fn: RunFn | None = None, results_dir: str | Path | None = None,
+         image_dir: str | Path | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/harness.py",
+                                 description="Run a benchmark suite (one paper table).")
     ap.add_argument("suite", nargs="?", help="suite name; --list shows them")
     ap.add_argument("--quick", action="store_true", help="the suite's quick variant (fewer seeds/experiments)")
     ap.add_argument("--seeds", type=int, default=None, metavar="N", help="repeat over seeds 0..N-1")
     ap.add_argument("--list", action="store_true", help="list suites and exit")
     ap.add_argument("--no-plots", action="store_true", help="skip the figures")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: redraw the figures and print the tables from the suite's JSON")
     ap.add_argument("--engine", default="inprocess", choices=("inprocess", "simulation"))
     args = ap.parse_args(argv)
     if args.list:
@@ -648,22 +628,27 @@ def main(argv: list[str] | None = None, run_fn: RunFn | None = None, root: str |
     if args.seeds is not None and args.seeds < 1:
         print(f"error: invalid --seeds {args.seeds}; need N >= 1", file=sys.stderr)
         return 2
+    suite = get_suite(args.suite)
     seeds = tuple(range(args.seeds)) if args.seeds is not None else None
     try:
-        summary = run_suite(args.suite, quick=args.quick, seeds=seeds, run_fn=run_fn, root=root,
-                            plots=not args.no_plots, engine=args.engine)
+        if args.report:
+            summary = load_summary(suite, results_dir)
+            summary["plots"] = [] if args.no_plots else suite_figures(suite, summary, image_dir)
+        else:
+            summary = run_suite(suite, quick=args.quick, seeds=seeds, run_fn=run_fn, results_dir=results_dir,
+                                image_dir=image_dir, plots=not args.no_plots, engine=args.engine)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    root_dir = Path(root) if root is not None else BENCH_DIR
-    print(render_markdown(get_suite(args.suite), summary))
-    print(f"wrote {root_dir / 'results' / (args.suite + '.json')} and {root_dir / 'RESULTS.md'}")
+    print(render_markdown(suite, summary))
+    written = [] if args.report else [str(Path(results_dir or RESULTS_DIR) / f"{suite.name}.json")]
+    print("wrote " + ", ".join(written + summary["plots"]) if written or summary["plots"] else "wrote nothing")
     failed = sum(e["summary"]["runs_failed"] for e in summary["experiments"])
     return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------
-# suites (each strategy's issue registers its paper table here)
+# suites
 # ---------------------------------------------------------------------------
 register_suite(Suite(
     name="smoke",
