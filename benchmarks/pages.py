@@ -11,6 +11,7 @@ embedded with :func:`figure`, so a forge's file browser shows them.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,6 +70,15 @@ def image_path(name: str) -> Path:
     return IMAGE_DIR / name
 
 
+def read_results(name: str, measure: str) -> dict:
+    """The JSON a benchmark wrote, ``benchmarks/results/<name>``; ``measure`` is the command that writes it,
+    named in the one-line error when it is missing."""
+    path = RESULTS_DIR / name
+    if not path.is_file():
+        raise SystemExit(f"error: {path} is missing; measure it first: `{measure}`")
+    return json.loads(path.read_text())
+
+
 def anchor(heading: str) -> str:
     """GitHub's anchor of a markdown heading."""
     keep = [c for c in heading.strip().lower() if c.isalnum() or c in " -_"]
@@ -92,3 +102,9 @@ def write_scoreboard_rows(method: str, rows: list[ScoreRow]) -> Path:
 def read_scoreboard_rows() -> list[ScoreRow]:
     """Every method's kept rows, in file-name order."""
     return [ScoreRow(**r) for p in sorted(RESULTS_DIR.glob("scoreboard_*.json")) for r in json.loads(p.read_text())]
+
+
+def paragraph(text: str, width: int = 100) -> str:
+    """``text`` as one markdown paragraph wrapped at ``width`` (never inside a word or a hyphenated
+    name), so a page reads on a narrow screen and diffs line by line."""
+    return textwrap.fill(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
