@@ -1,12 +1,13 @@
 """Reading a user's edge list: app.data.formats.read_graph on a 1,000,000-edge CSV.
 
-    python benchmarks/data_loading.py [--edges M] [--nodes N] [--repeat R]
+    python benchmarks/data_loading.py [--edges M] [--nodes N] [--repeat R] [--report]
 
 Writes three CSV files of M distinct undirected edges over N nodes to a temporary
 directory (integer IDs; string IDs such as ``user0001234``; string IDs with a
 weight column), then times ``read_graph`` on each (best of R, wall clock and this
 process's CPU time) next to pandas' ``read_csv`` of the same file alone, the floor
-any reader pays. Prints the figures and writes ``benchmarks/results/data_loading.json``.
+any reader pays. Prints the figures, writes ``benchmarks/results/data_loading.json`` and renders
+the page docs/results/data.md (``--report``: only the page; benchmarks/data_partition.py renders it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness import run_script, value_arg  # noqa: E402
 from app.data.formats import read_graph  # noqa: E402
+from data_partition import JSON_PATH, page  # noqa: E402
 
 
 def edges(n: int, m: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +76,13 @@ def main() -> int:
     ap.add_argument("--edges", type=value_arg(int, low=1), default=1_000_000)
     ap.add_argument("--nodes", type=value_arg(int, low=2), default=100_000)
     ap.add_argument("--repeat", type=value_arg(int, low=1), default=3)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "data_loading.json"))
+    ap.add_argument("--out", default=str(JSON_PATH.with_name("data_loading.json")),
+                    help="the JSON (the page is rendered from the default one)")
+    ap.add_argument("--report", action="store_true", help="only render the page from the JSON files")
     args = ap.parse_args()
+    if args.report:
+        print(f"wrote {page()}")
+        return 0
     import pandas as pd
 
     rows = []
@@ -111,6 +118,8 @@ def main() -> int:
     }, indent=2) + "\n")
     print(f"peak RSS {peak_mib:.0f} MiB; wrote {out} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
           "CPUs: wall-clock figures include waiting for the CPU, the cpu figures do not)")
+    if out.resolve() == JSON_PATH.with_name("data_loading.json"):
+        print(f"wrote {page()}")
     return 0
 
 
