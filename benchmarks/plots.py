@@ -3,6 +3,7 @@
 * :func:`plot_metric_vs_rounds` - one line per run/strategy over protocol rounds,
   optional horizontal reference lines (e.g. the centralised value).
 * :func:`plot_grouped_bars` - federated vs centralised vs isolated per setting.
+* :func:`plot_scaling` - log-log lines, e.g. seconds against graph size.
 * :func:`embedding_2d` + :func:`plot_embedding` - 2-D coordinates of the nodes
   (t-SNE of the features, spectral coordinates of the graph, or PCA) coloured
   by one or more labellings side by side, like the kCAGC paper's Figure 3.
@@ -19,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["plot_metric_vs_rounds", "plot_grouped_bars", "embedding_2d", "plot_embedding"]
+__all__ = ["plot_metric_vs_rounds", "plot_grouped_bars", "plot_scaling", "embedding_2d", "plot_embedding"]
 
 
 def _pyplot():
@@ -215,4 +216,31 @@ def plot_embedding(
         ax.set_yticks([])
     if title:
         fig.suptitle(_wrap(title, 40 * m), fontsize=10)
+    return _save(fig, path)
+
+
+def plot_scaling(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+) -> Path:
+    """Log-log lines: ``series`` maps a name to (x values, y values), e.g. seconds against nodes."""
+    if not series:
+        raise ValueError("series is empty; nothing to plot")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, (xs, ys) in series.items():
+        if len(xs) != len(ys):
+            raise ValueError(f"length mismatch for series {name!r}: {len(xs)} x values, {len(ys)} y values")
+        ax.plot(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), marker="o", ms=4, label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(_wrap(title), fontsize=10)
     return _save(fig, path)

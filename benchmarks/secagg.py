@@ -9,8 +9,9 @@ is the sum of all parties' client-side work):
   unmask     server: modular sum of P masked vectors + decode
 Recovery variant (double masking, 2 parties dropped) timed separately.
 
-Usage: python benchmarks/secagg.py [--parties 16] [--values 1000000] [--repeats 3]
-Writes benchmarks/results/secagg.json.
+Usage: python benchmarks/secagg.py [--parties 16] [--values 1000000] [--repeats 3] [--report]
+Writes benchmarks/results/secagg.json and renders the page docs/results/secure-aggregation.md
+(benchmarks/secure_scale.py renders it; ``--report``: only the page, from the JSON files).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from app.privacy.secagg import (  # noqa: E402
     relay_public_keys,
     unmask_sum,
 )
+from secure_scale import RESULTS_DIR, page  # noqa: E402
 
 
 def run_once(P: int, N: int, rep: int, rng) -> dict:
@@ -95,8 +97,13 @@ def main() -> None:
     ap.add_argument("--parties", type=int, default=16)
     ap.add_argument("--values", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "secagg.json"))
+    ap.add_argument("--out", default=str(RESULTS_DIR / "secagg.json"),
+                    help="the JSON (the page is rendered from the default one)")
+    ap.add_argument("--report", action="store_true", help="only render the page from the JSON files")
     a = ap.parse_args()
+    if a.report:
+        print(f"wrote {page()}")
+        return
     rng = np.random.default_rng(0)
     runs = [run_once(a.parties, a.values, r, rng) for r in range(a.repeats)]
     keys = list(runs[0])
@@ -125,6 +132,8 @@ def main() -> None:
     with open(a.out, "w") as f:
         json.dump(out, f, indent=2)
     print(f"wrote {a.out}")
+    if os.path.abspath(a.out) == str(RESULTS_DIR / "secagg.json"):
+        print(f"wrote {page()}")
 
 
 if __name__ == "__main__":
