@@ -147,7 +147,8 @@ def page() -> Path:
                                                                    for n in res["sklearn_s"]]
     seconds = [t["seconds"] for t in res["timings"]] + list(res["sklearn_s"].values())
     bars = plots.plot_grouped_bars(names, {"seconds": seconds}, image_path("metrics_scale.png"),
-                                   ylabel="seconds (best of 3)", title=f"Metrics on {res['nodes']:,} nodes, {res['undirected_edges']:,} edges")
+                                   ylabel="seconds (best of 3)",
+                                   title=f"Metrics on {res['nodes']:,} nodes, {res['undirected_edges']:,} edges")
     load = res["machine"]["load_average_1_5_15min_at_end"][0]
     body = "\n\n".join([
         paragraph(f"`{MEASURE}`: a random graph of {res['nodes']:,} nodes and {res['undirected_edges']:,} undirected "
