@@ -13,13 +13,13 @@ default. The data sets are ones the strategy's own benchmarks do not use or tune
 * ``cora-khop``: 1-hop subgraphs around 150 Cora nodes, their labels the centres' (gw-ldp's
   benchmark clusters CiteSeer subgraphs).
 
-    python benchmarks/defaults.py [--strategies fedsc,kcagc] [--clients 4]
+    python benchmarks/defaults.py [--strategies fedsc,kcagc] [--clients 4] [--report]
 
 Prints strategy, dataset, the federated and the centralised reference's ACC, their agreement
 (ARI between the two labelings), the run's quality verdict and seconds; then, for the keys in
 :data:`ALTERNATIVES`, the default beside the key's other value on the held-out data and on the
 strategy's benchmark data. Writes ``benchmarks/results/defaults.json`` and, when every strategy
-ran, the ``defaults`` section of ``benchmarks/RESULTS.md``.
+ran, renders the page docs/results/defaults.md from it (``--report``: only the page).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from harness import list_arg, replace_section, run_script, value_arg  # noqa: E402
 from app.config import ArgumentParser  # noqa: E402
 from app.run import run_experiment  # noqa: E402
+from harness import list_arg, run_script, value_arg  # noqa: E402
+from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
-JSON_PATH = RESULTS / "defaults.json"
-MD_PATH = ROOT / "benchmarks" / "RESULTS.md"
+JSON_PATH = RESULTS_DIR / "defaults.json"
+MEASURE = "python benchmarks/defaults.py"
 
 #: the data-defining keys of each held-out data set (no method key)
 SBM_FRESH = {"seed": 11, "sbm.nodes": 600, "sbm.blocks": 5}
@@ -180,22 +180,22 @@ def fmt(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}"
 
 
-def table(rows: list[dict], setting: bool = False) -> list[str]:
-    """Markdown rows; ``setting``: with the clients and the keys each run sets beside the data's."""
-    head = "| strategy | dataset | " + ("clients | setting | " if setting else "")
-    lines = [head + f"federated {METRIC.upper()} | centralised {METRIC.upper()} | gap | agreement ARI | verdict | s |",
-             "|---|---|" + ("---|---|" if setting else "") + "---|---|---|---|---|---|"]
-    for r in rows:
+def rows_of(runs: list[dict], setting: bool = False) -> list[list[str]]:
+    """Table rows; ``setting``: with the clients and the keys each run sets beside the data's."""
+    rows = []
+    for r in runs:
         gap = None if r["federated"] is None or r["reference"] is None else r["federated"] - r["reference"]
-        gap_text = "-" if gap is None else f"{100 * gap:+.1f}"
-        ari = "-" if r["agreement_ari"] is None else f"{r['agreement_ari']:.2f}"
-        extra = ""
-        if setting:
-            keys = ", ".join(f"`{k}={v}`" for k, v in r["method_keys"].items()) or "defaults"
-            extra = f"{r['clients']} | {keys} | "
-        lines.append(f"| {r['strategy']} | {r['dataset']} | {extra}{fmt(r['federated'])} | {fmt(r['reference'])} | "
-                     f"{gap_text} | {ari} | {r['verdict'] or '-'} | {r['seconds']:.0f} |")
-    return lines
+        keys = ", ".join(f"`{k}={v}`" for k, v in r["method_keys"].items()) or "defaults"
+        rows.append([r["strategy"], r["dataset"], *([str(r["clients"]), keys] if setting else []),
+                     fmt(r["federated"]), fmt(r["reference"]), "-" if gap is None else f"{100 * gap:+.1f}",
+                     "-" if r["agreement_ari"] is None else f"{r['agreement_ari']:.2f}", r["verdict"] or "-",
+                     f"{r['seconds']:.0f}"])
+    return rows
+
+
+def header(setting: bool = False) -> list[str]:
+    return ["strategy", "dataset", *(["clients", "setting"] if setting else []),
+            f"fed. {METRIC.upper()}", f"central. {METRIC.upper()}", "gap", "ARI", "verdict", "s"]
 
 
 def alternative_rows(tmp: Path, strategies, done: list[dict]) -> list[dict]:
@@ -211,34 +211,51 @@ def alternative_rows(tmp: Path, strategies, done: list[dict]) -> list[dict]:
                 row = row or run_cell(strategy, name, n, extra, tmp)
                 rows.append(row)
                 done.append(row)
-                print(table(rows, setting=True)[-1], flush=True)
+                print(" | ".join(rows_of(rows[-1:], setting=True)[0]), flush=True)
     return rows
 
 
-def markdown(rows: list[dict], alternatives: list[dict], clients: int) -> str:
+def page() -> Path:
+    """docs/results/defaults.md from defaults.json."""
+    import plots
+
+    res = read_results("defaults.json", MEASURE)
+    runs = res["runs"]
     sets = "; ".join(f"{s}: {', '.join(names)}" for s, names in HELD_OUT.items())
-    return "\n".join([
-        "## Defaults on held-out data", "",
-        f"`python benchmarks/defaults.py`: every strategy with only the dataset and `num-clients={clients}` set "
-        "(every method key at its default), on two data sets its own benchmarks neither use nor tune to, against "
-        f"its centralised reference ({METRIC.upper()} in percent; gap = federated - centralised; agreement = ARI "
-        "between the federated and the centralised labels; verdict as in result.json). Data sets: `sbm-fresh` = "
-        "the built-in SBM at seed 11, 600 nodes, 5 blocks; `wine` = scikit-learn's wine samples; `digits-knn` = "
-        "scikit-learn's digits with their symmetric 10-NN graph; `two-families` = 120 small Barabasi-Albert vs "
-        "Watts-Strogatz graphs; `cora-khop` = 1-hop subgraphs around 150 Cora nodes. Per strategy: " + sets + ".",
-        "", *table(rows), "",
-        "Below, other values of the keys that matter most, each beside the default. `fedsc.mass` (the "
-        "spectral-mass rule on each client's kernel; the authors take 0.99 of the full kernel's mass, which a "
-        "client's smaller kernel reaches with fewer landmarks) and `fedspectral-plus.mode` (`exact` gives the "
-        "centralised labels; `paper`, the paper's algorithm, is kept for reproduction) have their defaults from "
-        "these rows, on the held-out data and the strategy's benchmark data. The other gaps are not a matter "
-        "of a default: `kcagc` / `kcagc-basic` cluster from each client's own feature columns (the reference "
-        "AGC sees all of them); `fedspectral` clusters each client's own edges (a quarter of them with 4 clients "
-        "and no overlap: too few on a sparse graph such as `sbm-fresh`; `partition.overlap` describes the data, "
-        "not the method); `fedavg-dmon` trains on node-partitioned subgraphs that keep about a quarter of the "
-        "edges with 4 clients; `gw-ldp` uploads LDP-encoded embeddings at epsilon 1/|V| per graph by default "
-        "(the paper's), a privacy cost the `gw-ldp.epsilon=inf` row shows.", "",
-        *table(alternatives, setting=True), ""])
+    bars = plots.plot_grouped_bars([f"{r['strategy']}, {r['dataset']}" for r in runs],
+                                   {"federated": [100 * (r["federated"] or float("nan")) for r in runs],
+                                    "centralised": [100 * (r["reference"] or float("nan")) for r in runs]},
+                                   image_path("defaults.png"), ylabel=f"{METRIC.upper()} (%)",
+                                   title=f"Every strategy at its defaults, {res['clients']} clients, held-out data")
+    body = "\n\n".join([
+        paragraph(f"`{MEASURE}`: every strategy with only the dataset and `num-clients={res['clients']}` set "
+                  "(every method key at its default), on two data sets its own benchmarks neither use nor tune "
+                  f"to, against its centralised reference. {METRIC.upper()} in percent; gap = federated - "
+                  "centralised; ARI = agreement of the federated with the centralised labels; verdict as in "
+                  "`result.json`; s = seconds per run."),
+        paragraph("Data sets: `sbm-fresh` = the built-in SBM at seed 11, 600 nodes, 5 blocks; `wine` = "
+                  "scikit-learn's wine samples; `digits-knn` = scikit-learn's digits with their symmetric 10-NN "
+                  "graph; `two-families` = 120 small Barabasi-Albert vs Watts-Strogatz graphs; `cora-khop` = "
+                  f"1-hop subgraphs around 150 Cora nodes. Per strategy: {sets}."),
+        "## At the defaults",
+        table(header(), rows_of(runs)),
+        figure(bars, "federated and centralised accuracy of every strategy at its defaults"),
+        "## Other values of the keys that matter most",
+        paragraph("Each beside the default, on the held-out data and the strategy's benchmark data. `fedsc.mass` "
+                  "(the spectral-mass rule on each client's kernel; the authors take 0.99 of the full kernel's "
+                  "mass, which a client's smaller kernel reaches with fewer landmarks) and `fedspectral-plus.mode` "
+                  "(`exact` gives the centralised labels; `paper`, the paper's algorithm, is kept for "
+                  "reproduction) have their defaults from these rows."),
+        table(header(setting=True), rows_of(res["alternatives"], setting=True)),
+        paragraph("The other gaps are not a matter of a default: `kcagc` / `kcagc-basic` cluster from each "
+                  "client's own feature columns (the reference AGC sees all of them); `fedspectral` clusters each "
+                  "client's own edges (a quarter of them with 4 clients and no overlap: too few on a sparse graph "
+                  "such as `sbm-fresh`; `partition.overlap` describes the data, not the method); `fedavg-dmon` "
+                  "trains on node-partitioned subgraphs that keep about a quarter of the edges with 4 clients; "
+                  "`gw-ldp` uploads LDP-encoded embeddings at epsilon 1/|V| per graph by default (the paper's), a "
+                  "privacy cost the `gw-ldp.epsilon=inf` row shows."),
+    ])
+    return write_page("defaults", "Defaults on held-out data", body, "python benchmarks/defaults.py --report")
 
 
 def main(argv=None) -> int:
@@ -246,20 +263,24 @@ def main(argv=None) -> int:
     ap.add_argument("--strategies", default=",".join(HELD_OUT),
                     type=list_arg(str, choices=tuple(HELD_OUT)))
     ap.add_argument("--clients", type=value_arg(int, low=1, high=1024), default=4)
+    ap.add_argument("--report", action="store_true", help="only render the page from the JSON")
     args = ap.parse_args(argv)
+    if args.report:
+        print(f"wrote {page()}")
+        return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in args.strategies:
             for name in HELD_OUT[strategy]:
                 rows.append(run_cell(strategy, name, args.clients, {}, Path(tmp)))
-                print(table(rows)[-1], flush=True)
+                print(" | ".join(rows_of(rows[-1:])[0]), flush=True)
         alternatives = alternative_rows(Path(tmp), args.strategies, list(rows))
-    print("\n".join(table(rows)))
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    print(table(header(), rows_of(rows)))
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     JSON_PATH.write_text(json.dumps({"clients": args.clients, "metric": METRIC, "runs": rows,
                                      "alternatives": alternatives}, indent=1, default=str) + "\n")
     if set(args.strategies) == set(HELD_OUT):
-        replace_section(MD_PATH, "defaults", markdown(rows, alternatives, args.clients))
+        print(f"wrote {page()}")
     return 0
 
 

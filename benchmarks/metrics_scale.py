@@ -31,6 +31,7 @@ from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, tabl
 
 JSON_PATH = RESULTS_DIR / "metrics_scale.json"
 MEASURE = "python benchmarks/metrics_scale.py"
+SKLEARN_SHORT = {"sklearn adjusted_rand_score": "ari", "sklearn normalized_mutual_info_score": "nmi"}
 
 
 def build(n: int, m: int, k: int, seed: int = 0):
@@ -143,7 +144,7 @@ def page() -> Path:
             for t in res["timings"]]
     rows += [[name.replace("sklearn ", "scikit-learn `") + "` (same labels)", f"{secs:.3f}"]
              for name, secs in res["sklearn_s"].items()]
-    names = [t["metric"].split(" ")[0] for t in res["timings"]] + [n.split(" ")[1].split("_")[0] + " (sklearn)"
+    names = [t["metric"].split(" ")[0] for t in res["timings"]] + [f"{SKLEARN_SHORT.get(n, n)} (scikit-learn)"
                                                                    for n in res["sklearn_s"]]
     seconds = [t["seconds"] for t in res["timings"]] + list(res["sklearn_s"].values())
     bars = plots.plot_grouped_bars(names, {"seconds": seconds}, image_path("metrics_scale.png"),

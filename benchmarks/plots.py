@@ -20,6 +20,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+#: the most bars :func:`plot_grouped_bars` draws upright in a phone-wide figure
+MAX_UPRIGHT_BARS = 8
+
 __all__ = ["plot_metric_vs_rounds", "plot_grouped_bars", "plot_scaling", "embedding_2d", "plot_embedding"]
 
 
@@ -93,7 +96,9 @@ def plot_grouped_bars(
 
     E.g. ``groups=["2 clients", "4 clients"]``,
     ``series={"federated": [...], "centralised": [...], "isolated": [...]}``;
-    NaN values leave a gap. ``errors``: optional error bars per series.
+    NaN values leave a gap. ``errors``: optional error bars per series. Over
+    :data:`MAX_UPRIGHT_BARS` bars the groups run down the page (horizontal
+    bars), so the figure keeps a phone screen's width however many there are.
     """
     if not groups or not series:
         raise ValueError("groups and series must be non-empty")
@@ -101,19 +106,33 @@ def plot_grouped_bars(
         if len(vals) != len(groups):
             raise ValueError(f"length mismatch for series {name!r}: {len(vals)} values, {len(groups)} groups")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(groups) * max(1, len(series)) + 2), 4.5))
+    across = len(groups) * len(series) > MAX_UPRIGHT_BARS
+    size = (6.0, 1.0 + 0.22 * len(groups) * len(series) + 0.1 * len(groups)) if across else (6.0, 4.5)
+    fig, ax = plt.subplots(figsize=size)
     width = 0.8 / len(series)
-    x = np.arange(len(groups))
+    pos = np.arange(len(groups))
     for i, (name, vals) in enumerate(series.items()):
         err = None if not errors or name not in errors else np.asarray(errors[name], dtype=float)
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, np.asarray(vals, dtype=float), width, yerr=err, capsize=2, label=name)
-    ax.set_xticks(x)
-    ax.set_xticklabels(groups, rotation=20 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center")
-    ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
+        offset = pos + (i - (len(series) - 1) / 2) * width
+        if across:
+            ax.barh(offset, np.asarray(vals, dtype=float), width, xerr=err, capsize=2, label=name)
+        else:
+            ax.bar(offset, np.asarray(vals, dtype=float), width, yerr=err, capsize=2, label=name)
+    if across:
+        ax.set_yticks(pos)
+        ax.set_yticklabels(groups, fontsize=8)
+        ax.invert_yaxis()  # the first group on top, as in the page's table
+        ax.set_xlabel(ylabel)
+        ax.grid(axis="x", alpha=0.3)
+    else:
+        ax.set_xticks(pos)
+        ax.set_xticklabels(groups, rotation=20 if len(groups) > 2 else 0, ha="right" if len(groups) > 2 else "center",
+                           fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     if title:
-        ax.set_title(_wrap(title), fontsize=10)
+        ax.set_title(_wrap(title, 60), fontsize=10)
     return _save(fig, path)
 
 
