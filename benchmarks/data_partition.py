@@ -141,8 +141,8 @@ def loading_section(res: dict) -> str:
     import plots
 
     load = res["machine"]["load_average_1_5_15min_at_end"][0]
-    rows = [[t["case"], f"{t['file_mb']:.1f} MB", f"{t['read_graph_cpu_s']:.2f} s", f"{t['pandas_read_csv_cpu_s']:.2f} s",
-             f"{t['read_graph_s']:.1f} s"] for t in res["timings"]]
+    rows = [[t["case"], f"{t['file_mb']:.1f} MB", f"{t['read_graph_cpu_s']:.2f} s",
+             f"{t['pandas_read_csv_cpu_s']:.2f} s", f"{t['read_graph_s']:.1f} s"] for t in res["timings"]]
     bars = plots.plot_grouped_bars([t["case"] for t in res["timings"]],
                                    {"read_graph": [t["read_graph_cpu_s"] for t in res["timings"]],
                                     "pandas.read_csv alone": [t["pandas_read_csv_cpu_s"] for t in res["timings"]]},

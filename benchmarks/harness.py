@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from app.result import jsonable
-from pages import IMAGE_DIR, RESULTS_DIR, table
+from pages import IMAGE_DIR, RESULTS_DIR, paragraph, table
 
 PERCENT_METRICS = ("acc", "f1", "nmi", "ari", "cluster_similarity")
 METRIC_NAMES = ("acc", "f1", "nmi", "ari", "modularity", "conductance", "cluster_similarity")
@@ -363,13 +363,14 @@ def render_markdown(suite: Suite, summary: dict) -> str:
     units = ", ".join(f"{m} in %" if m in PERCENT_METRICS else m for m in suite.metrics)
     seeds = ", ".join(map(str, summary["seeds"]))
     lines = [
-        f"Source: {suite.source or '–'}. Seeds {seeds}{' (quick run)' if summary['quick'] else ''}; {units}; "
-        "ours = mean ± std over the seeds.",
+        paragraph(f"Source: {suite.source or '–'}. Seeds {seeds}{' (quick run)' if summary['quick'] else ''}; "
+                  f"{units}; ours = mean ± std over the seeds."),
         "",
         table(["setting", "metric", "paper", "ours", "ours − paper"], paper_rows(suite, summary)),
         "",
-        f"Against the centralised reference (same data and seed): {m0} federated / centralised / isolated, "
-        "the agreement of the federated with the centralised labels, seconds per run, bytes up + down:",
+        paragraph(f"Against the centralised reference (same data and seed): {m0} federated / centralised / "
+                  "isolated, the agreement of the federated with the centralised labels, seconds per run, bytes "
+                  "up + down:"),
         "",
         table(["setting", "fed.", "central.", "isol.", "ARI", "NMI", "s", "bytes"], reference_rows(suite, summary)),
     ]
@@ -378,7 +379,7 @@ def render_markdown(suite: Suite, summary: dict) -> str:
         lines += ["", "Failed runs:", ""]
         lines += [f"- `{k}` seed {s}: {err}" for k, s, err in failed]
     if suite.notes:
-        lines += ["", suite.notes]
+        lines += ["", paragraph(suite.notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -652,8 +653,8 @@ def main(argv: list[str] | None = None, run_fn: RunFn | None = None, results_dir
 # ---------------------------------------------------------------------------
 register_suite(Suite(
     name="smoke",
-    title="Smoke test: federated k-means on a planted-partition graph",
-    source="none (harness check; no paper values)",
+    title="fedkmeans against centralised k-means on a planted-partition graph",
+    source="none: fedkmeans has no paper, its target is the centralised k-means it reproduces",
     experiments=(
         Experiment("fedkmeans", "sbm", 2, row="fedkmeans", col="sbm, 2 clients"),
         Experiment("fedkmeans", "sbm", 4, row="fedkmeans", col="sbm, 4 clients"),
