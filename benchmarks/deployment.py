@@ -186,8 +186,9 @@ def shim_section(runs: dict) -> str:
         paragraph(f"Stages of the {staged['median_round_s']:g} s median round at load {staged['load_average']} "
                   f"(medians, seconds): {stages}. Target: a median deployed round of at most {ROUND_TARGET_S:g} s: "
                   + ("met" if best <= ROUND_TARGET_S else f"not met (best {best:g} s)") + ". With the shim a "
-                  "ClientApp process no longer pays Python's start and Flower's imports, and a SuperNode no longer "
-                  "sleeps 3 s between polls or 0.5 s between reply checks; what is left is the app's own imports, "
+                  "ClientApp process does not pay Python's start and Flower's imports (it is forked from a process "
+                  "that has them), and a SuperNode does not sleep 3 s between polls or 0.5 s between reply checks, "
+                  "as a plain `flower-supernode` does; what is left is the app's own imports, "
                   "Flower's runtime (pulling the message and the app bundle, unpacking it) and the HTTPS hops "
                   "SuperNode -> gateway -> SuperLink -> ServerApp. The deployment's own ~20 processes bring an "
                   "idle 2-core machine to a load of about 5."),
