@@ -11,7 +11,6 @@ fedkmeans has no paper: its rows' target is the centralised k-means it reproduce
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import sys
 from pathlib import Path
@@ -19,9 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness import (get_suite, load_summary, render_markdown, run_script, run_suite,  # noqa: E402
-                     suite_figures, value_arg)
-from pages import ScoreRow, anchor, figure, paragraph, write_page, write_scoreboard_rows  # noqa: E402
+from app.config import ArgumentParser  # noqa: E402
+from harness import get_suite, render_markdown, run_script, run_suite, suite_figures, value_arg  # noqa: E402
+from pages import (ScoreRow, anchor, figure, paragraph, read_results, write_page,  # noqa: E402
+                   write_scoreboard_rows)
 
 SUITE = "smoke"
 HEADING = "Federated vs centralised k-means on a planted-partition graph"
@@ -65,7 +65,7 @@ def score_rows(summary: dict) -> list[ScoreRow]:
 def page() -> Path:
     """docs/results/fedkmeans.md and the scoreboard rows from smoke.json (the figures redrawn)."""
     suite = get_suite(SUITE)
-    summary = load_summary(suite)
+    summary = read_results(f"{SUITE}.json", "python benchmarks/fedkmeans.py")
     figures = {Path(p).name: p for p in suite_figures(suite, summary)}
     write_scoreboard_rows("fedkmeans", score_rows(summary))
     quick = " --quick" if summary["quick"] else ""
@@ -87,7 +87,7 @@ def page() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the suite's quick variant (one seed)")
     ap.add_argument("--seeds", type=value_arg(int, low=1), default=None, metavar="N", help="seeds 0..N-1")
     ap.add_argument("--report", action="store_true", help="only render the page from smoke.json")

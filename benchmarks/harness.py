@@ -386,7 +386,7 @@ def render_markdown(suite: Suite, summary: dict) -> str:
 def replace_section(path: str | Path, key: str, body: str) -> Path:
     """Put ``body`` between the markers ``<!-- key:start -->`` / ``<!-- key:end -->``
     of the Markdown file ``path``, replacing what was there or appending the
-    section (the method scripts' benchmarks/RESULTS.md sections until their pages replace them)."""
+    section (for the method scripts that write a section of benchmarks/RESULTS.md)."""
     path = Path(path)
     start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
     block = f"{start}\n{body.strip(chr(10))}\n{end}\n"

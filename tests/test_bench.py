@@ -195,6 +195,7 @@ def test_suite_validation():
     ("fedavg_dmon_selection.py --cells cora:2:0:0,cora:x:0:0", "'cora:x:0:0'", "dataset:clients:overlap:seed"),
     ("defaults.py --strategies fedsc,fedmeans", "'fedmeans'", "valid choices: fedkmeans, fedsc, kcagc"),
     ("defaults.py --clients 0", "'0'", "valid: ints in [1, 1024]"),
+    ("fedkmeans.py --seeds 0", "'0'", "valid: ints >= 1"),
 ])
 def test_benchmark_bad_argument_is_one_line_exit_2(argv, value, valid):
     """Every list is read whole at parse time: a bad item, even the last, stops the script with one
