@@ -6,7 +6,7 @@ import numpy as np
 
 from app.protocols import fedkmeans as proto
 from clients.base import ClusteringClient
-from app.baselines import filtered_features
+from app.graph_filters import filtered_features
 
 
 class FedKMeansClient(ClusteringClient):

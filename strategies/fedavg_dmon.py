@@ -311,10 +311,10 @@ class FedAvgDMoN(ClusteringStrategy):
                               metrics=metrics)
 
     def reference(self, data) -> np.ndarray:
-        """Centralised DMoN (``app.baselines.train_dmon``) on the pooled graph's training
+        """Centralised DMoN (``app.models.train_dmon``) on the pooled graph's training
         edges (same global edge split and seed), num-rounds x local-epochs epochs,
         last weights (no model selection)."""
-        from app.baselines import train_dmon
+        from app.models import train_dmon
 
         c = self.config
         train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), int(c["seed"]),

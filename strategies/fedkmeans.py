@@ -151,7 +151,8 @@ class FedKMeans(ClusteringStrategy):
 
     def reference(self, data) -> np.ndarray:
         """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""
-        from app.baselines import filtered_features, kmeans
+        from app.clustering import kmeans
+        from app.graph_filters import filtered_features
 
         x = filtered_features(data.x, data.adj, int(self.config["fedkmeans.filter-order"]))
         return kmeans(x, int(self.config["num-clusters"]), seed=int(self.config["seed"]))

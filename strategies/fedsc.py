@@ -378,7 +378,7 @@ def client_features(shard, config, rng: np.random.Generator) -> np.ndarray:
     ``fedsc.data-noise`` drawn from ``rng`` (a client passes a generator on
     fresh OS entropy; only the evaluation's :func:`pooled_features` passes a
     seeded one)."""
-    from app.baselines import filtered_features
+    from app.graph_filters import filtered_features
 
     if shard.x is None:
         raise ConfigError(f"dataset '{shard.dataset}' has no features; fedsc clusters feature rows")

@@ -74,7 +74,7 @@ SOLVERS = ("auto", "krylov", "chebyshev")
 
 def _reference(config, data) -> np.ndarray:
     """Centralised normalised spectral clustering of the pooled graph."""
-    from app.baselines import spectral_graph
+    from app.clustering import spectral_graph
 
     return spectral_graph(data.adj, int(config["num-clusters"]), int(config["seed"]),
                           n_init=int(config[f"{config['strategy']}.n-init"]))

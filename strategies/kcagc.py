@@ -93,7 +93,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.baselines import FILTERS
+from app.graph_filters import FILTERS
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
 from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
@@ -399,7 +399,7 @@ class KCAGC(ClusteringStrategy):
 
     def reference(self, data) -> np.ndarray:
         """Centralised AGC on the pooled features (same filter and order, top-k singular vectors, k-means)."""
-        from app.baselines import agc
+        from app.graph_filters import agc
 
         kind = str(self.config["kcagc.filter"])
         order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]), kind)

@@ -1,7 +1,7 @@
 """fedavg-dmon: FedAvg of DMoN weights over node-partitioned subgraphs.
 
 Protocol math is tested directly (edge split, FedAvg weighting, local training
-against app.baselines.train_dmon); the Flower layer end to end on the
+against app.models.train_dmon); the Flower layer end to end on the
 in-process grid (same ServerApp/ClientApp code, no Ray).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.baselines import train_dmon
+from app.models import train_dmon
 from app.config import ConfigError
 from app.data import load_dataset
 from app.metrics import ari

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from app.baselines import spectral_affinity, spectral_graph
+from app.clustering import spectral_affinity, spectral_graph
 from app.client_app import build_client_app
 from app.config import ConfigError
 from app.data import load_dataset

@@ -323,8 +323,8 @@ def knn_affinity(k_hat: np.ndarray, neighbours: int | None = None) -> sp.csr_mat
 
 
 def cluster_affinity(k_hat: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
-    """Normalised spectral clustering of the kNN graph of ``k_hat`` (NJW, :func:`app.baselines.spectral_affinity`)."""
-    from app.baselines import spectral_affinity
+    """Normalised spectral clustering of the kNN graph of ``k_hat`` (NJW, :func:`app.clustering.spectral_affinity`)."""
+    from app.clustering import spectral_affinity
 
     return spectral_affinity(knn_affinity(k_hat), int(k), int(seed), n_init=n_init)
 

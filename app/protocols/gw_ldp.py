@@ -952,7 +952,7 @@ def cluster_gw(dist: np.ndarray, k: int, method: str, seed: int) -> np.ndarray:
         raise ValueError(f"unknown clustering {method!r}; valid choices: " + ", ".join(CLUSTERINGS))
     if method == "kmedoids":
         return kmedoids(dist, k, seed)
-    from app.baselines import spectral_affinity
+    from app.clustering import spectral_affinity
 
     aff = np.exp(-normalise(dist))
     np.fill_diagonal(aff, 0.0)
