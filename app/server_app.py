@@ -36,7 +36,8 @@ from app.privacy.secagg import SecAggError
 from app.quality import assess
 from app.result import check_out_dir, default_out_dir, summary_table, write_result
 from app.session import ServerSession
-from app.transport import ProtocolError, ReplySpec, ValueSpec, pack
+from app.wire import ProtocolError, ReplySpec, ValueSpec
+from app.transport import pack
 
 
 def evaluation_data(config: RunConfig):

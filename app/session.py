@@ -38,18 +38,8 @@ from app.privacy.secagg import (
     unmask_sum,
 )
 from app.progress import Progress
-from app.transport import (
-    ArraySpec,
-    CommStats,
-    ProtocolError,
-    ReplySpec,
-    ValueSpec,
-    NO_REPLY,
-    describe,
-    exchange,
-    pack,
-    unpack,
-)
+from app.transport import NO_REPLY, CommStats, describe, exchange, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
 
 HELLO = "hello"
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),

@@ -44,7 +44,7 @@ class StrategyOutput:
     def dense_labels(self, num_items: int) -> np.ndarray:
         """Labels indexed by item id, -1 where no client gave one; ids outside
         0..num_items-1 stop the run (a negative id would wrap to the end)."""
-        from app.transport import ProtocolError
+        from app.wire import ProtocolError
 
         if self.ids is None:
             return np.asarray(self.labels, dtype=np.int64)
@@ -188,7 +188,7 @@ class ClusteringStrategy(ABC):
         (a :class:`ProtocolError` naming the clients); returns warnings where the data merely supports
         the method weakly (:data:`ISOLATED_WARN`, :data:`ISOLATED_STOP`)."""
         from app.data.parties import family
-        from app.transport import ProtocolError
+        from app.wire import ProtocolError
 
         if not clients:
             return []
@@ -238,7 +238,7 @@ class ClusteringStrategy(ABC):
 
 def common_feature_dimension(widths) -> int:
     """The feature width every client reported; clients that disagree stop the run."""
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
 
     dims = sorted({int(w) for w in widths})
     if len(dims) != 1:
@@ -260,7 +260,7 @@ def check_item_ids(session, step: str, ids_by_node: Mapping[int, np.ndarray], ex
     ``expected`` (node id -> count), a count other than the client announced. Without
     ``below``, ids beyond the data are refused where the labels are laid out
     (:meth:`StrategyOutput.dense_labels`), which cannot tell whose they were."""
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
 
     ids = {node: np.asarray(a, dtype=np.int64) for node, a in ids_by_node.items()}
     repeated = np.empty(0, np.int64)
@@ -289,7 +289,7 @@ def announced_rows(session) -> dict[int, int]:
 def common_node_count(session, strategy: str, partitioner: str) -> int:
     """n from the hello handshake, for strategies whose clients all hold every node
     (``partitioner``: vertical or edge split); clients that disagree stop the run."""
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
 
     counts = {c.partition_id: int(c.summary["num_rows"]) for c in session.clients}
     parts = {str(c.summary["partitioner"]) for c in session.clients}

@@ -71,7 +71,8 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
 

@@ -26,7 +26,8 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.protocols import fedkmeans as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 
 

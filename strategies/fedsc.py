@@ -67,7 +67,8 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
                              check_item_ids, concat_int64)
 

@@ -60,7 +60,8 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
 from app.protocols import fedspectral as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.

@@ -115,7 +115,8 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.privacy.ldp import LDPAccountant
 from app.protocols import gw_ldp as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack, whole_number
+from app.wire import ArraySpec, ProtocolError, ReplySpec, whole_number
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 DP_MODES = ("none", "client", "sgd")

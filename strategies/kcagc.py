@@ -96,7 +96,8 @@ import numpy as np
 from app.graph_filters import FILTERS
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 PARAMS = (

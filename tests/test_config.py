@@ -305,7 +305,7 @@ def test_default_out_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
     import time
 
     from app.run import run_experiment
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from strategies.fedkmeans import FedKMeans
 
     monkeypatch.chdir(tmp_path)

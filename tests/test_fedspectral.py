@@ -19,7 +19,8 @@ from app.protocols import fedspectral as proto
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import ProtocolError, unpack
+from app.wire import ProtocolError
+from app.transport import unpack
 from conftest import LeavingGrid, patch_reply
 
 SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}

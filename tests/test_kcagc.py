@@ -19,7 +19,8 @@ from app.result import RESULT_FILE
 from app.run import main as run_main
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import ProtocolError, unpack
+from app.wire import ProtocolError
+from app.transport import unpack
 from clients.kcagc import KCAGCClient
 from conftest import patch_reply
 

@@ -56,7 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.privacy.ldp import default_m, multibit_encode
-from app.transport import whole_number
+from app.wire import whole_number
 
 MODELS = ("gcn", "gin")
 EMBEDDING_LAYERS = ("classes", "hidden")
