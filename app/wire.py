@@ -13,6 +13,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+#: Protocol steps every method's client answers (:class:`clients.base.ClusteringClient`).
+HELLO = "hello"
+LABELS = "labels"
+SECAGG_SETUP = "secagg_setup"
+SECAGG_AGREE = "secagg_agree"
+
 
 class ProtocolError(RuntimeError):
     """A protocol step cannot continue (e.g. too few valid replies)."""

@@ -52,6 +52,12 @@ from typing import Mapping
 import numpy as np
 import scipy.sparse as sp
 
+# -- wire: the protocol's steps ------------------------------------------------------------
+DMON_INIT = "dmon_init"
+DMON_EVAL = "dmon_eval"
+DMON_ASSIGN = "dmon_assign"
+DMON_TRAIN = "dmon_train"
+
 #: names and order of the model's arrays on the wire (``DMoNModel.state_dict()`` keys)
 PARAM_NAMES = ("conv.bias", "conv.lin.weight", "head.weight", "head.bias")
 

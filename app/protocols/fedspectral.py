@@ -55,6 +55,12 @@ import scipy.sparse as sp
 
 from app.clustering import kmeans
 
+# -- wire: the protocol's steps ------------------------------------------------------------
+FEDSPECTRAL_LOCAL = "fedspectral_local"
+FEDSPECTRAL_POWER = "fedspectral_power"
+FEDSPECTRAL_DEGREES = "fedspectral_degrees"
+FEDSPECTRAL_PRODUCT = "fedspectral_product"
+
 # --------------------------------------------------------------------------- client side
 
 

@@ -58,6 +58,12 @@ import scipy.sparse as sp
 from app.privacy.ldp import default_m, multibit_encode
 from app.wire import whole_number
 
+# -- wire: the protocol's steps ------------------------------------------------------------
+GW_DESCRIBE = "gw_describe"
+GW_NORM = "gw_norm"
+GW_EMBED = "gw_embed"
+FIT = "fit"
+
 MODELS = ("gcn", "gin")
 EMBEDDING_LAYERS = ("classes", "hidden")
 CLUSTERINGS = ("spectral", "kmedoids")

@@ -73,6 +73,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+# -- wire: the protocol's steps ------------------------------------------------------------
+KCAGC_LOCAL = "kcagc_local"
+KCAGC_STEP = "kcagc_step"
+KCAGC_JOINT = "kcagc_joint"
+
 #: Filter order psi the kCAGC paper fixes per graph filter (app.graph_filters.FILTERS) and dataset:
 #: AGC's filter in Section 4.1 (Table II), the spectral-norm filter in Appendix E.2 (Tables VIII, IX).
 PAPER_ORDER = {"agc": {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2},
