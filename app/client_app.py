@@ -32,7 +32,7 @@ from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
 from app.result import unwritable  # noqa: E402
 from app.transport import unpack  # noqa: E402
-from clients.base import ClusteringClient  # noqa: E402
+from app.wire import HELLO  # noqa: E402
 
 PARTY_STATE = "party"
 #: with this environment variable set to 1 (``deploy.flower_shim.TIMING_SETTING``), every
@@ -150,7 +150,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         def handle(message: Message, context: Context) -> Message:
             config = registry.validate({**context.run_config, **overrides})
             client_cls = registry.get(str(config["strategy"])).client
-            if action == "hello" and str(config["dataset"]) == PARTIES:
+            if action == HELLO and str(config["dataset"]) == PARTIES:
                 join_parties(config, context.node_config, context.state, message.content)
             shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)
@@ -159,15 +159,10 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         handler.__name__ = f"on_{action}"
         return handler
 
-    queries = set(ClusteringClient.common_actions)
-    trains = set()
-    for entry in registry.STRATEGIES.values():
-        queries.update(entry.client.actions)
-        trains.update(entry.client.train_actions)
-    for action in sorted(queries):
-        app.query(action)(make_handler(action))
-    for action in sorted(trains):
-        app.train(action)(make_handler(action))
+    steps = {action: train for entry in registry.STRATEGIES.values()
+             for action, (_, train) in entry.client.steps().items()}
+    for action, train in sorted(steps.items()):
+        (app.train if train else app.query)(action)(make_handler(action))
     return app
 
 

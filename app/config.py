@@ -12,10 +12,11 @@ prefix (``kcagc.local-factor``). Every key is declared once as a :class:`Param`;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping, TypeVar
 
 Scalar = bool | int | float | str
 
@@ -191,6 +192,72 @@ class RunConfig:
 
     def as_dict(self) -> dict[str, Scalar]:
         return dict(self.values)
+
+
+ViewT = TypeVar("ViewT", bound="ConfigView")
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    """A typed, read-only view of some keys of a :class:`RunConfig`.
+
+    A subclass is a frozen dataclass whose fields are keys under its ``prefix``,
+    ``-`` written ``_``: a field ``filter_order`` of a view with prefix
+    ``"fedkmeans"`` reads ``fedkmeans.filter-order``; prefix ``""`` reads shared
+    keys (``num_clusters`` reads ``num-clusters``). The schema has already typed
+    and range-checked every value, so a view only names them for code and tools.
+    """
+
+    prefix: ClassVar[str] = ""
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """The run-config key of field ``name``."""
+        key = name.replace("_", "-")
+        return f"{cls.prefix}.{key}" if cls.prefix else key
+
+    @classmethod
+    def keys(cls) -> dict[str, type]:
+        """Run-config key -> Python type of every field."""
+        hints = {f.name: f.type for f in dataclasses.fields(cls)}
+        return {cls.key(name): _TYPES[kind] if isinstance(kind, str) else kind for name, kind in hints.items()}
+
+    @classmethod
+    def of(cls: type[ViewT], config: RunConfig) -> ViewT:
+        """This view of ``config``."""
+        return cls(**{f.name: config[cls.key(f.name)] for f in dataclasses.fields(cls)})
+
+
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+@dataclass(frozen=True)
+class SharedConfig(ConfigView):
+    """The keys every method shares (declared in :func:`app.registry.core_params`) that methods read."""
+
+    strategy: str
+    dataset: str
+    partitioner: str
+    num_clusters: int
+    num_rounds: int
+    num_clients: int
+    min_clients: int
+    seed: int
+    eval_file: str
+
+
+@dataclass(frozen=True)
+class SecAggConfig(ConfigView):
+    """Secure aggregation's fixed-point ``scale`` and the declared ``bound`` of a summed value."""
+
+    prefix: ClassVar[str] = "secagg"
+    scale: float
+    bound: float
+
+
+@dataclass(frozen=True)
+class NoConfig(ConfigView):
+    """The view of a method without keys of its own."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """DMoN (Tsitsulin et al., "Graph clustering with graph neural networks") model and loss.
 
-Shared by the centralised reference (:func:`app.baselines.train_dmon`) and the
+Shared by the centralised reference (:func:`train_dmon`) and the
 federated DMoN strategy (FedAvg over :class:`DMoNModel` weights, each client
 minimising :func:`dmon_loss` on its own subgraph).
 
@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DMoNModel", "dmon_loss", "adj_to_edge_index", "features_to_tensor"]
+from app.clustering import as_features, check_k, check_seed, square_sparse
+
+__all__ = ["DMoNModel", "dmon_loss", "adj_to_edge_index", "features_to_tensor", "train_dmon"]
 
 
 def adj_to_edge_index(adj: Any, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -130,3 +132,58 @@ def dmon_loss(
     if return_terms:
         return total, spectral, collapse
     return total
+
+
+def train_dmon(
+    x: Any,
+    adj: Any,
+    k: int,
+    seed: int,
+    epochs: int = 1000,
+    lr: float = 1e-3,
+    dropout: float = 0.5,
+    hidden: int = 64,
+    collapse_regularization: float = 1.0,
+    weight_decay: float = 0.0,
+    sparse_features: bool = False,
+) -> tuple[np.ndarray, Any]:
+    """Train DMoN centrally, full batch (Adam), and return ``(labels, model)``.
+
+    ``labels = argmax_j S_ij`` of the trained model in eval mode (no dropout).
+    ``x=None`` uses identity features; ``sparse_features`` feeds them to the
+    GCN as a torch sparse COO tensor (same model, much faster on bag-of-words
+    features). The per-epoch loss is kept in
+    ``model.loss_history``. Model/loss: :class:`DMoNModel`,
+    :func:`dmon_loss` (lambda = ``collapse_regularization``).
+    """
+    A = square_sparse(adj)
+    n = A.shape[0]
+    k = check_k(k, n)
+    seed = check_seed(seed)
+    if isinstance(epochs, bool) or int(epochs) < 0:
+        raise ValueError(f"invalid epochs={epochs!r}; need an integer >= 0")
+    if not lr > 0:
+        raise ValueError(f"invalid lr={lr!r}; need lr > 0")
+    if x is not None:
+        as_features(x, n)
+    torch.manual_seed(seed)
+    xt = features_to_tensor(x, n)
+    if sparse_features:
+        xt = xt.to_sparse()
+    edge_index, edge_weight = adj_to_edge_index(A)
+    model = DMoNModel(xt.shape[1], k, hidden=hidden, dropout=dropout)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    history: list[float] = []
+    model.train()
+    for _ in range(int(epochs)):
+        opt.zero_grad()
+        s = model(xt, edge_index, edge_weight)
+        loss = dmon_loss(s, edge_index, edge_weight, collapse_regularization)
+        loss.backward()
+        opt.step()
+        history.append(float(loss.detach()))
+    model.eval()
+    with torch.no_grad():
+        s = model(xt, edge_index, edge_weight)
+    model.loss_history = history
+    return s.argmax(dim=1).numpy().astype(np.int64), model

@@ -24,7 +24,7 @@ from app.data.parties import PARTIES
 from app.engine import EngineError
 from app.privacy.secagg import SecAggError
 from app.result import RESULT_FILE, check_out_dir, default_out_dir
-from app.transport import ProtocolError
+from app.wire import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
 DEFAULT_NUM_CLIENTS = 4

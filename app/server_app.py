@@ -36,7 +36,8 @@ from app.privacy.secagg import SecAggError
 from app.quality import assess
 from app.result import check_out_dir, default_out_dir, summary_table, write_result
 from app.session import ServerSession
-from app.transport import ProtocolError, ReplySpec, ValueSpec, pack
+from app.wire import LABELS, ProtocolError, ReplySpec, ValueSpec
+from app.transport import pack
 
 
 def evaluation_data(config: RunConfig):
@@ -100,11 +101,11 @@ def deliver_labels(session: ServerSession, labels: np.ndarray) -> None:
     """``labels`` step of a run on the parties' own data: each party gets the labels of its own
     items only (its slice of the positions, in its row order), where the method has not sent
     them already. A party that fails to take them is recorded and dropped; the others keep theirs."""
-    if any(r["action"] == "labels" for r in session.stats.rounds):
+    if any(r["action"] == LABELS for r in session.stats.rounds):
         return
     contents = {node: pack({"labels": labels[session.offsets[node]: session.offsets[node] + session.items[node]]})
                 for node in session.node_ids}
-    session.exchange("labels", contents, ReplySpec(numbers={"received": ValueSpec(whole=True, low=0)}),
+    session.exchange(LABELS, contents, ReplySpec(numbers={"received": ValueSpec(whole=True, low=0)}),
                      require_all=False)
 
 

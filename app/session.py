@@ -38,20 +38,9 @@ from app.privacy.secagg import (
     unmask_sum,
 )
 from app.progress import Progress
-from app.transport import (
-    ArraySpec,
-    CommStats,
-    ProtocolError,
-    ReplySpec,
-    ValueSpec,
-    NO_REPLY,
-    describe,
-    exchange,
-    pack,
-    unpack,
-)
+from app.transport import NO_REPLY, CommStats, describe, exchange, pack, unpack
+from app.wire import HELLO, SECAGG_AGREE, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec, ValueSpec
 
-HELLO = "hello"
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
                                 "num_partitions": ValueSpec(whole=True, low=1),
@@ -68,8 +57,6 @@ def party_hello_spec(partitioner: str) -> ReplySpec:
     return ReplySpec(values=HELLO_SPEC.values + (("node_digest",) if shared else ()), numbers=HELLO_SPEC.numbers)
 
 
-SECAGG_SETUP = "secagg_setup"
-SECAGG_AGREE = "secagg_agree"
 SETTLE_S = 1.0
 
 

@@ -4,7 +4,8 @@ Flower's ``Grid.send_and_receive`` sleeps a fixed interval between polls (3 s
 on a real SuperLink, 0.1 s in simulation), so a protocol with hundreds of short
 rounds spends most of its time asleep. :func:`exchange` pushes a batch of
 messages and polls with a short exponential back-off (2 ms doubling to 50 ms),
-then checks every reply against a :class:`ReplySpec` before a strategy sees it.
+then checks every reply against its :class:`app.wire.ReplySpec` (:func:`reply_problem`)
+before a strategy sees it.
 
 Wire format used by every strategy (see :func:`pack` / :func:`unpack`): a
 ``RecordDict`` with an ``ArrayRecord`` under ``"arrays"`` (numpy arrays) and a
@@ -22,6 +23,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
+from app.wire import ReplySpec
+
 ARRAYS = "arrays"
 VALUES = "values"
 
@@ -29,10 +32,6 @@ POLL_START_S = 0.002
 POLL_MAX_S = 0.05
 LIVENESS_EVERY_S = 1.0
 NO_REPLY = "no reply within"
-
-
-class ProtocolError(RuntimeError):
-    """A protocol step cannot continue (e.g. too few valid replies)."""
 
 
 def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
@@ -66,163 +65,22 @@ def _values(content: RecordDict) -> dict:
     return dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
 
 
-@dataclass(frozen=True)
-class ArraySpec:
-    """Expected array: shape (``None`` = any size on that axis) and dtype kind.
-
-    ``kind`` is a numpy dtype-kind string of accepted kinds, e.g. ``"f"`` for
-    floats, ``"iu"`` for integers. Floating arrays must be finite unless
-    ``finite`` is False. ``low`` / ``high`` bound the entries (``low <= x <
-    high``; e.g. node ids, labels of k clusters), ``unique`` forbids repeats
-    (ids). ``masked`` / ``noised`` say whether the client uploads it under
-    secure aggregation / with added noise (for the ledger).
-    """
-
-    shape: tuple[int | None, ...] | None = None
-    kind: str = "f"
-    finite: bool = True
-    low: float | None = None
-    high: float | None = None
-    unique: bool = False
-    masked: bool = False
-    noised: bool = False
-
-    def check(self, name: str, array: np.ndarray) -> str | None:
-        """Return why ``array`` does not match, or None."""
-        if array.dtype.kind not in self.kind:
-            return f"array '{name}' has dtype {array.dtype}, expected kind '{self.kind}'"
-        if self.shape is not None:
-            ok = array.ndim == len(self.shape) and all(
-                want is None or want == got for want, got in zip(self.shape, array.shape)
-            )
-            if not ok:
-                return f"array '{name}' has shape {tuple(array.shape)}, expected {self.shape}"
-        if self.finite and array.dtype.kind in "fc" and not np.isfinite(array).all():
-            return f"array '{name}' contains NaN or Inf"
-        if array.size and (self.low is not None or self.high is not None):
-            lo, hi = array.min(), array.max()
-            if (self.low is not None and lo < self.low) or (self.high is not None and hi >= self.high):
-                return (f"array '{name}' has values in [{lo}, {hi}], expected "
-                        f"{self._range()}")
-        repeats = array.size - np.unique(array).size if self.unique else 0
-        if repeats:
-            return f"array '{name}' repeats entries ({repeats} duplicates)"
-        return None
-
-    def _range(self) -> str:
-        low = "-inf" if self.low is None else self.low
-        return f"[{low}, {self.high})" if self.high is not None else f">= {low}"
-
-
-def whole_number(raw) -> int | None:
-    """``raw`` as an int if it is a whole number (an int, or a float without a
-    fraction), else None: bools, strings, fractions, NaN and inf are not."""
-    if isinstance(raw, (bool, np.bool_)):
-        return None
-    if isinstance(raw, (int, np.integer)):
-        return int(raw)
-    return int(raw) if isinstance(raw, (float, np.floating)) and np.isfinite(raw) and raw.is_integer() else None
-
-
-@dataclass(frozen=True)
-class ValueSpec:
-    """Expected number in a reply's values: finite (a whole number if ``whole``),
-    ``low <= x <= high``; with ``length``, a list of exactly that many such numbers."""
-
-    whole: bool = False
-    low: float | None = None
-    high: float | None = None
-    length: int | None = None
-
-    def check(self, name: str, value) -> str | None:
-        """Return why ``value`` does not match, or None."""
-        if self.length is not None:
-            if not isinstance(value, list) or len(value) != self.length:
-                return f"value '{name}' is {value!r}, expected a list of {self.length} numbers"
-            items = value
-        else:
-            items = [value]
-        for v in items:
-            number = not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, float, np.integer, np.floating))
-            if not number or not np.isfinite(v) or (self.whole and whole_number(v) is None):
-                return f"value '{name}' is {value!r}, expected {'whole' if self.whole else 'finite'} numbers"
-            if (self.low is not None and v < self.low) or (self.high is not None and v > self.high):
-                return f"value '{name}' is {value!r}, expected numbers {self._range()}"
-        return None
-
-    def _range(self) -> str:
-        if self.high is None:
-            return f">= {self.low}"
-        return f"<= {self.high}" if self.low is None else f"in [{self.low}, {self.high}]"
-
-
-@dataclass(frozen=True)
-class ReplySpec:
-    """What a valid reply must contain: named arrays and named values, and nothing else.
-
-    ``same_length``: names of arrays that describe the same items (e.g. node
-    ids and their labels), whose first axes must agree. ``optional``: values
-    a reply may carry or leave out, checked when present. Any other array or
-    value is refused: it would be recorded as an upload, and code that walks
-    every array (FedAvg) would average it in.
-    """
-
-    arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
-    values: Sequence[str] = ()
-    same_length: Sequence[str] = ()
-    numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
-    optional: Mapping[str, ValueSpec] = field(default_factory=dict)
-
-    def check(self, content: RecordDict) -> str | None:
-        """Return why ``content`` is not a valid reply, or None."""
-        # pack() makes no other record, and none of another type under these names: the ledger would not see it
-        stray = sorted((set(content.array_records) - {ARRAYS}) | (set(content.config_records) - {VALUES})
-                       | set(content.metric_records))
-        if stray:
-            return f"unexpected record '{stray[0]}'"
-        try:
-            names, values = describe(content)  # names first: no decoding of an unexpected array
-            extra = sorted(set(names) - set(self.arrays))
-            if extra:
-                return f"unexpected array '{extra[0]}'"
-            arrays, values = unpack(content)
-        except Exception as err:  # malformed records from a misbehaving client
-            return f"malformed reply: {err}"
-        for name, (shape, dtype) in names.items():  # the bookkeeping reads the declared metadata
-            if arrays[name].shape != shape or str(arrays[name].dtype) != dtype:
-                return (f"array '{name}' declares {dtype} {shape} but holds {arrays[name].dtype} "
-                        f"{arrays[name].shape}")
-        reason = _first_problem(self.arrays, arrays, "array")
-        if reason:
-            return reason
-        lengths = {name: arrays[name].shape[0] if arrays[name].ndim else 1
-                   for name in self.same_length if name in arrays}
-        if len(set(lengths.values())) > 1:
-            return "arrays of the same items differ in length: " + ", ".join(
-                f"'{name}' {size}" for name, size in lengths.items())
-        for name in self.values:
-            if name not in values:
-                return f"missing value '{name}'"
-            value = values[name]
-            items = value if isinstance(value, list) else [value]
-            if any(isinstance(v, float) and not np.isfinite(v) for v in items):
-                return f"value '{name}' is {value}"
-        reason = _first_problem({**self.numbers, **{n: v for n, v in self.optional.items() if n in values}},
-                                values, "value")
-        extra = sorted(set(values) - set(self.values) - set(self.numbers) - set(self.optional))
-        return reason or (f"unexpected value '{extra[0]}'" if extra else None)
-
-
-def _first_problem(specs: Mapping, found: Mapping, what: str) -> str | None:
-    """Why the first of ``specs`` (name -> ArraySpec / ValueSpec) is missing from ``found``
-    or does not match, or None."""
-    for name, spec in specs.items():
-        if name not in found:
-            return f"missing {what} '{name}'"
-        reason = spec.check(name, found[name])
-        if reason:
-            return reason
-    return None
+def reply_problem(spec: ReplySpec, content: RecordDict) -> str | None:
+    """Why ``content`` is not a valid reply to ``spec``, or None: only :func:`pack`'s records,
+    decodable, then :meth:`ReplySpec.problem` on the decoded arrays and values."""
+    # pack() makes no other record, and none of another type under these names: the ledger would not see it
+    stray = sorted((set(content.array_records) - {ARRAYS}) | (set(content.config_records) - {VALUES})
+                   | set(content.metric_records))
+    if stray:
+        return f"unexpected record '{stray[0]}'"
+    try:
+        declared, _ = describe(content)  # names first: no decoding of an unexpected array
+        if set(declared) - set(spec.arrays):
+            return spec.problem(declared, {}, {})
+        arrays, values = unpack(content)
+    except Exception as err:  # malformed records from a misbehaving client
+        return f"malformed reply: {err}"
+    return spec.problem(declared, arrays, values)
 
 
 @dataclass
@@ -366,7 +224,7 @@ def exchange(
             rejected[node] = f"client error: {reply.error.reason}"
             continue
         spec = expect.get(node) if isinstance(expect, Mapping) else expect
-        reason = spec.check(reply.content) if spec is not None else None
+        reason = reply_problem(spec, reply.content) if spec is not None else None
         if reason:
             rejected[node] = reason
             refused.append((node, reply.content))

@@ -57,7 +57,7 @@ JSON_PATH = RESULTS / "fedavg_dmon.json"
 MD_PATH = HERE / "RESULTS.md"
 START, END = "<!-- fedavg_dmon:start -->", "<!-- fedavg_dmon:end -->"
 
-#: measured here with app.baselines.train_dmon (NOTES.md), Cora, k = 7, 1000 epochs, full graph
+#: measured here with app.models.train_dmon (NOTES.md), Cora, k = 7, 1000 epochs, full graph
 CENTRAL_CORA = {"f1": 55.8, "nmi": 47.8, "modularity": 0.747}
 COST_TARGET_S = 120.0
 SUITES = ("figures", "cost", "dp")

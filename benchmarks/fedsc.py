@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.config import ArgumentParser  # noqa: E402
 from harness import list_arg, replace_section, run_script, value_arg  # noqa: E402
-from app.baselines import kmeans  # noqa: E402
+from app.clustering import kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.data.partition import partition  # noqa: E402
 from app.metrics import evaluate  # noqa: E402

@@ -361,7 +361,7 @@ def _reference_readings(adj, k: int, seed: int) -> dict:
     import numpy as np
     from sklearn.cluster import KMeans, SpectralClustering
 
-    from app.baselines import spectral_graph
+    from app.clustering import spectral_graph
 
     lap = nx.normalized_laplacian_matrix(nx.from_scipy_sparse_array(adj), nodelist=range(adj.shape[0]))
     _, vecs = np.linalg.eigh(lap.toarray())
@@ -506,7 +506,7 @@ def report() -> Path:
     table = json.loads((RESULTS / "fedspectral.json").read_text()) if (RESULTS / "fedspectral.json").exists() else None
     if table:
         lines += [f"Paper table (`python -m app.bench fedspectral`, seeds {table['seeds']}, 5 clients, "
-                  "K = 10, 40% overlap = each edge on 2 of 5 clients; reference = `app.baselines.spectral_graph`):",
+                  "K = 10, 40% overlap = each edge on 2 of 5 clients; reference = `app.clustering.spectral_graph`):",
                   ""] + _table_rows(table) + [""]
     c = _load("curves")
     if c:

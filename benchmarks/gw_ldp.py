@@ -39,7 +39,7 @@ from app.config import ArgumentParser  # noqa: E402
 from harness import (config_list, existing_file, list_arg, replace_section,  # noqa: E402
                        run_script, strategy_datasets, value_arg)
 from app.run import run_experiment  # noqa: E402
-from app.transport import ProtocolError  # noqa: E402
+from app.wire import ProtocolError# noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 JSON_PATH = RESULTS / "gw_ldp.json"

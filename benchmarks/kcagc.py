@@ -8,7 +8,7 @@ Each part writes its own JSON under ``benchmarks/results`` and then re-renders
 the ``kcagc`` section of ``benchmarks/RESULTS.md`` from every part found there:
 
 * ``table2`` (``kcagc.json``): ``kcagc`` per (dataset, L, k_hat),
-  ``kcagc-basic`` per (dataset, L), centralised AGC (``app.baselines.agc``,
+  ``kcagc-basic`` per (dataset, L), centralised AGC (``app.graph_filters.agc``,
   same psi, 10 k-means restarts) per seed; ACC / NMI / F1 mean and std over
   seeds with the paper's Table II beside; scalars aggregated and uploaded
   bytes of ``kcagc`` vs ``kcagc-basic`` (paper: 1.8% of basic, Cora L=2).
@@ -71,7 +71,8 @@ sys.path.insert(0, str(ROOT))
 from app.config import ArgumentParser  # noqa: E402
 from harness import (existing_file, list_arg, replace_section, run_script,  # noqa: E402
                        strategy_datasets, value_arg)
-from app.baselines import agc, kmeans  # noqa: E402
+from app.clustering import kmeans  # noqa: E402
+from app.graph_filters import agc  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.metrics import evaluate  # noqa: E402
 from app.protocols.kcagc import EMBEDDINGS, PAPER_ORDER, embedding  # noqa: E402
@@ -183,7 +184,7 @@ def all_columns_runs(dataset: str, orders: list[int], dims: list[int], embedding
     filter order psi in ``orders`` and embedding (``app.protocols.kcagc.embedding`` on all columns,
     L = 1) at projection dimension ``d = dim x k`` and each seed, k-means++ with ``restarts`` seedings
     into k clusters (the seed drives both the SVD's start and the seedings, as in
-    :func:`app.baselines.agc`: ``svd`` at d = k with ``restarts`` = 10 is exactly ``agc``)."""
+    :func:`app.graph_filters.agc`: ``svd`` at d = k with ``restarts`` = 10 is exactly ``agc``)."""
     data = load_dataset(dataset)
     k = data.num_classes
     out = []

@@ -2,7 +2,8 @@
 
 The ClientApp builds one client object per message and calls
 :meth:`ClusteringClient.handle`; the client answers the protocol step named by
-the message's action. Anything a client must remember between steps goes into
+the message's action with the method marked ``@answers(ACTION)`` (the action
+names are constants of the method's protocol module). Anything a client must remember between steps goes into
 ``context.state`` (Flower keeps it per node for the whole run) via
 :meth:`save` / :meth:`load`.
 """
@@ -13,43 +14,71 @@ import hashlib
 import math
 from contextlib import contextmanager
 from functools import cached_property
-from typing import ClassVar
+from typing import Callable, ClassVar, Generic
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, RecordDict
 
-from app.config import RunConfig
+from app.config import ConfigView, NoConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
 from app.data import parties
 from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
 from app.transport import pack, unpack
+from app.wire import HELLO, LABELS, SECAGG_AGREE, SECAGG_SETUP
+
+Reply = tuple[dict, dict]  # (arrays, values) of a reply
 
 
-class ClusteringClient:
-    """Client side of one method. Subclasses add one ``on_<action>`` per step."""
+def answers(action: str, *, train: bool = False) -> Callable:
+    """Mark a client method ``(self, arrays, values) -> (arrays, values)`` as the answer to protocol
+    step ``action``; ``train``: sent as Flower's ``train`` message type (weight training), else ``query``."""
+    def mark(method: Callable) -> Callable:
+        method.answers = (action, train)
+        return method
+    return mark
 
-    actions: ClassVar[tuple[str, ...]] = ()  # answered as ``query.<action>``
-    train_actions: ClassVar[tuple[str, ...]] = ()  # answered as ``train.<action>`` (weight training)
-    #: steps every client answers, whatever the method
-    common_actions: ClassVar[tuple[str, ...]] = ("hello", "labels", "secagg_setup", "secagg_agree")
+
+class ClusteringClient(Generic[ViewT]):
+    """Client side of one method. Subclasses mark one method ``@answers(ACTION)`` per step.
+
+    ``self.cfg`` is the method's own keys as its typed ``settings`` view (the class its
+    strategy reads too), ``self.shared`` the keys every method shares."""
+
+    settings: ClassVar[type[ConfigView]] = NoConfig
+    _steps: ClassVar[dict[str, tuple[str, bool]]]
 
     def __init__(self, shard: Shard, config: RunConfig, context: Context) -> None:
         self.shard = shard
         self.config = config
         self.context = context
+        self.cfg: ViewT = self.settings.of(config)
+        self.shared = SharedConfig.of(config)
+        self.secagg = SecAggConfig.of(config)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._steps = _marked_steps(cls)
+
+    @classmethod
+    def steps(cls) -> dict[str, tuple[str, bool]]:
+        """Every protocol step this client answers: action -> (method name, sent as ``train``), as
+        marked when the class was defined (a method replaced later answers under the same name)."""
+        return dict(cls._steps)
 
     def handle(self, action: str, content: RecordDict) -> RecordDict:
-        """Answer protocol step ``action`` (``on_<action>(arrays, values)``), unless this
-        node's privacy policy sets a rule the strategy cannot meet (every step refused)."""
+        """Answer protocol step ``action`` (its ``@answers`` method), unless this node's
+        privacy policy sets a rule the strategy cannot meet (every step refused)."""
         self.policy.refuse_unmet()
         arrays, values = unpack(content)
-        reply_arrays, reply_values = getattr(self, f"on_{action}")(arrays, values)
+        method, _ = self.steps()[action]
+        reply_arrays, reply_values = getattr(self, method)(arrays, values)
         return pack(reply_arrays, reply_values)
 
     # -- steps every method shares -------------------------------------------
-    def on_hello(self, arrays, values):
+    @answers(HELLO)
+    def on_hello(self, arrays, values) -> Reply:
         """Say which partition this node holds and its size (counts only): rows, graphs, local
         edges and rows without a local edge, so that the server can tell a split the method
         cannot use before the first step; and which cut of the data a shard file comes from
@@ -75,7 +104,8 @@ class ClusteringClient:
                 summary["node_digest"] = parties.node_set_digest(s.keys)
         return {}, summary
 
-    def on_labels(self, arrays, values):
+    @answers(LABELS)
+    def on_labels(self, arrays, values) -> Reply:
         """Receive the final cluster labels of this client's items (in its row order) and keep
         them; a party with its own data also writes them with its own IDs to labels.csv in its
         node config's out-dir."""
@@ -93,7 +123,7 @@ class ClusteringClient:
     @cached_property
     def policy(self) -> StrategyPolicy:
         """This node's rules for the run's strategy, from its node config (never the run's)."""
-        return node_policy(self.context.node_config).for_strategy(str(self.config["strategy"]))
+        return node_policy(self.context.node_config).for_strategy(self.shared.strategy)
 
     def require_masking(self, action: str, values, needed_by_run: bool) -> None:
         """Refuse an upload requested without masking that this node's policy, or its own
@@ -105,13 +135,15 @@ class ClusteringClient:
         return [set(range(parties))]
 
     # -- secure aggregation (see app.privacy.secagg) -------------------------
-    def on_secagg_setup(self, arrays, values):
+    @answers(SECAGG_SETUP)
+    def on_secagg_setup(self, arrays, values) -> Reply:
         """Create this party's X25519 key pair; upload the public key only."""
         party = SecAggParty.generate(self.shard.client_id, str(values["session_id"]))
         self._save_party(party)
         return {}, {"public_key": party.public_key_bytes()}
 
-    def on_secagg_agree(self, arrays, values):
+    @answers(SECAGG_AGREE)
+    def on_secagg_agree(self, arrays, values) -> Reply:
         """Derive the pairwise mask seeds from the relayed public keys: those of every
         other client of the run (``num_partitions`` of the shard), no fewer."""
         party = self._load_party()
@@ -141,7 +173,7 @@ class ClusteringClient:
         group = self._masking_group(participants)
         self.policy.check_group(len(group))
         bound = float(values["secagg_bound"])
-        floor = float(self.config["secagg.bound"]) if floor is None else float(floor)
+        floor = self.secagg.bound if floor is None else float(floor)
         if not bound >= floor * (1 - 1e-12):
             raise PrivacyRefusal("secagg-bound", f"secagg_bound={bound:.6g} for '{values['secagg_tag']}', below "
                                                  f"{floor:.6g}, the bound this step declares honestly")
@@ -223,7 +255,7 @@ class ClusteringClient:
         run (the run's own budget; counted in the ledger, so a restarted node continues the
         count), and a release that would take the strategy's epsilon over every run in the
         ledger (RDP composition at the policy's ``delta``) above the node's ``epsilon``."""
-        strategy, run = str(self.config["strategy"]), int(self.context.run_id)
+        strategy, run = self.shared.strategy, int(self.context.run_id)
         ledger = self.ledger()
         budget, delta = float(self.policy["epsilon"]), float(self.policy["delta"])
         with ledger.locked():
@@ -247,6 +279,20 @@ class ClusteringClient:
                                                     f"{delta:g}, above its budget {budget:g} (ledger {ledger.where()})")
             yield
             ledger.append(run, strategy, action, bytes(digest).hex(), multiplier)
+
+
+def _marked_steps(cls: type) -> dict[str, tuple[str, bool]]:
+    """The ``@answers`` methods of ``cls`` and its bases: action -> (method name, train)."""
+    found = {}
+    for klass in reversed(cls.__mro__):
+        for name, member in vars(klass).items():
+            if hasattr(member, "answers"):
+                action, train = member.answers
+                found[action] = (name, train)
+    return found
+
+
+ClusteringClient._steps = _marked_steps(ClusteringClient)
 
 
 def request_digest(arrays: dict, values: dict) -> np.ndarray:

@@ -13,14 +13,12 @@ import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedavg_dmon as proto
-from clients.base import ClusteringClient, request_digest
+from clients.base import ClusteringClient, Reply, answers, request_digest
 
 _GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
 
 
 class FedAvgDMoNClient(ClusteringClient):
-    actions = ("dmon_init", "dmon_eval", "dmon_assign")
-    train_actions = ("dmon_train",)
 
     # -- helpers ---------------------------------------------------------------
     def handle(self, action, content):
@@ -76,25 +74,27 @@ class FedAvgDMoNClient(ClusteringClient):
             self.save("dmon_best", score=np.array([score]), **{f"w/{n}": weights[n] for n in proto.PARAM_NAMES})
 
     # -- steps -------------------------------------------------------------------
-    def on_dmon_init(self, arrays, values):
+    @answers(proto.DMON_INIT)
+    def on_dmon_init(self, arrays, values) -> Reply:
         """Sizes only: feature dimension and nodes held (the FedAvg weight; in clear, also under DP)."""
         graph = self.graph()[0]
         return {}, {"num_features": int(graph.x.shape[1]), "num_nodes": int(graph.x.shape[0])}
 
-    def on_dmon_train(self, arrays, values):
+    @answers(proto.DMON_TRAIN, train=True)
+    def on_dmon_train(self, arrays, values) -> Reply:
         """Train from the received weights; reply the weights (federated; noised under DP) and,
         without DP, the validation score of the received weights and the per-epoch losses.
         One release in this node's ledger; a noised reply re-sent gets the same draw (no
         retraining, no second draw; :meth:`release`)."""
         federated = self._p("mode") == "federated"
         mech = self._mechanism if self._dp() and federated else None
-        self.policy.check_noise("dmon_train", mech and mech.noise_multiplier)
+        self.policy.check_noise(proto.DMON_TRAIN, mech and mech.noise_multiplier)
         if federated:
-            self.require_masking("dmon_train", values, needed_by_run=bool(self._p("secure")))
+            self.require_masking(proto.DMON_TRAIN, values, needed_by_run=bool(self._p("secure")))
         if mech:
-            return self.release("dmon_train", arrays, values, lambda: self._train(arrays, values)[0],
+            return self.release(proto.DMON_TRAIN, arrays, values, lambda: self._train(arrays, values)[0],
                                 multiplier=mech.effective_noise_multiplier)
-        with self.spending("dmon_train", request_digest(arrays, values), None):
+        with self.spending(proto.DMON_TRAIN, request_digest(arrays, values), None):
             return self._train(arrays, values)
 
     def _train(self, arrays, values):
@@ -132,17 +132,19 @@ class FedAvgDMoNClient(ClusteringClient):
 
         return dp_mechanism(self.config)
 
-    def on_dmon_eval(self, arrays, values):
+    @answers(proto.DMON_EVAL)
+    def on_dmon_eval(self, arrays, values) -> Reply:
         """Validation score of the received weights; refused under DP (not covered by the noise)."""
         if self._dp():
             raise PrivacyRefusal("fedavg-dmon.dp-clip", "dmon_eval refused: with fedavg-dmon.dp-clip > 0 the "
                                                         "validation score is not sent (it is not covered by the DP noise)")
-        self.policy.check_noise("dmon_eval", None)
-        with self.spending("dmon_eval", request_digest(arrays, values), None):
+        self.policy.check_noise(proto.DMON_EVAL, None)
+        with self.spending(proto.DMON_EVAL, request_digest(arrays, values), None):
             score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
         return {}, {"val_modularity": score, "val_edges": edges}
 
-    def on_dmon_assign(self, arrays, values):
+    @answers(proto.DMON_ASSIGN)
+    def on_dmon_assign(self, arrays, values) -> Reply:
         """Labels of this client's nodes and its own metrics: evaluation outputs, sent in clear and
         outside the DP guarantee (with ``dp-clip > 0`` too). The validation modularity of the
         weights used goes up only without DP, like every validation score."""

@@ -19,12 +19,11 @@ import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedsc as proto
-from clients.base import ClusteringClient, request_digest
+from clients.base import ClusteringClient, Reply, answers, request_digest
 from strategies.fedsc import client_features
 
 
 class FedSCClient(ClusteringClient):
-    actions = ("fedsc_bandwidth", "fedsc_rank", "fedsc_round", "fedsc_final")
 
     def features(self) -> np.ndarray:
         """This client's (filtered, perturbed) sample rows, computed once per run
@@ -33,31 +32,34 @@ class FedSCClient(ClusteringClient):
             self.save("fedsc", x=client_features(self.shard, self.config, np.random.default_rng()))
         return self.load("fedsc")["x"]
 
-    def on_fedsc_bandwidth(self, arrays, values):
+    @answers(proto.FEDSC_BANDWIDTH)
+    def on_fedsc_bandwidth(self, arrays, values) -> Reply:
         """The feature dimension; when sigma is estimated also two un-noised statistics of
         the samples (one release in this node's ledger)."""
         x = self.features()
         if not values.get("estimate", True):  # sigma is given: no statistic of the samples leaves
             return {}, {"features": int(x.shape[1])}
-        self.policy.check_noise("fedsc_bandwidth", None)
-        with self.spending("fedsc_bandwidth", request_digest(arrays, values), None):
+        self.policy.check_noise(proto.FEDSC_BANDWIDTH, None)
+        with self.spending(proto.FEDSC_BANDWIDTH, request_digest(arrays, values), None):
             total, pairs = proto.local_distance_sum(x)
         return {}, {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
 
-    def on_fedsc_rank(self, arrays, values):
+    @answers(proto.FEDSC_RANK)
+    def on_fedsc_rank(self, arrays, values) -> Reply:
         """The landmark count of the spectral-mass rule: an un-noised release."""
-        self.policy.check_noise("fedsc_rank", None)
-        with self.spending("fedsc_rank", request_digest(arrays, values), None):
+        self.policy.check_noise(proto.FEDSC_RANK, None)
+        with self.spending(proto.FEDSC_RANK, request_digest(arrays, values), None):
             d = proto.local_landmark_count(self.features(), float(values["sigma"]), float(values["mass"]))
         return {}, {"landmarks": int(d)}
 
-    def on_fedsc_round(self, arrays, values):
+    @answers(proto.FEDSC_ROUND)
+    def on_fedsc_round(self, arrays, values) -> Reply:
         """Z_p (and the objective unless noised) for the server's average: one release in this
         node's ledger (:meth:`release`; the same request re-sent gets it back)."""
         dp = self._dp_request(values, "z")
-        self.policy.check_noise("fedsc_round", dp and dp.noise_multiplier)
-        self.require_masking("fedsc_round", values, needed_by_run=bool(self.config["fedsc.secure"]))
-        return self.release("fedsc_round", arrays, values, lambda: self._round(arrays, values, dp),
+        self.policy.check_noise(proto.FEDSC_ROUND, dp and dp.noise_multiplier)
+        self.require_masking(proto.FEDSC_ROUND, values, needed_by_run=bool(self.config["fedsc.secure"]))
+        return self.release(proto.FEDSC_ROUND, arrays, values, lambda: self._round(arrays, values, dp),
                             multiplier=dp and dp.effective_noise_multiplier, most=self._budget("z"))
 
     def _round(self, arrays, values, dp) -> dict:
@@ -75,12 +77,13 @@ class FedSCClient(ClusteringClient):
             update = self.masked(update, values)
         return {"update": update}
 
-    def on_fedsc_final(self, arrays, values):
+    @answers(proto.FEDSC_FINAL)
+    def on_fedsc_final(self, arrays, values) -> Reply:
         """The coefficients C_p with this client's sample ids: one release in this node's
         ledger (:meth:`release`)."""
         dp = self._dp_request(values, "c")
-        self.policy.check_noise("fedsc_final", dp and dp.noise_multiplier)
-        return self.release("fedsc_final", arrays, values, lambda: self._final(arrays, values, dp),
+        self.policy.check_noise(proto.FEDSC_FINAL, dp and dp.noise_multiplier)
+        return self.release(proto.FEDSC_FINAL, arrays, values, lambda: self._final(arrays, values, dp),
                             multiplier=dp and dp.effective_noise_multiplier, most=self._budget("c"))
 
     def _final(self, arrays, values, dp) -> dict:

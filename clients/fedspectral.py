@@ -10,7 +10,7 @@ import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedspectral as proto
-from clients.base import ClusteringClient
+from clients.base import ClusteringClient, Reply, answers
 
 _OPERATORS: dict[tuple[int, str], tuple[object, object]] = {}
 
@@ -30,9 +30,9 @@ def _cached(shard, kind: str, make):
 class FedSpectralClient(ClusteringClient):
     """Baseline: spectral clustering of the local graph, labels uploaded."""
 
-    actions = ("fedspectral_local",)
 
-    def on_fedspectral_local(self, arrays, values):
+    @answers(proto.FEDSPECTRAL_LOCAL)
+    def on_fedspectral_local(self, arrays, values) -> Reply:
         labels = proto.local_spectral_labels(self.shard.adj, int(values["k"]), int(values["seed"]),
                                              int(values["n_init"]))
         return {"labels": labels.astype(np.int64)}, {}
@@ -41,7 +41,6 @@ class FedSpectralClient(ClusteringClient):
 class FedSpectralPlusClient(ClusteringClient):
     """Power iteration steps on the local graph (see the strategy docstring)."""
 
-    actions = ("fedspectral_power", "fedspectral_degrees", "fedspectral_product")
 
     def _block(self, arrays) -> np.ndarray:
         y = np.asarray(arrays["block"], dtype=np.float64)
@@ -95,23 +94,26 @@ class FedSpectralPlusClient(ClusteringClient):
         return _cached(self.shard, "weighted",
                        lambda: proto.weighted_local_adjacency(self.shard.adj, self.shard.edge_weight))
 
-    def on_fedspectral_power(self, arrays, values):
+    @answers(proto.FEDSPECTRAL_POWER)
+    def on_fedspectral_power(self, arrays, values) -> Reply:
         op = _cached(self.shard, "normalised", lambda: proto.local_normalised_operator(self.shard.adj))
-        y = self._spread_block("fedspectral_power", arrays)
+        y = self._spread_block(proto.FEDSPECTRAL_POWER, arrays)
         # the server's sensitivity counts every client as a holder of an edge: one is a lower bound
-        return self._upload("fedspectral_power", arrays, values, "block",
+        return self._upload(proto.FEDSPECTRAL_POWER, arrays, values, "block",
                             lambda: proto.paper_client_step(op, y, int(values["iters"])),
                             proto.paper_edge_sensitivity(y, int(values["iters"]), holders=1),
                             masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=proto.paper_bound(y))
 
-    def on_fedspectral_degrees(self, arrays, values):
-        return self._upload("fedspectral_degrees", arrays, values, "degrees",
+    @answers(proto.FEDSPECTRAL_DEGREES)
+    def on_fedspectral_degrees(self, arrays, values) -> Reply:
+        return self._upload(proto.FEDSPECTRAL_DEGREES, arrays, values, "degrees",
                             lambda: proto.local_degrees(self.weighted_adjacency()), proto.DEGREE_SENSITIVITY,
                             masked_by_run=self.shard.num_clients > 1, floor=float(self.shard.adj.shape[0]))
 
-    def on_fedspectral_product(self, arrays, values):
-        y = self._spread_block("fedspectral_product", arrays)
+    @answers(proto.FEDSPECTRAL_PRODUCT)
+    def on_fedspectral_product(self, arrays, values) -> Reply:
+        y = self._spread_block(proto.FEDSPECTRAL_PRODUCT, arrays)
         # the honest bound needs the global largest degree, which no client knows: no floor
-        return self._upload("fedspectral_product", arrays, values, "block", lambda: self.weighted_adjacency() @ y,
+        return self._upload(proto.FEDSPECTRAL_PRODUCT, arrays, values, "block", lambda: self.weighted_adjacency() @ y,
                             proto.exact_edge_sensitivity(y),
                             masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=0.0)

@@ -33,7 +33,7 @@ from collections import OrderedDict
 import numpy as np
 
 from app.protocols import gw_ldp as proto
-from clients.base import ClusteringClient
+from clients.base import ClusteringClient, Reply, answers
 
 #: (shard, batch, labels, split) per shard and settings, the newest few kept
 #: (a simulation process serves many clients and runs one after another).
@@ -42,8 +42,6 @@ _CACHE_SIZE = 64
 
 
 class GWLDPClient(ClusteringClient):
-    actions = ("gw_describe", "gw_norm", "gw_embed")
-    train_actions = ("fit",)
 
     # -- local data ----------------------------------------------------------
     def _task(self) -> str:
@@ -87,7 +85,8 @@ class GWLDPClient(ClusteringClient):
         with proto.torch_threads(1):
             return super().handle(action, content)
 
-    def on_gw_describe(self, arrays, values):
+    @answers(proto.GW_DESCRIBE)
+    def on_gw_describe(self, arrays, values) -> Reply:
         batch, labels, split = self._local()
         k = int(values["num_classes"])
         if labels.size and labels.max() >= k:
@@ -96,13 +95,14 @@ class GWLDPClient(ClusteringClient):
         return {}, {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
                     "train": int((split == proto.SPLIT_TRAIN).sum())}
 
-    def on_fit(self, arrays, values):
+    @answers(proto.FIT, train=True)
+    def on_fit(self, arrays, values) -> Reply:
         """Local training from the received weights; reply the new weights (under training DP
         noised, once per request: a re-sent request gets the first release back,
         :meth:`released_once`) and the number of training graphs."""
         if self.config["gw-ldp.dp"] == "none":
             return self._fit(arrays, values)
-        weights = self.released_once("fit", arrays, values, lambda: self._fit(arrays, values)[0])[0]
+        weights = self.released_once(proto.FIT, arrays, values, lambda: self._fit(arrays, values)[0])[0]
         _, labels, split = self._local()
         return weights, {"num_examples": int(self._train_graphs(labels, split).size)}
 
@@ -138,7 +138,8 @@ class GWLDPClient(ClusteringClient):
         return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
                                  delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
 
-    def on_gw_norm(self, arrays, values):
+    @answers(proto.GW_NORM)
+    def on_gw_norm(self, arrays, values) -> Reply:
         """Moments of one BatchNorm layer's input over this client's training-graph nodes."""
         dp = self.config["gw-ldp.dp"]
         if dp != "none":
@@ -148,12 +149,13 @@ class GWLDPClient(ClusteringClient):
         return {"moments": proto.norm_input_moments(self._model(arrays), batch, self._train_graphs(labels, split),
                                                     str(values["layer"]))}, {}
 
-    def on_gw_embed(self, arrays, values):
+    @answers(proto.GW_EMBED)
+    def on_gw_embed(self, arrays, values) -> Reply:
         eps = float(self.config["gw-ldp.epsilon"])
         if float(values["epsilon"]) != eps:
             raise ValueError(f"refusing gw_embed at epsilon={values['epsilon']!r}: this client's gw-ldp.epsilon is "
                              f"{eps:g} (0 = 1/|V|, inf = no LDP); valid: only its own")
-        return self.released_once("gw_embed", arrays, values, lambda: self._embeddings(arrays, values, eps))
+        return self.released_once(proto.GW_EMBED, arrays, values, lambda: self._embeddings(arrays, values, eps))
 
     def _embeddings(self, arrays, values, eps: float) -> dict:
         """This client's ``gw_embed`` upload: node embeddings of every local graph, LDP-encoded below inf."""

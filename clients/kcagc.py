@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from app.protocols import kcagc as proto
-from clients.base import ClusteringClient
+from clients.base import ClusteringClient, Reply, answers
 
 
 class KCAGCClient(ClusteringClient):
-    actions = ("kcagc_local", "kcagc_step", "kcagc_joint")
 
     def masking_groups(self, parties: int) -> list[set[int]]:
         """All clients; with ``kcagc.tree`` (more than two clients) every internal node of
@@ -55,7 +54,8 @@ class KCAGCClient(ClusteringClient):
             raise ValueError(f"the {values['embedding']} embedding is used before its joint row norms arrived")
         return state["z"]
 
-    def on_kcagc_joint(self, arrays, values):
+    @answers(proto.KCAGC_JOINT)
+    def on_kcagc_joint(self, arrays, values) -> Reply:
         """The joint row scaling of ``projection-joint-unit`` / ``projection-mixed-unit``.
         ``stage="sum"``: this client's squared row norms (n), masked for the sum over
         all clients; ``stage="scale"``: scale the rows with the square root of that sum
@@ -63,7 +63,7 @@ class KCAGCClient(ClusteringClient):
         own-norm exponent ``mix`` for the mixed embedding, 0 for the joint one)."""
         z = self.features(values, unscaled=True)
         if values["stage"] == "sum":
-            return {"s": self._masked_if_several("kcagc_joint", (z ** 2).sum(1), values)}, {}
+            return {"s": self._masked_if_several(proto.KCAGC_JOINT, (z ** 2).sum(1), values)}, {}
         state = self.load("kcagc_z")
         if state["scaled"][0]:
             raise ValueError("the joint row norms arrived twice")
@@ -71,7 +71,8 @@ class KCAGCClient(ClusteringClient):
         self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"], beta), scaled=np.array([1]))
         return {}, {"received": 1}
 
-    def on_kcagc_local(self, arrays, values):
+    @answers(proto.KCAGC_LOCAL)
+    def on_kcagc_local(self, arrays, values) -> Reply:
         """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters), nothing else."""
         z = self.features(values)
         labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
@@ -79,7 +80,8 @@ class KCAGCClient(ClusteringClient):
                                       pruned=bool(self.config["kcagc.prune"]))
         return {"labels": labels.astype(np.int64)}, {}
 
-    def on_kcagc_step(self, arrays, values):
+    @answers(proto.KCAGC_STEP)
+    def on_kcagc_step(self, arrays, values) -> Reply:
         """One secure-aggregation round of the weighted k-means on the virtual nodes.
 
         ``stage="seed"``: partial squared distances of every virtual node to the
@@ -117,5 +119,5 @@ class KCAGCClient(ClusteringClient):
         if part.size != size:
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
         floor = proto.distance_bound(str(values["embedding"]), float(self.config["secagg.bound"]))
-        return {"d": self._masked_if_several("kcagc_step", part.ravel(), values, floor=floor,
+        return {"d": self._masked_if_several(proto.KCAGC_STEP, part.ravel(), values, floor=floor,
                                              participants=arrays["group"].astype(np.int64).tolist())}, {}

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping
+from typing import TYPE_CHECKING, ClassVar, Generic, Mapping
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig
+from app.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecAggConfig, SharedConfig, ViewT
 from app.data import memory
 from app.data.parties import PARTIES
+from app.data.types import GraphCollection, GraphData
+from app.wire import ProtocolError
+
+if TYPE_CHECKING:
+    from app.session import ServerSession
 
 
 @dataclass
@@ -44,8 +49,6 @@ class StrategyOutput:
     def dense_labels(self, num_items: int) -> np.ndarray:
         """Labels indexed by item id, -1 where no client gave one; ids outside
         0..num_items-1 stop the run (a negative id would wrap to the end)."""
-        from app.transport import ProtocolError
-
         if self.ids is None:
             return np.asarray(self.labels, dtype=np.int64)
         ids = np.asarray(self.ids)
@@ -75,9 +78,15 @@ def _clients_hold(ids, most: int = 8) -> str:
     return f"client {listed} holds" if len(ids) == 1 else f"clients {listed} hold"
 
 
-class ClusteringStrategy(ABC):
+class ClusteringStrategy(ABC, Generic[ViewT]):
     """Server side of one method; subclasses set the class attributes. A subclass's docstring is
-    the paragraph ``python -m app.run --strategy NAME --help`` prints about the method."""
+    the paragraph ``python -m app.run --strategy NAME --help`` prints about the method.
+
+    ``self.cfg`` is the method's own keys as its typed ``settings`` view (shared with its client,
+    declared in its protocol module), ``self.shared`` the keys every method shares and
+    ``self.secagg`` secure aggregation's; ``self.config`` is the whole validated run-config."""
+
+    settings: ClassVar[type[ConfigView]] = NoConfig
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -97,6 +106,9 @@ class ClusteringStrategy(ABC):
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
+        self.cfg: ViewT = self.settings.of(config)
+        self.shared = SharedConfig.of(config)
+        self.secagg = SecAggConfig.of(config)
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -188,7 +200,6 @@ class ClusteringStrategy(ABC):
         (a :class:`ProtocolError` naming the clients); returns warnings where the data merely supports
         the method weakly (:data:`ISOLATED_WARN`, :data:`ISOLATED_STOP`)."""
         from app.data.parties import family
-        from app.transport import ProtocolError
 
         if not clients:
             return []
@@ -221,10 +232,10 @@ class ClusteringStrategy(ABC):
         return []
 
     @abstractmethod
-    def run(self, session) -> StrategyOutput:
+    def run(self, session: ServerSession) -> StrategyOutput:
         """Run the protocol; return the clustering."""
 
-    def reference(self, data) -> np.ndarray | None:
+    def reference(self, data: GraphData | GraphCollection) -> np.ndarray | None:
         """Labels of the centralised counterpart on the pooled ``data``."""
         return None
 
@@ -233,13 +244,11 @@ class ClusteringStrategy(ABC):
         return None
 
     def _k_and_seed(self) -> str:
-        return f"k = {self.config['num-clusters']}, seed {self.config['seed']}"
+        return f"k = {self.shared.num_clusters}, seed {self.shared.seed}"
 
 
 def common_feature_dimension(widths) -> int:
     """The feature width every client reported; clients that disagree stop the run."""
-    from app.transport import ProtocolError
-
     dims = sorted({int(w) for w in widths})
     if len(dims) != 1:
         raise ProtocolError(f"clients disagree on the feature dimension: {dims}")
@@ -252,7 +261,7 @@ def concat_int64(parts) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
 
 
-def check_item_ids(session, step: str, ids_by_node: Mapping[int, np.ndarray], exclusive: bool,
+def check_item_ids(session: ServerSession, step: str, ids_by_node: Mapping[int, np.ndarray], exclusive: bool,
                    expected: Mapping[int, int] | None = None, below: int | None = None) -> None:
     """Stop the run, naming the clients, on final item ids that cannot be theirs: negative
     once cast to int64 (a uint64 id at or above 2^63 wraps there), at or above ``below``,
@@ -260,8 +269,6 @@ def check_item_ids(session, step: str, ids_by_node: Mapping[int, np.ndarray], ex
     ``expected`` (node id -> count), a count other than the client announced. Without
     ``below``, ids beyond the data are refused where the labels are laid out
     (:meth:`StrategyOutput.dense_labels`), which cannot tell whose they were."""
-    from app.transport import ProtocolError
-
     ids = {node: np.asarray(a, dtype=np.int64) for node, a in ids_by_node.items()}
     repeated = np.empty(0, np.int64)
     if exclusive and ids:
@@ -281,16 +288,14 @@ def check_item_ids(session, step: str, ids_by_node: Mapping[int, np.ndarray], ex
         raise ProtocolError(f"step '{step}': item ids that cannot be the client's: " + "; ".join(problems))
 
 
-def announced_rows(session) -> dict[int, int]:
+def announced_rows(session: ServerSession) -> dict[int, int]:
     """The rows (nodes or samples) each client announced in the hello handshake, by node id."""
     return {c.node_id: int(c.summary["num_rows"]) for c in session.clients}
 
 
-def common_node_count(session, strategy: str, partitioner: str) -> int:
+def common_node_count(session: ServerSession, strategy: str, partitioner: str) -> int:
     """n from the hello handshake, for strategies whose clients all hold every node
     (``partitioner``: vertical or edge split); clients that disagree stop the run."""
-    from app.transport import ProtocolError
-
     counts = {c.partition_id: int(c.summary["num_rows"]) for c in session.clients}
     parts = {str(c.summary["partitioner"]) for c in session.clients}
     if len(set(counts.values())) != 1 or parts != {partitioner}:

@@ -71,7 +71,8 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.protocols import fedavg_dmon as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
 
@@ -189,7 +190,7 @@ class FedAvgDMoN(ClusteringStrategy):
         federated = mode == "federated"
         if mode == "centralised" and len(session.clients) != 1:
             raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} connected")
-        init = session.broadcast("dmon_init", pack(values={"k": k}),
+        init = session.broadcast(proto.DMON_INIT, pack(values={"k": k}),
                                  ReplySpec(numbers={"num_features": ValueSpec(whole=True, low=1),
                                                     "num_nodes": ValueSpec(whole=True, low=1)}))
         sizes = {n: unpack(v)[1] for n, v in init.items()}
@@ -237,7 +238,7 @@ class FedAvgDMoN(ClusteringStrategy):
                            {**values, "factor": counts[node] / total_nodes} if secure else values)
                 for node in session.node_ids
             }
-            replies = session.exchange("dmon_train", contents, train_spec, category="train",
+            replies = session.exchange(proto.DMON_TRAIN, contents, train_spec, category="train",
                                        require_all=secure)
             if not replies:
                 raise ProtocolError(f"round {r}: no valid client reply")
@@ -264,7 +265,7 @@ class FedAvgDMoN(ClusteringStrategy):
 
         if federated:
             if select == "val-modularity":
-                ev = session.broadcast("dmon_eval", pack(weights, {"k": k}),
+                ev = session.broadcast(proto.DMON_EVAL, pack(weights, {"k": k}),
                                        ReplySpec(numbers=SCORE_SPEC), require_all=False)
                 if ev:
                     vals = [unpack(v)[1] for v in ev.values()]
@@ -282,12 +283,12 @@ class FedAvgDMoN(ClusteringStrategy):
                                         "owned": ArraySpec((None,), kind="iu", low=0, high=2)},
                                 same_length=("node_ids", "labels", "owned"),
                                 optional={name: ValueSpec(low=-1.0, high=1.0) for name in proto.CLIENT_METRICS})
-        out = session.broadcast("dmon_assign", pack(final if federated else None, {"k": k}), assign_spec)
+        out = session.broadcast(proto.DMON_ASSIGN, pack(final if federated else None, {"k": k}), assign_spec)
         replies = {node: unpack(content) for node, content in out.items()}
-        ids_of = {node: session.positions("dmon_assign", node, a["node_ids"]) for node, (a, _) in replies.items()}
-        check_item_ids(session, "dmon_assign", ids_of, exclusive=False, expected=rows)
+        ids_of = {node: session.positions(proto.DMON_ASSIGN, node, a["node_ids"]) for node, (a, _) in replies.items()}
+        check_item_ids(session, proto.DMON_ASSIGN, ids_of, exclusive=False, expected=rows)
         # every node is owned by one client (copies made by partition.overlap are not owned)
-        check_item_ids(session, "dmon_assign", {node: ids_of[node][a["owned"].astype(bool)]
+        check_item_ids(session, proto.DMON_ASSIGN, {node: ids_of[node][a["owned"].astype(bool)]
                                                 for node, (a, _) in replies.items()}, exclusive=True)
         ids, labels, per_client = [], [], []
         for node, (arrays, vals) in replies.items():
@@ -311,10 +312,10 @@ class FedAvgDMoN(ClusteringStrategy):
                               metrics=metrics)
 
     def reference(self, data) -> np.ndarray:
-        """Centralised DMoN (``app.baselines.train_dmon``) on the pooled graph's training
+        """Centralised DMoN (``app.models.train_dmon``) on the pooled graph's training
         edges (same global edge split and seed), num-rounds x local-epochs epochs,
         last weights (no model selection)."""
-        from app.baselines import train_dmon
+        from app.models import train_dmon
 
         c = self.config
         train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), int(c["seed"]),

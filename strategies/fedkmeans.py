@@ -22,15 +22,23 @@ A plain baseline every other method can be compared with. Wire protocol
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from app.config import ConfigError, Param
+from app.clustering import kmeans
+from app.config import ConfigError, Param, RunConfig
+from app.data.types import GraphData
 from app.protocols import fedkmeans as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.transport import pack, unpack
+from app.wire import ProtocolError
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 
+if TYPE_CHECKING:
+    from app.session import ServerSession
 
-class FedKMeans(ClusteringStrategy):
+
+class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     """Federated Lloyd k-means, the baseline the other methods can be compared with. Each client
     holds some rows (the nodes of a graph, optionally smoothed first by an AGC low-pass filter over
     its own subgraph, or samples). The server merges the clients' local k-means++ centres into k
@@ -52,83 +60,93 @@ class FedKMeans(ClusteringStrategy):
         Param("fedkmeans.secure", bool, False, "secure aggregation of the per-round statistics"),
     )
 
+    settings = proto.FedKMeansConfig
+
     @classmethod
-    def check(cls, config) -> None:
+    def check(cls, config: RunConfig) -> None:
         super().check(config)
-        if float(config["partition.overlap"]) > 0:
+        if config["partition.overlap"] > 0:
             raise ConfigError(f"invalid value {config['partition.overlap']} for 'partition.overlap' with strategy "
                               "'fedkmeans': Lloyd's sums would count a row held by two clients twice; valid: 0")
 
-    def run(self, session) -> StrategyOutput:
-        k = int(self.config["num-clusters"])
-        seed = int(self.config["seed"])
+    def run(self, session: ServerSession) -> StrategyOutput:
         rows = announced_rows(session)
-        init = session.broadcast(
-            "kmeans_init",
-            pack(values={"k": k, "seed": seed}),
-            ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
-                      same_length=("centres", "counts")),
-        )
+        centres = self._initial_centres(session, rows)
+        if self.cfg.secure:
+            session.setup_secure_aggregation()
+        centres, history = self._lloyd_rounds(session, rows, centres)
+        ids, labels = self._final_labels(session, rows, centres)
+        return StrategyOutput(labels=labels, ids=ids, history=history)
+
+    def _initial_centres(self, session: ServerSession, rows: dict[int, int]) -> np.ndarray:
+        """Step 1: every client's local k-means++ centres and sizes, merged into k centres."""
+        k, seed = self.shared.num_clusters, self.shared.seed
+        init = session.broadcast(proto.KMEANS_INIT, pack(values={"k": k, "seed": seed}), proto.INIT_REPLY)
         local = {node: unpack(content)[0] for node, content in init.items()}
         for node, a in local.items():
-            self._check_counts(session, node, "kmeans_init", a["counts"], rows[node], at_most=k)
+            self._check_counts(session, node, proto.KMEANS_INIT, a["counts"], rows[node], at_most=k)
             with np.errstate(over="ignore"):
                 overflow = not np.isfinite(np.square(a["centres"]).sum(1)).all()
             if a["centres"].shape[1] < 1 or overflow:  # every client squares distances to these centres
-                raise ProtocolError(f"step 'kmeans_init': client {session.partition_of(node)} (node {node}) sent "
-                                    f"centres of width {a['centres'].shape[1]} "
+                raise ProtocolError(f"step '{proto.KMEANS_INIT}': client {session.partition_of(node)} (node {node}) "
+                                    f"sent centres of width {a['centres'].shape[1]} "
                                     + ("whose squared norms overflow" if overflow else "(no features)"))
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}
         if len(set(widths.values())) != 1:
             raise ProtocolError(f"clients disagree on the feature dimension (client: width): {widths}")
-        centres = proto.merge_seeds(
-            np.vstack([a["centres"] for a in local.values()]), np.concatenate([a["counts"] for a in local.values()]),
-            k, seed,
-        )
-        secure = bool(self.config["fedkmeans.secure"])
-        if secure:
-            session.setup_secure_aggregation()
-        size = centres.size + k + 1
-        step_spec = ReplySpec(arrays={"stats": ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
-        bound = proto.statistics_bound(max(rows.values()), float(self.config["secagg.bound"]))
+        return proto.merge_seeds(np.vstack([a["centres"] for a in local.values()]),
+                                 np.concatenate([a["counts"] for a in local.values()]), k, seed)
+
+    def _lloyd_rounds(self, session: ServerSession, rows: dict[int, int],
+                      centres: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+        """Step 2: Lloyd rounds on the (secure) sums of the clients' statistics, until no centre
+        moves more than ``fedkmeans.tol`` or ``num-rounds``."""
+        k, secure, rounds = self.shared.num_clusters, self.cfg.secure, self.shared.num_rounds
+        spec = proto.step_reply(centres.size + k + 1, secure)
+        bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
         history = []
-        for round_ in range(1, int(self.config["num-rounds"]) + 1):
+        for round_ in range(1, rounds + 1):
             values = session.secagg_values("stats", bound) if secure else {}
-            replies = session.broadcast("kmeans_step", pack({"centres": centres}, values), step_spec)
-            if secure:
-                total = session.secure_sum(replies, "stats", values)
-                _, counts, inertia = proto.split_statistics(total, k)
-                self._check_counts(session, None, "kmeans_step", counts, sum(rows.values()), inertia)
-            else:
-                stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
-                for node, s in stats.items():
-                    _, counts, inertia = proto.split_statistics(s, k)
-                    self._check_counts(session, node, "kmeans_step", counts, rows[node], inertia)
-                total = sum(stats.values())
+            replies = session.broadcast(proto.KMEANS_STEP, pack({"centres": centres}, values), spec)
+            total = self._statistics_total(session, rows, replies, values)
             sums, counts, inertia = proto.split_statistics(total, k)
             new = proto.update_centres(centres, sums, counts)
             shift = float(np.abs(new - centres).max())
             centres = new
             history.append({"round": round_, "inertia": inertia, "shift": shift})
-            session.round_done(round_, int(self.config["num-rounds"]), inertia=inertia)
-            if shift <= float(self.config["fedkmeans.tol"]):
+            session.round_done(round_, rounds, inertia=inertia)
+            if shift <= self.cfg.tol:
                 break
-        final = session.broadcast(
-            "kmeans_assign", pack({"centres": centres}),
-            ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
-                              "labels": ArraySpec((None,), kind="iu", low=0, high=k)},
-                      same_length=("node_ids", "labels")),
-        )
+        return centres, history
+
+    def _statistics_total(self, session: ServerSession, rows: dict[int, int], replies: dict,
+                          values: dict) -> np.ndarray:
+        """The sum of the clients' statistics vectors, each (or, secure, the sum) checked first."""
+        k = self.shared.num_clusters
+        if self.cfg.secure:
+            total = session.secure_sum(replies, "stats", values)
+            _, counts, inertia = proto.split_statistics(total, k)
+            self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows.values()), inertia)
+            return total
+        stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
+        for node, s in stats.items():
+            _, counts, inertia = proto.split_statistics(s, k)
+            self._check_counts(session, node, proto.KMEANS_STEP, counts, rows[node], inertia)
+        return sum(stats.values())
+
+    def _final_labels(self, session: ServerSession, rows: dict[int, int],
+                      centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3: every client's row ids and labels under the final centres."""
+        final = session.broadcast(proto.KMEANS_ASSIGN, pack({"centres": centres}),
+                                  proto.assign_reply(self.shared.num_clusters))
         replies = {node: unpack(content)[0] for node, content in final.items()}
-        ids_of = {node: session.positions("kmeans_assign", node, r["node_ids"]) for node, r in replies.items()}
-        check_item_ids(session, "kmeans_assign", ids_of,
+        ids_of = {node: session.positions(proto.KMEANS_ASSIGN, node, r["node_ids"]) for node, r in replies.items()}
+        check_item_ids(session, proto.KMEANS_ASSIGN, ids_of,
                        exclusive=True, expected=rows)  # partition.overlap > 0 is refused: each row on one client
-        ids = concat_int64(ids_of.values())
-        labels = concat_int64(r["labels"] for r in replies.values())
-        return StrategyOutput(labels=labels, ids=ids, history=history)
+        return concat_int64(ids_of.values()), concat_int64(r["labels"] for r in replies.values())
 
     @staticmethod
-    def _check_counts(session, node, step: str, sizes: np.ndarray, rows: int, inertia: float = 0.0,
+    def _check_counts(session: ServerSession, node: int | None, step: str, sizes: np.ndarray, rows: int, inertia: float = 0.0,
                       at_most: int | None = None) -> None:
         """Cluster sizes must be whole, >= 0 and add up to the rows announced in hello (``node`` None:
         the secure sum over every client), at most ``at_most`` of them, and the inertia >= 0; else a
@@ -149,15 +167,13 @@ class FedKMeans(ClusteringStrategy):
             hint = " (each client clips its values to rows x secagg.bound; is it above every client's?)" if node is None else ""
             raise ProtocolError(f"step '{step}': {who} sent {problem}{hint}")
 
-    def reference(self, data) -> np.ndarray:
+    def reference(self, data: GraphData) -> np.ndarray:
         """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""
-        from app.baselines import filtered_features, kmeans
-
-        x = filtered_features(data.x, data.adj, int(self.config["fedkmeans.filter-order"]))
-        return kmeans(x, int(self.config["num-clusters"]), seed=int(self.config["seed"]))
+        x = proto.local_features(data.x, data.adj, self.cfg.filter_order)
+        return kmeans(x, self.shared.num_clusters, seed=self.shared.seed)
 
     def reference_method(self) -> str:
-        order = int(self.config["fedkmeans.filter-order"])
+        order = self.cfg.filter_order
         features = f"features AGC-filtered {order} times" if order else "features (unfiltered: filter-order 0)"
         return f"centralised k-means (k-means++, 10 restarts) on the pooled {features}, {self._k_and_seed()}"
 

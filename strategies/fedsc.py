@@ -67,7 +67,8 @@ import numpy as np
 
 from app.config import ConfigError, Param
 from app.protocols import fedsc as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, ValueSpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
                              check_item_ids, concat_int64)
 
@@ -179,7 +180,7 @@ class FedSC(ClusteringStrategy):
             # Without secure aggregation Z is a plain average over the clients
             # that answered, so a client that drops out is left out (its
             # samples then get no label); masks only cancel over everyone.
-            replies = session.broadcast("fedsc_round", pack({"z": z}, values), spec, require_all=secure)
+            replies = session.broadcast(proto.FEDSC_ROUND, pack({"z": z}, values), spec, require_all=secure)
             if secure:
                 total = session.secure_sum(replies, "update", values)
             else:
@@ -201,7 +202,7 @@ class FedSC(ClusteringStrategy):
                 "node_ids": ArraySpec((rows,), kind="iu", low=0, unique=True)})
             for node, rows in announced_rows(session).items()
         }
-        final = session.broadcast("fedsc_final", pack({"z": z}, common), final_specs, require_all=secure)
+        final = session.broadcast(proto.FEDSC_FINAL, pack({"z": z}, common), final_specs, require_all=secure)
         if dp:
             dp["c"].step()
             self._record_dp(session, dp)  # refresh the release counts in the ledger
@@ -209,8 +210,8 @@ class FedSC(ClusteringStrategy):
         c = np.hstack([b["c"] for b in blocks])
         # without partition.overlap every sample lives on one client: else a client's columns
         # would stand for another's samples and leave some unlabelled
-        ids_of = {node: session.positions("fedsc_final", node, b["node_ids"]) for node, b in zip(final, blocks)}
-        check_item_ids(session, "fedsc_final", ids_of,
+        ids_of = {node: session.positions(proto.FEDSC_FINAL, node, b["node_ids"]) for node, b in zip(final, blocks)}
+        check_item_ids(session, proto.FEDSC_FINAL, ids_of,
                        exclusive=float(cfg["partition.overlap"]) == 0, below=sum(announced_rows(session).values()))
         ids = concat_int64(ids_of.values())
         affinity = proto.reconstruct(z, c, sigma)
@@ -234,7 +235,7 @@ class FedSC(ClusteringStrategy):
         numbers = {"features": ValueSpec(whole=True, low=1)}
         if estimate:
             numbers.update(distance_sum=ValueSpec(low=0), pairs=ValueSpec(whole=True, low=0))
-        replies = session.broadcast("fedsc_bandwidth", pack(values={"estimate": estimate}),
+        replies = session.broadcast(proto.FEDSC_BANDWIDTH, pack(values={"estimate": estimate}),
                                     ReplySpec(numbers=numbers))
         vals = [unpack(c)[1] for c in replies.values()]
         features = common_feature_dimension(v["features"] for v in vals)
@@ -269,7 +270,7 @@ class FedSC(ClusteringStrategy):
         if configured > 0:
             return configured
         values = {"sigma": sigma, "mass": float(self.config["fedsc.mass"])}
-        replies = session.broadcast("fedsc_rank", pack(values=values),
+        replies = session.broadcast(proto.FEDSC_RANK, pack(values=values),
                                     ReplySpec(numbers={"landmarks": ValueSpec(whole=True, low=1)}))
         counts = {}
         for node, content in replies.items():
@@ -378,7 +379,7 @@ def client_features(shard, config, rng: np.random.Generator) -> np.ndarray:
     ``fedsc.data-noise`` drawn from ``rng`` (a client passes a generator on
     fresh OS entropy; only the evaluation's :func:`pooled_features` passes a
     seeded one)."""
-    from app.baselines import filtered_features
+    from app.graph_filters import filtered_features
 
     if shard.x is None:
         raise ConfigError(f"dataset '{shard.dataset}' has no features; fedsc clusters feature rows")

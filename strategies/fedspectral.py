@@ -60,7 +60,8 @@ import numpy as np
 from app.config import ConfigError, Param
 from app.privacy.gaussian import GaussianMechanism
 from app.protocols import fedspectral as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.
@@ -74,7 +75,7 @@ SOLVERS = ("auto", "krylov", "chebyshev")
 
 def _reference(config, data) -> np.ndarray:
     """Centralised normalised spectral clustering of the pooled graph."""
-    from app.baselines import spectral_graph
+    from app.clustering import spectral_graph
 
     return spectral_graph(data.adj, int(config["num-clusters"]), int(config["seed"]),
                           n_init=int(config[f"{config['strategy']}.n-init"]))
@@ -122,7 +123,7 @@ class FedSpectral(ClusteringStrategy):
         k, seed = int(self.config["num-clusters"]), int(self.config["seed"])
         n = common_node_count(session, self.name, "edge")
         replies = session.broadcast(
-            "fedspectral_local",
+            proto.FEDSPECTRAL_LOCAL,
             pack(values={"k": k, "seed": seed, "n_init": int(self.config["fedspectral.n-init"])}),
             ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu", low=0, high=k)}),
         )
@@ -202,8 +203,8 @@ class FedSpectralPlus(ClusteringStrategy):
         if b and k and b < k:
             raise ConfigError(f"fedspectral-plus.block={b} is smaller than num-clusters={k}; use 0 or >= {k}")
 
-    # -- settings -------------------------------------------------------------
-    def settings(self) -> tuple[int, int]:
+    # -- schedule -------------------------------------------------------------
+    def schedule(self) -> tuple[int, int]:
         """(iters, rounds) with the paper's per-dataset defaults resolved."""
         iters, rounds = int(self.config["fedspectral-plus.iters"]), int(self.config["fedspectral-plus.rounds"])
         p_iters, p_rounds = PAPER_SETTINGS.get(str(self.config["dataset"]), PAPER_DEFAULT)
@@ -304,7 +305,7 @@ class FedSpectralPlus(ClusteringStrategy):
         return total
 
     def _run_paper(self, session) -> StrategyOutput:
-        iters, rounds = self.settings()
+        iters, rounds = self.schedule()
         c = len(session.clients)
         v = proto.init_block(self.n, self.k, self.seed)
         history = []
@@ -313,7 +314,7 @@ class FedSpectralPlus(ClusteringStrategy):
             y = v * scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            total = self._round("fedspectral_power", y, proto.paper_bound(y),
+            total = self._round(proto.FEDSPECTRAL_POWER, y, proto.paper_bound(y),
                                 lambda: proto.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
             new = proto.paper_server_step(total / scale, self.contributors)
             history.append({"round": round_, "subspace_change": proto.subspace_distance(new, v)})
@@ -338,7 +339,7 @@ class FedSpectralPlus(ClusteringStrategy):
             # degrees are sums of 1/r shares: the finest scale, so that a coarse secagg.scale cannot round one away
             values.update(session.secagg_values("degrees", float(n) + 12.0 * deg_noise, finest=True))
         replies = session.broadcast(
-            "fedspectral_degrees", pack(values=values),
+            proto.FEDSPECTRAL_DEGREES, pack(values=values),
             ReplySpec(arrays={"degrees": ArraySpec((n,), kind="u" if masked else "f", masked=masked,
                                                    noised=self.dp is not None)}),
         )
@@ -361,7 +362,7 @@ class FedSpectralPlus(ClusteringStrategy):
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         k = self.k
         block = min(int(cfg["fedspectral-plus.block"]) or 2 * k, n)
-        _, max_rounds = self.settings()
+        _, max_rounds = self.schedule()
         products = 0
 
         def apply(x: np.ndarray) -> np.ndarray:
@@ -371,7 +372,7 @@ class FedSpectralPlus(ClusteringStrategy):
             y *= scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            z = self._round("fedspectral_product", y, proto.product_bound(y, dmax),
+            z = self._round(proto.FEDSPECTRAL_PRODUCT, y, proto.product_bound(y, dmax),
                             lambda: proto.exact_edge_sensitivity(y), {})
             products += 1
             session.round_done(products, max_rounds)  # the subspace change is known per cycle, in the history

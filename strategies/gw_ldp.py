@@ -115,7 +115,8 @@ from app.config import ConfigError, Param
 from app.privacy.gaussian import CLIENT_LEVEL
 from app.privacy.ldp import LDPAccountant
 from app.protocols import gw_ldp as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack, whole_number
+from app.wire import ArraySpec, ProtocolError, ReplySpec, whole_number
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 DP_MODES = ("none", "client", "sgd")
@@ -214,7 +215,7 @@ class GWLDP(ClusteringStrategy):
         k = int(cfg["num-clusters"])
         timing: dict[str, float] = {}
         desc = session.broadcast(
-            "gw_describe", pack(values={"num_classes": k}),
+            proto.GW_DESCRIBE, pack(values={"num_classes": k}),
             ReplySpec(values=("in_dim", "graphs", "train")),
         )
         described = {}
@@ -249,7 +250,7 @@ class GWLDP(ClusteringStrategy):
             content = pack({f"w.{n}": a for n, a in weights.items()},
                            {"epochs": int(cfg["gw-ldp.local-epochs"]), "lr": float(cfg["gw-ldp.lr"]),
                             "round": rnd, "seed": seed})
-            replies = session.broadcast("fit", content, w_spec, category="train", require_all=False)
+            replies = session.broadcast(proto.FIT, content, w_spec, category="train", require_all=False)
             weights, loss = self._aggregate(replies, weights, limits)
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
                 dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
@@ -344,7 +345,7 @@ class GWLDP(ClusteringStrategy):
         for layer in layers:
             width = weights[f"{layer}.running_mean"].shape[0]
             replies = session.broadcast(
-                "gw_norm", pack({f"w.{n}": a for n, a in weights.items()}, {"layer": layer}),
+                proto.GW_NORM, pack({f"w.{n}": a for n, a in weights.items()}, {"layer": layer}),
                 ReplySpec(arrays={"moments": ArraySpec((1 + 2 * width,))}), require_all=False,
             )
             moments = []
@@ -377,7 +378,7 @@ class GWLDP(ClusteringStrategy):
             "eval_labels": ArraySpec((None,), kind="iu"),
         })
         replies = session.broadcast(
-            "gw_embed",
+            proto.GW_EMBED,
             pack({f"w.{n}": a for n, a in weights.items()},
                  {"epsilon": eps, "layer": str(self.config["gw-ldp.embedding"]), "round": rnd}),
             spec, require_all=False,
@@ -391,7 +392,7 @@ class GWLDP(ClusteringStrategy):
                 raise ProtocolError(f"client {client}: malformed embedding upload: {problem}")
             bounds = np.concatenate([[0], np.cumsum(arrays["sizes"].astype(np.int64))])
             up = {n: arrays[n].astype(np.int64) for n in ("sizes", "split", "labels", "eval_labels")}
-            up["graph_ids"] = session.positions("gw_embed", node, arrays["graph_ids"])
+            up["graph_ids"] = session.positions(proto.GW_EMBED, node, arrays["graph_ids"])
             up["embeddings"] = [arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:])]
             out[client] = up
         return out

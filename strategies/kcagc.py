@@ -93,10 +93,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.baselines import FILTERS
+from app.graph_filters import FILTERS
 from app.config import ConfigError, Param
 from app.protocols import kcagc as proto
-from app.transport import ArraySpec, ProtocolError, ReplySpec, pack, unpack
+from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 
 PARAMS = (
@@ -204,7 +205,7 @@ class KCAGC(ClusteringStrategy):
         else:
             k_hat = min(int(self.config["kcagc.local-factor"]) * k, n)
             replies = session.broadcast(
-                "kcagc_local", pack(values={**embed, "k_hat": k_hat}),
+                proto.KCAGC_LOCAL, pack(values={**embed, "k_hat": k_hat}),
                 ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")}),
             )
             local = []
@@ -260,11 +261,11 @@ class KCAGC(ClusteringStrategy):
         secure = len(session.clients) > 1
         values = session.secagg_values("joint", float(self.config["secagg.bound"]), finest=True) if secure else {}
         replies = session.broadcast(
-            "kcagc_joint", pack(values={**values, **embed, "stage": "sum"}),
+            proto.KCAGC_JOINT, pack(values={**values, **embed, "stage": "sum"}),
             ReplySpec(arrays={"s": ArraySpec((n,), kind="u" if secure else "f", masked=secure)}))
         total = (session.secure_sum(replies, "s", values) if secure
                  else unpack(next(iter(replies.values())))[0]["s"])
-        _check_nonnegative(total, "kcagc_joint", "summed squared row norm")
+        _check_nonnegative(total, proto.KCAGC_JOINT, "summed squared row norm")
         metrics["aggregated_values"] += n
         session.ledger.add_mechanism(
             "kcagc:joint-row-norms",
@@ -273,7 +274,7 @@ class KCAGC(ClusteringStrategy):
                                 "server and to every client"},
             guarantee="none: the aggregate is revealed; a client learns the others' summed norms per node",
         )
-        session.broadcast("kcagc_joint", pack({"sq_norms": total}, {**embed, "stage": "scale"}),
+        session.broadcast(proto.KCAGC_JOINT, pack({"sq_norms": total}, {**embed, "stage": "scale"}),
                           ReplySpec(values=("received",)))
 
     # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
@@ -321,7 +322,7 @@ class KCAGC(ClusteringStrategy):
                 contents[node] = pack(arrays, v)
                 expect[node] = ReplySpec(arrays={"d": ArraySpec((size,), kind="u" if secure else "f",
                                                                 masked=secure)})
-            replies = session.exchange("kcagc_step", contents, expect)
+            replies = session.exchange(proto.KCAGC_STEP, contents, expect)
             first[0] = False
             parts = []
             for j, job in enumerate(jobs):
@@ -399,7 +400,7 @@ class KCAGC(ClusteringStrategy):
 
     def reference(self, data) -> np.ndarray:
         """Centralised AGC on the pooled features (same filter and order, top-k singular vectors, k-means)."""
-        from app.baselines import agc
+        from app.graph_filters import agc
 
         kind = str(self.config["kcagc.filter"])
         order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]), kind)

@@ -109,7 +109,7 @@ def test_bad_config_inside_the_run_writes_nothing(out_dir):
 def test_fedkmeans_statistics_of_data_a_client_does_not_hold_stop_the_run(out_dir, monkeypatch, action, tamper,
                                                                           reason):
     """Sizes steer the merged seeds and the centres: they must add up to the rows each client announced."""
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -145,7 +145,7 @@ def test_fedkmeans_refuses_overlapping_rows(out_dir):
     ids=["negative-id", "repeated-id", "short-labels", "label-out-of-range", "short-counts", "narrow-centres"],
 )
 def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, monkeypatch, action, tamper, reason):
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -171,7 +171,7 @@ def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, mon
 def test_fedkmeans_final_ids_that_cannot_be_the_clients_stop_the_run(out_dir, monkeypatch, tamper, reason):
     """Each per-client check passes; only ids set against the other clients' and the hello show the lie
     (before: the first label won, or the client's rows went unlabelled, and coverage fell silently)."""
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, "kmeans_assign", lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -183,7 +183,7 @@ def test_fedkmeans_final_ids_that_cannot_be_the_clients_stop_the_run(out_dir, mo
 def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(out_dir, monkeypatch):
     """Finite centres of 1e300 pass the array checks, but every client's distances to them overflow:
     the run used to stop a step later blaming all clients."""
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, "kmeans_init",
@@ -194,7 +194,7 @@ def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(
 
 
 def test_final_labels_with_item_ids_outside_the_dataset_are_refused():
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from strategies.base import StrategyOutput
 
     out = StrategyOutput(labels=np.array([0, 1, 1]), ids=np.array([2, 0, 1]))
@@ -275,7 +275,7 @@ def test_unsigned_node_ids_from_one_client_give_the_same_labels(tmp_path, monkey
 
 
 def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_path, monkeypatch):
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from clients.base import ClusteringClient
 
     honest = ClusteringClient.on_secagg_setup

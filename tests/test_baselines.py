@@ -1,4 +1,4 @@
-"""app.baselines / app.models: k-means, spectral clustering, AGC, DMoN."""
+"""app.clustering / app.graph_filters / app.models: k-means, spectral clustering, AGC, DMoN."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app import baselines as B
+from app import clustering, graph_filters, models
 from app import metrics as M
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -55,10 +55,10 @@ def _blobs(seed=0, n=300, k=3):
 # ---------------------------------------------------------------------------
 def test_kmeans_recovers_blobs_and_is_deterministic():
     X, y = _blobs()
-    a = B.kmeans(X, 3, seed=0)
+    a = clustering.kmeans(X, 3, seed=0)
     assert a.dtype == np.int64 and M.ari(y, a) == 1.0
-    assert np.array_equal(a, B.kmeans(X, 3, seed=0))
-    labels, centers = B.kmeans(X, 3, seed=1, return_centers=True)
+    assert np.array_equal(a, clustering.kmeans(X, 3, seed=0))
+    labels, centers = clustering.kmeans(X, 3, seed=1, return_centers=True)
     assert centers.shape == (3, 2) and M.ari(y, labels) == 1.0
 
 
@@ -67,9 +67,9 @@ def test_kmeans_weights_equal_duplicated_rows():
     X = rng.normal(size=(40, 3))
     w = rng.integers(1, 4, 40)
     init = X[:4]
-    lw, cw = B.kmeans(X, 4, 0, init=init, sample_weight=w, return_centers=True)
+    lw, cw = clustering.kmeans(X, 4, 0, init=init, sample_weight=w, return_centers=True)
     Xd = np.repeat(X, w, axis=0)
-    ld, cd = B.kmeans(Xd, 4, 0, init=init, return_centers=True)
+    ld, cd = clustering.kmeans(Xd, 4, 0, init=init, return_centers=True)
     assert np.allclose(cw, cd)
     assert np.array_equal(np.repeat(lw, w), ld)
 
@@ -77,19 +77,19 @@ def test_kmeans_weights_equal_duplicated_rows():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: B.kmeans(np.zeros((5, 2)), 0, 0), "k=0"),
-        (lambda: B.kmeans(np.zeros((5, 2)), 6, 0), "k=6"),
-        (lambda: B.kmeans(np.zeros((5, 2)), 2, -1), "seed"),
-        (lambda: B.kmeans(np.zeros((5, 2)), 2, 0, sample_weight=np.ones(4)), "length mismatch"),
-        (lambda: B.kmeans(np.zeros((5, 2)), 2, 0, init=np.zeros((3, 2))), "init"),
-        (lambda: B.spectral_graph(sp.csr_matrix((4, 3)), 2, 0), "square"),
-        (lambda: B.low_pass_filter(np.zeros((4, 2)), sp.eye(5), 2), "length mismatch"),
-        (lambda: B.low_pass_filter(np.zeros((5, 2)), sp.eye(5), -1), "order"),
-        (lambda: B.low_pass_filter(np.zeros((5, 2)), sp.eye(5), 2, "heat"),
+        (lambda: clustering.kmeans(np.zeros((5, 2)), 0, 0), "k=0"),
+        (lambda: clustering.kmeans(np.zeros((5, 2)), 6, 0), "k=6"),
+        (lambda: clustering.kmeans(np.zeros((5, 2)), 2, -1), "seed"),
+        (lambda: clustering.kmeans(np.zeros((5, 2)), 2, 0, sample_weight=np.ones(4)), "length mismatch"),
+        (lambda: clustering.kmeans(np.zeros((5, 2)), 2, 0, init=np.zeros((3, 2))), "init"),
+        (lambda: clustering.spectral_graph(sp.csr_matrix((4, 3)), 2, 0), "square"),
+        (lambda: graph_filters.low_pass_filter(np.zeros((4, 2)), sp.eye(5), 2), "length mismatch"),
+        (lambda: graph_filters.low_pass_filter(np.zeros((5, 2)), sp.eye(5), -1), "order"),
+        (lambda: graph_filters.low_pass_filter(np.zeros((5, 2)), sp.eye(5), 2, "heat"),
          "unknown graph filter 'heat'; valid choices: agc, spectral-norm"),
-        (lambda: B.agc(np.zeros((5, 2)), sp.eye(5), 0, 0, order=2), "k=0"),
-        (lambda: B.agc(None, sp.eye(5), 2, 0, order=2), "features"),
-        (lambda: B.train_dmon(None, sp.eye(5), 0, 0, epochs=1), "k=0"),
+        (lambda: graph_filters.agc(np.zeros((5, 2)), sp.eye(5), 0, 0, order=2), "k=0"),
+        (lambda: graph_filters.agc(None, sp.eye(5), 2, 0, order=2), "features"),
+        (lambda: models.train_dmon(None, sp.eye(5), 0, 0, epochs=1), "k=0"),
     ],
 )
 def test_bad_inputs_raise_one_line_value_errors(call, match):
@@ -107,17 +107,17 @@ def test_spectral_graph_two_cliques():
     A[5:, 5:] = 1
     np.fill_diagonal(A, 0)
     A[4, 5] = A[5, 4] = 1
-    labels = B.spectral_graph(sp.csr_matrix(A), 2, seed=0)
+    labels = clustering.spectral_graph(sp.csr_matrix(A), 2, seed=0)
     assert M.ari([0] * 5 + [1] * 5, labels) == 1.0
 
 
 def test_spectral_graph_sbm_uses_sparse_solver():
     A, _, y = planted_partition(n=1600, k=4, p_in=0.02, p_out=0.001, seed=2)
-    assert A.shape[0] > B._DENSE_EIG_MAX_N  # exercises eigsh
-    labels = B.spectral_graph(A, 4, seed=0)
+    assert A.shape[0] > clustering._DENSE_EIG_MAX_N  # exercises eigsh
+    labels = clustering.spectral_graph(A, 4, seed=0)
     assert M.ari(y, labels) > 0.9
     # the sparse embedding spans the same subspace as a dense eigendecomposition
-    U, connected = B.spectral_embedding(A, 4, 0)
+    U, connected = clustering.spectral_embedding(A, 4, 0)
     d = np.asarray(A.sum(1)).ravel()
     inv = np.where(d > 0, 1 / np.sqrt(np.maximum(d, 1e-300)), 0.0)
     Mx = (A.multiply(np.outer(inv, inv))).toarray()
@@ -135,13 +135,13 @@ def test_spectral_graph_disconnected_and_isolated_nodes():
     A[4:8, 4:8] = 1
     A[8:10, 8:10] = 1  # a pair
     np.fill_diagonal(A, 0)  # nodes 10, 11 isolated
-    labels = B.spectral_graph(sp.csr_matrix(A), 3, seed=0)
+    labels = clustering.spectral_graph(sp.csr_matrix(A), 3, seed=0)
     assert labels.shape == (12,)
     assert M.ari([0] * 4 + [1] * 4 + [2] * 2, labels[:10]) == 1.0
     assert labels[10] == labels[11]  # isolated nodes all go to one cluster
     # more components than clusters, and no edges at all
-    assert B.spectral_graph(sp.csr_matrix(A), 2, seed=0).shape == (12,)
-    assert np.all(B.spectral_graph(sp.csr_matrix((5, 5)), 2, seed=0) == 0)
+    assert clustering.spectral_graph(sp.csr_matrix(A), 2, seed=0).shape == (12,)
+    assert np.all(clustering.spectral_graph(sp.csr_matrix((5, 5)), 2, seed=0) == 0)
 
 
 def test_spectral_affinity_dense_and_sparse_agree():
@@ -149,21 +149,21 @@ def test_spectral_affinity_dense_and_sparse_agree():
     D2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
     K = np.exp(-D2 / (2 * np.mean(np.sqrt(D2)) ** 2 / 4))
     np.fill_diagonal(K, 0)
-    a = B.spectral_affinity(K, 3, seed=0)
-    b = B.spectral_affinity(sp.csr_matrix(K), 3, seed=0)
+    a = clustering.spectral_affinity(K, 3, seed=0)
+    b = clustering.spectral_affinity(sp.csr_matrix(K), 3, seed=0)
     assert M.ari(y, a) == 1.0 and M.ari(a, b) == 1.0
 
 
 # ---------------------------------------------------------------------------
 # AGC
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", B.FILTERS)
+@pytest.mark.parametrize("kind", graph_filters.FILTERS)
 @pytest.mark.parametrize("order", [0, 1, 3])
 def test_low_pass_filter_matches_dense_formula(order, kind):
     A, x, _ = planted_partition(n=60, k=3, seed=1)
-    out = B.low_pass_filter(x, A, order, kind)
+    out = graph_filters.low_pass_filter(x, A, order, kind)
     assert np.allclose(out, dense_filter(A, order, kind) @ x)
-    assert np.allclose(B.low_pass_filter(sp.csr_matrix(x), A, order, kind), out)
+    assert np.allclose(graph_filters.low_pass_filter(sp.csr_matrix(x), A, order, kind), out)
 
 
 def path_graph(n):
@@ -176,20 +176,20 @@ def test_spectral_norm_filter_zeroes_the_top_frequency(graph):
     the Lanczos norm (n > 64), including an even path, whose top eigenvector is orthogonal to the
     all-ones vector (a constant Lanczos start then finds the second-largest eigenvalue)."""
     A = planted_partition(n=200, k=4, seed=2)[0] if graph == "planted" else path_graph(100)
-    eig = np.linalg.eigvalsh(B.agc_filter_matrix(A, "spectral-norm").toarray())
+    eig = np.linalg.eigvalsh(graph_filters.agc_filter_matrix(A, "spectral-norm").toarray())
     assert abs(eig.min()) < 1e-9 and abs(eig.max() - 1.0) < 1e-9
 
 
 @pytest.mark.parametrize("n", [5, 100])
 def test_spectral_norm_filter_without_edges_is_the_identity(n):
-    assert np.allclose(B.agc_filter_matrix(sp.csr_matrix((n, n)), "spectral-norm").toarray(), np.eye(n))
+    assert np.allclose(graph_filters.agc_filter_matrix(sp.csr_matrix((n, n)), "spectral-norm").toarray(), np.eye(n))
 
 
 def test_agc_embedding_matches_dense_svd():
     A, x, _ = planted_partition(n=500, k=5, seed=3, f=60)
     F = dense_filter(A, 4) @ x
     U_dense = np.linalg.svd(F, full_matrices=False)[0][:, :5]
-    U = B.agc_embedding(x, A, 5, 4, seed=0)
+    U = graph_filters.agc_embedding(x, A, 5, 4, seed=0)
     assert np.allclose(U.T @ U, np.eye(5), atol=1e-10)
     # same subspace: projecting the dense vectors onto ours loses nothing
     assert np.linalg.norm(U_dense - U @ (U.T @ U_dense)) < 1e-6
@@ -204,16 +204,16 @@ def test_agc_intra_distance_matches_pairwise_loop():
     for c in cl:
         P = F[labels == c]
         ref += ((P[:, None, :] - P[None, :, :]) ** 2).sum() / len(P) ** 2
-    assert B.agc_intra_distance(F, labels) == pytest.approx(ref / len(cl))
+    assert graph_filters.agc_intra_distance(F, labels) == pytest.approx(ref / len(cl))
 
 
 def test_agc_fixed_and_adaptive_on_sbm():
     A, x, y = planted_partition(n=400, k=4, seed=4, feat_noise=4.0)
-    labels, order = B.agc(x, A, 4, seed=0, order=5)
+    labels, order = graph_filters.agc(x, A, 4, seed=0, order=5)
     assert order == 5 and labels.shape == (400,) and M.accuracy(y, labels) > 0.9
-    labels2, order2 = B.agc(x, A, 4, seed=0, max_order=6)
+    labels2, order2 = graph_filters.agc(x, A, 4, seed=0, max_order=6)
     assert 1 <= order2 <= 6 and M.accuracy(y, labels2) > 0.9
-    assert np.array_equal(labels2, B.agc(x, A, 4, seed=0, max_order=6)[0])  # deterministic
+    assert np.array_equal(labels2, graph_filters.agc(x, A, 4, seed=0, max_order=6)[0])  # deterministic
 
 
 def test_agc_with_fewer_feature_columns_than_clusters_keeps_every_singular_vector():
@@ -222,14 +222,14 @@ def test_agc_with_fewer_feature_columns_than_clusters_keeps_every_singular_vecto
     A, x, y = planted_partition(n=300, k=3, seed=1, feat_noise=1.0)
     narrow = x[:, :2]
     for order in (3, None):
-        labels, _ = B.agc(narrow, A, 3, seed=0, order=order, max_order=4)
+        labels, _ = graph_filters.agc(narrow, A, 3, seed=0, order=order, max_order=4)
         assert sorted(np.unique(labels)) == [0, 1, 2]
         # two singular vectors of a two-column matrix span its columns: the same clustering as U of X itself
-        full = B.kmeans(np.linalg.svd(B.low_pass_filter(narrow, A, 3), full_matrices=False)[0], 3, 0)
+        full = clustering.kmeans(np.linalg.svd(graph_filters.low_pass_filter(narrow, A, 3), full_matrices=False)[0], 3, 0)
         if order == 3:
             assert M.ari(labels, full) == 1.0
     with pytest.raises(ValueError, match=r"need k <= number of samples \(300\)"):
-        B.agc(narrow, A, 301, seed=0, order=3)
+        graph_filters.agc(narrow, A, 301, seed=0, order=3)
 
 
 def _load_planetoid(name: str, tmp: Path):
@@ -258,7 +258,7 @@ def test_agc_cora_accuracy(cora):
     """kCAGC paper's fixed psi = 9: ACC 68.1 measured with a dense SVD here (paper 68.17);
     its time is measured by benchmarks/agc.py."""
     x, A, y = cora
-    labels, order = B.agc(x, A, 7, seed=0, order=9)
+    labels, order = graph_filters.agc(x, A, 7, seed=0, order=9)
     acc = M.accuracy(y, labels)
     assert order == 9
     assert 0.675 <= acc <= 0.69, f"Cora AGC ACC {acc:.4f}, expected 68.1 +- 0.6"
@@ -322,16 +322,16 @@ def test_dmon_model_and_training():
     A, x, y = planted_partition(n=200, k=4, p_in=0.15, p_out=0.005, seed=7, feat_noise=2.0)
     model = DMoNModel(20, 4)
     assert model.conv.out_channels == 64 and model.head.out_features == 4
-    labels, model = B.train_dmon(x, A, 4, seed=0, epochs=150, lr=1e-2)
+    labels, model = models.train_dmon(x, A, 4, seed=0, epochs=150, lr=1e-2)
     assert labels.shape == (200,) and labels.dtype == np.int64
     hist = model.loss_history
     assert len(hist) == 150 and hist[-1] < hist[0]
     assert M.modularity(A, labels) > 0.5
-    labels2, _ = B.train_dmon(x, A, 4, seed=0, epochs=150, lr=1e-2)
+    labels2, _ = models.train_dmon(x, A, 4, seed=0, epochs=150, lr=1e-2)
     assert np.array_equal(labels, labels2)  # seeded
     # the reference exports the model and the loss for the federated strategy
-    assert B.DMoNModel is DMoNModel and callable(B.dmon_loss)
-    s = model(torch.tensor(x, dtype=torch.float32), *B.adj_to_edge_index(A))
+    assert models.DMoNModel is DMoNModel and callable(models.dmon_loss)
+    s = model(torch.tensor(x, dtype=torch.float32), *models.adj_to_edge_index(A))
     assert torch.allclose(s.sum(1), torch.ones(200))
 
 
@@ -345,7 +345,7 @@ def test_agc_adaptive_rule_stops_at_first_increase(monkeypatch):
         seen.append(labels.copy())
         return next(seq)
 
-    monkeypatch.setattr(B, "agc_intra_distance", fake_intra)
-    labels, order = B.agc(x, A, 3, seed=0)
+    monkeypatch.setattr(graph_filters, "agc_intra_distance", fake_intra)
+    labels, order = graph_filters.agc(x, A, 3, seed=0)
     assert order == 3 and len(seen) == 4
     assert np.array_equal(labels, seen[2])  # the clustering of psi = 3

@@ -141,9 +141,9 @@ def test_registry_round_trip():
         assert registry.get(name) is entry
         assert entry.strategy.name == name
         assert entry.strategy.partitioners
-        for action in entry.client.actions:
+        for action, (method, _) in entry.client.steps().items():
             assert action.isidentifier()
-            assert hasattr(entry.client, f"on_{action}")
+            assert callable(getattr(entry.client, method))
         for param in entry.strategy.params:
             assert param.key.startswith(name + ".")
     with pytest.raises(ConfigError, match="unknown strategy 'x'; valid choices"):
@@ -305,7 +305,7 @@ def test_default_out_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
     import time
 
     from app.run import run_experiment
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from strategies.fedkmeans import FedKMeans
 
     monkeypatch.chdir(tmp_path)

@@ -19,7 +19,7 @@ from app.privacy.secagg import FixedPointEncoder
 from app.protocols.fedkmeans import statistics_bound
 from app.run import run_experiment
 from app.session import ClientInfo, ServerSession
-from app.transport import ProtocolError
+from app.wire import ProtocolError
 from strategies.fedkmeans import FedKMeans
 from strategies.fedspectral import FedSpectral, FedSpectralPlus
 from app import registry

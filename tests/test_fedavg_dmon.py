@@ -1,7 +1,7 @@
 """fedavg-dmon: FedAvg of DMoN weights over node-partitioned subgraphs.
 
 Protocol math is tested directly (edge split, FedAvg weighting, local training
-against app.baselines.train_dmon); the Flower layer end to end on the
+against app.models.train_dmon); the Flower layer end to end on the
 in-process grid (same ServerApp/ClientApp code, no Ray).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.baselines import train_dmon
+from app.models import train_dmon
 from app.config import ConfigError
 from app.data import load_dataset
 from app.metrics import ari
@@ -185,7 +185,7 @@ def test_bad_weight_uploads_are_excluded_and_reported(out_dir, monkeypatch):
     ids=["short-owned", "negative-label", "repeated-id"],
 )
 def test_malformed_final_labels_stop_the_run_naming_the_client(out_dir, monkeypatch, tamper, reason):
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from conftest import patch_reply
 
     patch_reply(monkeypatch, FedAvgDMoNClient, "dmon_assign", lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -194,7 +194,7 @@ def test_malformed_final_labels_stop_the_run_naming_the_client(out_dir, monkeypa
 
 
 def test_node_counts_and_owned_ids_that_cannot_be_the_clients_stop_the_run(out_dir, monkeypatch):
-    from app.transport import ProtocolError
+    from app.wire import ProtocolError
     from conftest import patch_reply
 
     # the FedAvg weight is the node count: 10^15 would make client 1's weights the average

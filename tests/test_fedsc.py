@@ -18,7 +18,8 @@ from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
 from conftest import LeavingGrid, patch_reply
-from app.transport import ProtocolError, unpack
+from app.wire import ProtocolError
+from app.transport import unpack
 from clients.fedsc import FedSCClient
 from strategies.fedsc import pooled_features
 

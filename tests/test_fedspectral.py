@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from app.baselines import spectral_affinity, spectral_graph
+from app.clustering import spectral_affinity, spectral_graph
 from app.client_app import build_client_app
 from app.config import ConfigError
 from app.data import load_dataset
@@ -19,7 +19,8 @@ from app.protocols import fedspectral as proto
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import ProtocolError, unpack
+from app.wire import ProtocolError
+from app.transport import unpack
 from conftest import LeavingGrid, patch_reply
 
 SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}

@@ -17,7 +17,8 @@ from app.privacy.ldp import default_m, multibit_probabilities
 from app.protocols import gw_ldp as proto
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import ProtocolError, unpack
+from app.wire import ProtocolError
+from app.transport import unpack
 from tests.conftest import HANG_GUARD_S, shared_datasets_or_skip, wait_until
 
 

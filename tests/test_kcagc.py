@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from app.baselines import agc
+from app.graph_filters import agc
 from app.client_app import build_client_app
 from app.config import ConfigError
 from app.data import load_dataset
@@ -19,7 +19,8 @@ from app.result import RESULT_FILE
 from app.run import main as run_main
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import ProtocolError, unpack
+from app.wire import ProtocolError
+from app.transport import unpack
 from clients.kcagc import KCAGCClient
 from conftest import patch_reply
 
@@ -110,7 +111,7 @@ def test_moved_centres_are_those_whose_member_set_changed():
 
 def test_embeddings_of_the_filtered_block():
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
-    from app.baselines import agc_embedding, low_pass_filter
+    from app.graph_filters import agc_embedding, low_pass_filter
 
     f = low_pass_filter(data.x, data.adj, 2)
     u = proto.embedding(data.x, data.adj, 4, 2, 0, "svd")[0]  # 12 columns: exact SVD of the dense block

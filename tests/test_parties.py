@@ -22,7 +22,7 @@ from app.data.types import GraphCollection, GraphData
 from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import ProtocolError
+from app.wire import ProtocolError
 from clients.fedkmeans import FedKMeansClient
 from tests.conftest import patch_reply
 

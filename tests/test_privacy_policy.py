@@ -29,7 +29,8 @@ from app.protocols.kcagc import tree_groups
 from app.registry import validate
 from app.server_app import run_server
 from app.session import PrivacyRefused
-from app.transport import ProtocolError, pack, unpack
+from app.wire import ProtocolError
+from app.transport import pack, unpack
 from clients.fedkmeans import FedKMeansClient
 from clients.fedsc import FedSCClient
 

@@ -9,12 +9,11 @@ import pytest
 from flwr.app import Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from app.config import RunConfig
 from app import registry
 from app.inprocess import InProcessGrid
 from app.session import ServerSession
-from app.transport import (ArraySpec, CommStats, ProtocolError, ReplySpec, ValueSpec, exchange, message_bytes,
-                           pack, unpack)
+from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.transport import message_bytes, pack, reply_problem, unpack
 from conftest import HANG_GUARD_S
 
 N = 50
@@ -169,17 +168,17 @@ def test_value_range_and_repeats_are_checked(spec, array, reason):
     (ValueSpec(length=2), [0.1, float("nan")], "expected finite numbers"),
 ])
 def test_numbers_in_reply_values_are_checked(spec, value, reason):
-    got = ReplySpec(numbers={"x": spec}).check(pack(values={"x": value}))
+    got = reply_problem(ReplySpec(numbers={"x": spec}), pack(values={"x": value}))
     assert got is None if reason is None else re.search(reason, got)
-    assert ReplySpec(numbers={"y": spec}).check(pack(values={"x": value})) == "missing value 'y'"
+    assert reply_problem(ReplySpec(numbers={"y": spec}), pack(values={"x": value})) == "missing value 'y'"
 
 
 def test_arrays_of_the_same_items_must_agree_in_length():
     spec = ReplySpec(arrays={"ids": ArraySpec((None,), kind="iu"), "labels": ArraySpec((None,), kind="iu")},
                      same_length=("ids", "labels"))
     ids = np.arange(5)
-    assert spec.check(pack({"ids": ids, "labels": ids % 2})) is None
-    assert spec.check(pack({"ids": ids, "labels": ids[:4] % 2})) == (
+    assert reply_problem(spec, pack({"ids": ids, "labels": ids % 2})) is None
+    assert reply_problem(spec, pack({"ids": ids, "labels": ids[:4] % 2})) == (
         "arrays of the same items differ in length: 'ids' 5, 'labels' 4")
 
 

@@ -385,7 +385,6 @@ def _node_community(data, num_clients, seed, overlap, community):
         raise ConfigError(f"invalid value {community!r} for {_name('community')}; valid choices: "
                           + ", ".join(COMMUNITY_METHODS))
     rng = _rng(seed, "node-community")
-    n = data.num_nodes
     if community == "louvain":
         comm = _louvain(data.adj, seed)
     else:

@@ -15,7 +15,7 @@ then the server averages (McMahan et al. eq. 3 of the paper)::
 
 ``N_c`` = number of nodes client ``c`` holds (its shard's rows, copies made by
 overlap included). With one client this is exactly centralised full-batch
-training (:func:`app.baselines.train_dmon`) step for step, provided the
+training (:func:`app.models.train_dmon`) step for step, provided the
 client keeps its Adam moments and its dropout random stream between rounds
 (``optimizer_state="keep"``, the default; see :class:`LocalState`).
 
@@ -52,6 +52,12 @@ from typing import Mapping
 import numpy as np
 import scipy.sparse as sp
 
+# -- wire: the protocol's steps ------------------------------------------------------------
+DMON_INIT = "dmon_init"
+DMON_EVAL = "dmon_eval"
+DMON_ASSIGN = "dmon_assign"
+DMON_TRAIN = "dmon_train"
+
 #: names and order of the model's arrays on the wire (``DMoNModel.state_dict()`` keys)
 PARAM_NAMES = ("conv.bias", "conv.lin.weight", "head.weight", "head.bias")
 
@@ -71,7 +77,7 @@ def param_shapes(num_features: int, k: int, hidden: int) -> dict[str, tuple[int,
 
 def dropout_seed(seed: int, client: int) -> int:
     """Seed of client ``client``'s dropout stream; client 0 uses ``seed`` itself,
-    so a single client reproduces :func:`app.baselines.train_dmon` exactly."""
+    so a single client reproduces :func:`app.models.train_dmon` exactly."""
     return int(seed) + 1_000_003 * int(client)
 
 
@@ -128,7 +134,7 @@ def split_adjacency(adj: sp.csr_matrix, node_ids: np.ndarray, seed: int, val: fl
 
 def init_weights(num_features: int, k: int, seed: int, hidden: int = 64, dropout: float = 0.5) -> dict[str, np.ndarray]:
     """Initial global weights: ``torch.manual_seed(seed)`` then ``DMoNModel(...)``,
-    exactly as :func:`app.baselines.train_dmon` initialises (Xavier uniform).
+    exactly as :func:`app.models.train_dmon` initialises (Xavier uniform).
     The caller's global torch RNG state is left untouched."""
     import torch
 
@@ -200,7 +206,7 @@ class Graph:
 
 
 def make_graph(x, adj_train: sp.csr_matrix, sparse_features: bool = False) -> Graph:
-    """Tensors as :func:`app.baselines.train_dmon` builds them (``sparse_features``:
+    """Tensors as :func:`app.models.train_dmon` builds them (``sparse_features``:
     the features as a torch sparse COO tensor, same as its ``sparse_features=True``)."""
     from app.models import adj_to_edge_index, features_to_tensor
 
@@ -260,7 +266,7 @@ class LocalState:
 def start_state(weights: Mapping[str, np.ndarray], seed: int, client: int, k: int, hidden: int,
                 dropout: float) -> LocalState:
     """State before the first round: the given weights, no Adam moments, and the
-    dropout stream as :func:`app.baselines.train_dmon` leaves it after building
+    dropout stream as :func:`app.models.train_dmon` leaves it after building
     its model (``manual_seed`` then the initialisation draws)."""
     import torch
 
@@ -306,7 +312,7 @@ def local_train(state: LocalState, graph: Graph, k: int, epochs: int, lr: float 
     Starts from ``weights`` (the global model) if given, else from
     ``state.weights`` (isolated training). Adam moments come from ``state``
     when ``keep_optimizer`` (else fresh); the dropout stream continues from
-    ``state.rng``. The loop body is the same as :func:`app.baselines.train_dmon`.
+    ``state.rng``. The loop body is the same as :func:`app.models.train_dmon`.
     Returns the new state and the per-epoch losses.
     """
     import torch

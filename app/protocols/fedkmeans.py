@@ -13,7 +13,49 @@ weighted k-means on the union of local centres.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+
+from app.config import ConfigView
+from app.graph_filters import filtered_features
+from app.wire import ArraySpec, ReplySpec
+
+# -- wire: the protocol's steps and what a valid reply holds ------------------------------
+KMEANS_INIT = "kmeans_init"
+KMEANS_STEP = "kmeans_step"
+KMEANS_ASSIGN = "kmeans_assign"
+
+INIT_REPLY = ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
+                       same_length=("centres", "counts"))
+
+
+def step_reply(size: int, secure: bool) -> ReplySpec:
+    """``stats``: sums, counts and inertia in one vector of ``size``; masked integers when ``secure``."""
+    return ReplySpec(arrays={"stats": ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
+
+
+def assign_reply(k: int) -> ReplySpec:
+    """The client's row ids and their labels in ``0..k-1``."""
+    return ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
+                             "labels": ArraySpec((None,), kind="iu", low=0, high=k)},
+                     same_length=("node_ids", "labels"))
+
+
+@dataclass(frozen=True)
+class FedKMeansConfig(ConfigView):
+    """The ``fedkmeans.*`` keys (declared in :class:`strategies.fedkmeans.FedKMeans`)."""
+
+    prefix: ClassVar[str] = "fedkmeans"
+    filter_order: int
+    tol: float
+    secure: bool
+
+
+def local_features(x, adj, filter_order: int) -> np.ndarray:
+    """A client's rows: its features, AGC-filtered ``filter_order`` times over its own subgraph."""
+    return filtered_features(x, adj, filter_order)
 
 
 def assign(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,6 +35,12 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+# -- wire: the protocol's steps ------------------------------------------------------------
+FEDSC_BANDWIDTH = "fedsc_bandwidth"
+FEDSC_RANK = "fedsc_rank"
+FEDSC_ROUND = "fedsc_round"
+FEDSC_FINAL = "fedsc_final"
+
 #: singular-value mass the landmark count must carry on a client's own kernel. The authors take 99%
 #: of the full kernel's mass; a client's kernel is a principal submatrix of it and reaches 99% with
 #: fewer landmarks than the full one needs (see :func:`combine_landmark_counts`), so the local rule
@@ -323,8 +329,8 @@ def knn_affinity(k_hat: np.ndarray, neighbours: int | None = None) -> sp.csr_mat
 
 
 def cluster_affinity(k_hat: np.ndarray, k: int, seed: int, n_init: int = 10) -> np.ndarray:
-    """Normalised spectral clustering of the kNN graph of ``k_hat`` (NJW, :func:`app.baselines.spectral_affinity`)."""
-    from app.baselines import spectral_affinity
+    """Normalised spectral clustering of the kNN graph of ``k_hat`` (NJW, :func:`app.clustering.spectral_affinity`)."""
+    from app.clustering import spectral_affinity
 
     return spectral_affinity(knn_affinity(k_hat), int(k), int(seed), n_init=n_init)
 

@@ -31,7 +31,7 @@ Exact orthogonal iteration (``mode="exact"``, beyond the paper)
     the Ritz residuals) or :func:`chebyshev_subspace_iteration`
     (Chebyshev-filtered orthogonal iteration on one block, stopping when the
     top-k Ritz subspace stops moving). Both converge to the top-k eigenspace
-    of ``M``, i.e. what :func:`app.baselines.spectral_graph` computes
+    of ``M``, i.e. what :func:`app.clustering.spectral_graph` computes
     centrally, followed by the same row normalisation and k-means.
 
 FedSpectral (baseline, paper Algorithms 1-2)
@@ -53,7 +53,13 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from app.baselines import kmeans
+from app.clustering import kmeans
+
+# -- wire: the protocol's steps ------------------------------------------------------------
+FEDSPECTRAL_LOCAL = "fedspectral_local"
+FEDSPECTRAL_POWER = "fedspectral_power"
+FEDSPECTRAL_DEGREES = "fedspectral_degrees"
+FEDSPECTRAL_PRODUCT = "fedspectral_product"
 
 # --------------------------------------------------------------------------- client side
 
@@ -379,7 +385,7 @@ def block_krylov_iteration(
 
 def embedding_labels(u: np.ndarray, k: int, seed: int, n_init: int = 10,
                      connected: np.ndarray | None = None) -> np.ndarray:
-    """Labels from a spectral embedding exactly as :func:`app.baselines.spectral_graph`
+    """Labels from a spectral embedding exactly as :func:`app.clustering.spectral_graph`
     does: rows normalised to unit length, k-means (k-means++, ``n_init``) on the
     rows of ``connected`` nodes; the others (zero rows) join the cluster whose
     centre is nearest the origin."""
@@ -461,7 +467,7 @@ def paper_edge_sensitivity(y: np.ndarray, iters: int, holders: int = 1) -> float
 def local_spectral_labels(adj: sp.csr_matrix, k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """Algorithm 1: normalised spectral clustering of the local graph (isolated
     nodes, i.e. no local edge, all go to one cluster, see ``spectral_graph``)."""
-    from app.baselines import spectral_graph
+    from app.clustering import spectral_graph
 
     return spectral_graph(adj, k, seed, n_init=n_init)
 

@@ -56,7 +56,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.privacy.ldp import default_m, multibit_encode
-from app.transport import whole_number
+from app.wire import whole_number
+
+# -- wire: the protocol's steps ------------------------------------------------------------
+GW_DESCRIBE = "gw_describe"
+GW_NORM = "gw_norm"
+GW_EMBED = "gw_embed"
+FIT = "fit"
 
 MODELS = ("gcn", "gin")
 EMBEDDING_LAYERS = ("classes", "hidden")
@@ -952,7 +958,7 @@ def cluster_gw(dist: np.ndarray, k: int, method: str, seed: int) -> np.ndarray:
         raise ValueError(f"unknown clustering {method!r}; valid choices: " + ", ".join(CLUSTERINGS))
     if method == "kmedoids":
         return kmedoids(dist, k, seed)
-    from app.baselines import spectral_affinity
+    from app.clustering import spectral_affinity
 
     aff = np.exp(-normalise(dist))
     np.fill_diagonal(aff, 0.0)

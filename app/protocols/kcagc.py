@@ -73,7 +73,12 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-#: Filter order psi the kCAGC paper fixes per graph filter (app.baselines.FILTERS) and dataset:
+# -- wire: the protocol's steps ------------------------------------------------------------
+KCAGC_LOCAL = "kcagc_local"
+KCAGC_STEP = "kcagc_step"
+KCAGC_JOINT = "kcagc_joint"
+
+#: Filter order psi the kCAGC paper fixes per graph filter (app.graph_filters.FILTERS) and dataset:
 #: AGC's filter in Section 4.1 (Table II), the spectral-norm filter in Appendix E.2 (Tables VIII, IX).
 PAPER_ORDER = {"agc": {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2},
                "spectral-norm": {"cora": 5, "citeseer": 5}}
@@ -113,7 +118,7 @@ def filter_order(dataset: str, configured: int, kind: str = "agc") -> int | None
     value for graph filter ``kind`` on that dataset (:data:`PAPER_ORDER`);
     ``None`` (AGC's adaptive rule) otherwise (``configured`` < 0, or 0 on a
     dataset the paper gives no order for)."""
-    from app.baselines import check_filter
+    from app.graph_filters import check_filter
 
     check_filter(kind)
     if configured > 0:
@@ -129,17 +134,17 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
 
     ``kind``: ``"normalized"`` top-``dim`` left singular vectors of
     ``G^psi X^l`` with unit rows (a zero row stays zero); ``"svd"`` the
-    singular vectors themselves (AGC, :func:`app.baselines.agc_embedding`);
+    singular vectors themselves (AGC, :func:`app.graph_filters.agc_embedding`);
     ``"projection"`` ``U S`` (coordinates of the projection on the top-``dim``
     right singular vectors); ``"projection-unit"`` ``U S`` with unit rows; ``"filtered"`` ``G^psi X^l`` (``dim`` ignored);
     ``"projection-joint-unit"`` / ``"projection-mixed-unit"`` ``U S`` as it
     is: this party's part before :func:`joint_unit_rows` scales it with the
     joint row norms.
     ``order=None`` picks psi by AGC's adaptive rule on this party's own
-    columns (:func:`app.baselines.agc` with ``k_adaptive`` clusters).
-    ``filter_kind``: the graph filter G (``app.baselines.FILTERS``).
+    columns (:func:`app.graph_filters.agc` with ``k_adaptive`` clusters).
+    ``filter_kind``: the graph filter G (``app.graph_filters.FILTERS``).
     """
-    from app.baselines import agc, low_pass_filter
+    from app.graph_filters import agc, low_pass_filter
 
     if kind not in EMBEDDINGS:
         raise ValueError(f"unknown embedding {kind!r}; valid choices: " + ", ".join(EMBEDDINGS))
@@ -162,13 +167,13 @@ def embedding(x, adj, dim: int, order: int | None, seed: int, kind: str = "proje
 #: SVD of its dense filtered block (via the f x f Gram matrix) instead of the
 #: implicit one: with many parties each block is narrow (Wiki, L=16: 311
 #: columns) and the exact route is faster there; wide blocks keep the Lanczos
-#: SVD of :func:`app.baselines.agc_singular`, which never forms the dense n x f block.
+#: SVD of :func:`app.graph_filters.agc_singular`, which never forms the dense n x f block.
 DENSE_COLUMNS_PER_VECTOR = 40
 
 
 def top_singular(x, adj, dim: int, order: int, seed: int, filter_kind: str = "agc") -> tuple[np.ndarray, np.ndarray]:
     """Top-``dim`` left singular vectors and values of ``G^order X`` (this party's block)."""
-    from app.baselines import agc_singular, low_pass_filter
+    from app.graph_filters import agc_singular, low_pass_filter
 
     if x.shape[1] > DENSE_COLUMNS_PER_VECTOR * dim:
         return agc_singular(x, adj, dim, order, seed, filter_kind)
@@ -188,7 +193,7 @@ def local_clusters(z: np.ndarray, k_hat: int, seed: int, n_init: int = 10, prune
     Lloyd; the restart with the lowest inertia wins. ``k_hat >= n`` makes
     every node its own local cluster.
     """
-    from app.baselines import kmeans
+    from app.clustering import kmeans
 
     n = z.shape[0]
     if k_hat >= n:

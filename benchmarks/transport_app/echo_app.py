@@ -15,7 +15,9 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from app.transport import ArraySpec, CommStats, ReplySpec, exchange, pack, unpack
+from app.wire import ArraySpec, ReplySpec
+
+from app.transport import CommStats, exchange, pack, unpack
 
 SPEC = ReplySpec(arrays={"x": ArraySpec((8,))})
 
