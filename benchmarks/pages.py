@@ -11,6 +11,7 @@ embedded with :func:`figure`, so a forge's file browser shows them.
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -92,3 +93,9 @@ def write_scoreboard_rows(method: str, rows: list[ScoreRow]) -> Path:
 def read_scoreboard_rows() -> list[ScoreRow]:
     """Every method's kept rows, in file-name order."""
     return [ScoreRow(**r) for p in sorted(RESULTS_DIR.glob("scoreboard_*.json")) for r in json.loads(p.read_text())]
+
+
+def paragraph(text: str, width: int = 100) -> str:
+    """``text`` as one markdown paragraph wrapped at ``width`` (never inside a word or a hyphenated
+    name), so a page reads on a narrow screen and diffs line by line."""
+    return textwrap.fill(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
