@@ -327,7 +327,7 @@ def render_sensitivity(data: dict, part: str, title: str, column_prefix: str) ->
     names = next(iter(stats.values()))["names"]
     lines = [f"## {title}", "", pages.paragraph(
         f"`--parts {part}`: GW_H(GIN) as in the BatchNorm table's pooled column (its value first); a "
-        "sensitivity check, since choosing on the test folds would be test-tuning. `picked on validation`: per "
+        "sensitivity check: choosing on the test folds would be test-tuning. `picked on validation`: per "
         "fold the value whose SVC scored best on the validation graphs."), "",
         "| row | dataset | " + " | ".join(f"{column_prefix} {v}" for v in names)
         + " | picked on validation | picks | paper | folds |", "|---|---|" + "---|" * (len(names) + 4)]
