@@ -84,9 +84,9 @@ EPSILONS = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)
 IRIS_DP_SIGMA = 2.5
 #: The parts of the run, each skippable with ``--skip``.
 PARTS = ("table", "grid", "dp", "errors", "attack")
-#: When the clients' data noise started to come from OS entropy (before: one seeded draw shared with
-#: the reference).
-OS_ENTROPY_SINCE = "2026-11-23T08:00Z"
+#: The data noise of the k-means and SC references (``reference_noise`` in fedsc.json): the clients
+#: draw theirs from OS entropy, which the server cannot replay, so the references draw their own.
+REFERENCE_NOISE = "their own draw (the clients draw from OS entropy)"
 
 
 def run(dataset: str, seed: int, **overrides) -> dict:
@@ -231,7 +231,7 @@ def attack(alphas=ALPHAS) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------
-def plots(summary: dict) -> list[str]:
+def plots(summary: dict) -> None:
     from app.plots import plot_metric_vs_rounds
 
     import matplotlib
@@ -239,7 +239,6 @@ def plots(summary: dict) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     if summary.get("errors"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for ds, c in summary["errors"].items():
@@ -253,10 +252,9 @@ def plots(summary: dict) -> list[str]:
         fig.tight_layout()
         fig.savefig(pages.image_path("fedsc_reconstruction.png"), dpi=120)
         plt.close(fig)
-        paths.append(str(pages.image_path("fedsc_reconstruction.png")))
-        paths.append(str(plot_metric_vs_rounds(
+        plot_metric_vs_rounds(
             {ds: c["objective"] for ds, c in summary["errors"].items()}, pages.image_path("fedsc_objective.png"),
-            metric="sum_p f_p(Z, C_p)", title="FedSC objective vs rounds (8 clients, seed 0)")))
+            metric="sum_p f_p(Z, C_p)", title="FedSC objective vs rounds (8 clients, seed 0)")
     if summary.get("dp"):
         fig, ax = plt.subplots(figsize=(6, 4))
         eps = [c["reported_epsilon"] for c in summary["dp"]]
@@ -275,7 +273,6 @@ def plots(summary: dict) -> list[str]:
         fig.tight_layout()
         fig.savefig(pages.image_path("fedsc_dp.png"), dpi=120)
         plt.close(fig)
-        paths.append(str(pages.image_path("fedsc_dp.png")))
     if summary.get("grid"):
         alphas = sorted({c["alpha_z"] for c in summary["grid"]})
         grid = np.array([[next(c["acc"][0] for c in summary["grid"] if c["alpha_z"] == az and c["alpha_c"] == ac)
@@ -294,8 +291,6 @@ def plots(summary: dict) -> list[str]:
         fig.tight_layout()
         fig.savefig(pages.image_path("fedsc_factor_noise.png"), dpi=120)
         plt.close(fig)
-        paths.append(str(pages.image_path("fedsc_factor_noise.png")))
-    return paths
 
 
 def pct(v) -> str:
@@ -311,7 +306,6 @@ COST_TARGET_S = 10.0
 
 def markdown(summary: dict) -> str:
     """The FedSC page's body from ``fedsc.json``."""
-    shared = summary["generated_utc"] < OS_ENTROPY_SINCE
     lines = [pages.paragraph(
         f"`{summary['command']}`: 8 clients, samples split at random (`sample`), S = 20 rounds (iris-S40: 40), "
         "lambda = 1e-4, sigma = mean pairwise distance (estimated from the clients), kNN with ceil(ln n) "
@@ -319,9 +313,8 @@ def markdown(summary: dict) -> str:
         "spectral-mass rule at the authors' 99% (`fedsc.mass=0.99`). cora-graph: graph mode, Cora nodes split "
         "at random, features AGC-filtered 9 times on each client's own subgraph, d = 100. k-means and SC (the "
         "run's centralised reference: exact kernel, same sigma and kNN rule) run on the pooled samples with data "
-        "noise of the same size" + (", the clients' own seeded draw" if shared else ", their own draw (clients "
-        "draw from OS entropy)") + ". Paper values exist for Iris only (COIL20, MNIST and CIFAR10 are not "
-        "available offline). ACC %, mean over seeds (std in the JSON)."), "",
+        f"noise of the same size, {summary['reference_noise']}. Paper values exist for Iris only (COIL20, MNIST "
+        "and CIFAR10 are not available offline). ACC %, mean over seeds (std in the JSON)."), "",
         "## Accuracy", "",
         "| data | noise | seeds | k-means paper / ours | SC paper / ours | FedSC paper / ours / diff | "
         "FedSC - SC (ours) | NMI FedSC / SC | d |",
@@ -467,7 +460,7 @@ def main(argv=None) -> int:
     started = time.time()
     command = "python benchmarks/fedsc.py " + " ".join(argv if argv is not None else sys.argv[1:])
     old = json.loads((RESULTS / "fedsc.json").read_text()) if args.keep else {}
-    summary = {"command": command, "clients": CLIENTS, "landmarks": LANDMARKS}
+    summary = {"command": command, "clients": CLIENTS, "landmarks": LANDMARKS, "reference_noise": REFERENCE_NOISE}
     summary["table"] = old.get("table", []) if "table" in skip else accuracy_table(args.seeds, args.digits_seeds)
     summary["cost"] = old.get("cost") if "table" in skip else cost_of(summary["table"])
     summary["errors"] = old.get("errors", {}) if "errors" in skip else error_curves()
@@ -482,7 +475,8 @@ def main(argv=None) -> int:
         summary["dp_sigma"], summary["dp_command"] = old["dp_sigma"], old.get("dp_command")
     if args.keep:
         if "table" in skip:  # the header (command, time) belongs to the accuracy table it describes
-            summary.update({k: old[k] for k in ("command", "elapsed_s", "generated_utc") if k in old})
+            kept = ("command", "elapsed_s", "generated_utc", "reference_noise")
+            summary.update({k: old[k] for k in kept if k in old})
         if "dp" not in skip and "table" in skip:  # the DP curve names its own run
             summary["dp_command"] = command
     RESULTS.mkdir(parents=True, exist_ok=True)

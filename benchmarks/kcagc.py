@@ -400,9 +400,9 @@ def paper_cell(p: float | None, mu: float, sd: float) -> str:
     return f"{p:.2f} / **{100 * mu:.2f}** ({100 * sd:.2f}) / {100 * mu - p:+.2f}"
 
 
-def render_table2(summary: dict, level: str = "###", scores: bool = True, paper: dict = TABLE2) -> list[str]:
+def render_table2(summary: dict, level: str = "###", paper: dict = TABLE2) -> list[str]:
     """The paper's table (``paper``: Table II, or VIII / IX for the spectral-norm filter) in its layout for
-    every dataset of ``summary`` (and NMI / F1 if ``scores``, with the paper's beside where it gives them)."""
+    every dataset of ``summary``, then NMI / F1 with the paper's beside where it gives them."""
     runs = summary["runs"]
     lines = []
     for ds in summary["datasets"]:
@@ -431,8 +431,6 @@ def render_table2(summary: dict, level: str = "###", scores: bool = True, paper:
             f"Best cell {100 * best[0]:.2f} (L={best[1]}, k_hat={best[2]}k) vs paper best {best_paper:.2f}; "
             f"cells more than 2 points below the paper: {sum(d < -2 for _, _, d in below)} of {len(below)} "
             f"(worst L={worst[0]}, k_hat={worst[1]}k: {worst[2]:+.2f})."), ""]
-        if not scores:
-            continue
         lines += [f"NMI / F1 (%) of `kcagc`, {ds}" + (" (paper / ours)" if paper["scores"] else "") + ":", "",
                   "| | " + " | ".join(f"L={c}" for c in summary["clients"]) + " |",
                   "|---|" + "---|" * len(summary["clients"])]
@@ -489,18 +487,6 @@ def render_targets(parts: list) -> list[str]:
             lines.append(f"| {ds} | {label} | {100 * b:.2f} ({c}, {f}k) | {pb:.2f} | "
                          f"{sum(d < -2 for *_, d in below)} of {len(below)} | {wd:+.2f} ({wc}, {wf}k) |")
     return lines + [""]
-
-
-def compare_targets(main: dict, other: dict, label: str) -> str:
-    """One sentence per dataset in both tables: best cell and cells more than 2 points below the paper."""
-    parts = []
-    for ds in [d for d in other["datasets"] if d in main["datasets"]]:
-        (b, _, _), pb, below = targets(other, ds)
-        (mb, _, _), _, mbelow = targets(main, ds)
-        parts.append(f"{ds}: best {100 * b:.2f} vs paper {pb:.2f} (main table {100 * mb:.2f}), "
-                     f"{sum(d < -2 for *_, d in below)} of {len(below)} cells more than 2 points below "
-                     f"(main table {sum(d < -2 for *_, d in mbelow)} of {len(mbelow)})")
-    return f"Targets with {label} against the main table: " + "; ".join(parts) + "."
 
 
 LAN_BYTES_PER_S = 1000e6 / 8  # the paper's LAN: 1000 Mbps
@@ -699,13 +685,12 @@ def score_rows(found: dict) -> list[pages.ScoreRow]:
     return rows
 
 
-def plots(summary: dict) -> list[str]:
+def plots(summary: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = []
     runs = summary["runs"]
     fig, axes = plt.subplots(1, len(summary["datasets"]), figsize=(5 * len(summary["datasets"]), 4), squeeze=False)
     for ax, ds in zip(axes[0], summary["datasets"]):
@@ -726,7 +711,6 @@ def plots(summary: dict) -> list[str]:
     path = pages.image_path("kcagc_acc.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    out.append(str(path))
     fig, ax = plt.subplots(figsize=(6, 4))
     for ds in summary["datasets"]:
         for f in summary["factors"]:
@@ -742,8 +726,6 @@ def plots(summary: dict) -> list[str]:
     path = pages.image_path("kcagc_time.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    out.append(str(path))
-    return out
 
 
 #: Table II parts kept beside the main one, by embedding.
