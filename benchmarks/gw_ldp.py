@@ -96,9 +96,8 @@ def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int 
     """``fed_run`` of one ten-fold split with the benchmark's training settings
     (seed 0, ``--alpha``, ``--rounds`` unless ``rounds`` is given, ``--epochs``, ``--workers``)
     and any ``extra`` run-config overrides. The embedding is the class-score softmax and the GIN's
-    BatchNorm statistics the FedAvg of the clients' running statistics, as in every table measured
-    before ``gw-ldp.embedding`` and ``gw-ldp.norm-statistics`` existed; ``--parts hidden`` and
-    ``--parts norm`` override them."""
+    BatchNorm statistics the FedAvg of the clients' running statistics, Table 1's settings;
+    ``--parts hidden`` and ``--parts norm`` override them."""
     return fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model, "gw-ldp.epsilon": eps,
                              "gw-ldp.embedding": "classes", "gw-ldp.norm-statistics": "averaged",
                              "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds if rounds is None else rounds,

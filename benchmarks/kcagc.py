@@ -213,9 +213,8 @@ def cell(runs, strategy, dataset, clients, factor=None):
 
 
 def seedings(part: dict) -> int:
-    """k-means++ seedings side by side of a part's runs (parts stored before ``restarts`` was
-    recorded ran the then default, 10)."""
-    return part.get("restarts", 10)
+    """k-means++ seedings side by side of a part's runs (``kcagc.restarts``)."""
+    return part["restarts"]
 
 
 def render(found: dict, agc_ref: dict | None) -> str:
@@ -454,7 +453,7 @@ def paper_best(ds: str, paper_acc: dict = PAPER_ACC) -> float:
 
 
 def targets(summary: dict, ds: str, paper_acc: dict = PAPER_ACC) -> tuple[tuple, float, list[tuple]]:
-    """The issue's targets for one dataset: best cell (mean ACC, L, factor), the paper's best, and
+    """The targets for one dataset: best cell (mean ACC, L, factor), the paper's best, and
     (L, factor, ours minus paper in points) for every cell run (``paper_acc``: Table II's values
     unless given)."""
     runs = summary["runs"]
@@ -466,7 +465,7 @@ def targets(summary: dict, ds: str, paper_acc: dict = PAPER_ACC) -> tuple[tuple,
 
 
 def render_targets(parts: list) -> list[str]:
-    """The issue's two Table II targets for every dataset of every Table II part run (``None`` for a
+    """The two Table II targets for every dataset of every Table II part run (``None`` for a
     part not run; the first is the main table): best cell against the paper's best, and how many
     cells lie more than 2 points below the paper's value in the same cell."""
     lines = ["## Targets", "", pages.paragraph(
