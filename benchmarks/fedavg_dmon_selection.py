@@ -21,8 +21,8 @@ reports the per-client macro-F1 that each selection rule would pick:
     python benchmarks/fedavg_dmon_selection.py                      # default cells (see --cells)
     python benchmarks/fedavg_dmon_selection.py --cells cora:15:0:0,cora:15:0:1
 
-Replays are cached in ``benchmarks/results/fedavg_dmon_selection/``; the table goes to the
-``fedavg_dmon_selection`` section of ``benchmarks/RESULTS.md``.
+Replays are cached in ``benchmarks/results/fedavg_dmon_selection/``; the differences go to
+``benchmarks/results/fedavg_dmon_selection.json``, which ``fedavg_dmon.py`` renders on its page.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ sys.path.insert(0, str(HERE.parent))
 import numpy as np  # noqa: E402
 
 from app.config import ArgumentParser  # noqa: E402
-from harness import list_arg, replace_section, run_script, strategy_datasets  # noqa: E402
+from harness import list_arg, run_script, strategy_datasets  # noqa: E402
 from fedavg_dmon import run_dir  # noqa: E402  (this directory's grid: where the app's records are)
 
 CACHE = HERE / "results" / "fedavg_dmon_selection"
-MD_PATH = HERE / "RESULTS.md"
+#: The differences per cell and rule, in points; ``fedavg_dmon.py`` renders them on the fedavg-dmon page.
+JSON_PATH = HERE / "results" / "fedavg_dmon_selection.json"
 RULES = ("val", "train+val", "last", "oracle")
 DEFAULT_CELLS = ",".join(
     [f"{d}:{c}:{ov}:0" for d in ("cora", "citeseer") for ov in ("0", "0.5") for c in (2, 5, 10, 15)]
@@ -135,10 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=250)
     args = ap.parse_args(argv)
     CACHE.mkdir(parents=True, exist_ok=True)
-    lines = ["| dataset | clients | overlap | seed | val edges (all clients) | "
-             + " | ".join(f"fed - iso ({r})" for r in RULES) + " | fed F1 (val) | = app |",
-             "|---|---|---|---|---|" + "---|" * len(RULES) + "---|---|"]
-    summary = {r: [] for r in RULES}
+    rows = []
     for dataset, clients, overlap, seed in args.cells:
         f1 = {}
         for mode in ("federated", "isolated"):
@@ -147,29 +145,16 @@ def main(argv=None) -> int:
                 path.write_text(json.dumps(replay(dataset, clients, overlap, seed, mode, args.rounds)))
             run = json.loads(path.read_text())
             f1[mode] = {r: selected_f1(run, mode, r) for r in RULES}
-        edges = sum(run["edges"]["val"])  # the same partition and split in both modes
-        diffs = {r: f1["federated"][r] - f1["isolated"][r] for r in RULES}
-        for r in RULES:
-            summary[r].append(diffs[r])
         rec = app_record(dataset, clients, overlap, seed, "federated", args.rounds)
-        check = "-" if rec is None else ("yes" if abs(rec - f1["federated"]["val"]) < 1e-9 else f"NO ({100 * rec:.1f})")
-        lines.append(f"| {dataset} | {clients} | {overlap:g} | {seed} | {edges} | "
-                     + " | ".join(f"{100 * diffs[r]:+.1f}" for r in RULES)
-                     + f" | {100 * f1['federated']['val']:.1f} | {check} |")
-        print(lines[-1], flush=True)
-    lines.append("| **cells with fed > iso** | | | | | " + " | ".join(
-        f"{sum(d > 0 for d in summary[r])} of {len(summary[r])}" for r in RULES) + " | | |")
-    body = "\n".join([
-        "## fedavg-dmon: sensitivity of federated vs isolated to the selection rule", "",
-        "`python benchmarks/fedavg_dmon_selection.py` replays the app's training with the protocol's plain functions "
-        "(`= app`: the replayed validation-selected federated F1 equals the app's record of the same run) and "
-        "scores every round; each column is (federated - isolated) per-client macro-F1 in points, one seed per row, "
-        f"{args.rounds} rounds. Rules: `val` = the app's validation-edge modularity; `train+val` = the same on all "
-        "non-test edges; `last` = final weights; `oracle` = each client's best-F1 round in both modes (labels; a "
-        "bound, not a method; the paper selects each client's round on validation F1, i.e. of this kind).", "",
-        *lines, ""])
-    replace_section(MD_PATH, "fedavg_dmon_selection", body)
-    print(lines[-1])
+        rows.append({"dataset": dataset, "clients": clients, "overlap": overlap, "seed": seed,
+                     "val_edges": sum(run["edges"]["val"]),  # the same partition and split in both modes
+                     "fed_minus_iso": {r: round(100 * (f1["federated"][r] - f1["isolated"][r]), 4) for r in RULES},
+                     "fed_f1_val": round(100 * f1["federated"]["val"], 1),
+                     "app_f1_val": None if rec is None else round(100 * rec, 1),
+                     "equals_app": None if rec is None else abs(rec - f1["federated"]["val"]) < 1e-9})
+        print(json.dumps(rows[-1]), flush=True)
+    JSON_PATH.write_text(json.dumps({"rounds": args.rounds, "rules": list(RULES), "rows": rows}, indent=1) + "\n")
+    print(f"wrote {JSON_PATH}; the page: python benchmarks/fedavg_dmon.py --report")
     return 0
 
 

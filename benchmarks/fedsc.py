@@ -20,8 +20,8 @@
    checks the Flower run gives identical labels and objective values).
 5. Cost: protocol time and bytes per round of the digits runs.
 
-Writes ``benchmarks/results/fedsc.json``, PNG plots next to it and the
-``fedsc`` section of ``benchmarks/RESULTS.md``.
+Writes ``benchmarks/results/fedsc.json``, then ``docs/results/fedsc.md`` with its
+plots under ``docs/results/img/`` and its scoreboard rows (``--report``: only these).
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level ``benchmarks`` package
 
 from app.config import ArgumentParser  # noqa: E402
-from harness import list_arg, replace_section, run_script, value_arg  # noqa: E402
+from harness import list_arg, run_script, value_arg  # noqa: E402
 from app.clustering import kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.data.partition import partition  # noqa: E402
@@ -53,8 +54,9 @@ from app.registry import validate  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 from strategies.fedsc import pooled_features  # noqa: E402
 
+import pages  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
-MD = ROOT / "benchmarks" / "RESULTS.md"
 CLIENTS = 8
 NOISE = (0.0, 0.3, 0.7)
 #: landmarks per dataset: Iris 30 as in the authors' code; digits 300 (the
@@ -82,9 +84,9 @@ EPSILONS = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)
 IRIS_DP_SIGMA = 2.5
 #: The parts of the run, each skippable with ``--skip``.
 PARTS = ("table", "grid", "dp", "errors", "attack")
-#: When the clients' data noise started to come from OS entropy (before: one seeded draw shared with
-#: the reference).
-OS_ENTROPY_SINCE = "2026-11-23T08:00Z"
+#: The data noise of the k-means and SC references (``reference_noise`` in fedsc.json): the clients
+#: draw theirs from OS entropy, which the server cannot replay, so the references draw their own.
+REFERENCE_NOISE = "their own draw (the clients draw from OS entropy)"
 
 
 def run(dataset: str, seed: int, **overrides) -> dict:
@@ -229,7 +231,7 @@ def attack(alphas=ALPHAS) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------
-def plots(summary: dict) -> list[str]:
+def plots(summary: dict) -> None:
     from plots import plot_metric_vs_rounds
 
     import matplotlib
@@ -237,7 +239,6 @@ def plots(summary: dict) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     if summary.get("errors"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for ds, c in summary["errors"].items():
@@ -249,12 +250,11 @@ def plots(summary: dict) -> list[str]:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(RESULTS / "fedsc_reconstruction.png", dpi=120)
+        fig.savefig(pages.image_path("fedsc_reconstruction.png"), dpi=120)
         plt.close(fig)
-        paths.append(str(RESULTS / "fedsc_reconstruction.png"))
-        paths.append(str(plot_metric_vs_rounds(
-            {ds: c["objective"] for ds, c in summary["errors"].items()}, RESULTS / "fedsc_objective.png",
-            metric="sum_p f_p(Z, C_p)", title="FedSC objective vs rounds (8 clients, seed 0)")))
+        plot_metric_vs_rounds(
+            {ds: c["objective"] for ds, c in summary["errors"].items()}, pages.image_path("fedsc_objective.png"),
+            metric="sum_p f_p(Z, C_p)", title="FedSC objective vs rounds (8 clients, seed 0)")
     if summary.get("dp"):
         fig, ax = plt.subplots(figsize=(6, 4))
         eps = [c["reported_epsilon"] for c in summary["dp"]]
@@ -271,9 +271,8 @@ def plots(summary: dict) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(RESULTS / "fedsc_dp.png", dpi=120)
+        fig.savefig(pages.image_path("fedsc_dp.png"), dpi=120)
         plt.close(fig)
-        paths.append(str(RESULTS / "fedsc_dp.png"))
     if summary.get("grid"):
         alphas = sorted({c["alpha_z"] for c in summary["grid"]})
         grid = np.array([[next(c["acc"][0] for c in summary["grid"] if c["alpha_z"] == az and c["alpha_c"] == ac)
@@ -290,35 +289,36 @@ def plots(summary: dict) -> list[str]:
         fig.colorbar(im, ax=ax, label="ACC")
         ax.set_title("digits: FedSC with perturbed factors", fontsize=10)
         fig.tight_layout()
-        fig.savefig(RESULTS / "fedsc_factor_noise.png", dpi=120)
+        fig.savefig(pages.image_path("fedsc_factor_noise.png"), dpi=120)
         plt.close(fig)
-        paths.append(str(RESULTS / "fedsc_factor_noise.png"))
-    return paths
 
 
 def pct(v) -> str:
     return "—" if v is None else f"{100 * v:.2f}"
 
 
+SLUG = "fedsc"
+REGENERATE = "python benchmarks/fedsc.py --report"
+#: The accuracy target on Iris: FedSC within this many points of the paper's FedSC, and the digits cost target.
+IRIS_TOLERANCE = 1.0
+COST_TARGET_S = 10.0
+
+
 def markdown(summary: dict) -> str:
-    lines = ["<!-- fedsc:start -->", "## FedSC: federated spectral clustering", "",
-             f"`{summary['command']}` — {summary['generated_utc']}, {summary['elapsed_s']:.0f} s on the shared "
-             "2-core machine. 8 clients, samples split at random (`sample`), S = 20 rounds (iris-S40: 40), "
-             "lambda = 1e-4, sigma = mean pairwise distance (estimated from the clients), kNN with ceil(ln n) "
-             "neighbours. Landmarks: Iris 30 (authors' code), digits 300, circles and digits-rule by the "
-             "federated spectral-mass rule at the authors' 99% (`fedsc.mass=0.99`). cora-graph: graph mode, "
-             "Cora nodes split at random (`node-random`), "
-             "features AGC-filtered 9 times on each client's own subgraph, d = 100. "
-             "ACC in percent, mean over seeds (std in the JSON). k-means and SC run on the pooled samples with "
-             "data noise of the same size (their own draw: since 2026-11-23T08:00Z each client draws its noise "
-             "from OS entropy, which the server cannot replay"
-             + ("; the rows below were measured before, when clients and reference shared one seeded draw"
-                if summary["generated_utc"] < OS_ENTROPY_SINCE else "") + "); SC is the run's own centralised "
-             "reference (exact kernel, same sigma, same kNN rule). Paper values exist for Iris only "
-             "(COIL20/MNIST/CIFAR10 are not available offline).", "",
-             "| data | noise | seeds | k-means paper / ours | SC paper / ours | FedSC paper / ours / diff | "
-             "FedSC - SC (ours) | NMI FedSC / SC | d |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """The FedSC page's body from ``fedsc.json``."""
+    lines = [pages.paragraph(
+        f"`{summary['command']}`: 8 clients, samples split at random (`sample`), S = 20 rounds (iris-S40: 40), "
+        "lambda = 1e-4, sigma = mean pairwise distance (estimated from the clients), kNN with ceil(ln n) "
+        "neighbours. Landmarks d: Iris 30 (authors' code), digits 300, circles and digits-rule by the federated "
+        "spectral-mass rule at the authors' 99% (`fedsc.mass=0.99`). cora-graph: graph mode, Cora nodes split "
+        "at random, features AGC-filtered 9 times on each client's own subgraph, d = 100. k-means and SC (the "
+        "run's centralised reference: exact kernel, same sigma and kNN rule) run on the pooled samples with data "
+        f"noise of the same size, {summary['reference_noise']}. Paper values exist for Iris only (COIL20, MNIST "
+        "and CIFAR10 are not available offline). ACC %, mean over seeds (std in the JSON)."), "",
+        "## Accuracy", "",
+        "| data | noise | seeds | k-means paper / ours | SC paper / ours | FedSC paper / ours / diff | "
+        "FedSC - SC (ours) | NMI FedSC / SC | d |",
+        "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["table"]:
         p = r["paper"] or {}
         diff = "—" if not p else f"{100 * (r['fedsc_acc'][0] - p['fedsc']):+.2f}"
@@ -327,71 +327,99 @@ def markdown(summary: dict) -> str:
             f"{pct(r['kmeans_acc'][0])} | {pct(p.get('sc'))} / {pct(r['sc_acc'][0])} | {pct(p.get('fedsc'))} / "
             f"{pct(r['fedsc_acc'][0])} / {diff} | {100 * (r['fedsc_acc'][0] - r['sc_acc'][0]):+.2f} | "
             f"{pct(r['fedsc_nmi'][0])} / {pct(r['sc_nmi'][0])} | {r['landmarks']} |")
+    cost = summary.get("cost")
+    if cost:
+        lines += ["", "## Cost", "", pages.paragraph(
+            f"Digits (1,797 samples, 8 clients, d = 300, 20 rounds; mean over {cost['runs']} runs): protocol "
+            f"{cost['protocol_s']:.2f} s (target < {COST_TARGET_S:g} s), {cost['round_s']:.3f} s and "
+            f"{cost['round_bytes_up'] / 1e6:.2f} MB up / {cost['round_bytes_down'] / 1e6:.2f} MB down per round, "
+            f"{cost['bytes_up'] / 1e6:.2f} MB up / {cost['bytes_down'] / 1e6:.2f} MB down in total; the "
+            "in-process grid runs the 8 clients one after another on a machine shared with other jobs.")]
     if summary.get("grid"):
         alphas = sorted({c["alpha_z"] for c in summary["grid"]})
-        lines += ["", f"Perturbed factors on digits (ACC %, {len(summary['grid'][0]['runs'])} seeds; "
-                  "paper values are COIL20, layout only): paper / ours", "",
-                  "| alpha_z \\ alpha_c | " + " | ".join(f"{a:g}" for a in alphas) + " |",
-                  "|---|" + "---|" * len(alphas)]
+        lines += ["", "## Perturbed factors", "", pages.paragraph(
+            f"Digits, ACC %, {len(summary['grid'][0]['runs'])} seeds; a cell reads paper / ours, the paper's "
+            "values are COIL20's (layout only)."), "",
+            "| alpha_z \\ alpha_c | " + " | ".join(f"{a:g}" for a in alphas) + " |", "|---|" + "---|" * len(alphas)]
         for az in alphas:
             cells = []
-            for j, ac in enumerate(alphas):
+            for ac in alphas:
                 c = next(c for c in summary["grid"] if c["alpha_z"] == az and c["alpha_c"] == ac)
                 paper = PAPER_GRID.get(az, (None,) * 4)[ALPHAS.index(ac)] if ac in ALPHAS else None
                 cells.append(f"{pct(paper)} / {pct(c['acc'][0])}")
             lines.append(f"| {az:g} | " + " | ".join(cells) + " |")
+        lines += ["", pages.figure(pages.image_path("fedsc_factor_noise.png"), "ACC with perturbed factors")]
     if summary.get("dp"):
         sigma = summary.get("dp_sigma")
-        how = (f"kernel width set to {sigma:g} in the run config, so that no un-noised distance statistic "
-               "leaves a client (2.5 is the non-private estimate 2.545 rounded, acceptable for public Iris; a "
-               "deployment must fix it without looking at private data)" if sigma else "kernel width estimated from un-noised client statistics, outside the "
-               "accounted epsilon")
-        lines += ["", f"Calibrated variant on Iris (clip Z_p to 50 per client-array, c_i to 5 per sample, "
-                  "Gaussian noise, half the budget each; epsilon from the Opacus RDP accountant, delta = 1e-5; "
-                  f"{how}{'; ' + summary['dp_command'] if summary.get('dp_command') else ''}):", "",
-                  "| target epsilon | accountant epsilon | ACC % |", "|---|---|---|"]
+        how = (f"kernel width {sigma:g} set in the run config, so no un-noised distance statistic leaves a "
+               "client (the non-private estimate rounded: acceptable for public Iris; a deployment fixes it "
+               "without looking at private data)" if sigma else
+               "kernel width estimated from un-noised client statistics, outside the accounted epsilon")
+        lines += ["", "## Calibrated variant (DP)", "", pages.paragraph(
+            "Iris: Z_p clipped to 50 per client-array, c_i to 5 per sample, Gaussian noise with half the budget "
+            f"each; epsilon from the Opacus RDP accountant, delta = 1e-5; {how}"
+            + (f"; `{summary['dp_command']}`" if summary.get("dp_command") else "") + "."), "",
+            "| target epsilon | accountant epsilon | ACC % |", "|---|---|---|"]
         for c in summary["dp"]:
             lines.append(f"| {c['target_epsilon']:g} | {c['reported_epsilon']:.3f} | {pct(c['acc'][0])} "
-                         f"+- {100 * c['acc'][1]:.2f} |")
+                         f"± {100 * c['acc'][1]:.2f} |")
+        lines += ["", pages.figure(pages.image_path("fedsc_dp.png"), "Iris ACC against epsilon")]
     if summary.get("errors"):
-        lines += ["", "Reconstruction error ||K - C'K(Z,Z)C||_F / ||K||_F (8 clients, seed 0; protocol "
-                  "functions in memory, the server cannot compute it):", "",
-                  "| data | d | round 1 | round 5 | round 10 | round 20 | last |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "## Reconstruction error", "", pages.paragraph(
+            "||K - C'K(Z,Z)C||_F / ||K||_F, 8 clients, seed 0, with the protocol functions in memory (the server "
+            "cannot compute it)."), "",
+            "| data | d | round 1 | round 5 | round 10 | round 20 | last |", "|---|---|---|---|---|---|---|"]
         for ds, c in summary["errors"].items():
             e = c["error"]
             lines.append(f"| {ds} | {c['landmarks']} | {e[0]:.4f} | {e[4]:.4f} | {e[9]:.4f} | {e[19]:.4f} | "
                          f"{e[-1]:.4f} (round {len(e)}) |")
+        lines += ["", pages.figure(pages.image_path("fedsc_reconstruction.png"), "reconstruction error"), "",
+                  pages.figure(pages.image_path("fedsc_objective.png"), "objective against rounds")]
     if summary.get("attack"):
-        lines += ["", "Reconstruction attack: the server recovers each sample from Z, sigma and its coefficient "
-                  "column (`app.protocols.fedsc.invert_coefficients`; k(Z, x_i) = (K_zz + lambda I) c_i gives "
-                  "the distances to the d >= m + 1 landmarks). Relative error ||X_rec - X||_F / ||X||_F, "
-                  "C_p perturbed by alpha_c as in the protocol (8 clients, seed 0); 'mean' = guessing every "
-                  "sample as the mean:", "",
-                  "| data | alpha_c = 0 | 0.05 | 0.1 | 0.15 | mean |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Reconstruction attack", "", pages.paragraph(
+            "The server recovers each sample from Z, sigma and its coefficient column "
+            "(`app.protocols.fedsc.invert_coefficients`: k(Z, x_i) = (K_zz + lambda I) c_i gives the distances "
+            "to the d >= m + 1 landmarks). Relative error ||X_rec - X||_F / ||X||_F with C_p perturbed by "
+            "alpha_c (8 clients, seed 0); 'mean' guesses every sample as the mean."), "",
+            "| data | alpha_c = 0 | 0.05 | 0.1 | 0.15 | mean |", "|---|---|---|---|---|---|"]
         for ds in dict.fromkeys(r["dataset"] for r in summary["attack"]):
             rows = [r for r in summary["attack"] if r["dataset"] == ds]
             lines.append(f"| {ds} | " + " | ".join(f"{r['relative_error']:.3g}" for r in rows)
                          + f" | {rows[0]['mean_guess']:.3f} |")
-        lines += ["", "Noise-free, the server recovers every sample to machine precision. The failure of this "
-                  "naive inversion under factor noise is not a guarantee (a regularised attacker may do better); "
-                  "only the calibrated variant carries a formal bound."]
+        lines += ["", pages.paragraph(
+            "Noise-free, the server recovers every sample to machine precision. The failure of this naive "
+            "inversion under factor noise is not a guarantee; only the calibrated variant carries a formal bound.")]
+    return "\n".join(lines) + "\n"
+
+
+def score_rows(summary: dict) -> list[pages.ScoreRow]:
+    """One row per Iris noise level of the paper's table, one for the digits cost target."""
+    rows = []
+    for r in (r for r in summary["table"] if r["paper"]):
+        ours, paper = 100 * r["fedsc_acc"][0], 100 * r["paper"]["fedsc"]
+        met = ours >= paper - IRIS_TOLERANCE
+        rows.append(pages.ScoreRow(
+            method="fedsc", dataset=f"{r['dataset']}, noise {r['noise']:g} sigma", metric="ACC %",
+            paper=f"{paper:.2f}", ours=f"{ours:.2f}", reference=f"{pct(r['sc_acc'][0])} (SC)",
+            time=f"{np.mean([x['protocol_s'] for x in r['runs']]):.2f} s",
+            traffic=f"{np.mean([x['bytes_up'] for x in r['runs']]) / 1e6:.2f} MB up", epsilon="-",
+            verdict="met" if met else "not met", why=f"target: within {IRIS_TOLERANCE:g} point of the paper's FedSC",
+            page=SLUG, anchor=pages.anchor("Accuracy")))
     cost = summary.get("cost")
     if cost:
-        lines += ["", f"Cost on digits (1,797 samples, 8 clients, d = 300, 20 rounds; mean over "
-                  f"{cost['runs']} runs): protocol {cost['protocol_s']:.2f} s (target < 10 s), "
-                  f"{cost['round_s']:.3f} s and {cost['round_bytes_up'] / 1e6:.2f} MB up / "
-                  f"{cost['round_bytes_down'] / 1e6:.2f} MB down per round, "
-                  f"{cost['bytes_up'] / 1e6:.2f} MB up / {cost['bytes_down'] / 1e6:.2f} MB down in total. "
-                  "Measured on the in-process grid, which runs the 8 clients one after another on a machine "
-                  "shared with other jobs (load average 9-12 on 2 cores)."]
-    if summary.get("plots"):
-        lines += ["", "Plots: " + ", ".join(f"`{Path(p).relative_to(ROOT)}`" for p in summary["plots"]) + "."]
-    lines.append("<!-- fedsc:end -->")
-    return "\n".join(lines)
+        rows.append(pages.ScoreRow(
+            method="fedsc", dataset="digits", metric="protocol s", paper="-", ours=f"{cost['protocol_s']:.2f}",
+            reference="-", time=f"{cost['protocol_s']:.2f} s", traffic=f"{cost['bytes_up'] / 1e6:.1f} MB up",
+            epsilon="-", verdict="met" if cost["protocol_s"] < COST_TARGET_S else "not met",
+            why=f"target < {COST_TARGET_S:g} s, 8 clients, d = 300, 20 rounds", page=SLUG, anchor=pages.anchor("Cost")))
+    return rows
 
 
-def update_md(section: str) -> None:
-    replace_section(MD, "fedsc", section.replace("<!-- fedsc:start -->", "").replace("<!-- fedsc:end -->", ""))
+def write_report(summary: dict) -> Path:
+    """Re-render ``docs/results/fedsc.md``, its plots and scoreboard rows from ``summary`` (``fedsc.json``)."""
+    plots(summary)
+    pages.write_scoreboard_rows("fedsc", score_rows(summary))
+    return pages.write_page(SLUG, "FedSC: federated spectral clustering (`fedsc`)", markdown(summary), REGENERATE)
 
 
 def cost_of(table: list[dict]) -> dict | None:
@@ -422,19 +450,17 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true",
                     help="parts in --skip keep their figures from benchmarks/results/fedsc.json (the header keeps "
                          "naming the accuracy table's run; a re-run DP curve names its own)")
-    ap.add_argument("--render", action="store_true",
-                    help="only re-render the RESULTS.md section from benchmarks/results/fedsc.json")
+    ap.add_argument("--report", action="store_true",
+                    help="only re-render docs/results/fedsc.md and its plots from benchmarks/results/fedsc.json")
     args = ap.parse_args(argv)
-    if args.render:
-        section = markdown(json.loads((RESULTS / "fedsc.json").read_text()))
-        update_md(section)
-        print(section)
+    if args.report:
+        print(write_report(json.loads((RESULTS / "fedsc.json").read_text())))
         return 0
     skip = set(args.skip)
     started = time.time()
     command = "python benchmarks/fedsc.py " + " ".join(argv if argv is not None else sys.argv[1:])
     old = json.loads((RESULTS / "fedsc.json").read_text()) if args.keep else {}
-    summary = {"command": command, "clients": CLIENTS, "landmarks": LANDMARKS}
+    summary = {"command": command, "clients": CLIENTS, "landmarks": LANDMARKS, "reference_noise": REFERENCE_NOISE}
     summary["table"] = old.get("table", []) if "table" in skip else accuracy_table(args.seeds, args.digits_seeds)
     summary["cost"] = old.get("cost") if "table" in skip else cost_of(summary["table"])
     summary["errors"] = old.get("errors", {}) if "errors" in skip else error_curves()
@@ -449,19 +475,16 @@ def main(argv=None) -> int:
         summary["dp_sigma"], summary["dp_command"] = old["dp_sigma"], old.get("dp_command")
     if args.keep:
         if "table" in skip:  # the header (command, time) belongs to the accuracy table it describes
-            summary.update({k: old[k] for k in ("command", "elapsed_s", "generated_utc") if k in old})
+            kept = ("command", "elapsed_s", "generated_utc", "reference_noise")
+            summary.update({k: old[k] for k in kept if k in old})
         if "dp" not in skip and "table" in skip:  # the DP curve names its own run
-            summary["dp_command"] = f"`{command}`, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}"
+            summary["dp_command"] = command
     RESULTS.mkdir(parents=True, exist_ok=True)
-    summary["plots"] = plots(summary)
     for row in summary["table"]:
         for r in row["runs"]:
             r.pop("per_round", None)
     (RESULTS / "fedsc.json").write_text(json.dumps(summary, indent=2) + "\n")
-    section = markdown(summary)
-    update_md(section)
-    print(section)
-    print(f"wrote {RESULTS / 'fedsc.json'} and {MD}")
+    print(f"wrote {RESULTS / 'fedsc.json'} and {write_report(summary)}")
     return 0
 
 

@@ -383,23 +383,6 @@ def render_markdown(suite: Suite, summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_section(path: str | Path, key: str, body: str) -> Path:
-    """Put ``body`` between the markers ``<!-- key:start -->`` / ``<!-- key:end -->``
-    of the Markdown file ``path``, replacing what was there or appending the
-    section (for the method scripts that write a section of benchmarks/RESULTS.md)."""
-    path = Path(path)
-    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
-    block = f"{start}\n{body.strip(chr(10))}\n{end}\n"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
-    return path
-
-
 # ---------------------------------------------------------------------------
 # plots
 # ---------------------------------------------------------------------------

@@ -215,7 +215,7 @@ class FedSpectralPlus(ClusteringStrategy):
     def solver(self) -> str:
         """Exact mode's iteration, ``auto`` resolved: under DP noise orthogonal iteration keeps
         the labels closer to centralised at the same noise multiplier and at the same epsilon
-        (benchmarks/RESULTS.md, FedSpectral solvers), without noise block Krylov needs a third of
+        (docs/results/fedspectral.md, server iteration), without noise block Krylov needs a third of
         the rounds for the same labels."""
         solver = str(self.config["fedspectral-plus.solver"])
         if solver != "auto":

@@ -42,7 +42,7 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    training graph. FedAvg of
    the clients' exponential running averages (``averaged``) instead mixes
    per-client statistics that lag behind the weights (MUTAG, GIN: 10-fold
-   results in benchmarks/RESULTS.md). Under training DP the statistics are
+   results in docs/results/gw-ldp.md). Under training DP the statistics are
    frozen and not uploaded (``auto`` = ``averaged``; ``pooled`` is refused,
    and a client under training DP refuses ``gw_norm`` itself).
 3. ``gw_embed`` (down: final weights, epsilon, layer, round) after training

@@ -26,7 +26,7 @@ Per party (Protocol 1, local):
     (Cora L=16: 58% vs 67.5% at L=2). Unit rows weigh every party equally per
     node (cosine geometry, as in Ng-Jordan-Weiss spectral clustering); keeping
     ``S`` (not whitening, as ``"normalized"`` does) measured 1-4 points better
-    on Cora and CiteSeer; see benchmarks/RESULTS.md (kcagc) for the comparison.
+    on Cora and CiteSeer; docs/results/kcagc.md, "Per-party embedding", compares them.
     Per-party unit rows weigh an uninformative narrow block as much as an
     informative one; the joint scaling weighs each party by its share of the
     node's norm instead, at the price of one secure sum of the n squared row
