@@ -217,8 +217,8 @@ def test_agc_fixed_and_adaptive_on_sbm():
 
 
 def test_agc_with_fewer_feature_columns_than_clusters_keeps_every_singular_vector():
-    """A narrow vertical block (iris over 2 parties: 2 columns, 3 classes) used to stop the run with
-    'need k <= number of samples (2)'; AGC then clusters the whole column space."""
+    """A narrow vertical block (iris over 2 parties: 2 columns, 3 classes) has fewer singular vectors
+    than clusters: AGC clusters the whole column space."""
     A, x, y = planted_partition(n=300, k=3, seed=1, feat_noise=1.0)
     narrow = x[:, :2]
     for order in (3, None):

@@ -142,7 +142,7 @@ def test_refuses_flipped_bytes(written):
 
 
 def test_refuses_rewritten_array(written):
-    # A well-formed npz whose arrays were changed (hash no longer matches the header).
+    # A well-formed npz whose arrays were changed (its hash does not match the header).
     p = written / "client-2.npz"
     with np.load(p) as z:
         arrays = {k: z[k] for k in z.files}
@@ -332,7 +332,7 @@ KARATE = ["--dataset", "karate", "--partitioner", "node-random", "--num-clients"
     (["--eval-file", "{tmp}/eval.npz", "--eval-contents", "foo"],
      "invalid value 'foo' for '--eval-contents'; valid choices: labels-only, full"),
     (["--eval-file", "{tmp}/afile/eval.npz"], "--eval-file: '{tmp}/afile' is a file; valid: a file in a directory"),
-    # these three used to fail with a traceback after the shards and manifest.json were written
+    # these three are refused before any shard or manifest.json is written
     (["--eval-file", "{tmp}/adir"], "--eval-file: '{tmp}/adir' is a directory; valid: a file in a directory"),
     (["--eval-file", "/proc/no-such/eval.npz"],
      "--eval-file: '/proc/no-such' cannot be created or written (No such file or directory); valid: a file in a "

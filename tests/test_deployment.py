@@ -38,7 +38,7 @@ DEPLOYED = {
 
 
 def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path):
-    """It used to start the whole federation and end after a minute with 'no result', no reason."""
+    """Nothing starts: a bad key stops the federation before its first certificate, shard or process."""
     from app.config import ConfigError
 
     with pytest.raises(ConfigError, match="^dataset 'mutag' is a graph collection; strategy 'kcagc'"):
