@@ -26,7 +26,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from app import registry  # noqa: E402
 from app.config import ConfigError, RunConfig, SharedConfig  # noqa: E402
 from app.data.datasets import dataset_label  # noqa: E402
-from app.data.params import DataRootConfig, dataset_kwargs, partition_kwargs  # noqa: E402
+from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa: E402
 from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard  # noqa: E402
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
@@ -107,7 +107,7 @@ def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordD
         partition_id=int(node_config["partition-id"]),
         num_partitions=int(node_config["num-partitions"]),
         seed=shared.seed,
-        data_root=DataRootConfig.of(config).root,
+        data_root=data_root(config),
         dataset_kwargs=dataset_kwargs(values),
         partition_kwargs=partition_kwargs(shared.partitioner, values),
     )

@@ -19,7 +19,7 @@ from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, SharedConfig, parse_assignments
 from app.data import memory
 from app.data.datasets import dataset_label, is_builtin
-from app.data.params import DataRootConfig, PathDataConfig, dataset_kwargs
+from app.data.params import data_root, dataset_kwargs
 from app.data.parties import PARTIES
 from app.engine import EngineError
 from app.privacy.secagg import SecAggError
@@ -54,7 +54,7 @@ def run_experiment(
     config = registry.validate(raw)  # fail before any engine starts
     if not is_builtin(dataset) and dataset != PARTIES and not memory.is_memory(dataset):
         raw["dataset"] = str(Path(dataset).expanduser().resolve())
-        node_table = PathDataConfig.of(config).node_table
+        node_table = config["data.node-table"]
         if node_table:
             raw["data.node-table"] = str(Path(node_table).expanduser().resolve())
         config = registry.validate(raw)
@@ -120,7 +120,7 @@ def _check_against_data(config, num_clients: int):
     from app.data.types import GraphCollection
 
     shared = SharedConfig.of(config)
-    data = server_data(shared.dataset, DataRootConfig.of(config).root, shared.seed, dataset_kwargs(config.as_dict()))
+    data = server_data(shared.dataset, data_root(config), shared.seed, dataset_kwargs(config.as_dict()))
     registry.get(shared.strategy).strategy.check_data(config, DataProfile.of(data))
     node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
     items, what = ((data.num_graphs, "graphs") if isinstance(data, GraphCollection)

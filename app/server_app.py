@@ -25,7 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 from app import registry
 from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.datasets import DataProfile, dataset_label
-from app.data.params import DataRootConfig, dataset_kwargs
+from app.data.params import data_root, dataset_kwargs
 from app.data.evaluation import load_evaluation
 from app.data.parties import PARTIES
 from app.data.shards import server_data
@@ -50,7 +50,7 @@ def evaluation_data(config: RunConfig):
     return server_data(
         dataset=shared.dataset,
         seed=shared.seed,
-        data_root=DataRootConfig.of(config).root,
+        data_root=data_root(config),
         dataset_kwargs=dataset_kwargs(config.as_dict()),
     )
 

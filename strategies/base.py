@@ -17,7 +17,6 @@ import numpy as np
 
 from app.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecAggConfig, SharedConfig, ViewT
 from app.data import memory
-from app.data.params import SBMConfig
 from app.data.parties import PARTIES
 from app.data.types import GraphCollection, GraphData
 from app.wire import ProtocolError
@@ -163,7 +162,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
         dataset = SharedConfig.of(config).dataset
         if is_builtin(dataset):
-            cls.check_data(config, builtin_profile(dataset, SBMConfig.of(config).features))
+            cls.check_data(config, builtin_profile(dataset, config["sbm.features"]))
 
     @classmethod
     def check_data(cls, config: RunConfig, profile) -> None:

@@ -10,10 +10,9 @@ path (kwargs of :func:`app.data.formats.read_graph`), ``partition.*`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
-from app.config import ConfigError, ConfigView, Param
+from app.config import ConfigError, Param
 
 from .datasets import DATASET_PARAMS, FILE_DATASETS, PATH_PARAMS, is_builtin
 from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, RUN_CONFIG_KEYS, VERTICAL_SPLITS
@@ -75,41 +74,6 @@ DATA_PARAMS: list[Param] = [
 ]
 
 _BY_KEY = {p.key: p for p in DATA_PARAMS}
-
-
-@dataclass(frozen=True)
-class DataRootConfig(ConfigView):
-    """Where the raw datasets are: ``data-root``."""
-
-    data_root: str
-
-    @property
-    def root(self) -> str | None:
-        """The folder, or None when empty (then $FEDGRAPH_DATA_ROOT, else the default)."""
-        return self.data_root or None
-
-
-@dataclass(frozen=True)
-class PathDataConfig(ConfigView):
-    """The options of a dataset given by path: ``data.*``."""
-
-    prefix: ClassVar[str] = "data"
-    node_table: str
-    label_column: str
-    weighted: bool
-
-
-@dataclass(frozen=True)
-class SBMConfig(ConfigView):
-    """The synthetic attributed SBM's parameters: ``sbm.*``."""
-
-    prefix: ClassVar[str] = "sbm"
-    nodes: int
-    blocks: int
-    p_in: float
-    p_out: float
-    features: int
-    signal: float
 
 #: run-config key -> (section, kwarg) for dataset parameters.
 _DATASET_KEYS = {
