@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from app import quiet, registry
-from app.config import ArgumentParser, ConfigError, SharedConfig, parse_assignments
+from app.config import ArgumentParser, ConfigError, RunConfig, SharedConfig, parse_assignments
 from app.data import memory
 from app.data.datasets import dataset_label, is_builtin
 from app.data.params import data_root, dataset_kwargs
@@ -51,13 +51,7 @@ def run_experiment(
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
-    config = registry.validate(raw)  # fail before any engine starts
-    if not is_builtin(dataset) and dataset != PARTIES and not memory.is_memory(dataset):
-        raw["dataset"] = str(Path(dataset).expanduser().resolve())
-        node_table = config["data.node-table"]
-        if node_table:
-            raw["data.node-table"] = str(Path(node_table).expanduser().resolve())
-        config = registry.validate(raw)
+    config = _validated_with_absolute_paths(raw)  # fail before any engine starts
     given = out_dir or SharedConfig.of(config).out_dir
     check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
     if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
@@ -78,6 +72,20 @@ def run_experiment(
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
+
+
+def _validated_with_absolute_paths(raw: dict) -> RunConfig:
+    """``raw`` validated; a dataset given by path and its ``data.node-table`` made absolute in ``raw``
+    and in the config."""
+    config = registry.validate(raw)
+    dataset = raw["dataset"]
+    if is_builtin(dataset) or dataset == PARTIES or memory.is_memory(dataset):
+        return config
+    raw["dataset"] = str(Path(dataset).expanduser().resolve())
+    node_table = config["data.node-table"]
+    if node_table:
+        raw["data.node-table"] = str(Path(node_table).expanduser().resolve())
+    return registry.validate(raw)
 
 
 def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
