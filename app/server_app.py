@@ -149,7 +149,8 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     session = ServerSession(grid, config)
     values["num-clients"] = len(session.connect())
     config = session.config = RunConfig(values)
-    strategy_cls = registry.get(SharedConfig.of(config).strategy).strategy
+    shared = SharedConfig.of(config)
+    strategy_cls = registry.get(shared.strategy).strategy
     warnings = strategy_cls.check_shards(session.clients)
     for text in warnings:
         log(WARNING, "warning: %s", text)
@@ -159,13 +160,13 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     labels, metrics, reference = (parties_outcome(strategy, party_labels, output.metrics) if data is None
                                   else evaluate_output(strategy, output, data, _num_items(data)))
     result = {
-        "strategy": strategy.shared.strategy,
-        "dataset": strategy.shared.dataset,
-        "num_clients": strategy.shared.num_clients,
+        "strategy": shared.strategy,
+        "dataset": shared.dataset,
+        "num_clients": shared.num_clients,
         "config": {key: config[key] for key in registry.keys_read(config)},
         "metrics": metrics,
         "reference": reference,
-        "quality": assess(strategy.shared.strategy, strategy.shared.dataset, config.as_dict(), metrics, reference,
+        "quality": assess(shared.strategy, shared.dataset, config.as_dict(), metrics, reference,
                           int(np.unique(labels[labels >= 0]).size), warnings),
         "timing": _timing(started, protocol_s, session.stats.rounds, setup_rounds),
         "communication": {**session.stats.as_dict(), "rejected": session.rejects,
@@ -174,7 +175,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "history": output.history,
         "notes": [] if data is None else data.meta.get("notes", []),  # a party's notes stay with it
     }
-    return _write(result, strategy.shared, labels, output, data)
+    return _write(result, shared, labels, output, data)
 
 
 def _checked_data(config: RunConfig):
