@@ -126,21 +126,33 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     options = dataset_kwargs(raw, PARTIES)  # data.node-table, data.label-column, data.weighted: the reader's
     options["node_table"] = options["node_table"] or None
     if isinstance(data, list):
-        pieces = [as_graph(piece, **options) for piece in data]
-        if not pieces:
-            raise ConfigError("an empty list of pieces; valid: one piece per party")
-        if num_clients not in (None, len(pieces)):
-            raise ConfigError(f"num_clients={num_clients!r} with {len(pieces)} pieces; valid: None or {len(pieces)} "
-                              "(one party per piece)")
-        if engine != "inprocess":
-            raise ConfigError(f"engine={engine!r} with pre-split pieces; valid: 'inprocess' (the pieces stay in "
-                              "this process)")
-        return _presplit(strategy, pieces, raw, out_dir)
+        return _cluster_pieces(strategy, [as_graph(piece, **options) for piece in data], num_clients, raw, engine,
+                               out_dir)
     whole = as_graph(data, **options)
     if engine != "inprocess" and not isinstance(data, (str, os.PathLike)):
         raise ConfigError(f"engine={engine!r} with in-memory data; valid: 'inprocess', or a file path")
+    return _cluster_whole(strategy, whole, str(data), num_clients, raw, engine, out_dir)
+
+
+def _cluster_pieces(strategy: str, pieces: list, num_clients: int | None, raw: dict, engine: str, out_dir) -> Result:
+    """:func:`cluster` on pre-split ``pieces``, one per party (in-process only)."""
+    if not pieces:
+        raise ConfigError("an empty list of pieces; valid: one piece per party")
+    if num_clients not in (None, len(pieces)):
+        raise ConfigError(f"num_clients={num_clients!r} with {len(pieces)} pieces; valid: None or {len(pieces)} "
+                          "(one party per piece)")
+    if engine != "inprocess":
+        raise ConfigError(f"engine={engine!r} with pre-split pieces; valid: 'inprocess' (the pieces stay in "
+                          "this process)")
+    return _presplit(strategy, pieces, raw, out_dir)
+
+
+def _cluster_whole(strategy: str, whole, path: str, num_clients: int | None, raw: dict, engine: str,
+                   out_dir) -> Result:
+    """:func:`cluster` on one graph or collection ``whole`` split by the partitioner: given in memory
+    on the in-process engine, else read from ``path`` by the engine's clients."""
     clients = DEFAULT_NUM_CLIENTS if num_clients is None else num_clients
-    name = memory.register(whole) if engine == "inprocess" else str(data)
+    name = memory.register(whole) if engine == "inprocess" else path
     try:
         result, labels = _execute(strategy, name, clients, raw, out_dir, engine)
     finally:

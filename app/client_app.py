@@ -24,9 +24,9 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
 from app import registry  # noqa: E402
-from app.config import ConfigError, RunConfig  # noqa: E402
+from app.config import ConfigError, RunConfig, SharedConfig  # noqa: E402
 from app.data.datasets import dataset_label  # noqa: E402
-from app.data.params import dataset_kwargs, partition_kwargs  # noqa: E402
+from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa: E402
 from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard  # noqa: E402
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
@@ -51,7 +51,7 @@ def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[
     spec = str(node_config.get(DATA_KEY) or "")
     piece = load_piece(spec, read_options(node_config))
     named = RunConfig({**config.as_dict(), "dataset": "in-memory piece" if spec.startswith("memory:") else spec})
-    registry.get(str(config["strategy"])).strategy.check_data(named, DataProfile.of(piece))
+    registry.get(SharedConfig.of(config).strategy).strategy.check_data(named, DataProfile.of(piece))
     return list(piece.meta.get("notes", []))
 
 
@@ -90,26 +90,26 @@ def party_partition(state: RecordDict | None) -> tuple[int, int]:
 def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordDict | None = None) -> Shard:
     """This node's shard: its own file in a deployment, its own data (``dataset = 'parties'``;
     ``state`` holds its partition id), else its partition."""
-    if str(config["dataset"]) == PARTIES:
+    shared = SharedConfig.of(config)
+    if shared.dataset == PARTIES:
         return party_node_shard(config.as_dict(), node_config, *party_partition(state))
     if node_config.get(DATA_KEY):
         raise ConfigError(f"node config '{DATA_KEY}' is read with dataset={PARTIES!r} only, but this run uses "
                           f"dataset={config['dataset']!r}")
     if node_config.get("shard"):
         # refuses a shard cut from another dataset or by another partitioner
-        return load_shard_file(str(node_config["shard"]), dataset=dataset_label(str(config["dataset"])),
-                               partitioner=str(config["partitioner"]))
+        return load_shard_file(str(node_config["shard"]), dataset=dataset_label(shared.dataset),
+                               partitioner=shared.partitioner)
     values = config.as_dict()
-    partitioner = str(config["partitioner"])
     return client_shard(
-        dataset=str(config["dataset"]),
-        partitioner=partitioner,
+        dataset=shared.dataset,
+        partitioner=shared.partitioner,
         partition_id=int(node_config["partition-id"]),
         num_partitions=int(node_config["num-partitions"]),
-        seed=int(config["seed"]),
-        data_root=str(config["data-root"]) or None,
+        seed=shared.seed,
+        data_root=data_root(config),
         dataset_kwargs=dataset_kwargs(values),
-        partition_kwargs=partition_kwargs(partitioner, values),
+        partition_kwargs=partition_kwargs(shared.partitioner, values),
     )
 
 
@@ -149,8 +149,9 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
         def handle(message: Message, context: Context) -> Message:
             config = registry.validate({**context.run_config, **overrides})
-            client_cls = registry.get(str(config["strategy"])).client
-            if action == HELLO and str(config["dataset"]) == PARTIES:
+            shared = SharedConfig.of(config)
+            client_cls = registry.get(shared.strategy).client
+            if action == HELLO and shared.dataset == PARTIES:
                 join_parties(config, context.node_config, context.state, message.content)
             shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)

@@ -233,7 +233,8 @@ _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 @dataclass(frozen=True)
 class SharedConfig(ConfigView):
-    """The keys every method shares (declared in :func:`app.registry.core_params`) that methods read."""
+    """The keys every method shares (declared in :func:`app.registry.core_params`), less secure
+    aggregation's (:class:`SecAggConfig`)."""
 
     strategy: str
     dataset: str
@@ -243,7 +244,12 @@ class SharedConfig(ConfigView):
     num_clients: int
     min_clients: int
     seed: int
+    retries: int
+    timeout: float
+    transport: str
+    reference: bool
     eval_file: str
+    out_dir: str
 
 
 @dataclass(frozen=True)

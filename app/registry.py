@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
-from app.config import ConfigError, Param, RunConfig, Schema
+from app.config import ConfigError, Param, RunConfig, Schema, SharedConfig
 from app.data.datasets import check_dataset_value
 from app.data.params import DATA_PARAMS, SEED, data_keys_read
 from app.data import memory
@@ -132,7 +132,8 @@ def params_read(strategy: str, dataset: str, partitioner: str) -> dict[str, list
 
 def keys_read(config: RunConfig) -> list[str]:
     """The keys the run ``config`` reads (see :func:`params_read`), in schema order."""
-    groups = params_read(str(config["strategy"]), str(config["dataset"]), str(config["partitioner"]))
+    shared = SharedConfig.of(config)
+    groups = params_read(shared.strategy, shared.dataset, shared.partitioner)
     read = {p.key for group in groups.values() for p in group}
     return [key for key in schema().params if key in read]
 
@@ -147,7 +148,7 @@ def unused_keys(config: RunConfig, keys) -> list[str]:
 def validate(raw: Mapping[str, Any]) -> RunConfig:
     """Typed, complete, checked config; ``partitioner=auto`` resolved."""
     config = schema().validate(raw)
-    strategy = get(str(config["strategy"])).strategy
+    strategy = get(SharedConfig.of(config).strategy).strategy
     strategy.check(config)
     values = config.as_dict()
     if values["partitioner"] == "auto":

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from app import quiet, registry
-from app.config import ArgumentParser, ConfigError, parse_assignments
+from app.config import ArgumentParser, ConfigError, RunConfig, SharedConfig, parse_assignments
 from app.data import memory
 from app.data.datasets import dataset_label, is_builtin
-from app.data.params import dataset_kwargs
+from app.data.params import data_root, dataset_kwargs
 from app.data.parties import PARTIES
 from app.engine import EngineError
 from app.privacy.secagg import SecAggError
@@ -51,18 +51,13 @@ def run_experiment(
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
-    config = registry.validate(raw)  # fail before any engine starts
-    if not is_builtin(dataset) and dataset != PARTIES and not memory.is_memory(dataset):
-        raw["dataset"] = str(Path(dataset).expanduser().resolve())
-        if config["data.node-table"]:
-            raw["data.node-table"] = str(Path(str(config["data.node-table"])).expanduser().resolve())
-        config = registry.validate(raw)
-    given = out_dir or config["out-dir"]
+    config = _validated_with_absolute_paths(raw)  # fail before any engine starts
+    given = out_dir or SharedConfig.of(config).out_dir
     check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
     if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
         raise ConfigError(f"{len(node_configs)} node configs for {num_clients} clients on engine {engine!r}; valid: "
                           "one per client, engine 'inprocess'")
-    if str(config["dataset"]) == PARTIES:
+    if SharedConfig.of(config).dataset == PARTIES:
         notes = _check_parties(config, node_configs)
     else:
         notes = _check_against_data(config, num_clients).meta.get("notes", [])
@@ -77,6 +72,20 @@ def run_experiment(
             with contextlib.suppress(OSError):
                 out.rmdir()
         raise
+
+
+def _validated_with_absolute_paths(raw: dict) -> RunConfig:
+    """``raw`` validated; a dataset given by path and its ``data.node-table`` made absolute in ``raw``
+    and in the config."""
+    config = registry.validate(raw)
+    dataset = raw["dataset"]
+    if is_builtin(dataset) or dataset == PARTIES or memory.is_memory(dataset):
+        return config
+    raw["dataset"] = str(Path(dataset).expanduser().resolve())
+    node_table = config["data.node-table"]
+    if node_table:
+        raw["data.node-table"] = str(Path(node_table).expanduser().resolve())
+    return registry.validate(raw)
 
 
 def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
@@ -118,15 +127,15 @@ def _check_against_data(config, num_clients: int):
     from app.data.shards import server_data
     from app.data.types import GraphCollection
 
-    data = server_data(str(config["dataset"]), str(config["data-root"]) or None, int(config["seed"]),
-                       dataset_kwargs(config.as_dict()))
-    registry.get(str(config["strategy"])).strategy.check_data(config, DataProfile.of(data))
+    shared = SharedConfig.of(config)
+    data = server_data(shared.dataset, data_root(config), shared.seed, dataset_kwargs(config.as_dict()))
+    registry.get(shared.strategy).strategy.check_data(config, DataProfile.of(data))
     node_shard(config, {"partition-id": 0, "num-partitions": num_clients})
     items, what = ((data.num_graphs, "graphs") if isinstance(data, GraphCollection)
                    else (data.num_nodes, "nodes"))
-    if config["eval-file"]:
-        check_evaluation(str(config["eval-file"]), data)
-    if config["partitioner"] != "khop" and int(config["num-clusters"]) > items:
+    if shared.eval_file:
+        check_evaluation(shared.eval_file, data)
+    if shared.partitioner != "khop" and shared.num_clusters > items:
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
                           f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
     return data

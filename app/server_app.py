@@ -23,9 +23,9 @@ from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid, ServerApp
 
 from app import registry
-from app.config import ConfigError, RunConfig
+from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.datasets import DataProfile, dataset_label
-from app.data.params import dataset_kwargs
+from app.data.params import data_root, dataset_kwargs
 from app.data.evaluation import load_evaluation
 from app.data.parties import PARTIES
 from app.data.shards import server_data
@@ -44,12 +44,13 @@ def evaluation_data(config: RunConfig):
     """What the server scores against: the ``eval-file`` in a deployment,
     else the pooled dataset (simulation), used for evaluation and the
     centralised reference only, never sent to a client."""
-    if config["eval-file"]:
-        return load_evaluation(str(config["eval-file"]), dataset_label(str(config["dataset"])))
+    shared = SharedConfig.of(config)
+    if shared.eval_file:
+        return load_evaluation(shared.eval_file, dataset_label(shared.dataset))
     return server_data(
-        dataset=str(config["dataset"]),
-        seed=int(config["seed"]),
-        data_root=str(config["data-root"]) or None,
+        dataset=shared.dataset,
+        seed=shared.seed,
+        data_root=data_root(config),
         dataset_kwargs=dataset_kwargs(config.as_dict()),
     )
 
@@ -82,7 +83,7 @@ def _reference(strategy, data, labels: np.ndarray, score) -> dict:
     metrics (``score``) and its ``agreement`` with ``labels``; ``skipped`` with the reason when
     it is not computed (``reference=false``, an eval-file without the pooled data)."""
     reference: dict = {"method": strategy.reference_method()}
-    if not strategy.config["reference"]:
+    if not strategy.shared.reference:
         return {**reference, "skipped": "reference=false"}
     if data.meta.get("evaluation") == "labels-only":
         return {**reference, "skipped": "the eval-file holds labels only (no pooled data to run it on); "
@@ -140,70 +141,110 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     """Run one experiment over ``grid``; return the result dict (also written)."""
     started = time.perf_counter()
     config = registry.validate(raw_config)
-    parties = str(config["dataset"]) == PARTIES
-    data = None if parties else evaluation_data(config)
-    if data is not None and not config["eval-file"]:  # the pooled data: what the strategy needs (a path dataset is checked only here)
-        registry.get(str(config["strategy"])).strategy.check_data(config, DataProfile.of(data))
-    num_items = 0 if parties else len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
+    data = _checked_data(config)
+    values = _with_cluster_count(config, data)
+    out_dir = SharedConfig.of(config).out_dir
+    if out_dir:
+        check_out_dir(Path(out_dir))
+    session = ServerSession(grid, config)
+    values["num-clients"] = len(session.connect())
+    config = session.config = RunConfig(values)
+    shared = SharedConfig.of(config)
+    strategy_cls = registry.get(shared.strategy).strategy
+    warnings = strategy_cls.check_shards(session.clients)
+    for text in warnings:
+        log(WARNING, "warning: %s", text)
+    strategy = strategy_cls(config)
+    setup_rounds = len(session.stats.rounds)
+    output, party_labels, protocol_s = _run_protocol(strategy, session)
+    labels, metrics, reference = (parties_outcome(strategy, party_labels, output.metrics) if data is None
+                                  else evaluate_output(strategy, output, data, _num_items(data)))
+    result = {
+        "strategy": shared.strategy,
+        "dataset": shared.dataset,
+        "num_clients": shared.num_clients,
+        "config": {key: config[key] for key in registry.keys_read(config)},
+        "metrics": metrics,
+        "reference": reference,
+        "quality": assess(shared.strategy, shared.dataset, config.as_dict(), metrics, reference,
+                          int(np.unique(labels[labels >= 0]).size), warnings),
+        "timing": _timing(started, protocol_s, session.stats.rounds, setup_rounds),
+        "communication": {**session.stats.as_dict(), "rejected": session.rejects,
+                          "dropped": [{"node": n, **d} for n, d in session.dropped.items()]},
+        "privacy": session.ledger.to_dict(),
+        "history": output.history,
+        "notes": [] if data is None else data.meta.get("notes", []),  # a party's notes stay with it
+    }
+    return _write(result, shared, labels, output, data)
+
+
+def _checked_data(config: RunConfig):
+    """The data the server scores against (:func:`evaluation_data`), None on the parties' own data;
+    the pooled dataset is checked against the strategy (a dataset given by path only here)."""
+    shared = SharedConfig.of(config)
+    if shared.dataset == PARTIES:
+        return None
+    data = evaluation_data(config)
+    if not shared.eval_file:
+        registry.get(shared.strategy).strategy.check_data(config, DataProfile.of(data))
+    return data
+
+
+def _num_items(data) -> int:
+    """The graphs of a collection, else the nodes of the graph."""
+    return len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
+
+
+def _with_cluster_count(config: RunConfig, data) -> dict:
+    """The run-config's values, ``num-clusters = 0`` replaced by the number of classes in ``data``
+    (a one-line ConfigError for data without labels)."""
     values = config.as_dict()
     if values["num-clusters"] == 0:
         values["num-clusters"] = int(np.unique(data.y[data.y >= 0]).size) if data.y is not None else 0
         if values["num-clusters"] < 1:
             raise ConfigError(f"dataset '{config['dataset']}' has no labels; valid: num-clusters >= 1 (the number "
                               "of clusters to find)")
+    return values
 
-    if config["out-dir"]:
-        check_out_dir(Path(str(config["out-dir"])))
-    session = ServerSession(grid, config)
-    values["num-clients"] = len(session.connect())
-    config = session.config = RunConfig(values)
-    strategy_cls = registry.get(str(config["strategy"])).strategy
-    warnings = strategy_cls.check_shards(session.clients)
-    for text in warnings:
-        log(WARNING, "warning: %s", text)
-    strategy = strategy_cls(config)
-    setup_rounds = len(session.stats.rounds)
+
+def _run_protocol(strategy, session: ServerSession):
+    """The strategy's protocol over ``session``: its output, on the parties' own data the labels of
+    the server's positions (delivered to the parties, :func:`deliver_labels`; else None), and the
+    protocol's seconds."""
     protocol_start = time.perf_counter()
+    labels = None
     try:
         output = strategy.run(session)
-        if parties:
+        if session.parties:
             labels = output.dense_labels(session.num_positions())
             deliver_labels(session, labels)
     finally:
         session.progress.close()
-    protocol_s = time.perf_counter() - protocol_start
-    labels, metrics, reference = (parties_outcome(strategy, labels, output.metrics) if parties
-                                  else evaluate_output(strategy, output, data, num_items))
+    return output, labels, time.perf_counter() - protocol_start
 
-    rounds = session.stats.rounds[setup_rounds:]
-    result = {
-        "strategy": config["strategy"],
-        "dataset": config["dataset"],
-        "num_clients": int(config["num-clients"]),
-        "config": {key: config[key] for key in registry.keys_read(config)},
-        "metrics": metrics,
-        "reference": reference,
-        "quality": assess(str(config["strategy"]), str(config["dataset"]), config.as_dict(), metrics, reference,
-                          int(np.unique(labels[labels >= 0]).size), warnings),
-        "timing": {
-            "total_s": time.perf_counter() - started,
-            "protocol_s": protocol_s,
-            **_side_by_side(protocol_s, rounds),
-            "handshake_s": session.stats.rounds[0]["seconds"],
-            "rounds": len(rounds),
-            "per_round_s": [r["seconds"] for r in rounds],
-            "per_round": rounds,
-        },
-        "communication": {**session.stats.as_dict(), "rejected": session.rejects,
-                          "dropped": [{"node": n, **d} for n, d in session.dropped.items()]},
-        "privacy": session.ledger.to_dict(),
-        "history": output.history,
-        "notes": [] if parties else data.meta.get("notes", []),  # a party's notes stay with it
+
+def _timing(started: float, protocol_s: float, rounds: list[dict], setup_rounds: int) -> dict:
+    """The ``timing`` section: the whole run since ``started``, the protocol and its rounds (those
+    after the first ``setup_rounds``, the handshake's)."""
+    protocol_rounds = rounds[setup_rounds:]
+    return {
+        "total_s": time.perf_counter() - started,
+        "protocol_s": protocol_s,
+        **_side_by_side(protocol_s, protocol_rounds),
+        "handshake_s": rounds[0]["seconds"],
+        "rounds": len(protocol_rounds),
+        "per_round_s": [r["seconds"] for r in protocol_rounds],
+        "per_round": protocol_rounds,
     }
-    out_dir = str(config["out-dir"]) or default_out_dir(str(config["strategy"]), dataset_label(str(config["dataset"])))
+
+
+def _write(result: dict, shared: SharedConfig, labels: np.ndarray, output, data) -> dict:
+    """Write ``result`` and ``labels`` to the run's out-dir (default: a fresh one under results/),
+    log the summary, and return ``result`` with its ``path``."""
+    out_dir = shared.out_dir or default_out_dir(shared.strategy, dataset_label(shared.dataset))
     # labels.csv names the user's IDs where the labels are the data's own items, else (k-hop subgraphs) the items';
     # on the parties' own data the server knows positions only (each party writes its IDs' labels itself)
-    if parties:
+    if data is None:
         keys, column = None, "position"
     elif output.truth is None:
         keys, column = data.keys, "graph" if isinstance(data, GraphCollection) else "node"

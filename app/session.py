@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 
 import numpy as np
 
-from app.config import RunConfig
+from app.config import RunConfig, SecAggConfig, SharedConfig
 from app.data.parties import PARTIES, SHARED_NODES, family, item_offsets, node_set_mismatch, to_positions
 from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
 from app.privacy.policy import PrivacyRefusal
@@ -38,7 +38,7 @@ from app.privacy.secagg import (
     unmask_sum,
 )
 from app.progress import Progress
-from app.transport import NO_REPLY, CommStats, describe, exchange, pack, unpack
+from app.transport import NO_REPLY, CommStats, Exchange, describe, exchange, pack, unpack
 from app.wire import HELLO, SECAGG_AGREE, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec, ValueSpec
 
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
@@ -119,7 +119,8 @@ class ServerSession:
     def __init__(self, grid: Grid, config: RunConfig) -> None:
         self.grid = grid
         self.config = config
-        self.timeout = float(config["timeout"])
+        shared = SharedConfig.of(config)
+        self.timeout = shared.timeout
         self.stats = CommStats()
         self.ledger = PrivacyLedger()
         self.rejects: list[dict] = []
@@ -128,12 +129,17 @@ class ServerSession:
         self._secagg_ready = False
         self._order: dict[int, int] = {}
         self.dropped: dict[int, dict] = {}
-        self.min_clients = max(1, int(config["min-clients"]))
-        self.retries = int(config["retries"])
+        self.min_clients = max(1, shared.min_clients)
+        self.retries = shared.retries
         self.progress = Progress()
-        self.parties = str(config["dataset"]) == PARTIES
+        self.parties = shared.dataset == PARTIES
         self.items: dict[int, int] = {}  # parties: node id -> its items (rows, or graphs)
         self.offsets: dict[int, int] = {}  # parties: node id -> where its items start among the positions
+
+    @property
+    def shared(self) -> SharedConfig:
+        """The run's shared keys, typed (of ``config``, which the ServerApp completes after the handshake)."""
+        return SharedConfig.of(self.config)
 
     # -- set-up ---------------------------------------------------------------
     def connect(self) -> list[ClientInfo]:
@@ -142,11 +148,11 @@ class ServerSession:
         ``num-clients`` > 0 waits for that many nodes; 0 takes every node
         connected once their number has been stable for ``SETTLE_S`` seconds.
         """
-        nodes = self._wait_for_nodes(int(self.config["num-clients"]))
+        nodes = self._wait_for_nodes(self.shared.num_clients)
         want = len(nodes)
         spec, contents = HELLO_SPEC, {n: RecordDict() for n in nodes}
         if self.parties:  # partition ids by Flower node id, for parties whose node config names none
-            spec = party_hello_spec(str(self.config["partitioner"]))
+            spec = party_hello_spec(self.shared.partitioner)
             contents = {n: pack(values={"partition_id": i, "num_partitions": want}) for i, n in enumerate(nodes)}
         replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []
@@ -175,7 +181,7 @@ class ServerSession:
         """Parties with their own data: where every party must hold the same nodes, stop on
         differing node sets (one line with the counts); then each party's item count and
         offset among the server's positions (:func:`app.data.parties.item_offsets`)."""
-        partitioner = str(self.config["partitioner"])
+        partitioner = self.shared.partitioner
         count = "num_graphs" if family(partitioner) == "graphs" else "num_rows"
         counts = {c.partition_id: int(c.summary[count]) for c in clients}
         if family(partitioner) in SHARED_NODES:
@@ -202,7 +208,7 @@ class ServerSession:
         """The items of all parties (parties with their own data): the server's positions."""
         if not self.items:
             return 0
-        if family(str(self.config["partitioner"])) in SHARED_NODES:
+        if family(self.shared.partitioner) in SHARED_NODES:
             return max(self.items.values())
         return sum(self.items.values())
 
@@ -267,55 +273,70 @@ class ServerSession:
         """
         self._round += 1
         sent_at = time.time()
-        result = self._send(action, category, contents, expect)
-        seconds, up, down = result.seconds, result.bytes_up, result.bytes_down
-        for _ in range(self.retries):
-            silent = {n for n, r in result.rejected.items() if r.startswith(NO_REPLY)}
-            if not silent:
-                break
-            again = self._send(action, category, {n: contents[n] for n in silent}, expect)
-            seconds, up, down = seconds + again.seconds, up + again.bytes_up, down + again.bytes_down
-            result.replies.update(again.replies)
-            result.rejected = {n: r for n, r in result.rejected.items() if n not in silent}
-            result.rejected.update(again.rejected)
-            result.refused += again.refused
+        result = self._send_with_retries(action, category, contents, expect)
         self.stats.rounds.append(
             {
                 "action": action,
                 "sent_at": sent_at,
-                "seconds": seconds,
-                "bytes_up": up,
-                "bytes_down": down,
+                "seconds": result.seconds,
+                "bytes_up": result.bytes_up,
+                "bytes_down": result.bytes_down,
                 "replies": len(result.replies),
                 **self._client_times(),
             }
         )
-        for node, reason in sorted(result.rejected.items()):
-            self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
-        self._stop_on_refusals(action, result.rejected)
-        if result.rejected:
-            reasons = set(result.rejected.values())
-            if len(result.rejected) > 1 and len(reasons) == 1:  # e.g. a setting every client refuses: say it once
-                detail = f"nodes {', '.join(map(str, sorted(result.rejected)))} all: {reasons.pop()}"
-            else:
-                detail = "; ".join(
-                    f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(result.rejected.items())
-                )
-            if require_all:
-                raise ProtocolError(f"step '{action}' rejected {len(result.rejected)} client(s): {detail}")
-            for node, reason in result.rejected.items():
-                self.dropped[node] = {"round": self._round, "action": action, "reason": reason,
-                                      "client": self._order.get(node)}
-            remaining = len(self.node_ids)
-            if remaining < self.min_clients:
-                raise ProtocolError(
-                    f"step '{action}': {remaining} client(s) left, below min-clients={self.min_clients} ({detail})"
-                )
+        self._settle_rejects(action, result.rejected, require_all)
         replies = dict(sorted(result.replies.items(), key=lambda item: self._order.get(item[0], item[0])))
         if record:
             self._record_uploads(action, replies.items(), expect)
             self._record_uploads(action, result.refused, expect, rejected=True)
         return replies
+
+    def _send_with_retries(self, action, category, contents, expect) -> Exchange:
+        """One exchange, the clients that did not answer within ``timeout`` asked again up to
+        ``retries`` times: every reply, reject and refused reply, and the summed seconds and bytes."""
+        result = self._send(action, category, contents, expect)
+        for _ in range(self.retries):
+            silent = {n for n, r in result.rejected.items() if r.startswith(NO_REPLY)}
+            if not silent:
+                break
+            again = self._send(action, category, {n: contents[n] for n in silent}, expect)
+            result.seconds += again.seconds
+            result.bytes_up += again.bytes_up
+            result.bytes_down += again.bytes_down
+            result.replies.update(again.replies)
+            result.rejected = {n: r for n, r in result.rejected.items() if n not in silent}
+            result.rejected.update(again.rejected)
+            result.refused += again.refused
+        return result
+
+    def _settle_rejects(self, action: str, rejected: Mapping[int, str], require_all: bool) -> None:
+        """Record the rejected clients; stop the run on a privacy refusal, on any reject with
+        ``require_all``, or when fewer than ``min-clients`` remain; else drop them for the rest
+        of the run."""
+        for node, reason in sorted(rejected.items()):
+            self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
+        self._stop_on_refusals(action, rejected)
+        if not rejected:
+            return
+        detail = self._rejects_in_words(rejected)
+        if require_all:
+            raise ProtocolError(f"step '{action}' rejected {len(rejected)} client(s): {detail}")
+        for node, reason in rejected.items():
+            self.dropped[node] = {"round": self._round, "action": action, "reason": reason,
+                                  "client": self._order.get(node)}
+        remaining = len(self.node_ids)
+        if remaining < self.min_clients:
+            raise ProtocolError(
+                f"step '{action}': {remaining} client(s) left, below min-clients={self.min_clients} ({detail})"
+            )
+
+    def _rejects_in_words(self, rejected: Mapping[int, str]) -> str:
+        """The rejected clients and why, one reason said once where every client gave it."""
+        reasons = set(rejected.values())
+        if len(rejected) > 1 and len(reasons) == 1:  # e.g. a setting every client refuses: say it once
+            return f"nodes {', '.join(map(str, sorted(rejected)))} all: {reasons.pop()}"
+        return "; ".join(f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(rejected.items()))
 
     def _stop_on_refusals(self, action: str, rejected: Mapping[int, str]) -> None:
         """Raise :class:`PrivacyRefused` naming every client whose reply is a privacy-policy
@@ -345,7 +366,7 @@ class ServerSession:
                     group_id=str(self._round), ttl=self.timeout + 60)
             for node, content in contents.items()
         ]
-        return exchange(self.grid, messages, expect, self.timeout, self.stats, str(self.config["transport"]))
+        return exchange(self.grid, messages, expect, self.timeout, self.stats, self.shared.transport)
 
     def broadcast(
         self,
@@ -403,7 +424,7 @@ class ServerSession:
             params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20",
                     "ring": "Z_2^32 or Z_2^64 per sum, the smaller one in which the declared bound cannot wrap "
                             "(the upload's dtype, uint32 or uint64, says which)",
-                    "scale": float(self.config["secagg.scale"]),
+                    "scale": SecAggConfig.of(self.config).scale,
                     "finer_scale": "kcagc and fedspectral-plus's degree sum mask at the finest power-of-two scale "
                                    "their ring allows, never coarser than scale (the message values give it)"},
             guarantee=GUARANTEE_SECAGG,
@@ -425,7 +446,7 @@ class ServerSession:
         """
         if not self._secagg_ready:
             raise ProtocolError("secure aggregation used before setup_secure_aggregation()")
-        scale, parties = float(self.config["secagg.scale"]), len(self.clients)
+        scale, parties = SecAggConfig.of(self.config).scale, len(self.clients)
         try:
             FixedPointEncoder(scale, bound, parties)
         except SecAggOverflowError:

@@ -194,26 +194,38 @@ def exchange(
     """
     start = time.perf_counter()
     down = sum(message_bytes(m) for m in messages)
-    sent = {m.metadata.dst_node_id for m in messages}
     gone: set[int] = set()
     undelivered: set[int] = set()
     if poll == "flower":
         received = list(grid.send_and_receive(messages, timeout=timeout))
     else:
         received, gone, undelivered = _push_and_poll(grid, messages, start + timeout)
+    outcome = _checked_replies(messages, received, expect)
+    _name_the_silent(outcome, {m.metadata.dst_node_id for m in messages}, gone, undelivered, timeout)
+    outcome.seconds = time.perf_counter() - start
+    outcome.bytes_down = down
+    stats.bytes_down += down
+    stats.bytes_up += outcome.bytes_up
+    stats.messages += len(messages) + len(received)
+    return outcome
 
+
+def _checked_replies(messages: Sequence[Message], received: Sequence[Message],
+                     expect: ReplySpec | Mapping[int, ReplySpec] | None) -> Exchange:
+    """The replies to ``messages`` checked one by one (seconds and bytes down left 0): accepted,
+    rejected with the reason (an error reply, a reply that fails ``expect``, a second reply to one
+    message) or ignored (one that answers no message of the exchange), and the bytes up."""
     # Attribute replies through the message they answer: an error reply the
     # SuperLink writes for an unreachable node comes from the SuperLink itself.
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
-    replies: dict[int, RecordDict] = {}
-    rejected: dict[int, str] = {}
-    refused: list[tuple[int, RecordDict]] = []
-    up = 0
+    sent = {m.metadata.dst_node_id for m in messages}
+    outcome = Exchange({}, {}, 0.0, 0, 0)
+    replies, rejected, refused = outcome.replies, outcome.rejected, outcome.refused
     for reply in received:
         node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
         if node not in sent:  # answers no message of this exchange: not checked, not used
             continue
-        up += message_bytes(reply)
+        outcome.bytes_up += message_bytes(reply)
         if node in replies or node in rejected:  # one message, one reply: a second one voids both
             if node in replies:
                 refused.append((node, replies.pop(node)))
@@ -230,15 +242,16 @@ def exchange(
             refused.append((node, reply.content))
         else:
             replies[node] = reply.content
-    for node in undelivered:
-        rejected[node] = "the grid did not take the message (not stored, or the batch too large)"
-    for node in gone - set(replies) - set(rejected):
-        rejected[node] = "left the federation (SuperNode disconnected)"
-    for node in sent - set(replies) - set(rejected):
-        rejected[node] = f"{NO_REPLY} {timeout:g} s"
+    return outcome
 
-    seconds = time.perf_counter() - start
-    stats.bytes_down += down
-    stats.bytes_up += up
-    stats.messages += len(messages) + len(received)
-    return Exchange(replies, rejected, seconds, up, down, refused)
+
+def _name_the_silent(outcome: Exchange, sent: set[int], gone: set[int], undelivered: set[int],
+                     timeout: float) -> None:
+    """Reject every node of ``sent`` without a reply, saying why: the grid did not take its
+    message, it left the federation, or it did not answer within ``timeout``."""
+    for node in undelivered:
+        outcome.rejected[node] = "the grid did not take the message (not stored, or the batch too large)"
+    for node in gone - set(outcome.replies) - set(outcome.rejected):
+        outcome.rejected[node] = "left the federation (SuperNode disconnected)"
+    for node in sent - set(outcome.replies) - set(outcome.rejected):
+        outcome.rejected[node] = f"{NO_REPLY} {timeout:g} s"

@@ -170,9 +170,28 @@ def _ended_processes(out: Path, ended: dict[str, int]) -> str:
     return ""
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_local(sub)
+    link = sub.add_parser("superlink", help="start, check or stop your own local SuperLink for flwr run")
+    link.add_argument("action", choices=("start", "status", "stop"))
+    link.add_argument("--timeout", type=float, default=None,
+                      help=f"seconds to wait for it to answer (start, default {superlink.START_TIMEOUT_S:g}) or "
+                           f"to end before it is killed (stop, default {superlink.STOP_TIMEOUT_S:g})")
+    _add_signing(sub)
+    gateway = sub.add_parser("gateway", help="serve the Fleet API of a loopback SuperLink, nothing else")
+    gateway.add_argument("--listen", required=True, metavar="HOST:PORT", help="where SuperNodes connect")
+    gateway.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink (loopback)")
+    gateway.add_argument("--ca", type=Path, required=True, help="ca.crt, to check the SuperLink")
+    gateway.add_argument("--cert", type=Path, required=True, help="certificate presented to SuperNodes")
+    gateway.add_argument("--key", type=Path, required=True, help="its private key")
+    gateway.add_argument("--signatures", type=Path, required=True, help="directory of app signatures")
+    return parser
+
+
+def _add_local(sub) -> None:
+    """The ``local`` command's options."""
     local = sub.add_parser("local", help="run one strategy on a local TLS deployment")
     local.add_argument("--nodes", type=int, default=3)
     local.add_argument("--strategy", default="fedkmeans")
@@ -185,11 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                             "--nodes and --dataset are not used)")
     local.add_argument("--read", action="append", default=[], metavar="KEY=VALUE",
                        help="with --parties: a reader option for every party (node config read.KEY)")
-    link = sub.add_parser("superlink", help="start, check or stop your own local SuperLink for flwr run")
-    link.add_argument("action", choices=("start", "status", "stop"))
-    link.add_argument("--timeout", type=float, default=None,
-                      help=f"seconds to wait for it to answer (start, default {superlink.START_TIMEOUT_S:g}) or "
-                           f"to end before it is killed (stop, default {superlink.STOP_TIMEOUT_S:g})")
+
+
+def _add_signing(sub) -> None:
+    """The ``keygen``, ``sign`` and ``trust`` commands' options."""
     keygen = sub.add_parser("keygen", help="create an app signing key pair (Ed25519, OpenSSH format)")
     keygen.add_argument("--out", type=Path, required=True)
     keygen.add_argument("--name", default="app-signing")
@@ -200,36 +218,37 @@ def main(argv: list[str] | None = None) -> int:
     trust = sub.add_parser("trust", help="write a SuperNode's --trusted-entities file")
     trust.add_argument("--out", type=Path, required=True)
     trust.add_argument("public_keys", type=Path, nargs="+", metavar="KEY.pub")
-    gateway = sub.add_parser("gateway", help="serve the Fleet API of a loopback SuperLink, nothing else")
-    gateway.add_argument("--listen", required=True, metavar="HOST:PORT", help="where SuperNodes connect")
-    gateway.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink (loopback)")
-    gateway.add_argument("--ca", type=Path, required=True, help="ca.crt, to check the SuperLink")
-    gateway.add_argument("--cert", type=Path, required=True, help="certificate presented to SuperNodes")
-    gateway.add_argument("--key", type=Path, required=True, help="its private key")
-    gateway.add_argument("--signatures", type=Path, required=True, help="directory of app signatures")
-    args = parser.parse_args(argv)
-    if args.command == "superlink":
-        return superlink.main(args.action, args.timeout)
-    try:
-        if args.command == "keygen":
-            private, public = make_signing_key(args.out, args.name)
-            print(f"signing key: {private} (keep it with the signer); public key: {public}")
-        elif args.command == "sign":
-            digest = sign_app(args.app, args.key, args.signatures)
-            print(f"signed the app in {args.app.resolve()}: FAB sha256 {digest}")
-        elif args.command == "trust":
-            print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out)}")
-        elif args.command == "gateway":
-            from deploy.gateway import serve
 
-            serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures)
-        elif args.parties is not None:
+
+def _run_command(args) -> None:
+    """Run the command ``args`` name (every one but ``superlink``)."""
+    if args.command == "keygen":
+        private, public = make_signing_key(args.out, args.name)
+        print(f"signing key: {private} (keep it with the signer); public key: {public}")
+    elif args.command == "sign":
+        digest = sign_app(args.app, args.key, args.signatures)
+        print(f"signed the app in {args.app.resolve()}: FAB sha256 {digest}")
+    elif args.command == "trust":
+        print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out)}")
+    elif args.command == "gateway":
+        from deploy.gateway import serve
+
+        serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures)
+    else:
+        if args.parties is not None:
             path = run_local_parties(args.parties, args.strategy, args.partitioner, args.set, args.out, args.read)
         else:
             path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
-        if args.command == "local":
-            print(summary_table(json.loads(path.read_text())))
-            print(f"result: {path}")
+        print(summary_table(json.loads(path.read_text())))
+        print(f"result: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "superlink":
+        return superlink.main(args.action, args.timeout)
+    try:
+        _run_command(args)
     except (ConfigError, RuntimeError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -119,12 +119,13 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
                 f"partitioner {partitioner!r} does not fit strategy '{cls.name}'; "
                 "valid choices: auto, " + ", ".join(cls.partitioners)
             )
-        if str(config["dataset"]) == PARTIES:
+        shared = SharedConfig.of(config)
+        if shared.dataset == PARTIES:
             cls.check_parties(config)
         else:
             cls.check_dataset(config)
-        clients = int(config["num-clients"])  # 0: every connected SuperNode, known only at run time
-        if 0 < clients < int(config["min-clients"]):
+        clients = shared.num_clients  # 0: every connected SuperNode, known only at run time
+        if 0 < clients < shared.min_clients:
             raise ConfigError(f"min-clients={config['min-clients']} exceeds num-clients={clients}; valid: "
                               f"1..{clients}")
         secure = [p.key for p in cls.params if p.key.endswith(".secure") and config[p.key]]
@@ -145,7 +146,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     def check_parties(config: RunConfig) -> None:
         """A run on the parties' own data: the server holds none, so it cannot count classes
         or score against an evaluation file."""
-        if int(config["num-clusters"]) == 0:
+        if SharedConfig.of(config).num_clusters == 0:
             raise ConfigError(f"num-clusters=0 (the number of classes) with dataset={PARTIES!r}: the server holds "
                               "no labels to count; valid: num-clusters >= 1")
         if config["eval-file"]:
@@ -159,9 +160,9 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
         starts, the ServerApp before it connects)."""
         from app.data.datasets import builtin_profile, is_builtin
 
-        dataset = str(config["dataset"])
+        dataset = SharedConfig.of(config).dataset
         if is_builtin(dataset):
-            cls.check_data(config, builtin_profile(dataset, int(config["sbm.features"])))
+            cls.check_data(config, builtin_profile(dataset, config["sbm.features"]))
 
     @classmethod
     def check_data(cls, config: RunConfig, profile) -> None:
@@ -170,8 +171,9 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
         only where the method uses them."""
         from app.data.datasets import BUILTIN_PROFILES, COLLECTION_PARTITIONERS
 
-        dataset = memory.shown(str(config["dataset"]))
-        partitioner = cls.partitioners[0] if config["partitioner"] == "auto" else str(config["partitioner"])
+        shared = SharedConfig.of(config)
+        dataset = memory.shown(shared.dataset)
+        partitioner = cls.partitioners[0] if shared.partitioner == "auto" else shared.partitioner
         if profile.collection != (partitioner in COLLECTION_PARTITIONERS):
             shape = "a graph collection" if profile.collection else "one graph"
             valid = ("one graph (e.g. karate, sbm, cora, or an edge list)" if profile.collection
@@ -189,7 +191,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
         if profile.weighted and cls.refuses_weights:
             raise ConfigError(f"dataset {dataset} has edge weights; strategy '{cls.name}' {cls.refuses_weights}; "
                               "valid: data.weighted=false (every edge weight 1) or an unweighted graph")
-        if not profile.labels and not int(config["num-clusters"]):
+        if not profile.labels and not shared.num_clusters:
             raise ConfigError(f"dataset {dataset} has no labels; valid: num-clusters >= 1 (the number of clusters "
                               "to find)")
 

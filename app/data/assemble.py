@@ -280,44 +280,67 @@ def assemble_collection(name: str, graph_of: np.ndarray, num_graphs: int, src, d
     graph_of = np.asarray(graph_of, dtype=np.int64)
     n = graph_of.size
     sizes = np.bincount(graph_of, minlength=num_graphs)
-    if num_graphs == 0 or not sizes.all():
-        what = "no graphs" if num_graphs == 0 else f"{where(int(np.flatnonzero(sizes == 0)[0]))} has no nodes"
-        raise source.error(what, "graphs of one node or more")
-    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
-    _check_ends(n, src, dst, source)
-    across = np.flatnonzero(graph_of[src] != graph_of[dst])
-    if across.size:
-        raise source.error(f"{source.edge(across[0])} joins two graphs", "edges within one graph")
+    src, dst = _checked_collection_edges(graph_of, num_graphs, sizes, src, dst, source, where)
     gkeys = np.arange(num_graphs, dtype=np.int64) if graph_keys is None else id_array(graph_keys, source, "graph IDs")
     _check_distinct(gkeys, Source(source.file, node=where))
-    graph_rank = np.empty(num_graphs, dtype=np.int64)
-    graph_rank[_canonical_order(gkeys)] = np.arange(num_graphs)
     within = np.arange(n) if node_keys is None else id_array(node_keys, source)
     _check_distinct_within(graph_of, within, source)
-    inner = np.argsort(within, kind="stable")
-    order = inner[np.argsort(graph_rank[graph_of[inner]], kind="stable")]
+    order = _collection_order(graph_of, gkeys, within)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     adj = edge_adjacency(n, rank[src], rank[dst], weight, within[order], source)
     y, label_names = label_codes(graph_labels, label_source or source, labels_what, where)
-    bounds = np.concatenate([[0], np.cumsum(sizes[_canonical_order(gkeys)])])
-    x = None if x is None else x[order]
-    graphs = []
-    for g in range(num_graphs):
-        a, b = bounds[g], bounds[g + 1]
-        block = adj[a:b, a:b].tocsr()
-        block.sort_indices()
-        graphs.append(GraphData(f"{name}/{g}", block, None if x is None else x[a:b], None, {"index": g}))
-    alone = np.diff(adj.indptr) == 0
-    if alone.any():
-        graph_at = np.repeat(np.arange(num_graphs), np.diff(bounds))
-        source.note(f"{int(alone.sum())} isolated node(s) kept, without an edge, in "
-                    f"{np.unique(graph_at[alone]).size} graph(s)")
     gorder = _canonical_order(gkeys)
+    bounds = np.concatenate([[0], np.cumsum(sizes[gorder])])
+    graphs = _graph_blocks(name, adj, None if x is None else x[order], bounds)
+    _note_isolated_in_graphs(adj, bounds, source)
     meta = {**(meta or {}), "notes": list(source.notes), "label_names": label_names}
     gkeys = gkeys[gorder]
     canonical = gkeys.dtype == np.int64 and np.array_equal(gkeys, np.arange(num_graphs))
     return GraphCollection(name, graphs, y[gorder], meta, None if canonical else gkeys)
+
+
+def _checked_collection_edges(graph_of: np.ndarray, num_graphs: int, sizes: np.ndarray, src, dst, source: Source,
+                              where: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+    """The edges' ends as int64 rows, once every graph has a node and every edge ends at two nodes
+    (:func:`_check_ends`) of one graph."""
+    if num_graphs == 0 or not sizes.all():
+        what = "no graphs" if num_graphs == 0 else f"{where(int(np.flatnonzero(sizes == 0)[0]))} has no nodes"
+        raise source.error(what, "graphs of one node or more")
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    _check_ends(graph_of.size, src, dst, source)
+    across = np.flatnonzero(graph_of[src] != graph_of[dst])
+    if across.size:
+        raise source.error(f"{source.edge(across[0])} joins two graphs", "edges within one graph")
+    return src, dst
+
+
+def _collection_order(graph_of: np.ndarray, gkeys: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """The rows in the collection's order: graphs in their keys' canonical order, nodes within a
+    graph in their keys' order."""
+    graph_rank = np.empty(gkeys.size, dtype=np.int64)
+    graph_rank[_canonical_order(gkeys)] = np.arange(gkeys.size)
+    inner = np.argsort(within, kind="stable")
+    return inner[np.argsort(graph_rank[graph_of[inner]], kind="stable")]
+
+
+def _graph_blocks(name: str, adj: sp.csr_matrix, x: np.ndarray | None, bounds: np.ndarray) -> list[GraphData]:
+    """One :class:`GraphData` per diagonal block ``bounds[g]:bounds[g + 1]`` of ``adj`` (and rows of ``x``)."""
+    graphs = []
+    for g in range(bounds.size - 1):
+        a, b = bounds[g], bounds[g + 1]
+        block = adj[a:b, a:b].tocsr()
+        block.sort_indices()
+        graphs.append(GraphData(f"{name}/{g}", block, None if x is None else x[a:b], None, {"index": g}))
+    return graphs
+
+
+def _note_isolated_in_graphs(adj: sp.csr_matrix, bounds: np.ndarray, source: Source) -> None:
+    alone = np.diff(adj.indptr) == 0
+    if alone.any():
+        graph_at = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
+        source.note(f"{int(alone.sum())} isolated node(s) kept, without an edge, in "
+                    f"{np.unique(graph_at[alone]).size} graph(s)")
 
 
 def _check_distinct_within(graph_of: np.ndarray, keys: np.ndarray, source: Source) -> None:

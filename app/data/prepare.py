@@ -80,29 +80,7 @@ def _check_eval_file(path: Path) -> None:
 
 def run(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
-    check_dataset_value(args.dataset)
-    if args.partitioner not in PARTITIONERS:
-        raise ConfigError(f"unknown partitioner {args.partitioner!r}; valid choices: " + ", ".join(PARTITIONERS))
-    if args.num_clients < 1:
-        raise ConfigError(f"invalid value {args.num_clients} for '--num-clients'; need >= 1")
-    SEED.coerce(args.seed)  # the run-config's seed range
-    # everything that can be refused is refused before any file is written
-    if args.eval_contents not in CONTENTS:
-        raise ConfigError(f"invalid value {args.eval_contents!r} for '--eval-contents'; valid choices: "
-                          + ", ".join(CONTENTS))
-    if args.format not in FORMATS:
-        raise ConfigError(f"invalid value {args.format!r} for '--format'; valid choices: " + ", ".join(FORMATS))
-    _check_dir("--out", Path(args.out), "a directory for the shards")
-    if args.format == "files":
-        taken = sorted(p.name for p in Path(args.out).glob("party-*"))
-        if taken:
-            raise ConfigError(f"--out {args.out!r} already holds {', '.join(taken[:3])}; valid: a new or empty "
-                              "directory for the party folders")
-        if args.eval_file:
-            raise ConfigError("--eval-file with --format files: a run on the parties' own data has no eval-file; "
-                              "valid: leave it out")
-    if args.eval_file:
-        _check_eval_file(Path(args.eval_file))
+    _check_args(args)  # everything that can be refused is refused before any file is written
     values = parse_data_sets(args.set)
     root = args.data_root or config_data_root(values)
     dkw = dataset_kwargs(values, args.dataset)
@@ -134,6 +112,33 @@ def run(argv: list[str] | None = None) -> dict:
     print(f"wrote {len(shards)} shards of {args.dataset} ({args.partitioner}, seed {args.seed}) to "
           f"{args.out} in {dt:.2f}s; content hash {manifest['content_hash'][:16]}")
     return manifest
+
+
+def _check_args(args) -> None:
+    """A one-line ConfigError for a dataset, partitioner, client count, seed, format or output
+    the command cannot take."""
+    check_dataset_value(args.dataset)
+    if args.partitioner not in PARTITIONERS:
+        raise ConfigError(f"unknown partitioner {args.partitioner!r}; valid choices: " + ", ".join(PARTITIONERS))
+    if args.num_clients < 1:
+        raise ConfigError(f"invalid value {args.num_clients} for '--num-clients'; need >= 1")
+    SEED.coerce(args.seed)  # the run-config's seed range
+    if args.eval_contents not in CONTENTS:
+        raise ConfigError(f"invalid value {args.eval_contents!r} for '--eval-contents'; valid choices: "
+                          + ", ".join(CONTENTS))
+    if args.format not in FORMATS:
+        raise ConfigError(f"invalid value {args.format!r} for '--format'; valid choices: " + ", ".join(FORMATS))
+    _check_dir("--out", Path(args.out), "a directory for the shards")
+    if args.format == "files":
+        taken = sorted(p.name for p in Path(args.out).glob("party-*"))
+        if taken:
+            raise ConfigError(f"--out {args.out!r} already holds {', '.join(taken[:3])}; valid: a new or empty "
+                              "directory for the party folders")
+        if args.eval_file:
+            raise ConfigError("--eval-file with --format files: a run on the parties' own data has no eval-file; "
+                              "valid: leave it out")
+    if args.eval_file:
+        _check_eval_file(Path(args.eval_file))
 
 
 def _write_files(data, shards, out: Path, args, seconds: float) -> dict:

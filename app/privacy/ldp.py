@@ -91,18 +91,28 @@ def multibit_encode(x, epsilon: float, alpha: float, beta: float, m: int | None 
         raise ValueError("multibit_encode: non-finite value in input")
     d = x.shape[-1]
     rows = int(x.size // d) if d else 0
-    low = int(np.count_nonzero(x < alpha))
-    high = int(np.count_nonzero(x > beta))
     xc = np.clip(x, alpha, beta)
     if m is None:
         m = default_m(epsilon, d)
     m = int(m)
     if not (1 <= m <= d):
         raise ValueError(f"multibit_encode: m must be in [1, d={d}], got {m}")
-    stats = {
+    stats = _multibit_stats(x, epsilon, alpha, beta, m, rows)
+    if math.isinf(epsilon):
+        stats["no_noise"] = True
+        return xc, stats
+    t = _multibit_bits(xc.reshape(rows, d), epsilon, alpha, beta, m, np.random.default_rng(rng))
+    return t.reshape(x.shape), stats
+
+
+def _multibit_stats(x: np.ndarray, epsilon: float, alpha: float, beta: float, m: int, rows: int) -> dict:
+    """The ``stats`` of :func:`multibit_encode`: its parameters and the input values clipped below and above."""
+    low = int(np.count_nonzero(x < alpha))
+    high = int(np.count_nonzero(x > beta))
+    return {
         "epsilon": epsilon,
         "m": m,
-        "d": int(d),
+        "d": int(x.shape[-1]),
         "rows": rows,
         "alpha": float(alpha),
         "beta": float(beta),
@@ -111,11 +121,13 @@ def multibit_encode(x, epsilon: float, alpha: float, beta: float, m: int | None 
         "clipped_low": low,
         "clipped_high": high,
     }
-    if math.isinf(epsilon):
-        stats["no_noise"] = True
-        return xc, stats
-    rng = np.random.default_rng(rng)
-    X = xc.reshape(rows, d)
+
+
+def _multibit_bits(X: np.ndarray, epsilon: float, alpha: float, beta: float, m: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """The multi-bit code of the clipped rows ``X`` (rows x d): ``m`` random columns per row get a
+    +-1 bit (+1 with :func:`multibit_probabilities`), the others 0."""
+    rows, d = X.shape
     if m == d:
         cols = np.broadcast_to(np.arange(d), (rows, d))
     else:
@@ -125,7 +137,7 @@ def multibit_encode(x, epsilon: float, alpha: float, beta: float, m: int | None 
     bits = np.where(rng.random(p.shape) < p, 1, -1).astype(np.int8)
     t = np.zeros((rows, d), dtype=np.int8)
     t[ridx, cols] = bits
-    return t.reshape(x.shape), stats
+    return t
 
 
 def multibit_estimate(t, epsilon: float, alpha: float, beta: float, m: int | None = None) -> np.ndarray:

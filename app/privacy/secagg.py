@@ -674,24 +674,38 @@ def recover_sum(
     reconstructs wrong seeds).
     """
     expected = set(int(e) for e in expected_parties)
+    surv, answered = _recovery_parties(masked_uploads, expected, responses, threshold)
+    shape, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
+    acc = sum_masked(arrs).reshape(-1)
+    _remove_self_masks(acc, surv, answered, responses, threshold, str(tag).encode())
+    dropped = expected - surv
+    if dropped:
+        _remove_dropped_masks(acc, surv, answered, responses, dropped, encoder.dtype)
+    return _decode_honest_sum(encoder, acc.reshape(shape), len(surv))
+
+
+def _recovery_parties(masked_uploads, expected: set[int], responses, threshold: int) -> tuple[set[int], set[int]]:
+    """(survivors, parties that answered the unmask phase) of :func:`recover_sum`, once the threshold
+    fits the ``expected`` parties and at least ``threshold`` of them uploaded and answered, none unexpected."""
     if not 2 <= int(threshold) <= len(expected):
         raise SecAggError(f"recover_sum: threshold={threshold}; valid: 2..{len(expected)} (the number of parties), "
                           "the value the parties split their seeds with")
     surv = set(int(k) for k in masked_uploads)
     if surv - expected:
         raise SecAggError(f"uploads from unexpected party id(s) {sorted(surv - expected)}")
-    dropped = expected - surv
     if len(surv) < threshold:
-        raise SecAggDropoutError(dropped, f"only {len(surv)} uploads, threshold {threshold}")
+        raise SecAggDropoutError(expected - surv, f"only {len(surv)} uploads, threshold {threshold}")
     answered = set(int(k) for k in responses)
     if answered - surv:
         raise SecAggError(f"unmask responses from non-survivors {sorted(answered - surv)}")
     if len(answered) < threshold:
         raise SecAggDropoutError(surv - answered, f"only {len(answered)} unmask responses, threshold {threshold}")
-    shape, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
-    acc = sum_masked(arrs).reshape(-1)
-    n = acc.size
-    tagb = str(tag).encode()
+    return surv, answered
+
+
+def _remove_self_masks(acc: np.ndarray, surv: set[int], answered: set[int], responses, threshold: int,
+                       tag: bytes) -> None:
+    """Subtract from ``acc`` every survivor's self mask, its seed rebuilt from ``threshold`` shares."""
     for u in sorted(surv):
         shares = {}
         for v in sorted(answered):
@@ -703,16 +717,20 @@ def recover_sum(
         if len(shares) < threshold:
             raise SecAggDropoutError([u], f"only {len(shares)} shares of its self-mask seed, threshold {threshold}")
         b = shamir_reconstruct(shares)
-        np.subtract(acc, prg(b.to_bytes(32, "little"), b"self|" + tagb, n, acc.dtype), out=acc)
-    if dropped:
-        missing_corr = surv - answered
-        if missing_corr:
-            raise SecAggDropoutError(
-                missing_corr, f"survivors must all answer to remove masks of dropped parties {sorted(dropped)}"
-            )
-        for v in sorted(answered):
-            corr = np.asarray(responses[v][1])
-            if corr.dtype != encoder.dtype or corr.size != n:
-                raise SecAggError(f"party {v}: bad correction vector (dtype {corr.dtype}, size {corr.size} != {n})")
-            np.subtract(acc, corr.reshape(-1), out=acc)
-    return _decode_honest_sum(encoder, acc.reshape(shape), len(surv))
+        np.subtract(acc, prg(b.to_bytes(32, "little"), b"self|" + tag, acc.size, acc.dtype), out=acc)
+
+
+def _remove_dropped_masks(acc: np.ndarray, surv: set[int], answered: set[int], responses, dropped: set[int],
+                          dtype) -> None:
+    """Subtract from ``acc`` every survivor's correction vector (its pair masks with the ``dropped``
+    parties); every survivor must have sent one."""
+    missing_corr = surv - answered
+    if missing_corr:
+        raise SecAggDropoutError(
+            missing_corr, f"survivors must all answer to remove masks of dropped parties {sorted(dropped)}"
+        )
+    for v in sorted(answered):
+        corr = np.asarray(responses[v][1])
+        if corr.dtype != dtype or corr.size != acc.size:
+            raise SecAggError(f"party {v}: bad correction vector (dtype {corr.dtype}, size {corr.size} != {acc.size})")
+        np.subtract(acc, corr.reshape(-1), out=acc)
