@@ -155,9 +155,9 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     if config["out-dir"]:
         check_out_dir(Path(str(config["out-dir"])))
     session = ServerSession(grid, config)
-    values["num-clients"] = len(session.connect())
-    config = session.config = RunConfig(values)
     strategy_cls = registry.get(str(config["strategy"])).strategy
+    values["num-clients"] = len(session.connect(secure=lambda clients: strategy_cls.masks_uploads(config, clients)))
+    config = session.config = RunConfig(values)
     warnings = strategy_cls.check_shards(session.clients)
     for text in warnings:
         log(WARNING, "warning: %s", text)

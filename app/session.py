@@ -16,7 +16,7 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -39,7 +39,7 @@ from app.privacy.secagg import (
 )
 from app.progress import Progress
 from app.transport import NO_REPLY, CommStats, describe, exchange, pack, unpack
-from app.wire import HELLO, SECAGG_AGREE, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.wire import HELLO, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec, ValueSpec
 
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
@@ -113,6 +113,17 @@ def _check_one_cut(clients: list[ClientInfo]) -> None:
                             "shard files of one python -m app.data.prepare run")
 
 
+def _with_values(contents: Mapping[int, RecordDict], values: Mapping) -> Mapping[int, RecordDict]:
+    """Each node's content with ``values`` added to its message values (the peers' relayed keys)."""
+    if not values:
+        return contents
+    out = {}
+    for node, content in contents.items():
+        arrays, own = unpack(content)
+        out[node] = pack(arrays, {**own, **values})
+    return out
+
+
 class ServerSession:
     """The server's view of one run (see module docstring)."""
 
@@ -126,6 +137,8 @@ class ServerSession:
         self.clients: list[ClientInfo] = []
         self._round = 0
         self._secagg_ready = False
+        self._hello_keys: dict[int, bytes] = {}  # partition id -> public key, when hello carried them
+        self._peer_keys: dict[str, bytes] = {}  # relayed with the next step, then cleared
         self._order: dict[int, int] = {}
         self.dropped: dict[int, dict] = {}
         self.min_clients = max(1, int(config["min-clients"]))
@@ -136,18 +149,25 @@ class ServerSession:
         self.offsets: dict[int, int] = {}  # parties: node id -> where its items start among the positions
 
     # -- set-up ---------------------------------------------------------------
-    def connect(self) -> list[ClientInfo]:
+    def connect(self, secure: Callable[[int], bool] = lambda clients: False) -> list[ClientInfo]:
         """Wait for the SuperNodes, then run the ``hello`` handshake.
 
         ``num-clients`` > 0 waits for that many nodes; 0 takes every node
         connected once their number has been stable for ``SETTLE_S`` seconds.
+        ``secure(clients)``: the run will mask uploads; then hello also asks each
+        client for its secure-aggregation public key (see :meth:`setup_secure_aggregation`).
         """
         nodes = self._wait_for_nodes(int(self.config["num-clients"]))
         want = len(nodes)
-        spec, contents = HELLO_SPEC, {n: RecordDict() for n in nodes}
+        spec, values = HELLO_SPEC, [{} for _ in nodes]
         if self.parties:  # partition ids by Flower node id, for parties whose node config names none
             spec = party_hello_spec(str(self.config["partitioner"]))
-            contents = {n: pack(values={"partition_id": i, "num_partitions": want}) for i, n in enumerate(nodes)}
+            values = [{"partition_id": i, "num_partitions": want} for i in range(want)]
+        if secure(want):
+            spec = ReplySpec(values=spec.values + ("public_key",), numbers=spec.numbers)
+            session_id = self._secagg_session_id()
+            values = [{**v, SECAGG_SESSION: session_id} for v in values]
+        contents = {n: pack(values=v) for n, v in zip(nodes, values)}
         replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []
         for node, content in replies.items():
@@ -159,6 +179,7 @@ class ServerSession:
                 )
             clients.append(ClientInfo(node, int(values["partition_id"]), values))
         clients.sort(key=lambda c: c.partition_id)
+        self._hello_keys = {c.partition_id: c.summary.pop("public_key") for c in clients if "public_key" in c.summary}
         ids = [c.partition_id for c in clients]
         if ids != list(range(want)):
             raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
@@ -267,6 +288,7 @@ class ServerSession:
         """
         self._round += 1
         sent_at = time.time()
+        contents, self._peer_keys = _with_values(contents, self._peer_keys), {}
         result = self._send(action, category, contents, expect)
         seconds, up, down = result.seconds, result.bytes_up, result.bytes_down
         for _ in range(self.retries):
@@ -299,7 +321,7 @@ class ServerSession:
                 detail = f"nodes {', '.join(map(str, sorted(result.rejected)))} all: {reasons.pop()}"
             else:
                 detail = "; ".join(
-                    f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(result.rejected.items())
+                    f"{self._who(n)}: {r}" for n, r in sorted(result.rejected.items())
                 )
             if require_all:
                 raise ProtocolError(f"step '{action}' rejected {len(result.rejected)} client(s): {detail}")
@@ -324,7 +346,7 @@ class ServerSession:
         if not found:
             return
         refusals = {self._order.get(n, -1): found[n] for n in found}
-        detail = "; ".join(f"client {self._order.get(n, '?')} (node {n}), rule '{rule}': {text}"
+        detail = "; ".join(f"{self._who(n)}, rule '{rule}': {text}"
                            for n, (rule, text) in sorted(found.items()))
         raise PrivacyRefused(action, refusals, detail)
 
@@ -379,23 +401,29 @@ class ServerSession:
 
     # -- secure aggregation ---------------------------------------------------
     def setup_secure_aggregation(self) -> None:
-        """Key agreement for pairwise masking (two message rounds, once per run).
+        """Key agreement for pairwise masking (once per run).
 
-        ``secagg_setup``: each client creates an X25519 key pair and uploads
-        its public key. ``secagg_agree``: the server relays all public keys;
-        each pair of clients derives its shared mask seed (HKDF), which the
-        server never sees. Party ids are the clients' partition ids.
+        Each client creates an X25519 key pair and uploads its public key: in
+        its hello reply when :meth:`connect` was told the run is secure, else
+        in a ``secagg_setup`` round. The server relays all public keys (with
+        the next step's request, or in a ``secagg_agree`` round after
+        ``secagg_setup``); each pair of clients derives its shared mask seed
+        (HKDF), which the server never sees. Party ids are the clients'
+        partition ids.
         """
         if self._secagg_ready:
             return
-        session_id = f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
-        replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": session_id}),
-                                 ReplySpec(values=("public_key",)))
-        keys = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}
-        with _stops_the_run(f"step '{SECAGG_SETUP}'"):  # a key not 32 bytes, or another party's, names the party
+        keys, step = self._hello_keys, HELLO
+        if not keys:
+            replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": self._secagg_session_id()}),
+                                     ReplySpec(values=("public_key",)))
+            keys, step = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}, SECAGG_SETUP
+        with _stops_the_run(f"step '{step}'"):  # a key not 32 bytes, or another party's, names the party
             relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
-        self.broadcast(SECAGG_AGREE, pack(values=relayed),
-                       ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
+        if step == HELLO:
+            self._peer_keys = {SECAGG_PEER + party: key for party, key in relayed.items()}
+        else:
+            self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
         self.ledger.add_mechanism(
             "secure-aggregation",
             protects="every upload marked masked: the server sees only the sum over the clients that mask "
@@ -409,6 +437,13 @@ class ServerSession:
             guarantee=GUARANTEE_SECAGG,
         )
         self._secagg_ready = True
+
+    def _who(self, node: int) -> str:
+        """'client 2 (node 1003)', or 'node 1003' before hello has told its partition."""
+        return f"client {self._order[node]} (node {node})" if node in self._order else f"node {node}"
+
+    def _secagg_session_id(self) -> str:
+        return f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
 
     def secagg_values(self, name: str, bound: float, finest: bool = False) -> dict:
         """Message values telling the clients how to mask array ``name``.

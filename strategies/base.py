@@ -141,6 +141,14 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
                                   f" x {clients} clients does not fit the 64-bit ring of {secure[0]}; valid: a "
                                   "product below 2^63") from None
 
+    @classmethod
+    def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
+        """Whether a run of ``clients`` clients will mask uploads under secure aggregation (then
+        the clients send their public keys with hello): by default, with a ``<method>.secure``
+        key set and more than one client. A run that masks without saying so here still works,
+        with two more rounds for the key exchange."""
+        return clients > 1 and any(p.key.endswith(".secure") and config[p.key] for p in cls.params)
+
     @staticmethod
     def check_parties(config: RunConfig) -> None:
         """A run on the parties' own data: the server holds none, so it cannot count classes
