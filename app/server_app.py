@@ -156,7 +156,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         check_out_dir(Path(str(config["out-dir"])))
     session = ServerSession(grid, config)
     strategy_cls = registry.get(str(config["strategy"])).strategy
-    values["num-clients"] = len(session.connect(secure=lambda clients: strategy_cls.masks_uploads(config, clients)))
+    values["num-clients"] = len(session.connect(lambda clients: strategy_cls.hello_ask(RunConfig(values), clients)))
     config = session.config = RunConfig(values)
     warnings = strategy_cls.check_shards(session.clients)
     for text in warnings:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from flwr.app import Message, RecordDict
@@ -124,6 +124,18 @@ def _with_values(contents: Mapping[int, RecordDict], values: Mapping) -> Mapping
     return out
 
 
+@dataclass(frozen=True)
+class HelloAsk:
+    """What a strategy asks of every client in the hello handshake, beside its shard's counts:
+    ``values`` sent with the request, ``numbers`` the figures each client adds to its reply
+    (checked like any reply; kept in :attr:`ClientInfo.summary`), and with ``secure`` its
+    secure-aggregation public key (:meth:`ServerSession.setup_secure_aggregation`)."""
+
+    values: Mapping = field(default_factory=dict)
+    numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
+    secure: bool = False
+
+
 class ServerSession:
     """The server's view of one run (see module docstring)."""
 
@@ -149,13 +161,13 @@ class ServerSession:
         self.offsets: dict[int, int] = {}  # parties: node id -> where its items start among the positions
 
     # -- set-up ---------------------------------------------------------------
-    def connect(self, secure: Callable[[int], bool] = lambda clients: False) -> list[ClientInfo]:
+    def connect(self, ask: Callable[[int], HelloAsk] = lambda clients: HelloAsk()) -> list[ClientInfo]:
         """Wait for the SuperNodes, then run the ``hello`` handshake.
 
         ``num-clients`` > 0 waits for that many nodes; 0 takes every node
         connected once their number has been stable for ``SETTLE_S`` seconds.
-        ``secure(clients)``: the run will mask uploads; then hello also asks each
-        client for its secure-aggregation public key (see :meth:`setup_secure_aggregation`).
+        ``ask(clients)``: what the strategy asks of every client beside its
+        shard's counts (:class:`HelloAsk`), sparing rounds of its own.
         """
         nodes = self._wait_for_nodes(int(self.config["num-clients"]))
         want = len(nodes)
@@ -163,10 +175,11 @@ class ServerSession:
         if self.parties:  # partition ids by Flower node id, for parties whose node config names none
             spec = party_hello_spec(str(self.config["partitioner"]))
             values = [{"partition_id": i, "num_partitions": want} for i in range(want)]
-        if secure(want):
-            spec = ReplySpec(values=spec.values + ("public_key",), numbers=spec.numbers)
-            session_id = self._secagg_session_id()
-            values = [{**v, SECAGG_SESSION: session_id} for v in values]
+        asked = ask(want)
+        extra = {SECAGG_SESSION: self._secagg_session_id()} if asked.secure else {}
+        values = [{**v, **asked.values, **extra} for v in values]
+        spec = ReplySpec(values=spec.values + (("public_key",) if asked.secure else ()),
+                         numbers={**spec.numbers, **asked.numbers})
         contents = {n: pack(values=v) for n, v in zip(nodes, values)}
         replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []

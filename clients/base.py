@@ -103,10 +103,16 @@ class ClusteringClient(Generic[ViewT]):
         if s.dataset == parties.PARTIES:
             if parties.family(s.partitioner) in parties.SHARED_NODES:
                 summary["node_digest"] = parties.node_set_digest(s.keys)
+        summary.update(self.hello_figures(values))
         if SECAGG_SESSION in values:  # a secure run: this party's key pair now, saving a round
             self.policy.check_group(s.num_clients)
             summary["public_key"] = self.on_secagg_setup({}, {"session_id": values[SECAGG_SESSION]})[1]["public_key"]
         return {}, summary
+
+    def hello_figures(self, values) -> dict:
+        """The method's own figures for the hello reply (its strategy's ``hello_numbers``), from the
+        hello request's ``values`` (its strategy's ``hello_values``); none by default."""
+        return {}
 
     @answers(LABELS)
     def on_labels(self, arrays, values) -> Reply:
