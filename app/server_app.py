@@ -147,10 +147,10 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     if out_dir:
         check_out_dir(Path(out_dir))
     session = ServerSession(grid, config)
-    values["num-clients"] = len(session.connect())
+    strategy_cls = registry.get(SharedConfig.of(config).strategy).strategy
+    values["num-clients"] = len(session.connect(lambda clients: strategy_cls.hello_ask(RunConfig(values), clients)))
     config = session.config = RunConfig(values)
     shared = SharedConfig.of(config)
-    strategy_cls = registry.get(shared.strategy).strategy
     warnings = strategy_cls.check_shards(session.clients)
     for text in warnings:
         log(WARNING, "warning: %s", text)

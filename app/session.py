@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -39,7 +39,8 @@ from app.privacy.secagg import (
 )
 from app.progress import Progress
 from app.transport import NO_REPLY, CommStats, Exchange, describe, exchange, pack, unpack
-from app.wire import HELLO, SECAGG_AGREE, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.wire import (HELLO, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec,
+                      ValueSpec)
 
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
@@ -113,6 +114,29 @@ def _check_one_cut(clients: list[ClientInfo]) -> None:
                             "shard files of one python -m app.data.prepare run")
 
 
+def _with_values(contents: Mapping[int, RecordDict], values: Mapping) -> Mapping[int, RecordDict]:
+    """Each node's content with ``values`` added to its message values (the peers' relayed keys)."""
+    if not values:
+        return contents
+    out = {}
+    for node, content in contents.items():
+        arrays, own = unpack(content)
+        out[node] = pack(arrays, {**own, **values})
+    return out
+
+
+@dataclass(frozen=True)
+class HelloAsk:
+    """What a strategy asks of every client in the hello handshake, beside its shard's counts:
+    ``values`` sent with the request, ``numbers`` the figures each client adds to its reply
+    (checked like any reply; kept in :attr:`ClientInfo.summary`), and with ``secure`` its
+    secure-aggregation public key (:meth:`ServerSession.setup_secure_aggregation`)."""
+
+    values: Mapping = field(default_factory=dict)
+    numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
+    secure: bool = False
+
+
 class ServerSession:
     """The server's view of one run (see module docstring)."""
 
@@ -127,6 +151,8 @@ class ServerSession:
         self.clients: list[ClientInfo] = []
         self._round = 0
         self._secagg_ready = False
+        self._hello_keys: dict[int, bytes] = {}  # partition id -> public key, when hello carried them
+        self._peer_keys: dict[str, bytes] = {}  # relayed with the next step, then cleared
         self._order: dict[int, int] = {}
         self.dropped: dict[int, dict] = {}
         self.min_clients = max(1, shared.min_clients)
@@ -142,18 +168,26 @@ class ServerSession:
         return SharedConfig.of(self.config)
 
     # -- set-up ---------------------------------------------------------------
-    def connect(self) -> list[ClientInfo]:
+    def connect(self, ask: Callable[[int], HelloAsk] = lambda clients: HelloAsk()) -> list[ClientInfo]:
         """Wait for the SuperNodes, then run the ``hello`` handshake.
 
         ``num-clients`` > 0 waits for that many nodes; 0 takes every node
         connected once their number has been stable for ``SETTLE_S`` seconds.
+        ``ask(clients)``: what the strategy asks of every client beside its
+        shard's counts (:class:`HelloAsk`), sparing rounds of its own.
         """
         nodes = self._wait_for_nodes(self.shared.num_clients)
         want = len(nodes)
-        spec, contents = HELLO_SPEC, {n: RecordDict() for n in nodes}
+        spec, values = HELLO_SPEC, [{} for _ in nodes]
         if self.parties:  # partition ids by Flower node id, for parties whose node config names none
             spec = party_hello_spec(self.shared.partitioner)
-            contents = {n: pack(values={"partition_id": i, "num_partitions": want}) for i, n in enumerate(nodes)}
+            values = [{"partition_id": i, "num_partitions": want} for i in range(want)]
+        asked = ask(want)
+        extra = {SECAGG_SESSION: self._secagg_session_id()} if asked.secure else {}
+        values = [{**v, **asked.values, **extra} for v in values]
+        spec = ReplySpec(values=spec.values + (("public_key",) if asked.secure else ()),
+                         numbers={**spec.numbers, **asked.numbers})
+        contents = {n: pack(values=v) for n, v in zip(nodes, values)}
         replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []
         for node, content in replies.items():
@@ -165,6 +199,7 @@ class ServerSession:
                 )
             clients.append(ClientInfo(node, int(values["partition_id"]), values))
         clients.sort(key=lambda c: c.partition_id)
+        self._hello_keys = {c.partition_id: c.summary.pop("public_key") for c in clients if "public_key" in c.summary}
         ids = [c.partition_id for c in clients]
         if ids != list(range(want)):
             raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
@@ -273,6 +308,7 @@ class ServerSession:
         """
         self._round += 1
         sent_at = time.time()
+        contents, self._peer_keys = _with_values(contents, self._peer_keys), {}
         result = self._send_with_retries(action, category, contents, expect)
         self.stats.rounds.append(
             {
@@ -336,7 +372,7 @@ class ServerSession:
         reasons = set(rejected.values())
         if len(rejected) > 1 and len(reasons) == 1:  # e.g. a setting every client refuses: say it once
             return f"nodes {', '.join(map(str, sorted(rejected)))} all: {reasons.pop()}"
-        return "; ".join(f"client {self._order.get(n, '?')} (node {n}): {r}" for n, r in sorted(rejected.items()))
+        return "; ".join(f"{self._who(n)}: {r}" for n, r in sorted(rejected.items()))
 
     def _stop_on_refusals(self, action: str, rejected: Mapping[int, str]) -> None:
         """Raise :class:`PrivacyRefused` naming every client whose reply is a privacy-policy
@@ -345,7 +381,7 @@ class ServerSession:
         if not found:
             return
         refusals = {self._order.get(n, -1): found[n] for n in found}
-        detail = "; ".join(f"client {self._order.get(n, '?')} (node {n}), rule '{rule}': {text}"
+        detail = "; ".join(f"{self._who(n)}, rule '{rule}': {text}"
                            for n, (rule, text) in sorted(found.items()))
         raise PrivacyRefused(action, refusals, detail)
 
@@ -400,23 +436,29 @@ class ServerSession:
 
     # -- secure aggregation ---------------------------------------------------
     def setup_secure_aggregation(self) -> None:
-        """Key agreement for pairwise masking (two message rounds, once per run).
+        """Key agreement for pairwise masking (once per run).
 
-        ``secagg_setup``: each client creates an X25519 key pair and uploads
-        its public key. ``secagg_agree``: the server relays all public keys;
-        each pair of clients derives its shared mask seed (HKDF), which the
-        server never sees. Party ids are the clients' partition ids.
+        Each client creates an X25519 key pair and uploads its public key: in
+        its hello reply when :meth:`connect` was told the run is secure, else
+        in a ``secagg_setup`` round. The server relays all public keys (with
+        the next step's request, or in a ``secagg_agree`` round after
+        ``secagg_setup``); each pair of clients derives its shared mask seed
+        (HKDF), which the server never sees. Party ids are the clients'
+        partition ids.
         """
         if self._secagg_ready:
             return
-        session_id = f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
-        replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": session_id}),
-                                 ReplySpec(values=("public_key",)))
-        keys = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}
-        with _stops_the_run(f"step '{SECAGG_SETUP}'"):  # a key not 32 bytes, or another party's, names the party
+        keys, step = self._hello_keys, HELLO
+        if not keys:
+            replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": self._secagg_session_id()}),
+                                     ReplySpec(values=("public_key",)))
+            keys, step = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}, SECAGG_SETUP
+        with _stops_the_run(f"step '{step}'"):  # a key not 32 bytes, or another party's, names the party
             relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
-        self.broadcast(SECAGG_AGREE, pack(values=relayed),
-                       ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
+        if step == HELLO:
+            self._peer_keys = {SECAGG_PEER + party: key for party, key in relayed.items()}
+        else:
+            self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
         self.ledger.add_mechanism(
             "secure-aggregation",
             protects="every upload marked masked: the server sees only the sum over the clients that mask "
@@ -430,6 +472,13 @@ class ServerSession:
             guarantee=GUARANTEE_SECAGG,
         )
         self._secagg_ready = True
+
+    def _who(self, node: int) -> str:
+        """'client 2 (node 1003)', or 'node 1003' before hello has told its partition."""
+        return f"client {self._order[node]} (node {node})" if node in self._order else f"node {node}"
+
+    def _secagg_session_id(self) -> str:
+        return f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
 
     def secagg_values(self, name: str, bound: float, finest: bool = False) -> dict:
         """Message values telling the clients how to mask array ``name``.

@@ -18,6 +18,12 @@ HELLO = "hello"
 LABELS = "labels"
 SECAGG_SETUP = "secagg_setup"
 SECAGG_AGREE = "secagg_agree"
+#: A hello request value: the secure-aggregation session id; the client answers with its X25519
+#: public key (``public_key``) in the hello reply, saving the ``secagg_setup`` round.
+SECAGG_SESSION = "secagg_session"
+#: Prefix of the request values that relay every party's public key (``secagg_peer.<party>``) with
+#: the first step after key exchange, saving the ``secagg_agree`` round.
+SECAGG_PEER = "secagg_peer."
 
 
 class ProtocolError(RuntimeError):

@@ -26,7 +26,7 @@ from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
 from app.transport import pack, unpack
-from app.wire import HELLO, LABELS, SECAGG_AGREE, SECAGG_SETUP
+from app.wire import HELLO, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
 
 Reply = tuple[dict, dict]  # (arrays, values) of a reply
 
@@ -72,6 +72,7 @@ class ClusteringClient(Generic[ViewT]):
         privacy policy sets a rule the strategy cannot meet (every step refused)."""
         self.policy.refuse_unmet()
         arrays, values = unpack(content)
+        values = self._agree_on_relayed_keys(values)
         method, _ = self.steps()[action]
         reply_arrays, reply_values = getattr(self, method)(arrays, values)
         return pack(reply_arrays, reply_values)
@@ -102,7 +103,16 @@ class ClusteringClient(Generic[ViewT]):
         if s.dataset == parties.PARTIES:
             if parties.family(s.partitioner) in parties.SHARED_NODES:
                 summary["node_digest"] = parties.node_set_digest(s.keys)
+        summary.update(self.hello_figures(values))
+        if SECAGG_SESSION in values:  # a secure run: this party's key pair now, saving a round
+            self.policy.check_group(s.num_clients)
+            summary["public_key"] = self.on_secagg_setup({}, {"session_id": values[SECAGG_SESSION]})[1]["public_key"]
         return {}, summary
+
+    def hello_figures(self, values) -> dict:
+        """The method's own figures for the hello reply (its strategy's ``hello_numbers``), from the
+        hello request's ``values`` (its strategy's ``hello_values``); none by default."""
+        return {}
 
     @answers(LABELS)
     def on_labels(self, arrays, values) -> Reply:
@@ -156,6 +166,15 @@ class ClusteringClient(Generic[ViewT]):
         party.agree(keys)
         self._save_party(party)
         return {}, {"peers": len(party.peers)}
+
+    def _agree_on_relayed_keys(self, values: dict) -> dict:
+        """A request that relays the peers' public keys (``secagg_peer.<party>`` values, sent with the
+        first step after a hello that carried the keys): agree on the pairwise seeds first
+        (:meth:`on_secagg_agree`); returns the step's own values."""
+        relayed = {k[len(SECAGG_PEER):]: v for k, v in values.items() if k.startswith(SECAGG_PEER)}
+        if relayed:
+            self.on_secagg_agree({}, relayed)
+        return {k: v for k, v in values.items() if not k.startswith(SECAGG_PEER)}
 
     def masked(self, array: np.ndarray, values, participants=None, floor: float | None = None) -> np.ndarray:
         """``array`` clipped to the declared bound, fixed-point encoded and pairwise masked

@@ -19,10 +19,10 @@ from app.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecA
 from app.data import memory
 from app.data.parties import PARTIES
 from app.data.types import GraphCollection, GraphData
-from app.wire import ProtocolError
+from app.wire import ProtocolError, ValueSpec
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from app.session import HelloAsk, ServerSession
 
 
 @dataclass
@@ -100,6 +100,9 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     #: Why the method cannot take edge weights (it counts every edge as 1), or "" when it uses them as
     #: they are (weighted degrees, filters, losses) or uses no edges.
     refuses_weights: ClassVar[str] = ""
+    #: The figures each client adds to its hello reply (``ClusteringClient.hello_figures``), checked
+    #: like any reply and kept in ``session.clients[i].summary``.
+    hello_numbers: ClassVar[Mapping[str, ValueSpec]] = {}
     #: Each client clusters the graph of its own shard: its rows without a local edge carry no
     #: structure into the result (:meth:`check_shards`).
     local_graphs: ClassVar[bool] = False
@@ -141,6 +144,28 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
                 raise ConfigError(f"secagg.bound={config['secagg.bound']:g} x secagg.scale={config['secagg.scale']:g}"
                                   f" x {clients} clients does not fit the 64-bit ring of {secure[0]}; valid: a "
                                   "product below 2^63") from None
+
+    @classmethod
+    def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
+        """What this method asks of every client with hello (its :meth:`hello_values`, the figures
+        its clients add, :attr:`hello_numbers`, and the secure-aggregation key when
+        :meth:`masks_uploads`), so that its protocol needs no round of its own for them."""
+        from app.session import HelloAsk
+
+        return HelloAsk(cls.hello_values(config), cls.hello_numbers, cls.masks_uploads(config, clients))
+
+    @classmethod
+    def hello_values(cls, config: RunConfig) -> dict:
+        """Values every client gets with hello (its client's ``hello_figures`` reads them)."""
+        return {}
+
+    @classmethod
+    def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
+        """Whether a run of ``clients`` clients will mask uploads under secure aggregation (then
+        the clients send their public keys with hello): by default, with a ``<method>.secure``
+        key set and more than one client. A run that masks without saying so here still works,
+        with two more rounds for the key exchange."""
+        return clients > 1 and any(p.key.endswith(".secure") and config[p.key] for p in cls.params)
 
     @staticmethod
     def check_parties(config: RunConfig) -> None:

@@ -274,9 +274,11 @@ def test_unsigned_node_ids_from_one_client_give_the_same_labels(tmp_path, monkey
     assert unsigned["metrics"]["acc"] == honest["metrics"]["acc"]
 
 
-def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_path, monkeypatch):
+@pytest.mark.parametrize("with_hello", [True, False], ids=["key-with-hello", "key-in-its-own-round"])
+def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_path, monkeypatch, with_hello):
     from app.wire import ProtocolError
     from clients.base import ClusteringClient
+    from strategies.fedkmeans import FedKMeans
 
     honest = ClusteringClient.on_secagg_setup
 
@@ -285,5 +287,25 @@ def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_pa
         return out, ({**vals, "public_key": 32} if self.shard.client_id == 1 else vals)
 
     monkeypatch.setattr(ClusteringClient, "on_secagg_setup", short_key)
-    with pytest.raises(ProtocolError, match=r"^step 'secagg_setup': party 1: public key must be 32 bytes, got int$"):
+    if not with_hello:  # a strategy that masks without saying so beforehand: the key exchange takes two rounds
+        monkeypatch.setattr(FedKMeans, "masks_uploads", classmethod(lambda cls, config, clients: False))
+    step = "hello" if with_hello else "secagg_setup"
+    with pytest.raises(ProtocolError, match=rf"^step '{step}': party 1: public key must be 32 bytes, got int$"):
         run_experiment("fedkmeans", "iris", 3, {"fedkmeans.secure": True}, tmp_path / "r")
+
+
+def test_secure_aggregation_keys_travel_with_hello_and_the_first_masked_step(tmp_path, monkeypatch):
+    """The key exchange costs no round of its own when the strategy says beforehand that it masks;
+    the same run with the two-round exchange gives the same labels."""
+    from strategies.fedkmeans import FedKMeans
+
+    config = {"fedkmeans.secure": True, "num-rounds": 3}
+    merged = run_experiment("fedkmeans", "iris", 3, config, tmp_path / "merged")
+    monkeypatch.setattr(FedKMeans, "masks_uploads", classmethod(lambda cls, config, clients: False))
+    apart = run_experiment("fedkmeans", "iris", 3, config, tmp_path / "apart")
+    actions = [[r["action"] for r in run["timing"]["per_round"]] for run in (merged, apart)]
+    assert actions[0] == [a for a in actions[1] if a not in ("secagg_setup", "secagg_agree")]
+    assert actions[1][1:3] == ["secagg_setup", "secagg_agree"]
+    assert merged["communication"]["messages"] == apart["communication"]["messages"] - 2 * 2 * 3  # 2 rounds x (request + reply) x 3 clients
+    assert "public_key" in {u["name"] for u in merged["privacy"]["uploads"] if u["action"] == "hello"}
+    assert np.array_equal(np.load(tmp_path / "merged" / "labels.npy"), np.load(tmp_path / "apart" / "labels.npy"))

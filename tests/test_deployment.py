@@ -30,6 +30,7 @@ RUN_GUARD_S = 3600.0
 
 SMALL_SBM = ["sbm.nodes=300", "sbm.features=8"]
 DEPLOYED = {
+    "fedkmeans": ("node-random", ["fedkmeans.secure=true", "num-rounds=3"]),  # secure aggregation's keys with hello
     "fedspectral-plus": ("edge", ["fedspectral-plus.mode=paper", "fedspectral-plus.rounds=3",
                                   "fedspectral-plus.iters=2"]),
     "kcagc": ("vertical", ["kcagc.iterations=2", "kcagc.restarts=1", "kcagc.local-restarts=1",
@@ -46,7 +47,7 @@ def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path
     assert not (tmp_path / "deployed").exists()
 
 
-@pytest.mark.parametrize("strategy", [pytest.param("kcagc", marks=pytest.mark.slow), "fedspectral-plus"])
+@pytest.mark.parametrize("strategy", [pytest.param("kcagc", marks=pytest.mark.slow), "fedspectral-plus", "fedkmeans"])
 def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):
     partitioner, sets = DEPLOYED[strategy]
     path = run_local(3, strategy, "sbm", partitioner, SMALL_SBM + sets, tmp_path / "deployed", timeout=RUN_GUARD_S)

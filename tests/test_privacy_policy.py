@@ -113,7 +113,7 @@ def test_a_bad_policy_file_names_file_and_line(tmp_path):
 
 def test_a_rule_a_strategy_cannot_meet_refuses_the_whole_run(tmp_path):
     raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 2, "kcagc.restarts": 2}
-    with pytest.raises(PrivacyRefused, match=r"^step 'hello' refused by the privacy policy of client \? \(node 1001\), "
+    with pytest.raises(PrivacyRefused, match=r"^step 'hello' refused by the privacy policy of node 1001, "
                                              r"rule 'noise-multiplier': this node sets noise-multiplier=2.0 for "
                                              r"strategy 'kcagc', which cannot meet it"):
         run(raw, tmp_path, configs=[{"partition-id": 0, "num-partitions": 2, "privacy.all.noise-multiplier": 2.0},
@@ -165,17 +165,17 @@ def test_a_node_requiring_secure_aggregation_refuses_a_run_configured_without_it
 
 def test_a_node_refuses_a_masking_group_below_its_minimum(tmp_path):
     raw = {**MASKING_RUNS["fedkmeans"][0], "strategy": "fedkmeans", "num-clients": 2}
-    with pytest.raises(PrivacyRefused, match=r"^step 'secagg_agree' refused by the privacy policy of client 0 "
-                                             r"\(node 1001\), rule 'min-group': a masking group of 2 client\(s\), "
-                                             r"below this node's min-group=3; client 1") as err:
+    with pytest.raises(PrivacyRefused, match=r"^step 'hello' refused by the privacy policy of "
+                                             r"node 1001, rule 'min-group': a masking group of 2 client\(s\), "
+                                             r"below this node's min-group=3; node 1002") as err:
         run(raw, tmp_path, configs=node_configs(2, **{"fedkmeans.min-group": 3}))
     assert set(refusal(err).values()) == {"min-group"}
 
 
 # --------------------------------------------------------------------------- chosen masking groups
 def test_kcagc_refuses_masking_groups_the_protocol_does_not_define(tmp_path):
-    """Before, a server sending groups {0, 1}, {1, 2}, {0, 2} under fresh tags solved the three
-    pair sums for client 0's partial distances (max error 3.6e-9)."""
+    """A server sending groups {0, 1}, {1, 2}, {0, 2} under fresh tags would solve the three
+    pair sums for client 0's partial distances (to within 3.6e-9)."""
     pairs = {0: [0, 1], 1: [1, 2], 2: [0, 2]}
 
     def choose_pairs(partition, arrays, values):
