@@ -288,7 +288,11 @@ def test_dp_sends_only_noised_weights_and_selects_the_last_round(out_dir):
 def test_client_refuses_validation_score_under_dp():
     from app.privacy.policy import PrivacyRefusal
 
-    client = FedAvgDMoNClient(None, {"fedavg-dmon.dp-clip": 0.5}, None)
+    from app import registry
+
+    config = registry.validate({"strategy": "fedavg-dmon", "dataset": "sbm", "fedavg-dmon.dp-clip": 0.5,
+                                "fedavg-dmon.select": "last"})
+    client = FedAvgDMoNClient(None, config, None)
     with pytest.raises(PrivacyRefusal, match="rule 'fedavg-dmon.dp-clip': dmon_eval refused"):
         client.on_dmon_eval({}, {"k": 2})
 
