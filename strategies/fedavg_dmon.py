@@ -71,10 +71,10 @@ import numpy as np
 
 from app.config import ConfigError, Param, RunConfig, SharedConfig
 from app.data.types import GraphData
-from app.privacy.gaussian import CLIENT_LEVEL
+from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.protocols import fedavg_dmon as proto
 from app.transport import pack, unpack
-from app.wire import ProtocolError
+from app.wire import ProtocolError, ReplySpec
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
 
@@ -187,7 +187,8 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
 
     def run(self, session: ServerSession) -> StrategyOutput:
         if self.cfg.mode == "centralised" and len(session.clients) != 1:
-            raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} connected")
+            raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} "
+                              "connected")
         k = self.shared.num_clusters
         features, counts = self._sizes(session)
         shapes = proto.param_shapes(features, k, self.cfg.hidden)
@@ -225,7 +226,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         return features, counts
 
     def _training_rounds(self, session: ServerSession, weights: dict, shapes: dict, counts: dict[int, int],
-                         mech) -> tuple[dict, _Best, list[dict]]:
+                         mech: GaussianMechanism | None) -> tuple[dict, _Best, list[dict]]:
         """Step 2, ``dmon_train`` x ``num-rounds``: each round's replies (:meth:`_train_round`), their
         combined validation score (without DP) and the new global weights (federated). Returns the
         last weights, the best-scored weights sent (federated) and the per-round history."""
@@ -250,7 +251,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         return weights, best, history
 
     def _train_round(self, session: ServerSession, r: int, weights: dict, counts: dict[int, int],
-                     spec) -> tuple[dict, dict, list[int]]:
+                     spec: ReplySpec) -> tuple[dict, dict, list[int]]:
         """One ``dmon_train`` exchange. Down: the global weights ``W_r`` (isolated/centralised: round 1
         only, the common initialisation), ``k`` and the round; with ``secure`` the secure-aggregation
         values and each client's FedAvg ``factor`` N_c / N. Up: per ``spec``. Returns the valid replies,

@@ -114,7 +114,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.config import ConfigError, Param, RunConfig
-from app.privacy.gaussian import CLIENT_LEVEL
+from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.privacy.ldp import LDPAccountant, default_m
 from app.protocols import gw_ldp as proto
 from app.transport import pack, unpack
@@ -280,7 +280,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         return dims.pop()
 
     def _training_rounds(self, session: ServerSession, model, emb: _Embeddings, layers: list[str],
-                         dp) -> tuple[dict[str, np.ndarray], list[dict]]:
+                         dp: GaussianMechanism | None) -> tuple[dict[str, np.ndarray], list[dict]]:
         """Step 2, ``fit`` x ``num-rounds`` (down: the global weights ``w.<name>``, epochs, learning
         rate, round, seed) -> up: the trained weights, ``num_examples`` and, without DP, ``loss``;
         FedAvg of the replies. Every ``embed-every`` rounds before the last, an embedding release
@@ -457,7 +457,8 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         truth = uploads["eval_labels"] if self.shared.partitioner == "khop" else None
         return StrategyOutput(labels=labels, ids=uploads["graph_ids"], truth=truth, metrics=metrics, history=history)
 
-    def _record_privacy(self, session: ServerSession, uploads: dict, releases: int, pooled: bool, dp) -> None:
+    def _record_privacy(self, session: ServerSession, uploads: dict, releases: int, pooled: bool,
+                        dp: GaussianMechanism | None) -> None:
         """The ledger: the LDP of the embeddings, what went up in clear, and the training DP if any."""
         self._record_ldp(session, uploads, releases)
         self._record_clear_uploads(session, pooled=pooled)

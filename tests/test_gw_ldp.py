@@ -222,6 +222,22 @@ def test_epsilon_inf_reproduces_the_plain_embedding_matrix():
 # --------------------------------------------------------------------------- FedAvg, SVC, clustering
 
 
+def test_training_dp_mechanism_is_the_runs_choice_for_client_and_server():
+    from app import registry
+
+    def mechanism(dp):
+        config = registry.validate({"strategy": "gw-ldp", "dataset": "mutag", "gw-ldp.dp": dp,
+                                    "gw-ldp.dp-clip": 0.5, "gw-ldp.dp-noise": 1.5, "gw-ldp.dp-sample-rate": 0.25})
+        return proto.training_mechanism(proto.GWLDPConfig.of(config))
+
+    assert mechanism("none") is None
+    client, sgd = mechanism("client"), mechanism("sgd")
+    # DP-FedAvg: a client's whole update (replace one client's data), every round; DP-SGD: one graph
+    # (add/remove), Poisson-sampled at the run's rate
+    assert (client.clip, client.noise_multiplier, client.sample_rate, client.adjacency) == (0.5, 1.5, 1.0, "replace")
+    assert (sgd.clip, sgd.noise_multiplier, sgd.sample_rate, sgd.adjacency) == (0.5, 1.5, 0.25, "remove")
+
+
 def test_fedavg_weights_by_sample_count():
     a = {"w": np.array([1.0, 2.0], np.float32)}
     b = {"w": np.array([3.0, 6.0], np.float32)}

@@ -38,7 +38,8 @@ Client-level DP-FedAvg (optional): the client clips its update
 ``W_c - W_bar`` to L2 norm ``C`` and adds ``N(0, (z C)^2)`` to every entry
 (:class:`app.privacy.gaussian.GaussianMechanism`, replace adjacency: the
 protected unit is a client's entire local data, sensitivity ``2C``), then
-uploads ``W_bar + noised update``. One release per client per round, and
+uploads ``W_bar + noised update`` (:func:`dp_mechanism`, which client and
+server both build, the server to account). One release per client per round, and
 nothing else data-dependent in the training rounds: the validation scores
 and losses, which the noise does not cover, are not sent.
 """
