@@ -113,7 +113,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig
+from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.data.types import GraphCollection, GraphData
 from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.privacy.ldp import LDPAccountant, default_m
 from app.protocols import gw_ldp as proto
@@ -530,7 +531,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
                 "test_graphs": int(((split == proto.SPLIT_TEST) & (y >= 0)).sum())}
 
     # ------------------------------------------------------------------ reference
-    def reference(self, data) -> np.ndarray:
+    def reference(self, data: GraphData | GraphCollection) -> np.ndarray:
         """Centralised topology-only baseline (GW_A): shortest-path GW between the
         pooled graphs (same items and order as the federated run), clustered the
         same way."""
@@ -544,13 +545,10 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
                 f"shortest-path matrices, clustered by {self.cfg.clustering}, {self._k_and_seed()}")
 
 
-def pooled_graphs(data, config: RunConfig):
+def pooled_graphs(data: GraphData | GraphCollection, config: RunConfig) -> tuple[list, np.ndarray]:
     """All graphs of the run in graph-id order, with their (pseudo-)labels."""
-    from app.data.types import GraphCollection
-
     if isinstance(data, GraphCollection):
         return list(data.graphs), np.asarray(data.y)
-    from app.config import SharedConfig
     from app.data.params import partition_kwargs
     from app.data.partition import partition
 
