@@ -1,6 +1,11 @@
-"""DMoN (Tsitsulin et al., "Graph clustering with graph neural networks") model and loss.
+"""The GNN models the methods train: DMoN (fedavg-dmon) and GCN / GIN (gw-ldp).
 
-Shared by the centralised reference (:func:`train_dmon`) and the
+Importing this module imports torch and PyG, so the protocol modules import it
+inside the functions that build a model, never at their top (a deployed
+ClientApp process imports them for every message).
+
+**DMoN** (Tsitsulin et al., "Graph clustering with graph neural networks"):
+shared by the centralised reference (:func:`train_dmon`) and the
 federated DMoN strategy (FedAvg over :class:`DMoNModel` weights, each client
 minimising :func:`dmon_loss` on its own subgraph).
 
@@ -20,6 +25,11 @@ regulariser; ``A`` = adjacency without self-loops, ``d = A 1``, ``2m = 1' A 1``)
 computed sparsely: ``Tr(S' A S) = sum_{(i,j) in E} A_ij <S_i, S_j>`` (both
 directions stored) and ``Tr(S' d d' S) = ||S' d||^2``, so the cost is
 O(|E| k + n k), never n x n.
+
+**GCN / GIN** (:func:`build_model`, gw-ldp's shared GNN): GCN is 2 ``GCNConv``
+layers (hidden 16), GIN 5 ``GINConv`` layers (hidden 64, each MLP and layer
+with BatchNorm) then two linear layers. Both give per-node class scores; their
+``embed`` is the last message-passing layer's output.
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ from torch import Tensor, nn
 
 from app.clustering import as_features, check_k, check_seed, square_sparse
 
-__all__ = ["DMoNModel", "dmon_loss", "adj_to_edge_index", "features_to_tensor", "train_dmon"]
+__all__ = ["DMoNModel", "dmon_loss", "dmon_epochs", "adj_to_edge_index", "features_to_tensor", "train_dmon", "GCN",
+           "GIN", "build_model"]
 
 
 def adj_to_edge_index(adj: Any, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
@@ -134,6 +145,22 @@ def dmon_loss(
     return total
 
 
+def dmon_epochs(model: DMoNModel, opt: torch.optim.Optimizer, x: Tensor, edge_index: Tensor, edge_weight: Tensor,
+                epochs: int, collapse_regularization: float) -> list[float]:
+    """``epochs`` full-batch steps of ``opt`` on the DMoN loss, the model in train mode (dropout on);
+    returns the loss of every epoch."""
+    history: list[float] = []
+    model.train()
+    for _ in range(int(epochs)):
+        opt.zero_grad()
+        s = model(x, edge_index, edge_weight)
+        loss = dmon_loss(s, edge_index, edge_weight, collapse_regularization)
+        loss.backward()
+        opt.step()
+        history.append(float(loss.detach()))
+    return history
+
+
 def train_dmon(
     x: Any,
     adj: Any,
@@ -160,12 +187,7 @@ def train_dmon(
     n = A.shape[0]
     k = check_k(k, n)
     seed = check_seed(seed)
-    if isinstance(epochs, bool) or int(epochs) < 0:
-        raise ValueError(f"invalid epochs={epochs!r}; need an integer >= 0")
-    if not lr > 0:
-        raise ValueError(f"invalid lr={lr!r}; need lr > 0")
-    if x is not None:
-        as_features(x, n)
+    _check_training(x, n, epochs, lr)
     torch.manual_seed(seed)
     xt = features_to_tensor(x, n)
     if sparse_features:
@@ -173,17 +195,81 @@ def train_dmon(
     edge_index, edge_weight = adj_to_edge_index(A)
     model = DMoNModel(xt.shape[1], k, hidden=hidden, dropout=dropout)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    history: list[float] = []
-    model.train()
-    for _ in range(int(epochs)):
-        opt.zero_grad()
-        s = model(xt, edge_index, edge_weight)
-        loss = dmon_loss(s, edge_index, edge_weight, collapse_regularization)
-        loss.backward()
-        opt.step()
-        history.append(float(loss.detach()))
+    history = dmon_epochs(model, opt, xt, edge_index, edge_weight, epochs, collapse_regularization)
     model.eval()
     with torch.no_grad():
         s = model(xt, edge_index, edge_weight)
     model.loss_history = history
     return s.argmax(dim=1).numpy().astype(np.int64), model
+
+
+def _check_training(x: Any, n: int, epochs: Any, lr: Any) -> None:
+    """A whole number of epochs >= 0, a learning rate > 0 and features with one row per node."""
+    if isinstance(epochs, bool) or int(epochs) < 0:
+        raise ValueError(f"invalid epochs={epochs!r}; need an integer >= 0")
+    if not lr > 0:
+        raise ValueError(f"invalid lr={lr!r}; need lr > 0")
+    if x is not None:
+        as_features(x, n)
+
+
+class GCN(nn.Module):
+    """Two ``GCNConv`` layers (hidden 16, ReLU, dropout 0.5) to per-node class scores."""
+
+    def __init__(self, in_dim: int, num_classes: int):
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        self.hidden = 16
+        self.conv1 = GCNConv(in_dim, self.hidden)
+        self.conv2 = GCNConv(self.hidden, num_classes)
+
+    def embed(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return torch.relu(self.conv1(x, edge_index))
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = F.dropout(self.embed(x, edge_index), 0.5, self.training)
+        return self.conv2(h, edge_index)
+
+
+class GIN(nn.Module):
+    """``layers`` ``GINConv`` layers (MLP Linear-BatchNorm-ReLU-Linear, then BatchNorm and ReLU),
+    then two linear layers (ReLU, dropout 0.5) to per-node class scores."""
+
+    def __init__(self, in_dim: int, num_classes: int, hidden: int = 64, layers: int = 5):
+        super().__init__()
+        from torch_geometric.nn import GINConv
+
+        self.hidden = hidden
+        dims = [in_dim] + [hidden] * layers
+        self.convs = nn.ModuleList(
+            GINConv(nn.Sequential(nn.Linear(a, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden)))
+            for a in dims[:-1]
+        )
+        self.norms = nn.ModuleList(nn.BatchNorm1d(hidden) for _ in dims[:-1])
+        self.lin1 = nn.Linear(hidden, hidden)
+        self.lin2 = nn.Linear(hidden, num_classes)
+
+    def embed(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = x
+        for conv, norm in zip(self.convs, self.norms):
+            h = torch.relu(norm(conv(h, edge_index)))
+        return h
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = torch.relu(self.lin1(self.embed(x, edge_index)))
+        h = F.dropout(h, 0.5, self.training)
+        return self.lin2(h)
+
+
+GNN_MODELS = {"gcn": GCN, "gin": GIN}
+
+
+def build_model(kind: str, in_dim: int, num_classes: int, seed: int) -> nn.Module:
+    """A :class:`GCN` or :class:`GIN` (``kind``) with ``in_dim`` inputs and ``num_classes`` outputs,
+    initialised under ``torch.manual_seed(seed)``."""
+    if kind not in GNN_MODELS:
+        raise ValueError(f"unknown model {kind!r}; valid choices: " + ", ".join(GNN_MODELS))
+    torch.manual_seed(int(seed))
+    return GNN_MODELS[kind](in_dim, num_classes)

@@ -395,7 +395,9 @@ def part_size_only(args, data: dict) -> None:
 
 def central_gnn(kind: str, batch, y: np.ndarray, train: np.ndarray, epochs: int, classes: int):
     """A GNN trained centrally (full batch, Adam lr 0.01, seed 0) on the graphs ``train``."""
-    model = proto.build_model(kind, int(batch.x.shape[1]), classes, 0)
+    from app.models import build_model
+
+    model = build_model(kind, int(batch.x.shape[1]), classes, 0)
     proto.local_train(model, batch, y, train, "graph", epochs, 0.01, 0)
     return model
 

@@ -18,7 +18,8 @@ from clients.base import ClusteringClient, Reply, answers, request_digest
 _GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
 
 
-class FedAvgDMoNClient(ClusteringClient):
+class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
+    settings = proto.FedAvgDMoNConfig
 
     # -- helpers ---------------------------------------------------------------
     def handle(self, action, content):
@@ -27,15 +28,12 @@ class FedAvgDMoNClient(ClusteringClient):
         torch.set_num_threads(1)  # one thread per client (shared CPU; also makes runs bit-reproducible)
         return super().handle(action, content)
 
-    def _p(self, key):
-        return self.config[f"fedavg-dmon.{key}"]
-
     def graph(self):
         """This client's tensors and edge split, built once per process."""
         s = self.shard
-        val, test = float(self._p("val-fraction")), float(self._p("test-fraction"))
-        seed = int(self.config["seed"])
-        sparse = bool(self._p("sparse-features"))
+        val, test = self.cfg.val_fraction, self.cfg.test_fraction
+        seed = self.shared.seed
+        sparse = self.cfg.sparse_features
         key = (id(s), s.dataset, s.partitioner, s.client_id, s.num_clients, seed, val, test, sparse)
         hit = _GRAPHS.get(key)
         if hit is None or hit[0] is not s:
@@ -47,7 +45,7 @@ class FedAvgDMoNClient(ClusteringClient):
         return hit[1], hit[2], hit[3]
 
     def _model_kw(self):
-        return {"hidden": int(self._p("hidden")), "dropout": float(self._p("dropout"))}
+        return {"hidden": self.cfg.hidden, "dropout": self.cfg.dropout}
 
     def _state(self, k, weights):
         if "dmon_state" in self.context.state.array_records:
@@ -55,18 +53,18 @@ class FedAvgDMoNClient(ClusteringClient):
         if weights is None:
             raise ValueError("first training round without initial weights")
         kw = self._model_kw()
-        return proto.start_state(weights, int(self.config["seed"]), self.shard.client_id, k, kw["hidden"], kw["dropout"])
+        return proto.start_state(weights, self.shared.seed, self.shard.client_id, k, kw["hidden"], kw["dropout"])
 
     def _dp(self) -> bool:
         """Client-level DP-FedAvg on (federated mode only, checked by the strategy)."""
-        return float(self._p("dp-clip")) > 0
+        return self.cfg.dp_clip > 0
 
     def _local_select(self) -> bool:
-        return self._p("mode") != "federated" and self._p("select") == "val-modularity"
+        return self.cfg.mode != "federated" and self.cfg.select == "val-modularity"
 
     def _score(self, weights, k):
         graph, vadj, _ = self.graph()
-        return proto.validation_score(proto.assign(weights, graph, k, int(self._p("hidden"))), vadj)
+        return proto.validation_score(proto.assign(weights, graph, k, self.cfg.hidden), vadj)
 
     def _keep_if_best(self, weights, score):
         best = self.load("dmon_best") if "dmon_best" in self.context.state.array_records else None
@@ -86,11 +84,11 @@ class FedAvgDMoNClient(ClusteringClient):
         without DP, the validation score of the received weights and the per-epoch losses.
         One release in this node's ledger; a noised reply re-sent gets the same draw (no
         retraining, no second draw; :meth:`release`)."""
-        federated = self._p("mode") == "federated"
+        federated = self.cfg.mode == "federated"
         mech = self._mechanism if self._dp() and federated else None
         self.policy.check_noise(proto.DMON_TRAIN, mech and mech.noise_multiplier)
         if federated:
-            self.require_masking(proto.DMON_TRAIN, values, needed_by_run=bool(self._p("secure")))
+            self.require_masking(proto.DMON_TRAIN, values, needed_by_run=self.cfg.secure)
         if mech:
             return self.release(proto.DMON_TRAIN, arrays, values, lambda: self._train(arrays, values)[0],
                                 multiplier=mech.effective_noise_multiplier)
@@ -109,15 +107,14 @@ class FedAvgDMoNClient(ClusteringClient):
                 self._keep_if_best(start, score)
         kw = self._model_kw()
         state, losses = proto.local_train(
-            state, self.graph()[0], k, int(self._p("local-epochs")), lr=float(self._p("lr")),
-            collapse=float(self._p("collapse")), weights=received,
-            keep_optimizer=self._p("optimizer-state") == "keep", **kw,
+            state, self.graph()[0], k, self.cfg.local_epochs, lr=self.cfg.lr, collapse=self.cfg.collapse,
+            weights=received, keep_optimizer=self.cfg.optimizer_state == "keep", **kw,
         )
         self.save("dmon_state", **state.to_arrays())
         # under DP only the noised weights leave: the score and losses are functions of the
         # local subgraph that the noise does not cover
         reply_values = {} if dp else {"val_modularity": score, "val_edges": edges, "losses": losses}
-        if self._p("mode") != "federated":
+        if self.cfg.mode != "federated":
             return {}, reply_values  # isolated / centralised: the weights never leave
         upload = proto.dp_update(received, state.weights, self._mechanism) if dp else state.weights
         if "secagg_tag" in values:
@@ -128,9 +125,7 @@ class FedAvgDMoNClient(ClusteringClient):
     @cached_property
     def _mechanism(self):
         """The DP-FedAvg mechanism of this client's run config (calibrated once per message)."""
-        from strategies.fedavg_dmon import dp_mechanism
-
-        return dp_mechanism(self.config)
+        return proto.dp_mechanism(self.cfg, self.shared.num_rounds)
 
     @answers(proto.DMON_EVAL)
     def on_dmon_eval(self, arrays, values) -> Reply:
@@ -152,7 +147,7 @@ class FedAvgDMoNClient(ClusteringClient):
         graph, vadj, tadj = self.graph()
         if proto.PARAM_NAMES[0] in arrays:
             weights = {n: arrays[n] for n in proto.PARAM_NAMES}
-            score = None if float(self._p("dp-clip")) > 0 else self._score(weights, k)[0]
+            score = None if self._dp() else self._score(weights, k)[0]
         else:  # isolated / centralised: this client's own model
             weights = proto.LocalState.from_arrays(self.load("dmon_state")).weights
             score, _ = self._score(weights, k)
@@ -161,7 +156,7 @@ class FedAvgDMoNClient(ClusteringClient):
                 best = self.load("dmon_best")
                 weights = {n: best[f"w/{n}"] for n in proto.PARAM_NAMES}
                 score = float(best["score"][0])
-        labels = proto.assign(weights, graph, k, int(self._p("hidden")))
+        labels = proto.assign(weights, graph, k, self.cfg.hidden)
         self.save("labels", labels=labels)
         metrics = proto.client_metrics(labels, self.shard.y, tadj, self.shard.adj)
         owned = self.shard.owned if self.shard.owned is not None else np.ones(len(labels), bool)

@@ -32,6 +32,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from app.privacy.policy import PrivacyRefusal
 from app.protocols import gw_ldp as proto
 from clients.base import ClusteringClient, Reply, answers
 
@@ -41,7 +42,8 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 64
 
 
-class GWLDPClient(ClusteringClient):
+class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
+    settings = proto.GWLDPConfig
 
     # -- local data ----------------------------------------------------------
     def _task(self) -> str:
@@ -49,9 +51,9 @@ class GWLDPClient(ClusteringClient):
 
     def _local(self):
         """(batch, labels, split) of this client's graphs, built once per process."""
-        degree_dim = int(self.config["gw-ldp.degree-dim"])
+        degree_dim, seed, fold = self.cfg.degree_dim, self.shared.seed, self.cfg.fold
         # keyed by the shard object; the entry holds the shard, so its id cannot be reused while cached
-        key = (id(self.shard), degree_dim, int(self.config["seed"]), int(self.config["gw-ldp.fold"]))
+        key = (id(self.shard), degree_dim, seed, fold)
         if key in _CACHE:
             _CACHE.move_to_end(key)
         else:
@@ -60,8 +62,7 @@ class GWLDPClient(ClusteringClient):
                 raise ValueError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
             batch = proto.make_batch(s.graphs, degree_dim)
             labels = np.asarray(s.graph_y, dtype=np.int64)
-            split = proto.split_items(len(s.graphs), int(self.config["seed"]), s.client_id,
-                                      fold=int(self.config["gw-ldp.fold"]))
+            split = proto.split_items(len(s.graphs), seed, s.client_id, fold=fold)
             _CACHE[key] = (s, batch, labels, split)
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
@@ -72,11 +73,14 @@ class GWLDPClient(ClusteringClient):
         return np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
 
     def _model(self, arrays, num_classes: int | None = None):
+        """The shared GNN with the message's weights ``w.<name>``."""
+        from app.models import build_model
+
         batch, _, _ = self._local()
-        weights = {k[2:]: v for k, v in arrays.items() if k.startswith("w.")}
+        weights = proto.message_weights(arrays)
         if num_classes is None:
             num_classes = int(np.asarray(weights[_last_bias(weights)]).shape[0])
-        model = proto.build_model(str(self.config["gw-ldp.model"]), int(batch.x.shape[1]), num_classes, 0)
+        model = build_model(self.cfg.model, int(batch.x.shape[1]), num_classes, 0)
         proto.set_weights(model, weights)
         return model
 
@@ -100,61 +104,55 @@ class GWLDPClient(ClusteringClient):
         """Local training from the received weights; reply the new weights (under training DP
         noised, once per request: a re-sent request gets the first release back,
         :meth:`released_once`) and the number of training graphs."""
-        if self.config["gw-ldp.dp"] == "none":
+        if self.cfg.dp == "none":
             return self._fit(arrays, values)
         weights = self.released_once(proto.FIT, arrays, values, lambda: self._fit(arrays, values)[0])[0]
         _, labels, split = self._local()
         return weights, {"num_examples": int(self._train_graphs(labels, split).size)}
 
-    def _fit(self, arrays, values):
+    def _fit(self, arrays, values) -> Reply:
+        """The trained weights ``w.<name>`` (under ``client`` DP the noised update added to the
+        received ones), ``num_examples`` and, without DP, the last ``loss``."""
         batch, labels, split = self._local()
         model = self._model(arrays)
         start = proto.get_weights(model)
         train = self._train_graphs(labels, split)
-        seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
-        dp = self.config["gw-ldp.dp"]
+        dp, cfg = self.cfg.dp, self.cfg
+        epochs, lr = int(values["epochs"]), float(values["lr"])
         if dp == "sgd":  # sampling and noise from OS entropy (see the module docstring)
-            proto.dp_sgd_train(model, batch, labels, train, self._task(), int(values["epochs"]),
-                               float(values["lr"]), float(self.config["gw-ldp.dp-clip"]),
-                               float(self.config["gw-ldp.dp-noise"]), float(self.config["gw-ldp.dp-sample-rate"]),
-                               secrets.randbits(63))
+            proto.dp_sgd_train(model, batch, labels, train, self._task(), epochs, lr, cfg.dp_clip, cfg.dp_noise,
+                               cfg.dp_sample_rate, secrets.randbits(63))
         else:
-            loss = proto.local_train(model, batch, labels, train, self._task(), int(values["epochs"]),
-                                     float(values["lr"]), seed, freeze_norm=dp == "client")
+            seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
+            loss = proto.local_train(model, batch, labels, train, self._task(), epochs, lr, seed,
+                                     freeze_norm=dp == "client")
         new = proto.get_weights(model)
-        values = {"num_examples": int(train.size)}
+        reply = {"num_examples": int(train.size)}
         if dp == "client":
-            new = proto.privatise_update(start, new, proto.trainable_names(model), self._dp_mechanism(),
+            new = proto.privatise_update(start, new, proto.trainable_names(model), proto.training_mechanism(cfg),
                                          np.random.default_rng())
         elif dp == "none":
-            values["loss"] = loss  # not sent under DP: it is not covered by the noise
-        return {f"w.{k}": v for k, v in new.items()}, values
-
-    def _dp_mechanism(self):
-        """Client-level DP-FedAvg's mechanism: clip the update to L2 ``dp-clip``,
-        add N(0, (dp-noise * dp-clip)^2) to every coordinate (app.privacy.gaussian)."""
-        from app.privacy.gaussian import GaussianMechanism
-
-        return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
-                                 delta=float(self.config["gw-ldp.dp-delta"]), adjacency="replace")
+            reply["loss"] = loss  # not sent under DP: it is not covered by the noise
+        return proto.weights_message(new), reply
 
     @answers(proto.GW_NORM)
     def on_gw_norm(self, arrays, values) -> Reply:
         """Moments of one BatchNorm layer's input over this client's training-graph nodes."""
-        dp = self.config["gw-ldp.dp"]
-        if dp != "none":
-            raise ValueError(f"refusing gw_norm: this client runs gw-ldp.dp='{dp}', whose noise does not cover "
-                             "the BatchNorm moments it would upload; valid only with gw-ldp.dp='none'")
+        if self.cfg.dp != "none":
+            raise PrivacyRefusal("gw-ldp.dp", f"gw_norm refused: this client runs gw-ldp.dp='{self.cfg.dp}', whose "
+                                              "noise does not cover the BatchNorm moments it would upload; valid "
+                                              "only with gw-ldp.dp='none'")
         batch, labels, split = self._local()
         return {"moments": proto.norm_input_moments(self._model(arrays), batch, self._train_graphs(labels, split),
                                                     str(values["layer"]))}, {}
 
     @answers(proto.GW_EMBED)
     def on_gw_embed(self, arrays, values) -> Reply:
-        eps = float(self.config["gw-ldp.epsilon"])
+        eps = self.cfg.epsilon
         if float(values["epsilon"]) != eps:
-            raise ValueError(f"refusing gw_embed at epsilon={values['epsilon']!r}: this client's gw-ldp.epsilon is "
-                             f"{eps:g} (0 = 1/|V|, inf = no LDP); valid: only its own")
+            raise PrivacyRefusal("gw-ldp.epsilon", f"gw_embed at epsilon={values['epsilon']!r} refused: this "
+                                                   f"client's gw-ldp.epsilon is {eps:g} (0 = 1/|V|, inf = no LDP); "
+                                                   "valid: only its own")
         return self.released_once(proto.GW_EMBED, arrays, values, lambda: self._embeddings(arrays, values, eps))
 
     def _embeddings(self, arrays, values, eps: float) -> dict:

@@ -64,55 +64,50 @@ each client keeps its own best (isolated/centralised).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param
-from app.privacy.gaussian import CLIENT_LEVEL
+from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.data.types import GraphData
+from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.protocols import fedavg_dmon as proto
-from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
 from app.transport import pack, unpack
+from app.wire import ProtocolError, ReplySpec
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
 
-MODES = ("federated", "isolated", "centralised")
-SELECT = ("val-modularity", "last")
-OPT_STATE = ("keep", "reset")
+if TYPE_CHECKING:
+    from app.session import ServerSession
+
 P = "fedavg-dmon."
-#: A client's validation score: the modularity of its labels on its validation edges (in [-1/2, 1]) and
-#: the number of those edges (its weight in the combined score).
-SCORE_SPEC = {"val_modularity": ValueSpec(low=-0.5, high=1.0), "val_edges": ValueSpec(whole=True, low=0)}
 DP_PROTECTS = ("each client's whole local subgraph (client-level DP) in its training-round uploads: one release "
                "of its noised model update per round, no validation score or loss sent; not covered: its feature "
                "dimension and node count, sent once in clear for the FedAvg weights, and its final labels and own "
                "metrics (evaluation outputs)")
 
 
-@lru_cache(maxsize=32)
-def _calibrated(epsilon: float, delta: float, rounds: int) -> float:
-    from app.privacy.gaussian import calibrate_noise_multiplier
+@dataclass
+class _Best:
+    """The global weights selected so far: the best combined validation score (federated,
+    ``select=val-modularity``) or the last weights (``select=last``), and their round."""
 
-    return calibrate_noise_multiplier(epsilon, delta, rounds, adjacency="replace")
+    weights: dict
+    score: float = -np.inf
+    round: int = 0
 
+    def offer(self, weights: dict, score: float, rnd: int) -> None:
+        """Keep ``weights`` (scored ``score``, sent in round ``rnd``) if they beat the best so far."""
+        if score > self.score:
+            self.weights, self.score, self.round = weights, score, rnd
 
-def dp_noise_multiplier(config) -> float:
-    """``dp-noise``, or the multiplier reaching ``dp-epsilon`` after num-rounds releases."""
-    eps = float(config[P + "dp-epsilon"])
-    if eps > 0:
-        return _calibrated(eps, float(config[P + "dp-delta"]), int(config["num-rounds"]))
-    return float(config[P + "dp-noise"])
-
-
-def dp_mechanism(config):
-    """The client-level Gaussian mechanism (one release per client per round)."""
-    from app.privacy.gaussian import GaussianMechanism
-
-    return GaussianMechanism(float(config[P + "dp-clip"]), dp_noise_multiplier(config),
-                             delta=float(config[P + "dp-delta"]), adjacency="replace")
+    def take(self, weights: dict, rnd: int) -> None:
+        """Select ``weights`` of round ``rnd`` whatever their score."""
+        self.weights, self.round = weights, rnd
 
 
-class FedAvgDMoN(ClusteringStrategy):
+class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     """Federated community detection (Leeney & McConville, 2023). Each client holds a subgraph of
     one graph (cross-client edges are lost; ``partition.overlap`` lets clients share nodes) and
     trains a DMoN graph neural network (a GCN encoder with a modularity loss and collapse
@@ -131,7 +126,7 @@ class FedAvgDMoN(ClusteringStrategy):
     needs_features = True
     params = (
         Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "
-              "centralised (one client with the whole graph)", choices=MODES, primary=True),
+              "centralised (one client with the whole graph)", choices=proto.MODES, primary=True),
         Param(P + "local-epochs", int, 5, "local Adam epochs per round", low=1, high=100_000, primary=True),
         Param(P + "lr", float, 1e-3, "Adam learning rate", low=1e-12, high=10.0, primary=True),
         Param(P + "hidden", int, 64, "GCN output dimension", low=1, high=100_000),
@@ -141,12 +136,12 @@ class FedAvgDMoN(ClusteringStrategy):
               "feed the features to the GCN as a sparse tensor (same model; fast on bag-of-words)"),
         Param(P + "optimizer-state", str, "keep",
               "keep: each client's Adam moments persist between rounds; reset: fresh Adam every round",
-              choices=OPT_STATE),
+              choices=proto.OPT_STATE),
         Param(P + "val-fraction", float, 0.1, "fraction of edges held out for model selection", low=0.0, high=0.9),
         Param(P + "test-fraction", float, 0.2, "fraction of edges held out for testing", low=0.0, high=0.9),
         Param(P + "select", str, "val-modularity",
               "model selection: best validation-edge modularity, or the last weights (dp-clip > 0 needs last: "
-              "clients then send no validation score)", choices=SELECT),
+              "clients then send no validation score)", choices=proto.SELECT),
         Param(P + "dp-clip", float, 0.0, "client-level DP-FedAvg: L2 clip of each update (0 = off; needs "
               "select=last)", low=0.0),
         Param(P + "dp-noise", float, 1.0, "DP-FedAvg noise multiplier z (sigma = z * clip)", low=1e-6),
@@ -157,179 +152,192 @@ class FedAvgDMoN(ClusteringStrategy):
         Param(P + "secure", bool, False, "secure aggregation of the weighted weights"),
     )
 
+    settings = proto.FedAvgDMoNConfig
+
     @classmethod
-    def check(cls, config) -> None:
+    def check(cls, config: RunConfig) -> None:
         super().check(config)
-        mode = config[P + "mode"]
-        if mode == "centralised" and int(config["num-clients"]) > 1:
+        cfg = proto.FedAvgDMoNConfig.of(config)
+        clients = SharedConfig.of(config).num_clients
+        if cfg.mode == "centralised" and clients > 1:
             raise ConfigError(f"fedavg-dmon.mode=centralised needs num-clients=1 (one client holding the whole "
-                              f"graph); got num-clients={config['num-clients']}")
-        if mode != "federated" and (float(config[P + "dp-clip"]) > 0 or bool(config[P + "secure"])):
+                              f"graph); got num-clients={clients}")
+        if cfg.mode != "federated" and (cfg.dp_clip > 0 or cfg.secure):
             raise ConfigError(f"fedavg-dmon.dp-clip and fedavg-dmon.secure apply to mode=federated only; "
-                              f"got mode={mode}")
-        if float(config[P + "dp-epsilon"]) > 0 and float(config[P + "dp-clip"]) == 0:
-            raise ConfigError(f"fedavg-dmon.dp-epsilon={config[P + 'dp-epsilon']} needs fedavg-dmon.dp-clip > 0 "
+                              f"got mode={cfg.mode}")
+        if cfg.dp_epsilon > 0 and cfg.dp_clip == 0:
+            raise ConfigError(f"fedavg-dmon.dp-epsilon={cfg.dp_epsilon} needs fedavg-dmon.dp-clip > 0 "
                               "(the clip switches DP-FedAvg on; without it nothing would be noised); valid choices: "
                               "set dp-clip > 0, or dp-epsilon=0")
-        if float(config[P + "dp-clip"]) > 0 and config[P + "select"] != "last":
-            raise ConfigError(f"fedavg-dmon.select={config[P + 'select']} is not available with fedavg-dmon.dp-clip"
-                              f"={config[P + 'dp-clip']} (clients send no un-noised validation score under DP); "
+        if cfg.dp_clip > 0 and cfg.select != "last":
+            raise ConfigError(f"fedavg-dmon.select={cfg.select} is not available with fedavg-dmon.dp-clip"
+                              f"={cfg.dp_clip} (clients send no un-noised validation score under DP); "
                               f"valid choices: select=last, or dp-clip=0")
-        total = float(config[P + "val-fraction"]) + float(config[P + "test-fraction"])
+        total = cfg.val_fraction + cfg.test_fraction
         if total >= 1.0:
             raise ConfigError(f"fedavg-dmon.val-fraction + fedavg-dmon.test-fraction = {total:g}; must be < 1")
-        if config[P + "select"] == "val-modularity" and float(config[P + "val-fraction"]) == 0:
+        if cfg.select == "val-modularity" and cfg.val_fraction == 0:
             raise ConfigError("fedavg-dmon.select=val-modularity needs fedavg-dmon.val-fraction > 0; "
                               "valid choices: set val-fraction > 0 or select=last")
 
     # ------------------------------------------------------------------ protocol
-    def run(self, session) -> StrategyOutput:
-        c = self.config
-        k, seed, rounds = int(c["num-clusters"]), int(c["seed"]), int(c["num-rounds"])
-        mode, select = str(c[P + "mode"]), str(c[P + "select"])
-        federated = mode == "federated"
-        if mode == "centralised" and len(session.clients) != 1:
-            raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} connected")
-        init = session.broadcast(proto.DMON_INIT, pack(values={"k": k}),
-                                 ReplySpec(numbers={"num_features": ValueSpec(whole=True, low=1),
-                                                    "num_nodes": ValueSpec(whole=True, low=1)}))
+    @property
+    def federated(self) -> bool:
+        return self.cfg.mode == "federated"
+
+    def run(self, session: ServerSession) -> StrategyOutput:
+        if self.cfg.mode == "centralised" and len(session.clients) != 1:
+            raise ConfigError(f"fedavg-dmon.mode=centralised needs exactly one client; {len(session.clients)} "
+                              "connected")
+        k = self.shared.num_clusters
+        features, counts = self._sizes(session)
+        shapes = proto.param_shapes(features, k, self.cfg.hidden)
+        weights = proto.init_weights(features, k, self.shared.seed, self.cfg.hidden, self.cfg.dropout)
+        mech = None
+        if self.federated and self.cfg.dp_clip > 0:
+            mech = proto.dp_mechanism(self.cfg, self.shared.num_rounds)
+            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
+        if self.federated and self.cfg.secure:
+            session.setup_secure_aggregation()
+        weights, best, history = self._training_rounds(session, weights, shapes, counts, mech)
+        if self.federated:
+            self._select(session, weights, best)
+        if mech is not None:
+            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
+        ids, labels, metrics = self._assign(session, best)
+        if mech is not None:
+            metrics["dp_epsilon"] = mech.epsilon()
+            metrics["dp_noise_multiplier"] = mech.noise_multiplier
+        return StrategyOutput(labels=labels, ids=ids, history=history, metrics=metrics)
+
+    def _sizes(self, session: ServerSession) -> tuple[int, dict[int, int]]:
+        """Step 1, ``dmon_init`` (down: k) -> up: ``num_features`` and ``num_nodes`` of every client:
+        the common feature dimension and each node's count, which must be the rows it announced in
+        hello (the FedAvg weight of a client is its node count: an inflated one would outvote the others)."""
+        init = session.broadcast(proto.DMON_INIT, pack(values={"k": self.shared.num_clusters}), proto.INIT_REPLY)
         sizes = {n: unpack(v)[1] for n, v in init.items()}
-        f = common_feature_dimension(s["num_features"] for s in sizes.values())
+        features = common_feature_dimension(s["num_features"] for s in sizes.values())
         counts = {n: int(s["num_nodes"]) for n, s in sizes.items()}
         rows = announced_rows(session)
         wrong = {session.partition_of(n): (count, rows[n]) for n, count in counts.items() if count != rows[n]}
-        if wrong:  # the FedAvg weight of a client is its node count: an inflated one would outvote the others
+        if wrong:
             raise ProtocolError("step 'dmon_init': node counts other than announced in hello: " + ", ".join(
                 f"client {c} reports {got} for its {announced} nodes" for c, (got, announced) in sorted(wrong.items())))
-        hidden, dropout = int(c[P + "hidden"]), float(c[P + "dropout"])
-        shapes = proto.param_shapes(f, k, hidden)
-        weights = proto.init_weights(f, k, seed, hidden, dropout)
+        return features, counts
 
-        dp = federated and float(c[P + "dp-clip"]) > 0
-        secure = federated and bool(c[P + "secure"])
-        mech = None
-        if dp:
-            mech = dp_mechanism(c)
-            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
-        if secure:
-            session.setup_secure_aggregation()
-        size = sum(int(np.prod(s)) for s in shapes.values())
-        # under DP: the noised weights only
-        scored = {} if dp else {**SCORE_SPEC, "losses": ValueSpec(length=int(c[P + "local-epochs"]))}
-        if secure:
-            train_spec = ReplySpec(arrays={"weights": ArraySpec((size,), kind="u", masked=True, noised=dp)},
-                                   numbers=scored)
-        elif federated:
-            train_spec = ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f", noised=dp) for n in proto.PARAM_NAMES},
-                                   numbers=scored)
-        else:
-            train_spec = ReplySpec(numbers=scored)
-
-        total_nodes = float(sum(counts.values()))
-        best, best_score, best_round = weights, -np.inf, 0
+    def _training_rounds(self, session: ServerSession, weights: dict, shapes: dict, counts: dict[int, int],
+                         mech: GaussianMechanism | None) -> tuple[dict, _Best, list[dict]]:
+        """Step 2, ``dmon_train`` x ``num-rounds``: each round's replies (:meth:`_train_round`), their
+        combined validation score (without DP) and the new global weights (federated). Returns the
+        last weights, the best-scored weights sent (federated) and the per-round history."""
+        rounds, secure = self.shared.num_rounds, self.federated and self.cfg.secure
+        spec = proto.train_reply(shapes, self.cfg.local_epochs, self.federated, secure, mech is not None)
+        best = _Best(weights)
         history = []
         for r in range(1, rounds + 1):
-            send_weights = federated or r == 1
-            values = {"k": k, "round": r}
-            if secure:
-                values.update(session.secagg_values("weights", float(c["secagg.bound"])))
-            contents = {
-                node: pack(weights if send_weights else None,
-                           {**values, "factor": counts[node] / total_nodes} if secure else values)
-                for node in session.node_ids
-            }
-            replies = session.exchange(proto.DMON_TRAIN, contents, train_spec, category="train",
-                                       require_all=secure)
-            if not replies:
-                raise ProtocolError(f"round {r}: no valid client reply")
-            excluded = [session.partition_of(n) for n in contents if n not in replies]
-            score = losses = None  # under DP: no score or loss was sent
-            if not dp:
-                vals = {n: unpack(v)[1] for n, v in replies.items()}
-                score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
-                                             [vals[n]["val_edges"] for n in replies])
-                if federated and score > best_score:  # score of W_r, the weights sent this round
-                    best, best_score, best_round = weights, score, r
-                mean = np.mean([np.asarray(vals[n]["losses"], dtype=np.float64) for n in replies], axis=0)
-                losses = [float(v) for v in mean]
+            replies, values, excluded = self._train_round(session, r, weights, counts, spec)
+            score, losses = (None, None) if mech is not None else self._round_scores(replies)
+            if self.federated and score is not None:
+                best.offer(weights, score, r)  # score of W_r, the weights sent this round
             if secure:
                 weights = proto.unflatten(session.secure_sum(replies, "weights", values), shapes)
-            elif federated:
-                uploads = [unpack(replies[n])[0] for n in replies]
-                weights = proto.fedavg(uploads, [counts[n] for n in replies])
+            elif self.federated:
+                weights = proto.fedavg([unpack(replies[n])[0] for n in replies], [counts[n] for n in replies])
             if mech is not None:
                 mech.step()
             history.append({"round": r, "val_modularity": score, "loss": None if losses is None else losses[-1],
                             "losses": losses, "excluded": excluded})
             session.round_done(r, rounds, val_modularity=score)
+        return weights, best, history
 
-        if federated:
-            if select == "val-modularity":
-                ev = session.broadcast(proto.DMON_EVAL, pack(weights, {"k": k}),
-                                       ReplySpec(numbers=SCORE_SPEC), require_all=False)
-                if ev:
-                    vals = [unpack(v)[1] for v in ev.values()]
-                    score = proto.combine_scores([v["val_modularity"] for v in vals], [v["val_edges"] for v in vals])
-                    if score > best_score:
-                        best, best_score, best_round = weights, score, rounds + 1
-                final = best
-            else:
-                final, best_round = weights, rounds + 1
-        if mech is not None:
-            mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
+    def _train_round(self, session: ServerSession, r: int, weights: dict, counts: dict[int, int],
+                     spec: ReplySpec) -> tuple[dict, dict, list[int]]:
+        """One ``dmon_train`` exchange. Down: the global weights ``W_r`` (isolated/centralised: round 1
+        only, the common initialisation), ``k`` and the round; with ``secure`` the secure-aggregation
+        values and each client's FedAvg ``factor`` N_c / N. Up: per ``spec``. Returns the valid replies,
+        the values sent and the clients left out (no valid reply)."""
+        secure = self.federated and self.cfg.secure
+        send_weights = self.federated or r == 1
+        values = {"k": self.shared.num_clusters, "round": r}
+        if secure:
+            values.update(session.secagg_values("weights", self.secagg.bound))
+        total = float(sum(counts.values()))
+        contents = {node: pack(weights if send_weights else None,
+                               {**values, "factor": counts[node] / total} if secure else values)
+                    for node in session.node_ids}
+        replies = session.exchange(proto.DMON_TRAIN, contents, spec, category="train", require_all=secure)
+        if not replies:
+            raise ProtocolError(f"round {r}: no valid client reply")
+        return replies, values, [session.partition_of(n) for n in contents if n not in replies]
 
-        assign_spec = ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
-                                        "labels": ArraySpec((None,), kind="iu", low=0, high=k),
-                                        "owned": ArraySpec((None,), kind="iu", low=0, high=2)},
-                                same_length=("node_ids", "labels", "owned"),
-                                optional={name: ValueSpec(low=-1.0, high=1.0) for name in proto.CLIENT_METRICS})
-        out = session.broadcast(proto.DMON_ASSIGN, pack(final if federated else None, {"k": k}), assign_spec)
+    @staticmethod
+    def _round_scores(replies: dict) -> tuple[float, list[float]]:
+        """The validation-edge-weighted mean validation modularity of the replies and their mean
+        per-epoch losses."""
+        vals = {n: unpack(v)[1] for n, v in replies.items()}
+        score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
+                                     [vals[n]["val_edges"] for n in replies])
+        mean = np.mean([np.asarray(vals[n]["losses"], dtype=np.float64) for n in replies], axis=0)
+        return score, [float(v) for v in mean]
+
+    def _select(self, session: ServerSession, weights: dict, best: _Best) -> None:
+        """Step 3 (federated): with ``select=val-modularity``, ``dmon_eval`` (down: the final global
+        weights) -> up: their validation modularity and validation-edge count, so the final weights
+        compete too (round num-rounds + 1); with ``select=last`` the final weights are taken."""
+        final_round = self.shared.num_rounds + 1
+        if self.cfg.select != "val-modularity":
+            best.take(weights, final_round)
+            return
+        ev = session.broadcast(proto.DMON_EVAL, pack(weights, {"k": self.shared.num_clusters}), proto.EVAL_REPLY,
+                               require_all=False)
+        if ev:
+            vals = [unpack(v)[1] for v in ev.values()]
+            best.offer(weights, proto.combine_scores([v["val_modularity"] for v in vals],
+                                                     [v["val_edges"] for v in vals]), final_round)
+
+    def _assign(self, session: ServerSession, best: _Best) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Step 4, ``dmon_assign`` (down: the selected global weights; isolated: none) -> up: node ids,
+        labels, owned flags and the client's own metrics. Returns the owned nodes' ids and labels and
+        the run's metrics."""
+        k = self.shared.num_clusters
+        out = session.broadcast(proto.DMON_ASSIGN, pack(best.weights if self.federated else None, {"k": k}),
+                                proto.assign_reply(k))
         replies = {node: unpack(content) for node, content in out.items()}
         ids_of = {node: session.positions(proto.DMON_ASSIGN, node, a["node_ids"]) for node, (a, _) in replies.items()}
-        check_item_ids(session, proto.DMON_ASSIGN, ids_of, exclusive=False, expected=rows)
+        check_item_ids(session, proto.DMON_ASSIGN, ids_of, exclusive=False, expected=announced_rows(session))
         # every node is owned by one client (copies made by partition.overlap are not owned)
-        check_item_ids(session, proto.DMON_ASSIGN, {node: ids_of[node][a["owned"].astype(bool)]
-                                                for node, (a, _) in replies.items()}, exclusive=True)
-        ids, labels, per_client = [], [], []
-        for node, (arrays, vals) in replies.items():
-            n = arrays["node_ids"].size
-            own = arrays["owned"].astype(bool)
-            ids.append(ids_of[node][own])
-            labels.append(arrays["labels"][own])
-            per_client.append({"client": session.partition_of(node), "num_nodes": int(n),
-                               **{k_: float(v) for k_, v in vals.items()}})
-        dropped = sorted(session.partition_of(n) for n in session.dropped)
-        metrics = {"mode": mode, "select": select, "selected_round": int(best_round) if federated else None,
-                   "clients": per_client, "dropped_clients": dropped}
+        owned = {node: a["owned"].astype(bool) for node, (a, _) in replies.items()}
+        check_item_ids(session, proto.DMON_ASSIGN, {node: ids_of[node][owned[node]] for node in replies},
+                       exclusive=True)
+        per_client = [{"client": session.partition_of(node), "num_nodes": int(arrays["node_ids"].size),
+                       **{key: float(v) for key, v in vals.items()}} for node, (arrays, vals) in replies.items()]
+        metrics = {"mode": self.cfg.mode, "select": self.cfg.select,
+                   "selected_round": int(best.round) if self.federated else None,
+                   "clients": per_client, "dropped_clients": sorted(session.partition_of(n) for n in session.dropped)}
         for key in ("f1", "nmi", "acc", "modularity_test", "conductance_test", "modularity_local"):
             got = [p[key] for p in per_client if key in p]
             if got:
                 metrics[f"client_mean_{key}"] = float(np.mean(got))
-        if mech is not None:
-            metrics["dp_epsilon"] = mech.epsilon()
-            metrics["dp_noise_multiplier"] = mech.noise_multiplier
-        return StrategyOutput(labels=concat_int64(labels), ids=concat_int64(ids), history=history,
-                              metrics=metrics)
+        return (concat_int64(ids_of[node][owned[node]] for node in replies),
+                concat_int64(arrays["labels"][owned[node]] for node, (arrays, _) in replies.items()), metrics)
 
-    def reference(self, data) -> np.ndarray:
+    def reference(self, data: GraphData) -> np.ndarray:
         """Centralised DMoN (``app.models.train_dmon``) on the pooled graph's training
         edges (same global edge split and seed), num-rounds x local-epochs epochs,
         last weights (no model selection)."""
         from app.models import train_dmon
 
-        c = self.config
-        train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), int(c["seed"]),
-                                            float(c[P + "val-fraction"]), float(c[P + "test-fraction"]))
-        labels, _ = train_dmon(data.x, train, int(c["num-clusters"]), int(c["seed"]),
-                               epochs=int(c["num-rounds"]) * int(c[P + "local-epochs"]), lr=float(c[P + "lr"]),
-                               dropout=float(c[P + "dropout"]), hidden=int(c[P + "hidden"]),
-                               collapse_regularization=float(c[P + "collapse"]),
-                               sparse_features=bool(c[P + "sparse-features"]))
+        c, seed = self.cfg, self.shared.seed
+        train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), seed, c.val_fraction,
+                                            c.test_fraction)
+        labels, _ = train_dmon(data.x, train, self.shared.num_clusters, seed,
+                               epochs=self.shared.num_rounds * c.local_epochs, lr=c.lr, dropout=c.dropout,
+                               hidden=c.hidden, collapse_regularization=c.collapse, sparse_features=c.sparse_features)
         return labels
 
     def reference_method(self) -> str:
-        c = self.config
-        epochs = int(c["num-rounds"]) * int(c[P + "local-epochs"])
-        return (f"centralised DMoN (hidden {c[P + 'hidden']}, lr {c[P + 'lr']:g}, dropout {c[P + 'dropout']:g}, "
-                f"collapse {c[P + 'collapse']:g}) trained on the pooled graph's training edges for {epochs} epochs, "
+        c = self.cfg
+        epochs = self.shared.num_rounds * c.local_epochs
+        return (f"centralised DMoN (hidden {c.hidden}, lr {c.lr:g}, dropout {c.dropout:g}, "
+                f"collapse {c.collapse:g}) trained on the pooled graph's training edges for {epochs} epochs, "
                 f"last weights, {self._k_and_seed()}")

@@ -108,19 +108,22 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param
-from app.privacy.gaussian import CLIENT_LEVEL
-from app.privacy.ldp import LDPAccountant
+from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.data.types import GraphCollection, GraphData
+from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
+from app.privacy.ldp import LDPAccountant, default_m
 from app.protocols import gw_ldp as proto
-from app.wire import ArraySpec, ProtocolError, ReplySpec, whole_number
 from app.transport import pack, unpack
+from app.wire import ProtocolError, whole_number
 from strategies.base import ClusteringStrategy, StrategyOutput
 
-DP_MODES = ("none", "client", "sgd")
-NORM_STATISTICS = ("auto", "pooled", "averaged")
+if TYPE_CHECKING:
+    from app.session import ServerSession
 
 #: Ledger entry (mechanism name, what it protects) per training-DP mode.
 DP_LEDGER = {  # name, what it protects, the unit of one neighbouring change
@@ -134,7 +137,20 @@ DP_LEDGER = {  # name, what it protects, the unit of one neighbouring change
 }
 
 
-class GWLDP(ClusteringStrategy):
+
+@dataclass
+class _Embeddings:
+    """The embedding releases of a run: the embedding ``width``, every client's described counts
+    (client -> ``in_dim``, ``graphs``, ``train``), its newest release (client -> (round, upload))
+    and how many releases were requested."""
+
+    width: int
+    described: dict[int, dict[str, int]]
+    latest: dict[int, tuple[int, dict]] = field(default_factory=dict)
+    releases: int = 0
+
+
+class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     """Graph classification and clustering with local differential privacy. Clients hold whole
     graphs (a share of a graph collection such as MUTAG, or k-hop subgraphs around nodes of one
     graph) and train a shared GNN by FedAvg (optionally with client-level DP-FedAvg or local
@@ -187,10 +203,10 @@ class GWLDP(ClusteringStrategy):
               "BatchNorm statistics (GIN) used for the embeddings: pooled = recomputed exactly over all clients' "
               "training graphs after training (one round per BatchNorm layer; clients upload per-channel sums "
               "and sums of squares), averaged = FedAvg of the clients' running statistics; auto = pooled "
-              "without training DP, averaged with it", choices=NORM_STATISTICS),
+              "without training DP, averaged with it", choices=proto.NORM_STATISTICS),
         Param("gw-ldp.dp", str, "none", "DP for training: none, client (clip + Gaussian noise per client "
               "update, DP-FedAvg) or sgd (local DP-SGD, one graph = one sample, Opacus accountant)",
-              choices=DP_MODES),
+              choices=proto.DP_MODES),
         Param("gw-ldp.dp-sample-rate", float, 0.5, "local DP-SGD: Poisson sampling rate of training graphs per step",
               low=1e-6, high=1.0),
         Param("gw-ldp.dp-clip", float, 1.0, "DP: L2 clip of each update (client) or of each graph's gradient "
@@ -200,24 +216,53 @@ class GWLDP(ClusteringStrategy):
               low=1e-12, high=0.5),
     )
 
+    settings = proto.GWLDPConfig
+
     @classmethod
-    def check(cls, config) -> None:
+    def check(cls, config: RunConfig) -> None:
         super().check(config)
-        if config["gw-ldp.norm-statistics"] == "pooled" and config["gw-ldp.dp"] != "none":
+        cfg = proto.GWLDPConfig.of(config)
+        if cfg.norm_statistics == "pooled" and cfg.dp != "none":
             raise ConfigError(f"invalid value 'pooled' for 'gw-ldp.norm-statistics' with gw-ldp.dp="
-                              f"'{config['gw-ldp.dp']}': the activation moments it uploads are not covered by "
+                              f"'{cfg.dp}': the activation moments it uploads are not covered by "
                               "the DP noise; valid with DP: auto, averaged")
 
     # ------------------------------------------------------------------ protocol
-    def run(self, session) -> StrategyOutput:
-        cfg = self.config
-        seed = int(cfg["seed"])
-        k = int(cfg["num-clusters"])
+    def run(self, session: ServerSession) -> StrategyOutput:
+        from app.models import build_model
+
+        k, seed = self.shared.num_clusters, self.shared.seed
+        described = self._describe(session)
+        in_dim = self._feature_width(described)
+        model = build_model(self.cfg.model, in_dim, k, seed)
+        pooled = self.cfg.norm_statistics != "averaged" and self.cfg.dp == "none"
+        layers = proto.norm_layers(model, in_dim) if pooled else []
+        emb = _Embeddings(proto.embedding_width(model, k, self.cfg.embedding), described)
+        dp = proto.training_mechanism(self.cfg)
         timing: dict[str, float] = {}
-        desc = session.broadcast(
-            proto.GW_DESCRIBE, pack(values={"num_classes": k}),
-            ReplySpec(values=("in_dim", "graphs", "train")),
-        )
+        t0 = time.perf_counter()
+        weights, history = self._training_rounds(session, model, emb, layers, dp)
+        timing["train_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        weights = self._pool_norm_statistics(session, weights, layers)
+        timing["norm_s"] = time.perf_counter() - t0
+        final_round = self.shared.num_rounds + 1
+        self._embed(session, weights, emb, final_round)
+        uploads = self._combine(emb.latest)
+        self._record_privacy(session, uploads, emb.releases, bool(layers), dp)
+        t0 = time.perf_counter()
+        dist, metrics = self._gw_matrix(uploads)
+        timing["gw_s"] = time.perf_counter() - t0
+        metrics = {"norm_statistics": "pooled" if layers else "averaged", "norm_rounds": len(layers),
+                   **metrics, **timing, **self._classify(dist, uploads),
+                   **self._coverage(session, emb, final_round)}
+        return self._output(dist, uploads, metrics, history)
+
+    def _describe(self, session: ServerSession) -> dict[int, dict[str, int]]:
+        """Step 1, ``gw_describe`` (down: ``num_classes``) -> up: ``in_dim``, ``graphs`` and ``train``
+        of every client, by client (whole numbers, ``train <= graphs``, else the run stops)."""
+        desc = session.broadcast(proto.GW_DESCRIBE, pack(values={"num_classes": self.shared.num_clusters}),
+                                 proto.DESCRIBE_REPLY)
         described = {}
         for node, content in desc.items():
             client, values = session.partition_of(node), unpack(content)[1]
@@ -225,102 +270,55 @@ class GWLDP(ClusteringStrategy):
             if problem:
                 raise ProtocolError(f"client {client}: malformed gw_describe reply: {problem}")
             described[client] = {name: int(values[name]) for name in ("in_dim", "graphs", "train")}
-        limits = {n: (session.partition_of(n), described[session.partition_of(n)]["train"]) for n in desc}
+        return described
+
+    @staticmethod
+    def _feature_width(described: dict[int, dict[str, int]]) -> int:
+        """The feature width every client described; clients that disagree stop the run."""
         dims = {v["in_dim"] for v in described.values()}
         if len(dims) != 1:
             raise ProtocolError(f"clients report different feature widths {sorted(dims)}")
-        in_dim = dims.pop()
-        model = proto.build_model(str(cfg["gw-ldp.model"]), in_dim, k, seed)
+        return dims.pop()
+
+    def _training_rounds(self, session: ServerSession, model, emb: _Embeddings, layers: list[str],
+                         dp: GaussianMechanism | None) -> tuple[dict[str, np.ndarray], list[dict]]:
+        """Step 2, ``fit`` x ``num-rounds`` (down: the global weights ``w.<name>``, epochs, learning
+        rate, round, seed) -> up: the trained weights, ``num_examples`` and, without DP, ``loss``;
+        FedAvg of the replies. Every ``embed-every`` rounds before the last, an embedding release
+        (steps 2b and 3). Returns the trained weights and the per-round history."""
+        rounds, every = self.shared.num_rounds, self.cfg.embed_every
         weights = proto.get_weights(model)
-        dp_mode = str(cfg["gw-ldp.dp"])
-        trainable = proto.trainable_names(model)  # under DP the rest (BatchNorm statistics) comes back unchanged
-        w_spec = ReplySpec(
-            arrays={f"w.{n}": ArraySpec(tuple(a.shape), noised=dp_mode != "none" and n in trainable)
-                    for n, a in weights.items()},
-            values=("num_examples",) if dp_mode != "none" else ("num_examples", "loss"),
-        )
-        dp = self._dp_mechanism(session)
-        width = proto.embedding_width(model, k, str(cfg["gw-ldp.embedding"]))
-        embed_every = int(cfg["gw-ldp.embed-every"])
-        pooled = cfg["gw-ldp.norm-statistics"] != "averaged" and dp_mode == "none"
-        layers = proto.norm_layers(model, in_dim) if pooled else []
-        history, latest, releases = [], {}, 0  # latest: client -> (round, its newest embedding upload)
-        t0 = time.perf_counter()
-        for rnd in range(1, int(cfg["num-rounds"]) + 1):
-            content = pack({f"w.{n}": a for n, a in weights.items()},
-                           {"epochs": int(cfg["gw-ldp.local-epochs"]), "lr": float(cfg["gw-ldp.lr"]),
-                            "round": rnd, "seed": seed})
-            replies = session.broadcast(proto.FIT, content, w_spec, category="train", require_all=False)
+        spec = proto.fit_reply({n: a.shape for n, a in weights.items()}, proto.trainable_names(model), self.cfg.dp)
+        limits = {n: (session.partition_of(n), emb.described[session.partition_of(n)]["train"])
+                  for n in session.node_ids}
+        history = []
+        for rnd in range(1, rounds + 1):
+            content = pack(proto.weights_message(weights), {"epochs": self.cfg.local_epochs, "lr": self.cfg.lr,
+                                                            "round": rnd, "seed": self.shared.seed})
+            replies = session.broadcast(proto.FIT, content, spec, category="train", require_all=False)
             weights, loss = self._aggregate(replies, weights, limits)
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
-                dp.step(int(cfg["gw-ldp.local-epochs"]) if dp_mode == "sgd" else 1)
+                dp.step(self.cfg.local_epochs if self.cfg.dp == "sgd" else 1)
             history.append({"round": rnd, "loss": loss})
-            session.round_done(rnd, int(cfg["num-rounds"]), loss=loss)
-            if embed_every and rnd % embed_every == 0 and rnd < int(cfg["num-rounds"]):
-                released = self._pool_norm_statistics(session, weights, layers)
-                self._keep(latest, rnd, self._embed(session, released, width, described, rnd))
-                releases += 1
-        timing["train_s"] = time.perf_counter() - t0
-        final_round = int(cfg["num-rounds"]) + 1
-        t0 = time.perf_counter()
-        weights = self._pool_norm_statistics(session, weights, layers)
-        timing["norm_s"] = time.perf_counter() - t0
-        self._keep(latest, final_round, self._embed(session, weights, width, described, final_round))
-        releases += 1
-        uploads = self._combine(latest)
-        self._record_ldp(session, uploads, releases)
-        self._record_clear_uploads(session, pooled=bool(layers))
-        if dp is not None:
-            name, protects, unit = DP_LEDGER[dp_mode]
-            dp.record(session.ledger, name, protects + (self._khop_unit() if dp_mode == "sgd" else ""), unit)
+            session.round_done(rnd, rounds, loss=loss)
+            if every and rnd % every == 0 and rnd < rounds:
+                self._embed(session, self._pool_norm_statistics(session, weights, layers), emb, rnd)
+        return weights, history
 
-        t0 = time.perf_counter()
-        merge = bool(cfg["gw-ldp.merge-duplicates"])
-        alpha = float(cfg["gw-ldp.alpha"])
-        spaces = [proto.embedding_space(h, merge, features=alpha < 1) for h in uploads["embeddings"]]
-        gw_stats: dict = {}
-        dist = proto.gw_matrix(spaces, int(cfg["gw-ldp.workers"]), int(cfg["gw-ldp.gw-max-iter"]), gw_stats,
-                               alpha=alpha)
-        timing["gw_s"] = time.perf_counter() - t0
-        n = len(spaces)
-        metrics = {"norm_statistics": "pooled" if layers else "averaged", "norm_rounds": len(layers),
-                   "gw_pairs": gw_stats["pairs"], "gw_solved_pairs": gw_stats["solved_pairs"],
-                   "gw_distinct_spaces": gw_stats["distinct_spaces"],
-                   "gw_mean": float(dist[np.triu_indices(n, 1)].mean()) if n > 1 else 0.0, **timing}
-        metrics.update(self._classify(dist, uploads))
-        metrics["dropped_clients"] = sorted(session.partition_of(n) for n in session.dropped)
-        metrics["stale_clients"] = [{"client": c, "round": r} for c, (r, _) in sorted(latest.items())
-                                    if r < final_round]
-        metrics["graphs_missing"] = sum(v["graphs"] for c, v in described.items() if c not in latest)
-        labels = proto.cluster_gw(dist, k, str(cfg["gw-ldp.clustering"]), seed)
-        ids = uploads["graph_ids"]
-        if cfg["partitioner"] == "khop":  # the centres' labels are the truth; ids: the centres, for delivery
-            return StrategyOutput(labels=labels, ids=ids, truth=uploads["eval_labels"], metrics=metrics,
-                                  history=history)
-        return StrategyOutput(labels=labels, ids=ids, metrics=metrics, history=history)
-
-    def _aggregate(self, replies, weights, limits):
+    def _aggregate(self, replies: dict, weights: dict[str, np.ndarray],
+                   limits: dict[int, tuple[int, int]]) -> tuple[dict[str, np.ndarray], float | None]:
         """FedAvg of the replies' weights by ``num_examples``, which must be a whole
-        number between 0 and the training graphs the client described
-        (``limits``: node id -> (client, training graphs))."""
+        number between 0 and the training graphs the client described (``limits``: node id ->
+        (client, training graphs)); and the mean loss (None under DP, where no loss is sent;
+        NaN when no client trained)."""
         from flwr.app import MetricRecord, RecordDict
         from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
         records, losses, counts = [], [], []
         for node, content in replies.items():
-            _, values = unpack(content)
-            client, train = limits[node]
-            raw = values["num_examples"]
-            n = whole_number(raw)
-            if n is None or not 0 <= n <= train:
-                raise ProtocolError(f"client {client}: num_examples={raw!r}; valid: a whole number from 0 to its "
-                                    f"{train} training graphs")
-            loss = values.get("loss", math.nan)  # not sent under DP
-            if "loss" in values and (isinstance(loss, bool) or not isinstance(loss, (int, float))
-                                     or not math.isfinite(loss)):
-                raise ProtocolError(f"client {client}: loss={loss!r}; valid: a finite number")
+            n, loss = self._fit_values(*limits[node], unpack(content)[1])
             counts.append(n)
-            losses.append(float(loss))
+            losses.append(loss)
             if n > 0:
                 records.append(RecordDict({"arrays": content.array_records["arrays"],
                                            "m": MetricRecord({"num_examples": n})}))
@@ -329,11 +327,26 @@ class GWLDP(ClusteringStrategy):
         agg = aggregate_arrayrecords(records, "num_examples")
         new = {k[2:]: v.numpy().astype(np.float32) for k, v in agg.items()}
         known = sum(counts) and not np.isnan(losses).any()
-        loss = float(np.average(losses, weights=counts)) if known else None  # None under DP (no loss sent)
-        return new, loss
+        return new, float(np.average(losses, weights=counts)) if known else None
 
-    def _pool_norm_statistics(self, session, weights, layers: list[str]) -> dict[str, np.ndarray]:
-        """``weights`` with every BatchNorm layer's statistics recomputed over the
+    @staticmethod
+    def _fit_values(client: int, train: int, values: dict) -> tuple[int, float]:
+        """A ``fit`` reply's ``num_examples`` (a whole number from 0 to the client's ``train``
+        graphs) and ``loss`` (a finite number; NaN when not sent, under DP); else the run stops."""
+        raw = values["num_examples"]
+        n = whole_number(raw)
+        if n is None or not 0 <= n <= train:
+            raise ProtocolError(f"client {client}: num_examples={raw!r}; valid: a whole number from 0 to its "
+                                f"{train} training graphs")
+        loss = values.get("loss", math.nan)  # not sent under DP
+        if "loss" in values and (isinstance(loss, bool) or not isinstance(loss, (int, float))
+                                 or not math.isfinite(loss)):
+            raise ProtocolError(f"client {client}: loss={loss!r}; valid: a finite number")
+        return n, float(loss)
+
+    def _pool_norm_statistics(self, session: ServerSession, weights: dict[str, np.ndarray],
+                              layers: list[str]) -> dict[str, np.ndarray]:
+        """Step 2b: ``weights`` with every BatchNorm layer's statistics recomputed over the
         union of the clients' training graphs, one round per layer in forward order
         (a layer's input depends on the statistics of the layers before it).
 
@@ -344,10 +357,8 @@ class GWLDP(ClusteringStrategy):
         and the statistics are those of the clients that did."""
         for layer in layers:
             width = weights[f"{layer}.running_mean"].shape[0]
-            replies = session.broadcast(
-                proto.GW_NORM, pack({f"w.{n}": a for n, a in weights.items()}, {"layer": layer}),
-                ReplySpec(arrays={"moments": ArraySpec((1 + 2 * width,))}), require_all=False,
-            )
+            replies = session.broadcast(proto.GW_NORM, pack(proto.weights_message(weights), {"layer": layer}),
+                                        proto.norm_reply(width), require_all=False)
             moments = []
             for node, content in replies.items():
                 up = unpack(content)[0]["moments"]
@@ -361,33 +372,24 @@ class GWLDP(ClusteringStrategy):
             weights = proto.with_norm_statistics(weights, layer, *proto.pooled_norm_statistics(moments))
         return weights
 
-    def _embed(self, session, weights, width: int, described, rnd: int) -> dict[int, dict]:
-        """One embedding release (``rnd``: its round, which tells a re-sent request from the
-        next release): per client that answered, its checked upload (a client that does
-        not answer is dropped; its older release, if any, stays in use)."""
-        eps = float(self.config["gw-ldp.epsilon"])
-        ldp = not math.isinf(eps)
-        k = int(self.config["num-clusters"])
-        spec = ReplySpec(arrays={
-            # finite=False: NaN/inf rows stop the run in embedding_upload_problem instead of dropping the client
-            "embeddings": ArraySpec((None, width), kind="i" if ldp else "f", finite=False, noised=ldp),
-            "sizes": ArraySpec((None,), kind="iu"),
-            "graph_ids": ArraySpec((None,), kind="iu"),
-            "split": ArraySpec((None,), kind="iu"),
-            "labels": ArraySpec((None,), kind="iu"),
-            "eval_labels": ArraySpec((None,), kind="iu"),
-        })
+    def _embed(self, session: ServerSession, weights: dict[str, np.ndarray], emb: _Embeddings, rnd: int) -> None:
+        """Step 3, one embedding release, ``gw_embed`` (down: the weights, epsilon, layer and ``rnd``,
+        its round, which tells a re-sent request from the next release) -> up: every answering
+        client's checked embeddings with their graphs' sizes, ids, splits and labels, kept as its
+        newest release in ``emb`` (a client that does not answer is dropped; its older release,
+        if any, stays in use)."""
+        eps = self.cfg.epsilon
         replies = session.broadcast(
             proto.GW_EMBED,
-            pack({f"w.{n}": a for n, a in weights.items()},
-                 {"epsilon": eps, "layer": str(self.config["gw-ldp.embedding"]), "round": rnd}),
-            spec, require_all=False,
+            pack(proto.weights_message(weights), {"epsilon": eps, "layer": self.cfg.embedding, "round": rnd}),
+            proto.embed_reply(emb.width, not math.isinf(eps)), require_all=False,
         )
         out = {}
         for node, content in replies.items():
             client = session.partition_of(node)
             arrays, _ = unpack(content)
-            problem = proto.embedding_upload_problem(arrays, described[client]["graphs"], k, eps)
+            problem = proto.embedding_upload_problem(arrays, emb.described[client]["graphs"],
+                                                     self.shared.num_clusters, eps)
             if problem:
                 raise ProtocolError(f"client {client}: malformed embedding upload: {problem}")
             bounds = np.concatenate([[0], np.cumsum(arrays["sizes"].astype(np.int64))])
@@ -395,7 +397,8 @@ class GWLDP(ClusteringStrategy):
             up["graph_ids"] = session.positions(proto.GW_EMBED, node, arrays["graph_ids"])
             up["embeddings"] = [arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:])]
             out[client] = up
-        return out
+        self._keep(emb.latest, rnd, out)
+        emb.releases += 1
 
     @staticmethod
     def _keep(latest: dict, rnd: int, ups: dict) -> None:
@@ -429,15 +432,51 @@ class GWLDP(ClusteringStrategy):
         out["embeddings"] = [embs[i] for i in order]
         return out
 
+    def _gw_matrix(self, uploads: dict) -> tuple[np.ndarray, dict]:
+        """The GW matrix between the uploaded graphs' embedding spaces and its figures."""
+        alpha = self.cfg.alpha
+        spaces = [proto.embedding_space(h, self.cfg.merge_duplicates, features=alpha < 1)
+                  for h in uploads["embeddings"]]
+        stats: dict = {}
+        dist = proto.gw_matrix(spaces, self.cfg.workers, self.cfg.gw_max_iter, stats, alpha=alpha)
+        n = len(spaces)
+        return dist, {"gw_pairs": stats["pairs"], "gw_solved_pairs": stats["solved_pairs"],
+                      "gw_distinct_spaces": stats["distinct_spaces"],
+                      "gw_mean": float(dist[np.triu_indices(n, 1)].mean()) if n > 1 else 0.0}
+
+    def _coverage(self, session: ServerSession, emb: _Embeddings, final_round: int) -> dict:
+        """Which clients dropped, which gave an older release only, how many graphs no release covers."""
+        return {"dropped_clients": sorted(session.partition_of(n) for n in session.dropped),
+                "stale_clients": [{"client": c, "round": r} for c, (r, _) in sorted(emb.latest.items())
+                                  if r < final_round],
+                "graphs_missing": sum(v["graphs"] for c, v in emb.described.items() if c not in emb.latest)}
+
+    def _output(self, dist: np.ndarray, uploads: dict, metrics: dict, history: list[dict]) -> StrategyOutput:
+        """The graphs clustered on the GW matrix; with k-hop subgraphs the centres' labels are the truth
+        and the ids the centres, for delivery."""
+        labels = proto.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
+        truth = uploads["eval_labels"] if self.shared.partitioner == "khop" else None
+        return StrategyOutput(labels=labels, ids=uploads["graph_ids"], truth=truth, metrics=metrics, history=history)
+
+    def _record_privacy(self, session: ServerSession, uploads: dict, releases: int, pooled: bool,
+                        dp: GaussianMechanism | None) -> None:
+        """The ledger: the LDP of the embeddings, what went up in clear, and the training DP if any."""
+        self._record_ldp(session, uploads, releases)
+        self._record_clear_uploads(session, pooled=pooled)
+        if dp is not None:
+            name, protects, unit = DP_LEDGER[self.cfg.dp]
+            dp.record(session.ledger, name, protects + (self._khop_unit() if self.cfg.dp == "sgd" else ""), unit)
+
     def _khop_unit(self) -> str:
         """What a 'graph' is as the privacy unit when the graphs are k-hop subgraphs of one graph."""
-        if self.config["partitioner"] != "khop":
+        if self.shared.partitioner != "khop":
             return ""
         return ("; the graphs are overlapping k-hop subgraphs of one graph, so a node or edge in s of them "
                 "is protected only at s times the per-graph epsilon (group privacy)")
 
-    def _record_ldp(self, session, uploads, releases: int) -> None:
-        eps = float(self.config["gw-ldp.epsilon"])
+    def _record_ldp(self, session: ServerSession, uploads: dict, releases: int) -> None:
+        """The LDP of the embedding releases: the worst-off graph's epsilon, composed over every release."""
+        eps = self.cfg.epsilon
         sizes = uploads["sizes"]
         d = uploads["embeddings"][0].shape[1] if uploads["embeddings"] else 0
         if math.isinf(eps):
@@ -454,18 +493,17 @@ class GWLDP(ClusteringStrategy):
             "at epsilon/n each; releases compose)" + self._khop_unit(),
             {"epsilon_per_graph": "1/|V|" if eps == 0 else eps, "epsilon_max_per_graph": float(per_graph.max()),
              "epsilon_min_per_graph": float(per_graph.min()), "releases": releases, "d": d,
-             "m": proto.default_m(float(per_graph.max()), d) if d else 0, "alpha": 0.0, "beta": 1.0},
+             "m": default_m(float(per_graph.max()), d) if d else 0, "alpha": 0.0, "beta": 1.0},
             "epsilon-LDP per graph embedding (multi-bit encoder, GW-LDP Alg. 1)",
             accountant,
         )
 
-    def _record_clear_uploads(self, session, pooled: bool) -> None:
+    def _record_clear_uploads(self, session: ServerSession, pooled: bool) -> None:
         """Register what the clients upload without any noise, so the privacy section's overall
         note names it beside the LDP (and training-DP) epsilon, which covers none of it."""
-        dp_mode = self.config["gw-ldp.dp"]
         clear = ["feature width and graph counts (gw_describe)",
                  "number of training graphs every round (fit)"]
-        if dp_mode == "none":
+        if self.cfg.dp == "none":
             clear.append("locally trained GNN weights, BatchNorm running statistics (GIN) and mean training loss "
                          "every round (fit)")
         if pooled:
@@ -478,57 +516,44 @@ class GWLDP(ClusteringStrategy):
             "none: uploaded in clear, not covered by the reported epsilon",
         )
 
-    def _dp_mechanism(self, session):
-        mode = self.config["gw-ldp.dp"]
-        if mode == "none":
-            return None
-        from app.privacy.gaussian import GaussianMechanism
-
-        sgd = mode == "sgd"  # DP-SGD: the same (sigma, q) at every client, so one accountant for all
-        return GaussianMechanism(float(self.config["gw-ldp.dp-clip"]), float(self.config["gw-ldp.dp-noise"]),
-                                 sample_rate=float(self.config["gw-ldp.dp-sample-rate"]) if sgd else 1.0,
-                                 delta=float(self.config["gw-ldp.dp-delta"]),
-                                 adjacency="remove" if sgd else "replace")
-
-    def _classify(self, dist, uploads) -> dict:
-        if not self.config["gw-ldp.svc"]:
+    def _classify(self, dist: np.ndarray, uploads: dict) -> dict:
+        """SVC test accuracy on the GW kernel and the chosen (C, gamma), or why it was skipped."""
+        if not self.cfg.svc:
             return {}
         split = uploads["split"]
         y = np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], uploads["labels"])
-        problem = proto.svc_problem(y, split, str(self.config["gw-ldp.svc-selection"]))
+        problem = proto.svc_problem(y, split, self.cfg.svc_selection)
         if problem or not ((split == proto.SPLIT_TEST) & (y >= 0)).any():
             return {"svc_skipped": problem or "no labelled test graphs"}
-        res = proto.svc_select(dist, y, split, str(self.config["gw-ldp.svc-selection"]))
+        res = proto.svc_select(dist, y, split, self.cfg.svc_selection)
         return {"svc_selection": res["selection"], "svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"],
                 "svc_C": res["C"], "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
                 "test_graphs": int(((split == proto.SPLIT_TEST) & (y >= 0)).sum())}
 
     # ------------------------------------------------------------------ reference
-    def reference(self, data) -> np.ndarray:
+    def reference(self, data: GraphData | GraphCollection) -> np.ndarray:
         """Centralised topology-only baseline (GW_A): shortest-path GW between the
         pooled graphs (same items and order as the federated run), clustered the
         same way."""
         graphs, _ = pooled_graphs(data, self.config)
         mats = [proto.shortest_path_matrix(g.adj) for g in graphs]
-        dist = proto.gw_matrix(mats, int(self.config["gw-ldp.workers"]), int(self.config["gw-ldp.gw-max-iter"]))
-        return proto.cluster_gw(dist, int(self.config["num-clusters"]), str(self.config["gw-ldp.clustering"]),
-                                int(self.config["seed"]))
+        dist = proto.gw_matrix(mats, self.cfg.workers, self.cfg.gw_max_iter)
+        return proto.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
 
     def reference_method(self) -> str:
         return ("centralised topology-only GW_A: Gromov-Wasserstein distances between the pooled graphs' "
-                f"shortest-path matrices, clustered by {self.config['gw-ldp.clustering']}, {self._k_and_seed()}")
+                f"shortest-path matrices, clustered by {self.cfg.clustering}, {self._k_and_seed()}")
 
 
-def pooled_graphs(data, config):
+def pooled_graphs(data: GraphData | GraphCollection, config: RunConfig) -> tuple[list, np.ndarray]:
     """All graphs of the run in graph-id order, with their (pseudo-)labels."""
-    from app.data.types import GraphCollection
-
     if isinstance(data, GraphCollection):
         return list(data.graphs), np.asarray(data.y)
     from app.data.params import partition_kwargs
     from app.data.partition import partition
 
-    shards = partition(data, "khop", int(config["num-clients"]), seed=int(config["seed"]),
+    shared = SharedConfig.of(config)
+    shards = partition(data, "khop", shared.num_clients, seed=shared.seed,
                        **partition_kwargs("khop", config.as_dict()))
     items = sorted((int(i), g, int(y)) for s in shards for i, g, y in zip(s.graph_ids, s.graphs, s.graph_y))
     return [g for _, g, _ in items], np.array([y for _, _, y in items])

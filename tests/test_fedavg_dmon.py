@@ -285,10 +285,29 @@ def test_dp_sends_only_noised_weights_and_selects_the_last_round(out_dir):
     assert plain["history"][0]["val_modularity"] is not None and len(plain["history"][0]["losses"]) == 5
 
 
+def test_client_and_server_build_one_dp_mechanism():
+    from app import registry
+    from app.privacy.gaussian import calibrate_noise_multiplier
+    from strategies.fedavg_dmon import FedAvgDMoN
+
+    config = registry.validate({"strategy": "fedavg-dmon", "dataset": "sbm", "num-rounds": 4,
+                                "fedavg-dmon.dp-clip": 0.5, "fedavg-dmon.dp-epsilon": 6.0,
+                                "fedavg-dmon.select": "last"})
+    client = FedAvgDMoNClient(None, config, None)._mechanism
+    server = proto.dp_mechanism(FedAvgDMoN(config).cfg, 4)
+    calibrated = calibrate_noise_multiplier(6.0, 1e-5, 4, adjacency="replace")
+    assert client.noise_multiplier == server.noise_multiplier == calibrated
+    assert (client.clip, client.adjacency) == (server.clip, server.adjacency) == (0.5, "replace")
+
+
 def test_client_refuses_validation_score_under_dp():
     from app.privacy.policy import PrivacyRefusal
 
-    client = FedAvgDMoNClient(None, {"fedavg-dmon.dp-clip": 0.5}, None)
+    from app import registry
+
+    config = registry.validate({"strategy": "fedavg-dmon", "dataset": "sbm", "fedavg-dmon.dp-clip": 0.5,
+                                "fedavg-dmon.select": "last"})
+    client = FedAvgDMoNClient(None, config, None)
     with pytest.raises(PrivacyRefusal, match="rule 'fedavg-dmon.dp-clip': dmon_eval refused"):
         client.on_dmon_eval({}, {"k": 2})
 

@@ -13,7 +13,9 @@ import scipy.sparse as sp
 from app.client_app import build_client_app
 from app.config import ConfigError
 from app.inprocess import InProcessGrid
+from app.models import build_model
 from app.privacy.ldp import default_m, multibit_probabilities
+from app.privacy.policy import PrivacyRefusal
 from app.protocols import gw_ldp as proto
 from app.run import run_experiment
 from app.server_app import run_server
@@ -220,6 +222,22 @@ def test_epsilon_inf_reproduces_the_plain_embedding_matrix():
 # --------------------------------------------------------------------------- FedAvg, SVC, clustering
 
 
+def test_training_dp_mechanism_is_the_runs_choice_for_client_and_server():
+    from app import registry
+
+    def mechanism(dp):
+        config = registry.validate({"strategy": "gw-ldp", "dataset": "mutag", "gw-ldp.dp": dp,
+                                    "gw-ldp.dp-clip": 0.5, "gw-ldp.dp-noise": 1.5, "gw-ldp.dp-sample-rate": 0.25})
+        return proto.training_mechanism(proto.GWLDPConfig.of(config))
+
+    assert mechanism("none") is None
+    client, sgd = mechanism("client"), mechanism("sgd")
+    # DP-FedAvg: a client's whole update (replace one client's data), every round; DP-SGD: one graph
+    # (add/remove), Poisson-sampled at the run's rate
+    assert (client.clip, client.noise_multiplier, client.sample_rate, client.adjacency) == (0.5, 1.5, 1.0, "replace")
+    assert (sgd.clip, sgd.noise_multiplier, sgd.sample_rate, sgd.adjacency) == (0.5, 1.5, 0.25, "remove")
+
+
 def test_fedavg_weights_by_sample_count():
     a = {"w": np.array([1.0, 2.0], np.float32)}
     b = {"w": np.array([3.0, 6.0], np.float32)}
@@ -290,7 +308,7 @@ def test_local_training_reduces_the_loss_for_both_models():
     batch = proto.make_batch(graphs, degree_dim=8)
     y = np.array(y)
     for kind in proto.MODELS:
-        model = proto.build_model(kind, 8, 2, seed=0)
+        model = build_model(kind, 8, 2, seed=0)
         with proto.torch_threads(1):
             first = proto.local_train(model, batch, y, np.arange(24), "graph", 1, 0.01, 0)
             last = proto.local_train(model, batch, y, np.arange(24), "graph", 25, 0.01, 0)
@@ -445,7 +463,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
             node_shard(config, {"partition-id": i, "num-partitions": 3}).graph_ids, arrays["graph_ids"]))
         shard = node_shard(config, {"partition-id": part, "num-partitions": 3})
         batch = proto.make_batch(shard.graphs, 64)
-        model = proto.build_model("gcn", batch.x.shape[1], 6, 0)
+        model = build_model("gcn", batch.x.shape[1], 6, 0)
         proto.set_weights(model, weights)
         assert arrays["embeddings"].shape[1] == 6
         assert np.allclose(np.vstack(proto.node_embeddings(model, batch, "classes")), arrays["embeddings"])
@@ -462,7 +480,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     grid = InProcessGrid(build_client_app(raw), 4, record=True)
     result = run_server(grid, raw)
     data = load_dataset("mutag")
-    model_shapes = {f"w.{k}": v.shape for k, v in proto.get_weights(proto.build_model("gin", 7, 2, 0)).items()}
+    model_shapes = {f"w.{k}": v.shape for k, v in proto.get_weights(build_model("gin", 7, 2, 0)).items()}
     names = set()
     for reply in grid.pulled:  # every upload: model weights of the model's shapes, or 1-D / n x h arrays
         arrays, _ = unpack(reply.content)
@@ -559,7 +577,7 @@ def _client(raw: dict, partition: int = 0):
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     client = GWLDPClient(shard, config, context)
     batch = client._local()[0]
-    weights = proto.get_weights(proto.build_model(str(config["gw-ldp.model"]), int(batch.x.shape[1]), 2, 0))
+    weights = proto.get_weights(build_model(config["gw-ldp.model"], int(batch.x.shape[1]), 2, 0))
     return client, {f"w.{k}": v for k, v in weights.items()}
 
 
@@ -571,13 +589,14 @@ def test_client_takes_its_privacy_settings_from_its_own_config_not_the_server():
     assert codes["embeddings"].dtype == np.int8 and np.all((codes["embeddings"] != 0).sum(1) == 1)
     # a server asking for epsilon = inf (or any budget but the client's own) gets no embeddings at all
     for asked in (math.inf, 5.0):
-        with pytest.raises(ValueError, match=rf"refusing gw_embed at epsilon={asked!r}: this client's gw-ldp."
-                                             r"epsilon is 0 \(0 = 1/\|V\|, inf = no LDP\); valid: only its own"):
+        with pytest.raises(PrivacyRefusal, match=rf"rule 'gw-ldp.epsilon': gw_embed at epsilon={asked!r} refused: "
+                                                 r"this client's gw-ldp.epsilon is 0 \(0 = 1/\|V\|, inf = no LDP\); "
+                                                 r"valid: only its own"):
             client.on_gw_embed(weights, {"epsilon": asked, "layer": "hidden", "round": 2})
     # under training DP the BatchNorm moments are not covered by the noise: the client refuses them itself
     gin = {**raw, "gw-ldp.model": "gin"}
     client, weights = _client({**gin, "gw-ldp.dp": "sgd"})
-    with pytest.raises(ValueError, match="refusing gw_norm: this client runs gw-ldp.dp='sgd'"):
+    with pytest.raises(PrivacyRefusal, match="rule 'gw-ldp.dp': gw_norm refused: this client runs gw-ldp.dp='sgd'"):
         client.on_gw_norm(weights, {"layer": "convs.0.nn.1"})
     client, weights = _client(gin)
     assert client.on_gw_norm(weights, {"layer": "convs.0.nn.1"})[0]["moments"].shape == (1 + 2 * 64,)
@@ -715,7 +734,7 @@ def _trained_gin_and_client_batches(clients: int):
     graphs = [GraphData(name="g", adj=random_graph(rng, int(rng.integers(5, 12)), 0.4), x=None, y=None, meta={})
               for _ in range(60)]
     y = np.arange(60) % 2
-    model = proto.build_model("gin", 8, 2, seed=0)
+    model = build_model("gin", 8, 2, seed=0)
     with proto.torch_threads(1):
         proto.local_train(model, proto.make_batch(graphs, 8), y, np.arange(60), "graph", 5, 0.01, 0)
     cuts = np.array_split(np.arange(60), clients)
@@ -742,7 +761,7 @@ def test_pooled_batchnorm_statistics_equal_one_pass_over_every_clients_graphs():
     model, graphs, parts = _trained_gin_and_client_batches(3)
     layers = proto.norm_layers(model, 8)
     assert len(layers) == 10 and layers[:2] == ["convs.0.nn.1", "norms.0"]  # forward order, not registration
-    assert proto.norm_layers(proto.build_model("gcn", 8, 2, 0), 8) == []
+    assert proto.norm_layers(build_model("gcn", 8, 2, 0), 8) == []
     with proto.torch_threads(1):
         three = _pool(copy.deepcopy(model), parts, [np.arange(b.num_graphs) for b in parts])
         one = _pool(copy.deepcopy(model), [proto.make_batch(graphs, 8)], [np.arange(60)])
@@ -839,7 +858,7 @@ def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone
     graphs = [GraphData(name="g", adj=random_graph(rng, 7, 0.5), x=None, y=None, meta={}) for _ in range(10)]
     batch = proto.make_batch(graphs, degree_dim=7)
     y = np.arange(10) % 2
-    model = proto.build_model("gin", 7, 2, seed=0)
+    model = build_model("gin", 7, 2, seed=0)
     start = proto.get_weights(model)
     with proto.torch_threads(1):
         proto.local_train(model, batch, y, np.arange(10), "graph", 5, 0.05, 0, freeze_norm=True)
@@ -885,7 +904,7 @@ def test_local_dp_sgd_clips_per_graph_and_its_epsilon_is_opacus_rdp(out_dir):
     y = np.arange(8) % 2
     runs = []
     for _ in range(2):
-        model = proto.build_model("gin", 6, 2, seed=0)
+        model = build_model("gin", 6, 2, seed=0)
         before = proto.get_weights(model)
         with proto.torch_threads(1):
             assert proto.dp_sgd_train(model, batch, y, np.arange(8), "graph", 1, 0.01, 1e-3, 1e-9, 1.0, 3) == 1

@@ -38,7 +38,8 @@ Client-level DP-FedAvg (optional): the client clips its update
 ``W_c - W_bar`` to L2 norm ``C`` and adds ``N(0, (z C)^2)`` to every entry
 (:class:`app.privacy.gaussian.GaussianMechanism`, replace adjacency: the
 protected unit is a client's entire local data, sensitivity ``2C``), then
-uploads ``W_bar + noised update``. One release per client per round, and
+uploads ``W_bar + noised update`` (:func:`dp_mechanism`, which client and
+server both build, the server to account). One release per client per round, and
 nothing else data-dependent in the training rounds: the validation scores
 and losses, which the noise does not cover, are not sent.
 """
@@ -47,12 +48,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from functools import lru_cache
+from typing import ClassVar, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 
-# -- wire: the protocol's steps ------------------------------------------------------------
+from app.config import ConfigView
+from app.wire import ArraySpec, ReplySpec, ValueSpec
+
+# -- wire: the protocol's steps and what a valid reply holds -------------------------------
 DMON_INIT = "dmon_init"
 DMON_EVAL = "dmon_eval"
 DMON_ASSIGN = "dmon_assign"
@@ -61,8 +66,91 @@ DMON_TRAIN = "dmon_train"
 #: names and order of the model's arrays on the wire (``DMoNModel.state_dict()`` keys)
 PARAM_NAMES = ("conv.bias", "conv.lin.weight", "head.weight", "head.bias")
 
+MODES = ("federated", "isolated", "centralised")
+SELECT = ("val-modularity", "last")
+OPT_STATE = ("keep", "reset")
+
 TRAIN, VAL, TEST = 0, 1, 2
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class FedAvgDMoNConfig(ConfigView):
+    """The ``fedavg-dmon.*`` keys (declared in :class:`strategies.fedavg_dmon.FedAvgDMoN`)."""
+
+    prefix: ClassVar[str] = "fedavg-dmon"
+    mode: str
+    local_epochs: int
+    lr: float
+    hidden: int
+    dropout: float
+    collapse: float
+    sparse_features: bool
+    optimizer_state: str
+    val_fraction: float
+    test_fraction: float
+    select: str
+    dp_clip: float
+    dp_noise: float
+    dp_epsilon: float
+    dp_delta: float
+    secure: bool
+
+
+#: ``dmon_init``: the client's feature dimension and the nodes it holds
+INIT_REPLY = ReplySpec(numbers={"num_features": ValueSpec(whole=True, low=1),
+                                "num_nodes": ValueSpec(whole=True, low=1)})
+#: A client's validation score: the modularity of its labels on its validation edges (in [-1/2, 1]) and
+#: the number of those edges (its weight in the combined score).
+SCORE_SPEC = {"val_modularity": ValueSpec(low=-0.5, high=1.0), "val_edges": ValueSpec(whole=True, low=0)}
+#: ``dmon_eval``: the validation score of the weights sent
+EVAL_REPLY = ReplySpec(numbers=SCORE_SPEC)
+
+
+def train_reply(shapes: Mapping[str, tuple[int, ...]], epochs: int, federated: bool, secure: bool,
+                dp: bool) -> ReplySpec:
+    """``dmon_train``: without DP the validation score and the ``epochs`` losses; in federated mode
+    the trained weights (``secure``: one masked ring vector of all of them), noised under ``dp``."""
+    scored = {} if dp else {**SCORE_SPEC, "losses": ValueSpec(length=epochs)}  # under DP: the noised weights only
+    if secure:
+        size = sum(int(np.prod(s)) for s in shapes.values())
+        return ReplySpec(arrays={"weights": ArraySpec((size,), kind="u", masked=True, noised=dp)}, numbers=scored)
+    if federated:
+        return ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f", noised=dp) for n in PARAM_NAMES}, numbers=scored)
+    return ReplySpec(numbers=scored)
+
+
+def assign_reply(k: int) -> ReplySpec:
+    """``dmon_assign``: node ids, their labels in ``0..k-1`` and owned flags; the client's own metrics."""
+    return ReplySpec(arrays={"node_ids": ArraySpec((None,), kind="iu", low=0, unique=True),
+                             "labels": ArraySpec((None,), kind="iu", low=0, high=k),
+                             "owned": ArraySpec((None,), kind="iu", low=0, high=2)},
+                     same_length=("node_ids", "labels", "owned"),
+                     optional={name: ValueSpec(low=-1.0, high=1.0) for name in CLIENT_METRICS})
+
+
+# -- client-level DP: the mechanism client and server build alike -------------------------
+
+
+@lru_cache(maxsize=32)
+def _calibrated(epsilon: float, delta: float, rounds: int) -> float:
+    from app.privacy.gaussian import calibrate_noise_multiplier
+
+    return calibrate_noise_multiplier(epsilon, delta, rounds, adjacency="replace")
+
+
+def dp_noise_multiplier(cfg: FedAvgDMoNConfig, rounds: int) -> float:
+    """``dp-noise``, or the multiplier reaching ``dp-epsilon`` after ``rounds`` releases."""
+    if cfg.dp_epsilon > 0:
+        return _calibrated(cfg.dp_epsilon, cfg.dp_delta, rounds)
+    return cfg.dp_noise
+
+
+def dp_mechanism(cfg: FedAvgDMoNConfig, rounds: int):
+    """The client-level Gaussian mechanism (one release per client per round, ``rounds`` rounds)."""
+    from app.privacy.gaussian import GaussianMechanism
+
+    return GaussianMechanism(cfg.dp_clip, dp_noise_multiplier(cfg, rounds), delta=cfg.dp_delta, adjacency="replace")
 
 
 def param_shapes(num_features: int, k: int, hidden: int) -> dict[str, tuple[int, ...]]:
@@ -312,12 +400,12 @@ def local_train(state: LocalState, graph: Graph, k: int, epochs: int, lr: float 
     Starts from ``weights`` (the global model) if given, else from
     ``state.weights`` (isolated training). Adam moments come from ``state``
     when ``keep_optimizer`` (else fresh); the dropout stream continues from
-    ``state.rng``. The loop body is the same as :func:`app.models.train_dmon`.
+    ``state.rng``. The loop is :func:`app.models.train_dmon`'s (:func:`app.models.dmon_epochs`).
     Returns the new state and the per-epoch losses.
     """
     import torch
 
-    from app.models import dmon_loss
+    from app.models import dmon_epochs
 
     start = weights if weights is not None else state.weights
     f = int(np.shape(start["conv.lin.weight"])[1])
@@ -329,15 +417,7 @@ def local_train(state: LocalState, graph: Graph, k: int, epochs: int, lr: float 
         opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=0.0)
         if keep_optimizer and state.adam:
             opt.load_state_dict(_adam_state_dict(opt, state.adam))
-        losses = []
-        model.train()
-        for _ in range(int(epochs)):
-            opt.zero_grad()
-            s = model(graph.x, graph.edge_index, graph.edge_weight)
-            loss = dmon_loss(s, graph.edge_index, graph.edge_weight, collapse)
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+        losses = dmon_epochs(model, opt, graph.x, graph.edge_index, graph.edge_weight, epochs, collapse)
         rng = torch.get_rng_state().numpy().copy()
     adam = _adam_arrays(opt) if keep_optimizer else {}
     return LocalState(get_weights(model), adam, rng), losses
