@@ -72,11 +72,9 @@ class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
             self.save("dmon_best", score=np.array([score]), **{f"w/{n}": weights[n] for n in proto.PARAM_NAMES})
 
     # -- steps -------------------------------------------------------------------
-    @answers(proto.DMON_INIT)
-    def on_dmon_init(self, arrays, values) -> Reply:
-        """Sizes only: feature dimension and nodes held (the FedAvg weight; in clear, also under DP)."""
-        graph = self.graph()[0]
-        return {}, {"num_features": int(graph.x.shape[1]), "num_nodes": int(graph.x.shape[0])}
+    def hello_figures(self, values) -> dict:
+        """The feature dimension, with hello (in clear, also under DP)."""
+        return {"num_features": int(self.graph()[0].x.shape[1])}
 
     @answers(proto.DMON_TRAIN, train=True)
     def on_dmon_train(self, arrays, values) -> Reply:

@@ -89,15 +89,18 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         with proto.torch_threads(1):
             return super().handle(action, content)
 
-    @answers(proto.GW_DESCRIBE)
-    def on_gw_describe(self, arrays, values) -> Reply:
+    def hello_figures(self, values) -> dict:
+        """Feature width and graph counts, with hello; a client whose labels need more classes than
+        ``num_classes`` refuses."""
+        if not self.shard.graphs:
+            return {"in_dim": 0, "graphs": 0, "train": 0}
         batch, labels, split = self._local()
         k = int(values["num_classes"])
         if labels.size and labels.max() >= k:
             raise ValueError(f"graph label {labels.max()} needs at least {labels.max() + 1} classes, but "
                              f"num-clusters={k}: the shared GNN has one output per class")
-        return {}, {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
-                    "train": int((split == proto.SPLIT_TRAIN).sum())}
+        return {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
+                "train": int((split == proto.SPLIT_TRAIN).sum())}
 
     @answers(proto.FIT, train=True)
     def on_fit(self, arrays, values) -> Reply:

@@ -18,8 +18,8 @@ Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
 
 Wire protocol (what leaves each client in **bold**):
 
-1. ``query.dmon_init`` (down: k) -> up: **sizes only**: feature dimension
-   and number of nodes held (the FedAvg weight ``N_c``).
+1. With ``hello``: **sizes only**: feature dimension (``num_features``)
+   beside the number of nodes held (``num_rows``, the FedAvg weight ``N_c``).
 2. ``train.dmon_train`` x num-rounds. Down: the global weights ``W_r`` (4
    float32 arrays, ``DMoNModel.state_dict()`` names; isolated/centralised:
    round 1 only, the common initialisation) and ``k``. The client trains
@@ -153,6 +153,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     )
 
     settings = proto.FedAvgDMoNConfig
+    hello_numbers = proto.HELLO_NUMBERS
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -211,19 +212,10 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         return StrategyOutput(labels=labels, ids=ids, history=history, metrics=metrics)
 
     def _sizes(self, session: ServerSession) -> tuple[int, dict[int, int]]:
-        """Step 1, ``dmon_init`` (down: k) -> up: ``num_features`` and ``num_nodes`` of every client:
-        the common feature dimension and each node's count, which must be the rows it announced in
-        hello (the FedAvg weight of a client is its node count: an inflated one would outvote the others)."""
-        init = session.broadcast(proto.DMON_INIT, pack(values={"k": self.shared.num_clusters}), proto.INIT_REPLY)
-        sizes = {n: unpack(v)[1] for n, v in init.items()}
-        features = common_feature_dimension(s["num_features"] for s in sizes.values())
-        counts = {n: int(s["num_nodes"]) for n, s in sizes.items()}
-        rows = announced_rows(session)
-        wrong = {session.partition_of(n): (count, rows[n]) for n, count in counts.items() if count != rows[n]}
-        if wrong:
-            raise ProtocolError("step 'dmon_init': node counts other than announced in hello: " + ", ".join(
-                f"client {c} reports {got} for its {announced} nodes" for c, (got, announced) in sorted(wrong.items())))
-        return features, counts
+        """Step 1, with hello: every client's ``num_features`` (the common feature dimension) and its
+        ``num_rows``, the nodes it holds (its FedAvg weight)."""
+        features = common_feature_dimension(c.summary["num_features"] for c in session.clients)
+        return features, announced_rows(session)
 
     def _training_rounds(self, session: ServerSession, weights: dict, shapes: dict, counts: dict[int, int],
                          mech: GaussianMechanism | None) -> tuple[dict, _Best, list[dict]]:

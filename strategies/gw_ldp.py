@@ -7,7 +7,7 @@ around centre nodes of one big graph (``khop``; the centre label is the
 subgraph's pseudo-label). Every client splits its graphs 7:2:1 into
 train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``):
 
-1. ``gw_describe`` (down: ``num_classes``, the GNN's outputs; a client whose
+1. With ``hello`` (down: ``num_classes``, the GNN's outputs; a client whose
    labels need more refuses) -> up: values ``in_dim``, ``graphs``, ``train``
    (feature width and counts only; whole numbers, ``train <= graphs``, else the
    run stops, :func:`app.protocols.gw_ldp.describe_problem`).
@@ -217,6 +217,12 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     )
 
     settings = proto.GWLDPConfig
+    hello_numbers = proto.HELLO_NUMBERS
+
+    @classmethod
+    def hello_values(cls, config: RunConfig) -> dict:
+        """The GNN's outputs, one per class: a client whose graph labels need more refuses at hello."""
+        return {"num_classes": config["num-clusters"]}
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -259,17 +265,14 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         return self._output(dist, uploads, metrics, history)
 
     def _describe(self, session: ServerSession) -> dict[int, dict[str, int]]:
-        """Step 1, ``gw_describe`` (down: ``num_classes``) -> up: ``in_dim``, ``graphs`` and ``train``
-        of every client, by client (whole numbers, ``train <= graphs``, else the run stops)."""
-        desc = session.broadcast(proto.GW_DESCRIBE, pack(values={"num_classes": self.shared.num_clusters}),
-                                 proto.DESCRIBE_REPLY)
+        """Step 1, with hello (down: ``num_classes``) -> up: ``in_dim``, ``graphs`` and ``train`` of
+        every client, by client (``train <= graphs`` and both counts >= 1, else the run stops)."""
         described = {}
-        for node, content in desc.items():
-            client, values = session.partition_of(node), unpack(content)[1]
-            problem = proto.describe_problem(values)
+        for c in session.clients:
+            problem = proto.describe_problem(c.summary)
             if problem:
-                raise ProtocolError(f"client {client}: malformed gw_describe reply: {problem}")
-            described[client] = {name: int(values[name]) for name in ("in_dim", "graphs", "train")}
+                raise ProtocolError(f"client {c.partition_id}: malformed hello figures: {problem}")
+            described[c.partition_id] = {name: int(c.summary[name]) for name in ("in_dim", "graphs", "train")}
         return described
 
     @staticmethod
@@ -501,7 +504,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     def _record_clear_uploads(self, session: ServerSession, pooled: bool) -> None:
         """Register what the clients upload without any noise, so the privacy section's overall
         note names it beside the LDP (and training-DP) epsilon, which covers none of it."""
-        clear = ["feature width and graph counts (gw_describe)",
+        clear = ["feature width and graph counts (hello)",
                  "number of training graphs every round (fit)"]
         if self.cfg.dp == "none":
             clear.append("locally trained GNN weights, BatchNorm running statistics (GIN) and mean training loss "

@@ -947,7 +947,7 @@ def test_clients_reporting_different_feature_widths_stop_the_run(out_dir, monkey
     from conftest import patch_reply
 
     shared_datasets_or_skip()
-    patch_reply(monkeypatch, GWLDPClient, "gw_describe",
+    patch_reply(monkeypatch, GWLDPClient, "hello",
                 lambda shard, out, vals: (out, {**vals, "in_dim": vals["in_dim"] + shard.client_id}))
     with pytest.raises(ProtocolError, match=r"clients report different feature widths \[7, 8\]"):
         run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)
@@ -958,8 +958,8 @@ def test_a_malformed_describe_reply_stops_the_run_and_names_the_client(out_dir, 
     from conftest import patch_reply
 
     shared_datasets_or_skip()
-    patch_reply(monkeypatch, GWLDPClient, "gw_describe", lambda shard, out, vals: (out, {**vals, "train": -3}),
-                client=1)
-    with pytest.raises(ProtocolError, match=r"^client 1: malformed gw_describe reply: train=-3; valid: a whole "
+    patch_reply(monkeypatch, GWLDPClient, "hello",
+                lambda shard, out, vals: (out, {**vals, "train": vals["graphs"] + 1}), client=1)
+    with pytest.raises(ProtocolError, match=r"^client 1: malformed hello figures: train=\d+; valid: a whole "
                                             r"number from 0 to its \d+ graphs$"):
         run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)

@@ -58,7 +58,6 @@ from app.config import ConfigView
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- wire: the protocol's steps and what a valid reply holds -------------------------------
-DMON_INIT = "dmon_init"
 DMON_EVAL = "dmon_eval"
 DMON_ASSIGN = "dmon_assign"
 DMON_TRAIN = "dmon_train"
@@ -97,9 +96,9 @@ class FedAvgDMoNConfig(ConfigView):
     secure: bool
 
 
-#: ``dmon_init``: the client's feature dimension and the nodes it holds
-INIT_REPLY = ReplySpec(numbers={"num_features": ValueSpec(whole=True, low=1),
-                                "num_nodes": ValueSpec(whole=True, low=1)})
+#: What a client adds to its hello reply: its feature dimension (its node count, the FedAvg weight, is
+#: hello's ``num_rows``)
+HELLO_NUMBERS = {"num_features": ValueSpec(whole=True, low=1)}
 #: A client's validation score: the modularity of its labels on its validation edges (in [-1/2, 1]) and
 #: the number of those edges (its weight in the combined score).
 SCORE_SPEC = {"val_modularity": ValueSpec(low=-0.5, high=1.0), "val_edges": ValueSpec(whole=True, low=0)}

@@ -38,7 +38,7 @@ from .selection import C_GRID, CV_FOLDS, GAMMA_GRID, cluster_gw, kmedoids, norma
 from .training import (dp_sgd_train, fedavg, get_weights, local_train, predict_graphs, privatise_update,
                        set_weights, torch_threads, trainable_names, training_mechanism)
 from .uploads import SOFTMAX_ATOL, describe_problem, embedding_upload_problem
-from .wire import (CLUSTERINGS, DESCRIBE_REPLY, DP_MODES, EMBEDDING_LAYERS, FIT, FOLDS, GW_DESCRIBE, GW_EMBED,
+from .wire import (CLUSTERINGS, DP_MODES, EMBEDDING_LAYERS, FIT, FOLDS, HELLO_NUMBERS, GW_EMBED,
                    GW_NORM, MODELS, NORM_STATISTICS, SELECTIONS, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL, GWLDPConfig,
                    embed_reply, fit_reply, message_weights, norm_reply, weights_message)
 
@@ -52,7 +52,7 @@ __all__ = [
     "dp_sgd_train", "fedavg", "get_weights", "local_train", "predict_graphs", "privatise_update", "set_weights",
     "torch_threads", "trainable_names", "training_mechanism",
     "SOFTMAX_ATOL", "describe_problem", "embedding_upload_problem",
-    "CLUSTERINGS", "DESCRIBE_REPLY", "DP_MODES", "EMBEDDING_LAYERS", "FIT", "FOLDS", "GW_DESCRIBE", "GW_EMBED",
+    "CLUSTERINGS", "DP_MODES", "EMBEDDING_LAYERS", "FIT", "FOLDS", "HELLO_NUMBERS", "GW_EMBED",
     "GW_NORM", "MODELS", "NORM_STATISTICS", "SELECTIONS", "SPLIT_TEST", "SPLIT_TRAIN", "SPLIT_VAL", "GWLDPConfig",
     "embed_reply", "fit_reply", "message_weights", "norm_reply", "weights_message",
 ]

@@ -18,7 +18,7 @@ SOFTMAX_ATOL = 1e-4
 
 
 def describe_problem(values: dict) -> str | None:
-    """What is wrong with one client's ``gw_describe`` reply (``None``: nothing):
+    """What is wrong with one client's hello figures (``None``: nothing):
     ``in_dim`` and ``graphs`` are whole numbers >= 1 (a client without graphs
     refuses), ``train`` a whole number from 0 to ``graphs``."""
     counts = {name: whole_number(values[name]) for name in ("in_dim", "graphs", "train")}

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from app.config import ConfigView
-from app.wire import ArraySpec, ReplySpec
+from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- the protocol's steps ------------------------------------------------------------------
-GW_DESCRIBE = "gw_describe"
 GW_NORM = "gw_norm"
 GW_EMBED = "gw_embed"
 FIT = "fit"
@@ -55,8 +54,9 @@ class GWLDPConfig(ConfigView):
     dp_delta: float
 
 
-#: ``gw_describe``: the client's feature width and counts of its graphs and training graphs
-DESCRIBE_REPLY = ReplySpec(values=("in_dim", "graphs", "train"))
+#: What a client adds to its hello reply (request value ``num_classes``, the GNN's outputs): its feature
+#: width and the counts of its graphs and training graphs (0 without graphs: the shard check stops the run)
+HELLO_NUMBERS = {name: ValueSpec(whole=True, low=0) for name in ("in_dim", "graphs", "train")}
 
 
 def fit_reply(shapes: Mapping[str, tuple[int, ...]], trainable: set[str], dp: str) -> ReplySpec:
