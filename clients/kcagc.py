@@ -18,12 +18,13 @@ from app.protocols import kcagc as proto
 from clients.base import ClusteringClient, Reply, answers
 
 
-class KCAGCClient(ClusteringClient):
+class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
+    settings = proto.KCAGCConfig
 
     def masking_groups(self, parties: int) -> list[set[int]]:
         """All clients; with ``kcagc.tree`` (more than two clients) every internal node of
         :func:`app.protocols.kcagc.tree_groups`, none of which leaves a client alone."""
-        if bool(self.config["kcagc.tree"]) and parties > 2:
+        if self.cfg.tree and parties > 2:
             return [set(g) for level in proto.tree_groups(parties)[1:] for g in level]
         return [set(range(parties))]
 
@@ -76,8 +77,7 @@ class KCAGCClient(ClusteringClient):
         """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters), nothing else."""
         z = self.features(values)
         labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
-                                      n_init=int(self.config["kcagc.local-restarts"]),
-                                      pruned=bool(self.config["kcagc.prune"]))
+                                      n_init=self.cfg.local_restarts, pruned=self.cfg.prune)
         return {"labels": labels.astype(np.int64)}, {}
 
     @answers(proto.KCAGC_STEP)
@@ -118,6 +118,6 @@ class KCAGCClient(ClusteringClient):
             part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
-        floor = proto.distance_bound(str(values["embedding"]), float(self.config["secagg.bound"]))
+        floor = proto.distance_bound(str(values["embedding"]), self.secagg.bound)
         return {"d": self._masked_if_several(proto.KCAGC_STEP, part.ravel(), values, floor=floor,
                                              participants=arrays["group"].astype(np.int64).tolist())}, {}
