@@ -21,7 +21,7 @@ from conftest import LeavingGrid, patch_reply
 from app.wire import ProtocolError
 from app.transport import unpack
 from clients.fedsc import FedSCClient
-from strategies.fedsc import pooled_features
+from app.protocols.fedsc import pooled_features
 
 
 def iris_blocks(num_clients: int, seed: int = 0):
