@@ -27,9 +27,10 @@ def _cached(shard, kind: str, make):
     return hit[1]
 
 
-class FedSpectralClient(ClusteringClient):
+class FedSpectralClient(ClusteringClient[proto.FedSpectralConfig]):
     """Baseline: spectral clustering of the local graph, labels uploaded."""
 
+    settings = proto.FedSpectralConfig
 
     @answers(proto.FEDSPECTRAL_LOCAL)
     def on_fedspectral_local(self, arrays, values) -> Reply:
@@ -38,9 +39,10 @@ class FedSpectralClient(ClusteringClient):
         return {"labels": labels.astype(np.int64)}, {}
 
 
-class FedSpectralPlusClient(ClusteringClient):
+class FedSpectralPlusClient(ClusteringClient[proto.FedSpectralPlusConfig]):
     """Power iteration steps on the local graph (see the strategy docstring)."""
 
+    settings = proto.FedSpectralPlusConfig
 
     def _block(self, arrays) -> np.ndarray:
         y = np.asarray(arrays["block"], dtype=np.float64)
@@ -76,7 +78,7 @@ class FedSpectralPlusClient(ClusteringClient):
         this client's view of the run)."""
         std = float(values.get("noise_std", 0.0))
         multiplier = std / sensitivity if std > 0 and sensitivity > 0 else None
-        self.policy.check_noise(action, multiplier, float(self.config["fedspectral-plus.noise-multiplier"]))
+        self.policy.check_noise(action, multiplier, self.cfg.noise_multiplier)
         self.require_masking(action, values, masked_by_run)
 
         def reply() -> dict:
@@ -102,7 +104,7 @@ class FedSpectralPlusClient(ClusteringClient):
         return self._upload(proto.FEDSPECTRAL_POWER, arrays, values, "block",
                             lambda: proto.paper_client_step(op, y, int(values["iters"])),
                             proto.paper_edge_sensitivity(y, int(values["iters"]), holders=1),
-                            masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=proto.paper_bound(y))
+                            masked_by_run=self.cfg.secure, floor=proto.paper_bound(y))
 
     @answers(proto.FEDSPECTRAL_DEGREES)
     def on_fedspectral_degrees(self, arrays, values) -> Reply:
@@ -116,4 +118,4 @@ class FedSpectralPlusClient(ClusteringClient):
         # the honest bound needs the global largest degree, which no client knows: no floor
         return self._upload(proto.FEDSPECTRAL_PRODUCT, arrays, values, "block", lambda: self.weighted_adjacency() @ y,
                             proto.exact_edge_sensitivity(y),
-                            masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=0.0)
+                            masked_by_run=self.cfg.secure, floor=0.0)

@@ -48,18 +48,61 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
 from app.clustering import kmeans
+from app.config import ConfigView
+from app.wire import ArraySpec, ReplySpec
 
-# -- wire: the protocol's steps ------------------------------------------------------------
+# -- wire: the protocol's steps and what a valid reply holds ------------------------------
 FEDSPECTRAL_LOCAL = "fedspectral_local"
 FEDSPECTRAL_POWER = "fedspectral_power"
 FEDSPECTRAL_DEGREES = "fedspectral_degrees"
 FEDSPECTRAL_PRODUCT = "fedspectral_product"
+
+#: A reply that only acknowledges (the final ``labels``).
+RECEIVED_REPLY = ReplySpec(values=("received",))
+
+
+def local_reply(n: int, k: int) -> ReplySpec:
+    """``fedspectral_local``: the client's label in ``0..k-1`` of each of the ``n`` nodes."""
+    return ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu", low=0, high=k)})
+
+
+def upload_reply(name: str, shape: tuple[int, ...], masked: bool, noised: bool) -> ReplySpec:
+    """Array ``name`` of ``shape``: masked integers when ``masked`` (``degrees``, n; ``block``, n x b)."""
+    return ReplySpec(arrays={name: ArraySpec(shape, kind="u" if masked else "f", masked=masked, noised=noised)})
+
+
+@dataclass(frozen=True)
+class FedSpectralConfig(ConfigView):
+    """The ``fedspectral.*`` keys (declared in :class:`strategies.fedspectral.FedSpectral`)."""
+
+    prefix: ClassVar[str] = "fedspectral"
+    n_init: int
+
+
+@dataclass(frozen=True)
+class FedSpectralPlusConfig(ConfigView):
+    """The ``fedspectral-plus.*`` keys (declared in :class:`strategies.fedspectral.FedSpectralPlus`)."""
+
+    prefix: ClassVar[str] = "fedspectral-plus"
+    mode: str
+    iters: int
+    rounds: int
+    block: int
+    solver: str
+    basis_blocks: int
+    degree: int
+    tol: float
+    secure: bool
+    noise_multiplier: float
+    delta: float
+    wire_dtype: str
+    n_init: int
 
 # --------------------------------------------------------------------------- client side
 
@@ -215,8 +258,7 @@ def chebyshev_subspace_iteration(
     aggregation, DP noise: "stagnated"), or before a cycle would exceed
     ``max_rounds`` products ("max-rounds").
     """
-    if not 1 <= k <= block <= n:
-        raise ValueError(f"need 1 <= k <= block <= n, got k={k}, block={block}, n={n}")
+    _check_block(k, block, n)
     if degree < 1:
         raise ValueError(f"Chebyshev degree must be >= 1, got {degree}")
     v = init_block(n, block, seed)
@@ -237,18 +279,29 @@ def chebyshev_subspace_iteration(
             break
         if rounds + degree > max_rounds:
             break
-        hi = float(theta[-1])
-        if hi <= lower:  # degenerate block; fall back to the shifted power step
-            hi = lower + 1e-3
-        c, e = (hi + lower) * 0.5, (hi - lower) * 0.5
-        y_prev, y = v, (w - c * v) / e
-        for _ in range(degree - 1):
-            y_next = 2.0 * (apply(y) - c * y) / e - y_prev
-            rounds += 1
-            y_prev, y = y, y_next
-        v = orthonormalise(y)
+        v = orthonormalise(chebyshev_filter(apply, v, w, float(theta[-1]), lower, degree))
+        rounds += degree - 1
     theta_k = theta[:k]
     return IterationResult(u, theta_k, rounds, stop == "converged", stop, history)
+
+
+def chebyshev_filter(apply: Callable[[np.ndarray], np.ndarray], v: np.ndarray, w: np.ndarray, hi: float,
+                     lower: float, degree: int) -> np.ndarray:
+    """``T(M) V`` for the degree-``degree`` Chebyshev polynomial ``T`` bounded by 1 on ``[lower, hi]``
+    (the unwanted part of the spectrum) and growing fast above it, from ``W = M V``: ``degree - 1``
+    more products ``apply``."""
+    if hi <= lower:  # degenerate block; fall back to the shifted power step
+        hi = lower + 1e-3
+    c, e = (hi + lower) * 0.5, (hi - lower) * 0.5
+    y_prev, y = v, (w - c * v) / e
+    for _ in range(degree - 1):
+        y_prev, y = y, 2.0 * (apply(y) - c * y) / e - y_prev
+    return y
+
+
+def _check_block(k: int, block: int, n: int) -> None:
+    if not 1 <= k <= block <= n:
+        raise ValueError(f"need 1 <= k <= block <= n, got k={k}, block={block}, n={n}")
 
 
 def top_eigenpairs(h: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -293,6 +346,13 @@ class KrylovBasis:
                 c[row:row + q.shape[1]] += part
                 row += q.shape[1]
         return c, f
+
+    def restart(self, h: np.ndarray, keep: int) -> np.ndarray:
+        """Thick restart (Krylov-Schur): the top ``keep`` Ritz vectors of ``h = Q^T M Q`` become the
+        basis; returns the new ``h``, their Ritz values on the diagonal."""
+        theta, s = top_eigenpairs(h, keep)
+        self.blocks = [self.combine(s)]
+        return np.diag(theta)
 
     def extend(self, f: np.ndarray, width: int, rng: np.random.Generator,
                floor: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
@@ -350,8 +410,7 @@ def block_krylov_iteration(
     vectors, half the room, become the basis (``H`` their Ritz values), the
     pending block stays orthogonal to them, no product is repeated.
     """
-    if not 1 <= k <= block <= n:
-        raise ValueError(f"need 1 <= k <= block <= n, got k={k}, block={block}, n={n}")
+    _check_block(k, block, n)
     if basis_blocks < 2:
         raise ValueError(f"the Krylov basis needs room for at least 2 blocks, got {basis_blocks}")
     rng = np.random.default_rng([int(seed), 0x5EC7, 1])
@@ -362,13 +421,7 @@ def block_krylov_iteration(
     while True:
         w = apply(pending)
         rounds += 1
-        m = basis.width
-        basis.blocks.append(pending)
-        c, f = basis.project_out(w)
-        h = np.block([[h, c[:m]], [c[:m].T, (c[m:] + c[m:].T) * 0.5]])
-        theta, s = top_eigenpairs(h, k)
-        pending, r = basis.extend(f, min(block, n - basis.width), rng)
-        residual = float(np.linalg.norm(r @ s[m:, :k], axis=0).max(initial=0.0))
+        h, theta, s, pending, residual = lanczos_step(basis, h, pending, w, k, block, rng)
         history.append({"round": rounds, "residual": residual, "ritz_k": float(theta[k - 1]),
                         "basis": basis.width})
         verdict = stop_rule(residual)
@@ -378,9 +431,24 @@ def block_krylov_iteration(
         if rounds >= max_rounds:
             break
         if basis.width + pending.shape[1] > max_cols:
-            theta_keep, s_keep = top_eigenpairs(h, max(k, (max_cols - pending.shape[1]) // 2))
-            basis.blocks, h = [basis.combine(s_keep)], np.diag(theta_keep)
+            h = basis.restart(h, max(k, (max_cols - pending.shape[1]) // 2))
     return IterationResult(basis.combine(s[:, :k]), theta[:k], rounds, stop == "converged", stop, history)
+
+
+def lanczos_step(basis: KrylovBasis, h: np.ndarray, pending: np.ndarray, w: np.ndarray, k: int, block: int,
+                 rng: np.random.Generator):
+    """One round of :func:`block_krylov_iteration` on the server, given ``w = M pending``: ``pending``
+    joins the basis, ``H = Q^T M Q`` grows by its coefficients, Rayleigh-Ritz gives the top-k Ritz
+    values ``theta`` and vectors (coefficients ``s``); the rest of ``w`` becomes the next block.
+    Returns ``(H, theta, s, next block, largest top-k residual)``."""
+    m = basis.width
+    basis.blocks.append(pending)
+    c, f = basis.project_out(w)
+    h = np.block([[h, c[:m]], [c[:m].T, (c[m:] + c[m:].T) * 0.5]])
+    theta, s = top_eigenpairs(h, k)
+    pending, r = basis.extend(f, min(block, basis.n - basis.width), rng)
+    residual = float(np.linalg.norm(r @ s[m:, :k], axis=0).max(initial=0.0))
+    return h, theta, s, pending, residual
 
 
 def embedding_labels(u: np.ndarray, k: int, seed: int, n_init: int = 10,
