@@ -62,7 +62,7 @@ import numpy as np
 from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import GaussianMechanism
-from app.protocols import fedspectral as proto
+from app.protocols.fedspectral import baseline, block_iteration, plus, wire
 from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
@@ -93,7 +93,7 @@ def _reference_method(strategy: FedSpectral | FedSpectralPlus) -> str:
 
 
 def _send_labels(session: ServerSession, labels: np.ndarray) -> None:
-    session.broadcast(LABELS, pack({"labels": labels.astype(np.int64)}), proto.RECEIVED_REPLY)
+    session.broadcast(LABELS, pack({"labels": labels.astype(np.int64)}), wire.RECEIVED_REPLY)
 
 
 def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
@@ -106,7 +106,7 @@ def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
                             f"{d.max():.6g}, outside [0, {n}] (noise allowance {slack:.3g}); an upload is malformed")
 
 
-class FedSpectral(ClusteringStrategy[proto.FedSpectralConfig]):
+class FedSpectral(ClusteringStrategy[wire.FedSpectralConfig]):
     """The FedSpectral baseline (Thakkar & Joshi). Every client knows all node ids and holds some of
     the edges; it clusters its own graph spectrally and sends the label of every node once (no
     edge or degree leaves it). The server spectrally clusters the co-association graph of these
@@ -124,15 +124,15 @@ class FedSpectral(ClusteringStrategy[proto.FedSpectralConfig]):
         Param("fedspectral.n-init", int, 10, "k-means restarts (clients and server)", low=1, high=1000),
     )
 
-    settings = proto.FedSpectralConfig
+    settings = wire.FedSpectralConfig
 
     def run(self, session: ServerSession) -> StrategyOutput:
         k, seed, n_init = self.shared.num_clusters, self.shared.seed, self.cfg.n_init
         n = common_node_count(session, self.name, "edge")
-        replies = session.broadcast(proto.FEDSPECTRAL_LOCAL, pack(values={"k": k, "seed": seed, "n_init": n_init}),
-                                    proto.local_reply(n, k))
+        replies = session.broadcast(wire.FEDSPECTRAL_LOCAL, pack(values={"k": k, "seed": seed, "n_init": n_init}),
+                                    wire.local_reply(n, k))
         label_sets = [unpack(content)[0]["labels"].astype(np.int64) for content in replies.values()]
-        labels = proto.coassociation_labels(label_sets, k, seed, n_init)
+        labels = baseline.coassociation_labels(label_sets, k, seed, n_init)
         _send_labels(session, labels)
         return StrategyOutput(labels=labels, history=[{"round": 1, "clients": len(label_sets)}])
 
@@ -143,7 +143,7 @@ class FedSpectral(ClusteringStrategy[proto.FedSpectralConfig]):
         return _reference_method(self)
 
 
-class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
+class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     """FedSpectral+ (Thakkar & Joshi): spectral clustering of a graph whose edges are split over
     the clients, each knowing all node ids. In ``paper`` mode every round each client runs a few
     power iterations of its own normalised adjacency on the server's N x K block and sends the
@@ -200,12 +200,12 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
         Param("fedspectral-plus.n-init", int, 10, "k-means restarts on the final embedding", low=1, high=1000),
     )
 
-    settings = proto.FedSpectralPlusConfig
+    settings = wire.FedSpectralPlusConfig
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
-        k, b = config["num-clusters"], proto.FedSpectralPlusConfig.of(config).block
+        k, b = config["num-clusters"], wire.FedSpectralPlusConfig.of(config).block
         if b and k and b < k:
             raise ConfigError(f"fedspectral-plus.block={b} is smaller than num-clusters={k}; use 0 or >= {k}")
 
@@ -284,7 +284,7 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
         # client that dropped; exact mode (a sum that must cover every edge) and
         # secure aggregation (masks cancel only over all parties) cannot.
         tolerant = self.cfg.mode == "paper" and not self.secure
-        spec = proto.upload_reply("block", (self.n, y.shape[1]), self.secure, self.dp is not None)
+        spec = wire.upload_reply("block", (self.n, y.shape[1]), self.secure, self.dp is not None)
         replies = self.session.broadcast(action, pack({"block": y.astype(self.wire)}, values), spec,
                                          require_all=not tolerant)
         self.contributors = len(replies)
@@ -310,20 +310,20 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
         -> up ``block`` = ``M_c^iters V``; the server averages and orthonormalises (QR)."""
         iters, rounds = self.schedule()
         c = len(session.clients)
-        v = proto.init_block(self.n, self.k, self.seed)
+        v = block_iteration.init_block(self.n, self.k, self.seed)
         history = []
         for round_ in range(1, rounds + 1):
             scale = 1.0 / max(float(np.abs(v).max()), 1e-300)
             y = v * scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            total = self._round(proto.FEDSPECTRAL_POWER, y, proto.paper_bound(y),
-                                lambda: proto.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
-            new = proto.paper_server_step(total / scale, self.contributors)
-            history.append({"round": round_, "subspace_change": proto.subspace_distance(new, v)})
+            total = self._round(wire.FEDSPECTRAL_POWER, y, plus.paper_bound(y),
+                                lambda: plus.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
+            new = plus.paper_server_step(total / scale, self.contributors)
+            history.append({"round": round_, "subspace_change": block_iteration.subspace_distance(new, v)})
             session.round_done(round_, rounds, subspace_change=history[-1]["subspace_change"])
             v = new
-        labels = proto.embedding_labels(v, self.k, self.seed, self.cfg.n_init)
+        labels = plus.embedding_labels(v, self.k, self.seed, self.cfg.n_init)
         return StrategyOutput(labels=labels, history=history,
                               metrics={"mode": "paper", "iters": iters, "protocol_rounds": rounds})
 
@@ -337,15 +337,15 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
         apply = self._global_operator(session, d, deg_noise)
         _, max_rounds = self.schedule()
         if solver == "krylov":
-            result = proto.block_krylov_iteration(apply, self.n, self.k, block, tol, max_rounds, self.seed,
+            result = block_iteration.block_krylov_iteration(apply, self.n, self.k, block, tol, max_rounds, self.seed,
                                                   basis_blocks=self.cfg.basis_blocks)
             measure = "residual"
         else:
-            result = proto.chebyshev_subspace_iteration(apply, self.n, self.k, block, self.cfg.degree, tol,
+            result = block_iteration.chebyshev_subspace_iteration(apply, self.n, self.k, block, self.cfg.degree, tol,
                                                         max_rounds, self.seed)
             measure = "subspace_change"
         connected = d > 0.5  # exact degrees are integers (sums of 1/r over r holders)
-        labels = proto.embedding_labels(result.vectors, self.k, self.seed, self.cfg.n_init, connected=connected)
+        labels = plus.embedding_labels(result.vectors, self.k, self.seed, self.cfg.n_init, connected=connected)
         return StrategyOutput(labels=labels, history=result.history, metrics={
             "mode": "exact", "solver": solver, "protocol_rounds": result.rounds, "converged": result.converged,
             "tol": tol, "stop": result.stop, "block": block, "ritz_values": [float(t) for t in result.values],
@@ -360,16 +360,16 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
         masked = len(session.clients) > 1
         deg_noise = 0.0
         if self.dp is not None:
-            deg_noise = self.dp.noise_multiplier * proto.DEGREE_SENSITIVITY
+            deg_noise = self.dp.noise_multiplier * plus.DEGREE_SENSITIVITY
             self.dp.step()
-            self.releases.append(proto.DEGREE_SENSITIVITY)
+            self.releases.append(plus.DEGREE_SENSITIVITY)
         values = {"noise_std": deg_noise}
         if masked:
             session.setup_secure_aggregation()
             # degrees are sums of 1/r shares: the finest scale, so that a coarse secagg.scale cannot round one away
             values.update(session.secagg_values("degrees", float(n) + 12.0 * deg_noise, finest=True))
-        replies = session.broadcast(proto.FEDSPECTRAL_DEGREES, pack(values=values),
-                                    proto.upload_reply("degrees", (n,), masked, self.dp is not None))
+        replies = session.broadcast(wire.FEDSPECTRAL_DEGREES, pack(values=values),
+                                    wire.upload_reply("degrees", (n,), masked, self.dp is not None))
         if masked:
             d = session.secure_sum(replies, "degrees", values)
         else:
@@ -390,7 +390,7 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
         """``apply(X) = D^-1/2 sum_c (A_c / r) D^-1/2 X``, the global normalised adjacency applied to X:
         one ``fedspectral_product`` round (down ``Y = D^-1/2 X`` scaled to max |entry| 1, up ``block`` =
         ``(A_c / r) Y``)."""
-        dinv = proto.inverse_sqrt_degrees(d, floor=0.5)
+        dinv = plus.inverse_sqrt_degrees(d, floor=0.5)
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         _, max_rounds = self.schedule()
         products = 0
@@ -402,8 +402,8 @@ class FedSpectralPlus(ClusteringStrategy[proto.FedSpectralPlusConfig]):
             y *= scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            z = self._round(proto.FEDSPECTRAL_PRODUCT, y, proto.product_bound(y, dmax),
-                            lambda: proto.exact_edge_sensitivity(y), {})
+            z = self._round(wire.FEDSPECTRAL_PRODUCT, y, plus.product_bound(y, dmax),
+                            lambda: plus.exact_edge_sensitivity(y), {})
             products += 1
             session.round_done(products, max_rounds)  # the subspace change is known per cycle, in the history
             return dinv[:, None] * z / scale
