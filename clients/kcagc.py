@@ -96,24 +96,11 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
         size = int(values["size"])
         if not size:
             return {"d": np.zeros(0, dtype=np.uint32)}, {}
-        if "members" in arrays:  # first round of this level: build the virtual nodes
-            members = arrays["members"].astype(np.int64)
-            y = proto.virtual_block(self.features(values), members)
-            weights = np.bincount(members).astype(np.float64)
-            self.save("kcagc_vn", y=y, weights=weights)
-        vn = self.load("kcagc_vn")
-        y, weights = vn["y"], vn["weights"]
+        y, weights = self._virtual_nodes(arrays, values)
         if values["stage"] == "seed":
             part = proto.seed_distances(y, arrays["index"])
         else:
-            if "seeds" in arrays:
-                centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
-            else:
-                centres = self.load("kcagc_centres")["c"].copy()
-                active = proto.moved_restarts(arrays["moved"], centres.shape[1])
-                centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
-                                                       centres[active])
-            self.save("kcagc_centres", c=centres)
+            centres = self._centres(y, weights, arrays)
             flat = centres.reshape(-1, centres.shape[2])  # (restart, centre) pairs, restart-major
             part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
@@ -121,3 +108,26 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
         floor = proto.distance_bound(str(values["embedding"]), self.secagg.bound)
         return {"d": self._masked_if_several(proto.KCAGC_STEP, part.ravel(), values, floor=floor,
                                              participants=arrays["group"].astype(np.int64).tolist())}, {}
+
+    def _virtual_nodes(self, arrays, values) -> tuple[np.ndarray, np.ndarray]:
+        """This client's block of the virtual nodes (m x d) and their weights, built from ``members``
+        on the first round of a level and kept for the level's other rounds."""
+        if "members" in arrays:
+            members = arrays["members"].astype(np.int64)
+            y = proto.virtual_block(self.features(values), members)
+            self.save("kcagc_vn", y=y, weights=np.bincount(members).astype(np.float64))
+        vn = self.load("kcagc_vn")
+        return vn["y"], vn["weights"]
+
+    def _centres(self, y: np.ndarray, weights: np.ndarray, arrays) -> np.ndarray:
+        """This client's block of every restart's centres (R x kk x d), kept between rounds: the
+        virtual nodes ``seeds`` on the first Lloyd round, after that the weighted means of the
+        ``assign``-ed virtual nodes for the restarts of the ``moved`` centres."""
+        if "seeds" in arrays:
+            centres = y[arrays["seeds"].astype(np.int64)]
+        else:
+            centres = self.load("kcagc_centres")["c"].copy()
+            active = proto.moved_restarts(arrays["moved"], centres.shape[1])
+            centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64), centres[active])
+        self.save("kcagc_centres", c=centres)
+        return centres
