@@ -341,6 +341,16 @@ def test_graph_mode_clusters_filtered_node_features(out_dir):
     assert result["reference"]["agreement"]["ari"] > 0.8
 
 
+def test_the_typed_view_reads_every_fedsc_key_lambda_included():
+    """``lambda`` is a Python keyword: the view's field ``lambda_`` reads ``fedsc.lambda``."""
+    from app.registry import get
+
+    config = validate({"strategy": "fedsc", "fedsc.lambda": 0.25, "fedsc.n-init": 3})
+    cfg = proto.FedSCConfig.of(config)
+    assert (cfg.lambda_, cfg.n_init) == (0.25, 3)
+    assert proto.FedSCConfig.keys() == {p.key: p.kind for p in get("fedsc").strategy.params}
+
+
 def test_bad_config_is_one_line_naming_the_value():
     with pytest.raises(ConfigError, match="fedsc.mass.*valid range"):
         validate({"strategy": "fedsc", "fedsc.mass": 2.0})
