@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig
+from app.config import ConfigError, Param, RunConfig, SharedConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import GaussianMechanism
 from app.protocols.fedspectral import baseline, block_iteration, plus, wire
@@ -205,7 +205,7 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
-        k, b = config["num-clusters"], wire.FedSpectralPlusConfig.of(config).block
+        k, b = SharedConfig.of(config).num_clusters, wire.FedSpectralPlusConfig.of(config).block
         if b and k and b < k:
             raise ConfigError(f"fedspectral-plus.block={b} is smaller than num-clusters={k}; use 0 or >= {k}")
 
