@@ -52,7 +52,7 @@ from app.metrics import evaluate  # noqa: E402
 from app.protocols import fedsc as proto  # noqa: E402
 from app.registry import validate  # noqa: E402
 from app.run import run_experiment  # noqa: E402
-from strategies.fedsc import pooled_features  # noqa: E402
+from app.protocols.fedsc import pooled_features  # noqa: E402
 
 import pages  # noqa: E402
 

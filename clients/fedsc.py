@@ -5,7 +5,7 @@ distance statistics (two numbers, only when ``fedsc.sigma`` is estimated), a
 landmark count (one number, only when ``fedsc.landmarks = 0``), its landmark
 copy ``Z_p`` each round (optionally masked and/or noised) and, once, its
 coefficients ``C_p`` (from which, noise-free, the server can recover ``X_p``:
-see strategies/fedsc.py).
+see strategies/fedsc.py; what it clusters: :func:`app.protocols.fedsc.client_features`).
 Noise for ``fedsc.data-noise/noise-z/noise-c/dp-epsilon`` comes from the
 operating system's entropy (the server, which knows the seed and the client
 id, cannot regenerate it). The data noise is drawn once per run and kept; the
@@ -20,16 +20,16 @@ import numpy as np
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedsc as proto
 from clients.base import ClusteringClient, Reply, answers, request_digest
-from strategies.fedsc import client_features
 
 
-class FedSCClient(ClusteringClient):
+class FedSCClient(ClusteringClient[proto.FedSCConfig]):
+    settings = proto.FedSCConfig
 
     def features(self) -> np.ndarray:
         """This client's (filtered, perturbed) sample rows, computed once per run
         (``fedsc.data-noise`` from fresh OS entropy)."""
         if "fedsc" not in self.context.state.array_records:
-            self.save("fedsc", x=client_features(self.shard, self.config, np.random.default_rng()))
+            self.save("fedsc", x=proto.client_features(self.shard, self.cfg, np.random.default_rng()))
         return self.load("fedsc")["x"]
 
     @answers(proto.FEDSC_BANDWIDTH)
@@ -58,7 +58,7 @@ class FedSCClient(ClusteringClient):
         node's ledger (:meth:`release`; the same request re-sent gets it back)."""
         dp = self._dp_request(values, "z")
         self.policy.check_noise(proto.FEDSC_ROUND, dp and dp.noise_multiplier)
-        self.require_masking(proto.FEDSC_ROUND, values, needed_by_run=bool(self.config["fedsc.secure"]))
+        self.require_masking(proto.FEDSC_ROUND, values, needed_by_run=self.cfg.secure)
         return self.release(proto.FEDSC_ROUND, arrays, values, lambda: self._round(arrays, values, dp),
                             multiplier=dp and dp.effective_noise_multiplier, most=self._budget("z"))
 
@@ -69,7 +69,7 @@ class FedSCClient(ClusteringClient):
             z_p = dp.apply(z_p, np.random.default_rng())
             update = z_p.ravel()  # the objective value is not protected: left out
         else:
-            noise = float(self.config["fedsc.noise-z"])
+            noise = self.cfg.noise_z
             z_p = proto.perturb(z_p, noise, np.random.default_rng())
             # the objective would go up un-noised beside the noised Z_p: left out then
             update = z_p.ravel() if noise > 0 else np.concatenate([z_p.ravel(), [f]])
@@ -91,15 +91,15 @@ class FedSCClient(ClusteringClient):
         if dp:  # rows of c.T are the samples' columns c_i: clip each, add noise
             c = dp.apply(c.T, np.random.default_rng()).T
         else:
-            c = proto.perturb(c, float(self.config["fedsc.noise-c"]), np.random.default_rng())
+            c = proto.perturb(c, self.cfg.noise_c, np.random.default_rng())
         return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}
 
     def _budget(self, which: str) -> int | None:
         """How many noised uploads of ``which`` ("z": Z_p, every round; "c": C_p, once) this
         client's ``fedsc.dp-epsilon`` covers; None without one."""
-        if not float(self.config["fedsc.dp-epsilon"]) > 0:
+        if not self.cfg.dp_epsilon > 0:
             return None
-        return int(self.config["num-rounds"]) if which == "z" else 1
+        return self.shared.num_rounds if which == "z" else 1
 
     def _dp_request(self, values, which: str):
         """The Gaussian mechanism for upload ``which`` ("z": Z_p, the whole array clipped; "c":
@@ -109,21 +109,18 @@ class FedSCClient(ClusteringClient):
         it covers (:meth:`_budget`, at half its delta: the split the server makes), or leaves
         the noise out, is refused: the server must not be able to lower the noise. Noise from
         fresh OS entropy, which the server cannot predict."""
-        from app.privacy.gaussian import GaussianMechanism
-
         releases = self._budget(which)
         key = f"dp_nm_{which}"
         if key not in values:
             if releases is not None:
                 raise PrivacyRefusal("fedsc.dp-epsilon", f"fedsc_{'round' if which == 'z' else 'final'} was "
                                                          f"requested without noise; this client's fedsc.dp-epsilon is "
-                                                         f"{float(self.config['fedsc.dp-epsilon']):g}")
+                                                         f"{self.cfg.dp_epsilon:g}")
             return None
-        mech = GaussianMechanism(float(self.config[f"fedsc.dp-clip-{which}"]), float(values[key]),
-                                 delta=float(self.config["fedsc.dp-delta"]) / 2, per_row=which == "c")
+        mech = proto.dp_mechanism(self.cfg, which, float(values[key]))
         if releases is not None:  # the mechanism's own accountant serves this check only: the server accounts
             mech.step(releases)
-            budget = float(self.config["fedsc.dp-epsilon"]) / 2
+            budget = self.cfg.dp_epsilon / 2
             if mech.epsilon() > budget * (1 + 1e-6):
                 raise PrivacyRefusal("fedsc.dp-epsilon", f"{key}={values[key]!r}: {releases} release(s) would spend "
                                                          f"epsilon {mech.epsilon():.4g}, above this client's "

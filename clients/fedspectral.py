@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
-from app.protocols import fedspectral as proto
+from app.protocols.fedspectral import baseline, plus, wire
 from clients.base import ClusteringClient, Reply, answers
 
 _OPERATORS: dict[tuple[int, str], tuple[object, object]] = {}
@@ -27,20 +27,22 @@ def _cached(shard, kind: str, make):
     return hit[1]
 
 
-class FedSpectralClient(ClusteringClient):
+class FedSpectralClient(ClusteringClient[wire.FedSpectralConfig]):
     """Baseline: spectral clustering of the local graph, labels uploaded."""
 
+    settings = wire.FedSpectralConfig
 
-    @answers(proto.FEDSPECTRAL_LOCAL)
+    @answers(wire.FEDSPECTRAL_LOCAL)
     def on_fedspectral_local(self, arrays, values) -> Reply:
-        labels = proto.local_spectral_labels(self.shard.adj, int(values["k"]), int(values["seed"]),
+        labels = baseline.local_spectral_labels(self.shard.adj, int(values["k"]), int(values["seed"]),
                                              int(values["n_init"]))
         return {"labels": labels.astype(np.int64)}, {}
 
 
-class FedSpectralPlusClient(ClusteringClient):
+class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
     """Power iteration steps on the local graph (see the strategy docstring)."""
 
+    settings = wire.FedSpectralPlusConfig
 
     def _block(self, arrays) -> np.ndarray:
         y = np.asarray(arrays["block"], dtype=np.float64)
@@ -51,10 +53,10 @@ class FedSpectralPlusClient(ClusteringClient):
 
     def _spread_block(self, action: str, arrays) -> np.ndarray:
         """The request's block, refused when a column sits on fewer nodes than this node's
-        ``min-block-support`` (:func:`app.protocols.fedspectral.block_support`): its product
+        ``min-block-support`` (:func:`app.protocols.fedspectral.plus.block_support`): its product
         would read those nodes' rows of the adjacency (an identity block: every edge)."""
         y = self._block(arrays)
-        support, column = proto.block_support(y)
+        support, column = plus.block_support(y)
         floor = float(self.policy["min-block-support"])
         if support < floor:
             raise PrivacyRefusal("min-block-support", f"'{action}' block column {column} spreads over "
@@ -76,7 +78,7 @@ class FedSpectralPlusClient(ClusteringClient):
         this client's view of the run)."""
         std = float(values.get("noise_std", 0.0))
         multiplier = std / sensitivity if std > 0 and sensitivity > 0 else None
-        self.policy.check_noise(action, multiplier, float(self.config["fedspectral-plus.noise-multiplier"]))
+        self.policy.check_noise(action, multiplier, self.cfg.noise_multiplier)
         self.require_masking(action, values, masked_by_run)
 
         def reply() -> dict:
@@ -92,28 +94,28 @@ class FedSpectralPlusClient(ClusteringClient):
     def weighted_adjacency(self):
         """``A_c / r`` (each local edge divided by the number of clients holding it)."""
         return _cached(self.shard, "weighted",
-                       lambda: proto.weighted_local_adjacency(self.shard.adj, self.shard.edge_weight))
+                       lambda: plus.weighted_local_adjacency(self.shard.adj, self.shard.edge_weight))
 
-    @answers(proto.FEDSPECTRAL_POWER)
+    @answers(wire.FEDSPECTRAL_POWER)
     def on_fedspectral_power(self, arrays, values) -> Reply:
-        op = _cached(self.shard, "normalised", lambda: proto.local_normalised_operator(self.shard.adj))
-        y = self._spread_block(proto.FEDSPECTRAL_POWER, arrays)
+        op = _cached(self.shard, "normalised", lambda: plus.local_normalised_operator(self.shard.adj))
+        y = self._spread_block(wire.FEDSPECTRAL_POWER, arrays)
         # the server's sensitivity counts every client as a holder of an edge: one is a lower bound
-        return self._upload(proto.FEDSPECTRAL_POWER, arrays, values, "block",
-                            lambda: proto.paper_client_step(op, y, int(values["iters"])),
-                            proto.paper_edge_sensitivity(y, int(values["iters"]), holders=1),
-                            masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=proto.paper_bound(y))
+        return self._upload(wire.FEDSPECTRAL_POWER, arrays, values, "block",
+                            lambda: plus.paper_client_step(op, y, int(values["iters"])),
+                            plus.paper_edge_sensitivity(y, int(values["iters"]), holders=1),
+                            masked_by_run=self.cfg.secure, floor=plus.paper_bound(y))
 
-    @answers(proto.FEDSPECTRAL_DEGREES)
+    @answers(wire.FEDSPECTRAL_DEGREES)
     def on_fedspectral_degrees(self, arrays, values) -> Reply:
-        return self._upload(proto.FEDSPECTRAL_DEGREES, arrays, values, "degrees",
-                            lambda: proto.local_degrees(self.weighted_adjacency()), proto.DEGREE_SENSITIVITY,
+        return self._upload(wire.FEDSPECTRAL_DEGREES, arrays, values, "degrees",
+                            lambda: plus.local_degrees(self.weighted_adjacency()), plus.DEGREE_SENSITIVITY,
                             masked_by_run=self.shard.num_clients > 1, floor=float(self.shard.adj.shape[0]))
 
-    @answers(proto.FEDSPECTRAL_PRODUCT)
+    @answers(wire.FEDSPECTRAL_PRODUCT)
     def on_fedspectral_product(self, arrays, values) -> Reply:
-        y = self._spread_block(proto.FEDSPECTRAL_PRODUCT, arrays)
+        y = self._spread_block(wire.FEDSPECTRAL_PRODUCT, arrays)
         # the honest bound needs the global largest degree, which no client knows: no floor
-        return self._upload(proto.FEDSPECTRAL_PRODUCT, arrays, values, "block", lambda: self.weighted_adjacency() @ y,
-                            proto.exact_edge_sensitivity(y),
-                            masked_by_run=bool(self.config["fedspectral-plus.secure"]), floor=0.0)
+        return self._upload(wire.FEDSPECTRAL_PRODUCT, arrays, values, "block", lambda: self.weighted_adjacency() @ y,
+                            plus.exact_edge_sensitivity(y),
+                            masked_by_run=self.cfg.secure, floor=0.0)

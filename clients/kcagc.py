@@ -18,12 +18,13 @@ from app.protocols import kcagc as proto
 from clients.base import ClusteringClient, Reply, answers
 
 
-class KCAGCClient(ClusteringClient):
+class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
+    settings = proto.KCAGCConfig
 
     def masking_groups(self, parties: int) -> list[set[int]]:
         """All clients; with ``kcagc.tree`` (more than two clients) every internal node of
         :func:`app.protocols.kcagc.tree_groups`, none of which leaves a client alone."""
-        if bool(self.config["kcagc.tree"]) and parties > 2:
+        if self.cfg.tree and parties > 2:
             return [set(g) for level in proto.tree_groups(parties)[1:] for g in level]
         return [set(range(parties))]
 
@@ -76,8 +77,7 @@ class KCAGCClient(ClusteringClient):
         """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters), nothing else."""
         z = self.features(values)
         labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
-                                      n_init=int(self.config["kcagc.local-restarts"]),
-                                      pruned=bool(self.config["kcagc.prune"]))
+                                      n_init=self.cfg.local_restarts, pruned=self.cfg.prune)
         return {"labels": labels.astype(np.int64)}, {}
 
     @answers(proto.KCAGC_STEP)
@@ -96,28 +96,38 @@ class KCAGCClient(ClusteringClient):
         size = int(values["size"])
         if not size:
             return {"d": np.zeros(0, dtype=np.uint32)}, {}
-        if "members" in arrays:  # first round of this level: build the virtual nodes
-            members = arrays["members"].astype(np.int64)
-            y = proto.virtual_block(self.features(values), members)
-            weights = np.bincount(members).astype(np.float64)
-            self.save("kcagc_vn", y=y, weights=weights)
-        vn = self.load("kcagc_vn")
-        y, weights = vn["y"], vn["weights"]
+        y, weights = self._virtual_nodes(arrays, values)
         if values["stage"] == "seed":
             part = proto.seed_distances(y, arrays["index"])
         else:
-            if "seeds" in arrays:
-                centres = y[arrays["seeds"].astype(np.int64)]  # R x kk x d
-            else:
-                centres = self.load("kcagc_centres")["c"].copy()
-                active = proto.moved_restarts(arrays["moved"], centres.shape[1])
-                centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64),
-                                                       centres[active])
-            self.save("kcagc_centres", c=centres)
+            centres = self._centres(y, weights, arrays)
             flat = centres.reshape(-1, centres.shape[2])  # (restart, centre) pairs, restart-major
             part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
             raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
-        floor = proto.distance_bound(str(values["embedding"]), float(self.config["secagg.bound"]))
+        floor = proto.distance_bound(str(values["embedding"]), self.secagg.bound)
         return {"d": self._masked_if_several(proto.KCAGC_STEP, part.ravel(), values, floor=floor,
                                              participants=arrays["group"].astype(np.int64).tolist())}, {}
+
+    def _virtual_nodes(self, arrays, values) -> tuple[np.ndarray, np.ndarray]:
+        """This client's block of the virtual nodes (m x d) and their weights, built from ``members``
+        on the first round of a level and kept for the level's other rounds."""
+        if "members" in arrays:
+            members = arrays["members"].astype(np.int64)
+            y = proto.virtual_block(self.features(values), members)
+            self.save("kcagc_vn", y=y, weights=np.bincount(members).astype(np.float64))
+        vn = self.load("kcagc_vn")
+        return vn["y"], vn["weights"]
+
+    def _centres(self, y: np.ndarray, weights: np.ndarray, arrays) -> np.ndarray:
+        """This client's block of every restart's centres (R x kk x d), kept between rounds: the
+        virtual nodes ``seeds`` on the first Lloyd round, after that the weighted means of the
+        ``assign``-ed virtual nodes for the restarts of the ``moved`` centres."""
+        if "seeds" in arrays:
+            centres = y[arrays["seeds"].astype(np.int64)]
+        else:
+            centres = self.load("kcagc_centres")["c"].copy()
+            active = proto.moved_restarts(arrays["moved"], centres.shape[1])
+            centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64), centres[active])
+        self.save("kcagc_centres", c=centres)
+        return centres

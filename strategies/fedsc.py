@@ -62,12 +62,14 @@ client id, can regenerate them):
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param
+from app.config import ConfigError, Param, RunConfig
+from app.data.types import GraphData
 from app.protocols import fedsc as proto
-from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
                              check_item_ids, concat_int64)
@@ -76,8 +78,11 @@ from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows,
 #: kernel entry 0/0, a larger one every entry 1).
 SIGMA_RANGE = (1e-150, 1e150)
 
+if TYPE_CHECKING:
+    from app.session import ServerSession
 
-class FedSC(ClusteringStrategy):
+
+class FedSC(ClusteringStrategy[proto.FedSCConfig]):
     """Federated spectral clustering by secure similarity reconstruction (Qiao, Ding & Fan, 2023).
     Each client holds some samples (or the features of some nodes of a graph). Together they
     factorise the Gaussian kernel's feature map with shared landmarks Z and private coefficients:
@@ -126,57 +131,70 @@ class FedSC(ClusteringStrategy):
         Param("fedsc.n-init", int, 10, "k-means restarts in the final spectral clustering", low=1, high=1000),
     )
 
+    settings = proto.FedSCConfig
+
     @classmethod
-    def check(cls, config) -> None:
+    def check(cls, config: RunConfig) -> None:
         super().check(config)
-        if config["fedsc.dp-epsilon"] > 0 and (config["fedsc.noise-z"] > 0 or config["fedsc.noise-c"] > 0):
+        cfg = proto.FedSCConfig.of(config)
+        if cfg.dp_epsilon > 0 and (cfg.noise_z > 0 or cfg.noise_c > 0):
             raise ConfigError(
                 "fedsc.dp-epsilon and fedsc.noise-z/noise-c are alternative noise variants; "
                 "valid choices: set either dp-epsilon or the noise ratios, not both"
             )
-        sigma, landmarks = config["fedsc.sigma"], config["fedsc.landmarks"]
+        sigma, landmarks = cfg.sigma, cfg.landmarks
         if 0 < sigma < SIGMA_RANGE[0]:
             low, high = SIGMA_RANGE
             raise ConfigError(f"invalid value {sigma:g} for 'fedsc.sigma': 2 sigma^2 underflows to 0, the kernel "
                               f"is 0/0 at distance 0; valid: 0 (estimate) or a bandwidth in [{low:g}, {high:g}]")
-        if config["fedsc.dp-epsilon"] > 0 and not (sigma > 0 and landmarks > 0):
+        if cfg.dp_epsilon > 0 and not (sigma > 0 and landmarks > 0):
             clear = [what for what, given in (("distance_sum/pairs (sigma estimate)", sigma > 0),
                                               ("spectral-mass landmark count", landmarks > 0)) if not given]
             raise ConfigError(
-                f"fedsc.dp-epsilon={config['fedsc.dp-epsilon']:g} with fedsc.sigma={sigma:g}, "
+                f"fedsc.dp-epsilon={cfg.dp_epsilon:g} with fedsc.sigma={sigma:g}, "
                 f"fedsc.landmarks={landmarks}: each client would upload its {' and '.join(clear)} without noise; "
                 "valid choices: set fedsc.sigma > 0 and fedsc.landmarks > 0, or fedsc.dp-epsilon=0"
             )
 
     # ------------------------------------------------------------------ protocol
-    def run(self, session) -> StrategyOutput:
-        cfg = self.config
-        k, seed = int(cfg["num-clusters"]), int(cfg["seed"])
-        lam = float(cfg["fedsc.lambda"])
+    def run(self, session: ServerSession) -> StrategyOutput:
         self._record_noise(session)
         sigma, m = self._bandwidth(session)
         d = self._landmark_count(session, sigma)
-        z = proto.init_landmarks(d, m, seed)
-        rounds = int(cfg["num-rounds"])
-        dp = self._dp_mechanisms(rounds) if cfg["fedsc.dp-epsilon"] > 0 else None
+        z = proto.init_landmarks(d, m, self.shared.seed)
+        dp = self._dp_mechanisms(self.shared.num_rounds) if self.cfg.dp_epsilon > 0 else None
         if dp:
             self._record_dp(session, dp)
-        secure = bool(cfg["fedsc.secure"])
-        if secure:
+        if self.cfg.secure:
             session.setup_secure_aggregation()
-        noised = bool(dp) or cfg["fedsc.noise-z"] > 0  # then the objective is not sent
-        size = d * m + (0 if noised else 1)
-        spec = ReplySpec(arrays={"update": ArraySpec(
-            (size,), kind="u" if secure else "f", masked=secure, noised=noised)})
-        common = {"sigma": sigma, "lambda": lam}
+        common = {"sigma": sigma, "lambda": self.cfg.lambda_}
         if dp:
             # each client clips at its own fedsc.dp-clip-* and checks the multipliers against its own budget
             common.update(dp_nm_z=dp["z"].noise_multiplier, dp_nm_c=dp["c"].noise_multiplier)
+        z, history = self._landmark_rounds(session, z, common, dp)
+        blocks, ids = self._coefficients(session, z, common, dp)
+        affinity = proto.reconstruct(z, np.hstack([b["c"] for b in blocks.values()]), sigma)
+        if not np.isfinite(affinity).all():
+            raise ProtocolError("step 'fedsc_final': the reconstructed affinity C'K(Z,Z)C is not finite: an upload "
+                                "of Z_p or C_p is far out of range")
+        labels = proto.cluster_affinity(affinity, self.shared.num_clusters, self.shared.seed, self.cfg.n_init)
+        self._send_labels(session, blocks, labels)
+        return StrategyOutput(labels=labels, ids=ids, history=history, metrics={"sigma": sigma, "landmarks": d})
+
+    def _landmark_rounds(self, session: ServerSession, z: np.ndarray, common: dict,
+                         dp: dict | None) -> tuple[np.ndarray, list[dict]]:
+        """Step 3, ``num-rounds`` x ``fedsc_round``: down the landmarks ``z`` -> up ``update``, the
+        client's ``Z_p`` and objective (masked with ``fedsc.secure``; the objective left out when
+        ``Z_p`` is noised); the new landmarks are the average ``Z_p``. Returns them and the history."""
+        d, m = z.shape
+        secure, rounds = self.cfg.secure, self.shared.num_rounds
+        noised = bool(dp) or self.cfg.noise_z > 0  # then the objective is not sent
+        spec = proto.round_reply(d * m + (0 if noised else 1), secure, noised)
         history = []
         for r in range(1, rounds + 1):
             values = dict(common, round=r)
             if secure:
-                values.update(session.secagg_values("update", float(cfg["secagg.bound"])))
+                values.update(session.secagg_values("update", self.secagg.bound))
             # Without secure aggregation Z is a plain average over the clients
             # that answered, so a client that drops out is left out (its
             # samples then get no label); masks only cancel over everyone.
@@ -194,53 +212,49 @@ class FedSC(ClusteringStrategy):
             history.append(record)
             session.round_done(r, rounds, objective=record.get("objective"), shift=record["shift"])
             z = z_new
-        # each client's reply must have one column (and one id) per sample it announced in hello
-        noised_c = bool(dp) or cfg["fedsc.noise-c"] > 0
-        final_specs = {
-            node: ReplySpec(arrays={
-                "c": ArraySpec((d, rows), noised=noised_c),
-                "node_ids": ArraySpec((rows,), kind="iu", low=0, unique=True)})
-            for node, rows in announced_rows(session).items()
-        }
-        final = session.broadcast(proto.FEDSC_FINAL, pack({"z": z}, common), final_specs, require_all=secure)
+        return z, history
+
+    def _coefficients(self, session: ServerSession, z: np.ndarray, common: dict,
+                      dp: dict | None) -> tuple[dict, np.ndarray]:
+        """Step 4, ``fedsc_final``: down the final ``z`` -> up ``c`` = C_p (one column per sample the
+        client announced in hello, noised with ``fedsc.noise-c`` / ``dp-epsilon``) and the samples'
+        ``node_ids``. Returns the replies by node and the ids in the order of their columns."""
+        rows = announced_rows(session)
+        noised_c = bool(dp) or self.cfg.noise_c > 0
+        specs = {node: proto.final_reply(len(z), count, noised_c) for node, count in rows.items()}
+        final = session.broadcast(proto.FEDSC_FINAL, pack({"z": z}, common), specs, require_all=self.cfg.secure)
         if dp:
             dp["c"].step()
             self._record_dp(session, dp)  # refresh the release counts in the ledger
-        blocks = [unpack(content)[0] for content in final.values()]
-        c = np.hstack([b["c"] for b in blocks])
+        blocks = {node: unpack(content)[0] for node, content in final.items()}
         # without partition.overlap every sample lives on one client: else a client's columns
         # would stand for another's samples and leave some unlabelled
-        ids_of = {node: session.positions(proto.FEDSC_FINAL, node, b["node_ids"]) for node, b in zip(final, blocks)}
+        ids_of = {node: session.positions(proto.FEDSC_FINAL, node, b["node_ids"]) for node, b in blocks.items()}
         check_item_ids(session, proto.FEDSC_FINAL, ids_of,
-                       exclusive=float(cfg["partition.overlap"]) == 0, below=sum(announced_rows(session).values()))
-        ids = concat_int64(ids_of.values())
-        affinity = proto.reconstruct(z, c, sigma)
-        if not np.isfinite(affinity).all():
-            raise ProtocolError("step 'fedsc_final': the reconstructed affinity C'K(Z,Z)C is not finite: an upload "
-                                "of Z_p or C_p is far out of range")
-        labels = proto.cluster_affinity(affinity, k, seed, int(cfg["fedsc.n-init"]))
+                       exclusive=self.config["partition.overlap"] == 0, below=sum(rows.values()))
+        return blocks, concat_int64(ids_of.values())
+
+    @staticmethod
+    def _send_labels(session: ServerSession, blocks: dict, labels: np.ndarray) -> None:
+        """Step 5, ``labels``: each client gets the labels of its own samples (its columns of C)."""
         start = 0
         contents = {}
-        for node, b in zip(final, blocks):
+        for node, b in blocks.items():
             n_p = b["c"].shape[1]
             contents[node] = pack({"labels": labels[start:start + n_p]})
             start += n_p
-        session.exchange("labels", contents, ReplySpec(values=("received",)))
-        metrics = {"sigma": sigma, "landmarks": d}
-        return StrategyOutput(labels=labels, ids=ids, history=history, metrics=metrics)
+        session.exchange(LABELS, contents, proto.RECEIVED_REPLY)
 
-    def _bandwidth(self, session) -> tuple[float, int]:
-        """Step 1: sigma (given, or from the clients' distance sums) and the feature dimension m."""
-        estimate = not self.config["fedsc.sigma"] > 0
-        numbers = {"features": ValueSpec(whole=True, low=1)}
-        if estimate:
-            numbers.update(distance_sum=ValueSpec(low=0), pairs=ValueSpec(whole=True, low=0))
+    def _bandwidth(self, session: ServerSession) -> tuple[float, int]:
+        """Step 1, ``fedsc_bandwidth``: sigma (given, or from the clients' distance sums) and the
+        feature dimension m."""
+        estimate = not self.cfg.sigma > 0
         replies = session.broadcast(proto.FEDSC_BANDWIDTH, pack(values={"estimate": estimate}),
-                                    ReplySpec(numbers=numbers))
+                                    proto.bandwidth_reply(estimate))
         vals = [unpack(c)[1] for c in replies.values()]
         features = common_feature_dimension(v["features"] for v in vals)
         if not estimate:
-            return float(self.config["fedsc.sigma"]), features
+            return self.cfg.sigma, features
         rows = announced_rows(session)
         for node, v in zip(replies, vals):  # the pairs of a client's own samples: fixed by its row count
             pairs = rows[node] * (rows[node] - 1) // 2
@@ -254,24 +268,24 @@ class FedSC(ClusteringStrategy):
         return sigma, features
 
     @staticmethod
-    def _record_dp(session, dp: dict) -> None:
+    def _record_dp(session: ServerSession, dp: dict) -> None:
         dp["z"].record(session.ledger, "fedsc:gaussian-z",
                        "each client's landmark upload Z_p, every round (client-level unit: the whole array)")
         dp["c"].record(session.ledger, "fedsc:gaussian-c",
                        "each sample's coefficient column c_i of the final C_p upload (sample-level unit)")
 
-    def _landmark_count(self, session, sigma: float) -> int:
-        """Step 2: d from ``fedsc.landmarks``, else the spectral-mass rule on each client's kernel (largest count)."""
+    def _landmark_count(self, session: ServerSession, sigma: float) -> int:
+        """Step 2, ``fedsc_rank``: d from ``fedsc.landmarks``, else the spectral-mass rule on each
+        client's kernel (largest count)."""
         rows = announced_rows(session)
-        configured = int(self.config["fedsc.landmarks"])
+        configured = self.cfg.landmarks
         if configured > sum(rows.values()):  # K(Z, Z) is d x d, and its rank is at most the samples
             raise ConfigError(f"fedsc.landmarks={configured} exceeds the {sum(rows.values())} samples of all "
                               f"clients; valid: 0 (spectral-mass rule) to {sum(rows.values())}")
         if configured > 0:
             return configured
-        values = {"sigma": sigma, "mass": float(self.config["fedsc.mass"])}
-        replies = session.broadcast(proto.FEDSC_RANK, pack(values=values),
-                                    ReplySpec(numbers={"landmarks": ValueSpec(whole=True, low=1)}))
+        replies = session.broadcast(proto.FEDSC_RANK, pack(values={"sigma": sigma, "mass": self.cfg.mass}),
+                                    proto.RANK_REPLY)
         counts = {}
         for node, content in replies.items():
             count = int(unpack(content)[1]["landmarks"])
@@ -281,20 +295,19 @@ class FedSC(ClusteringStrategy):
             counts[node] = count
         return proto.combine_landmark_counts(counts.values())
 
-    def _record_noise(self, session) -> None:
+    def _record_noise(self, session: ServerSession) -> None:
         from app.privacy.gaussian import record_noise_ratio
 
-        cfg = self.config
-        if cfg["fedsc.data-noise"] > 0:
+        if self.cfg.data_noise > 0:
             record_noise_ratio(session.ledger, "fedsc:data-noise",
                                "each client's samples, perturbed once before anything is computed",
-                               float(cfg["fedsc.data-noise"]))
-        if cfg["fedsc.noise-z"] > 0:
+                               self.cfg.data_noise)
+        if self.cfg.noise_z > 0:
             record_noise_ratio(session.ledger, "fedsc:noise-z", "each client's landmark upload Z_p, every round",
-                               float(cfg["fedsc.noise-z"]))
-        if cfg["fedsc.noise-c"] > 0:
+                               self.cfg.noise_z)
+        if self.cfg.noise_c > 0:
             record_noise_ratio(session.ledger, "fedsc:noise-c", "each client's final coefficients C_p",
-                               float(cfg["fedsc.noise-c"]))
+                               self.cfg.noise_c)
 
     def _dp_mechanisms(self, rounds: int) -> dict:
         """Calibrated Gaussian mechanisms for the Z_p uploads and for C_p.
@@ -324,19 +337,12 @@ class FedSC(ClusteringStrategy):
         clients clip and add the noise, from their own entropy, so the
         ledger's ``clipped`` count stays 0 (the server does not learn it).
         """
-        from app.privacy.gaussian import GaussianMechanism
-
-        eps = float(self.config["fedsc.dp-epsilon"]) / 2
-        delta = float(self.config["fedsc.dp-delta"]) / 2
-        nm_z = _noise_multiplier(eps, delta, rounds)
-        nm_c = _noise_multiplier(eps, delta, 1)
-        return {
-            "z": GaussianMechanism(float(self.config["fedsc.dp-clip-z"]), nm_z, delta=delta),
-            "c": GaussianMechanism(float(self.config["fedsc.dp-clip-c"]), nm_c, delta=delta, per_row=True),
-        }
+        eps, delta = self.cfg.dp_epsilon / 2, self.cfg.dp_delta / 2
+        return {"z": proto.dp_mechanism(self.cfg, "z", _noise_multiplier(eps, delta, rounds)),
+                "c": proto.dp_mechanism(self.cfg, "c", _noise_multiplier(eps, delta, 1))}
 
     # ----------------------------------------------------------------- reference
-    def reference(self, data) -> np.ndarray:
+    def reference(self, data: GraphData) -> np.ndarray:
         """Centralised spectral clustering on the exact kernel ``K(X, X)`` of the pooled samples.
 
         Same features as the clients use (filtered), same sigma rule (the
@@ -344,26 +350,23 @@ class FedSC(ClusteringStrategy):
         With ``fedsc.data-noise`` > 0 the clients' noise comes from their own
         entropy and cannot be reproduced here: the reference perturbs the
         pooled samples with its own draw of the same mechanism (seeded, see
-        :func:`pooled_features`), so agreement figures then compare two draws
+        :func:`app.protocols.fedsc.pooled_features`), so agreement figures then compare two draws
         of the same perturbation, not the same perturbed data (and an
         estimated sigma is the estimate on the reference's draw).
         """
-        x, ids, sigma = pooled_features(data, self.config)
-        labels = proto.centralised_sc(x, sigma, int(self.config["num-clusters"]), int(self.config["seed"]),
-                                      int(self.config["fedsc.n-init"]))
+        x, ids, sigma = proto.pooled_features(data, self.config)
+        labels = proto.centralised_sc(x, sigma, self.shared.num_clusters, self.shared.seed, self.cfg.n_init)
         out = np.full(data.num_nodes, -1, dtype=np.int64)
         out[ids[::-1]] = labels[::-1]  # first occurrence wins, as in StrategyOutput
         return out
 
     def reference_method(self) -> str:
-        c = self.config
-        sigma = f"sigma {c['fedsc.sigma']:g}" if c["fedsc.sigma"] > 0 else "sigma from the clients' distance statistics"
-        order = int(c["fedsc.filter-order"])
-        noise = (f"; features perturbed by its own draw of data-noise {c['fedsc.data-noise']:g}"
-                 if c["fedsc.data-noise"] > 0 else "")
+        cfg = self.cfg
+        sigma = f"sigma {cfg.sigma:g}" if cfg.sigma > 0 else "sigma from the clients' distance statistics"
+        noise = f"; features perturbed by its own draw of data-noise {cfg.data_noise:g}" if cfg.data_noise > 0 else ""
         return (f"centralised spectral clustering on the exact Gaussian kernel of the pooled samples ({sigma}, "
-                f"kNN-sparsified, k-means with {c['fedsc.n-init']} restarts; features AGC-filtered {order} times"
-                f"{noise}), {self._k_and_seed()}")
+                f"kNN-sparsified, k-means with {cfg.n_init} restarts; features AGC-filtered {cfg.filter_order} "
+                f"times{noise}), {self._k_and_seed()}")
 
 
 @lru_cache(maxsize=64)
@@ -372,44 +375,3 @@ def _noise_multiplier(epsilon: float, delta: float, steps: int) -> float:
     from app.privacy.gaussian import calibrate_noise_multiplier
 
     return calibrate_noise_multiplier(epsilon, delta, steps)
-
-
-def client_features(shard, config, rng: np.random.Generator) -> np.ndarray:
-    """What a client clusters: its (filtered) feature rows, perturbed with
-    ``fedsc.data-noise`` drawn from ``rng`` (a client passes a generator on
-    fresh OS entropy; only the evaluation's :func:`pooled_features` passes a
-    seeded one)."""
-    from app.graph_filters import filtered_features
-
-    if shard.x is None:
-        raise ConfigError(f"dataset '{shard.dataset}' has no features; fedsc clusters feature rows")
-    x = filtered_features(shard.x, shard.adj, int(config["fedsc.filter-order"]))
-    ratio = float(config["fedsc.data-noise"])
-    if ratio > 0:
-        x = proto.perturb(x, ratio, rng)
-    return x
-
-
-def pooled_features(data, config) -> tuple[np.ndarray, np.ndarray, float]:
-    """Evaluation only: every client's features stacked (client order), their
-    global ids and the sigma the clients would agree on for these features.
-
-    With ``fedsc.data-noise`` > 0 each block is perturbed from
-    :func:`app.protocols.fedsc.reference_rng` (seed, client): the same
-    mechanism as on the clients, a different draw (the clients' noise comes
-    from their own entropy), reproducible for a seed.
-    """
-    from app.data.params import partition_kwargs
-    from app.data.partition import partition
-
-    partitioner = str(config["partitioner"])
-    shards = partition(data, partitioner, int(config["num-clients"]), seed=int(config["seed"]),
-                       **partition_kwargs(partitioner, config.as_dict()))
-    xs = [client_features(s, config, proto.reference_rng(int(config["seed"]), s.client_id)) for s in shards]
-    ids = np.concatenate([np.asarray(s.node_ids, dtype=np.int64) for s in shards])
-    if config["fedsc.sigma"] > 0:
-        sigma = float(config["fedsc.sigma"])
-    else:
-        sums, pairs = zip(*(proto.local_distance_sum(x) for x in xs))
-        sigma = proto.combine_bandwidth(sums, pairs)
-    return np.vstack(xs), ids, sigma

@@ -55,14 +55,20 @@ honest one can hold (plus 12 noise std) stops the run, naming the client.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from app.config import ConfigError, Param
+from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.data.types import GraphData
 from app.privacy.gaussian import GaussianMechanism
-from app.protocols import fedspectral as proto
-from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.protocols.fedspectral import baseline, block_iteration, plus, wire
+from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
+
+if TYPE_CHECKING:
+    from app.session import ServerSession
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.
 PAPER_SETTINGS = {"ego-facebook": (6, 20), "email-eu-core": (1, 1)}
@@ -73,22 +79,21 @@ MODES = ("paper", "exact")
 SOLVERS = ("auto", "krylov", "chebyshev")
 
 
-def _reference(config, data) -> np.ndarray:
+def _reference(strategy: FedSpectral | FedSpectralPlus, data: GraphData) -> np.ndarray:
     """Centralised normalised spectral clustering of the pooled graph."""
     from app.clustering import spectral_graph
 
-    return spectral_graph(data.adj, int(config["num-clusters"]), int(config["seed"]),
-                          n_init=int(config[f"{config['strategy']}.n-init"]))
+    return spectral_graph(data.adj, strategy.shared.num_clusters, strategy.shared.seed, n_init=strategy.cfg.n_init)
 
 
-def _reference_method(strategy) -> str:
-    restarts = strategy.config[f"{strategy.name}.n-init"]
+def _reference_method(strategy: FedSpectral | FedSpectralPlus) -> str:
+    restarts = strategy.cfg.n_init
     return ("centralised normalised spectral clustering of the pooled graph (top-k eigenvectors of "
             f"D^-1/2 A D^-1/2, rows normalised, k-means with {restarts} restarts), {strategy._k_and_seed()}")
 
 
-def _send_labels(session, labels: np.ndarray) -> None:
-    session.broadcast("labels", pack({"labels": labels.astype(np.int64)}), ReplySpec(values=("received",)))
+def _send_labels(session: ServerSession, labels: np.ndarray) -> None:
+    session.broadcast(LABELS, pack({"labels": labels.astype(np.int64)}), wire.RECEIVED_REPLY)
 
 
 def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
@@ -101,7 +106,7 @@ def _check_degrees(d: np.ndarray, n: int, slack: float) -> None:
                             f"{d.max():.6g}, outside [0, {n}] (noise allowance {slack:.3g}); an upload is malformed")
 
 
-class FedSpectral(ClusteringStrategy):
+class FedSpectral(ClusteringStrategy[wire.FedSpectralConfig]):
     """The FedSpectral baseline (Thakkar & Joshi). Every client knows all node ids and holds some of
     the edges; it clusters its own graph spectrally and sends the label of every node once (no
     edge or degree leaves it). The server spectrally clusters the co-association graph of these
@@ -119,27 +124,26 @@ class FedSpectral(ClusteringStrategy):
         Param("fedspectral.n-init", int, 10, "k-means restarts (clients and server)", low=1, high=1000),
     )
 
-    def run(self, session) -> StrategyOutput:
-        k, seed = int(self.config["num-clusters"]), int(self.config["seed"])
+    settings = wire.FedSpectralConfig
+
+    def run(self, session: ServerSession) -> StrategyOutput:
+        k, seed, n_init = self.shared.num_clusters, self.shared.seed, self.cfg.n_init
         n = common_node_count(session, self.name, "edge")
-        replies = session.broadcast(
-            proto.FEDSPECTRAL_LOCAL,
-            pack(values={"k": k, "seed": seed, "n_init": int(self.config["fedspectral.n-init"])}),
-            ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu", low=0, high=k)}),
-        )
+        replies = session.broadcast(wire.FEDSPECTRAL_LOCAL, pack(values={"k": k, "seed": seed, "n_init": n_init}),
+                                    wire.local_reply(n, k))
         label_sets = [unpack(content)[0]["labels"].astype(np.int64) for content in replies.values()]
-        labels = proto.coassociation_labels(label_sets, k, seed, int(self.config["fedspectral.n-init"]))
+        labels = baseline.coassociation_labels(label_sets, k, seed, n_init)
         _send_labels(session, labels)
         return StrategyOutput(labels=labels, history=[{"round": 1, "clients": len(label_sets)}])
 
-    def reference(self, data) -> np.ndarray:
-        return _reference(self.config, data)
+    def reference(self, data: GraphData) -> np.ndarray:
+        return _reference(self, data)
 
     def reference_method(self) -> str:
         return _reference_method(self)
 
 
-class FedSpectralPlus(ClusteringStrategy):
+class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     """FedSpectral+ (Thakkar & Joshi): spectral clustering of a graph whose edges are split over
     the clients, each knowing all node ids. In ``paper`` mode every round each client runs a few
     power iterations of its own normalised adjacency on the server's N x K block and sends the
@@ -196,19 +200,21 @@ class FedSpectralPlus(ClusteringStrategy):
         Param("fedspectral-plus.n-init", int, 10, "k-means restarts on the final embedding", low=1, high=1000),
     )
 
+    settings = wire.FedSpectralPlusConfig
+
     @classmethod
-    def check(cls, config) -> None:
+    def check(cls, config: RunConfig) -> None:
         super().check(config)
-        k, b = int(config["num-clusters"]), int(config["fedspectral-plus.block"])
+        k, b = SharedConfig.of(config).num_clusters, wire.FedSpectralPlusConfig.of(config).block
         if b and k and b < k:
             raise ConfigError(f"fedspectral-plus.block={b} is smaller than num-clusters={k}; use 0 or >= {k}")
 
     # -- schedule -------------------------------------------------------------
     def schedule(self) -> tuple[int, int]:
         """(iters, rounds) with the paper's per-dataset defaults resolved."""
-        iters, rounds = int(self.config["fedspectral-plus.iters"]), int(self.config["fedspectral-plus.rounds"])
-        p_iters, p_rounds = PAPER_SETTINGS.get(str(self.config["dataset"]), PAPER_DEFAULT)
-        if self.config["fedspectral-plus.mode"] == "exact":
+        iters, rounds = self.cfg.iters, self.cfg.rounds
+        p_iters, p_rounds = paper_settings(self.shared.dataset)
+        if self.cfg.mode == "exact":
             return 1, rounds or EXACT_MAX_ROUNDS
         return iters or p_iters, rounds or p_rounds
 
@@ -217,53 +223,43 @@ class FedSpectralPlus(ClusteringStrategy):
         the labels closer to centralised at the same noise multiplier and at the same epsilon
         (docs/results/fedspectral.md, server iteration), without noise block Krylov needs a third of
         the rounds for the same labels."""
-        solver = str(self.config["fedspectral-plus.solver"])
-        if solver != "auto":
-            return solver
-        return "chebyshev" if float(self.config["fedspectral-plus.noise-multiplier"]) > 0 else "krylov"
+        if self.cfg.solver != "auto":
+            return self.cfg.solver
+        return "chebyshev" if self.cfg.noise_multiplier > 0 else "krylov"
 
     def effective_tol(self, clients: int) -> float:
         """``fedspectral-plus.tol``, raised to what the wire can resolve: blocks are
         scaled to max |entry| 1, so float32 rounds them at 2^-24 and secure
         aggregation at ``clients / secagg.scale``; the subspace cannot be pinned
         down below ~32x that (measured on ego-Facebook: float32 floors near 1e-6)."""
-        tol = float(self.config["fedspectral-plus.tol"])
-        if bool(self.config["fedspectral-plus.secure"]):
-            tol = max(tol, 32.0 * clients / float(self.config["secagg.scale"]))
-        elif self.config["fedspectral-plus.wire-dtype"] == "float32":
+        tol = self.cfg.tol
+        if self.cfg.secure:
+            tol = max(tol, 32.0 * clients / self.secagg.scale)
+        elif self.cfg.wire_dtype == "float32":
             tol = max(tol, 32.0 * 2.0**-24)
         return tol
 
     # -- protocol -------------------------------------------------------------
-    def run(self, session) -> StrategyOutput:
-        cfg = self.config
-        self.k, self.seed = int(cfg["num-clusters"]), int(cfg["seed"])
+    def run(self, session: ServerSession) -> StrategyOutput:
+        self.k, self.seed = self.shared.num_clusters, self.shared.seed
         self.n = common_node_count(session, self.name, "edge")
         if self.k > self.n:
             raise ConfigError(f"num-clusters={self.k} exceeds the {self.n} nodes")
         self.session = session
-        self.secure = bool(cfg["fedspectral-plus.secure"])
-        self.wire = str(cfg["fedspectral-plus.wire-dtype"])
-        nm = float(cfg["fedspectral-plus.noise-multiplier"])
-        self.dp = GaussianMechanism(1.0, nm, delta=float(cfg["fedspectral-plus.delta"]),
-                                    adjacency="remove") if nm > 0 else None
+        self.secure = self.cfg.secure
+        self.wire = self.cfg.wire_dtype
+        nm = self.cfg.noise_multiplier
+        self.dp = GaussianMechanism(1.0, nm, delta=self.cfg.delta, adjacency="remove") if nm > 0 else None
         self.releases: list[float] = []
         if self.secure and len(session.clients) < 2:
             raise ConfigError("fedspectral-plus.secure=true needs at least 2 clients; got 1")
         if self.secure:
             session.setup_secure_aggregation()
-        if cfg["fedspectral-plus.mode"] == "exact":
-            out = self._run_exact(session)
-        else:
-            out = self._run_paper(session)
+        out = self._run_exact(session) if self.cfg.mode == "exact" else self._run_paper(session)
         if self.dp is not None:
             self._record_dp()
         _send_labels(session, out.labels)
         return out
-
-    def _block_spec(self, width: int) -> ReplySpec:
-        return ReplySpec(arrays={"block": ArraySpec(
-            (self.n, width), kind="u" if self.secure else "f", masked=self.secure, noised=self.dp is not None)})
 
     def _round(self, action: str, y: np.ndarray, bound: float, sensitivity, extra: dict) -> np.ndarray:
         """Broadcast block ``y``; return the (unmasked) sum of the client blocks.
@@ -281,19 +277,24 @@ class FedSpectralPlus(ClusteringStrategy):
         values["noise_std"] = noise_std
         values["release"] = len(self.releases)  # tells the next release from this one re-sent (retries)
         values["wire_dtype"] = self.wire
+        limit = bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12  # the largest honest entry, declared to secagg too
         if self.secure:
-            values.update(self.session.secagg_values("block", bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12))
+            values.update(self.session.secagg_values("block", limit))
         # Paper mode averages whatever blocks arrive, so it can go on without a
         # client that dropped; exact mode (a sum that must cover every edge) and
         # secure aggregation (masks cancel only over all parties) cannot.
-        tolerant = self.config["fedspectral-plus.mode"] == "paper" and not self.secure
-        replies = self.session.broadcast(action, pack({"block": y.astype(self.wire)}, values),
-                                         self._block_spec(y.shape[1]), require_all=not tolerant)
+        tolerant = self.cfg.mode == "paper" and not self.secure
+        spec = wire.upload_reply("block", (self.n, y.shape[1]), self.secure, self.dp is not None)
+        replies = self.session.broadcast(action, pack({"block": y.astype(self.wire)}, values), spec,
+                                         require_all=not tolerant)
         self.contributors = len(replies)
         if self.secure:
             return self.session.secure_sum(replies, "block", values)
-        total = np.zeros(y.shape, dtype=np.float64)
-        limit = bound * (1 + 1e-9) + 12.0 * noise_std + 1e-12  # what the secure sum declares, too
+        return self._plain_sum(action, replies, y.shape, limit)
+
+    def _plain_sum(self, action: str, replies: dict, shape: tuple[int, int], limit: float) -> np.ndarray:
+        """The sum of plain client blocks, each refused (naming the client) with an entry above ``limit``."""
+        total = np.zeros(shape, dtype=np.float64)
         for node, content in replies.items():
             block = unpack(content)[0]["block"]
             largest = float(np.abs(block).max(initial=0.0))
@@ -304,45 +305,71 @@ class FedSpectralPlus(ClusteringStrategy):
             total += block
         return total
 
-    def _run_paper(self, session) -> StrategyOutput:
+    def _run_paper(self, session: ServerSession) -> StrategyOutput:
+        """Paper mode, ``rounds`` x ``fedspectral_power``: down the N x K block V (scaled to max |entry| 1)
+        -> up ``block`` = ``M_c^iters V``; the server averages and orthonormalises (QR)."""
         iters, rounds = self.schedule()
         c = len(session.clients)
-        v = proto.init_block(self.n, self.k, self.seed)
+        v = block_iteration.init_block(self.n, self.k, self.seed)
         history = []
         for round_ in range(1, rounds + 1):
             scale = 1.0 / max(float(np.abs(v).max()), 1e-300)
             y = v * scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            total = self._round(proto.FEDSPECTRAL_POWER, y, proto.paper_bound(y),
-                                lambda: proto.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
-            new = proto.paper_server_step(total / scale, self.contributors)
-            history.append({"round": round_, "subspace_change": proto.subspace_distance(new, v)})
+            total = self._round(wire.FEDSPECTRAL_POWER, y, plus.paper_bound(y),
+                                lambda: plus.paper_edge_sensitivity(y, iters, holders=c), {"iters": iters})
+            new = plus.paper_server_step(total / scale, self.contributors)
+            history.append({"round": round_, "subspace_change": block_iteration.subspace_distance(new, v)})
             session.round_done(round_, rounds, subspace_change=history[-1]["subspace_change"])
             v = new
-        labels = proto.embedding_labels(v, self.k, self.seed, int(self.config["fedspectral-plus.n-init"]))
+        labels = plus.embedding_labels(v, self.k, self.seed, self.cfg.n_init)
         return StrategyOutput(labels=labels, history=history,
                               metrics={"mode": "paper", "iters": iters, "protocol_rounds": rounds})
 
-    def _run_exact(self, session) -> StrategyOutput:
-        n, cfg = self.n, self.config
-        # The degree vector is always securely summed (a single client's sum is its own vector).
+    def _run_exact(self, session: ServerSession) -> StrategyOutput:
+        """Exact mode: the global degrees by one secure sum, then an eigensolver on the global operator
+        whose every product is one ``fedspectral_product`` round; k-means on its top-k vectors."""
+        d, deg_noise = self._global_degrees(session)
+        block = min(self.cfg.block or 2 * self.k, self.n)
+        tol = self.effective_tol(len(session.clients))
+        solver = self.solver()
+        apply = self._global_operator(session, d, deg_noise)
+        _, max_rounds = self.schedule()
+        if solver == "krylov":
+            result = block_iteration.block_krylov_iteration(apply, self.n, self.k, block, tol, max_rounds, self.seed,
+                                                  basis_blocks=self.cfg.basis_blocks)
+            measure = "residual"
+        else:
+            result = block_iteration.chebyshev_subspace_iteration(apply, self.n, self.k, block, self.cfg.degree, tol,
+                                                        max_rounds, self.seed)
+            measure = "subspace_change"
+        connected = d > 0.5  # exact degrees are integers (sums of 1/r over r holders)
+        labels = plus.embedding_labels(result.vectors, self.k, self.seed, self.cfg.n_init, connected=connected)
+        return StrategyOutput(labels=labels, history=result.history, metrics={
+            "mode": "exact", "solver": solver, "protocol_rounds": result.rounds, "converged": result.converged,
+            "tol": tol, "stop": result.stop, "block": block, "ritz_values": [float(t) for t in result.values],
+            f"final_{measure}": result.history[-1][measure] if result.history else None,
+        })
+
+    def _global_degrees(self, session: ServerSession) -> tuple[np.ndarray, float]:
+        """``fedspectral_degrees`` -> up ``degrees``, the client's share ``A_c 1 / r`` of every node's
+        degree, masked whenever there are two or more clients (a single client's sum is its own
+        vector) and noised under DP. Returns the summed degree vector and its noise std."""
+        n = self.n
         masked = len(session.clients) > 1
         deg_noise = 0.0
         if self.dp is not None:
-            deg_noise = self.dp.noise_multiplier * proto.DEGREE_SENSITIVITY
+            deg_noise = self.dp.noise_multiplier * plus.DEGREE_SENSITIVITY
             self.dp.step()
-            self.releases.append(proto.DEGREE_SENSITIVITY)
+            self.releases.append(plus.DEGREE_SENSITIVITY)
         values = {"noise_std": deg_noise}
         if masked:
             session.setup_secure_aggregation()
             # degrees are sums of 1/r shares: the finest scale, so that a coarse secagg.scale cannot round one away
             values.update(session.secagg_values("degrees", float(n) + 12.0 * deg_noise, finest=True))
-        replies = session.broadcast(
-            proto.FEDSPECTRAL_DEGREES, pack(values=values),
-            ReplySpec(arrays={"degrees": ArraySpec((n,), kind="u" if masked else "f", masked=masked,
-                                                   noised=self.dp is not None)}),
-        )
+        replies = session.broadcast(wire.FEDSPECTRAL_DEGREES, pack(values=values),
+                                    wire.upload_reply("degrees", (n,), masked, self.dp is not None))
         if masked:
             d = session.secure_sum(replies, "degrees", values)
         else:
@@ -357,11 +384,14 @@ class FedSpectralPlus(ClusteringStrategy):
             guarantee="none: the aggregate degree vector is revealed to the server"
             if self.dp is None else "covered by gaussian:fedspectral-plus (the degree vector is one of its releases)",
         )
-        connected = d > 0.5  # exact degrees are integers (sums of 1/r over r holders)
-        dinv = proto.inverse_sqrt_degrees(d, floor=0.5)
+        return d, deg_noise
+
+    def _global_operator(self, session: ServerSession, d: np.ndarray, deg_noise: float):
+        """``apply(X) = D^-1/2 sum_c (A_c / r) D^-1/2 X``, the global normalised adjacency applied to X:
+        one ``fedspectral_product`` round (down ``Y = D^-1/2 X`` scaled to max |entry| 1, up ``block`` =
+        ``(A_c / r) Y``)."""
+        dinv = plus.inverse_sqrt_degrees(d, floor=0.5)
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
-        k = self.k
-        block = min(int(cfg["fedspectral-plus.block"]) or 2 * k, n)
         _, max_rounds = self.schedule()
         products = 0
 
@@ -372,29 +402,13 @@ class FedSpectralPlus(ClusteringStrategy):
             y *= scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            z = self._round(proto.FEDSPECTRAL_PRODUCT, y, proto.product_bound(y, dmax),
-                            lambda: proto.exact_edge_sensitivity(y), {})
+            z = self._round(wire.FEDSPECTRAL_PRODUCT, y, plus.product_bound(y, dmax),
+                            lambda: plus.exact_edge_sensitivity(y), {})
             products += 1
             session.round_done(products, max_rounds)  # the subspace change is known per cycle, in the history
             return dinv[:, None] * z / scale
 
-        tol = self.effective_tol(len(session.clients))
-        solver = self.solver()
-        if solver == "krylov":
-            result = proto.block_krylov_iteration(apply, n, k, block, tol, max_rounds, self.seed,
-                                                  basis_blocks=int(cfg["fedspectral-plus.basis-blocks"]))
-            measure = "residual"
-        else:
-            result = proto.chebyshev_subspace_iteration(
-                apply, n, k, block, int(cfg["fedspectral-plus.degree"]), tol, max_rounds, self.seed)
-            measure = "subspace_change"
-        labels = proto.embedding_labels(result.vectors, k, self.seed, int(cfg["fedspectral-plus.n-init"]),
-                                        connected=connected)
-        return StrategyOutput(labels=labels, history=result.history, metrics={
-            "mode": "exact", "solver": solver, "protocol_rounds": result.rounds, "converged": result.converged,
-            "tol": tol, "stop": result.stop, "block": block, "ritz_values": [float(t) for t in result.values],
-            f"final_{measure}": result.history[-1][measure] if result.history else None,
-        })
+        return apply
 
     def _record_dp(self) -> None:
         self.session.ledger.add_mechanism(
@@ -416,8 +430,8 @@ class FedSpectralPlus(ClusteringStrategy):
             accountant=self.dp,
         )
 
-    def reference(self, data) -> np.ndarray:
-        return _reference(self.config, data)
+    def reference(self, data: GraphData) -> np.ndarray:
+        return _reference(self, data)
 
     def reference_method(self) -> str:
         return _reference_method(self)

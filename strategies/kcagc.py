@@ -91,14 +91,20 @@ virtual nodes in every Lloyd round, and the final labels.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from app.graph_filters import FILTERS
 from app.config import ConfigError, Param
+from app.data.types import GraphData
 from app.protocols import kcagc as proto
-from app.wire import ArraySpec, ProtocolError, ReplySpec
+from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
+
+if TYPE_CHECKING:
+    from app.session import ServerSession
 
 PARAMS = (
     Param("kcagc.filter", str, "agc",
@@ -151,7 +157,7 @@ def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
                             "every client's part is >= 0, so an upload is malformed")
 
 
-class KCAGC(ClusteringStrategy):
+class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
     """kCAGC, k-means for attributed graph clustering over vertically split features. Every client
     holds all nodes and the graph but only its own block of feature columns. Each client filters its
     block with a graph low-pass filter, embeds it, clusters it locally and sends the node-ID sets of
@@ -165,104 +171,94 @@ class KCAGC(ClusteringStrategy):
     ignores = ("num-rounds",)
     partitioners = ("vertical",)
     params = PARAMS
-    basic = False
     needs_features = True
 
-    # -- settings sent to the clients ----------------------------------------
-    def embed_values(self, k: int) -> dict:
-        return {
-            "k": k,
-            "filter": str(self.config["kcagc.filter"]),
-            "order": int(self.config["kcagc.filter-order"]),
-            "embedding": str(self.config["kcagc.embedding"]),
-            "dim": int(self.config["kcagc.embed-dim"]) or k,
-            "mix": float(self.config["kcagc.mix-exponent"]),
-            "seed": int(self.config["seed"]),
-        }
+    settings = proto.KCAGCConfig
 
-    def run(self, session) -> StrategyOutput:
-        k = int(self.config["num-clusters"])
-        seed = int(self.config["seed"])
+    def embed_values(self, k: int) -> dict:
+        """The filter and embedding settings every request carries (a client embeds on its first request)."""
+        return {"k": k, "filter": self.cfg.filter, "order": self.cfg.filter_order, "embedding": self.cfg.embedding,
+                "dim": self.cfg.embed_dim or k, "mix": self.cfg.mix_exponent, "seed": self.shared.seed}
+
+    def run(self, session: ServerSession) -> StrategyOutput:
+        k = self.shared.num_clusters
         n = common_node_count(session, self.name, "vertical")
-        num = len(session.clients)
         if k > n:
             raise ConfigError(f"num-clusters={k} exceeds the {n} nodes")
         embed = self.embed_values(k)
-        secure = num > 1  # one client: its own sum, nothing to hide from anyone
-        if secure:
+        if len(session.clients) > 1:  # one client: its own sum, nothing to hide from anyone
             session.setup_secure_aggregation()
-        rng = np.random.default_rng([seed, 10])
-        order = proto.filter_order(str(self.config["dataset"]), embed["order"], embed["filter"])
+        order = proto.filter_order(self.shared.dataset, embed["order"], embed["filter"])
         metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": [],
                    "filter_order": ADAPTIVE_ORDER if order is None else order}
         history: list[dict] = []
         if embed["embedding"] in proto.JOINT_EMBEDDINGS:
             self.joint_norms(session, embed, n, metrics)
-
-        if self.basic:
-            jobs = [Job(list(range(num)), np.arange(n, dtype=np.int64), np.ones(n))]
-            labels = self.secure_kmeans(session, jobs, k, embed, rng, metrics, history, level=1)[0]
-        else:
-            k_hat = min(int(self.config["kcagc.local-factor"]) * k, n)
-            replies = session.broadcast(
-                proto.KCAGC_LOCAL, pack(values={**embed, "k_hat": k_hat}),
-                ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")}),
-            )
-            local = []
-            for node, content in replies.items():
-                client_labels = unpack(content)[0]["labels"].astype(np.int64)
-                if client_labels.min() < 0 or client_labels.max() >= k_hat:
-                    raise ProtocolError(
-                        f"client {session.partition_of(node)} (node {node}) sent local cluster labels "
-                        f"{client_labels.min()}..{client_labels.max()}, outside 0..{k_hat - 1} (k_hat={k_hat})")
-                local.append(client_labels)
-            metrics["k_hat"] = k_hat
-            flat = [[[p] for p in range(num)], [list(range(num))]]
-            tree = bool(self.config["kcagc.tree"]) and num > 2
-            levels = proto.tree_groups(num) if tree else flat
-            current = {tuple(g): local[g[0]] for g in levels[0]}  # group -> node labels
-            summed_groups = []  # per level, the groups whose distances the server unmasks
-            for depth, level in enumerate(levels[1:], start=1):
-                top = depth == len(levels) - 1
-                jobs, passthrough = [], {}
-                prev_groups = list(current)
-                for group in level:
-                    children = [c for c in prev_groups if set(c) <= set(group)]
-                    if len(children) == 1 and not top:
-                        passthrough[tuple(group)] = current[children[0]]
-                        continue
-                    members, weights = proto.intersect([current[c] for c in children])
-                    jobs.append(Job(list(group), members, weights))
-                summed_groups.append({"level": depth, "groups": [j.parties for j in jobs]})
-                results = self.secure_kmeans(session, jobs, k if top else k_hat, embed, rng, metrics, history,
-                                             level=depth)
-                current = {tuple(j.parties): lab for j, lab in zip(jobs, results)}
-                current.update(passthrough)
-            labels = current[tuple(range(num))]
-            if tree:
-                session.ledger.add_mechanism(
-                    "kcagc:tree-group-sums",
-                    protects="each client's part of the squared distances at every internal node of the tree "
-                             "(masked among the clients of that node's group)",
-                    params={"revealed": "per internal node, the sum over its group's clients (at least two) of "
-                                        "the squared distances of its virtual nodes to its centres, to the server",
-                            "groups_per_level": summed_groups},
-                    guarantee="secure aggregation per group: the server sees each group's sums, "
-                              "not a single client's part",
-                )
-
-        session.broadcast("labels", pack({"labels": labels}), ReplySpec(values=("received",)))
+        kmeans = SecureKMeans(session, self.cfg, embed, self.secagg.bound, metrics, history,
+                              np.random.default_rng([self.shared.seed, 10]))
+        labels = self.cluster(session, n, k, kmeans)
+        session.broadcast(LABELS, pack({"labels": labels}), proto.RECEIVED_REPLY)
         metrics["secure_aggregations"] = int(session.stats.secure_aggregations)
         return StrategyOutput(labels=labels, ids=np.arange(n), history=history, metrics=metrics)
 
-    def joint_norms(self, session, embed, n: int, metrics) -> None:
-        """``projection-joint-unit`` / ``projection-mixed-unit``: the clients' summed squared
-        row norms by one secure sum, sent back so that each client scales its rows with them."""
+    def cluster(self, session: ServerSession, n: int, k: int, kmeans: SecureKMeans) -> np.ndarray:
+        """Steps 1-3: the clients' local clusters, intersected into virtual nodes, clustered by the
+        secure weighted k-means (with ``kcagc.tree``, level by level up a binary tree)."""
+        k_hat = min(self.cfg.local_factor * k, n)
+        local = self.local_clusters(session, n, k_hat, kmeans.embed)
+        kmeans.metrics["k_hat"] = k_hat
+        num = len(session.clients)
+        tree = self.cfg.tree and num > 2
+        levels = proto.tree_groups(num) if tree else [[[p] for p in range(num)], [list(range(num))]]
+        current = {tuple(g): local[g[0]] for g in levels[0]}  # group -> node labels
+        summed_groups = []  # per level, the groups whose distances the server unmasks
+        for depth, level in enumerate(levels[1:], start=1):
+            top = depth == len(levels) - 1
+            jobs, passthrough = level_jobs(level, current, top)
+            summed_groups.append({"level": depth, "groups": [j.parties for j in jobs]})
+            results = kmeans.run(jobs, k if top else k_hat, level=depth)
+            current = {tuple(j.parties): lab for j, lab in zip(jobs, results)}
+            current.update(passthrough)
+        if tree:
+            self.record_group_sums(session, summed_groups)
+        return current[tuple(range(num))]
+
+    def local_clusters(self, session: ServerSession, n: int, k_hat: int, embed: dict) -> list[np.ndarray]:
+        """Step 1, ``kcagc_local``: down k_hat and the embedding settings -> up every client's local
+        cluster of each node (in reply order), each checked to lie in ``0..k_hat-1``."""
+        replies = session.broadcast(proto.KCAGC_LOCAL, pack(values={**embed, "k_hat": k_hat}), proto.local_reply(n))
+        local = []
+        for node, content in replies.items():
+            client_labels = unpack(content)[0]["labels"].astype(np.int64)
+            if client_labels.min() < 0 or client_labels.max() >= k_hat:
+                raise ProtocolError(
+                    f"client {session.partition_of(node)} (node {node}) sent local cluster labels "
+                    f"{client_labels.min()}..{client_labels.max()}, outside 0..{k_hat - 1} (k_hat={k_hat})")
+            local.append(client_labels)
+        return local
+
+    @staticmethod
+    def record_group_sums(session: ServerSession, summed_groups: list[dict]) -> None:
+        """Ledger: with ``kcagc.tree`` the server unmasks the distances summed over each tree group."""
+        session.ledger.add_mechanism(
+            "kcagc:tree-group-sums",
+            protects="each client's part of the squared distances at every internal node of the tree "
+                     "(masked among the clients of that node's group)",
+            params={"revealed": "per internal node, the sum over its group's clients (at least two) of "
+                                "the squared distances of its virtual nodes to its centres, to the server",
+                    "groups_per_level": summed_groups},
+            guarantee="secure aggregation per group: the server sees each group's sums, "
+                      "not a single client's part",
+        )
+
+    def joint_norms(self, session: ServerSession, embed: dict, n: int, metrics: dict) -> None:
+        """``projection-joint-unit`` / ``projection-mixed-unit``: ``kcagc_joint`` stage ``sum`` (up: ``s``,
+        the client's n squared row norms, masked) -> the server unmasks their sum over the clients and
+        sends it back (stage ``scale``, down ``sq_norms``) so that each client scales its rows with it."""
         secure = len(session.clients) > 1
-        values = session.secagg_values("joint", float(self.config["secagg.bound"]), finest=True) if secure else {}
-        replies = session.broadcast(
-            proto.KCAGC_JOINT, pack(values={**values, **embed, "stage": "sum"}),
-            ReplySpec(arrays={"s": ArraySpec((n,), kind="u" if secure else "f", masked=secure)}))
+        values = session.secagg_values("joint", self.secagg.bound, finest=True) if secure else {}
+        replies = session.broadcast(proto.KCAGC_JOINT, pack(values={**values, **embed, "stage": "sum"}),
+                                    proto.masked_reply("s", n, secure))
         total = (session.secure_sum(replies, "s", values) if secure
                  else unpack(next(iter(replies.values())))[0]["s"])
         _check_nonnegative(total, proto.KCAGC_JOINT, "summed squared row norm")
@@ -275,145 +271,24 @@ class KCAGC(ClusteringStrategy):
             guarantee="none: the aggregate is revealed; a client learns the others' summed norms per node",
         )
         session.broadcast(proto.KCAGC_JOINT, pack({"sq_norms": total}, {**embed, "stage": "scale"}),
-                          ReplySpec(values=("received",)))
+                          proto.RECEIVED_REPLY)
 
-    # -- step 3: weighted k-means on virtual nodes under secure aggregation ---
-    def secure_kmeans(self, session, jobs, kk: int, embed, rng, metrics, history, level) -> list[np.ndarray]:
-        """Run step 3 for every job (a group of clients with its virtual nodes) side by side,
-        each into ``kk`` clusters (one tree level: k_hat below the root, k at the root).
+    def _filter_order(self) -> int | None:
+        return proto.filter_order(self.shared.dataset, self.cfg.filter_order, self.cfg.filter)
 
-        Returns the cluster of every node, per job.
-        """
-        R = int(self.config["kcagc.restarts"])
-        secure = len(session.clients) > 1
-        Q = int(self.config["kcagc.iterations"])
-        bound = proto.distance_bound(embed["embedding"], float(self.config["secagg.bound"]))
-        job_of = {p: j for j, job in enumerate(jobs) for p in job.parties}
-        for job in jobs:
-            if len(job.weights) < kk:
-                raise ConfigError(f"only {len(job.weights)} virtual nodes for {kk} clusters; "
-                                  "increase kcagc.local-factor or use fewer clusters")
-            metrics["virtual_nodes"].append(int(len(job.weights)))
-
-        first = [True]  # the first round also carries each job's node -> virtual node map
-
-        def round_(stage: str, arrays_of, sizes: list[int]):
-            # One secure sum per job, among the job's clients only: a client uploads just its job's
-            # part, masked with the other members of its group. The server learns each group's sum,
-            # as it would from one sum over all clients with zeros outside each group, but a client
-            # sends 1/len(jobs) of the bytes and masks with len(group) - 1 peers instead of L - 1.
-            # finest scale: with a high filter order (AGC's adaptive rule picks psi near 60 on the SBM)
-            # the rows are nearly parallel and squared distances fall to 1e-7 - 1e-6, below the default
-            # resolution 2^-20, where rounding alone would decide the assignments
-            values = [session.secagg_values(f"d{j}", bound, finest=True) if secure else {} for j in range(len(jobs))]
-            if secure:
-                metrics["secagg_scale"] = values[0]["secagg_scale"]
-            contents, expect = {}, {}
-            for node in session.node_ids:
-                j = job_of.get(session.partition_of(node), -1)
-                size = int(sizes[j]) if j >= 0 else 0
-                arrays = arrays_of(j) if j >= 0 else {}
-                if j >= 0:
-                    arrays["group"] = np.asarray(jobs[j].parties, dtype=np.int64)
-                    if first[0]:
-                        arrays["members"] = jobs[j].members
-                v = {**(values[j] if j >= 0 else {}), **embed, "stage": stage, "level": level, "restarts": R,
-                     "size": size}
-                contents[node] = pack(arrays, v)
-                expect[node] = ReplySpec(arrays={"d": ArraySpec((size,), kind="u" if secure else "f",
-                                                                masked=secure)})
-            replies = session.exchange(proto.KCAGC_STEP, contents, expect)
-            first[0] = False
-            parts = []
-            for j, job in enumerate(jobs):
-                mine = {n: c for n, c in replies.items() if session.partition_of(n) in job.parties}
-                if not sizes[j]:  # this job has converged (tree variant: others still run)
-                    parts.append(np.zeros(0))
-                    continue
-                if secure:
-                    total = session.secure_sum(mine, "d", values[j], parties=job.parties)
-                else:
-                    total = unpack(next(iter(mine.values())))[0]["d"]
-                _check_nonnegative(total, f"kcagc_step ({stage}, level {level})", "summed squared distance")
-                parts.append(total)
-                metrics["aggregated_values"] += sizes[j]
-            return parts
-
-        # k-means++ seeding: first seed by weight, then one distance round per further seed. The
-        # summed distances to each seed are kept: the seeds are the first Lloyd centres.
-        dist = [np.zeros((R, kk, len(job.weights))) for job in jobs]  # summed, centre-major
-        seeds = [np.zeros((R, kk), dtype=np.int64) for _ in jobs]
-        for j, job in enumerate(jobs):
-            seeds[j][:, 0] = proto.first_seeds(job.weights, R, rng)
-        for c in range(1, kk):
-            parts = round_("seed", lambda j, c=c: {"index": seeds[j][:, c - 1]},
-                           [R * len(job.weights) for job in jobs])
-            for j, job in enumerate(jobs):
-                dist[j][:, c - 1] = parts[j].reshape(R, len(job.weights))
-                seeds[j][:, c] = proto.seeding_step(dist[j][:, :c].min(axis=1), job.weights, rng)
-        for j in range(len(jobs)):
-            history.append({"level": level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
-
-        # Lloyd: centres -> summed distances -> assignment -> centres. A centre whose members did
-        # not change stays where it is, and so do its distances, so a round measures only the
-        # centres that moved (``moved``: flat restart x centre indices) and the server keeps the
-        # others' sums; a restart with no moved centre is at a fixed point and drops out. The
-        # first round measures only the last seed of each restart: the seeding rounds summed
-        # the distances to the others.
-        prune = bool(self.config["kcagc.prune"])
-        update = [None] * len(jobs)  # the memberships the clients' centres are the means of
-        moved = [np.arange(R) * kk + kk - 1 for _ in jobs]
-        assign, inertia = [None] * len(jobs), [None] * len(jobs)
-        it = 0
-        while True:
-            def lloyd_arrays(j, it=it):
-                # an assignment (-1..kk-1) goes in the smallest integer type holding -kk: int8 up to 128 clusters
-                centres = ({"seeds": seeds[j]} if it == 0 else
-                           {"assign": update[j][proto.moved_restarts(moved[j], kk)].astype(np.min_scalar_type(-kk))})
-                return {**centres, "moved": moved[j]}
-
-            sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
-            parts = round_("lloyd", lloyd_arrays, sizes)
-            for j, job in enumerate(jobs):
-                if not sizes[j]:
-                    continue
-                dist[j].reshape(R * kk, -1)[moved[j]] = parts[j].reshape(len(moved[j]), -1)
-                by_node = dist[j].transpose(0, 2, 1)  # R x m x kk
-                assign[j], inertia[j] = proto.assign(by_node, job.weights)
-                # Protocol 2 line 17: the first centres only from the seeds' confident points
-                new = proto.prune(by_node) if prune and it == 0 else assign[j]
-                moved[j] = np.arange(R * kk) if it == 0 else proto.moved_centres(update[j], new, kk)
-                update[j] = new
-            history.append({"level": level, "stage": "lloyd", "iteration": it,
-                            "inertia": [float(i.min()) for i in inertia],
-                            "moved": [int(len(mv)) for mv in moved]})
-            session.round_done(it + 1, Q + 1, inertia=sum(history[-1]["inertia"]))
-            if not any(len(mv) for mv in moved) or it >= Q:
-                break
-            it += 1
-        metrics["lloyd_iterations"].append(it)
-        out = []
-        for j, job in enumerate(jobs):
-            best = int(np.argmin(inertia[j]))
-            out.append(assign[j][best][job.members].astype(np.int64))
-        return out
-
-    def reference(self, data) -> np.ndarray:
+    def reference(self, data: GraphData) -> np.ndarray:
         """Centralised AGC on the pooled features (same filter and order, top-k singular vectors, k-means)."""
         from app.graph_filters import agc
 
-        kind = str(self.config["kcagc.filter"])
-        order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]), kind)
-        labels, _ = agc(data.x, data.adj, int(self.config["num-clusters"]), int(self.config["seed"]), order=order,
-                        kind=kind)
+        labels, _ = agc(data.x, data.adj, self.shared.num_clusters, self.shared.seed, order=self._filter_order(),
+                        kind=self.cfg.filter)
         return labels
 
     def reference_method(self) -> str:
-        kind = str(self.config["kcagc.filter"])
-        order = proto.filter_order(str(self.config["dataset"]), int(self.config["kcagc.filter-order"]), kind)
+        order = self._filter_order()
         psi = f"order {order}" if order is not None else "AGC's adaptive order"
-        return (f"centralised AGC on the pooled features: graph filter '{kind}' of {psi}, top-k left singular "
-                f"vectors, k-means; {self._k_and_seed()}")
+        return (f"centralised AGC on the pooled features: graph filter '{self.cfg.filter}' of {psi}, top-k left "
+                f"singular vectors, k-means; {self._k_and_seed()}")
 
 
 class KCAGCBasic(KCAGC):
@@ -427,7 +302,11 @@ class KCAGCBasic(KCAGC):
     summary = "basic kCAGC: Lloyd over all nodes, n x k distances per iteration by secure aggregation"
     params = ()
     borrowed = tuple(p for p in PARAMS if p.key not in ("kcagc.local-factor", "kcagc.local-restarts", "kcagc.tree"))
-    basic = True
+
+    def cluster(self, session: ServerSession, n: int, k: int, kmeans: SecureKMeans) -> np.ndarray:
+        """Step 3 only, every node its own virtual node of weight 1, all clients in one sum."""
+        job = Job(list(range(len(session.clients))), np.arange(n, dtype=np.int64), np.ones(n))
+        return kmeans.run([job], k, level=1)[0]
 
 
 class Job:
@@ -437,3 +316,166 @@ class Job:
         self.parties = parties
         self.members = np.asarray(members, dtype=np.int64)
         self.weights = np.asarray(weights, dtype=np.float64)
+
+
+def level_jobs(level: list[list[int]], current: dict[tuple, np.ndarray], top: bool) -> tuple[list[Job], dict]:
+    """The weighted k-means jobs of one tree level: each group of ``level`` intersects the node labels
+    of its children (``current``: group -> labels) into virtual nodes; a group with one child below
+    the root moves up unchanged (returned apart: group -> its child's labels)."""
+    jobs, passthrough = [], {}
+    prev_groups = list(current)
+    for group in level:
+        children = [c for c in prev_groups if set(c) <= set(group)]
+        if len(children) == 1 and not top:
+            passthrough[tuple(group)] = current[children[0]]
+            continue
+        members, weights = proto.intersect([current[c] for c in children])
+        jobs.append(Job(list(group), members, weights))
+    return jobs, passthrough
+
+
+class SecureKMeans:
+    """Step 3: weighted k-means++ seeding and Lloyd on the virtual nodes of several jobs side by side
+    (``kcagc.restarts`` restarts each), the server learning only each job's summed distances."""
+
+    def __init__(self, session: ServerSession, cfg: proto.KCAGCConfig, embed: dict, secagg_bound: float,
+                 metrics: dict, history: list[dict], rng: np.random.Generator) -> None:
+        self.session, self.embed, self.metrics, self.history, self.rng = session, embed, metrics, history, rng
+        self.restarts, self.iterations, self.prune = cfg.restarts, cfg.iterations, cfg.prune
+        self.secure = len(session.clients) > 1
+        self.bound = proto.distance_bound(embed["embedding"], secagg_bound)
+
+    def run(self, jobs: list[Job], kk: int, level: int) -> list[np.ndarray]:
+        """Every job clustered into ``kk`` clusters (one tree level: k_hat below the root, k at the
+        root); returns the cluster of every node, per job (its restart of least weighted inertia)."""
+        for job in jobs:
+            if len(job.weights) < kk:
+                raise ConfigError(f"only {len(job.weights)} virtual nodes for {kk} clusters; "
+                                  "increase kcagc.local-factor or use fewer clusters")
+            self.metrics["virtual_nodes"].append(int(len(job.weights)))
+        self.jobs, self.kk, self.level = jobs, kk, level
+        self.first = True  # the first round also carries each job's node -> virtual node map
+        dist, seeds = self._seeding()
+        assign, inertia = self._lloyd(dist, seeds)
+        return [assign[j][int(np.argmin(inertia[j]))][job.members].astype(np.int64) for j, job in enumerate(jobs)]
+
+    def _seeding(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """k-means++ seeding: the first seed by weight, then one ``kcagc_step`` (stage ``seed``) per further
+        seed: down ``index`` (R, the newest seed of each restart) -> up ``d``, the client's part of every
+        virtual node's squared distance to it (R x m, masked). Returns the summed distances to each
+        seed (R x kk x m per job; the seeds are the first Lloyd centres) and the seeds (R x kk)."""
+        R, kk = self.restarts, self.kk
+        dist = [np.zeros((R, kk, len(job.weights))) for job in self.jobs]  # summed, centre-major
+        seeds = [np.zeros((R, kk), dtype=np.int64) for _ in self.jobs]
+        for j, job in enumerate(self.jobs):
+            seeds[j][:, 0] = proto.first_seeds(job.weights, R, self.rng)
+        for c in range(1, kk):
+            parts = self._round("seed", lambda j, c=c: {"index": seeds[j][:, c - 1]},
+                                [R * len(job.weights) for job in self.jobs])
+            for j, job in enumerate(self.jobs):
+                dist[j][:, c - 1] = parts[j].reshape(R, len(job.weights))
+                seeds[j][:, c] = proto.seeding_step(dist[j][:, :c].min(axis=1), job.weights, self.rng)
+        for j in range(len(self.jobs)):
+            self.history.append({"level": self.level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
+        return dist, seeds
+
+    def _lloyd(self, dist: list[np.ndarray], seeds: list[np.ndarray]) -> tuple[list, list]:
+        """Lloyd, one ``kcagc_step`` (stage ``lloyd``) per iteration: down ``moved`` (the centres whose
+        distances the server lacks) with ``seeds`` (first iteration) or ``assign`` (the clusters of the
+        restarts those centres belong to) -> up ``d``, the client's part of every virtual node's squared
+        distance to each moved centre (masked). A centre whose members did not change keeps its
+        distances, so the server keeps their sums; a restart without a moved centre drops out. The
+        first iteration measures only the last seed of each restart (the seeding summed the others).
+        At most ``kcagc.iterations`` updates. Returns every job's assignments and inertias per restart."""
+        R, kk, jobs = self.restarts, self.kk, self.jobs
+        update = [None] * len(jobs)  # the memberships the clients' centres are the means of
+        moved = [np.arange(R) * kk + kk - 1 for _ in jobs]
+        assign, inertia = [None] * len(jobs), [None] * len(jobs)
+        it = 0
+        while True:
+            def lloyd_arrays(j, it=it):
+                # an assignment (-1..kk-1) goes in the smallest integer type holding -kk: int8 up to 128 clusters
+                centres = ({"seeds": seeds[j]} if it == 0 else
+                           {"assign": update[j][proto.moved_restarts(moved[j], kk)].astype(np.min_scalar_type(-kk))})
+                return {**centres, "moved": moved[j]}
+
+            sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
+            parts = self._round("lloyd", lloyd_arrays, sizes)
+            for j, job in enumerate(jobs):
+                if sizes[j]:
+                    assign[j], inertia[j], moved[j], update[j] = self._lloyd_step(dist[j], parts[j], job,
+                                                                                  moved[j], update[j], it)
+            self.history.append({"level": self.level, "stage": "lloyd", "iteration": it,
+                                 "inertia": [float(i.min()) for i in inertia],
+                                 "moved": [int(len(mv)) for mv in moved]})
+            self.session.round_done(it + 1, self.iterations + 1, inertia=sum(self.history[-1]["inertia"]))
+            if not any(len(mv) for mv in moved) or it >= self.iterations:
+                break
+            it += 1
+        self.metrics["lloyd_iterations"].append(it)
+        return assign, inertia
+
+    def _lloyd_step(self, dist: np.ndarray, part: np.ndarray, job: Job, moved: np.ndarray, update, it: int):
+        """One job's server step: the moved centres' summed distances into ``dist`` (R x kk x m), the
+        nearest centre and weighted inertia per restart, the membership the clients' centres become
+        the means of (Protocol 2 line 17 with ``kcagc.prune``: the first one from the seeds' confident
+        points only) and the centres it moves."""
+        R, kk = self.restarts, self.kk
+        dist.reshape(R * kk, -1)[moved] = part.reshape(len(moved), -1)
+        by_node = dist.transpose(0, 2, 1)  # R x m x kk
+        assign, inertia = proto.assign(by_node, job.weights)
+        new = proto.prune(by_node) if self.prune and it == 0 else assign
+        moved = np.arange(R * kk) if it == 0 else proto.moved_centres(update, new, kk)
+        return assign, inertia, moved, new
+
+    def _round(self, stage: str, arrays_of, sizes: list[int]) -> list[np.ndarray]:
+        """One ``kcagc_step`` message round; returns each job's summed part (empty for a converged job).
+
+        One secure sum per job, among the job's clients only: a client uploads just its job's part,
+        masked with the other members of its group. The server learns each group's sum, as it would
+        from one sum over all clients with zeros outside each group, but a client sends 1/len(jobs)
+        of the bytes and masks with len(group) - 1 peers instead of L - 1. Finest scale: with a high
+        filter order (AGC's adaptive rule picks psi near 60 on the SBM) the rows are nearly parallel
+        and squared distances fall to 1e-7 - 1e-6, below the default resolution 2^-20, where
+        rounding alone would decide the assignments."""
+        values = [self.session.secagg_values(f"d{j}", self.bound, finest=True) if self.secure else {}
+                  for j in range(len(self.jobs))]
+        if self.secure:
+            self.metrics["secagg_scale"] = values[0]["secagg_scale"]
+        contents, expect = self._requests(stage, arrays_of, sizes, values)
+        replies = self.session.exchange(proto.KCAGC_STEP, contents, expect)
+        self.first = False
+        return [self._job_sum(j, replies, sizes[j], values[j], stage) for j in range(len(self.jobs))]
+
+    def _requests(self, stage: str, arrays_of, sizes: list[int], values: list[dict]) -> tuple[dict, dict]:
+        """Every client's request (its job's ``arrays_of(j)``, ``group``, on the first round ``members``)
+        and the reply it must send: ``d`` of its job's size (0 for a client in no job this level)."""
+        job_of = {p: j for j, job in enumerate(self.jobs) for p in job.parties}
+        contents, expect = {}, {}
+        for node in self.session.node_ids:
+            j = job_of.get(self.session.partition_of(node), -1)
+            size = int(sizes[j]) if j >= 0 else 0
+            arrays = {}
+            if j >= 0:
+                arrays = {**arrays_of(j), "group": np.asarray(self.jobs[j].parties, dtype=np.int64)}
+                if self.first:
+                    arrays["members"] = self.jobs[j].members
+            v = {**(values[j] if j >= 0 else {}), **self.embed, "stage": stage, "level": self.level,
+                 "restarts": self.restarts, "size": size}
+            contents[node] = pack(arrays, v)
+            expect[node] = proto.masked_reply("d", size, self.secure)
+        return contents, expect
+
+    def _job_sum(self, j: int, replies: dict, size: int, values: dict, stage: str) -> np.ndarray:
+        """Job ``j``'s summed part: the secure sum over its clients (one client: its reply itself)."""
+        if not size:  # this job has converged (tree variant: others still run)
+            return np.zeros(0)
+        job = self.jobs[j]
+        mine = {n: c for n, c in replies.items() if self.session.partition_of(n) in job.parties}
+        if self.secure:
+            total = self.session.secure_sum(mine, "d", values, parties=job.parties)
+        else:
+            total = unpack(next(iter(mine.values())))[0]["d"]
+        _check_nonnegative(total, f"kcagc_step ({stage}, level {self.level})", "summed squared distance")
+        self.metrics["aggregated_values"] += size
+        return total

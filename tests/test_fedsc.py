@@ -21,7 +21,7 @@ from conftest import LeavingGrid, patch_reply
 from app.wire import ProtocolError
 from app.transport import unpack
 from clients.fedsc import FedSCClient
-from strategies.fedsc import pooled_features
+from app.protocols.fedsc import pooled_features
 
 
 def iris_blocks(num_clients: int, seed: int = 0):
@@ -339,6 +339,16 @@ def test_graph_mode_clusters_filtered_node_features(out_dir):
                                                 "sbm.nodes": 300, "partitioner": "node-random"}, out_dir)
     assert result["metrics"]["ari"] > 0.8
     assert result["reference"]["agreement"]["ari"] > 0.8
+
+
+def test_the_typed_view_reads_every_fedsc_key_lambda_included():
+    """``lambda`` is a Python keyword: the view's field ``lambda_`` reads ``fedsc.lambda``."""
+    from app.registry import get
+
+    config = validate({"strategy": "fedsc", "fedsc.lambda": 0.25, "fedsc.n-init": 3})
+    cfg = proto.FedSCConfig.of(config)
+    assert (cfg.lambda_, cfg.n_init) == (0.25, 3)
+    assert proto.FedSCConfig.keys() == {p.key: p.kind for p in get("fedsc").strategy.params}
 
 
 def test_bad_config_is_one_line_naming_the_value():

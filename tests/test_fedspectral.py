@@ -15,7 +15,7 @@ from app.data.partition import partition
 from app.inprocess import InProcessGrid
 from app.metrics import ari
 from app.privacy.gaussian import GaussianMechanism
-from app.protocols import fedspectral as proto
+from app.protocols.fedspectral import baseline, block_iteration, plus
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
@@ -33,7 +33,7 @@ def sbm_graph(seed: int = 0):
 
 def normalised(adj):
     d = np.asarray(adj.sum(axis=1)).ravel()
-    inv = proto.inverse_sqrt_degrees(d)
+    inv = plus.inverse_sqrt_degrees(d)
     return sp.csr_matrix(sp.diags(inv) @ adj @ sp.diags(inv))
 
 
@@ -44,12 +44,12 @@ def normalised(adj):
 def test_weighted_client_products_sum_to_the_global_operator(replicas):
     data = sbm_graph()
     shards = partition(data, "edge", 3, seed=1, replicas=replicas)
-    weighted = [proto.weighted_local_adjacency(s.adj, s.edge_weight) for s in shards]
+    weighted = [plus.weighted_local_adjacency(s.adj, s.edge_weight) for s in shards]
     assert abs(sum(weighted) - data.adj).max() < 1e-12
-    d = sum(proto.local_degrees(w) for w in weighted)
+    d = sum(plus.local_degrees(w) for w in weighted)
     np.testing.assert_allclose(d, np.asarray(data.adj.sum(axis=1)).ravel(), atol=1e-12)
     x = np.random.default_rng(0).standard_normal((data.num_nodes, 5))
-    dinv = proto.inverse_sqrt_degrees(d)
+    dinv = plus.inverse_sqrt_degrees(d)
     mx = dinv[:, None] * sum(w @ (dinv[:, None] * x) for w in weighted)
     np.testing.assert_allclose(mx, normalised(data.adj) @ x, atol=1e-12)
     if replicas > 1:  # without the 1/r weights overlapping edges count r times
@@ -60,20 +60,20 @@ def test_weighted_client_products_sum_to_the_global_operator(replicas):
 def test_weighted_adjacency_rejects_misaligned_weights():
     adj = sbm_graph().adj
     with pytest.raises(ValueError, match="edge_weight has shape"):
-        proto.weighted_local_adjacency(adj, np.ones(3))
+        plus.weighted_local_adjacency(adj, np.ones(3))
 
 
 def test_qr_output_is_orthonormal_and_paper_step_averages():
     rng = np.random.default_rng(3)
     blocks = [rng.standard_normal((200, 6)) for _ in range(4)]
-    v = proto.paper_server_step(blocks, 4)
+    v = plus.paper_server_step(blocks, 4)
     np.testing.assert_allclose(v.T @ v, np.eye(6), atol=1e-12)
     mean = np.mean(blocks, axis=0)
     # same column space as the average (QR only orthonormalises)
-    assert proto.subspace_distance(proto.orthonormalise(mean), v) < 1e-10
-    q = proto.init_block(200, 6, seed=5)
+    assert block_iteration.subspace_distance(block_iteration.orthonormalise(mean), v) < 1e-10
+    q = block_iteration.init_block(200, 6, seed=5)
     np.testing.assert_allclose(q.T @ q, np.eye(6), atol=1e-12)
-    assert np.array_equal(q, proto.init_block(200, 6, seed=5))
+    assert np.array_equal(q, block_iteration.init_block(200, 6, seed=5))
 
 
 def test_paper_client_step_is_local_normalised_adjacency_power():
@@ -83,7 +83,7 @@ def test_paper_client_step_is_local_normalised_adjacency_power():
     inv = np.where(d > 0, 1 / np.sqrt(np.maximum(d, 1e-300)), 0.0)
     m = inv[:, None] * a * inv[None, :]  # I - L_c with the local degrees
     v = np.random.default_rng(1).standard_normal((a.shape[0], 4))
-    got = proto.paper_client_step(proto.local_normalised_operator(shard.adj), v, 3)
+    got = plus.paper_client_step(plus.local_normalised_operator(shard.adj), v, 3)
     np.testing.assert_allclose(got, m @ m @ m @ v, atol=1e-12)
 
 
@@ -96,31 +96,31 @@ def test_chebyshev_iteration_finds_the_top_eigenspace():
         calls.append(1)
         return m @ x
 
-    res = proto.chebyshev_subspace_iteration(apply, m.shape[0], K, 2 * K, 6, 1e-10, 2000, seed=0)
+    res = block_iteration.chebyshev_subspace_iteration(apply, m.shape[0], K, 2 * K, 6, 1e-10, 2000, seed=0)
     vals, vecs = sla.eigsh(m, k=K, which="LA", tol=1e-12)
     assert res.converged and res.stop == "converged" and res.rounds == len(calls)
     np.testing.assert_allclose(res.values, vals[::-1], atol=1e-9)
-    assert proto.subspace_distance(res.vectors, vecs) < 1e-7
+    assert block_iteration.subspace_distance(res.vectors, vecs) < 1e-7
     np.testing.assert_allclose(res.vectors.T @ res.vectors, np.eye(K), atol=1e-10)
 
 
 def test_chebyshev_iteration_stops_on_a_noise_floor_and_on_max_rounds():
     m = normalised(sbm_graph().adj)
     rng = np.random.default_rng(0)
-    noisy = proto.chebyshev_subspace_iteration(
+    noisy = block_iteration.chebyshev_subspace_iteration(
         lambda x: m @ x + 1e-4 * rng.standard_normal(x.shape), m.shape[0], K, 8, 4, 1e-12, 5000, seed=0)
     assert noisy.stop == "stagnated" and not noisy.converged and noisy.rounds < 5000
-    capped = proto.chebyshev_subspace_iteration(lambda x: m @ x, m.shape[0], K, 8, 4, 0.0, 21, seed=0)
+    capped = block_iteration.chebyshev_subspace_iteration(lambda x: m @ x, m.shape[0], K, 8, 4, 0.0, 21, seed=0)
     assert capped.stop == "max-rounds" and capped.rounds <= 21
     with pytest.raises(ValueError, match="k <= block"):
-        proto.chebyshev_subspace_iteration(lambda x: x, 10, 4, 3, 2, 1e-6, 10, seed=0)
+        block_iteration.chebyshev_subspace_iteration(lambda x: x, 10, 4, 3, 2, 1e-6, 10, seed=0)
 
 
 def federated_operator(shards):
     """``X -> D^-1/2 sum_c (A_c / r) D^-1/2 X`` from the clients' own weighted adjacencies and
     degree shares (what exact mode's server gets back each round), counting the rounds."""
-    weighted = [proto.weighted_local_adjacency(s.adj, s.edge_weight) for s in shards]
-    dinv = proto.inverse_sqrt_degrees(sum(proto.local_degrees(w) for w in weighted), floor=0.5)
+    weighted = [plus.weighted_local_adjacency(s.adj, s.edge_weight) for s in shards]
+    dinv = plus.inverse_sqrt_degrees(sum(plus.local_degrees(w) for w in weighted), floor=0.5)
     calls = []
 
     def apply(x):
@@ -134,18 +134,18 @@ def federated_operator(shards):
 def test_block_krylov_with_one_client_finds_the_centralised_eigenspace():
     data = sbm_graph(seed=2)
     apply, calls = federated_operator(partition(data, "edge", 1, seed=0))
-    res = proto.block_krylov_iteration(apply, data.num_nodes, K, 2 * K, 1e-10, 2000, seed=0)
+    res = block_iteration.block_krylov_iteration(apply, data.num_nodes, K, 2 * K, 1e-10, 2000, seed=0)
     vals, vecs = sla.eigsh(normalised(data.adj), k=K, which="LA", tol=1e-12)
     assert res.converged and res.stop == "converged" and res.rounds == len(calls)
     assert set(calls) == {2 * K}  # every round one block of the configured width
     np.testing.assert_allclose(res.values, vals[::-1], atol=1e-10)
-    assert proto.subspace_distance(res.vectors, vecs) < 1e-8
+    assert block_iteration.subspace_distance(res.vectors, vecs) < 1e-8
     np.testing.assert_allclose(res.vectors.T @ res.vectors, np.eye(K), atol=1e-12)
     # the residual the server stopped on is the true one
     m = normalised(data.adj)
     true = np.linalg.norm(m @ res.vectors - res.vectors * res.values, axis=0).max()
     assert true <= 1e-10 and true == pytest.approx(res.history[-1]["residual"], rel=1e-3)
-    cheb = proto.chebyshev_subspace_iteration(apply, data.num_nodes, K, 2 * K, 8, 1e-10, 2000, seed=0)
+    cheb = block_iteration.chebyshev_subspace_iteration(apply, data.num_nodes, K, 2 * K, 8, 1e-10, 2000, seed=0)
     assert res.rounds < cheb.rounds
 
 
@@ -155,39 +155,39 @@ def test_block_krylov_with_several_clients_equals_the_one_client_run(replicas):
     runs = []
     for clients in (1, 3):
         apply, _ = federated_operator(partition(data, "edge", clients, seed=1, replicas=min(replicas, clients)))
-        runs.append(proto.block_krylov_iteration(apply, data.num_nodes, K, 2 * K, 1e-9, 2000, seed=4))
+        runs.append(block_iteration.block_krylov_iteration(apply, data.num_nodes, K, 2 * K, 1e-9, 2000, seed=4))
     one, several = runs
     assert several.rounds == one.rounds and several.stop == one.stop == "converged"
-    assert proto.subspace_distance(several.vectors, one.vectors) < 1e-9
+    assert block_iteration.subspace_distance(several.vectors, one.vectors) < 1e-9
     np.testing.assert_allclose(several.values, one.values, atol=1e-12)
-    assert np.array_equal(proto.embedding_labels(several.vectors, K, 0), proto.embedding_labels(one.vectors, K, 0))
+    assert np.array_equal(plus.embedding_labels(several.vectors, K, 0), plus.embedding_labels(one.vectors, K, 0))
 
 
 def test_block_krylov_restarts_within_its_basis_and_exhausts_small_spaces():
     m = normalised(sbm_graph(seed=1).adj)
     vals, vecs = sla.eigsh(m, k=K, which="LA", tol=1e-12)
-    res = proto.block_krylov_iteration(lambda x: m @ x, m.shape[0], K, K + 1, 1e-9, 2000, seed=0, basis_blocks=3)
+    res = block_iteration.block_krylov_iteration(lambda x: m @ x, m.shape[0], K, K + 1, 1e-9, 2000, seed=0, basis_blocks=3)
     widths = [h["basis"] for h in res.history]
     assert res.converged and max(widths) <= 3 * (K + 1) and widths != sorted(widths)  # restarted at least once
-    assert proto.subspace_distance(res.vectors, vecs) < 1e-7
+    assert block_iteration.subspace_distance(res.vectors, vecs) < 1e-7
     # a 6-node graph: two blocks of 4 span everything, the residual is 0
     small = normalised(sp.csr_matrix(np.ones((6, 6)) - np.eye(6)))
-    tiny = proto.block_krylov_iteration(lambda x: small @ x, 6, 2, 4, 0.0, 50, seed=0)
+    tiny = block_iteration.block_krylov_iteration(lambda x: small @ x, 6, 2, 4, 0.0, 50, seed=0)
     assert tiny.converged and tiny.rounds == 2 and tiny.history[-1]["residual"] == 0.0
 
 
 def test_block_krylov_stops_on_a_noise_floor_and_on_max_rounds():
     m = normalised(sbm_graph().adj)
     rng = np.random.default_rng(0)
-    noisy = proto.block_krylov_iteration(
+    noisy = block_iteration.block_krylov_iteration(
         lambda x: m @ x + 1e-4 * rng.standard_normal(x.shape), m.shape[0], K, 8, 1e-12, 5000, seed=0)
     assert noisy.stop == "stagnated" and not noisy.converged and noisy.rounds < 100
-    capped = proto.block_krylov_iteration(lambda x: m @ x, m.shape[0], K, 8, 0.0, 7, seed=0)
+    capped = block_iteration.block_krylov_iteration(lambda x: m @ x, m.shape[0], K, 8, 0.0, 7, seed=0)
     assert capped.stop == "max-rounds" and capped.rounds == 7
     with pytest.raises(ValueError, match="k <= block"):
-        proto.block_krylov_iteration(lambda x: x, 10, 4, 3, 1e-6, 10, seed=0)
+        block_iteration.block_krylov_iteration(lambda x: x, 10, 4, 3, 1e-6, 10, seed=0)
     with pytest.raises(ValueError, match="at least 2 blocks"):
-        proto.block_krylov_iteration(lambda x: x, 10, 2, 3, 1e-6, 10, seed=0, basis_blocks=1)
+        block_iteration.block_krylov_iteration(lambda x: x, 10, 2, 3, 1e-6, 10, seed=0, basis_blocks=1)
 
 
 def test_coassociation_low_rank_equals_dense_similarity_graph():
@@ -199,18 +199,18 @@ def test_coassociation_low_rank_equals_dense_similarity_graph():
         flip = rng.random(lab.size) < 0.15
         lab[flip] = rng.integers(0, 5, flip.sum())
         sets.append(rng.permutation(5)[lab])
-    s = proto.coassociation_dense(sets)
+    s = baseline.coassociation_dense(sets)
     expected = np.mean([np.equal.outer(lab, lab) for lab in sets], axis=0)
     np.testing.assert_allclose(s, expected, atol=1e-12)  # equation 1 incl. the diagonal
-    u = proto.coassociation_embedding(sets, 5)
+    u = baseline.coassociation_embedding(sets, 5)
     d = s.sum(1)
     mm = s / np.sqrt(np.outer(d, d))
     vals, vecs = np.linalg.eigh(mm)
-    assert proto.subspace_distance(u, vecs[:, -5:]) < 1e-8
-    labels = proto.coassociation_labels(sets, 5, seed=0)
+    assert block_iteration.subspace_distance(u, vecs[:, -5:]) < 1e-8
+    labels = baseline.coassociation_labels(sets, 5, seed=0)
     assert ari(spectral_affinity(s, 5, seed=0), labels) == 1.0
     with pytest.raises(ValueError, match="differ in length"):
-        proto.coassociation_matrix([np.zeros(3), np.zeros(4)])
+        baseline.coassociation_matrix([np.zeros(3), np.zeros(4)])
 
 
 def test_edge_sensitivity_bounds_hold():
@@ -219,17 +219,17 @@ def test_edge_sensitivity_bounds_hold():
     adj = data.adj.tolil()
     y = rng.standard_normal((data.num_nodes, 4))
     base_exact = data.adj @ y
-    base_paper = proto.paper_client_step(proto.local_normalised_operator(data.adj), proto.orthonormalise(y), 3)
-    q = proto.orthonormalise(y)
+    base_paper = plus.paper_client_step(plus.local_normalised_operator(data.adj), block_iteration.orthonormalise(y), 3)
+    q = block_iteration.orthonormalise(y)
     for _ in range(20):
         i, j = rng.choice(data.num_nodes, 2, replace=False)
         other = adj.copy()
         other[i, j] = other[j, i] = 0.0 if adj[i, j] else 1.0
         other = sp.csr_matrix(other)
         other.eliminate_zeros()
-        assert np.linalg.norm(other @ y - base_exact) <= proto.exact_edge_sensitivity(y) + 1e-12
-        moved = proto.paper_client_step(proto.local_normalised_operator(other), q, 3) - base_paper
-        assert np.linalg.norm(moved) <= proto.paper_edge_sensitivity(q, 3) + 1e-12
+        assert np.linalg.norm(other @ y - base_exact) <= plus.exact_edge_sensitivity(y) + 1e-12
+        moved = plus.paper_client_step(plus.local_normalised_operator(other), q, 3) - base_paper
+        assert np.linalg.norm(moved) <= plus.paper_edge_sensitivity(q, 3) + 1e-12
 
 
 def test_bad_config_values_are_one_line_errors():
@@ -313,7 +313,7 @@ def run_recorded(strategy, clients, overrides, out_dir, tamper=None):
 def test_secure_aggregation_gives_the_same_labels(mode, tmp_path):
     over = exact() if mode == "exact" else paper(**{"fedspectral-plus.rounds": 6})
     over = {**over, "partition.replicas": 2, "secagg.scale": 2.0**32}
-    plain = run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "plain")
+    run_experiment("fedspectral-plus", "sbm", 3, over, tmp_path / "plain")
     grid, secure = run_recorded("fedspectral-plus", 3, {**over, "fedspectral-plus.secure": True}, tmp_path / "s")
     assert np.array_equal(np.load(tmp_path / "plain" / "labels.npy"), np.load(tmp_path / "s" / "labels.npy"))
     action = "query.fedspectral_product" if mode == "exact" else "query.fedspectral_power"

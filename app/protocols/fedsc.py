@@ -31,15 +31,124 @@ max) and runs normalised spectral clustering (:func:`cluster_affinity`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
-# -- wire: the protocol's steps ------------------------------------------------------------
+from app.config import ConfigError, ConfigView, RunConfig, SharedConfig
+from app.wire import ArraySpec, ReplySpec, ValueSpec
+
+# -- wire: the protocol's steps and what a valid reply holds ------------------------------
 FEDSC_BANDWIDTH = "fedsc_bandwidth"
 FEDSC_RANK = "fedsc_rank"
 FEDSC_ROUND = "fedsc_round"
 FEDSC_FINAL = "fedsc_final"
+
+#: ``fedsc_rank``: the spectral-mass landmark count of the client's own kernel (at least 1).
+RANK_REPLY = ReplySpec(numbers={"landmarks": ValueSpec(whole=True, low=1)})
+
+#: A reply that only acknowledges (the final ``labels``).
+RECEIVED_REPLY = ReplySpec(values=("received",))
+
+
+def bandwidth_reply(estimate: bool) -> ReplySpec:
+    """``features`` (the dimension m); when sigma is estimated also ``distance_sum`` and ``pairs``."""
+    numbers = {"features": ValueSpec(whole=True, low=1)}
+    if estimate:
+        numbers.update(distance_sum=ValueSpec(low=0), pairs=ValueSpec(whole=True, low=0))
+    return ReplySpec(numbers=numbers)
+
+
+def round_reply(size: int, secure: bool, noised: bool) -> ReplySpec:
+    """``update``: ``[Z_p.ravel(), f_p]`` (``f_p`` left out when ``noised``) in one vector of ``size``;
+    masked integers when ``secure``."""
+    return ReplySpec(arrays={"update": ArraySpec((size,), kind="u" if secure else "f", masked=secure,
+                                                 noised=noised)})
+
+
+def final_reply(landmarks: int, rows: int, noised: bool) -> ReplySpec:
+    """``c`` = C_p (one column per sample the client announced) and the samples' ``node_ids``."""
+    return ReplySpec(arrays={"c": ArraySpec((landmarks, rows), noised=noised),
+                             "node_ids": ArraySpec((rows,), kind="iu", low=0, unique=True)})
+
+
+@dataclass(frozen=True)
+class FedSCConfig(ConfigView):
+    """The ``fedsc.*`` keys (declared in :class:`strategies.fedsc.FedSC`). ``lambda_`` reads
+    ``fedsc.lambda`` (a trailing ``_`` keeps a Python keyword out of the field name)."""
+
+    prefix: ClassVar[str] = "fedsc"
+    landmarks: int
+    mass: float
+    lambda_: float
+    sigma: float
+    secure: bool
+    filter_order: int
+    data_noise: float
+    noise_z: float
+    noise_c: float
+    dp_epsilon: float
+    dp_delta: float
+    dp_clip_z: float
+    dp_clip_c: float
+    n_init: int
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        return super().key(name.rstrip("_"))
+
+
+def dp_mechanism(cfg: FedSCConfig, which: str, noise_multiplier: float):
+    """The calibrated Gaussian mechanism of upload ``which`` ("z": Z_p, the whole array clipped at
+    ``fedsc.dp-clip-z``; "c": C_p, each sample's column clipped at ``fedsc.dp-clip-c``), at half
+    ``fedsc.dp-delta`` (the total is split over the two): the server accounts with it, a client
+    noises with it and checks the requested multiplier against its own budget."""
+    from app.privacy.gaussian import GaussianMechanism
+
+    clip = cfg.dp_clip_z if which == "z" else cfg.dp_clip_c
+    return GaussianMechanism(clip, noise_multiplier, delta=cfg.dp_delta / 2, per_row=which == "c")
+
+
+def client_features(shard, cfg: FedSCConfig, rng: np.random.Generator) -> np.ndarray:
+    """What a client clusters: its (filtered) feature rows, perturbed with
+    ``fedsc.data-noise`` drawn from ``rng`` (a client passes a generator on
+    fresh OS entropy; only the evaluation's :func:`pooled_features` passes a
+    seeded one)."""
+    from app.graph_filters import filtered_features
+
+    if shard.x is None:
+        raise ConfigError(f"dataset '{shard.dataset}' has no features; fedsc clusters feature rows")
+    x = filtered_features(shard.x, shard.adj, cfg.filter_order)
+    if cfg.data_noise > 0:
+        x = perturb(x, cfg.data_noise, rng)
+    return x
+
+
+def pooled_features(data, config: RunConfig) -> tuple[np.ndarray, np.ndarray, float]:
+    """Evaluation only: every client's features stacked (client order), their
+    global ids and the sigma the clients would agree on for these features.
+
+    With ``fedsc.data-noise`` > 0 each block is perturbed from
+    :func:`reference_rng` (seed, client): the same mechanism as on the clients,
+    a different draw (the clients' noise comes from their own entropy),
+    reproducible for a seed.
+    """
+    from app.data.params import partition_kwargs
+    from app.data.partition import partition
+
+    cfg, shared = FedSCConfig.of(config), SharedConfig.of(config)
+    shards = partition(data, shared.partitioner, shared.num_clients, seed=shared.seed,
+                       **partition_kwargs(shared.partitioner, config.as_dict()))
+    xs = [client_features(s, cfg, reference_rng(shared.seed, s.client_id)) for s in shards]
+    ids = np.concatenate([np.asarray(s.node_ids, dtype=np.int64) for s in shards])
+    if cfg.sigma > 0:
+        sigma = cfg.sigma
+    else:
+        sums, pairs = zip(*(local_distance_sum(x) for x in xs))
+        sigma = combine_bandwidth(sums, pairs)
+    return np.vstack(xs), ids, sigma
 
 #: singular-value mass the landmark count must carry on a client's own kernel. The authors take 99%
 #: of the full kernel's mass; a client's kernel is a principal submatrix of it and reaches 99% with

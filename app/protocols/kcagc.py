@@ -70,13 +70,52 @@ loop is Lloyd's algorithm on the concatenation ``[Z^1, ..., Z^L]``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import scipy.sparse as sp
 
-# -- wire: the protocol's steps ------------------------------------------------------------
+from app.config import ConfigView
+from app.wire import ArraySpec, ReplySpec
+
+# -- wire: the protocol's steps and what a valid reply holds ------------------------------
 KCAGC_LOCAL = "kcagc_local"
 KCAGC_STEP = "kcagc_step"
 KCAGC_JOINT = "kcagc_joint"
+
+#: A reply that only acknowledges (``kcagc_joint`` stage ``scale``, the final ``labels``).
+RECEIVED_REPLY = ReplySpec(values=("received",))
+
+
+def local_reply(n: int) -> ReplySpec:
+    """``labels``: the local cluster of each of the ``n`` nodes (checked against k_hat by the server)."""
+    return ReplySpec(arrays={"labels": ArraySpec((n,), kind="iu")})
+
+
+def masked_reply(name: str, size: int, secure: bool) -> ReplySpec:
+    """Array ``name`` of ``size`` values: the client's part of a sum, masked integers when ``secure``
+    (``kcagc_joint`` stage ``sum``: ``s``, n squared row norms; ``kcagc_step``: ``d``, distances)."""
+    return ReplySpec(arrays={name: ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
+
+
+@dataclass(frozen=True)
+class KCAGCConfig(ConfigView):
+    """The ``kcagc.*`` keys (declared in :class:`strategies.kcagc.KCAGC`; ``kcagc-basic`` reads
+    all but ``local_factor``, ``local_restarts`` and ``tree``)."""
+
+    prefix: ClassVar[str] = "kcagc"
+    filter: str
+    filter_order: int
+    local_factor: int
+    embedding: str
+    mix_exponent: float
+    embed_dim: int
+    iterations: int
+    restarts: int
+    local_restarts: int
+    tree: bool
+    prune: bool
 
 #: Filter order psi the kCAGC paper fixes per graph filter (app.graph_filters.FILTERS) and dataset:
 #: AGC's filter in Section 4.1 (Table II), the spectral-norm filter in Appendix E.2 (Tables VIII, IX).

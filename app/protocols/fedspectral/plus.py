@@ -1,0 +1,166 @@
+"""FedSpectral+ math: the clients' operators and the server's steps around the eigensolver.
+
+Paper mode (Algorithms 3-4, ``mode="paper"``)
+    Server: random ``V`` (N x K), orthonormal. Each round every client returns
+    ``P_c = M_c^iters V`` with its *local* normalised adjacency
+    ``M_c = D_c^-1/2 A_c D_c^-1/2`` (``= I - L_c``); the server averages the
+    ``P_c`` and orthonormalises with QR. k-means on the rows of ``V`` at the
+    end. This is a heuristic: the average of local operators is not the
+    global ``M = D^-1/2 A D^-1/2`` (local degrees differ from global ones,
+    and powers do not commute with the average).
+
+Exact mode (``mode="exact"``, beyond the paper)
+    Once: the server learns the global degree vector ``d = sum_c A_c 1 / r``
+    by a secure sum (only the sum over clients). Each round the server sends
+    ``Y = D^-1/2 X``; client ``c`` returns ``Z_c = (A_c / r) Y``; the server's
+    ``D^-1/2 sum_c Z_c = M X`` is *exactly* the global normalised operator
+    applied to ``X`` (overlapping edges are weighted 1/r, so they count once;
+    without the 1/r weights an edge held by r clients would count r times,
+    i.e. the operator of a reweighted graph. With the ``edge`` partitioner's
+    uniform r that reweighting is ``r A`` and cancels in ``D^-1/2 A D^-1/2``;
+    it biases the result when multiplicities differ between edges, which the
+    per-edge weights handle). The server runs an eigensolver that touches ``M``
+    only through such products, one per round
+    (:mod:`app.protocols.fedspectral.block_iteration`). It converges to the
+    top-k eigenspace of ``M``, i.e. what :func:`app.clustering.spectral_graph`
+    computes centrally, followed by the same row normalisation and k-means
+    (:func:`embedding_labels`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+from app.clustering import kmeans
+from app.protocols.fedspectral.block_iteration import orthonormalise
+
+
+def local_normalised_operator(adj: sp.csr_matrix) -> sp.csr_matrix:
+    """Paper client operator ``I - L_c = D_c^-1/2 A_c D_c^-1/2`` (local degrees;
+    a node with no local edge gets a zero row and column)."""
+    adj = sp.csr_matrix(adj, dtype=np.float64)
+    deg = np.asarray(adj.sum(axis=1)).ravel()
+    inv = np.zeros_like(deg)
+    inv[deg > 0] = 1.0 / np.sqrt(deg[deg > 0])
+    return sp.csr_matrix(sp.diags(inv) @ adj @ sp.diags(inv))
+
+
+def weighted_local_adjacency(adj: sp.csr_matrix, edge_weight: np.ndarray | None) -> sp.csr_matrix:
+    """``A_c / r``: each local edge divided by the number of clients holding it
+    (``edge_weight`` aligned with ``adj.data``); None means r = 1."""
+    out = sp.csr_matrix(adj, dtype=np.float64, copy=True)
+    if edge_weight is not None:
+        w = np.asarray(edge_weight, dtype=np.float64)
+        if w.shape != out.data.shape:
+            raise ValueError(f"edge_weight has shape {w.shape}, expected {out.data.shape} (one per stored edge)")
+        if np.any(w <= 0):
+            raise ValueError("edge_weight must be > 0 (number of clients holding each edge)")
+        out.data = out.data / w
+    return out
+
+
+def paper_client_step(op: sp.csr_matrix, v: np.ndarray, iters: int) -> np.ndarray:
+    """Algorithm 3: ``op^iters v`` (``iters`` sparse products)."""
+    out = np.asarray(v, dtype=np.float64)
+    for _ in range(int(iters)):
+        out = op @ out
+    return out
+
+
+def local_degrees(weighted_adj: sp.csr_matrix) -> np.ndarray:
+    """``(A_c / r) 1``: this client's share of every node's degree."""
+    return np.asarray(weighted_adj.sum(axis=1)).ravel()
+
+
+def paper_server_step(blocks: list[np.ndarray] | np.ndarray, num_clients: int) -> np.ndarray:
+    """Algorithm 4 aggregation: average of the client blocks (or their sum
+    divided by ``num_clients``), then QR."""
+    total = blocks if isinstance(blocks, np.ndarray) else np.sum(blocks, axis=0)
+    return orthonormalise(total / float(num_clients))
+
+
+def inverse_sqrt_degrees(d: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """``d^-1/2`` where ``d > floor``, else 0 (isolated node: zero row of M)."""
+    d = np.asarray(d, dtype=np.float64)
+    out = np.zeros_like(d)
+    ok = d > floor
+    out[ok] = 1.0 / np.sqrt(d[ok])
+    return out
+
+
+def embedding_labels(u: np.ndarray, k: int, seed: int, n_init: int = 10,
+                     connected: np.ndarray | None = None) -> np.ndarray:
+    """Labels from a spectral embedding exactly as :func:`app.clustering.spectral_graph`
+    does: rows normalised to unit length, k-means (k-means++, ``n_init``) on the
+    rows of ``connected`` nodes; the others (zero rows) join the cluster whose
+    centre is nearest the origin."""
+    u = np.array(u, dtype=np.float64)
+    n = u.shape[0]
+    norms = np.linalg.norm(u, axis=1)
+    ok = norms > 1e-12
+    u[ok] /= norms[ok, None]
+    u[~ok] = 0.0
+    connected = ok if connected is None else (np.asarray(connected, bool) & ok)
+    labels = np.zeros(n, dtype=np.int64)
+    idx = np.flatnonzero(connected)
+    if idx.size == 0:
+        return labels
+    sub, centres = kmeans(u[idx], min(k, idx.size), seed, n_init=n_init, return_centers=True)
+    labels[idx] = sub
+    if idx.size < n:
+        labels[~connected] = int(np.argmin((centres ** 2).sum(axis=1)))
+    return labels
+
+
+def product_bound(y: np.ndarray, max_degree: float) -> float:
+    """Largest |entry| any client's ``(A_c / r) Y`` can have: a row sums at most
+    ``d_i <= max_degree`` entries of Y, each weighted <= 1."""
+    return float(max_degree) * float(np.abs(y).max(initial=0.0))
+
+
+def paper_bound(y: np.ndarray) -> float:
+    """Largest |entry| of ``M_c^t Y``: ``||M_c||_2 <= 1`` so every entry is at
+    most ``||Y||_F``."""
+    return float(np.linalg.norm(y))
+
+
+def block_support(y: np.ndarray) -> tuple[float, int]:
+    """The smallest effective support ``||y_j||_1^2 / ||y_j||_2^2`` over the nonzero columns
+    ``y_j`` of a block, and that column (``(inf, -1)`` without one). The support lies in
+    [1, N]: 1 for a basis vector, whose product ``A y_j`` is one row of ``A``; about
+    0.64 N for a Gaussian column. It counts the nodes a column spreads over."""
+    y = np.asarray(y, dtype=np.float64)
+    squares = (y ** 2).sum(axis=0)
+    nonzero = np.flatnonzero(squares > 0)
+    if nonzero.size == 0:
+        return math.inf, -1
+    support = np.abs(y[:, nonzero]).sum(axis=0) ** 2 / squares[nonzero]
+    j = int(np.argmin(support))
+    return float(support[j]), int(nonzero[j])
+
+
+def exact_edge_sensitivity(y: np.ndarray) -> float:
+    """L2 change of the released products when one global edge (i, j) is added
+    or removed (at all r clients holding it): rows i and j of ``sum_c Z_c`` move
+    by ``Y_j`` and ``Y_i`` (each holder by 1/r of it), so at most
+    ``sqrt(top1^2 + top2^2)`` of the row norms of Y (also bounds the stacked
+    per-client uploads: ``sqrt(r) / r <= 1``)."""
+    norms = np.sort(np.linalg.norm(y, axis=1))[::-1]
+    top = norms[:2] if norms.size >= 2 else np.concatenate([norms, [0.0]])
+    return float(math.sqrt(float(top[0]) ** 2 + float(top[1]) ** 2))
+
+
+DEGREE_SENSITIVITY = math.sqrt(2.0)  # one edge moves two degrees by 1
+
+
+def paper_edge_sensitivity(y: np.ndarray, iters: int, holders: int = 1) -> float:
+    """L2 change of the uploads ``M_c^t Y`` when one edge changes at the (at most
+    ``holders``) clients holding it: per client ``M_c - M_c'`` lives in rows and
+    columns i, j, each row of a normalised adjacency has norm <= 1, so
+    ``||M_c - M_c'||_F <= 4``, and telescoping ``M^t - M'^t`` gives
+    ``<= 4 t ||Y||_2``; the holders' changes stack to ``sqrt(holders)`` times that
+    (no 1/r weights in paper mode)."""
+    return 4.0 * int(iters) * float(np.linalg.norm(y, 2)) * math.sqrt(int(holders))
