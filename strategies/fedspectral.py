@@ -203,6 +203,13 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     settings = wire.FedSpectralPlusConfig
 
     @classmethod
+    def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
+        """Exact mode masks the degree shares whenever there is more than one client; both modes
+        mask the blocks with ``fedspectral-plus.secure``."""
+        view = wire.FedSpectralPlusConfig.of(config)
+        return clients > 1 and (view.mode == "exact" or view.secure)
+
+    @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
         k, b = SharedConfig.of(config).num_clusters, wire.FedSpectralPlusConfig.of(config).block

@@ -96,7 +96,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.graph_filters import FILTERS
-from app.config import ConfigError, Param
+from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
 from app.protocols import kcagc as proto
 from app.wire import LABELS, ProtocolError
@@ -174,6 +174,11 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
     needs_features = True
 
     settings = proto.KCAGCConfig
+
+    @classmethod
+    def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
+        """Every summed distance is masked, whenever there is more than one party."""
+        return clients > 1
 
     def embed_values(self, k: int) -> dict:
         """The filter and embedding settings every request carries (a client embeds on its first request)."""

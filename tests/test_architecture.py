@@ -4,9 +4,7 @@ A method is three rooms: ``strategies/<name>.py`` (server), ``clients/<name>.py`
 ``app/protocols/<name>.py`` or ``app/protocols/<name>/`` (its math and wire spec); everything else
 under ``app/`` is the spine they share. Imports are read from the syntax tree, those inside
 functions included, so a deferred import cannot slip past.
-
-The tests marked :data:`METHOD_ROOMS_PENDING` hold rules the method rooms do not meet yet; their
-assertion message lists every offender (``pytest --runxfail tests/test_architecture.py`` shows it).
+Each rule's assertion message lists every offender.
 """
 
 from __future__ import annotations
@@ -17,18 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from app import registry
 from app.config import ConfigView, SecAggConfig, SharedConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_FUNCTION_LINES = 60
-
-#: The rules the method rooms do not meet yet: expected to fail, their offenders in the message.
-METHOD_ROOMS_PENDING = pytest.mark.xfail(
-    reason="a method-room rule the strategies, clients and protocols do not all meet yet; the message lists "
-           "the offenders", strict=False)
+MAX_FUNCTION_LINES = 50
 
 #: What a protocol module may not import: the transport, Flower, the server and client rooms.
 PROTOCOL_FORBIDDEN = ("app.transport", "app.session", "app.inprocess", "app.server_app", "app.client_app",
@@ -36,8 +28,6 @@ PROTOCOL_FORBIDDEN = ("app.transport", "app.session", "app.inprocess", "app.serv
 #: Modules the ClientApp must not import when it loads: a SuperNode starts a fresh ClientApp process
 #: for every message, so they would be paid on every message (the steps that use them import them).
 HEAVY_MODULES = ("torch", "sklearn", "matplotlib", "pandas", "scipy.stats")
-#: Files outside the spine: the method rooms and the report helpers.
-METHOD_AND_REPORT_FILES = ("app/models.py", "app/bench.py", "app/plots.py")
 
 
 def python_files(*folders: str) -> list[Path]:
@@ -93,13 +83,6 @@ def long_functions(files) -> list[str]:
     return out
 
 
-def is_method_or_report_file(path: Path) -> bool:
-    rel = path.relative_to(ROOT).as_posix()
-    if rel.startswith(("strategies/", "clients/")):
-        return path.name not in ("base.py", "__init__.py")
-    return rel.startswith("app/protocols/") or rel in METHOD_AND_REPORT_FILES
-
-
 def all_views() -> list[type[ConfigView]]:
     """Every ConfigView subclass defined by the modules the registry imports."""
     found, todo = [], [ConfigView]
@@ -124,7 +107,6 @@ def test_imports_are_found_in_functions_and_relative_ones_resolved(tmp_path):
 
 
 # -- (a) a client never imports the server room ------------------------------------------------
-@METHOD_ROOMS_PENDING
 def test_clients_never_import_strategies():
     offenders = forbidden_imports(python_files("clients"), ("strategies",))
     assert not offenders, "clients import the server room: " + "; ".join(offenders)
@@ -144,7 +126,6 @@ def test_a_strategy_and_its_client_read_the_same_settings_view():
     assert not differ, "; ".join(differ)
 
 
-@METHOD_ROOMS_PENDING
 def test_every_param_of_a_strategy_is_a_field_of_its_settings_view_with_its_kind():
     """Own keys in the strategy's ``settings``; borrowed ones in the view of the strategy declaring them."""
     declared_by = {p.key: e.strategy for e in registry.STRATEGIES.values() for p in e.strategy.params}
@@ -199,14 +180,6 @@ def test_the_client_app_module_loads_without_torch_sklearn_or_matplotlib():
 
 
 # -- (e) small functions ------------------------------------------------------------------------
-def test_no_function_of_the_spine_is_longer_than_60_lines():
-    files = [p for p in python_files("app", "strategies", "clients") if not is_method_or_report_file(p)]
-    offenders = long_functions(files)
-    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(offenders)
-
-
-@METHOD_ROOMS_PENDING
-def test_no_function_of_the_methods_or_reports_is_longer_than_60_lines():
-    files = [p for p in python_files("app", "strategies", "clients") if is_method_or_report_file(p)]
-    offenders = long_functions(files)
+def test_no_function_is_longer_than_50_lines():
+    offenders = long_functions(python_files("app", "strategies", "clients"))
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(offenders)
