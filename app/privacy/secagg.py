@@ -71,12 +71,13 @@ The recovery variant (SecAgg / SecAgg+ style double masking, Bonawitz et al.
   aggregation with :class:`SecAggDropoutError`.  Without dropouts, any
   ``threshold`` unmask answers suffice.
 
-Wiring into Flower messages (one possible layout)
--------------------------------------------------
-``query.secagg_setup``: client ``generate`` -> reply ConfigRecord
-``{"pk": bytes}``; state ``context.state["secagg"] = ConfigRecord({"party": party.to_bytes()})``.
-``query.secagg_agree``: server sends ``pack_id_bytes(relay_public_keys(...))``
-(str keys, ConfigRecord); client ``agree(unpack_id_bytes(...))``, stores state.
+Wiring into Flower messages (``app.session.ServerSession.setup_secure_aggregation``)
+-------------------------------------------------------------------------------------
+Key generation: client ``generate`` -> its public key in the hello reply (or a
+``query.secagg_setup`` reply); state ``context.state["secagg"]``.
+Agreement: the server relays ``pack_id_bytes(relay_public_keys(...))`` (str keys) with
+the first step after the handshake (or in ``query.secagg_agree``); client
+``agree(unpack_id_bytes(...))``, stores state.
 Any later phase: client ``mask(values, tag, encoder)`` -> ArrayRecord (``encoder.dtype``)
 (store state again: used tags); server ``unmask_sum``.  Recovery variant:
 reply also ``pack_id_bytes(share_ciphertexts)``; unmask phase sends each
