@@ -103,14 +103,7 @@ def kmeans(
     """
     from sklearn.cluster import KMeans
 
-    if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
-    else:
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim == 1:
-            X = X[:, None]
-        if X.ndim != 2:
-            raise ValueError(f"X must be a 2-D matrix, got shape {X.shape}")
+    X = as_features(X)
     n = X.shape[0]
     k = check_k(k, n)
     seed = check_seed(seed)
