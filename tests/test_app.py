@@ -182,7 +182,7 @@ def test_fedkmeans_final_ids_that_cannot_be_the_clients_stop_the_run(out_dir, mo
 
 def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(out_dir, monkeypatch):
     """Finite centres of 1e300 pass the array checks, but every client's distances to them overflow:
-    the run used to stop a step later blaming all clients."""
+    the run stops at once, naming the client that sent them, not a step later blaming all clients."""
     from app.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
@@ -263,7 +263,7 @@ def test_the_server_app_lets_flower_see_a_config_error_unless_app_run_collects_i
 
 
 def test_unsigned_node_ids_from_one_client_give_the_same_labels(tmp_path, monkeypatch):
-    """int64 and uint64 ids concatenate to float64, which used to crash the server unattributed."""
+    """int64 and uint64 ids concatenate to float64: the server casts each client's ids first."""
     from clients.fedkmeans import FedKMeansClient
 
     honest = run_experiment("fedkmeans", "iris", 3, {}, tmp_path / "honest")

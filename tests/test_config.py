@@ -103,8 +103,8 @@ def test_secure_aggregation_with_one_client_is_refused_before_the_run(strategy, 
      "dataset 'ego-facebook' has no labels; valid: num-clusters >= 1 (the number of clusters to find)"),
 ])
 def test_a_dataset_without_what_the_strategy_uses_is_refused_before_the_run(raw, message):
-    """Found on the clients after the run started, these used to stop it with client errors, or
-    (fedspectral on a point cloud, fedavg-dmon on identity features) to give a meaningless result."""
+    """Refused before the run starts: on the clients these would stop it with client errors, or
+    (fedspectral on a point cloud, fedavg-dmon on identity features) give a meaningless result."""
     with pytest.raises(ConfigError) as err:
         registry.validate(raw)
     assert str(err.value) == message
@@ -244,7 +244,7 @@ def test_cli_empty_values_are_refused_not_taken_for_the_default(args, key, tmp_p
 
 
 def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
-    """It used to fail once the run was over, with a traceback, and the result was lost."""
+    """Refused before the run, not once it is over (when the result would be lost)."""
     import app.inprocess
     from app.result import unwritable
     from app.run import main
@@ -258,7 +258,7 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, c
 
 
 def test_write_result_never_replaces_a_result_json(tmp_path):
-    """A second run into the same directory used to replace the first one's result and labels."""
+    """A second run into the same directory never replaces the first one's result and labels."""
     import numpy as np
 
     from app.result import write_result
@@ -348,7 +348,7 @@ SAME_DATA = "valid: an eval-file written by python -m app.data.prepare --dataset
 ])
 def test_an_eval_file_of_other_data_is_refused_before_the_run(sbm34_eval_file, args, message, tmp_path, capsys,
                                                                monkeypatch):
-    """Karate scored against SBM labels used to exit 0; other sizes failed only once the run was over."""
+    """An evaluation file of another dataset is refused before the run, whatever its size."""
     import app.inprocess
     from app.run import main
 
@@ -380,7 +380,7 @@ def test_a_server_refuses_an_eval_file_of_another_dataset_and_takes_its_own(sbm3
 ])
 def test_a_split_or_cluster_count_the_data_does_not_allow_stops_before_any_client_runs(
         tmp_path, monkeypatch, strategy, dataset, clients, overrides, message):
-    """These used to stop the run after it started, with one error per client (under Ray: their tracebacks)."""
+    """Refused before the run starts, in one line, not with one error per client once it runs."""
     import app.inprocess
 
     monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start

@@ -268,8 +268,8 @@ def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path)
 
 
 def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
-    """The clients add the noise; the multiplier comes with the request. Before, a server that left it
-    out (or sent a smaller one) got un-noised (or less noised) Z_p and C_p."""
+    """The clients add the noise; the multiplier comes with the request: a server that leaves it out
+    (or sends a smaller one) must not get un-noised (or less noised) Z_p and C_p."""
     from flwr.app import Context, RecordDict
 
     from app.privacy.policy import PrivacyRefusal
@@ -425,7 +425,7 @@ def test_an_impossible_landmark_count_stops_the_run_naming_the_client(out_dir, m
 
 
 def test_more_landmarks_than_samples_are_refused_before_any_round(out_dir):
-    """K(Z, Z) is d x d: fedsc.landmarks=100000 on iris used to end in a 74.5 GiB MemoryError on the clients."""
+    """K(Z, Z) is d x d: fedsc.landmarks=100000 on iris would need 74.5 GiB on every client."""
     with pytest.raises(ConfigError, match=r"^fedsc.landmarks=100000 exceeds the 150 samples of all clients; "
                                           r"valid: 0 \(spectral-mass rule\) to 150$"):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 100_000}, out_dir)

@@ -138,7 +138,7 @@ def strip_masking(partition, arrays, values):
 
 @pytest.mark.parametrize("strategy", sorted(MASKING_RUNS))
 def test_a_request_without_its_secagg_tag_is_refused(strategy, tmp_path):
-    """Before, a server that left the tag out got clear float64 replies in all five strategies."""
+    """A server that leaves the tag out gets no clear float64 reply, in any of the five strategies."""
     overrides, action = MASKING_RUNS[strategy]
     raw = {**overrides, "strategy": strategy, "num-clients": 3}
     with pytest.raises(PrivacyRefused, match=rf"^step '{action}' refused by the privacy policy of client 0 "
@@ -216,8 +216,8 @@ def test_kcagc_refuses_a_key_relay_without_every_client(tmp_path):
 # --------------------------------------------------------------------------- bound probes
 @pytest.mark.parametrize("factor", [0.5, 1.0, 1e3])
 def test_a_bound_probe_gets_the_same_answer_whatever_the_private_value(factor, tmp_path):
-    """Before, a client refused a value above the server's secagg_bound and answered below it:
-    bisecting the bound read a statistic to 9 digits in 40 requests. Now a bound below the one
+    """A client that refused a value above the server's secagg_bound and answered below it would let
+    a bisection of the bound read a statistic (to 9 digits in 40 requests). A bound below the one
     the step declares honestly (fedkmeans: the client's rows x the run's secagg.bound) is refused
     by every client, whatever its data; from it up, every client answers (values beyond the bound
     clipped), whatever its data."""
@@ -262,7 +262,7 @@ def test_values_beyond_the_bound_are_clipped_not_refused():
 
 # --------------------------------------------------------------------------- noise floors from the node
 def test_the_node_config_noise_floor_holds_whatever_the_run_config_says(tmp_path):
-    """Before, a SuperNode's --node-config noise-multiplier=5 was ignored: the run-config decided."""
+    """A SuperNode's --node-config noise-multiplier=5 holds: the run-config cannot lower it."""
     raw = {**SBM, "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2, "fedspectral-plus.mode": "paper",
            "fedspectral-plus.rounds": 2}
     floor = {"fedspectral-plus.noise-multiplier": 5.0}
@@ -297,7 +297,7 @@ def identity_block(partition, arrays, values):
 
 
 def test_fedspectral_plus_refuses_an_identity_block(tmp_path):
-    """Before, exact mode answered ``block = I`` with its whole private edge set (258 of 258 edges)."""
+    """An answer to ``block = I`` would be the client's whole private edge set (258 of 258 edges)."""
     raw = {**SBM, "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2,
            "fedspectral-plus.mode": "exact", "fedspectral-plus.rounds": 3}
     with pytest.raises(PrivacyRefused, match=r"rule 'min-block-support': 'fedspectral_product' block column 0 "
@@ -332,8 +332,8 @@ FEDSC_DP = {"strategy": "fedsc", "dataset": "iris", "num-clients": 2, "num-round
 
 
 def test_the_budget_survives_runs_and_restarts(tmp_path):
-    """Before, fedsc's release budget lived in the run context: a new run or a restarted
-    SuperNode allowed as many releases again."""
+    """fedsc's release budget lives in the node's ledger, not the run: a new run or a restarted
+    SuperNode does not allow as many releases again."""
     ledgers = [tmp_path / f"node-{i}.jsonl" for i in range(2)]
     configs = [{**c, "privacy-ledger": str(ledgers[i]), "privacy.fedsc.epsilon": 1.5}
                for i, c in enumerate(node_configs(2))]
