@@ -29,7 +29,7 @@ from app.protocols.kcagc import tree_groups
 from app.registry import validate
 from app.server_app import run_server
 from app.session import PrivacyRefused
-from app.wire import ProtocolError
+from app.wire import SECAGG_PEER, ProtocolError
 from app.transport import pack, unpack
 from clients.fedkmeans import FedKMeansClient
 from clients.fedsc import FedSCClient
@@ -204,13 +204,14 @@ def test_no_tree_arrangement_leaves_a_client_alone_in_any_combination_of_sums(pa
 
 
 def test_kcagc_refuses_a_key_relay_without_every_client(tmp_path):
+    """The peers' keys travel with kcagc's first step after hello, ``kcagc_local``."""
     def drop_party_2(partition, arrays, values):
-        return arrays, {k: v for k, v in values.items() if k != "2"}
+        return arrays, {k: v for k, v in values.items() if k != SECAGG_PEER + "2"}
 
     raw = {**MASKING_RUNS["kcagc"][0], "strategy": "kcagc", "num-clients": 3}
     with pytest.raises(PrivacyRefused, match=r"rule 'masking-group': keys relayed for parties \[0, 1\]; this client "
                                              r"masks only with every client of the run, \[0, 1, 2\]"):
-        run(raw, tmp_path, MaliciousServerGrid, action="secagg_agree", rewrite=drop_party_2)
+        run(raw, tmp_path, MaliciousServerGrid, action="kcagc_local", rewrite=drop_party_2)
 
 
 # --------------------------------------------------------------------------- bound probes
