@@ -73,8 +73,8 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
             z_p = proto.perturb(z_p, noise, np.random.default_rng())
             # the objective would go up un-noised beside the noised Z_p: left out then
             update = z_p.ravel() if noise > 0 else np.concatenate([z_p.ravel(), [f]])
-        if "secagg_tag" in values:
-            update = self.masked(update, values)
+        if "secagg_tag" in values:  # an honest server declares at least this client's update_bound
+            update = self.masked(update, values, floor=proto.update_bound(len(x), self.secagg.bound))
         return {"update": update}
 
     @answers(proto.FEDSC_FINAL)

@@ -190,11 +190,12 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         secure, rounds = self.cfg.secure, self.shared.num_rounds
         noised = bool(dp) or self.cfg.noise_z > 0  # then the objective is not sent
         spec = proto.round_reply(d * m + (0 if noised else 1), secure, noised)
+        bound = proto.update_bound(max(announced_rows(session).values()), self.secagg.bound)
         history = []
         for r in range(1, rounds + 1):
             values = dict(common, round=r)
             if secure:
-                values.update(session.secagg_values("update", self.secagg.bound))
+                values.update(session.secagg_values("update", bound))
             # Without secure aggregation Z is a plain average over the clients
             # that answered, so a client that drops out is left out (its
             # samples then get no label); masks only cancel over everyone.

@@ -61,6 +61,13 @@ def bandwidth_reply(estimate: bool) -> ReplySpec:
     return ReplySpec(numbers=numbers)
 
 
+def update_bound(rows: int, value_bound: float) -> float:
+    """The largest |entry| of the ``update`` of a client with ``rows`` samples: a landmark coordinate,
+    at most ``value_bound`` (``secagg.bound``), or its objective ``f_p``, at most ``N_p / 2`` (its
+    value at ``C_p = 0``, above the minimum the C-step reaches); so the bound holds at every size."""
+    return max(float(value_bound), float(rows))
+
+
 def round_reply(size: int, secure: bool, noised: bool) -> ReplySpec:
     """``update``: ``[Z_p.ravel(), f_p]`` (``f_p`` left out when ``noised``) in one vector of ``size``;
     masked integers when ``secure``."""
