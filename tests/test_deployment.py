@@ -117,12 +117,15 @@ def _small_federation_files(out, nodes: int, partitioner: str = "node-random", s
 def _run_with_fault(out, config, fault, **options):
     """Start the SuperLink and one SuperNode per shard under ``out``, run ``fault(federation)`` in a thread
     while ``flwr run`` runs ``config``; return the finished ``flwr run`` and the (closed) federation,
-    whose logs stay readable."""
+    whose logs stay readable. The federation closes once both ``flwr run`` and the fault are over (the
+    fault may wait for what the processes do after the run, e.g. SuperNodes giving up)."""
     with LocalFederation(out, out / "pki", **options) as federation:
         federation.start_superlink()
         federation.start_nodes([out / "shards" / f"client-{i}.npz" for i in range(int(config["num-clients"]))])
-        threading.Thread(target=fault, args=(federation,), daemon=True).start()
+        faulting = threading.Thread(target=fault, args=(federation,), daemon=True)
+        faulting.start()
         proc = federation.run_app(REPO, config, timeout=RUN_GUARD_S)
+        faulting.join()  # its own waits are bounded by their hang guards
     return proc, federation
 
 
