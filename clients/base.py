@@ -73,7 +73,7 @@ class ClusteringClient(Generic[ViewT]):
         self.policy.refuse_unmet()
         arrays, values = unpack(content)
         values = self._agree_on_relayed_keys(values)
-        method, _ = self.steps()[action]
+        method, _ = self._steps[action]
         reply_arrays, reply_values = getattr(self, method)(arrays, values)
         return pack(reply_arrays, reply_values)
 
