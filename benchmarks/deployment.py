@@ -100,9 +100,11 @@ def round_stages(rounds: list[dict], logs: list[str]) -> dict[str, list[float]]:
             sent = rounds[position]["sent_at"]
             stages["supernode_pickup"].append(message["pulled"] - sent)
             stages["clientapp_start"].append(message["started"] - sent)
-            stages["flower_runtime"].append(message["loading"] - message["started"])
-            stages["app_imports"].append(message["loaded"] - message["loading"])
-            stages["compute"].append(message["left"] - message["loaded"])
+            # a ClientApp forked from its bundle's AppForker loaded the app before it started
+            imports = message["loaded"] - message["loading"] if message["loading"] >= message["started"] else 0.0
+            stages["flower_runtime"].append(message["entered"] - message["started"] - imports)
+            stages["app_imports"].append(imports)
+            stages["compute"].append(message["left"] - message["entered"])
             stages["reply"].append(message["pushed"] - message["left"])
             stages["clientapp_cpu"].append(message["cpu"])
             pushes.setdefault(position, []).append(message["pushed"])

@@ -95,6 +95,13 @@ def supernode_command(env: Mapping[str, str]) -> list[str]:
     return [str(BIN / "flower-supernode")]
 
 
+def superlink_command(env: Mapping[str, str]) -> list[str]:
+    """``flower-superlink``, through :mod:`deploy.flower_shim` unless ``env`` switches it off."""
+    if flower_shim.enabled(env):
+        return [sys.executable, "-m", "deploy.flower_shim", "superlink"]
+    return [str(BIN / "flower-superlink")]
+
+
 class LocalFederation:
     """SuperLink and SuperNodes on loopback (see module docstring)."""
 
@@ -152,7 +159,7 @@ class LocalFederation:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start_superlink(self, timeout: float = 120.0) -> None:
-        cmd = [str(BIN / "flower-superlink"), "--port", str(self.port),
+        cmd = [*superlink_command(self.env), "--port", str(self.port),
                "--disable-runtime-dependency-installation"]
         if self.pki:
             cmd += ["--ssl-ca-certfile", str(self.pki / "ca.crt"),

@@ -10,7 +10,10 @@
   comes t seconds after the last one waits about t / 16 longer; an idle
   SuperNode polls every 3 s);
 * while a ClientApp runs it checks for the reply (and then for each of the
-  reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`.
+  reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`;
+* a ClientApp process asks for a part of its message that its SuperNode does
+  not hold yet again after 1 s (doubling up to 10 s); here after
+  :data:`OBJECT_POLL_S` (doubling up to :data:`OBJECT_POLL_CAP_S`).
 
 Both go through the module's ``time`` name, replaced by a :class:`PollClock`
 that maps Flower's two waits onto these and passes any other sleep through.
@@ -18,9 +21,16 @@ The SuperExec it starts becomes ``python -m deploy.flower_shim superexec``:
 Flower's ``flower-superexec``, whose subprocess executor starts each
 ``flwr-clientapp`` (still one process per message) as a fork of a process that
 has already imported Flower's ClientApp runtime and the third-party packages
-in :data:`PRELOAD` (``multiprocessing``'s forkserver). The app's own code is
-never preloaded: every ClientApp process loads it from the app bundle, as
-Flower's own ClientApp processes do. With ``FEDGRAPH_TIMING=1`` each message also leaves two ``fedgraph-timing``
+in :data:`PRELOAD` (``multiprocessing``'s forkserver). Once an app bundle is
+installed (by the first ClientApp process of its run, Flower's
+``install_from_fab``, which checks every file's hash), the ClientApp
+processes of later messages with the same bundle fork from an
+:class:`AppForker`: a process that loaded that installed bundle's ClientApp
+once, the way Flower's loader does, and whose forks take the installed
+directory for a bundle whose bytes hash to it instead of unpacking and
+re-checking the same bytes (``install_from_fab`` gives the same directory for
+an installed bundle). A message whose bundle is not installed, or whose
+forker cannot load it, starts as before. With ``FEDGRAPH_TIMING=1`` each message also leaves two ``fedgraph-timing``
 lines in the SuperNode's log (wall-clock seconds when it was pulled and its
 reply pushed), which ``benchmarks/deployment.py`` reads.
 
@@ -32,11 +42,15 @@ here are those of the installed Flower.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import ModuleType
 
 #: the environment variable that switches the shim off ("0")
@@ -47,11 +61,18 @@ FLOWER_REPLY_POLL_S = 0.5
 FIRST_IDLE_POLL_S = 0.02
 IDLE_FRACTION = 1 / 8
 REPLY_POLL_S = 0.01
+#: a ClientApp process starts while its SuperNode still pulls the message from the SuperLink,
+#: and Flower's runtime waits 1 s (then 2, 4, ... up to 10 s) before asking for a part of the
+#: message again; here it asks again after 10 ms, doubling up to 0.1 s
+FLOWER_OBJECT_POLL_S = 1
+OBJECT_POLL_S = 0.01
+OBJECT_POLL_CAP_S = 0.1
 #: imported once by the fork server, before any ClientApp process forks from it (the GNN methods'
 #: torch, PyG and Opacus cost about 5 s of CPU to import: once per SuperNode, not once per message)
 PRELOAD = ("flwr.supernode.cli.flwr_clientapp", "flwr.supernode.runtime.run_clientapp", "numpy",
            "scipy.sparse", "scipy.sparse.linalg", "scipy.linalg", "cryptography.hazmat.primitives.asymmetric.x25519",
-           "cryptography.hazmat.primitives.ciphers.aead", "sklearn.cluster", "torch", "torch_geometric.nn", "opacus")
+           "cryptography.hazmat.primitives.ciphers.aead", "sklearn.cluster", "torch", "torch_geometric.nn", "opacus",
+           "httpcore")
 #: with this environment variable set to 1, the SuperNode and the ClientApp log when each
 #: message passed each stage (lines starting with TIMING)
 TIMING_SETTING = "FEDGRAPH_TIMING"
@@ -101,7 +122,7 @@ def patch_supernode(module: ModuleType) -> PollClock:
     """Apply the SuperNode changes (module docstring) to ``module``
     (``flwr.supernode.start_client_internal``); returns its clock."""
     clock = PollClock()
-    pull, push, popen = module._pull_and_store_message, module._push_messages, module.subprocess.Popen
+    pull, push = module._pull_and_store_message, module._push_messages
 
     def pull_and_store_message(*args, **kwargs):
         run_id = pull(*args, **kwargs)
@@ -115,15 +136,11 @@ def patch_supernode(module: ModuleType) -> PollClock:
         clock.active()
         _timing("pushed")
 
-    def start_superexec(command, *args, **kwargs):
-        if command and command[0] == "flower-superexec":
-            command = [sys.executable, "-m", "deploy.flower_shim", "superexec", *command[1:]]
-        return popen(command, *args, **kwargs)
-
     module.time = clock
+    module.pull_objects = short_object_polls(module.pull_objects)
     module._pull_and_store_message = pull_and_store_message
     module._push_messages = push_messages
-    module.subprocess = _Namespace(subprocess, Popen=start_superexec)
+    _through_shim(module, "flower-superexec", "superexec")
     return clock
 
 
@@ -145,39 +162,232 @@ def _run_clientapp(argv: list[str], quiet: bool) -> None:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
     from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+    from flwr.supernode.runtime import run_clientapp
 
+    patch_clientapp(run_clientapp)
     sys.argv = argv
     flwr_clientapp()
 
 
+def short_object_polls(pull):
+    """Flower's ``pull`` (``pull_objects`` or ``pull_and_inflate_object_from_tree``) asking
+    again for a message part not there yet after :data:`OBJECT_POLL_S` seconds, doubling up
+    to :data:`OBJECT_POLL_CAP_S`, instead of after Flower's 1 s."""
+    return functools.partial(pull, initial_backoff=OBJECT_POLL_S, backoff_cap=OBJECT_POLL_CAP_S)
+
+
+def patch_clientapp(module: ModuleType) -> None:
+    """Make ``module`` (``flwr.supernode.runtime.run_clientapp``) poll for its message's parts
+    with :func:`short_object_polls`."""
+    module.pull_and_inflate_object_from_tree = short_object_polls(module.pull_and_inflate_object_from_tree)
+
+
+def installed_app_dir(fab_hash: str | None) -> Path | None:
+    """The directory Flower installed the app bundle ``fab_hash`` into, if it did
+    (``$FLWR_HOME/apps/<publisher>.<name>.<version>.<hash prefix>``, one match)."""
+    if not fab_hash:
+        return None
+    from flwr.common.config import get_flwr_home
+    from flwr.common.constant import FAB_CONFIG_FILE, FAB_HASH_TRUNCATION
+
+    found = [path for path in (get_flwr_home() / "apps").glob(f"*.{fab_hash[:FAB_HASH_TRUNCATION]}")
+             if (path / FAB_CONFIG_FILE).is_file()]
+    return found[0] if len(found) == 1 else None
+
+
+def install_known_fab(fab_hash: str, app_dir: Path, install):
+    """Flower's ``install_from_fab`` (``install``), except that the bundle whose bytes hash to
+    ``fab_hash`` gives ``app_dir``, where it is installed, without being unpacked again."""
+
+    def install_from_fab(fab_file, *args, **kwargs):
+        if isinstance(fab_file, bytes) and hashlib.sha256(fab_file).hexdigest() == fab_hash:
+            return app_dir
+        return install(fab_file, *args, **kwargs)
+
+    return install_from_fab
+
+
+READY = "ready"
+
+
+def _serve_app(fab_hash: str, app_dir: str, conn) -> None:
+    """An :class:`AppForker`'s process: load the installed bundle's ClientApp as Flower's
+    loader does, say :data:`READY` (or why not), then fork one ClientApp per ``(argv, quiet)``
+    received, until the SuperExec closes the pipe."""
+    try:
+        from flwr.clientapp.client_app import LoadClientAppError
+        from flwr.common.config import get_project_config
+        from flwr.supercore.object_ref import load_app
+        from flwr.supernode.runtime import run_clientapp
+
+        reference = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]["clientapp"]
+        load_app(reference, LoadClientAppError, app_dir)
+        run_clientapp.install_from_fab = install_known_fab(fab_hash, Path(app_dir), run_clientapp.install_from_fab)
+    except Exception as error:  # noqa: BLE001 - the SuperExec falls back to a cold start and logs why
+        conn.send(f"{type(error).__name__}: {error}")
+        return
+    conn.send(READY)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the finished ClientApps
+    while True:
+        try:
+            argv, quiet = conn.recv()
+        except EOFError:
+            return
+        if os.fork() == 0:
+            conn.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _exit_after(_run_clientapp, argv, quiet)
+
+
+def _exit_after(run, *args) -> None:
+    """Run a forked ClientApp and end its process with its exit code, never returning into
+    the forker's loop."""
+    code = 1
+    try:
+        run(*args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class AppForker:
+    """A process that loaded one installed app bundle's ClientApp and forks a ClientApp
+    process per message from it (:func:`_serve_app`)."""
+
+    def __init__(self, context, fab_hash: str, app_dir: Path) -> None:
+        self._conn, child = context.Pipe()
+        self.process = context.Process(target=_serve_app, args=(fab_hash, str(app_dir), child), daemon=True)
+        self.process.start()
+        child.close()
+        try:
+            answer = self._conn.recv()
+        except EOFError:
+            answer = "its process ended before it loaded the app"
+        self.problem = None if answer == READY else answer
+
+    def submit(self, argv: list[str], quiet: bool) -> bool:
+        """Start a ClientApp for ``argv``; False if this forker is gone."""
+        if self.problem is not None or not self.process.is_alive():
+            return False
+        try:
+            self._conn.send((argv, quiet))
+        except OSError:
+            return False
+        return True
+
+
+class AppForkers:
+    """One :class:`AppForker` per installed app bundle (by hash)."""
+
+    def __init__(self, context) -> None:
+        self._context, self._forkers = context, {}
+
+    def submit(self, fab_hash: str | None, argv: list[str], quiet: bool) -> bool:
+        """Start a ClientApp for ``argv`` from the forker of ``fab_hash``; False if the
+        bundle is not installed yet or cannot be loaded (the caller starts it cold)."""
+        forker = self._forkers.get(fab_hash)
+        if forker is None or (forker.problem is None and not forker.process.is_alive()):
+            app_dir = installed_app_dir(fab_hash)
+            if app_dir is None:
+                return False
+            forker = self._forkers[fab_hash] = AppForker(self._context, fab_hash, app_dir)
+            if forker.problem is not None:
+                print(f"deploy.flower_shim: app bundle {fab_hash[:8]} starts every ClientApp cold: {forker.problem}",
+                      file=sys.stderr, flush=True)
+        return forker.submit(argv, quiet)
+
+
 def patch_executor(module: ModuleType, context=None):
     """Make ``module`` (``flwr.supercore.superexec.executor.subprocess_executor``) start
-    ``flwr-clientapp`` as a fork of a preloaded process; returns the multiprocessing context."""
+    ``flwr-clientapp`` as a fork of a preloaded process, the app bundle's
+    :class:`AppForker` once the bundle is installed; returns the multiprocessing context."""
     import multiprocessing
 
     ctx = context or multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
-    popen = module.subprocess.Popen
+    popen, launch, forkers = module.subprocess.Popen, module.SubprocessExecutor.launch, AppForkers(ctx)
+    launching = {}
+
+    def launch_task(self, spec):
+        launching["fab_hash"] = spec.fab_hash
+        try:
+            return launch(self, spec)
+        finally:
+            launching.clear()
 
     def start(args, *rest, **kwargs):
         if not args or args[0] != "flwr-clientapp":
             return popen(args, *rest, **kwargs)
+        quiet = kwargs.get("stdout") == subprocess.DEVNULL
+        if forkers.submit(launching.get("fab_hash"), list(args), quiet):
+            return None  # Flower keeps no handle on a ClientApp process
         multiprocessing.active_children()  # reaps the finished ones
-        process = ctx.Process(target=_run_clientapp, args=(list(args), kwargs.get("stdout") == subprocess.DEVNULL),
-                              daemon=False)
+        process = ctx.Process(target=_run_clientapp, args=(list(args), quiet), daemon=False)
         process.start()
         return process
 
     module.subprocess = _Namespace(subprocess, Popen=start)
+    module.SubprocessExecutor.launch = launch_task
     return ctx
 
 
+def _through_shim(module: ModuleType, flower_command: str, role: str) -> None:
+    """Make ``module`` start ``flower_command`` as ``python -m deploy.flower_shim role``
+    (same arguments) through its ``subprocess.Popen``."""
+    popen = module.subprocess.Popen
+
+    def start(command, *args, **kwargs):
+        if command and command[0] == flower_command:
+            command = [sys.executable, "-m", "deploy.flower_shim", role, *command[1:]]
+        return popen(command, *args, **kwargs)
+
+    module.subprocess = _Namespace(subprocess, Popen=start)
+
+
+def patch_superlink(module: ModuleType) -> None:
+    """Make ``module`` (``flwr.superlink.cli.flower_superlink``) start its SuperExec through
+    this shim (role ``superlink-superexec``), which starts each ServerApp through it too
+    (role ``serverapp``, :func:`patch_serverapp`)."""
+    _through_shim(module, "flower-superexec", "superlink-superexec")
+
+
+def patch_serverapp(module: ModuleType) -> None:
+    """Make ``module`` (``flwr.superlink.grid.http_grid``), the ServerApp's grid, poll for
+    the parts of a reply with :func:`short_object_polls`."""
+    module.pull_objects = short_object_polls(module.pull_objects)
+
+
+ROLES = ("supernode", "superexec", "superlink", "superlink-superexec", "serverapp")
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("supernode", "superexec"):
-        print("usage: python -m deploy.flower_shim supernode|superexec [Flower's arguments]", file=sys.stderr)
+    if not argv or argv[0] not in ROLES:
+        print(f"usage: python -m deploy.flower_shim {'|'.join(ROLES)} [Flower's arguments]", file=sys.stderr)
         return 2
-    role, sys.argv = argv[0], [f"flower-{argv[0]}", *argv[1:]]
-    if role == "supernode":
+    role = argv[0]
+    sys.argv = [{"serverapp": "flwr-serverapp", "superlink-superexec": "flower-superexec"}.get(role, f"flower-{role}"),
+                *argv[1:]]
+    if role == "superlink":
+        from flwr.superlink.cli.flower_superlink import flower_superlink
+
+        patch_superlink(importlib.import_module("flwr.superlink.cli.flower_superlink"))
+        flower_superlink()
+    elif role == "superlink-superexec":
+        from flwr.supercore.cli import flower_superexec
+
+        _through_shim(importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor"),
+                      "flwr-serverapp", "serverapp")
+        flower_superexec()
+    elif role == "serverapp":
+        from flwr.superlink.cli.flwr_serverapp import flwr_serverapp
+
+        patch_serverapp(importlib.import_module("flwr.superlink.grid.http_grid"))
+        flwr_serverapp()
+    elif role == "supernode":
         from flwr.supernode.cli import flower_supernode
 
         patch_supernode(importlib.import_module("flwr.supernode.start_client_internal"))

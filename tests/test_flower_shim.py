@@ -3,8 +3,11 @@ its clock maps them as documented, and a ClientApp forked from the preloaded ser
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -14,10 +17,13 @@ import pytest
 
 from conftest import HANG_GUARD_S
 from deploy import flower_shim
-from deploy.federation import BIN, supernode_command
+from deploy.federation import BIN, superlink_command, supernode_command
 
 SUPERNODE = importlib.import_module("flwr.supernode.start_client_internal")
 EXECUTOR = importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor")
+CLIENTAPP = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+SUPERLINK = importlib.import_module("flwr.superlink.cli.flower_superlink")
+GRID = importlib.import_module("flwr.superlink.grid.http_grid")
 
 
 def test_the_patched_names_and_waits_are_the_pinned_flowers():
@@ -30,11 +36,23 @@ def test_the_patched_names_and_waits_are_the_pinned_flowers():
     assert inspect.signature(SUPERNODE._pull_and_store_message).return_annotation in ("int | None", int | None)
     assert EXECUTOR.subprocess is subprocess
     assert "subprocess.Popen(args)" in inspect.getsource(EXECUTOR.SubprocessExecutor.launch)
-    from flwr.supercore.constant import TASK_TYPE_TO_COMMAND, TaskType
+    from flwr.supercore.constant import PULL_INITIAL_BACKOFF, TASK_TYPE_TO_COMMAND, TaskType
 
     assert TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] == "flwr-clientapp"
+    assert TASK_TYPE_TO_COMMAND[TaskType.SERVER_APP] == "flwr-serverapp"
+    assert "fab_hash" in inspect.signature(EXECUTOR.ExecutionSpec).parameters
     for name in flower_shim.PRELOAD:
         importlib.import_module(name)
+    # Flower's wait for a message part not there yet, called without its own backoff arguments
+    assert PULL_INITIAL_BACKOFF == flower_shim.FLOWER_OBJECT_POLL_S
+    assert "pull_objects(\n                obj_ids_to_pull,\n                pull_object_fn=" in inspect.getsource(
+        SUPERNODE._pull_and_store_message)
+    assert "backoff" not in inspect.getsource(GRID.HttpGrid.pull_messages)
+    assert "pull_and_inflate_object_from_tree(\n        object_tree," in inspect.getsource(CLIENTAPP.pull_task_input)
+    assert "backoff" not in inspect.getsource(CLIENTAPP.pull_task_input)
+    assert "install_from_fab(fab.content, skip_prompt=True)" in inspect.getsource(CLIENTAPP.run_clientapp)
+    assert SUPERLINK.subprocess is subprocess and "subprocess.Popen(command," in inspect.getsource(SUPERLINK)
+    assert SUPERLINK._get_superexec_command("127.0.0.1:1", None, None, 7, False)[0] == "flower-superexec"
 
 
 class FakeTime:
@@ -73,6 +91,7 @@ def fake_supernode(pulled):
     module.time = time
     module._pull_and_store_message = lambda **kw: pulled.pop(0)
     module._push_messages = lambda **kw: module.calls.append("push")
+    module.pull_objects = lambda ids, fn, **kw: kw
     module.subprocess = types.SimpleNamespace(Popen=lambda command: module.calls.append(command), DEVNULL=-3)
     return module
 
@@ -90,13 +109,26 @@ def test_patched_supernode_polls_soon_after_a_message_and_starts_the_shims_super
     assert module.calls == ["push", [sys.executable, "-m", "deploy.flower_shim", "superexec", "--insecure",
                                      "--runtime-api-address", "127.0.0.1:9094"], ["something-else", "--x"]]
     assert module.subprocess.DEVNULL == -3  # the rest of the module is unchanged
+    assert module.pull_objects([], None)["initial_backoff"] == flower_shim.OBJECT_POLL_S
+
+
+class FakeExecutor:
+    def launch(self, spec):
+        return spec.fab_hash
+
+
+def fake_executor():
+    module = types.ModuleType("fake_executor")
+    module.subprocess = subprocess
+    module.SubprocessExecutor = type("SubprocessExecutor", (FakeExecutor,), {})
+    return module
 
 
 @pytest.mark.deployment
 def test_a_forked_clientapp_runs_flowers_flwr_clientapp_entry_point():
-    module = types.ModuleType("fake_executor")
-    module.subprocess = subprocess
+    module = fake_executor()
     flower_shim.patch_executor(module)
+    assert module.SubprocessExecutor().launch(types.SimpleNamespace(fab_hash="ab12")) == "ab12"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     helped = module.subprocess.Popen(["flwr-clientapp", "--help"], **quiet)
     refused = module.subprocess.Popen(["flwr-clientapp", "--no-such-option"], **quiet)
@@ -110,4 +142,91 @@ def test_a_forked_clientapp_runs_flowers_flwr_clientapp_entry_point():
 def test_the_setting_switches_the_shim_off():
     assert supernode_command({}) == [sys.executable, "-m", "deploy.flower_shim", "supernode"]
     assert supernode_command({flower_shim.SETTING: "0"}) == [str(BIN / "flower-supernode")]
+    assert superlink_command({}) == [sys.executable, "-m", "deploy.flower_shim", "superlink"]
+    assert superlink_command({flower_shim.SETTING: "0"}) == [str(BIN / "flower-superlink")]
     assert flower_shim.main(["bogus"]) == 2
+
+
+def test_the_superlink_starts_its_superexec_and_that_its_serverapps_through_the_shim():
+    started = []
+    module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: started.append((a, kw))))
+    flower_shim.patch_superlink(module)
+    module.subprocess.Popen(["flower-superexec", "--insecure"], start_new_session=True)
+    flower_shim._through_shim(module, "flwr-serverapp", "serverapp")
+    module.subprocess.Popen(["flwr-serverapp", "--token", "t"])
+    module.subprocess.Popen(["other"])
+    shim = [sys.executable, "-m", "deploy.flower_shim"]
+    assert started == [(([*shim, "superlink-superexec", "--insecure"],), {"start_new_session": True}),
+                       (([*shim, "serverapp", "--token", "t"],), {}), ((["other"],), {})]
+
+
+def test_a_message_part_not_there_yet_is_asked_for_again_soon():
+    calls = []
+    pull = flower_shim.short_object_polls(lambda ids, fn, **kw: calls.append(kw))
+    pull(["a"], None)
+    assert calls == [{"initial_backoff": flower_shim.OBJECT_POLL_S, "backoff_cap": flower_shim.OBJECT_POLL_CAP_S}]
+    grid = types.SimpleNamespace(pull_objects=lambda ids, fn, **kw: kw)
+    flower_shim.patch_serverapp(grid)
+    assert grid.pull_objects([], None)["initial_backoff"] == flower_shim.OBJECT_POLL_S < 1
+
+
+def install_toy_app(home, fab_hash):
+    """An app Flower would have installed under ``home`` for ``fab_hash``: its module records
+    the pid of every process that imports it."""
+    app_dir = home / "apps" / f"someone.toy.1.0.0.{fab_hash[:8]}"
+    app_dir.mkdir(parents=True)
+    (app_dir / "pyproject.toml").write_text(
+        '[project]\nname = "toy"\nversion = "1.0.0"\n[tool.flwr.app]\npublisher = "someone"\n'
+        '[tool.flwr.app.components]\nserverapp = "toyapp:app"\nclientapp = "toyapp:app"\n')
+    (app_dir / "toyapp.py").write_text(
+        "import os\nfrom pathlib import Path\nfrom flwr.clientapp import ClientApp\n"
+        "with open(Path(__file__).with_name('imported-by'), 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n"
+        "app = ClientApp()\n")
+    return app_dir
+
+
+def test_the_installed_bundle_is_found_by_its_hash_and_not_unpacked_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    content = b"the bundle's bytes"
+    fab_hash = hashlib.sha256(content).hexdigest()
+    assert flower_shim.installed_app_dir(fab_hash) is None and flower_shim.installed_app_dir(None) is None
+    app_dir = install_toy_app(tmp_path, fab_hash)
+    assert flower_shim.installed_app_dir(fab_hash) == app_dir
+    installs = []
+    install = flower_shim.install_known_fab(fab_hash, app_dir, lambda fab, **kw: installs.append(fab) or "flower's")
+    assert install(content, skip_prompt=True) == app_dir and installs == []
+    assert install(b"another bundle", skip_prompt=True) == "flower's" and installs == [b"another bundle"]
+    (tmp_path / "apps" / f"someone.other.2.0.0.{fab_hash[:8]}").mkdir()
+    (tmp_path / "apps" / f"someone.other.2.0.0.{fab_hash[:8]}" / "pyproject.toml").write_text("")
+    assert flower_shim.installed_app_dir(fab_hash) is None  # two bundles share the prefix: ask Flower
+
+
+@pytest.mark.deployment
+def test_clientapps_of_an_installed_bundle_fork_from_one_process_that_loaded_it(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    fab_hash = hashlib.sha256(b"toy").hexdigest()
+    forkers = flower_shim.AppForkers(multiprocessing.get_context("spawn"))  # its stdout: this test's
+    assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)  # not installed: a cold start
+    app_dir = install_toy_app(tmp_path, fab_hash)
+    for _ in range(2):
+        assert forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)
+    printed = ""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while printed.count("usage: flwr-clientapp") < 2 and time.monotonic() < deadline:
+        printed += capfd.readouterr().out
+        time.sleep(0.05)
+    assert printed.count("usage: flwr-clientapp") == 2  # Flower's entry point ran in both forks
+    importers = (app_dir / "imported-by").read_text().split()
+    assert len(importers) == 1 and int(importers[0]) != os.getpid()  # loaded once, by the forker
+
+
+@pytest.mark.deployment
+def test_a_bundle_the_forker_cannot_load_starts_cold(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    fab_hash = hashlib.sha256(b"broken").hexdigest()
+    app_dir = install_toy_app(tmp_path, fab_hash)
+    (app_dir / "toyapp.py").write_text("raise ImportError('no such thing')\n")
+    forkers = flower_shim.AppForkers(multiprocessing.get_context("spawn"))  # its stdout: this test's
+    assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)
+    assert "starts every ClientApp cold: ImportError: no such thing" in capfd.readouterr().err
+    assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)  # and is not loaded again
