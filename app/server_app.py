@@ -170,7 +170,8 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
                           int(np.unique(labels[labels >= 0]).size), warnings),
         "timing": _timing(started, protocol_s, session.stats.rounds, setup_rounds),
         "communication": {**session.stats.as_dict(), "rejected": session.rejects,
-                          "dropped": [{"node": n, **d} for n, d in session.dropped.items()]},
+                          "dropped": [{"node": n, **d} for n, d in session.dropped.items()],
+                          "rejoined": session.rejoined},
         "privacy": session.ledger.to_dict(),
         "history": output.history,
         "notes": [] if data is None else data.meta.get("notes", []),  # a party's notes stay with it

@@ -38,7 +38,7 @@ from app.privacy.secagg import (
     unmask_sum,
 )
 from app.progress import Progress
-from app.transport import NO_REPLY, CommStats, Exchange, describe, exchange, pack, unpack
+from app.transport import LEFT, NO_REPLY, CommStats, Exchange, describe, exchange, pack, unpack
 from app.wire import (HELLO, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec,
                       ValueSpec)
 
@@ -155,6 +155,9 @@ class ServerSession:
         self._peer_keys: dict[str, bytes] = {}  # relayed with the next step, then cleared
         self._order: dict[int, int] = {}
         self.dropped: dict[int, dict] = {}
+        self.rejoined: list[dict] = []  # clients taken back after their SuperNode left and came back
+        self._seen_gone: set[int] = set()  # dropped nodes seen missing from the federation since
+        self._hello_sent: tuple[dict[int, RecordDict], ReplySpec] = ({}, HELLO_SPEC)
         self.min_clients = max(1, shared.min_clients)
         self.retries = shared.retries
         self.progress = Progress()
@@ -188,6 +191,7 @@ class ServerSession:
         spec = ReplySpec(values=spec.values + (("public_key",) if asked.secure else ()),
                          numbers={**spec.numbers, **asked.numbers})
         contents = {n: pack(values=v) for n, v in zip(nodes, values)}
+        self._hello_sent = (contents, spec)
         replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []
         for node, content in replies.items():
@@ -278,6 +282,40 @@ class ServerSession:
 
     def partition_of(self, node_id: int) -> int:
         return self._order[node_id]
+
+    def take_back(self) -> list[int]:
+        """Clients dropped because their SuperNode left or stopped answering, whose node has been
+        missing from the federation since and is connected again (a restarted SuperNode keeps
+        its node id): each is sent its ``hello`` again and, when its reply equals the one it
+        gave at the start (partition, shard counts and figures), takes part again from the next
+        step, recorded in :attr:`rejoined`. For steps a client with no state kept from earlier
+        steps can answer (e.g. a FedAvg round, which sends the global model). Returns their
+        node ids, in partition order."""
+        unreachable = {n for n, d in self.dropped.items() if d["reason"].startswith((NO_REPLY, LEFT))}
+        if not unreachable:
+            return []
+        online = set(self.grid.get_node_ids())
+        self._seen_gone |= {n for n in unreachable if self.dropped[n]["reason"].startswith(LEFT)} | (unreachable - online)
+        back = sorted(unreachable & self._seen_gone & online, key=self.partition_of)
+        if not back:
+            return []
+        contents, spec = self._hello_sent
+        replies = self.exchange(HELLO, {n: contents[n] for n in back}, spec, require_all=False, record=False)
+        first = {c.node_id: c.summary for c in self.clients}
+        taken = []
+        for node, content in replies.items():
+            _, values = unpack(content)
+            values.pop("public_key", None)
+            if values != first[node]:
+                changed = sorted(k for k in set(values) | set(first[node]) if values.get(k) != first[node].get(k))
+                self.dropped[node]["reason"] = f"came back with a different shard ({', '.join(changed)} changed)"
+                continue
+            left = self.dropped.pop(node)
+            self._seen_gone.discard(node)
+            self.rejoined.append({"node": node, "client": self.partition_of(node), "left_round": left["round"],
+                                  "round": self._round})
+            taken.append(node)
+        return taken
 
     # -- messaging ------------------------------------------------------------
     def exchange(

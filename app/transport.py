@@ -32,6 +32,7 @@ POLL_START_S = 0.002
 POLL_MAX_S = 0.05
 LIVENESS_EVERY_S = 1.0
 NO_REPLY = "no reply within"
+LEFT = "left the federation"
 
 
 def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
@@ -252,6 +253,6 @@ def _name_the_silent(outcome: Exchange, sent: set[int], gone: set[int], undelive
     for node in undelivered:
         outcome.rejected[node] = "the grid did not take the message (not stored, or the batch too large)"
     for node in gone - set(outcome.replies) - set(outcome.rejected):
-        outcome.rejected[node] = "left the federation (SuperNode disconnected)"
+        outcome.rejected[node] = f"{LEFT} (SuperNode disconnected)"
     for node in sent - set(outcome.replies) - set(outcome.rejected):
         outcome.rejected[node] = f"{NO_REPLY} {timeout:g} s"

@@ -249,6 +249,8 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         values and each client's FedAvg ``factor`` N_c / N. Up: per ``spec``. Returns the valid replies,
         the values sent and the clients left out (no valid reply)."""
         secure = self.federated and self.cfg.secure
+        if self.federated and not secure:
+            session.take_back()  # a client that left and came back answers W_r like any other
         send_weights = self.federated or r == 1
         values = {"k": self.shared.num_clusters, "round": r}
         if secure:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.inprocess import InProcessGrid
+from flwr.app import Context, RecordDict
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
@@ -55,6 +56,32 @@ class LeavingGrid(InProcessGrid):
             self.rounds += 1
             if self.rounds == self.leave_at:
                 self.dropped.add(max(self.contexts))
+        return super().push_messages(messages)
+
+
+class RestartingGrid(InProcessGrid):
+    """The last node's SuperNode goes down before the ``leave_at``-th ``<category>.<action>``
+    round and starts again before the ``back_at``-th, with an empty state (its ClientApp state
+    died with it) and its node config updated by ``changed_config``."""
+
+    def __init__(self, *args, leave_at: int, back_at: int, action: str, category: str = "query",
+                 changed_config=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.leave_at, self.back_at, self.action, self.rounds = leave_at, back_at, f"{category}.{action}", 0
+        self.changed_config = dict(changed_config or {})
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == self.action:
+            self.rounds += 1
+            node = max(self.contexts)
+            if self.rounds == self.leave_at:
+                self.dropped.add(node)
+            if self.rounds == self.back_at:
+                old = self.contexts[node]
+                self.contexts[node] = Context(run_id=old.run_id, node_id=node, state=RecordDict(), run_config={},
+                                              node_config={**old.node_config, **self.changed_config})
+                self.dropped.discard(node)
         return super().push_messages(messages)
 
 

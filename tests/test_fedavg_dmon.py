@@ -174,6 +174,45 @@ def test_bad_weight_uploads_are_excluded_and_reported(out_dir, monkeypatch):
     assert np.isfinite(result["metrics"]["f1"]) and 0 < result["metrics"]["coverage"] < 1
 
 
+def restart_run(out_dir, **changed_config):
+    """fedavg-dmon on sbm, 3 clients, 5 rounds: client 2's SuperNode goes down before round 2
+    and starts again before round 3."""
+    from app.client_app import build_client_app
+    from app.server_app import run_server
+    from conftest import RestartingGrid
+
+    raw = {"strategy": "fedavg-dmon", "dataset": "sbm", "num-clients": 3, "num-rounds": 5, "min-clients": 2,
+           "out-dir": str(out_dir), **FAST}
+    grid = RestartingGrid(build_client_app(raw), 3, leave_at=2, back_at=3, action=proto.DMON_TRAIN,
+                          category="train", changed_config=changed_config)
+    return run_server(grid, raw)
+
+
+def train_replies(result) -> list[int]:
+    return [r["replies"] for r in result["timing"]["per_round"] if r["action"] == proto.DMON_TRAIN]
+
+
+def test_a_client_whose_supernode_restarts_is_taken_back_into_the_run(out_dir):
+    result = restart_run(out_dir)
+    # gone in round 2; back during round 3's request, so greeted again and averaged in from round 4
+    assert [h["excluded"] for h in result["history"]] == [[], [2], [], [], []]
+    assert train_replies(result) == [3, 2, 2, 3, 3]
+    (back,) = result["communication"]["rejoined"]
+    assert back["client"] == 2 and back["left_round"] < back["round"]
+    assert result["communication"]["dropped"] == [] and result["metrics"]["dropped_clients"] == []
+    assert [c["client"] for c in result["metrics"]["clients"]] == [0, 1, 2]
+    assert (np.load(out_dir / "labels.npy") >= 0).all()  # its nodes are labelled too
+
+
+def test_a_supernode_that_comes_back_with_another_shard_stays_out(out_dir):
+    result = restart_run(out_dir, **{"partition-id": 0})
+    assert train_replies(result) == [3, 2, 2, 2, 2]
+    assert result["communication"]["rejoined"] == []
+    (gone,) = result["communication"]["dropped"]
+    assert gone["client"] == 2 and gone["reason"].startswith("came back with a different shard (")
+    assert "partition_id" in gone["reason"] and result["metrics"]["dropped_clients"] == [2]
+
+
 @pytest.mark.parametrize(
     "tamper, reason",
     [
