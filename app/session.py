@@ -339,9 +339,9 @@ class ServerSession:
         secure-aggregation tag, so such a step fails rather than repeats).
         Without ``require_all``
         (strategies that can continue with fewer clients) rejected clients
-        are dropped for the rest of the run (``dropped``, reported in
-        result.json) and the run stops only when fewer than ``min-clients``
-        remain. Uploads go into the privacy ledger unless ``record`` is False,
+        are dropped (``dropped``, reported in result.json; :meth:`take_back`
+        re-admits one whose SuperNode left and came back) and the run stops
+        only when fewer than ``min-clients`` remain. Uploads go into the privacy ledger unless ``record`` is False,
         refused ones flagged ``rejected``.
         """
         self._round += 1

@@ -29,7 +29,9 @@ Wire protocol (what leaves each client in **bold**):
    number per local epoch)**, and in federated mode **its trained
    weights W_c** (exact shapes, finite; a bad upload is rejected and that
    client left out of the average and, as ``ServerSession`` does for every
-   rejected reply, dropped for the rest of the run). With ``dp-clip > 0`` the weights are
+   rejected reply, dropped for the rest of the run; one whose SuperNode left
+   and came back with the same shard is taken back at the next round,
+   ``ServerSession.take_back``). With ``dp-clip > 0`` the weights are
    ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level DP-FedAvg); with
    ``secure`` the upload is instead one ring vector, the pairwise-masked
    fixed-point ``(N_c/N) * W_c`` (the server learns only the weighted sum,

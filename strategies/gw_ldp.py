@@ -19,9 +19,10 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    ``num_examples`` (a whole number up to the client's described training
    graphs, else the run stops) with Flower's ``aggregate_arrayrecords``
    (FedAvg). A client that does not answer, or whose weights fail the
-   shape/finiteness checks, is dropped for the rest of the run
-   (``dropped_clients``); the run stops when fewer than ``min-clients``
-   remain. With ``gw-ldp.dp = client``
+   shape/finiteness checks, is dropped (``dropped_clients``); one whose
+   SuperNode left and came back with the same shard is taken back at the next
+   round (``ServerSession.take_back``); the run stops when fewer than
+   ``min-clients`` remain. With ``gw-ldp.dp = client``
    each client clips its update (L2 <= ``gw-ldp.dp-clip``) and adds Gaussian
    noise before uploading (client-level DP-FedAvg, Opacus RDP accountant);
    with ``gw-ldp.dp = sgd`` each client trains by local DP-SGD instead (one
@@ -298,6 +299,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         for rnd in range(1, rounds + 1):
             content = pack(proto.weights_message(weights), {"epochs": self.cfg.local_epochs, "lr": self.cfg.lr,
                                                             "round": rnd, "seed": self.shared.seed})
+            session.take_back()  # a client that left and came back trains W_r like any other
             replies = session.broadcast(proto.FIT, content, spec, category="train", require_all=False)
             weights, loss = self._aggregate(replies, weights, limits)
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round

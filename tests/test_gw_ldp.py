@@ -963,3 +963,19 @@ def test_a_malformed_describe_reply_stops_the_run_and_names_the_client(out_dir, 
     with pytest.raises(ProtocolError, match=r"^client 1: malformed hello figures: train=\d+; valid: a whole "
                                             r"number from 0 to its \d+ graphs$"):
         run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)
+
+
+def test_a_client_whose_supernode_restarts_is_taken_back_into_training(out_dir):
+    from app.client_app import build_client_app
+    from app.server_app import run_server
+    from conftest import RestartingGrid
+
+    raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 3, "num-rounds": 4, "min-clients": 2,
+           "gw-ldp.svc": False, "reference": False, "out-dir": str(out_dir)}
+    grid = RestartingGrid(build_client_app(raw), 3, leave_at=2, back_at=3, action=proto.FIT, category="train")
+    result = run_server(grid, raw)
+    fits = [r["replies"] for r in result["timing"]["per_round"] if r["action"] == proto.FIT]
+    assert fits == [3, 2, 2, 3]  # gone in round 2, back during round 3's request, trains again from round 4
+    assert [r["client"] for r in result["communication"]["rejoined"]] == [2]
+    m = result["metrics"]
+    assert m["dropped_clients"] == [] and m["stale_clients"] == [] and m["graphs_missing"] == 0
