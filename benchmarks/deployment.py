@@ -7,9 +7,11 @@ For each strategy (``all``: the eight, each on its representative dataset in
 Fleet gateway and authenticated SuperNodes as processes, one shard file each;
 ``deploy.local``, with ``deploy.flower_shim`` unless ``FEDGRAPH_FLOWER_SHIM=0``)
 and (2) through ``run_simulation`` with the same config and seed, checks that
-both give the same labels, and prints one table: simulation and deployed wall
-time, their ratio, rounds, messages, bytes, identical labels. Both runs skip
-the centralised reference (``reference=false``).
+both give the same labels, and prints one table: the simulation's wall time,
+the deployed run's (``flwr run``, on a federation whose SuperNodes are ready,
+as an organisation's long-lived ones are) and their ratio, the time to start
+the federation, rounds, messages, bytes, identical labels. Both runs skip the
+centralised reference (``reference=false``).
 
 The deployed run sets ``FEDGRAPH_TIMING=1``: every SuperNode logs when it
 pulled each message and pushed its reply, and every ClientApp process when it
@@ -17,14 +19,15 @@ started, began and finished importing the app and left the handler. The
 second table splits the deployed rounds (after the handshake) into those
 stages, as medians over every node and round: SuperNode pick-up (server send
 to SuperNode pull done), ClientApp start (send to ClientApp process start),
-Flower runtime (process start to the app's import: connect, pull the message,
-unpack the app bundle), app imports, compute (the handler), reply (handler
-return to the SuperNode's push done), server pick-up (last push to the
-server's receipt); and the CPU seconds of one ClientApp process (what a
-message costs its node, however busy the machine). Writes
-benchmarks/results/deployment.json and renders the page docs/results/deployment.md
-from it and deployment_runs.json (single deployments run by hand: the shim on
-and off, a low-load run); ``--report``: only the page.
+Flower runtime (process start to the handler, less the app's imports:
+connect, pull the message, install the app bundle), app imports (none for a
+ClientApp forked from the process that loaded the bundle), compute (the
+handler), reply (handler return to the SuperNode's push done), server pick-up
+(last push to the server's receipt); and the CPU seconds of one ClientApp
+process (what a message costs its node, however busy the machine). Writes
+benchmarks/results/deployment.json (with ``FEDGRAPH_FLOWER_SHIM=0``:
+deployment_plain.json) and renders the page docs/results/deployment.md from
+them; ``--report``: only the page.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from app.run import run_experiment  # noqa: E402
-from deploy.__main__ import run_local  # noqa: E402
+from deploy.__main__ import RUN_TIMING, run_local  # noqa: E402
 from deploy.flower_shim import SETTING, TIMING, TIMING_SETTING, enabled  # noqa: E402
 from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
@@ -133,9 +136,11 @@ def run_case(strategy: str, dataset: str, sets: list[str], nodes: int, work: Pat
     same = bool(np.array_equal(np.load(path.parent / "labels.npy"), np.load(work / "simulated" / "labels.npy")))
     rounds = deployed["timing"]["per_round"]
     stages = round_stages(rounds, logs)
+    run = json.loads((work / "deployed" / RUN_TIMING).read_text())
     return {
         "strategy": strategy, "dataset": dataset, "sets": sets, "nodes": nodes, "same_labels": same,
-        "simulation_s": simulated_wall, "deployed_s": deployed_wall, "ratio": deployed_wall / simulated_wall,
+        "simulation_s": simulated_wall, "deployed_s": run["flwr_run_s"], "ratio": run["flwr_run_s"] / simulated_wall,
+        "federation_start_s": run["federation_start_s"], "deployed_total_s": deployed_wall,
         "deployed_protocol_s": deployed["timing"]["protocol_s"], "simulated_protocol_s": simulated["timing"]["protocol_s"],
         "rounds": deployed["timing"]["rounds"], "simulated_rounds": simulated["timing"]["rounds"],
         "messages": deployed["communication"]["messages"],
@@ -149,11 +154,11 @@ def run_case(strategy: str, dataset: str, sets: list[str], nodes: int, work: Pat
 
 
 def print_tables(cases: list[dict]) -> None:
-    print(f"{'strategy':<18}{'dataset':<15}{'sim s':>8}{'deployed s':>12}{'ratio':>7}{'rounds':>8}"
+    print(f"{'strategy':<18}{'dataset':<15}{'sim s':>8}{'deployed s':>12}{'ratio':>7}{'start s':>9}{'rounds':>8}"
           f"{'messages':>10}{'bytes':>12}{'labels':>8}{'median round s':>16}")
     for c in cases:
         print(f"{c['strategy']:<18}{c['dataset']:<15}{c['simulation_s']:>8.1f}{c['deployed_s']:>12.1f}"
-              f"{c['ratio']:>7.2f}{c['rounds']:>8}{c['messages']:>10}{c['bytes']:>12}"
+              f"{c['ratio']:>7.2f}{c['federation_start_s']:>9.1f}{c['rounds']:>8}{c['messages']:>10}{c['bytes']:>12}"
               f"{'same' if c['same_labels'] else 'DIFFER':>8}{c['median_round_s'] or 0:>16.3f}")
     print("\nmedian seconds per stage of a deployed round (every node and round after the handshake):")
     print(f"{'strategy':<18}" + "".join(f"{s:>18}" for s in STAGES))
@@ -169,101 +174,82 @@ def stage_rows(cases: list[dict]) -> tuple[list[str], list[list[str]]]:
     return ["strategy", *(STAGE_NAMES[k] for k in stages)], rows
 
 
-def shim_section(runs: dict) -> str:
-    shim = runs["shim_comparison"]
-    rows = [[r["load_average"], "shim" if r["shim"] else "plain", ", ".join(f"{x:g}" for x in r["rounds_s"]),
-             f"{r['median_round_s']:g}", *(f"{r[k]:g}" if k in r else "-" for k in
-                                           ("clientapp_cpu_s", "clientapp_start_to_loaded_s", "deployed_s"))]
-            for r in shim["rows"]]
-    staged = next(r for r in shim["rows"] if "median_stage_s" in r)
-    stages = ", ".join(f"{STAGE_NAMES[k]} {v:g}" for k, v in staged["median_stage_s"].items())
-    best = min(r["median_round_s"] for r in shim["rows"])
-    return "\n\n".join([
-        "## The SuperNode shim on and off",
-        paragraph(f"`{shim['command']}`: 3 rounds after the handshake with payloads of a few hundred bytes, "
-                  f"with `deploy.flower_shim` (shim) and with `{shim['off']}` (plain `flower-supernode`), one "
-                  "right after the other. The first round is k-means initialisation, which imports "
-                  "scikit-learn. Seconds; CPU and start-to-loaded are medians per ClientApp process."),
-        table(["load", "SuperNodes", "rounds", "median round", "CPU", "start to loaded", "wall"], rows),
-        paragraph(f"Stages of the {staged['median_round_s']:g} s median round at load {staged['load_average']} "
-                  f"(medians, seconds): {stages}. Target: a median deployed round of at most {ROUND_TARGET_S:g} s: "
-                  + ("met" if best <= ROUND_TARGET_S else f"not met (best {best:g} s)") + ". With the shim a "
-                  "ClientApp process does not pay Python's start and Flower's imports (it is forked from a process "
-                  "that has them), and a SuperNode does not sleep 3 s between polls or 0.5 s between reply checks, "
-                  "as a plain `flower-supernode` does; what is left is the app's own imports, "
-                  "Flower's runtime (pulling the message and the app bundle, unpacking it) and the HTTPS hops "
-                  "SuperNode -> gateway -> SuperLink -> ServerApp. The deployment's own ~20 processes bring an "
-                  "idle 2-core machine to a load of about 5."),
-    ])
-
-
-def not_measured(strategy: str, runs: dict) -> str:
-    """``strategy`` with why it has no case, where deployment_runs.json says."""
-    why = runs.get("not_measured", {}).get(strategy)
-    return f"`{strategy}`" + (f" ({why})" if why else "")
+def plain_section() -> list[str]:
+    """The cases measured with plain Flower (``FEDGRAPH_FLOWER_SHIM=0``), beside the shim's, if any."""
+    plain_path = RESULTS_DIR / "deployment_plain.json"
+    if not plain_path.exists():
+        return []
+    plain = {c["strategy"]: c for c in json.loads(plain_path.read_text())["cases"]}
+    shim = {c["strategy"]: c for c in read_results("deployment.json", MEASURE)["cases"]}
+    rows = [[f"`{name}`", flower, f"{c['deployed_s']:.1f}", f"{c['median_round_s']:.2f}",
+             f"{c['median_stage_s'].get('clientapp_cpu', float('nan')):.2f}", c.get("load_average", "-")]
+            for name in plain if name in shim for flower, c in (("plain", plain[name]), ("shim", shim[name]))]
+    return ["## Plain Flower and the shim",
+            paragraph(f"`FEDGRAPH_FLOWER_SHIM=0 {MEASURE} --strategy ...` runs the same deployment with plain "
+                      "`flower-superlink` and `flower-supernode` (deployment_plain.json)."),
+            table(["strategy", "SuperNodes", "deployed s", "median round s", "CPU per ClientApp s", "load"], rows)]
 
 
 def page() -> Path:
-    """docs/results/deployment.md from deployment.json and deployment_runs.json."""
+    """docs/results/deployment.md from deployment.json (and deployment_plain.json)."""
     import plots
 
     report = read_results("deployment.json", MEASURE)
-    runs = read_results("deployment_runs.json", "FEDGRAPH_TIMING=1 python -m deploy local ...")
     cases = report["cases"]
     wall = [[f"`{c['strategy']}`", c["dataset"], f"{c['simulation_s']:.1f}", f"{c['deployed_s']:.1f}",
-             f"{c['ratio']:.2f}", "yes" if c["same_labels"] else "no", c.get("load_average", "-")] for c in cases]
+             f"{c['ratio']:.2f}", f"{c['federation_start_s']:.1f}", "yes" if c["same_labels"] else "no",
+             c.get("load_average", "-")] for c in cases]
     traffic = [[f"`{c['strategy']}`", str(c["rounds"]), str(c["messages"]), f"{c['bytes']:,}",
-                f"{c['median_round_s']:.2f}"] for c in cases]
+                f"{c['median_round_s']:.2f}", f"{c['simulated_median_round_s']:.2f}"] for c in cases]
     bars = plots.plot_grouped_bars([c["strategy"] for c in cases],
                                    {"simulation": [c["simulation_s"] for c in cases],
-                                    "deployed": [c["deployed_s"] for c in cases]},
-                                   image_path("deployment_wall.png"), ylabel="seconds end to end",
+                                    "deployed run": [c["deployed_s"] for c in cases]},
+                                   image_path("deployment_wall.png"), ylabel="seconds",
                                    title=f"Deployed vs simulated, {report['nodes']} clients")
     missing = [s for s in CASES if s not in {c["strategy"] for c in cases}]
-    ratios = [c["ratio"] for c in cases]
-    low = runs["low_load"]
-    low_case = low["case"]
-    shim = "with `deploy.flower_shim`" if report["flower_shim"] else "plain `flower-supernode`"
+    ratios, medians = [c["ratio"] for c in cases], [c["median_round_s"] for c in cases]
+    shim = "with `deploy.flower_shim`" if report["flower_shim"] else "plain Flower"
     body = "\n\n".join([
         paragraph(f"`{MEASURE}`: every strategy on its representative dataset, {report['nodes']} clients, default "
                   "settings, `reference=false` in both engines. Deployed: `python -m deploy local`, a TLS "
                   "SuperLink with SuperNode authentication behind the Fleet gateway and "
                   f"{report['nodes']} SuperNodes ({shim}) as separate processes on loopback, each loading only its "
-                  "own shard file; simulated: `run_simulation` with the same config and seed. Wall times are end "
-                  "to end: certificates, shards, SuperLink, gateway, SuperNodes, the app bundle, `flwr run`, the "
-                  "run. The load column is the shared 2-core machine's load average during the case; a deployed "
-                  "run (about 20 processes, one more per message and node) suffers more from it than a simulated "
-                  "one (one process)."),
+                  "own shard file; simulated: `run_simulation` with the same config and seed. Simulation s: "
+                  "`run_simulation` end to end (its engine starts for every run). Deployed s: `flwr run` end to "
+                  "end (the app bundle submitted, installed on every node, the run, the result written) on a "
+                  "federation whose SuperNodes are up, as an organisation's are between runs; federation start s: "
+                  "certificates, app signing, SuperLink, gateway and SuperNodes up to that point, once per "
+                  "federation. The load column is the shared 2-core machine's load average during the case."),
         "## Wall time and traffic",
-        table(["strategy", "dataset", "simulation s", "deployed s", "ratio", "same labels", "load"], wall),
-        figure(bars, "end-to-end seconds, simulated and deployed"),
-        table(["strategy", "rounds", "messages", "bytes", "median deployed round s"], traffic),
-        paragraph(f"Target: deployed end to end at most {RATIO_TARGET:g}x simulation: "
-                  + ("met" if max(ratios) <= RATIO_TARGET else
-                     f"not met at this load (ratios {min(ratios):.1f}-{max(ratios):.1f})")
+        table(["strategy", "dataset", "simulation s", "deployed s", "ratio", "federation start s", "same labels",
+               "load"], wall),
+        figure(bars, "seconds per run, simulated and deployed"),
+        table(["strategy", "rounds", "messages", "bytes", "median deployed round s", "median simulated round s"],
+              traffic),
+        paragraph(f"Targets: a deployed run at most {RATIO_TARGET:g}x the simulated one: "
+                  + ("met" if max(ratios) <= RATIO_TARGET else f"not met (ratios {min(ratios):.2f}-{max(ratios):.2f})")
+                  + f"; a median deployed round of at most {ROUND_TARGET_S:g} s: "
+                  + ("met" if max(medians) <= ROUND_TARGET_S else
+                     f"not met (medians {min(medians):.2f}-{max(medians):.2f} s)")
                   + "; identical labels: " + ("met" if all(c["same_labels"] for c in cases) else "not met") + "."
-                  + (f" Not measured: {'; '.join(not_measured(s, runs) for s in missing)}. To measure them: "
+                  + (f" Not measured: {', '.join(missing)}. To measure them: "
                      f"`{MEASURE} --strategy {' '.join(missing)}`." if missing else "")),
-        paragraph(f"At load {low['load_average']} (`{low['command']}`): simulation {low_case['simulation_s']:g} s, "
-                  f"deployed {low_case['deployed_s']:g} s (ratio {low_case['ratio']:g}), {low_case['rounds']} "
-                  f"rounds, {low_case['messages']} messages, "
-                  + ("identical labels" if low_case["same_labels"] else "different labels")
-                  + f", median deployed round {low_case['median_round_s']:g} s, "
-                  f"{low_case['median_stage_s']['clientapp_cpu']:g} s of CPU per ClientApp process."),
         "## Where a deployed round goes",
         paragraph("Medians over every node and round after the handshake, seconds. The stages of one node's "
                   "message overlap: the ClientApp process starts before the SuperNode's pull returns, and waits "
                   "inside Flower's runtime for the message to land. SuperNode pick-up = server send to the "
                   "SuperNode's pull done; ClientApp start = send to the ClientApp process's start; Flower runtime "
-                  "= process start to the app's import (Flower's runtime connects, pulls the message and the app "
-                  "bundle and unpacks it); app imports; compute = the handler; reply = handler return to the "
-                  "SuperNode's push done; server pick-up = the last node's push to the server's receipt; CPU per "
-                  "ClientApp = what one message costs its node, however busy the machine."),
+                  "= process start to the handler, less app imports (Flower's runtime connects, pulls the message "
+                  "and installs the app bundle); app imports (none for a ClientApp forked from the process that "
+                  "loaded the bundle); compute = the handler; reply = handler return to the SuperNode's push done; "
+                  "server pick-up = the last node's push to the server's receipt; CPU per ClientApp = what one "
+                  "message costs its node, however busy the machine."),
         table(*stage_rows(cases)),
-        paragraph("Most of a deployed run's extra time is per message: every message starts one ClientApp "
-                  "process per node (Flower's design), and with 5 nodes on 2 cores under load the stages above are "
-                  "mostly waiting for a core."),
-        shim_section(runs),
+        paragraph("What is left of a round is mostly the HTTPS hops SuperNode -> gateway -> SuperLink -> "
+                  "ServerApp: a message and each of its parts (records, arrays) is one request per hop, and the "
+                  "federation's processes (SuperLink, gateway, 5 SuperNodes with their SuperExecs, the ServerApp "
+                  "and one ClientApp per node and message) share 2 cores."),
+        *plain_section(),
     ])
     return write_page("deployment", "Deployment vs simulation", body, "python benchmarks/deployment.py --report")
 
@@ -293,7 +279,7 @@ def main() -> None:
     os.environ[TIMING_SETTING] = "1"
     work = Path(tempfile.mkdtemp(prefix="deploy-bench-"))
     strategies = list(CASES) if "all" in args.strategy else args.strategy
-    out = RESULTS_DIR / "deployment.json"
+    out = RESULTS_DIR / ("deployment.json" if enabled() else "deployment_plain.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     cases = []
     for strategy in strategies:

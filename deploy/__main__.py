@@ -40,6 +40,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -54,6 +55,9 @@ from deploy.pki import make_all
 from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
 REPO = Path(__file__).resolve().parents[1]
+#: written next to the run's logs: seconds to start the federation (up to every SuperNode ready)
+#: and seconds of ``flwr run`` (submitting the app bundle to the result)
+RUN_TIMING = "run-timing.json"
 
 
 def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: list[str], out: Path,
@@ -135,6 +139,7 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
     """Certificates and the app signing key (in a private temporary directory), a TLS SuperLink
     with the Fleet gateway, one authenticated SuperNode per node config running only the signed
     app, ``flwr run``; the path of the run's result.json."""
+    started = time.monotonic()
     result_dir = Path(run_config["out-dir"])
     app_dir = stage_app(out)
     with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki_dir:
@@ -147,9 +152,13 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
             federation.start_superlink()
             federation.start_gateway(pki / "signatures")
             federation.start_configured_nodes(node_configs, trusted_entities=trusted)
+            federation.wait_until_ready([f"supernode-{i}" for i in range(len(node_configs))])
+            ready = time.monotonic()
             proc = federation.run_app(app_dir, run_config, timeout=timeout)
             (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
             ended = federation.ended()
+            (out / RUN_TIMING).write_text(json.dumps({"federation_start_s": ready - started,
+                                                      "flwr_run_s": time.monotonic() - ready}))
     path = result_dir / "result.json"
     if not path.exists():
         raise RuntimeError(f"the deployed run wrote no result{_ended_processes(out, ended)}; see "

@@ -7,7 +7,7 @@
 * its main loop sleeps 3 s after every pull that found no message; here such
   a sleep lasts :data:`IDLE_FRACTION` of the time since the last message, at
   least :data:`FIRST_IDLE_POLL_S` and at most Flower's 3 s (a message that
-  comes t seconds after the last one waits about t / 16 longer; an idle
+  comes t seconds after the last one waits about t / 8 longer; an idle
   SuperNode polls every 3 s);
 * while a ClientApp runs it checks for the reply (and then for each of the
   reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`;
@@ -58,8 +58,8 @@ SETTING = "FEDGRAPH_FLOWER_SHIM"
 #: the waits Flower hard-codes in flwr.supernode.start_client_internal
 FLOWER_IDLE_POLL_S = 3
 FLOWER_REPLY_POLL_S = 0.5
-FIRST_IDLE_POLL_S = 0.02
-IDLE_FRACTION = 1 / 8
+FIRST_IDLE_POLL_S = 0.05
+IDLE_FRACTION = 1 / 4
 REPLY_POLL_S = 0.01
 #: a ClientApp process starts while its SuperNode still pulls the message from the SuperLink,
 #: and Flower's runtime waits 1 s (then 2, 4, ... up to 10 s) before asking for a part of the
@@ -335,6 +335,24 @@ def patch_executor(module: ModuleType, context=None):
     return ctx
 
 
+#: the line a SuperExec started through this shim prints once its fork server holds :data:`PRELOAD`
+PRELOADED = "deploy.flower_shim: ClientApp runtime preloaded"
+
+
+def _nothing() -> None:
+    """A process that only shows the fork server is up."""
+
+
+def wait_until_preloaded(context) -> None:
+    """Start the fork server of ``context`` and wait until it has imported :data:`PRELOAD` (a
+    first fork returns only then), so the first message does not wait for it; print
+    :data:`PRELOADED`."""
+    process = context.Process(target=_nothing)
+    process.start()
+    process.join()
+    print(PRELOADED, file=sys.stderr, flush=True)
+
+
 def _through_shim(module: ModuleType, flower_command: str, role: str) -> None:
     """Make ``module`` start ``flower_command`` as ``python -m deploy.flower_shim role``
     (same arguments) through its ``subprocess.Popen``."""
@@ -395,8 +413,8 @@ def main(argv: list[str]) -> int:
     else:
         from flwr.supercore.cli import flower_superexec
 
-        patch_executor(importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor"))
-        importlib.import_module("multiprocessing.forkserver").ensure_running()  # preloads before the first message
+        wait_until_preloaded(patch_executor(importlib.import_module(
+            "flwr.supercore.superexec.executor.subprocess_executor")))
         flower_superexec()
     return 0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.result import summary_table
-from deploy.__main__ import _ended_processes, main
+from deploy.__main__ import RUN_TIMING, _ended_processes, main
 from deploy.pki import make_all
 
 
@@ -39,6 +39,8 @@ def test_deploy_local_prints_the_summary_with_the_reference_and_keeps_no_key_in_
     result = json.loads(path.read_text())
     assert printed.endswith(summary_table(result) + f"\nresult: {path}\n")
     assert result["reference"]["method"].startswith("centralised k-means") and "agreement" in result["reference"]
+    timing = json.loads((out / RUN_TIMING).read_text())
+    assert timing["federation_start_s"] > 0 and timing["flwr_run_s"] > result["timing"]["total_s"]
     assert "verdict: " in printed
     files = [p for p in out.rglob("*") if p.is_file()]
     assert not [p for p in files if b"PRIVATE KEY" in p.read_bytes()]

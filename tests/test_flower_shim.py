@@ -230,3 +230,8 @@ def test_a_bundle_the_forker_cannot_load_starts_cold(tmp_path, monkeypatch, capf
     assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)
     assert "starts every ClientApp cold: ImportError: no such thing" in capfd.readouterr().err
     assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)  # and is not loaded again
+
+
+def test_the_superexec_says_when_its_fork_server_is_ready(capfd):
+    flower_shim.wait_until_preloaded(multiprocessing.get_context("spawn"))
+    assert capfd.readouterr().err.endswith(flower_shim.PRELOADED + "\n")
