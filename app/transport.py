@@ -8,12 +8,18 @@ then checks every reply against its :class:`app.wire.ReplySpec` (:func:`reply_pr
 before a strategy sees it.
 
 Wire format used by every strategy (see :func:`pack` / :func:`unpack`): a
-``RecordDict`` with an ``ArrayRecord`` under ``"arrays"`` (numpy arrays) and a
-``ConfigRecord`` under ``"values"`` (scalars, strings, lists of scalars).
+``RecordDict`` with an ``ArrayRecord`` under ``"arrays"`` holding one Flower
+``Array`` (stype :data:`BUNDLE_STYPE`) with every numpy array of the message
+(:func:`bundle`), and a ``ConfigRecord`` under ``"values"`` (scalars, strings,
+lists of scalars). One array, not one per numpy array: a deployed message
+travels as one request per record, array and array chunk on every hop, so a
+GNN's 40 weight tensors would cost 80 requests where the bundle costs one or
+two.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -27,6 +33,12 @@ from app.wire import ReplySpec
 
 ARRAYS = "arrays"
 VALUES = "values"
+#: the one entry of the ``"arrays"`` record, and its Flower serialisation type (:func:`bundle`)
+BUNDLE = "bundle"
+BUNDLE_STYPE = "fedgraph.arrays"
+#: array kinds a bundle carries: bool, signed and unsigned integers, floats, complex (no objects)
+BUNDLE_KINDS = "biufc"
+_HEADER_LENGTH_BYTES = 8
 
 POLL_START_S = 0.002
 POLL_MAX_S = 0.05
@@ -36,30 +48,84 @@ LEFT = "left the federation"
 
 
 def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
-    """Build message content from numpy arrays and plain values."""
+    """Build message content from numpy arrays (one :func:`bundle`) and plain values."""
     content = RecordDict()
     if arrays:
-        content[ARRAYS] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+        blob = bundle(arrays)
+        content[ARRAYS] = ArrayRecord({BUNDLE: Array(dtype="uint8", shape=(len(blob),), stype=BUNDLE_STYPE,
+                                                     data=blob)})
     if values:
         content[VALUES] = ConfigRecord(dict(values))
     return content
 
 
 def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict]:
-    """Inverse of :func:`pack`: ``(arrays, values)``."""
+    """Inverse of :func:`pack`: ``(arrays, values)`` (each array a fresh, writable copy)."""
     arrays = {}
     if ARRAYS in content.array_records:
-        arrays = {k: v.numpy() for k, v in content.array_records[ARRAYS].items()}
+        data, layout, start = _bundled(content)
+        for name, dtype, shape in layout:
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize if size else 0,
+                                         offset=start).reshape(shape).copy()
+            start += size
     return arrays, _values(content)
 
 
 def describe(content: RecordDict) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
     """``({name: (shape, dtype)}, values)`` of :func:`pack`-ed content, read from the
-    array metadata without decoding the data (for bookkeeping on large uploads)."""
+    bundle's header without decoding the data (for bookkeeping on large uploads)."""
     arrays = {}
     if ARRAYS in content.array_records:
-        arrays = {k: (tuple(v.shape), str(v.dtype)) for k, v in content.array_records[ARRAYS].items()}
+        arrays = {name: (shape, str(dtype)) for name, dtype, shape in _bundled(content)[1]}
     return arrays, _values(content)
+
+
+def bundle(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Every array of ``arrays`` in one byte string: the length of a JSON header (8 bytes,
+    little-endian), the header ``[[name, dtype, shape], ...]`` (numpy's dtype strings, which
+    name the byte order), then each array's bytes in C order, in the header's order."""
+    parts = {str(name): np.ascontiguousarray(a) for name, a in arrays.items()}
+    for name, a in parts.items():
+        if a.dtype.kind not in BUNDLE_KINDS:
+            raise ValueError(f"array '{name}' has dtype {a.dtype}; valid: bool, integer, float or complex")
+    header = json.dumps([[name, a.dtype.str, list(a.shape)] for name, a in parts.items()]).encode()
+    return b"".join([len(header).to_bytes(_HEADER_LENGTH_BYTES, "little"), header,
+                     *(a.tobytes() for a in parts.values())])
+
+
+def _bundled(content: RecordDict) -> tuple[bytes, list[tuple[str, np.dtype, tuple[int, ...]]], int]:
+    """The bytes of ``content``'s bundle, its checked layout (name, dtype, shape per array) and
+    where the first array starts; ValueError naming what is wrong in a malformed one."""
+    record = content.array_records[ARRAYS]
+    if list(record) != [BUNDLE] or record[BUNDLE].stype != BUNDLE_STYPE:
+        raise ValueError(f"record '{ARRAYS}' holds {sorted(record)}, expected one '{BUNDLE}' of type {BUNDLE_STYPE}")
+    data = record[BUNDLE].data
+    length = int.from_bytes(data[:_HEADER_LENGTH_BYTES], "little")
+    start = _HEADER_LENGTH_BYTES + length
+    if len(data) < start:
+        raise ValueError(f"bundle of {len(data)} bytes is shorter than its header ({length} bytes)")
+    try:
+        entries = json.loads(data[_HEADER_LENGTH_BYTES:start])
+        layout = [(str(name), np.dtype(dtype), tuple(int(n) for n in shape)) for name, dtype, shape in entries]
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"bundle header unreadable: {err}") from None
+    return data, _checked_layout(layout, len(data) - start), start
+
+
+def _checked_layout(layout, body: int):
+    """``layout`` if its names are distinct, its dtypes numbers, its shapes non-negative and
+    its arrays fill exactly ``body`` bytes; else ValueError saying which."""
+    names = [name for name, _, _ in layout]
+    if len(set(names)) != len(names):
+        raise ValueError(f"bundle names an array twice: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    for name, dtype, shape in layout:
+        if dtype.kind not in BUNDLE_KINDS or any(n < 0 for n in shape):
+            raise ValueError(f"bundle array '{name}' has dtype {dtype} and shape {shape}")
+    needed = sum(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for _, dtype, shape in layout)
+    if needed != body:
+        raise ValueError(f"bundle holds {body} bytes of arrays, its header describes {needed}")
+    return layout
 
 
 def _values(content: RecordDict) -> dict:

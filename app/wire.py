@@ -139,15 +139,12 @@ class ReplySpec:
 
     def problem(self, declared: Mapping[str, tuple[tuple[int, ...], str]], arrays: Mapping[str, np.ndarray],
                 values: Mapping) -> str | None:
-        """Why a decoded reply (its arrays' ``declared`` shape and dtype, the decoded ``arrays`` and
-        ``values``) does not match, or None; :func:`app.transport.reply_problem` decodes a message."""
+        """Why a decoded reply (its arrays' ``declared`` shape and dtype, read from the message
+        before decoding, the decoded ``arrays`` and ``values``) does not match, or None;
+        :func:`app.transport.reply_problem` decodes a message."""
         extra = sorted(set(declared) - set(self.arrays))
         if extra:
             return f"unexpected array '{extra[0]}'"
-        for name, (shape, dtype) in declared.items():  # the bookkeeping reads the declared metadata
-            if arrays[name].shape != shape or str(arrays[name].dtype) != dtype:
-                return (f"array '{name}' declares {dtype} {shape} but holds {arrays[name].dtype} "
-                        f"{arrays[name].shape}")
         reason = _first_problem(self.arrays, arrays, "array")
         if reason:
             return reason

@@ -316,16 +316,17 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         number between 0 and the training graphs the client described (``limits``: node id ->
         (client, training graphs)); and the mean loss (None under DP, where no loss is sent;
         NaN when no client trained)."""
-        from flwr.app import MetricRecord, RecordDict
+        from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
         from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
         records, losses, counts = [], [], []
         for node, content in replies.items():
-            n, loss = self._fit_values(*limits[node], unpack(content)[1])
+            arrays, values = unpack(content)
+            n, loss = self._fit_values(*limits[node], values)
             counts.append(n)
             losses.append(loss)
             if n > 0:
-                records.append(RecordDict({"arrays": content.array_records["arrays"],
+                records.append(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
                                            "m": MetricRecord({"num_examples": n})}))
         if not records:
             return weights, float("nan")

@@ -20,7 +20,7 @@ from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
 from app.wire import ProtocolError
-from app.transport import unpack
+from app.transport import pack, unpack
 from conftest import LeavingGrid, patch_reply
 
 SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}
@@ -331,11 +331,10 @@ def test_malformed_block_is_rejected_and_reported(bad, out_dir):
     def tamper(reply):
         if reply.metadata.message_type != "query.fedspectral_power" or reply.metadata.src_node_id != 1002:
             return
-        block = unpack(reply.content)[0]["block"]
-        block = block[:-1] if bad == "shape" else np.where(block == block.max(), np.nan, block)
-        from flwr.app import Array
-
-        reply.content.array_records["arrays"]["block"] = Array(np.ascontiguousarray(block))
+        arrays, values = unpack(reply.content)
+        block = arrays["block"]
+        arrays["block"] = block[:-1] if bad == "shape" else np.where(block == block.max(), np.nan, block)
+        reply.content = pack(arrays, values)
 
     # paper mode averages the valid blocks: the bad client is dropped and reported
     _, result = run_recorded("fedspectral-plus", 3, paper(**{"fedspectral-plus.rounds": 2}), out_dir, tamper)

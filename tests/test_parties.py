@@ -22,6 +22,7 @@ from app.data.types import GraphCollection, GraphData
 from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
+from app.transport import unpack
 from app.wire import ProtocolError
 from clients.fedkmeans import FedKMeansClient
 from tests.conftest import patch_reply
@@ -173,12 +174,12 @@ def test_each_party_receives_and_writes_only_its_own_labels(sbm, tmp_path):
         written = read_labels(tmp_path / f"party-{i}" / LABELS_CSV)
         assert list(written.columns) == ["node", "cluster"]
         assert written["node"].tolist() == p.node_keys.tolist() and written["cluster"].tolist() == own.tolist()
-        assert np.array_equal(sent[1001 + i].content.array_records["arrays"]["labels"].numpy(), own)
+        assert np.array_equal(unpack(sent[1001 + i].content)[0]["labels"], own)
         offset += n
     assert result["reference"]["skipped"].startswith("dataset 'parties': the server holds no pooled data")
     assert result["metrics"]["cluster_sizes"] == np.bincount(labels).tolist() and result["metrics"]["coverage"] == 1
     # the ids the server saw are rows of each party, made positions by the server
-    ids = [m.content.array_records["arrays"]["node_ids"].numpy() for m in grid.pulled
+    ids = [unpack(m.content)[0]["node_ids"] for m in grid.pulled
            if m.metadata.message_type == "query.kmeans_assign"]
     assert [a.tolist() for a in ids] == [list(range(p.num_nodes)) for p in pieces]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -13,7 +14,7 @@ from app import registry
 from app.inprocess import InProcessGrid
 from app.session import ServerSession
 from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
-from app.transport import message_bytes, pack, reply_problem, unpack
+from app.transport import BUNDLE, BUNDLE_STYPE, message_bytes, pack, reply_problem, unpack
 from conftest import HANG_GUARD_S
 
 N = 50
@@ -71,15 +72,14 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
             content = pack({"block": out})
             content["values"] = ArrayRecord({"hidden": Array(np.zeros(1000))})
             return Message(content, reply_to=message)
-        if kind == "metadata":  # declares int8 (1,), carries the float64 block: the ledger reads the metadata
-            import io
-
+        if kind in BUNDLES:  # a bundle that lies about its arrays, or arrays outside a bundle
             from flwr.app import Array, ArrayRecord
 
-            buffer = io.BytesIO()
-            np.save(buffer, out, allow_pickle=False)
-            fake = Array(dtype="int8", shape=(1,), stype="numpy.ndarray", data=buffer.getvalue())
-            return Message(RecordDict({"arrays": ArrayRecord({"block": fake}),
+            data = BUNDLES[kind](out)
+            fake = (Array(out) if data is None else
+                    Array(dtype="uint8", shape=(len(data),), stype=BUNDLE_STYPE, data=data))
+            name = "block" if data is None else BUNDLE
+            return Message(RecordDict({"arrays": ArrayRecord({name: fake}),
                                        "values": pack(values={"count": N})["values"]}), reply_to=message)
         return Message(pack({"block": out}, {"count": N}), reply_to=message)
 
@@ -87,6 +87,22 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
 
 
 SPEC = ReplySpec(arrays={"block": ArraySpec((N, 3))}, values=("count",))
+
+
+def lying_bundle(entries, body: bytes) -> bytes:
+    header = json.dumps(entries).encode()
+    return len(header).to_bytes(8, "little") + header + body
+
+
+#: malformed bundles of a client's block (None: the block as a Flower array of its own)
+BUNDLES = {
+    "header-too-small": lambda out: lying_bundle([["block", "|i1", [1]]], out.tobytes()),
+    "header-too-long": lambda out: (1_000_000).to_bytes(8, "little") + out.tobytes(),
+    "header-garbage": lambda out: (4).to_bytes(8, "little") + b"\xff{[x" + out.tobytes(),
+    "header-objects": lambda out: lying_bundle([["block", "|O", [50, 3]]], out.tobytes()),
+    "header-twice": lambda out: lying_bundle([["block", "<f8", [50, 3]], ["block", "<f8", [0]]], out.tobytes()),
+    "one-array-per-entry": lambda out: None,
+}
 
 
 def session_for(app, num_nodes=4, **config) -> ServerSession:
@@ -123,7 +139,12 @@ def test_valid_replies_pass_and_clients_are_ordered_by_partition():
         ("extra-value", "unexpected value 'note'"),
         ("extra-record", "unexpected record 'private'"),
         ("record-of-another-type", "unexpected record 'values'"),
-        ("metadata", "array 'block' declares int8 (1,) but holds float64 (50, 3)"),
+        ("header-too-small", "bundle holds 1200 bytes of arrays, its header describes 1"),
+        ("header-too-long", "is shorter than its header (1000000 bytes)"),
+        ("header-garbage", "bundle header unreadable"),
+        ("header-objects", "bundle array 'block' has dtype object and shape (50, 3)"),
+        ("header-twice", "bundle names an array twice: ['block']"),
+        ("one-array-per-entry", "record 'arrays' holds ['block'], expected one 'bundle' of type fedgraph.arrays"),
     ],
 )
 def test_malformed_reply_is_rejected_and_reported(kind, reason):
