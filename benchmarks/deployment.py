@@ -57,6 +57,7 @@ STAGE_NAMES = {"supernode_pickup": "SuperNode pick-up", "clientapp_start": "Clie
                "flower_runtime": "Flower runtime", "app_imports": "app imports", "compute": "compute",
                "reply": "reply", "server_pickup": "server pick-up", "clientapp_cpu": "CPU per ClientApp"}
 RATIO_TARGET = 3.0
+NO_REFERENCE = "reference=false"
 ROUND_TARGET_S = 1.0
 
 #: strategy -> (its representative dataset, run-config settings)
@@ -121,7 +122,7 @@ def round_stages(rounds: list[dict], logs: list[str]) -> dict[str, list[float]]:
 
 
 def run_case(strategy: str, dataset: str, sets: list[str], nodes: int, work: Path) -> dict:
-    sets = [*sets, "reference=false"]
+    sets = [*sets, NO_REFERENCE]
     load_start = os.getloadavg()[0]
     start = time.perf_counter()
     path = run_local(nodes, strategy, dataset, "auto", sets, work / "deployed")
@@ -213,7 +214,10 @@ def page() -> Path:
     shim = "with `deploy.flower_shim`" if report["flower_shim"] else "plain Flower"
     body = "\n\n".join([
         paragraph(f"`{MEASURE}`: every strategy on its representative dataset, {report['nodes']} clients, default "
-                  "settings, `reference=false` in both engines. Deployed: `python -m deploy local`, a TLS "
+                  "settings except " + "; ".join(f"`{c['strategy']}`: " + ", ".join(f"`{x}`" for x in own)
+                                                 for c in cases if (own := [x for x in c["sets"] if x != NO_REFERENCE]))
+                  + " (`gw-ldp` draws its LDP noise from the operating system's entropy, so only its noiseless "
+                  "runs can repeat each other's labels), `reference=false` in both engines. Deployed: `python -m deploy local`, a TLS "
                   "SuperLink with SuperNode authentication behind the Fleet gateway and "
                   f"{report['nodes']} SuperNodes ({shim}) as separate processes on loopback, each loading only its "
                   "own shard file; simulated: `run_simulation` with the same config and seed. Simulation s: "
