@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
@@ -299,8 +300,9 @@ def _checked_replies(messages: Sequence[Message], received: Sequence[Message],
             refused.append((node, reply.content))
             rejected[node] = "more than one reply to one message"
             continue
-        if reply.has_error():
-            rejected[node] = f"client error: {reply.error.reason}"
+        if reply.has_error():  # the SuperLink answers for a node whose heartbeats stopped: it left
+            gone = reply.error.code == ErrorCode.NODE_UNAVAILABLE
+            rejected[node] = f"{LEFT} ({reply.error.reason})" if gone else f"client error: {reply.error.reason}"
             continue
         spec = expect.get(node) if isinstance(expect, Mapping) else expect
         reason = reply_problem(spec, reply.content) if spec is not None else None

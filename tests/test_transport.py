@@ -220,6 +220,38 @@ def test_disconnected_node_is_given_up_before_the_timeout():
     assert session.stats.rounds[-1]["seconds"] < HANG_GUARD_S  # given up, not timed out ("no reply within")
 
 
+class UnavailableGrid(InProcessGrid):
+    """Answers every message to node ``gone`` as Flower's SuperLink does once the node's
+    heartbeats stopped: an error reply, code NODE_UNAVAILABLE."""
+
+    gone = None
+
+    def push_messages(self, messages):
+        from uuid import uuid4
+
+        from flwr.app import Error
+        from flwr.common.constant import ErrorCode
+
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for message_id, message in zip(ids, messages):
+            if message.metadata.dst_node_id == self.gone:
+                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node Unavailable"), reply_to=message)
+                reply.metadata.__dict__["_message_id"] = uuid4().hex
+                self._replies[message_id] = reply
+        return ids
+
+
+def test_a_node_the_superlink_reports_unavailable_has_left_the_federation():
+    grid = UnavailableGrid(make_client_app({}), 4)
+    session = ServerSession(grid, registry.validate({"num-clients": 4, "timeout": HANG_GUARD_S}))
+    session.connect()
+    grid.gone = session.node_ids[1]
+    grid.silent.add(grid.gone)
+    with pytest.raises(ProtocolError, match=r"client 1 .*left the federation \(Node Unavailable\)"):
+        session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+
+
 class TamperingGrid(InProcessGrid):
     """In-process grid that adds one forged reply to the first pull with replies: a second reply
     to an answered message (``duplicate``), or a reply to a message never sent from a node never
