@@ -208,6 +208,8 @@ def install_known_fab(fab_hash: str, app_dir: Path, install):
 
 
 READY = "ready"
+#: app bundles whose forker a SuperExec keeps
+KEPT_FORKERS = 2
 
 
 def _serve_app(fab_hash: str, app_dir: str, conn) -> None:
@@ -269,6 +271,11 @@ class AppForker:
             answer = "its process ended before it loaded the app"
         self.problem = None if answer == READY else answer
 
+    def close(self) -> None:
+        """End the forker (its ClientApps run on); it ends itself when its pipe closes."""
+        self._conn.close()
+        self.process.join()
+
     def submit(self, argv: list[str], quiet: bool) -> bool:
         """Start a ClientApp for ``argv``; False if this forker is gone."""
         if self.problem is not None or not self.process.is_alive():
@@ -281,10 +288,19 @@ class AppForker:
 
 
 class AppForkers:
-    """One :class:`AppForker` per installed app bundle (by hash)."""
+    """One :class:`AppForker` per installed app bundle (by hash), the :data:`KEPT_FORKERS` most
+    recently started: a long-lived SuperNode sees a new bundle with every app version."""
 
     def __init__(self, context) -> None:
         self._context, self._forkers = context, {}
+
+    def _start(self, fab_hash: str, app_dir: Path) -> AppForker:
+        """A forker for ``fab_hash``, the oldest beyond :data:`KEPT_FORKERS` closed."""
+        self._forkers.pop(fab_hash, None)
+        while len(self._forkers) >= KEPT_FORKERS:
+            self._forkers.pop(next(iter(self._forkers))).close()
+        forker = self._forkers[fab_hash] = AppForker(self._context, fab_hash, app_dir)
+        return forker
 
     def submit(self, fab_hash: str | None, argv: list[str], quiet: bool) -> bool:
         """Start a ClientApp for ``argv`` from the forker of ``fab_hash``; False if the
@@ -294,7 +310,7 @@ class AppForkers:
             app_dir = installed_app_dir(fab_hash)
             if app_dir is None:
                 return False
-            forker = self._forkers[fab_hash] = AppForker(self._context, fab_hash, app_dir)
+            forker = self._start(fab_hash, app_dir)
             if forker.problem is not None:
                 print(f"deploy.flower_shim: app bundle {fab_hash[:8]} starts every ClientApp cold: {forker.problem}",
                       file=sys.stderr, flush=True)

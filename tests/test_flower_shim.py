@@ -235,3 +235,19 @@ def test_a_bundle_the_forker_cannot_load_starts_cold(tmp_path, monkeypatch, capf
 def test_the_superexec_says_when_its_fork_server_is_ready(capfd):
     flower_shim.wait_until_preloaded(multiprocessing.get_context("spawn"))
     assert capfd.readouterr().err.endswith(flower_shim.PRELOADED + "\n")
+
+
+@pytest.mark.deployment
+def test_a_superexec_keeps_the_forkers_of_its_latest_bundles_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    monkeypatch.setattr(flower_shim, "KEPT_FORKERS", 2)
+    hashes = [hashlib.sha256(b"version %d" % v).hexdigest() for v in range(3)]
+    for fab_hash in hashes:
+        install_toy_app(tmp_path, fab_hash)
+    forkers = flower_shim.AppForkers(multiprocessing.get_context("spawn"))
+    started = []
+    for fab_hash in hashes:
+        assert forkers.submit(fab_hash, ["flwr-clientapp", "--help"], True)
+        started.append(forkers._forkers[fab_hash].process)
+    assert list(forkers._forkers) == hashes[1:]
+    assert started[0].exitcode == 0 and started[1].is_alive() and started[2].is_alive()
