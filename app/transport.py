@@ -66,10 +66,9 @@ def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict]:
     if ARRAYS in content.array_records:
         data, layout, start = _bundled(content)
         for name, dtype, shape in layout:
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            arrays[name] = np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize if size else 0,
-                                         offset=start).reshape(shape).copy()
-            start += size
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=start).reshape(shape).copy()
+            start += count * dtype.itemsize
     return arrays, _values(content)
 
 

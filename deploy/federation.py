@@ -88,18 +88,10 @@ def run_config_arg(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
 
 
-def supernode_command(env: Mapping[str, str]) -> list[str]:
-    """``flower-supernode``, through :mod:`deploy.flower_shim` unless ``env`` switches it off."""
-    if flower_shim.enabled(env):
-        return [sys.executable, "-m", "deploy.flower_shim", "supernode"]
-    return [str(BIN / "flower-supernode")]
-
-
-def superlink_command(env: Mapping[str, str]) -> list[str]:
-    """``flower-superlink``, through :mod:`deploy.flower_shim` unless ``env`` switches it off."""
-    if flower_shim.enabled(env):
-        return [sys.executable, "-m", "deploy.flower_shim", "superlink"]
-    return [str(BIN / "flower-superlink")]
+def flower_command(role: str, env: Mapping[str, str]) -> list[str]:
+    """``flower-<role>`` (``supernode``, ``superlink``), through :mod:`deploy.flower_shim` unless
+    ``env`` switches it off."""
+    return flower_shim.command(role) if flower_shim.enabled(env) else [str(BIN / f"flower-{role}")]
 
 
 class LocalFederation:
@@ -160,7 +152,7 @@ class LocalFederation:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start_superlink(self, timeout: float = 120.0) -> None:
-        cmd = [*superlink_command(self.env), "--port", str(self.port),
+        cmd = [*flower_command("superlink", self.env), "--port", str(self.port),
                "--disable-runtime-dependency-installation"]
         if self.pki:
             cmd += ["--ssl-ca-certfile", str(self.pki / "ca.crt"),
@@ -211,7 +203,7 @@ class LocalFederation:
         """Start Flower's SuperNode (through :mod:`deploy.flower_shim` unless it is switched off); it
         stops reconnecting ``superlink_wait_s`` seconds after losing the SuperLink (Flower logs
         "Giving up reconnection after ... seconds")."""
-        cmd = [*supernode_command(self.env), "--superlink", self.fleet_address, "--port", str(free_port()),
+        cmd = [*flower_command("supernode", self.env), "--superlink", self.fleet_address, "--port", str(free_port()),
                "--max-wait-time", repr(float(self.superlink_wait_s))]
         cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
         if private_key:
@@ -273,7 +265,7 @@ class LocalFederation:
         """Return once every SuperNode of ``names`` has joined the federation and, with the shim
         on, its SuperExec's ClientApp runtime is preloaded (:data:`deploy.flower_shim.PRELOADED`):
         a long-lived SuperNode is in that state when a run comes."""
-        wanted = ["SuperNode ID: "] + ([flower_shim.PRELOADED] if flower_shim.enabled(self.env) else [])
+        wanted = [_JOINED] + ([flower_shim.PRELOADED] if flower_shim.enabled(self.env) else [])
         deadline = time.monotonic() + timeout
         for name in names:
             while not all(line in self.log(name) for line in wanted):

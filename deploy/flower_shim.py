@@ -369,15 +369,20 @@ def wait_until_preloaded(context) -> None:
     print(PRELOADED, file=sys.stderr, flush=True)
 
 
+def command(role: str) -> list[str]:
+    """The command that runs Flower's ``role`` (:data:`ROLES`) through this shim."""
+    return [sys.executable, "-m", "deploy.flower_shim", role]
+
+
 def _through_shim(module: ModuleType, flower_command: str, role: str) -> None:
-    """Make ``module`` start ``flower_command`` as ``python -m deploy.flower_shim role``
-    (same arguments) through its ``subprocess.Popen``."""
+    """Make ``module`` start ``flower_command`` as :func:`command` ``(role)`` (same arguments)
+    through its ``subprocess.Popen``."""
     popen = module.subprocess.Popen
 
-    def start(command, *args, **kwargs):
-        if command and command[0] == flower_command:
-            command = [sys.executable, "-m", "deploy.flower_shim", role, *command[1:]]
-        return popen(command, *args, **kwargs)
+    def start(args, *rest, **kwargs):
+        if args and args[0] == flower_command:
+            args = [*command(role), *args[1:]]
+        return popen(args, *rest, **kwargs)
 
     module.subprocess = _Namespace(subprocess, Popen=start)
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import HANG_GUARD_S
 from deploy import flower_shim
-from deploy.federation import BIN, superlink_command, supernode_command
+from deploy.federation import BIN, flower_command
 
 SUPERNODE = importlib.import_module("flwr.supernode.start_client_internal")
 EXECUTOR = importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor")
@@ -140,10 +140,10 @@ def test_a_forked_clientapp_runs_flowers_flwr_clientapp_entry_point():
 
 
 def test_the_setting_switches_the_shim_off():
-    assert supernode_command({}) == [sys.executable, "-m", "deploy.flower_shim", "supernode"]
-    assert supernode_command({flower_shim.SETTING: "0"}) == [str(BIN / "flower-supernode")]
-    assert superlink_command({}) == [sys.executable, "-m", "deploy.flower_shim", "superlink"]
-    assert superlink_command({flower_shim.SETTING: "0"}) == [str(BIN / "flower-superlink")]
+    assert flower_command("supernode", {}) == [sys.executable, "-m", "deploy.flower_shim", "supernode"]
+    assert flower_command("supernode", {flower_shim.SETTING: "0"}) == [str(BIN / "flower-supernode")]
+    assert flower_command("superlink", {}) == [sys.executable, "-m", "deploy.flower_shim", "superlink"]
+    assert flower_command("superlink", {flower_shim.SETTING: "0"}) == [str(BIN / "flower-superlink")]
     assert flower_shim.main(["bogus"]) == 2
 
 
