@@ -8,13 +8,15 @@ then checks every reply against its :class:`app.wire.ReplySpec` (:func:`reply_pr
 before a strategy sees it.
 
 Wire format used by every strategy (see :func:`pack` / :func:`unpack`): a
-``RecordDict`` with an ``ArrayRecord`` under ``"arrays"`` holding one Flower
-``Array`` (stype :data:`BUNDLE_STYPE`) with every numpy array of the message
-(:func:`bundle`), and a ``ConfigRecord`` under ``"values"`` (scalars, strings,
-lists of scalars). One array, not one per numpy array: a deployed message
-travels as one request per record, array and array chunk on every hop, so a
-GNN's 40 weight tensors would cost 80 requests where the bundle costs one or
-two.
+``RecordDict`` with a ``ConfigRecord`` under ``"values"`` (scalars, strings,
+lists of scalars) and every numpy array of the message in one byte string
+(:func:`bundle`). A bundle of at most :data:`INLINE_BUNDLE_MAX_BYTES` is the
+bytes value :data:`BUNDLE_KEY` of that record; a larger one is the one Flower
+``Array`` (stype :data:`BUNDLE_STYPE`) of an ``ArrayRecord`` under
+``"arrays"``, which Flower splits into chunks. A deployed message travels as
+one request per object (message, record dict, record, array, array chunk) on
+every hop: a GNN's 40 weight tensors as arrays would cost 80 requests, an
+inline bundle none beyond the message's three.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
@@ -37,6 +39,10 @@ VALUES = "values"
 #: the one entry of the ``"arrays"`` record, and its Flower serialisation type (:func:`bundle`)
 BUNDLE = "bundle"
 BUNDLE_STYPE = "fedgraph.arrays"
+#: the ``"values"`` entry of a bundle sent inline, and the largest bundle sent so (Flower's array
+#: chunk: no object on the wire is larger than the ones Flower makes)
+BUNDLE_KEY = "fedgraph.arrays"
+INLINE_BUNDLE_MAX_BYTES = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 #: array kinds a bundle carries: bool, signed and unsigned integers, floats, complex (no objects)
 BUNDLE_KINDS = "biufc"
 _HEADER_LENGTH_BYTES = 8
@@ -50,20 +56,26 @@ LEFT = "left the federation"
 
 def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
     """Build message content from numpy arrays (one :func:`bundle`) and plain values."""
+    values = dict(values or {})
+    if BUNDLE_KEY in values:
+        raise ValueError(f"value name {BUNDLE_KEY!r} is the bundle's own; choose another")
     content = RecordDict()
     if arrays:
         blob = bundle(arrays)
-        content[ARRAYS] = ArrayRecord({BUNDLE: Array(dtype="uint8", shape=(len(blob),), stype=BUNDLE_STYPE,
-                                                     data=blob)})
+        if len(blob) <= INLINE_BUNDLE_MAX_BYTES:
+            values[BUNDLE_KEY] = blob
+        else:
+            content[ARRAYS] = ArrayRecord({BUNDLE: Array(dtype="uint8", shape=(len(blob),), stype=BUNDLE_STYPE,
+                                                         data=blob)})
     if values:
-        content[VALUES] = ConfigRecord(dict(values))
+        content[VALUES] = ConfigRecord(values)
     return content
 
 
 def unpack(content: RecordDict) -> tuple[dict[str, np.ndarray], dict]:
     """Inverse of :func:`pack`: ``(arrays, values)`` (each array a fresh, writable copy)."""
     arrays = {}
-    if ARRAYS in content.array_records:
+    if _has_bundle(content):
         data, layout, start = _bundled(content)
         for name, dtype, shape in layout:
             count = int(np.prod(shape, dtype=np.int64))
@@ -76,7 +88,7 @@ def describe(content: RecordDict) -> tuple[dict[str, tuple[tuple[int, ...], str]
     """``({name: (shape, dtype)}, values)`` of :func:`pack`-ed content, read from the
     bundle's header without decoding the data (for bookkeeping on large uploads)."""
     arrays = {}
-    if ARRAYS in content.array_records:
+    if _has_bundle(content):
         arrays = {name: (shape, str(dtype)) for name, dtype, shape in _bundled(content)[1]}
     return arrays, _values(content)
 
@@ -94,13 +106,30 @@ def bundle(arrays: Mapping[str, np.ndarray]) -> bytes:
                      *(a.tobytes() for a in parts.values())])
 
 
-def _bundled(content: RecordDict) -> tuple[bytes, list[tuple[str, np.dtype, tuple[int, ...]]], int]:
-    """The bytes of ``content``'s bundle, its checked layout (name, dtype, shape per array) and
-    where the first array starts; ValueError naming what is wrong in a malformed one."""
+def _has_bundle(content: RecordDict) -> bool:
+    return ARRAYS in content.array_records or BUNDLE_KEY in content.config_records.get(VALUES, {})
+
+
+def _bundle_bytes(content: RecordDict) -> bytes:
+    """The bytes of ``content``'s one bundle, inline or as an array; ValueError if it has two,
+    or an array record holding anything else."""
+    inline = content.config_records.get(VALUES, {}).get(BUNDLE_KEY)
+    if ARRAYS not in content.array_records:
+        if not isinstance(inline, bytes):
+            raise ValueError(f"value '{BUNDLE_KEY}' is {type(inline).__name__}, expected the bundle's bytes")
+        return inline
+    if inline is not None:
+        raise ValueError(f"two bundles: value '{BUNDLE_KEY}' and record '{ARRAYS}'")
     record = content.array_records[ARRAYS]
     if list(record) != [BUNDLE] or record[BUNDLE].stype != BUNDLE_STYPE:
         raise ValueError(f"record '{ARRAYS}' holds {sorted(record)}, expected one '{BUNDLE}' of type {BUNDLE_STYPE}")
-    data = record[BUNDLE].data
+    return record[BUNDLE].data
+
+
+def _bundled(content: RecordDict) -> tuple[bytes, list[tuple[str, np.dtype, tuple[int, ...]]], int]:
+    """The bytes of ``content``'s bundle, its checked layout (name, dtype, shape per array) and
+    where the first array starts; ValueError naming what is wrong in a malformed one."""
+    data = _bundle_bytes(content)
     length = int.from_bytes(data[:_HEADER_LENGTH_BYTES], "little")
     start = _HEADER_LENGTH_BYTES + length
     if len(data) < start:
@@ -129,7 +158,9 @@ def _checked_layout(layout, body: int):
 
 
 def _values(content: RecordDict) -> dict:
-    return dict(content.config_records[VALUES]) if VALUES in content.config_records else {}
+    values = dict(content.config_records.get(VALUES, {}))
+    values.pop(BUNDLE_KEY, None)
+    return values
 
 
 def reply_problem(spec: ReplySpec, content: RecordDict) -> str | None:

@@ -118,6 +118,7 @@ class LocalFederation:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             # SuperExec checks for new tasks every second by default; every 0.1 s costs each message
             # 50 ms on average, and polling more often costs the 2-core machine CPU the run needs
+            # (a SuperNode started through deploy.flower_shim wakes its SuperExec per task instead)
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
             # every Flower process (one ClientApp per message) would report its start and exit to
             # telemetry.flower.ai, waiting up to 4 s at exit

@@ -18,7 +18,11 @@
 Both go through the module's ``time`` name, replaced by a :class:`PollClock`
 that maps Flower's two waits onto these and passes any other sleep through.
 The SuperExec it starts becomes ``python -m deploy.flower_shim superexec``:
-Flower's ``flower-superexec``, whose subprocess executor starts each
+Flower's ``flower-superexec``, which asks its SuperNode for tasks as soon as
+the SuperNode has made one (the SuperNode writes a byte into a pipe the
+SuperExec waits on; Flower polls every 1 s, and each poll is an HTTP request
+that costs both processes CPU) and otherwise every :data:`TASK_POLL_S`, and
+whose subprocess executor starts each
 ``flwr-clientapp`` (still one process per message) as a fork of a process that
 has already imported Flower's ClientApp runtime and the third-party packages
 in :data:`PRELOAD` (``multiprocessing``'s forkserver). Once an app bundle is
@@ -46,6 +50,7 @@ import functools
 import hashlib
 import importlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -67,6 +72,12 @@ REPLY_POLL_S = 0.01
 FLOWER_OBJECT_POLL_S = 1
 OBJECT_POLL_S = 0.01
 OBJECT_POLL_CAP_S = 0.1
+#: a SuperNode started through the shim tells its SuperExec that a message's task exists by writing
+#: a byte into a pipe (its read end's descriptor in this environment variable); the SuperExec asks
+#: for tasks at once then, else every TASK_POLL_S (Flower's default interval) in case a byte is lost
+TASK_PIPE_SETTING = "FEDGRAPH_TASK_PIPE"
+TASK_POLL_SETTING = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+TASK_POLL_S = 1.0
 #: imported once by the fork server, before any ClientApp process forks from it (the GNN methods'
 #: torch, PyG and Opacus cost about 5 s of CPU to import: once per SuperNode, not once per message)
 PRELOAD = ("flwr.supernode.cli.flwr_clientapp", "flwr.supernode.runtime.run_clientapp", "numpy",
@@ -136,11 +147,24 @@ def patch_supernode(module: ModuleType) -> PollClock:
         clock.active()
         _timing("pushed")
 
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    pull_objects = short_object_polls(module.pull_objects)
+
+    def pull_objects_once_the_superexec_knows(*args, **kwargs):
+        # Flower calls this right after creating the message's task: the ClientApp starts while it runs
+        try:
+            os.write(write_end, b"t")
+        except BlockingIOError:  # the pipe is full of wake-ups the SuperExec has not read yet
+            pass
+        return pull_objects(*args, **kwargs)
+
     module.time = clock
-    module.pull_objects = short_object_polls(module.pull_objects)
+    module.pull_objects = pull_objects_once_the_superexec_knows
     module._pull_and_store_message = pull_and_store_message
     module._push_messages = push_messages
-    _through_shim(module, "flower-superexec", "superexec")
+    _through_shim(module, "flower-superexec", "superexec", pass_fds=(read_end,),
+                  env={**os.environ, TASK_PIPE_SETTING: str(read_end), TASK_POLL_SETTING: str(TASK_POLL_S)})
     return clock
 
 
@@ -374,17 +398,35 @@ def command(role: str) -> list[str]:
     return [sys.executable, "-m", "deploy.flower_shim", role]
 
 
-def _through_shim(module: ModuleType, flower_command: str, role: str) -> None:
-    """Make ``module`` start ``flower_command`` as :func:`command` ``(role)`` (same arguments)
-    through its ``subprocess.Popen``."""
+def _through_shim(module: ModuleType, flower_command: str, role: str, **popen_kwargs) -> None:
+    """Make ``module`` start ``flower_command`` as :func:`command` ``(role)`` (same arguments,
+    and ``popen_kwargs`` added) through its ``subprocess.Popen``."""
     popen = module.subprocess.Popen
 
     def start(args, *rest, **kwargs):
         if args and args[0] == flower_command:
-            args = [*command(role), *args[1:]]
+            args, kwargs = [*command(role), *args[1:]], {**kwargs, **popen_kwargs}
         return popen(args, *rest, **kwargs)
 
     module.subprocess = _Namespace(subprocess, Popen=start)
+
+
+def wake_on_tasks(module: ModuleType, environ=os.environ) -> None:
+    """Make ``module`` (``flwr.supercore.superexec.run_superexec``), a SuperExec's main loop,
+    end its wait between task polls as soon as its SuperNode writes into the pipe named by
+    :data:`TASK_PIPE_SETTING`; without that setting, or once the SuperNode closed the pipe,
+    it waits as Flower does."""
+    if TASK_PIPE_SETTING not in environ:
+        return
+    read_end = int(environ[TASK_PIPE_SETTING])
+    os.set_inheritable(read_end, False)  # not the ClientApps' to read
+
+    def sleep(seconds: float) -> None:
+        if select.select([read_end], [], [], seconds)[0]:
+            if not os.read(read_end, 4096):  # the SuperNode is gone: Flower's own wait from now on
+                module.time = time
+
+    module.time = _Namespace(time, sleep=sleep)
 
 
 def patch_superlink(module: ModuleType) -> None:
@@ -436,6 +478,7 @@ def main(argv: list[str]) -> int:
 
         wait_until_preloaded(patch_executor(importlib.import_module(
             "flwr.supercore.superexec.executor.subprocess_executor")))
+        wake_on_tasks(importlib.import_module("flwr.supercore.superexec.run_superexec"))
         flower_superexec()
     return 0
 

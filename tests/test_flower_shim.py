@@ -24,6 +24,7 @@ EXECUTOR = importlib.import_module("flwr.supercore.superexec.executor.subprocess
 CLIENTAPP = importlib.import_module("flwr.supernode.runtime.run_clientapp")
 SUPERLINK = importlib.import_module("flwr.superlink.cli.flower_superlink")
 GRID = importlib.import_module("flwr.superlink.grid.http_grid")
+RUN_SUPEREXEC = importlib.import_module("flwr.supercore.superexec.run_superexec")
 
 
 def test_the_patched_names_and_waits_are_the_pinned_flowers():
@@ -36,6 +37,12 @@ def test_the_patched_names_and_waits_are_the_pinned_flowers():
     assert inspect.signature(SUPERNODE._pull_and_store_message).return_annotation in ("int | None", int | None)
     assert EXECUTOR.subprocess is subprocess
     assert "subprocess.Popen(args)" in inspect.getsource(EXECUTOR.SubprocessExecutor.launch)
+    # the SuperExec's wait between task polls, and the SuperNode's task made before its parts are pulled
+    assert RUN_SUPEREXEC.time is time and RUN_SUPEREXEC._TASK_POLL_INTERVAL_ENV == flower_shim.TASK_POLL_SETTING
+    assert "time.sleep(task_poll_interval)" in inspect.getsource(RUN_SUPEREXEC.run_superexec)
+    assert RUN_SUPEREXEC._DEFAULT_TASK_POLL_INTERVAL_SECONDS == flower_shim.TASK_POLL_S
+    pull = inspect.getsource(SUPERNODE._pull_and_store_message)
+    assert pull.index("state.create_task(") < pull.index("state.store_message(") < pull.index("pull_objects(")
     from flwr.supercore.constant import PULL_INITIAL_BACKOFF, TASK_TYPE_TO_COMMAND, TaskType
 
     assert TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] == "flwr-clientapp"
@@ -92,7 +99,9 @@ def fake_supernode(pulled):
     module._pull_and_store_message = lambda **kw: pulled.pop(0)
     module._push_messages = lambda **kw: module.calls.append("push")
     module.pull_objects = lambda ids, fn, **kw: kw
-    module.subprocess = types.SimpleNamespace(Popen=lambda command: module.calls.append(command), DEVNULL=-3)
+    module.started_with = []
+    module.subprocess = types.SimpleNamespace(
+        Popen=lambda command, **kw: module.calls.append(command) or module.started_with.append(kw), DEVNULL=-3)
     return module
 
 
@@ -110,6 +119,40 @@ def test_patched_supernode_polls_soon_after_a_message_and_starts_the_shims_super
                                      "--runtime-api-address", "127.0.0.1:9094"], ["something-else", "--x"]]
     assert module.subprocess.DEVNULL == -3  # the rest of the module is unchanged
     assert module.pull_objects([], None)["initial_backoff"] == flower_shim.OBJECT_POLL_S
+    superexec = module.started_with[0]
+    assert superexec["env"][flower_shim.TASK_POLL_SETTING] == str(flower_shim.TASK_POLL_S)
+    assert superexec["pass_fds"] == (int(superexec["env"][flower_shim.TASK_PIPE_SETTING]),)
+    assert module.started_with[1] == {}
+
+
+def test_a_superexec_asks_for_a_task_as_soon_as_its_supernode_has_one():
+    supernode = fake_supernode([])
+    flower_shim.patch_supernode(supernode)
+    supernode.subprocess.Popen(["flower-superexec"])
+    superexec = types.ModuleType("fake_run_superexec")
+    superexec.time = time
+    flower_shim.wake_on_tasks(superexec, supernode.started_with[0]["env"])
+    supernode.pull_objects([], None)  # Flower creates the task, then pulls the message's parts
+    start = time.monotonic()
+    superexec.time.sleep(HANG_GUARD_S)
+    assert time.monotonic() - start < HANG_GUARD_S  # woken, not timed out
+    assert superexec.time.monotonic is time.monotonic
+    for _ in range(100_000):  # wake-ups nobody reads (more than a pipe holds) do not block the SuperNode
+        supernode.pull_objects([], None)
+
+
+def test_a_superexec_waits_as_flower_does_without_its_supernodes_pipe_or_once_it_is_closed():
+    superexec = types.ModuleType("fake_run_superexec")
+    superexec.time = time
+    flower_shim.wake_on_tasks(superexec, {})
+    assert superexec.time is time
+    read_end, write_end = os.pipe()
+    flower_shim.wake_on_tasks(superexec, {flower_shim.TASK_PIPE_SETTING: str(read_end)})
+    assert superexec.time is not time and not os.get_inheritable(read_end)
+    os.close(write_end)  # the SuperNode is gone
+    superexec.time.sleep(HANG_GUARD_S)
+    assert superexec.time is time
+    os.close(read_end)
 
 
 class FakeExecutor:

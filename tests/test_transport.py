@@ -14,7 +14,8 @@ from app import registry
 from app.inprocess import InProcessGrid
 from app.session import ServerSession
 from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
-from app.transport import BUNDLE, BUNDLE_STYPE, message_bytes, pack, reply_problem, unpack
+from app.transport import (BUNDLE, BUNDLE_KEY, BUNDLE_STYPE, INLINE_BUNDLE_MAX_BYTES, message_bytes, pack,
+                           reply_problem, unpack)
 from conftest import HANG_GUARD_S
 
 N = 50
@@ -71,6 +72,18 @@ def make_client_app(bad: dict[int, str]) -> ClientApp:
 
             content = pack({"block": out})
             content["values"] = ArrayRecord({"hidden": Array(np.zeros(1000))})
+            return Message(content, reply_to=message)
+        if kind == "inline-not-bytes":
+            from flwr.app import ConfigRecord
+
+            return Message(RecordDict({"values": ConfigRecord({"count": N, BUNDLE_KEY: "block"})}), reply_to=message)
+        if kind == "two-bundles":  # one inline, one as an array: which would the ledger list?
+            from flwr.app import Array, ArrayRecord
+
+            content = pack({"block": out}, {"count": N})
+            data = content["values"][BUNDLE_KEY]
+            content["arrays"] = ArrayRecord({BUNDLE: Array(dtype="uint8", shape=(len(data),), stype=BUNDLE_STYPE,
+                                                           data=data)})
             return Message(content, reply_to=message)
         if kind in BUNDLES:  # a bundle that lies about its arrays, or arrays outside a bundle
             from flwr.app import Array, ArrayRecord
@@ -145,6 +158,8 @@ def test_valid_replies_pass_and_clients_are_ordered_by_partition():
         ("header-objects", "bundle array 'block' has dtype object and shape (50, 3)"),
         ("header-twice", "bundle names an array twice: ['block']"),
         ("one-array-per-entry", "record 'arrays' holds ['block'], expected one 'bundle' of type fedgraph.arrays"),
+        ("inline-not-bytes", "value 'fedgraph.arrays' is str, expected the bundle's bytes"),
+        ("two-bundles", "two bundles: value 'fedgraph.arrays' and record 'arrays'"),
     ],
 )
 def test_malformed_reply_is_rejected_and_reported(kind, reason):
@@ -355,6 +370,32 @@ def test_bytes_add_up_and_scale_with_payload():
     assert 4 * payload < last["bytes_up"] < 4 * payload + 4 * 2000
     assert sum(r["bytes_up"] for r in session.stats.rounds) == session.stats.bytes_up
     assert sum(r["bytes_down"] for r in session.stats.rounds) == session.stats.bytes_down
+
+
+def objects_of(content: RecordDict) -> list[str]:
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    return sorted(type(o).__name__ for o in get_all_nested_objects(content).values())
+
+
+def test_a_small_bundle_travels_inside_the_values_record_a_large_one_as_flower_array_chunks():
+    small = {"a": np.arange(12.0).reshape(3, 4), "ids": np.arange(5, dtype=np.int32)}
+    content = pack(small, {"round": 3})
+    assert objects_of(content) == ["ConfigRecord", "RecordDict"]  # one request per hop beside the message
+    large = {"a": np.arange(INLINE_BUNDLE_MAX_BYTES // 8 + 1, dtype=np.float64)}
+    chunked = pack(large, {"round": 3})
+    assert set(chunked.array_records) == {"arrays"} and BUNDLE_KEY not in chunked["values"]
+    assert objects_of(chunked).count("ArrayChunk") == 2  # Flower's own chunking, no object above its chunk size
+    for arrays, packed in [(small, content), (large, chunked)]:
+        got, values = unpack(packed)
+        assert values == {"round": 3}  # the bundle is not one of the values
+        assert sorted(got) == sorted(arrays) and all(np.array_equal(got[k], arrays[k]) for k in arrays)
+        assert all(got[k].dtype == arrays[k].dtype for k in arrays)
+
+
+def test_a_value_named_like_the_bundle_is_refused():
+    with pytest.raises(ValueError, match="value name 'fedgraph.arrays' is the bundle's own; choose another"):
+        pack({"a": np.zeros(2)}, {BUNDLE_KEY: b"x"})
 
 
 def test_message_bytes_grows_by_exactly_the_extra_payload():
