@@ -5,7 +5,10 @@ The ClientApp builds one client object per message and calls
 the message's action with the method marked ``@answers(ACTION)`` (the action
 names are constants of the method's protocol module). Anything a client must remember between steps goes into
 ``context.state`` (Flower keeps it per node for the whole run) via
-:meth:`save` / :meth:`load`.
+:meth:`save` / :meth:`load`. A deployed SuperNode sends that state to the
+ClientApp process of every message and takes it back with the reply, so what
+the client can compute again from its shard (filtered features) is not kept
+there but once per process.
 """
 
 from __future__ import annotations

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
+from app.data.shards import _remember
 from app.protocols import fedkmeans as proto
 from clients.base import ClusteringClient, Reply, answers
+
+#: (shard, filtered rows) per (shard, filter order), computed once per process and not kept in
+#: ``context.state``: a deployed SuperNode sends the state to, and takes it back from, the ClientApp
+#: process of every message, and filtering a shard's rows again costs less than moving them twice
+_FEATURES: OrderedDict = OrderedDict()
+_KEPT_FEATURES = 64  # an in-process run keeps every client in one process
 
 
 class FedKMeansClient(ClusteringClient[proto.FedKMeansConfig]):
     settings = proto.FedKMeansConfig
 
     def features(self) -> np.ndarray:
-        """This client's (filtered) feature rows, computed once per run."""
-        if "features" not in self.context.state.array_records:
-            self.save("features", x=proto.local_features(self.shard.x, self.shard.adj, self.cfg.filter_order))
-        return self.load("features")["x"]
+        """This client's (filtered) feature rows, computed once per process."""
+        order = self.cfg.filter_order
+        # the entry holds the shard, so its id cannot be reused while cached
+        return _remember(_FEATURES, (id(self.shard), order),
+                         lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, order)),
+                         _KEPT_FEATURES)[1]
 
     @answers(proto.KMEANS_INIT)
     def on_kmeans_init(self, arrays, values) -> Reply:

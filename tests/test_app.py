@@ -218,6 +218,23 @@ def test_run_simulation_smoke_on_karate(out_dir):
     assert "parallel_s" not in on_disk["timing"]  # Ray runs the clients concurrently: nothing to adjust
 
 
+@pytest.mark.parametrize("strategy, dataset, overrides", [
+    ("fedkmeans", "cora", {"num-rounds": 2}),
+    ("kcagc", "cora", {}),
+])
+def test_a_client_keeps_a_small_state_not_its_features(strategy, dataset, overrides, out_dir):
+    """A deployed SuperNode moves ``context.state`` to and from the ClientApp of every message."""
+    raw = {"strategy": strategy, "dataset": dataset, "num-clients": 3, "reference": False, "out-dir": str(out_dir),
+           "partitioner": "auto", **overrides}
+    grid = InProcessGrid(build_client_app(raw), 3)
+    run_server(grid, raw)
+    data = load_dataset(dataset)
+    features = data.num_nodes * data.x.shape[1] * 8
+    for context in grid.contexts.values():
+        kept = sum(a.numpy().nbytes for record in context.state.array_records.values() for a in record.values())
+        assert 0 < kept < features / 3 / 10  # a tenth of a third's features: labels, keys, the last reply
+
+
 def test_secure_aggregation_gives_the_same_clustering_and_hides_client_sums(out_dir, tmp_path):
     plain = run_experiment("fedkmeans", "sbm", 3, {"num-rounds": 5}, tmp_path / "plain")
     raw = {"strategy": "fedkmeans", "dataset": "sbm", "num-clients": 3, "num-rounds": 5,
