@@ -84,6 +84,12 @@ PRELOAD = ("flwr.supernode.cli.flwr_clientapp", "flwr.supernode.runtime.run_clie
            "scipy.sparse", "scipy.sparse.linalg", "scipy.linalg", "cryptography.hazmat.primitives.asymmetric.x25519",
            "cryptography.hazmat.primitives.ciphers.aead", "sklearn.cluster", "torch", "torch_geometric.nn", "opacus",
            "httpcore")
+#: imported once by the SuperLink's fork server, before any ServerApp process forks from it (Flower's
+#: ServerApp runtime and the third-party packages the strategies use; not the app, which each
+#: ServerApp loads from the run's own bundle)
+PRELOAD_SERVERAPP = ("flwr.superlink.cli.flwr_serverapp", "flwr.superlink.grid.http_grid", "numpy", "scipy.sparse",
+                     "scipy.sparse.linalg", "scipy.linalg", "scipy.optimize", "sklearn.cluster",
+                     "cryptography.hazmat.primitives.asymmetric.x25519", "torch", "torch_geometric.nn", "ot", "httpcore")
 #: with this environment variable set to 1, the SuperNode and the ClientApp log when each
 #: message passed each stage (lines starting with TIMING)
 TIMING_SETTING = "FEDGRAPH_TIMING"
@@ -191,6 +197,40 @@ def _run_clientapp(argv: list[str], quiet: bool) -> None:
     patch_clientapp(run_clientapp)
     sys.argv = argv
     flwr_clientapp()
+
+
+def _run_serverapp(argv: list[str], quiet: bool) -> None:
+    """A forked ServerApp process: this shim's ``serverapp`` role with ``argv`` (Flower's
+    ``flwr-serverapp`` arguments)."""
+    if quiet:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    main(["serverapp", *argv])
+
+
+def fork_serverapps(module: ModuleType, context=None):
+    """Make ``module`` (``flwr.supercore.superexec.executor.subprocess_executor`` of the
+    SuperLink's SuperExec) start each ``flwr-serverapp`` as a fork of a process that imported
+    :data:`PRELOAD_SERVERAPP` (``multiprocessing``'s forkserver), running :func:`patch_serverapp`'s
+    ServerApp; returns the multiprocessing context."""
+    import multiprocessing
+
+    ctx = context or multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD_SERVERAPP))
+    popen = module.subprocess.Popen
+
+    def start(args, *rest, **kwargs):
+        if not args or args[0] != "flwr-serverapp":
+            return popen(args, *rest, **kwargs)
+        multiprocessing.active_children()  # reaps the finished ones
+        process = ctx.Process(target=_run_serverapp, args=(list(args[1:]), kwargs.get("stdout") == subprocess.DEVNULL),
+                              daemon=False)
+        process.start()
+        return process  # Flower keeps no handle on a ServerApp process
+
+    module.subprocess = _Namespace(subprocess, Popen=start)
+    return ctx
 
 
 def short_object_polls(pull):
@@ -376,7 +416,7 @@ def patch_executor(module: ModuleType, context=None):
 
 
 #: the line a SuperExec started through this shim prints once its fork server holds :data:`PRELOAD`
-PRELOADED = "deploy.flower_shim: ClientApp runtime preloaded"
+PRELOADED = "deploy.flower_shim: app runtime preloaded"
 
 
 def _nothing() -> None:
@@ -384,8 +424,8 @@ def _nothing() -> None:
 
 
 def wait_until_preloaded(context) -> None:
-    """Start the fork server of ``context`` and wait until it has imported :data:`PRELOAD` (a
-    first fork returns only then), so the first message does not wait for it; print
+    """Start the fork server of ``context`` and wait until it has imported its preloaded modules
+    (a first fork returns only then), so the first message or run does not wait for them; print
     :data:`PRELOADED`."""
     process = context.Process(target=_nothing)
     process.start()
@@ -431,8 +471,7 @@ def wake_on_tasks(module: ModuleType, environ=os.environ) -> None:
 
 def patch_superlink(module: ModuleType) -> None:
     """Make ``module`` (``flwr.superlink.cli.flower_superlink``) start its SuperExec through
-    this shim (role ``superlink-superexec``), which starts each ServerApp through it too
-    (role ``serverapp``, :func:`patch_serverapp`)."""
+    this shim (role ``superlink-superexec``), which forks each ServerApp (:func:`fork_serverapps`)."""
     _through_shim(module, "flower-superexec", "superlink-superexec")
 
 
@@ -460,8 +499,8 @@ def main(argv: list[str]) -> int:
     elif role == "superlink-superexec":
         from flwr.supercore.cli import flower_superexec
 
-        _through_shim(importlib.import_module("flwr.supercore.superexec.executor.subprocess_executor"),
-                      "flwr-serverapp", "serverapp")
+        wait_until_preloaded(fork_serverapps(importlib.import_module(
+            "flwr.supercore.superexec.executor.subprocess_executor")))
         flower_superexec()
     elif role == "serverapp":
         from flwr.superlink.cli.flwr_serverapp import flwr_serverapp

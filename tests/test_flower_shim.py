@@ -190,17 +190,31 @@ def test_the_setting_switches_the_shim_off():
     assert flower_shim.main(["bogus"]) == 2
 
 
-def test_the_superlink_starts_its_superexec_and_that_its_serverapps_through_the_shim():
+def test_the_superlink_starts_its_superexec_through_the_shim():
     started = []
     module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: started.append((a, kw))))
     flower_shim.patch_superlink(module)
     module.subprocess.Popen(["flower-superexec", "--insecure"], start_new_session=True)
-    flower_shim._through_shim(module, "flwr-serverapp", "serverapp")
-    module.subprocess.Popen(["flwr-serverapp", "--token", "t"])
     module.subprocess.Popen(["other"])
     shim = [sys.executable, "-m", "deploy.flower_shim"]
     assert started == [(([*shim, "superlink-superexec", "--insecure"],), {"start_new_session": True}),
-                       (([*shim, "serverapp", "--token", "t"],), {}), ((["other"],), {})]
+                       ((["other"],), {})]
+
+
+@pytest.mark.deployment
+def test_a_forked_serverapp_runs_flowers_flwr_serverapp_entry_point():
+    module = fake_executor()
+    flower_shim.fork_serverapps(module, multiprocessing.get_context("spawn"))
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    helped = module.subprocess.Popen(["flwr-serverapp", "--help"], **quiet)
+    refused = module.subprocess.Popen(["flwr-serverapp", "--no-such-option"], **quiet)
+    for process in (helped, refused):
+        process.join(HANG_GUARD_S)
+    assert (helped.exitcode, refused.exitcode) == (0, 2)  # argparse of Flower's entry point: help, usage error
+    other = module.subprocess.Popen([sys.executable, "-c", "pass"])
+    assert isinstance(other, subprocess.Popen) and other.wait(HANG_GUARD_S) == 0
+    for name in flower_shim.PRELOAD_SERVERAPP:
+        importlib.import_module(name)
 
 
 def test_a_message_part_not_there_yet_is_asked_for_again_soon():
