@@ -32,17 +32,17 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
             self.save("fedsc", x=proto.client_features(self.shard, self.cfg, np.random.default_rng()))
         return self.load("fedsc")["x"]
 
-    @answers(proto.FEDSC_BANDWIDTH)
-    def on_fedsc_bandwidth(self, arrays, values) -> Reply:
-        """The feature dimension; when sigma is estimated also two un-noised statistics of
-        the samples (one release in this node's ledger)."""
+    def hello_figures(self, values) -> dict:
+        """With hello, the feature dimension; when sigma is estimated also two un-noised
+        statistics of the samples (one release, :data:`app.protocols.fedsc.FEDSC_BANDWIDTH`,
+        in this node's ledger)."""
         x = self.features()
-        if not values.get("estimate", True):  # sigma is given: no statistic of the samples leaves
-            return {}, {"features": int(x.shape[1])}
+        if not values["estimate"]:  # sigma is given: no statistic of the samples leaves
+            return {"features": int(x.shape[1])}
         self.policy.check_noise(proto.FEDSC_BANDWIDTH, None)
-        with self.spending(proto.FEDSC_BANDWIDTH, request_digest(arrays, values), None):
+        with self.spending(proto.FEDSC_BANDWIDTH, request_digest({}, values), None):
             total, pairs = proto.local_distance_sum(x)
-        return {}, {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
+        return {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
 
     @answers(proto.FEDSC_RANK)
     def on_fedsc_rank(self, arrays, values) -> Reply:

@@ -8,11 +8,10 @@ full n x n kernel matrix. Math in ``app.protocols.fedsc``.
 
 Wire protocol (what leaves a client, step by step):
 
-1. ``fedsc_bandwidth`` (down: whether to estimate) -> up: value
-   ``features`` (the dimension m) and, only when ``fedsc.sigma = 0``,
-   ``distance_sum`` and ``pairs`` (sum and number of the pairwise distances
-   among the client's own samples, in the clear). The server sets
-   sigma = sum / pairs.
+1. with ``hello`` (down: whether to estimate) -> up: value ``features``
+   (the dimension m) and, only when ``fedsc.sigma = 0``, ``distance_sum`` and
+   ``pairs`` (sum and number of the pairwise distances among the client's
+   own samples, in the clear). The server sets sigma = sum / pairs.
 2. ``fedsc_rank`` (down: sigma, mass), only when ``fedsc.landmarks = 0`` ->
    up: value ``landmarks``, the spectral-mass count of the client's own kernel
    matrix, in the clear (a whole number from 1 to the client's own samples,
@@ -61,6 +60,7 @@ client id, can regenerate them):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -79,7 +79,7 @@ from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows,
 SIGMA_RANGE = (1e-150, 1e150)
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from app.session import HelloAsk, ServerSession
 
 
 class FedSC(ClusteringStrategy[proto.FedSCConfig]):
@@ -132,6 +132,16 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
     )
 
     settings = proto.FedSCConfig
+
+    @classmethod
+    def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
+        """Step 1 rides on hello: whether to estimate sigma, and the figures of :meth:`_bandwidth`."""
+        ask = super().hello_ask(config, clients)
+        return replace(ask, numbers={**ask.numbers, **proto.bandwidth_reply(_estimates_sigma(config)).numbers})
+
+    @classmethod
+    def hello_values(cls, config: RunConfig) -> dict:
+        return {"estimate": _estimates_sigma(config)}
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -247,21 +257,19 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         session.exchange(LABELS, contents, proto.RECEIVED_REPLY)
 
     def _bandwidth(self, session: ServerSession) -> tuple[float, int]:
-        """Step 1, ``fedsc_bandwidth``: sigma (given, or from the clients' distance sums) and the
+        """Step 1, with ``hello``: sigma (given, or from the clients' distance sums) and the
         feature dimension m."""
-        estimate = not self.cfg.sigma > 0
-        replies = session.broadcast(proto.FEDSC_BANDWIDTH, pack(values={"estimate": estimate}),
-                                    proto.bandwidth_reply(estimate))
-        vals = [unpack(c)[1] for c in replies.values()]
+        vals = [c.summary for c in session.clients]
         features = common_feature_dimension(v["features"] for v in vals)
-        if not estimate:
+        if not _estimates_sigma(self.config):
             return self.cfg.sigma, features
         rows = announced_rows(session)
-        for node, v in zip(replies, vals):  # the pairs of a client's own samples: fixed by its row count
-            pairs = rows[node] * (rows[node] - 1) // 2
+        for client, v in zip(session.clients, vals):  # the pairs of a client's own samples: fixed by its row count
+            count = rows[client.node_id]
+            pairs = count * (count - 1) // 2
             if v["pairs"] != pairs:
-                raise ProtocolError(f"step 'fedsc_bandwidth': client {session.partition_of(node)} reports "
-                                    f"{v['pairs']!r} pairs for its {rows[node]} samples; expected {pairs}")
+                raise ProtocolError(f"step 'hello': client {client.partition_id} reports {v['pairs']!r} pairs for "
+                                    f"its {count} samples; expected {pairs}")
         try:
             sigma = proto.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
         except ValueError as err:
@@ -368,6 +376,11 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         return (f"centralised spectral clustering on the exact Gaussian kernel of the pooled samples ({sigma}, "
                 f"kNN-sparsified, k-means with {cfg.n_init} restarts; features AGC-filtered {cfg.filter_order} "
                 f"times{noise}), {self._k_and_seed()}")
+
+
+def _estimates_sigma(config: RunConfig) -> bool:
+    """Whether the clients' distance statistics set sigma (``fedsc.sigma = 0``)."""
+    return not config["fedsc.sigma"] > 0
 
 
 @lru_cache(maxsize=64)

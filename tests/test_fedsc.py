@@ -183,8 +183,8 @@ def test_flower_run_equals_the_in_memory_protocol_and_tracks_centralised_sc(out_
     assert result["metrics"]["acc"] >= 0.88  # paper: 0.900
     assert result["reference"]["acc"] - result["metrics"]["acc"] <= 0.02
     assert result["reference"]["agreement"]["ari"] > 0.9
-    # handshake excluded: bandwidth + rounds + final + labels
-    assert result["timing"]["rounds"] == 20 + 3
+    # handshake (with the bandwidth figures) excluded: rounds + final + labels
+    assert result["timing"]["rounds"] == 20 + 2
 
 
 def contains_row(flat: np.ndarray, rows: np.ndarray) -> bool:
@@ -223,9 +223,10 @@ def test_secure_aggregation_equals_plain_averaging_and_no_sample_leaves_a_client
                 assert not contains_row(array.T.ravel(), x), (reply.metadata.message_type, name)
         floats = np.array([v for v in values.values() if isinstance(v, float)])
         assert not contains_row(floats, x)
-    names = {(u["action"], u["name"]) for u in secure["privacy"]["uploads"] if u["action"].startswith("fedsc")}
-    assert names == {("fedsc_bandwidth", "features"), ("fedsc_bandwidth", "distance_sum"),
-                     ("fedsc_bandwidth", "pairs"), ("fedsc_round", "update"),
+    names = {(u["action"], u["name"]) for u in secure["privacy"]["uploads"]
+             if u["action"].startswith("fedsc") or u["name"] in ("features", "distance_sum", "pairs")}
+    assert names == {("hello", "features"), ("hello", "distance_sum"),
+                     ("hello", "pairs"), ("fedsc_round", "update"),
                      ("fedsc_final", "c"), ("fedsc_final", "node_ids")}
     assert all(u["masked"] for u in secure["privacy"]["uploads"] if u["action"] == "fedsc_round")
 
@@ -255,8 +256,9 @@ def test_calibrated_noise_reports_epsilon_and_ratio_noise_reports_none(tmp_path)
     noised = {(u["action"], u["name"]) for u in privacy["uploads"] if u["noised"]}
     assert noised == {("fedsc_round", "update"), ("fedsc_final", "c")}
     # with sigma and d given, no distance statistic or landmark count leaves a client un-noised
-    sent = {(u["action"], u["name"]) for u in privacy["uploads"] if u["action"].startswith("fedsc")}
-    assert sent == {("fedsc_bandwidth", "features"), ("fedsc_round", "update"),
+    sent = {(u["action"], u["name"]) for u in privacy["uploads"]
+            if u["action"].startswith("fedsc") or u["name"] in ("features", "distance_sum", "pairs")}
+    assert sent == {("hello", "features"), ("fedsc_round", "update"),
                     ("fedsc_final", "c"), ("fedsc_final", "node_ids")}
 
     ratio = run_experiment("fedsc", "iris", 3, {"num-rounds": 2, "fedsc.landmarks": 10, "fedsc.noise-z": 0.05,
@@ -399,18 +401,19 @@ def test_coefficients_missing_a_sample_are_rejected(out_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"pairs": 2.5, "distance_sum": -1e6}, r"rejected 1 client\(s\): client 1 .*value 'distance_sum' is -1000000.0, "
-                                          r"expected numbers >= 0"),
-    ({"pairs": 1}, r"step 'fedsc_bandwidth': client 1 reports 1 pairs for its 75 samples; expected 2775"),
-    ({"features": "four"}, r"rejected 1 client\(s\): client 1 .*value 'features' is 'four', expected whole numbers"),
-    ({"features": 4.5}, r"rejected 1 client\(s\): client 1 .*value 'features' is 4.5, expected whole numbers"),
+    ({"pairs": 2.5, "distance_sum": -1e6}, r"step 'hello' rejected 1 client\(s\): node \d+: value 'distance_sum' is "
+                                          r"-1000000.0, expected numbers >= 0"),
+    ({"pairs": 1}, r"step 'hello': client 1 reports 1 pairs for its 75 samples; expected 2775"),
+    ({"features": "four"}, r"step 'hello' rejected 1 client\(s\): node \d+: value 'features' is 'four', expected "
+                           r"whole numbers"),
+    ({"features": 4.5}, r"step 'hello' rejected 1 client\(s\): node \d+: value 'features' is 4.5, expected whole "
+                        r"numbers"),
 ])
 def test_bandwidth_statistics_no_client_could_hold_stop_the_run_naming_the_client(out_dir, monkeypatch, change,
                                                                                    reason):
     """sigma comes from every client's distance sum and pair count: one client must not set it for all
     (before: a negative sum was averaged in, and a bad feature width read as a config error)."""
-    patch_reply(monkeypatch, FedSCClient, "fedsc_bandwidth", lambda shard, out, vals: (out, {**vals, **change}),
-                client=1)
+    patch_reply(monkeypatch, FedSCClient, "hello", lambda shard, out, vals: (out, {**vals, **change}), client=1)
     with pytest.raises(ProtocolError, match=reason):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1}, out_dir)
 
@@ -458,7 +461,7 @@ def test_coefficients_far_out_of_range_stop_the_run(out_dir, monkeypatch):
 
 
 def test_clients_disagreeing_on_the_feature_dimension_stop_the_run(out_dir, monkeypatch):
-    patch_reply(monkeypatch, FedSCClient, "fedsc_bandwidth",
+    patch_reply(monkeypatch, FedSCClient, "hello",
                 lambda shard, out, vals: (out, {**vals, "features": vals["features"] + shard.client_id}))
     with pytest.raises(ProtocolError, match=r"clients disagree on the feature dimension: \[4, 5\]"):
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)

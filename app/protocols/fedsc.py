@@ -41,6 +41,7 @@ from app.config import ConfigError, ConfigView, RunConfig, SharedConfig
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- wire: the protocol's steps and what a valid reply holds ------------------------------
+#: the release of the bandwidth statistics, which go with the hello reply (no step of their own)
 FEDSC_BANDWIDTH = "fedsc_bandwidth"
 FEDSC_RANK = "fedsc_rank"
 FEDSC_ROUND = "fedsc_round"
@@ -54,7 +55,8 @@ RECEIVED_REPLY = ReplySpec(values=("received",))
 
 
 def bandwidth_reply(estimate: bool) -> ReplySpec:
-    """``features`` (the dimension m); when sigma is estimated also ``distance_sum`` and ``pairs``."""
+    """The hello figures of ``fedsc``: ``features`` (the dimension m); when sigma is estimated also
+    ``distance_sum`` and ``pairs``."""
     numbers = {"features": ValueSpec(whole=True, low=1)}
     if estimate:
         numbers.update(distance_sum=ValueSpec(low=0), pairs=ValueSpec(whole=True, low=0))
