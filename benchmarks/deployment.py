@@ -156,6 +156,17 @@ def run_case(strategy: str, dataset: str, sets: list[str], nodes: int, work: Pat
     }
 
 
+def round_verdict(cases: list[dict]) -> str:
+    """Which strategies meet :data:`ROUND_TARGET_S`, and the median round and handler time of the others."""
+    met = [c for c in cases if c["median_round_s"] is not None and c["median_round_s"] <= ROUND_TARGET_S]
+    missed = [c for c in cases if c not in met]
+    if not missed:
+        return "met"
+    said = ("met by " + ", ".join(f"`{c['strategy']}`" for c in met) + "; " if met else "") + "not met by "
+    return said + ", ".join(f"`{c['strategy']}` ({c['median_round_s']:.2f} s, its handler "
+                            f"{c['median_stage_s'].get('compute', float('nan')):.2f} s)" for c in missed)
+
+
 def print_tables(cases: list[dict]) -> None:
     print(f"{'strategy':<18}{'dataset':<15}{'sim s':>8}{'deployed s':>12}{'ratio':>7}{'start s':>9}{'rounds':>8}"
           f"{'messages':>10}{'bytes':>12}{'labels':>8}{'median round s':>16}")
@@ -234,9 +245,7 @@ def page() -> Path:
               traffic),
         paragraph(f"Targets: a deployed run at most {RATIO_TARGET:g}x the simulated one: "
                   + ("met" if max(ratios) <= RATIO_TARGET else f"not met (ratios {min(ratios):.2f}-{max(ratios):.2f})")
-                  + f"; a median deployed round of at most {ROUND_TARGET_S:g} s: "
-                  + ("met" if max(medians) <= ROUND_TARGET_S else
-                     f"not met (medians {min(medians):.2f}-{max(medians):.2f} s)")
+                  + f"; a median deployed round of at most {ROUND_TARGET_S:g} s: " + round_verdict(cases)
                   + "; identical labels: " + ("met" if all(c["same_labels"] for c in cases) else "not met") + "."
                   + (f" Not measured: {', '.join(missing)}. To measure them: "
                      f"`{MEASURE} --strategy {' '.join(missing)}`." if missing else "")),
