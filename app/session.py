@@ -63,11 +63,13 @@ SETTLE_S = 1.0
 
 @dataclass(frozen=True)
 class ClientInfo:
-    """One connected client: its Flower node id, partition id and shard sizes."""
+    """One connected client: its Flower node id, partition id, shard sizes (and the figures its
+    strategy asked for with hello), and the arrays its strategy asked for with hello."""
 
     node_id: int
     partition_id: int
     summary: dict
+    arrays: dict = field(default_factory=dict)
 
 
 class PrivacyRefused(ProtocolError):
@@ -129,12 +131,15 @@ def _with_values(contents: Mapping[int, RecordDict], values: Mapping) -> Mapping
 class HelloAsk:
     """What a strategy asks of every client in the hello handshake, beside its shard's counts:
     ``values`` sent with the request, ``numbers`` the figures each client adds to its reply
-    (checked like any reply; kept in :attr:`ClientInfo.summary`), and with ``secure`` its
-    secure-aggregation public key (:meth:`ServerSession.setup_secure_aggregation`)."""
+    (checked like any reply; kept in :attr:`ClientInfo.summary`), ``arrays`` those it adds as
+    arrays (``same_length``: of the same items; kept in :attr:`ClientInfo.arrays`), and with
+    ``secure`` its secure-aggregation public key (:meth:`ServerSession.setup_secure_aggregation`)."""
 
     values: Mapping = field(default_factory=dict)
     numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
     secure: bool = False
+    arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
+    same_length: tuple[str, ...] = ()
 
 
 class ServerSession:
@@ -189,19 +194,20 @@ class ServerSession:
         extra = {SECAGG_SESSION: self._secagg_session_id()} if asked.secure else {}
         values = [{**v, **asked.values, **extra} for v in values]
         spec = ReplySpec(values=spec.values + (("public_key",) if asked.secure else ()),
-                         numbers={**spec.numbers, **asked.numbers})
+                         numbers={**spec.numbers, **asked.numbers}, arrays=dict(asked.arrays),
+                         same_length=asked.same_length)
         contents = {n: pack(values=v) for n, v in zip(nodes, values)}
         self._hello_sent = (contents, spec)
         replies = self.exchange(HELLO, contents, spec, record=False)
         clients = []
         for node, content in replies.items():
-            _, values = unpack(content)
+            arrays, values = unpack(content)
             if values["num_partitions"] != want:
                 raise ProtocolError(
                     f"node {node} holds partition {values['partition_id']} of "
                     f"{values['num_partitions']}, but num-clients={want}"
                 )
-            clients.append(ClientInfo(node, int(values["partition_id"]), values))
+            clients.append(ClientInfo(node, int(values["partition_id"]), values, arrays))
         clients.sort(key=lambda c: c.partition_id)
         self._hello_keys = {c.partition_id: c.summary.pop("public_key") for c in clients if "public_key" in c.summary}
         ids = [c.partition_id for c in clients]

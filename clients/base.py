@@ -110,11 +110,16 @@ class ClusteringClient(Generic[ViewT]):
         if SECAGG_SESSION in values:  # a secure run: this party's key pair now, saving a round
             self.policy.check_group(s.num_clients)
             summary["public_key"] = self.on_secagg_setup({}, {"session_id": values[SECAGG_SESSION]})[1]["public_key"]
-        return {}, summary
+        return self.hello_arrays(values), summary
 
     def hello_figures(self, values) -> dict:
         """The method's own figures for the hello reply (its strategy's ``hello_numbers``), from the
         hello request's ``values`` (its strategy's ``hello_values``); none by default."""
+        return {}
+
+    def hello_arrays(self, values) -> dict[str, np.ndarray]:
+        """The method's own arrays for the hello reply (its strategy's ``hello_arrays``), from the
+        hello request's ``values``; none by default."""
         return {}
 
     @answers(LABELS)

@@ -28,10 +28,10 @@ class FedKMeansClient(ClusteringClient[proto.FedKMeansConfig]):
                          lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, order)),
                          _KEPT_FEATURES)[1]
 
-    @answers(proto.KMEANS_INIT)
-    def on_kmeans_init(self, arrays, values) -> Reply:
+    def hello_arrays(self, values) -> dict[str, np.ndarray]:
+        """With hello: this client's local k-means++ centres and their sizes."""
         centres, counts = proto.local_seeds(self.features(), int(values["k"]), int(values["seed"]))
-        return {"centres": centres, "counts": counts}, {}
+        return {"centres": centres, "counts": counts}
 
     @answers(proto.KMEANS_STEP)
     def on_kmeans_step(self, arrays, values) -> Reply:

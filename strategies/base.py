@@ -19,7 +19,7 @@ from app.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecA
 from app.data import memory
 from app.data.parties import PARTIES
 from app.data.types import GraphCollection, GraphData
-from app.wire import ProtocolError, ValueSpec
+from app.wire import ArraySpec, ProtocolError, ValueSpec
 
 if TYPE_CHECKING:
     from app.session import HelloAsk, ServerSession
@@ -103,6 +103,10 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     #: The figures each client adds to its hello reply (``ClusteringClient.hello_figures``), checked
     #: like any reply and kept in ``session.clients[i].summary``.
     hello_numbers: ClassVar[Mapping[str, ValueSpec]] = {}
+    #: The arrays each client adds to its hello reply (``ClusteringClient.hello_arrays``; those of
+    #: the same items named in :attr:`hello_same_length`), kept in ``session.clients[i].arrays``.
+    hello_arrays: ClassVar[Mapping[str, ArraySpec]] = {}
+    hello_same_length: ClassVar[tuple[str, ...]] = ()
     #: Each client clusters the graph of its own shard: its rows without a local edge carry no
     #: structure into the result (:meth:`check_shards`).
     local_graphs: ClassVar[bool] = False
@@ -152,7 +156,8 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
         :meth:`masks_uploads`), so that its protocol needs no round of its own for them."""
         from app.session import HelloAsk
 
-        return HelloAsk(cls.hello_values(config), cls.hello_numbers, cls.masks_uploads(config, clients))
+        return HelloAsk(cls.hello_values(config), cls.hello_numbers, cls.masks_uploads(config, clients),
+                        cls.hello_arrays, cls.hello_same_length)
 
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:

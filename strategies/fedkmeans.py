@@ -3,7 +3,7 @@
 A plain baseline every other method can be compared with. Wire protocol
 (``app.protocols.fedkmeans`` holds the math):
 
-1. ``kmeans_init`` (down: k, seed) -> up: ``centres`` (k x f local k-means++
+1. with ``hello`` (down: k, seed) -> up: ``centres`` (k x f local k-means++
    centres) and ``counts`` (k). A local centre of a one-member cluster is that
    member's feature row, so this step reveals coarse data summaries. At most
    k centres, whose sizes add up to the rows the client announced in hello.
@@ -31,7 +31,7 @@ from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
 from app.protocols import fedkmeans as proto
 from app.transport import pack, unpack
-from app.wire import ProtocolError
+from app.wire import HELLO, ProtocolError
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 
 if TYPE_CHECKING:
@@ -61,6 +61,13 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     )
 
     settings = proto.FedKMeansConfig
+    hello_arrays = proto.INIT_REPLY.arrays
+    hello_same_length = tuple(proto.INIT_REPLY.same_length)
+
+    @classmethod
+    def hello_values(cls, config: RunConfig) -> dict:
+        """Step 1 rides on hello: k and the seed of every client's local k-means++."""
+        return {"k": config["num-clusters"], "seed": config["seed"]}
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -79,16 +86,15 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
     def _initial_centres(self, session: ServerSession, rows: dict[int, int]) -> np.ndarray:
-        """Step 1: every client's local k-means++ centres and sizes, merged into k centres."""
+        """Step 1, with ``hello``: every client's local k-means++ centres and sizes, merged into k centres."""
         k, seed = self.shared.num_clusters, self.shared.seed
-        init = session.broadcast(proto.KMEANS_INIT, pack(values={"k": k, "seed": seed}), proto.INIT_REPLY)
-        local = {node: unpack(content)[0] for node, content in init.items()}
+        local = {c.node_id: c.arrays for c in session.clients}
         for node, a in local.items():
-            self._check_counts(session, node, proto.KMEANS_INIT, a["counts"], rows[node], at_most=k)
+            self._check_counts(session, node, HELLO, a["counts"], rows[node], at_most=k)
             with np.errstate(over="ignore"):
                 overflow = not np.isfinite(np.square(a["centres"]).sum(1)).all()
             if a["centres"].shape[1] < 1 or overflow:  # every client squares distances to these centres
-                raise ProtocolError(f"step '{proto.KMEANS_INIT}': client {session.partition_of(node)} (node {node}) "
+                raise ProtocolError(f"step '{HELLO}': client {session.partition_of(node)} (node {node}) "
                                     f"sent centres of width {a['centres'].shape[1]} "
                                     + ("whose squared norms overflow" if overflow else "(no features)"))
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}

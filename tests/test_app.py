@@ -7,6 +7,7 @@ one test goes through Flower's simulation engine (``run_simulation``).
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -44,8 +45,8 @@ def test_fedkmeans_inprocess_result_has_stable_schema(out_dir):
     assert {"acc", "nmi", "ari", "f1", "modularity", "conductance", "cluster_similarity"} <= set(on_disk["metrics"])
     assert {"acc", "nmi", "agreement"} <= set(on_disk["reference"])
     assert set(on_disk["reference"]["agreement"]) == {"ari", "nmi", "cluster_similarity"}
-    # one round per exchange after the handshake: init + Lloyd steps + assign
-    assert on_disk["timing"]["rounds"] == len(on_disk["history"]) + 2
+    # one round per exchange after the handshake (which carries the initial centres): Lloyd steps + assign
+    assert on_disk["timing"]["rounds"] == len(on_disk["history"]) + 1
     uploads = {(u["action"], u["name"]) for u in on_disk["privacy"]["uploads"]}
     assert ("kmeans_step", "stats") in uploads and ("kmeans_assign", "labels") in uploads
     assert all(isinstance(u["client"], int) and 0 <= u["client"] < 4 for u in on_disk["privacy"]["uploads"])
@@ -98,8 +99,8 @@ def test_bad_config_inside_the_run_writes_nothing(out_dir):
 @pytest.mark.parametrize(
     "action, tamper, reason",
     [
-        ("kmeans_init", lambda o: {**o, "counts": o["counts"] * 1e9}, r"cluster sizes summing to 5e\+11, not its 500 rows"),
-        ("kmeans_init", lambda o: {"centres": np.vstack([o["centres"]] * 2), "counts": np.concatenate([o["counts"]] * 2)},
+        ("hello", lambda o: {**o, "counts": o["counts"] * 1e9}, r"cluster sizes summing to 5e\+11, not its 500 rows"),
+        ("hello", lambda o: {"centres": np.vstack([o["centres"]] * 2), "counts": np.concatenate([o["counts"]] * 2)},
          r"6 local centres for k=3"),
         ("kmeans_step", lambda o: {"stats": np.concatenate([o["stats"][:-1], [-1e9]])}, r"a negative inertia -1e\+09"),
         ("kmeans_step", lambda o: {"stats": o["stats"] * 2}, r"cluster sizes summing to 1000, not its 500 rows"),
@@ -137,9 +138,9 @@ def test_fedkmeans_refuses_overlapping_rows(out_dir):
          r"arrays of the same items differ in length: 'node_ids' (\d+), 'labels' (?!\1)\d+"),
         ("kmeans_assign", lambda o: {**o, "labels": o["labels"] + 3},
          r"array 'labels' has values in \[\d+, \d+\], expected \[0, 3\)"),
-        ("kmeans_init", lambda o: {**o, "counts": o["counts"][:-1]},
+        ("hello", lambda o: {**o, "counts": o["counts"][:-1]},
          r"arrays of the same items differ in length: 'centres' 3, 'counts' 2"),
-        ("kmeans_init", lambda o: {**o, "centres": o["centres"][:, :-1]},
+        ("hello", lambda o: {**o, "centres": o["centres"][:, :-1]},
          r"clients disagree on the feature dimension \(client: width\): \{0: (\d+), 1: (?!\1)\d+\}"),
     ],
     ids=["negative-id", "repeated-id", "short-labels", "label-out-of-range", "short-counts", "narrow-centres"],
@@ -151,8 +152,9 @@ def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, mon
     patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
     with pytest.raises(ProtocolError, match=reason) as err:
         run_experiment("fedkmeans", "sbm", 2, {"num-clusters": 3, "num-rounds": 2}, out_dir)
-    if "disagree" not in reason:
-        assert f"step '{action}' rejected 1 client(s): client 1 " in str(err.value)
+    if "disagree" not in reason:  # hello comes before the partition ids are known: it names the node
+        who = r"node \d+" if action == "hello" else "client 1 "
+        assert re.search(rf"step '{action}' rejected 1 client\(s\): {who}", str(err.value))
     assert not (out_dir / RESULT_FILE).exists()
 
 
@@ -186,9 +188,9 @@ def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(
     from app.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
-    patch_reply(monkeypatch, FedKMeansClient, "kmeans_init",
+    patch_reply(monkeypatch, FedKMeansClient, "hello",
                 lambda shard, out, vals: ({**out, "centres": np.full_like(out["centres"], 1e300)}, vals), client=1)
-    with pytest.raises(ProtocolError, match=r"^step 'kmeans_init': client 1 \(node \d+\) sent centres of width \d+ "
+    with pytest.raises(ProtocolError, match=r"^step 'hello': client 1 \(node \d+\) sent centres of width \d+ "
                                             r"whose squared norms overflow$"):
         run_experiment("fedkmeans", "sbm", 2, {"num-clusters": 3, "num-rounds": 2}, out_dir)
 
@@ -322,7 +324,7 @@ def test_secure_aggregation_keys_travel_with_hello_and_the_first_masked_step(tmp
     apart = run_experiment("fedkmeans", "iris", 3, config, tmp_path / "apart")
     actions = [[r["action"] for r in run["timing"]["per_round"]] for run in (merged, apart)]
     assert actions[0] == [a for a in actions[1] if a not in ("secagg_setup", "secagg_agree")]
-    assert actions[1][1:3] == ["secagg_setup", "secagg_agree"]
+    assert actions[1][:2] == ["secagg_setup", "secagg_agree"]  # the first steps after hello
     assert merged["communication"]["messages"] == apart["communication"]["messages"] - 2 * 2 * 3  # 2 rounds x (request + reply) x 3 clients
     assert "public_key" in {u["name"] for u in merged["privacy"]["uploads"] if u["action"] == "hello"}
     assert np.array_equal(np.load(tmp_path / "merged" / "labels.npy"), np.load(tmp_path / "apart" / "labels.npy"))

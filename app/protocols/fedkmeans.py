@@ -23,10 +23,10 @@ from app.graph_filters import filtered_features
 from app.wire import ArraySpec, ReplySpec
 
 # -- wire: the protocol's steps and what a valid reply holds ------------------------------
-KMEANS_INIT = "kmeans_init"
 KMEANS_STEP = "kmeans_step"
 KMEANS_ASSIGN = "kmeans_assign"
 
+#: the arrays a client adds to its hello reply: its local k-means++ centres and their sizes
 INIT_REPLY = ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
                        same_length=("centres", "counts"))
 
