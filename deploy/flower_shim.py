@@ -185,12 +185,17 @@ class _Namespace:
         return getattr(self._module, name)
 
 
-def _run_clientapp(argv: list[str], quiet: bool) -> None:
-    """A forked ClientApp process: Flower's ``flwr-clientapp`` with ``argv``."""
+def _silence_if(quiet: bool) -> None:
+    """A forked process's stdout and stderr to /dev/null when Flower started it ``quiet``."""
     if quiet:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
+
+
+def _run_clientapp(argv: list[str], quiet: bool) -> None:
+    """A forked ClientApp process: Flower's ``flwr-clientapp`` with ``argv``."""
+    _silence_if(quiet)
     from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
     from flwr.supernode.runtime import run_clientapp
 
@@ -202,10 +207,7 @@ def _run_clientapp(argv: list[str], quiet: bool) -> None:
 def _run_serverapp(argv: list[str], quiet: bool) -> None:
     """A forked ServerApp process: this shim's ``serverapp`` role with ``argv`` (Flower's
     ``flwr-serverapp`` arguments)."""
-    if quiet:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+    _silence_if(quiet)
     main(["serverapp", *argv])
 
 
@@ -416,6 +418,7 @@ def patch_executor(module: ModuleType, context=None):
 
 
 #: the line a SuperExec started through this shim prints once its fork server holds :data:`PRELOAD`
+#: (a SuperNode's) or :data:`PRELOAD_SERVERAPP` (the SuperLink's)
 PRELOADED = "deploy.flower_shim: app runtime preloaded"
 
 
