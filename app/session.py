@@ -130,16 +130,14 @@ def _with_values(contents: Mapping[int, RecordDict], values: Mapping) -> Mapping
 @dataclass(frozen=True)
 class HelloAsk:
     """What a strategy asks of every client in the hello handshake, beside its shard's counts:
-    ``values`` sent with the request, ``numbers`` the figures each client adds to its reply
-    (checked like any reply; kept in :attr:`ClientInfo.summary`), ``arrays`` those it adds as
-    arrays (``same_length``: of the same items; kept in :attr:`ClientInfo.arrays`), and with
-    ``secure`` its secure-aggregation public key (:meth:`ServerSession.setup_secure_aggregation`)."""
+    ``values`` sent with the request, ``reply`` what each client adds to its reply (its figures,
+    kept in :attr:`ClientInfo.summary`, and arrays, kept in :attr:`ClientInfo.arrays`; checked
+    like any reply), and with ``secure`` its secure-aggregation public key
+    (:meth:`ServerSession.setup_secure_aggregation`)."""
 
     values: Mapping = field(default_factory=dict)
-    numbers: Mapping[str, ValueSpec] = field(default_factory=dict)
+    reply: ReplySpec = field(default_factory=ReplySpec)
     secure: bool = False
-    arrays: Mapping[str, ArraySpec] = field(default_factory=dict)
-    same_length: tuple[str, ...] = ()
 
 
 class ServerSession:
@@ -194,8 +192,8 @@ class ServerSession:
         extra = {SECAGG_SESSION: self._secagg_session_id()} if asked.secure else {}
         values = [{**v, **asked.values, **extra} for v in values]
         spec = ReplySpec(values=spec.values + (("public_key",) if asked.secure else ()),
-                         numbers={**spec.numbers, **asked.numbers}, arrays=dict(asked.arrays),
-                         same_length=asked.same_length)
+                         numbers={**spec.numbers, **asked.reply.numbers}, arrays=asked.reply.arrays,
+                         same_length=asked.reply.same_length)
         contents = {n: pack(values=v) for n, v in zip(nodes, values)}
         self._hello_sent = (contents, spec)
         replies = self.exchange(HELLO, contents, spec, record=False)

@@ -113,12 +113,12 @@ class ClusteringClient(Generic[ViewT]):
         return self.hello_arrays(values), summary
 
     def hello_figures(self, values) -> dict:
-        """The method's own figures for the hello reply (its strategy's ``hello_numbers``), from the
+        """The method's own figures for the hello reply (the numbers of its strategy's ``hello_reply``), from the
         hello request's ``values`` (its strategy's ``hello_values``); none by default."""
         return {}
 
     def hello_arrays(self, values) -> dict[str, np.ndarray]:
-        """The method's own arrays for the hello reply (its strategy's ``hello_arrays``), from the
+        """The method's own arrays for the hello reply (the arrays of its strategy's ``hello_reply``), from the
         hello request's ``values``; none by default."""
         return {}
 

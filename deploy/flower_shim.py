@@ -185,6 +185,22 @@ class _Namespace:
         return getattr(self._module, name)
 
 
+def _quiet(popen_kwargs) -> bool:
+    """Whether Flower started the process with its output thrown away."""
+    return popen_kwargs.get("stdout") == subprocess.DEVNULL
+
+
+def _forked(context, run, argv: list[str], popen_kwargs):
+    """``run(argv, quiet)`` in a process forked by ``context``'s fork server, started the way
+    Flower asked in ``popen_kwargs`` (quiet or not). Flower keeps no handle on it."""
+    import multiprocessing
+
+    multiprocessing.active_children()  # reaps the finished ones
+    process = context.Process(target=run, args=(argv, _quiet(popen_kwargs)), daemon=False)
+    process.start()
+    return process
+
+
 def _silence_if(quiet: bool) -> None:
     """A forked process's stdout and stderr to /dev/null when Flower started it ``quiet``."""
     if quiet:
@@ -225,11 +241,7 @@ def fork_serverapps(module: ModuleType, context=None):
     def start(args, *rest, **kwargs):
         if not args or args[0] != "flwr-serverapp":
             return popen(args, *rest, **kwargs)
-        multiprocessing.active_children()  # reaps the finished ones
-        process = ctx.Process(target=_run_serverapp, args=(list(args[1:]), kwargs.get("stdout") == subprocess.DEVNULL),
-                              daemon=False)
-        process.start()
-        return process  # Flower keeps no handle on a ServerApp process
+        return _forked(ctx, _run_serverapp, list(args[1:]), kwargs)
 
     module.subprocess = _Namespace(subprocess, Popen=start)
     return ctx
@@ -404,13 +416,9 @@ def patch_executor(module: ModuleType, context=None):
     def start(args, *rest, **kwargs):
         if not args or args[0] != "flwr-clientapp":
             return popen(args, *rest, **kwargs)
-        quiet = kwargs.get("stdout") == subprocess.DEVNULL
-        if forkers.submit(launching.get("fab_hash"), list(args), quiet):
+        if forkers.submit(launching.get("fab_hash"), list(args), _quiet(kwargs)):
             return None  # Flower keeps no handle on a ClientApp process
-        multiprocessing.active_children()  # reaps the finished ones
-        process = ctx.Process(target=_run_clientapp, args=(list(args), quiet), daemon=False)
-        process.start()
-        return process
+        return _forked(ctx, _run_clientapp, list(args), kwargs)
 
     module.subprocess = _Namespace(subprocess, Popen=start)
     module.SubprocessExecutor.launch = launch_task

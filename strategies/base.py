@@ -19,7 +19,7 @@ from app.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecA
 from app.data import memory
 from app.data.parties import PARTIES
 from app.data.types import GraphCollection, GraphData
-from app.wire import ArraySpec, ProtocolError, ValueSpec
+from app.wire import ProtocolError, ReplySpec
 
 if TYPE_CHECKING:
     from app.session import HelloAsk, ServerSession
@@ -100,13 +100,6 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     #: Why the method cannot take edge weights (it counts every edge as 1), or "" when it uses them as
     #: they are (weighted degrees, filters, losses) or uses no edges.
     refuses_weights: ClassVar[str] = ""
-    #: The figures each client adds to its hello reply (``ClusteringClient.hello_figures``), checked
-    #: like any reply and kept in ``session.clients[i].summary``.
-    hello_numbers: ClassVar[Mapping[str, ValueSpec]] = {}
-    #: The arrays each client adds to its hello reply (``ClusteringClient.hello_arrays``; those of
-    #: the same items named in :attr:`hello_same_length`), kept in ``session.clients[i].arrays``.
-    hello_arrays: ClassVar[Mapping[str, ArraySpec]] = {}
-    hello_same_length: ClassVar[tuple[str, ...]] = ()
     #: Each client clusters the graph of its own shard: its rows without a local edge carry no
     #: structure into the result (:meth:`check_shards`).
     local_graphs: ClassVar[bool] = False
@@ -151,18 +144,24 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
     @classmethod
     def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
-        """What this method asks of every client with hello (its :meth:`hello_values`, the figures
-        its clients add, :attr:`hello_numbers`, and the secure-aggregation key when
+        """What this method asks of every client with hello (its :meth:`hello_values`, what its
+        clients add, :meth:`hello_reply`, and the secure-aggregation key when
         :meth:`masks_uploads`), so that its protocol needs no round of its own for them."""
         from app.session import HelloAsk
 
-        return HelloAsk(cls.hello_values(config), cls.hello_numbers, cls.masks_uploads(config, clients),
-                        cls.hello_arrays, cls.hello_same_length)
+        return HelloAsk(cls.hello_values(config), cls.hello_reply(config), cls.masks_uploads(config, clients))
 
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:
-        """Values every client gets with hello (its client's ``hello_figures`` reads them)."""
+        """Values every client gets with hello (its client's ``hello_figures`` / ``hello_arrays`` read them)."""
         return {}
+
+    @classmethod
+    def hello_reply(cls, config: RunConfig) -> ReplySpec:
+        """What each client adds to its hello reply: figures (``ClusteringClient.hello_figures``, kept
+        in ``session.clients[i].summary``) and arrays (``ClusteringClient.hello_arrays``, kept in
+        ``session.clients[i].arrays``), checked like any reply; nothing by default."""
+        return ReplySpec()
 
     @classmethod
     def masks_uploads(cls, config: RunConfig, clients: int) -> bool:

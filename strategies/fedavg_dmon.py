@@ -155,7 +155,11 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     )
 
     settings = proto.FedAvgDMoNConfig
-    hello_numbers = proto.HELLO_NUMBERS
+
+    @classmethod
+    def hello_reply(cls, config: RunConfig) -> ReplySpec:
+        """Each client's feature width."""
+        return ReplySpec(numbers=proto.HELLO_NUMBERS)
 
     @classmethod
     def check(cls, config: RunConfig) -> None:

@@ -31,7 +31,7 @@ from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
 from app.protocols import fedkmeans as proto
 from app.transport import pack, unpack
-from app.wire import HELLO, ProtocolError
+from app.wire import HELLO, ProtocolError, ReplySpec
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 
 if TYPE_CHECKING:
@@ -61,13 +61,14 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     )
 
     settings = proto.FedKMeansConfig
-    hello_arrays = proto.INIT_REPLY.arrays
-    hello_same_length = tuple(proto.INIT_REPLY.same_length)
-
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:
         """Step 1 rides on hello: k and the seed of every client's local k-means++."""
         return {"k": config["num-clusters"], "seed": config["seed"]}
+
+    @classmethod
+    def hello_reply(cls, config: RunConfig) -> ReplySpec:
+        return proto.INIT_REPLY
 
     @classmethod
     def check(cls, config: RunConfig) -> None:

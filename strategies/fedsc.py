@@ -60,7 +60,6 @@ client id, can regenerate them):
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -69,7 +68,7 @@ import numpy as np
 from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
 from app.protocols import fedsc as proto
-from app.wire import LABELS, ProtocolError
+from app.wire import LABELS, ProtocolError, ReplySpec
 from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
                              check_item_ids, concat_int64)
@@ -79,7 +78,7 @@ from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows,
 SIGMA_RANGE = (1e-150, 1e150)
 
 if TYPE_CHECKING:
-    from app.session import HelloAsk, ServerSession
+    from app.session import ServerSession
 
 
 class FedSC(ClusteringStrategy[proto.FedSCConfig]):
@@ -134,14 +133,13 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
     settings = proto.FedSCConfig
 
     @classmethod
-    def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
-        """Step 1 rides on hello: whether to estimate sigma, and the figures of :meth:`_bandwidth`."""
-        ask = super().hello_ask(config, clients)
-        return replace(ask, numbers={**ask.numbers, **proto.bandwidth_reply(_estimates_sigma(config)).numbers})
+    def hello_values(cls, config: RunConfig) -> dict:
+        """Step 1 rides on hello: whether to estimate sigma (the figures of :meth:`_bandwidth`)."""
+        return {"estimate": _estimates_sigma(config)}
 
     @classmethod
-    def hello_values(cls, config: RunConfig) -> dict:
-        return {"estimate": _estimates_sigma(config)}
+    def hello_reply(cls, config: RunConfig) -> ReplySpec:
+        return proto.bandwidth_reply(_estimates_sigma(config))
 
     @classmethod
     def check(cls, config: RunConfig) -> None:

@@ -120,7 +120,7 @@ from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.privacy.ldp import LDPAccountant, default_m
 from app.protocols import gw_ldp as proto
 from app.transport import pack, unpack
-from app.wire import ProtocolError, whole_number
+from app.wire import ProtocolError, ReplySpec, whole_number
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 if TYPE_CHECKING:
@@ -218,12 +218,16 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     )
 
     settings = proto.GWLDPConfig
-    hello_numbers = proto.HELLO_NUMBERS
 
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:
         """The GNN's outputs, one per class: a client whose graph labels need more refuses at hello."""
         return {"num_classes": config["num-clusters"]}
+
+    @classmethod
+    def hello_reply(cls, config: RunConfig) -> ReplySpec:
+        """Each client's feature width and graph counts."""
+        return ReplySpec(numbers=proto.HELLO_NUMBERS)
 
     @classmethod
     def check(cls, config: RunConfig) -> None:

@@ -167,19 +167,25 @@ def fake_executor():
     return module
 
 
+def assert_forks_flowers_entry_point(module, command: str) -> None:
+    """``module``'s patched ``Popen`` runs Flower's ``command`` in a fork (its argparse: help exits 0,
+    an unknown option 2) and any other command as a plain subprocess."""
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    helped = module.subprocess.Popen([command, "--help"], **quiet)
+    refused = module.subprocess.Popen([command, "--no-such-option"], **quiet)
+    for process in (helped, refused):
+        process.join(HANG_GUARD_S)
+    assert (helped.exitcode, refused.exitcode) == (0, 2)
+    other = module.subprocess.Popen([sys.executable, "-c", "pass"])
+    assert isinstance(other, subprocess.Popen) and other.wait(HANG_GUARD_S) == 0
+
+
 @pytest.mark.deployment
 def test_a_forked_clientapp_runs_flowers_flwr_clientapp_entry_point():
     module = fake_executor()
     flower_shim.patch_executor(module)
     assert module.SubprocessExecutor().launch(types.SimpleNamespace(fab_hash="ab12")) == "ab12"
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    helped = module.subprocess.Popen(["flwr-clientapp", "--help"], **quiet)
-    refused = module.subprocess.Popen(["flwr-clientapp", "--no-such-option"], **quiet)
-    for process in (helped, refused):
-        process.join(HANG_GUARD_S)
-    assert (helped.exitcode, refused.exitcode) == (0, 2)  # argparse of Flower's entry point: help, usage error
-    other = module.subprocess.Popen([sys.executable, "-c", "pass"])
-    assert isinstance(other, subprocess.Popen) and other.wait(HANG_GUARD_S) == 0
+    assert_forks_flowers_entry_point(module, "flwr-clientapp")
 
 
 def test_the_setting_switches_the_shim_off():
@@ -205,14 +211,7 @@ def test_the_superlink_starts_its_superexec_through_the_shim():
 def test_a_forked_serverapp_runs_flowers_flwr_serverapp_entry_point():
     module = fake_executor()
     flower_shim.fork_serverapps(module, multiprocessing.get_context("spawn"))
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    helped = module.subprocess.Popen(["flwr-serverapp", "--help"], **quiet)
-    refused = module.subprocess.Popen(["flwr-serverapp", "--no-such-option"], **quiet)
-    for process in (helped, refused):
-        process.join(HANG_GUARD_S)
-    assert (helped.exitcode, refused.exitcode) == (0, 2)  # argparse of Flower's entry point: help, usage error
-    other = module.subprocess.Popen([sys.executable, "-c", "pass"])
-    assert isinstance(other, subprocess.Popen) and other.wait(HANG_GUARD_S) == 0
+    assert_forks_flowers_entry_point(module, "flwr-serverapp")
     for name in flower_shim.PRELOAD_SERVERAPP:
         importlib.import_module(name)
 
