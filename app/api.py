@@ -114,7 +114,7 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     ``num_rounds=5``, ``num_clusters=4``).
     ``engine``: ``inprocess`` (default), or ``simulation`` (Flower's engine; a path only).
     ``out_dir``: where result.json, labels.npy and labels.csv go (pre-split: each party's
-    labels.csv in ``party-<i>/``); None: nowhere, the Result holds everything.
+    labels.csv in ``party-<i>/run-<run id>/``); None: nowhere, the Result holds everything.
     Bad arguments raise :class:`app.config.ConfigError` with one line.
     """
     from app.data.formats import as_graph

@@ -27,9 +27,10 @@ from app import registry  # noqa: E402
 from app.config import ConfigError, RunConfig, SharedConfig  # noqa: E402
 from app.data.datasets import dataset_label  # noqa: E402
 from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa: E402
-from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard  # noqa: E402
+from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard, taken  # noqa: E402
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
+from app.disclosure import disclosing, party_failure  # noqa: E402
 from app.result import unwritable  # noqa: E402
 from app.transport import unpack  # noqa: E402
 from app.wire import HELLO  # noqa: E402
@@ -44,45 +45,67 @@ TIMING_SETTING = "FEDGRAPH_TIMING"
 def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[str]:
     """A party's own data (node config ``data``) has what the strategy uses (one graph or a
     collection, edges, features, no edge weights where the method counts every edge as 1):
-    a one-line ConfigError naming the data otherwise. Returns the reader's notes."""
+    a one-line ConfigError naming the data otherwise (its public part without the data's path).
+    Returns the reader's notes."""
     from app.data.datasets import DataProfile
+    from app.data.memory import shown
     from app.data.parties import load_piece, read_options
 
     spec = str(node_config.get(DATA_KEY) or "")
     piece = load_piece(spec, read_options(node_config))
-    named = RunConfig({**config.as_dict(), "dataset": "in-memory piece" if spec.startswith("memory:") else spec})
-    registry.get(SharedConfig.of(config).strategy).strategy.check_data(named, DataProfile.of(piece))
+    dataset = "in-memory piece" if spec.startswith("memory:") else spec
+    named = RunConfig({**config.as_dict(), "dataset": dataset})
+
+    def public(err: ConfigError) -> str:  # the server hears what the data lacks, not its path
+        return "data check failed: " + str(err).replace(f"dataset {shown(dataset)}", "the party's data")
+
+    with disclosing(public):
+        registry.get(SharedConfig.of(config).strategy).strategy.check_data(named, DataProfile.of(piece))
     return list(piece.meta.get("notes", []))
 
 
-def join_parties(config: RunConfig, node_config: Mapping[str, Any], state: RecordDict, hello: RecordDict) -> None:
-    """The ``hello`` of a party (``dataset = 'parties'``): keep its partition id in ``state``
+def join_parties(config: RunConfig, context: Context, hello: RecordDict) -> None:
+    """The ``hello`` of a party (``dataset = 'parties'``): keep its partition id in ``context.state``
     for the rest of the run, its node config's ``partition-id`` or else the one the server
     assigned (by Flower node id), check its data fits the strategy and its out-dir can take
-    labels.csv now, not at the end of the run."""
+    this run's labels.csv (``<out-dir>/run-<run id>/``) now, not at the end of the run."""
+    node_config, state = context.node_config, context.state
     _, values = unpack(hello)
     parts = int(values["num_partitions"])
     given = node_config.get(PARTITION_KEY)
     pid = values["partition_id"] if given is None else given
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < parts:
         raise ConfigError(f"node config {PARTITION_KEY}={pid!r}; valid: a whole number 0..{parts - 1} for the {parts} "
-                          "parties of this run")
+                          "parties of this run", public=f"node config '{PARTITION_KEY}', rule 'a whole number "
+                                                        f"0..{parts - 1}'")
     if node_config.get("num-partitions", parts) != parts:
         raise ConfigError(f"node config num-partitions={node_config['num-partitions']!r}, but the run has {parts} "
-                          "parties")
+                          "parties", public=f"node config 'num-partitions', rule '{parts}, the run's parties'")
     if node_config.get(OUT_KEY):
-        problem = unwritable(Path(str(node_config[OUT_KEY])))
-        if problem is not None:
-            raise ConfigError(f"node config {OUT_KEY}: {problem}; valid: a writable directory for labels.csv")
+        check_party_out_dir(str(node_config[OUT_KEY]), context.run_id)
     state[PARTY_STATE] = ConfigRecord({"partition_id": int(pid), "num_partitions": parts})
     node_shard(config, node_config, state)  # the data is read and split as the run will use it
     check_party_data(config, node_config)
 
 
+def check_party_out_dir(out: str, run_id: int | None = None) -> None:
+    """A party's out-dir can take the labels.csv of run ``run_id``: writable, and none there yet
+    (``run_id`` None: writable)."""
+    problem = unwritable(Path(out))
+    if problem is not None:
+        raise ConfigError(f"node config {OUT_KEY}: {problem}; valid: a writable directory for labels.csv",
+                          public=f"node config '{OUT_KEY}', rule 'a writable directory'")
+    existing = None if run_id is None else taken(out, run_id)
+    if existing is not None:
+        raise ConfigError(f"node config {OUT_KEY}: {str(existing)!r} exists; valid: one labels.csv per run",
+                          public=f"node config '{OUT_KEY}', rule 'one labels.csv per run'")
+
+
 def party_partition(state: RecordDict | None) -> tuple[int, int]:
     """(partition id, number of parties) of a party, kept by :func:`join_parties`."""
     if state is None or PARTY_STATE not in state.config_records:
-        raise ConfigError(f"dataset={PARTIES!r}: a message before the hello handshake; valid: hello first")
+        raise ConfigError(f"dataset={PARTIES!r}: a message before the hello handshake; valid: hello first",
+                          public="a step before the hello handshake")
     record = state.config_records[PARTY_STATE]
     return int(record["partition_id"]), int(record["num_partitions"])
 
@@ -95,22 +118,24 @@ def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordD
         return party_node_shard(config.as_dict(), node_config, *party_partition(state))
     if node_config.get(DATA_KEY):
         raise ConfigError(f"node config '{DATA_KEY}' is read with dataset={PARTIES!r} only, but this run uses "
-                          f"dataset={config['dataset']!r}")
+                          f"dataset={config['dataset']!r}",
+                          public=f"node config '{DATA_KEY}', rule 'with dataset {PARTIES} only'")
     if node_config.get("shard"):
         # refuses a shard cut from another dataset or by another partitioner
         return load_shard_file(str(node_config["shard"]), dataset=dataset_label(shared.dataset),
                                partitioner=shared.partitioner)
     values = config.as_dict()
-    return client_shard(
-        dataset=shared.dataset,
-        partitioner=shared.partitioner,
-        partition_id=int(node_config["partition-id"]),
-        num_partitions=int(node_config["num-partitions"]),
-        seed=shared.seed,
-        data_root=data_root(config),
-        dataset_kwargs=dataset_kwargs(values),
-        partition_kwargs=partition_kwargs(shared.partitioner, values),
-    )
+    with disclosing(lambda err: f"split refused: {err}"):  # the run's dataset and split: the server's choice
+        return client_shard(
+            dataset=shared.dataset,
+            partitioner=shared.partitioner,
+            partition_id=int(node_config["partition-id"]),
+            num_partitions=int(node_config["num-partitions"]),
+            seed=shared.seed,
+            data_root=data_root(config),
+            dataset_kwargs=dataset_kwargs(values),
+            partition_kwargs=partition_kwargs(shared.partitioner, values),
+        )
 
 
 def process_started_at() -> float:
@@ -142,17 +167,21 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     def make_handler(action: str) -> Callable[[Message, Context], Message]:
         def handler(message: Message, context: Context) -> Message:
             entered = time.time()
-            reply = handle(message, context)
+            try:
+                reply = handle(message, context)
+            except Exception as err:  # the server hears its public part only; the party's log has it all
+                raise party_failure(err, action, f"node {context.node_id}, run {context.run_id}") from None
             if os.environ.get(TIMING_SETTING) == "1":
                 log_timing(action, entered)
             return reply
 
         def handle(message: Message, context: Context) -> Message:
-            config = registry.validate({**context.run_config, **overrides})
+            with disclosing(lambda err: f"run config refused: {err}"):  # the server's own values
+                config = registry.validate({**context.run_config, **overrides})
             shared = SharedConfig.of(config)
             client_cls = registry.get(shared.strategy).client
             if action == HELLO and shared.dataset == PARTIES:
-                join_parties(config, context.node_config, context.state, message.content)
+                join_parties(config, context, message.content)
             shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)
             return Message(client.handle(action, message.content), reply_to=message)

@@ -22,7 +22,14 @@ Scalar = bool | int | float | str
 
 
 class ConfigError(ValueError):
-    """A bad configuration value; the message is one line meant for the user."""
+    """A bad configuration value; the message is one line meant for the user.
+
+    ``public``: what a party may tell the server of it (the setting or rule, without the party's
+    values, IDs or paths; :mod:`app.disclosure`); None: the message crosses as the type name only."""
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        self.public = public
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -18,7 +18,7 @@ derives the round's time with the nodes side by side (the slowest node).
 
 from __future__ import annotations
 
-import itertools
+import secrets
 import time
 from typing import Iterable
 from uuid import uuid4
@@ -43,17 +43,17 @@ class InProcessGrid(Grid):
     ``node_configs`` optionally gives each node its node-config (default:
     ``partition-id`` i of ``num-partitions``, as in simulation). With
     ``record`` every message pushed and every reply pulled is kept in
-    ``pushed`` / ``pulled``, so tests can check what went over the wire.
+    ``pushed`` / ``pulled``, so tests can check what went over the wire. Its run id is random
+    (63 bits), as a SuperLink's is: a party's outputs and ledger rows are kept apart by run id,
+    which a count restarting in every process would repeat.
     """
-
-    _run_ids = itertools.count(1)
 
     def __init__(self, client_app: ClientApp, num_nodes: int, node_configs=None, record: bool = False) -> None:
         self.client_app = client_app
         self.record = record
         self.pushed: list[Message] = []
         self.pulled: list[Message] = []
-        self.run_id = next(self._run_ids)
+        self.run_id = secrets.randbits(63)
         configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
         ]

@@ -9,8 +9,9 @@ Left out around the simulation engine (:func:`simulation_engine`):
 * Ray's FutureWarning about a future default for GPU-visibility variables (no GPU is used);
 * everything the Ray actors print (``log_to_driver``): torch's ``torch.jit.script``
   deprecation (PyG calls it on import), once per actor, and Flower's "Manually terminating
-  ClientAppActor" at shutdown. The clients print nothing of their own; an error in a client
-  reaches the server as an error reply and stops the run with one line naming the client.
+  ClientAppActor" at shutdown. A client prints nothing of its own but a failed step (its whole
+  error, logger ``fedgraph.party``; :mod:`app.disclosure`); the server receives its public part
+  as an error reply and stops the run with one line naming the client.
 """
 
 from __future__ import annotations

@@ -144,10 +144,11 @@ def _check_against_data(config, num_clients: int):
 def _check_parties(config, node_configs) -> list[str]:
     """A run on the parties' own data: every party's data is read, turned into its shard and
     checked against the strategy here first (the in-process clients reuse them), so a piece the
-    split or the method cannot use is a one-line config error before the run. Returns the
+    split or the method cannot use, or an out-dir it cannot write, is a one-line config error
+    naming it before the run (a party's client tells the server only which rule failed). Returns the
     readers' notes."""
-    from app.client_app import check_party_data
-    from app.data.parties import party_node_shard
+    from app.client_app import check_party_data, check_party_out_dir
+    from app.data.parties import OUT_KEY, party_node_shard
 
     if node_configs is None:
         raise ConfigError(f"dataset={PARTIES!r} needs parties that bring their own data: deployed SuperNodes with "
@@ -157,6 +158,8 @@ def _check_parties(config, node_configs) -> list[str]:
     for i, node_config in enumerate(node_configs):
         party_node_shard(config.as_dict(), node_config, int(node_config.get("partition-id", i)), len(node_configs))
         notes += check_party_data(config, node_config)
+        if node_config.get(OUT_KEY):
+            check_party_out_dir(str(node_config[OUT_KEY]))
     return notes
 
 

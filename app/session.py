@@ -82,13 +82,14 @@ class PrivacyRefused(ProtocolError):
         super().__init__(f"step '{action}' refused by the privacy policy of {detail}")
 
 
-_REFUSAL = re.compile(re.escape(PrivacyRefusal.MARKER) + r", rule '([^']+)': (.*?)(?:'>)?$", re.S)
+_REFUSAL = re.compile(re.escape(PrivacyRefusal.MARKER) + r", rule '([^']+)'(?:: (.*?))?(?:'>)?$", re.S)
 
 
 def _refusal(reason: str) -> tuple[str, str] | None:
-    """(rule, detail) of a client's error text that is a :class:`PrivacyRefusal`, else None."""
+    """(rule, detail) of a client's error text that is a :class:`PrivacyRefusal`, else None. A party
+    sends the rule only (:mod:`app.disclosure`; its detail stays in its log): the detail is then ""."""
     found = _REFUSAL.search(reason)
-    return (found.group(1), found.group(2)) if found else None
+    return (found.group(1), found.group(2) or "") if found else None
 
 
 @contextmanager
@@ -424,7 +425,7 @@ class ServerSession:
         if not found:
             return
         refusals = {self._order.get(n, -1): found[n] for n in found}
-        detail = "; ".join(f"{self._who(n)}, rule '{rule}': {text}"
+        detail = "; ".join(f"{self._who(n)}, rule '{rule}'" + (f": {text}" if text else "")
                            for n, (rule, text) in sorted(found.items()))
         raise PrivacyRefused(action, refusals, detail)
 

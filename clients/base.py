@@ -125,8 +125,8 @@ class ClusteringClient(Generic[ViewT]):
     @answers(LABELS)
     def on_labels(self, arrays, values) -> Reply:
         """Receive the final cluster labels of this client's items (in its row order) and keep
-        them; a party with its own data also writes them with its own IDs to labels.csv in its
-        node config's out-dir."""
+        them; a party with its own data also writes them with its own IDs to labels.csv in
+        ``<out-dir>/run-<run id>/`` of its node config (never over another run's)."""
         labels = arrays["labels"]
         self.save("labels", labels=labels)
         s = self.shard
@@ -134,7 +134,7 @@ class ClusteringClient(Generic[ViewT]):
             item = "graph" if parties.family(s.partitioner) == "graphs" else "node"
             out = self.context.node_config.get(parties.OUT_KEY)
             if out:
-                parties.write_party_labels(str(out), s.keys, labels, item)
+                parties.write_party_labels(str(out), self.context.run_id, s.keys, labels, item)
         return {}, {"received": int(labels.size)}
 
     # -- this node's privacy policy (app.privacy.policy) ----------------------

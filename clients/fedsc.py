@@ -83,6 +83,7 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
         ledger (:meth:`release`)."""
         dp = self._dp_request(values, "c")
         self.policy.check_noise(proto.FEDSC_FINAL, dp and dp.noise_multiplier)
+        self.policy.check_row_images(proto.FEDSC_FINAL, dp and dp.noise_multiplier)
         return self.release(proto.FEDSC_FINAL, arrays, values, lambda: self._final(arrays, values, dp),
                             multiplier=dp and dp.effective_noise_multiplier, most=self._budget("c"))
 

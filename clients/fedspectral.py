@@ -66,7 +66,7 @@ class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
         return y
 
     def _upload(self, action: str, arrays, values, name: str, compute, sensitivity: float, *,
-                masked_by_run: bool, floor: float) -> tuple[dict, dict]:
+                masked_by_run: bool, floor: float, row_images: bool = True) -> tuple[dict, dict]:
         """Upload ``compute()`` as array ``name``: plus Gaussian noise of std ``noise_std`` (fresh
         OS entropy: the server must not be able to predict it), masked under secure
         aggregation (declared bound at least ``floor``), one release in this node's ledger
@@ -74,11 +74,14 @@ class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
         ``noise_std / sensitivity`` (the edge sensitivity this client computes itself from
         the request) below this node's ``noise-multiplier`` or its run's
         ``fedspectral-plus.noise-multiplier`` (the server must not be able to lower the
-        noise), and an unmasked request when masking is required (``masked_by_run``: by
-        this client's view of the run)."""
+        noise), an unmasked request when masking is required (``masked_by_run``: by
+        this client's view of the run), and, for ``row_images`` (one row of the upload per
+        node: a block), a noise-free request above this node's ``min-rows``."""
         std = float(values.get("noise_std", 0.0))
         multiplier = std / sensitivity if std > 0 and sensitivity > 0 else None
         self.policy.check_noise(action, multiplier, self.cfg.noise_multiplier)
+        if row_images:
+            self.policy.check_row_images(action, multiplier)
         self.require_masking(action, values, masked_by_run)
 
         def reply() -> dict:
@@ -110,7 +113,8 @@ class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
     def on_fedspectral_degrees(self, arrays, values) -> Reply:
         return self._upload(wire.FEDSPECTRAL_DEGREES, arrays, values, "degrees",
                             lambda: plus.local_degrees(self.weighted_adjacency()), plus.DEGREE_SENSITIVITY,
-                            masked_by_run=self.shard.num_clients > 1, floor=float(self.shard.adj.shape[0]))
+                            masked_by_run=self.shard.num_clients > 1, floor=float(self.shard.adj.shape[0]),
+                            row_images=False)
 
     @answers(wire.FEDSPECTRAL_PRODUCT)
     def on_fedspectral_product(self, arrays, values) -> Reply:

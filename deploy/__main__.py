@@ -12,14 +12,19 @@ Example::
         --out results/deploy-sbm
 
 ``result.json`` lands in ``OUT/result``, logs of every process in ``OUT``, the
-app's files that are signed and run in ``OUT/app`` (:func:`stage_app`); the
+app's files that are signed and run in ``OUT/app`` (:func:`deploy.bundle.stage_app`); the
 summary printed at the end is ``python -m app.run``'s. Certificates and keys exist
 only in a private temporary directory while the federation runs.
 
 ``superlink start|status|stop``: your own local SuperLink for ``flwr run .``
 (see :mod:`deploy.superlink`).
-``keygen --out DIR``: an app signing key pair (``DIR/app-signing``, ``.pub``).
-``sign --app DIR --key KEY --signatures DIR``: sign the app ``flwr run DIR`` submits.
+``keygen --out DIR``: an app signing key pair (``DIR/app-signing``, ``.pub``), the private
+key created with mode 0600 in a directory only its owner can write.
+``sign [--app DIR] --key KEY --signatures DIR``: sign the app ``flwr run DIR`` submits (default:
+the installed app, the bundle ``flwr run .`` builds in a checkout).
+``stage --out DIR``: the installed app's files in ``DIR/app`` (what ``sign`` and ``run`` use).
+``run [APP] --run-config ...``: submit a run, follow it, and exit non-zero naming why when it
+produced no result (see :mod:`deploy.submit` for the exit codes).
 ``trust --out FILE KEY.pub ...``: a SuperNode's ``--trusted-entities`` file.
 ``gateway ...``: the Fleet gateway (see :mod:`deploy.gateway`).
 
@@ -27,7 +32,7 @@ With ``--parties DIR`` (folders ``party-0``, ``party-1``, ... in the user file
 format, e.g. from ``python -m app.data.prepare --format files``) nothing is
 cut: SuperNode i gets node config ``data='DIR/party-i' partition-id=i
 out-dir='OUT/party-i'`` and the run uses ``dataset='parties'``; each party's
-``labels.csv`` lands in ``OUT/party-i``::
+``labels.csv`` lands in ``OUT/party-i/run-<run id>``::
 
     python -m deploy local --parties parties/ --strategy kcagc --set num-clusters=4 \
         --out results/deploy-parties
@@ -37,11 +42,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 from app import registry
@@ -49,12 +52,12 @@ from app.config import ConfigError, parse_assignments
 from app.data import prepare
 from app.data.parties import PARTIES
 from app.result import summary_table
-from deploy import superlink
+from deploy import submit, superlink
+from deploy.bundle import stage_app
 from deploy.federation import SUPERLINK_WAIT_S, LocalFederation, toml_value
 from deploy.pki import make_all
 from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
-REPO = Path(__file__).resolve().parents[1]
 #: written next to the run's logs: seconds to start the federation (up to every SuperNode ready)
 #: and seconds of ``flwr run`` (submitting the app bundle to the result)
 RUN_TIMING = "run-timing.json"
@@ -102,7 +105,7 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
     """Run ``strategy`` on a local deployment whose SuperNode i holds only ``parties/party-i``
     (``dataset='parties'``, partition id i; ``read``: reader options, ``KEY=VALUE``, as node config
     ``read.KEY``); return the path of its result.json. Each party's files are checked as
-    ``python -m app.data.check`` does before anything starts; its labels.csv goes to ``OUT/party-i``."""
+    ``python -m app.data.check`` does before anything starts; its labels.csv goes to ``OUT/party-i/run-<run id>``."""
     from app.data.check import check_party
 
     out = out.resolve()
@@ -119,20 +122,6 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
                                                                    **options}.items())
                     for i, folder in enumerate(folders)]
     return _deploy(out, run_config, node_configs, timeout)
-
-
-def stage_app(out: Path) -> Path:
-    """A copy of the app's files (the top-level folders ``fab-include`` in pyproject.toml names,
-    and pyproject.toml) in ``out/app``: Flower's app builder walks every file under the
-    directory it is given, a checkout's .venv too; the bundle built from the copy is the same."""
-    stage = Path(out) / "app"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["fab-include"]
-    for folder in sorted({pattern.split("/", 1)[0] for pattern in patterns}):
-        shutil.copytree(REPO / folder, stage / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copy2(REPO / "pyproject.toml", stage / "pyproject.toml")
-    return stage
 
 
 def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float) -> Path:
@@ -189,6 +178,7 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"seconds to wait for it to answer (start, default {superlink.START_TIMEOUT_S:g}) or "
                            f"to end before it is killed (stop, default {superlink.STOP_TIMEOUT_S:g})")
     _add_signing(sub)
+    _add_run(sub)
     gateway = sub.add_parser("gateway", help="serve the Fleet API of a loopback SuperLink, nothing else")
     gateway.add_argument("--listen", required=True, metavar="HOST:PORT", help="where SuperNodes connect")
     gateway.add_argument("--superlink", required=True, metavar="HOST:PORT", help="the SuperLink (loopback)")
@@ -221,12 +211,39 @@ def _add_signing(sub) -> None:
     keygen.add_argument("--out", type=Path, required=True)
     keygen.add_argument("--name", default="app-signing")
     sign = sub.add_parser("sign", help="sign the app that `flwr run APP` submits")
-    sign.add_argument("--app", type=Path, default=REPO)
+    sign.add_argument("--app", type=Path, default=None, help="the app folder (default: the installed app)")
     sign.add_argument("--key", type=Path, required=True, help="the signer's private key")
     sign.add_argument("--signatures", type=Path, required=True, help="the directory the gateway reads")
+    stage = sub.add_parser("stage", help="copy the installed app's files (what sign and run use) to DIR/app")
+    stage.add_argument("--out", type=Path, required=True)
     trust = sub.add_parser("trust", help="write a SuperNode's --trusted-entities file")
     trust.add_argument("--out", type=Path, required=True)
     trust.add_argument("public_keys", type=Path, nargs="+", metavar="KEY.pub")
+
+
+def _add_run(sub) -> None:
+    """The ``run`` command's options (:mod:`deploy.submit`)."""
+    run = sub.add_parser("run", help="submit a run, follow it, exit non-zero naming why it produced no result",
+                         description=submit.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("app", nargs="?", type=Path, default=None, help="the app folder (default: the installed app)")
+    run.add_argument("--connection", default=None,
+                     help="the SuperLink connection in $FLWR_HOME/config.toml (default: its default)")
+    run.add_argument("--run-config", action="append", default=[], metavar="'KEY=VALUE ...'",
+                     help="as flwr run --run-config; out-dir='/abs/path' is required")
+    run.add_argument("--federation", default=None, help="as flwr run --federation")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="stop following after this many seconds (the run goes on; exit code 11)")
+
+
+def _sign(args) -> None:
+    """``sign``: the app folder given, or the installed app staged in a temporary folder."""
+    if args.app is not None:
+        digest = sign_app(args.app, args.key, args.signatures)
+        print(f"signed the app in {args.app.resolve()}: FAB sha256 {digest}")
+        return
+    with tempfile.TemporaryDirectory(prefix="fedgraph-app-") as tmp:
+        digest = sign_app(stage_app(Path(tmp)), args.key, args.signatures)
+    print(f"signed the installed app: FAB sha256 {digest}")
 
 
 def _run_command(args) -> None:
@@ -235,8 +252,9 @@ def _run_command(args) -> None:
         private, public = make_signing_key(args.out, args.name)
         print(f"signing key: {private} (keep it with the signer); public key: {public}")
     elif args.command == "sign":
-        digest = sign_app(args.app, args.key, args.signatures)
-        print(f"signed the app in {args.app.resolve()}: FAB sha256 {digest}")
+        _sign(args)
+    elif args.command == "stage":
+        print(f"the app's files: {stage_app(args.out)}")
     elif args.command == "trust":
         print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out)}")
     elif args.command == "gateway":
@@ -256,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "superlink":
         return superlink.main(args.action, args.timeout)
+    if args.command == "run":
+        return submit.run(args.app, args.connection, args.run_config, args.federation, args.timeout)
     try:
         _run_command(args)
     except (ConfigError, RuntimeError, OSError, ValueError) as err:

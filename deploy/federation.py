@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import psutil
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
-from deploy import flower_shim
+from deploy import flower_shim, gateway
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -153,8 +153,10 @@ class LocalFederation:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start_superlink(self, timeout: float = 120.0) -> None:
+        # its state in a file: a SuperLink restarted after a crash knows the registered nodes again,
+        # and the SuperNodes, which keep retrying through the gateway, reconnect by themselves
         cmd = [*flower_command("superlink", self.env), "--port", str(self.port),
-               "--disable-runtime-dependency-installation"]
+               "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink-state.db")]
         if self.pki:
             cmd += ["--ssl-ca-certfile", str(self.pki / "ca.crt"),
                     "--ssl-certfile", str(self.pki / "superlink.crt"),
@@ -179,7 +181,7 @@ class LocalFederation:
                "--signatures", str(Path(signatures).resolve())]
         proc = self._spawn("gateway", cmd)
         deadline = time.monotonic() + timeout
-        while "Uvicorn running" not in self.log("gateway"):
+        while gateway.READY not in self.log("gateway"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the Fleet gateway did not start:\n{self.log('gateway')[-2000:]}")
             time.sleep(0.2)

@@ -13,11 +13,13 @@ PKI and the Fleet gateway (:mod:`deploy.gateway`) hands them to the SuperNodes
 with the FAB. Whoever can reach the SuperLink can therefore still submit a run,
 but no SuperNode that trusts only the federation's keys will execute it.
 
-* :func:`make_signing_key`: an Ed25519 key pair ``<name>`` / ``<name>.pub`` (OpenSSH).
+* :func:`make_signing_key`: an Ed25519 key pair ``<name>`` / ``<name>.pub`` (OpenSSH), the
+  private key created with mode 0600.
 * :func:`sign_app`: builds the FAB with Flower's own builder (the bytes ``flwr run
   APP`` submits: the build is deterministic) and signs it (:func:`sign_fab`), which
   writes ``<sha256>.json`` into a signatures directory: ``{key_id: {"signature": base64url, "signed_at": unix time}}``,
-  one entry per signer (Flower's verification record format).
+  one entry per signer (Flower's verification record format). The directory must be the
+  signer's own and not writable by others (:func:`deploy.pki.open_directory`).
 * :func:`write_trusted_entities`: the ``--trusted-entities`` YAML for public keys.
 * :func:`verifications`: the records the gateway attaches to a FAB (none if unsigned).
 """
@@ -25,9 +27,11 @@ but no SuperNode that trusts only the federation's keys will execute it.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -38,21 +42,26 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from flwr.cli.build import build_fab_from_disk
 from flwr.supercore.primitives.asymmetric_ed25519 import create_message_to_sign, load_private_key, sign_message
 
+from deploy.pki import PRIVATE_MODE, PUBLIC_MODE, KeyFileError, create_file, open_directory, write_files
+
 #: Flower's SuperNode reads the records only when this entry is non-empty (Flower Hub sets it)
 VERIFIED_ENTRY = "valid_license"
 
 
 def make_signing_key(out: Path, name: str = "app-signing") -> tuple[Path, Path]:
-    """An Ed25519 key pair in OpenSSH format: ``out/<name>`` (mode 0600) and ``out/<name>.pub``."""
-    out.mkdir(parents=True, exist_ok=True)
+    """An Ed25519 key pair in OpenSSH format: ``out/<name>`` (created with mode 0600) and
+    ``out/<name>.pub``, in the key directory ``out`` (:func:`deploy.pki.write_files`: neither
+    file may exist; ``name`` is a plain file name)."""
+    if not name or name != Path(name).name or name.startswith(".") or name.endswith(".pub"):
+        raise KeyFileError(f"key name {name!r}; valid: a plain file name (no '/', not starting with '.', "
+                           "not ending in '.pub'), e.g. 'app-signing'")
     key = ed25519.Ed25519PrivateKey.generate()
-    private, public = out / name, out / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))
-    os.chmod(private, 0o600)
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                     serialization.PublicFormat.OpenSSH) + b"\n")
-    return private, public
+    paths = write_files(out, {
+        name: (key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                 serialization.NoEncryption()), PRIVATE_MODE),
+        f"{name}.pub": (key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                      serialization.PublicFormat.OpenSSH) + b"\n", PUBLIC_MODE)})
+    return paths[name], paths[f"{name}.pub"]
 
 
 def key_id(public_key: ed25519.Ed25519PublicKey) -> str:
@@ -80,22 +89,53 @@ def _load_private(path: Path) -> ed25519.Ed25519PrivateKey:
 
 def sign_fab(fab: bytes, private_key: Path, signatures: Path) -> str:
     """Sign the FAB ``fab`` into ``signatures/<sha256>.json``; return its SHA-256 (hex). A
-    signature by another key for the same FAB stays beside this one."""
+    signature by another key for the same FAB stays beside this one. ``signatures`` is checked
+    like a key directory (:func:`deploy.pki.open_directory`: the user's own, nobody else can
+    replace a file in it) and every file in it is reached through that one descriptor, never
+    through a symlink."""
     key = _load_private(Path(private_key))
     digest = hashlib.sha256(fab)
     signed_at = int(time.time())
     signature = sign_message(key, create_message_to_sign(digest.digest(), signed_at))
-    signatures.mkdir(parents=True, exist_ok=True)
-    path = signatures / f"{digest.hexdigest()}.json"
-    records = json.loads(path.read_text()) if path.exists() else {}
-    records[key_id(key.public_key())] = {
-        "signature": base64.urlsafe_b64encode(signature).rstrip(b"=").decode("ascii"),
-        "signed_at": signed_at,
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    name, signatures = f"{digest.hexdigest()}.json", Path(signatures)
+    dir_fd = open_directory(signatures, private=False)
+    try:
+        records = _read_records(dir_fd, name, signatures / name)
+        records[key_id(key.public_key())] = {
+            "signature": base64.urlsafe_b64encode(signature).rstrip(b"=").decode("ascii"),
+            "signed_at": signed_at,
+        }
+        _replace(dir_fd, name, (json.dumps(records, indent=1, sort_keys=True) + "\n").encode(), signatures / name)
+    finally:
+        os.close(dir_fd)
     return digest.hexdigest()
+
+
+def _read_records(dir_fd: int, name: str, shown: Path) -> dict:
+    """The records in ``name`` (none when it is missing); a symlink there is refused, not followed."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise KeyFileError(f"{shown} is a symbolic link; valid: the regular file signing writes (remove the "
+                           "link and sign again)") from None
+    with os.fdopen(fd, "rb") as f:
+        return json.loads(f.read())
+
+
+def _replace(dir_fd: int, name: str, data: bytes, shown: Path) -> None:
+    """``name`` in ``dir_fd`` replaced in one step by a file holding ``data``: written first under a
+    new random name (O_EXCL, O_NOFOLLOW), then renamed over it."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    create_file(dir_fd, tmp, data, PUBLIC_MODE, shown.with_name(tmp))
+    try:
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
 
 
 def sign_app(app_dir: Path, private_key: Path, signatures: Path) -> str:

@@ -3,17 +3,27 @@
 A plain baseline every other method can be compared with. Wire protocol
 (``app.protocols.fedkmeans`` holds the math):
 
-1. with ``hello`` (down: k, seed) -> up: ``centres`` (k x f local k-means++
-   centres) and ``counts`` (k). A local centre of a one-member cluster is that
-   member's feature row, so this step reveals coarse data summaries. At most
-   k centres, whose sizes add up to the rows the client announced in hello.
+1. with ``hello`` (down: k, seed) -> up: ``centres`` (at most k x f local
+   k-means++ centres, each the mean of at least the node's ``min-rows`` rows:
+   a smaller local cluster joins its nearest one; a node holding fewer rows
+   refuses) and their sizes ``counts``, which add up to the rows the client
+   announced in hello. Coarse data summaries, sent in clear.
 2. ``kmeans_step`` x num-rounds (down: ``centres``) -> up: ``stats``, the
-   per-cluster sums (k x f), counts (k) and the inertia in one vector; stops
-   early when no centre moves more than ``fedkmeans.tol``. With
-   ``fedkmeans.secure`` the vector is pairwise-masked (secure aggregation,
-   set up once with two extra rounds) and the server learns only the sum over
-   clients. The sizes must add up to the client's rows (secure: all rows) and
-   the inertia be >= 0, else the run stops naming the client. Rows held by
+   per-cluster sums (k x f), counts (k), the rows withheld and the inertia in
+   one vector. Under a node's ``min-rows`` above 1 a new assignment goes out
+   only when every cluster's rows pass the node's audit of every sum it has
+   sent: at least ``min-rows`` rows, and no row of the node determined by any
+   combination of those sums (differencing across rounds included); else the
+   node sends its last statistics again (in the first round: the clusters
+   that pass, the others withheld with sum and count 0, their rows counted
+   apart, the inertia over the rows sent). Whatever centres the server sends,
+   it reads no row this way (:func:`app.protocols.fedkmeans.release`). Stops
+   early when no centre
+   moves more than ``fedkmeans.tol``. With ``fedkmeans.secure`` the vector is
+   pairwise-masked (secure aggregation, set up once with two extra rounds) and
+   the server learns only the sum over clients. The sizes and withheld rows
+   must add up to the client's rows (secure: all rows) and the inertia be
+   >= 0, else the run stops naming the client. Rows held by
    two clients (``partition.overlap`` > 0) would count twice: refused.
 3. ``kmeans_assign`` (down: final ``centres``) -> up: ``node_ids`` and
    ``labels`` of the client's rows, for evaluation only; labels stay on the
@@ -109,18 +119,18 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         """Step 2: Lloyd rounds on the (secure) sums of the clients' statistics, until no centre
         moves more than ``fedkmeans.tol`` or ``num-rounds``."""
         k, secure, rounds = self.shared.num_clusters, self.cfg.secure, self.shared.num_rounds
-        spec = proto.step_reply(centres.size + k + 1, secure)
+        spec = proto.step_reply(centres.size + k + 2, secure)
         bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
         history = []
         for round_ in range(1, rounds + 1):
             values = session.secagg_values("stats", bound) if secure else {}
             replies = session.broadcast(proto.KMEANS_STEP, pack({"centres": centres}, values), spec)
             total = self._statistics_total(session, rows, replies, values)
-            sums, counts, inertia = proto.split_statistics(total, k)
+            sums, counts, withheld, inertia = proto.split_statistics(total, k)
             new = proto.update_centres(centres, sums, counts)
             shift = float(np.abs(new - centres).max())
             centres = new
-            history.append({"round": round_, "inertia": inertia, "shift": shift})
+            history.append({"round": round_, "inertia": inertia, "shift": shift, "withheld": round(withheld)})
             session.round_done(round_, rounds, inertia=inertia)
             if shift <= self.cfg.tol:
                 break
@@ -132,13 +142,13 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         k = self.shared.num_clusters
         if self.cfg.secure:
             total = session.secure_sum(replies, "stats", values)
-            _, counts, inertia = proto.split_statistics(total, k)
-            self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows.values()), inertia)
+            _, counts, withheld, inertia = proto.split_statistics(total, k)
+            self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows.values()), inertia, withheld)
             return total
         stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
         for node, s in stats.items():
-            _, counts, inertia = proto.split_statistics(s, k)
-            self._check_counts(session, node, proto.KMEANS_STEP, counts, rows[node], inertia)
+            _, counts, withheld, inertia = proto.split_statistics(s, k)
+            self._check_counts(session, node, proto.KMEANS_STEP, counts, rows[node], inertia, withheld)
         return sum(stats.values())
 
     def _final_labels(self, session: ServerSession, rows: dict[int, int],
@@ -153,20 +163,23 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         return concat_int64(ids_of.values()), concat_int64(r["labels"] for r in replies.values())
 
     @staticmethod
-    def _check_counts(session: ServerSession, node: int | None, step: str, sizes: np.ndarray, rows: int, inertia: float = 0.0,
-                      at_most: int | None = None) -> None:
-        """Cluster sizes must be whole, >= 0 and add up to the rows announced in hello (``node`` None:
-        the secure sum over every client), at most ``at_most`` of them, and the inertia >= 0; else a
-        client sent statistics of data it does not hold, which would steer the centres."""
+    def _check_counts(session: ServerSession, node: int | None, step: str, sizes: np.ndarray, rows: int,
+                      inertia: float = 0.0, withheld: float = 0.0, at_most: int | None = None) -> None:
+        """Cluster sizes must be whole, >= 0 and add up, with the ``withheld`` rows, to the rows
+        announced in hello (``node`` None: the secure sum over every client), at most ``at_most`` of
+        them, and the inertia >= 0; else a client sent statistics of data it does not hold, which
+        would steer the centres."""
         who = "the secure sum" if node is None else f"client {session.partition_of(node)} (node {node})"
         tol = 1e-6 * max(rows, 1) + (0 if node is not None else 1e-3)  # fixed-point rounding of a secure sum
         problem = None
         if at_most is not None and sizes.size > at_most:
             problem = f"{sizes.size} local centres for k={at_most}"
-        elif (sizes < -tol).any() or np.abs(sizes - np.rint(sizes)).max(initial=0) > tol:
+        elif (sizes < -tol).any() or np.abs(sizes - np.rint(sizes)).max(initial=0) > tol \
+                or withheld < -tol or abs(withheld - round(withheld)) > tol:
             problem = "cluster sizes that are not whole numbers >= 0"
-        elif abs(float(sizes.sum()) - rows) > tol:
-            problem = f"cluster sizes summing to {float(sizes.sum()):g}, not its {rows} rows"
+        elif abs(float(sizes.sum()) + withheld - rows) > tol:
+            parts = "cluster sizes and withheld rows" if withheld else "cluster sizes"
+            problem = f"{parts} summing to {float(sizes.sum()) + withheld:g}, not its {rows} rows"
         elif inertia < -tol:
             problem = f"a negative inertia {inertia:g}"
         if problem:

@@ -32,6 +32,13 @@ def wait_until(condition, what: str, guard_s: float = HANG_GUARD_S, poll_s: floa
         time.sleep(poll_s)
 
 
+def run_labels(party_out: Path) -> Path:
+    """The one run's labels.csv a party wrote into its out-dir ``party_out`` (``run-<run id>/``)."""
+    found = sorted(Path(party_out).glob("run-*/labels.csv"))
+    assert len(found) == 1, f"{party_out}: {len(found)} runs' labels.csv, expected 1"
+    return found[0]
+
+
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"

@@ -20,7 +20,7 @@ from app.data.partition import partition
 from app.data.prepare import run as prepare
 from app.data.types import GraphData
 from app.result import LABELS_CSV
-from tests.conftest import shared_datasets_or_skip
+from tests.conftest import run_labels, shared_datasets_or_skip
 
 SMALL = {"num_clusters": 4, "num_rounds": 5, "config": {"fedkmeans.filter-order": 1}}
 
@@ -115,7 +115,7 @@ def test_presplit_pieces_equal_the_same_split_cut_by_the_partitioner(family, sbm
     assert dict(zip(split.ids.tolist(), split.labels.tolist())) == by_id
     assert split.result["dataset"] == "parties" and split.reference["skipped"]
     for i, p in enumerate(pieces):  # each party's labels.csv: its own nodes with the whole run's labels
-        written = pd.read_csv(tmp_path / "out" / f"party-{i}" / LABELS_CSV)
+        written = pd.read_csv(run_labels(tmp_path / "out" / f"party-{i}"))
         assert written["node"].tolist() == p.keys.tolist()
         assert written["cluster"].tolist() == [by_id[k] for k in p.keys.tolist()]
 

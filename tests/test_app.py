@@ -58,7 +58,7 @@ def test_fedkmeans_one_client_equals_centralised_lloyd(out_dir):
     data = load_dataset("sbm", seed=0)
     x = np.asarray(data.x, dtype=np.float64)
     k = result["config"]["num-clusters"]
-    centres, counts = proto.local_seeds(x, k, 0)
+    centres, counts, _ = proto.local_seeds(x, k, 0)
     init = proto.merge_seeds(centres, counts, k, 0)
     lloyd = KMeans(k, init=init, n_init=1, max_iter=rounds, tol=0.0, algorithm="lloyd").fit(x)
     labels = np.load(out_dir / "labels.npy")

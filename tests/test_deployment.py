@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from app.run import run_experiment
-from conftest import HANG_GUARD_S, wait_until
-from deploy.__main__ import REPO, run_local
+from conftest import HANG_GUARD_S, REPO, wait_until
+from deploy.__main__ import run_local
 from deploy.federation import BIN, CONNECTION, LocalFederation
 from deploy.pki import make_all, make_node_keys
 

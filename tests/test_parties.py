@@ -25,7 +25,7 @@ from app.server_app import run_server
 from app.transport import unpack
 from app.wire import ProtocolError
 from clients.fedkmeans import FedKMeansClient
-from tests.conftest import patch_reply
+from tests.conftest import patch_reply, run_labels
 
 
 def piece(adj, x=None, y=None, keys=None) -> GraphData:
@@ -171,7 +171,7 @@ def test_each_party_receives_and_writes_only_its_own_labels(sbm, tmp_path):
     for i, p in enumerate(pieces):
         n = p.num_nodes
         own = labels[offset: offset + n]
-        written = read_labels(tmp_path / f"party-{i}" / LABELS_CSV)
+        written = read_labels(run_labels(tmp_path / f"party-{i}"))
         assert list(written.columns) == ["node", "cluster"]
         assert written["node"].tolist() == p.node_keys.tolist() and written["cluster"].tolist() == own.tolist()
         assert np.array_equal(unpack(sent[1001 + i].content)[0]["labels"], own)
@@ -184,7 +184,7 @@ def test_each_party_receives_and_writes_only_its_own_labels(sbm, tmp_path):
     assert [a.tolist() for a in ids] == [list(range(p.num_nodes)) for p in pieces]
 
 
-def test_the_server_assigns_partition_ids_by_node_id_unless_a_party_names_its_own(sbm, tmp_path):
+def test_the_server_assigns_partition_ids_by_node_id_unless_a_party_names_its_own(sbm, tmp_path, caplog):
     pieces = pieces_of(partition(sbm, "node-random", 2))
     overrides = {"partitioner": "node-random", **SMALL}
     run_experiment("fedkmeans", PARTIES, 2, overrides, tmp_path / "a", node_configs=register(pieces, tmp_path / "a",
@@ -196,7 +196,7 @@ def test_the_server_assigns_partition_ids_by_node_id_unless_a_party_names_its_ow
     # run a: partition ids by node id, the first piece first; run b: the second piece is partition 0
     for run, first in (("a", slice(0, n0)), ("b", slice(n1, n1 + n0))):
         labels = np.load(tmp_path / run / "labels.npy")
-        written = read_labels(tmp_path / run / "party-0" / LABELS_CSV)
+        written = read_labels(run_labels(tmp_path / run / "party-0"))
         assert written["node"].tolist() == [str(k) for k in pieces[0].node_keys]
         assert written["cluster"].tolist() == labels[first].tolist()
     configs = register(pieces, ids=False)
@@ -205,8 +205,10 @@ def test_the_server_assigns_partition_ids_by_node_id_unless_a_party_names_its_ow
         run_experiment("fedkmeans", PARTIES, 2, overrides, tmp_path / "c", node_configs=configs)
     configs[1]["partition-id"] = 5  # seen by the party itself at hello (a deployment has no check before the run)
     raw = {"strategy": "fedkmeans", "dataset": PARTIES, "num-clients": 2, **overrides, "out-dir": str(tmp_path / "d")}
-    with pytest.raises(ProtocolError, match=r"node config partition-id=5; valid: a whole number 0\.\.1 for the 2 "):
+    with pytest.raises(ProtocolError, match=r"node 1002: client error: PartyError: node config 'partition-id', "
+                                            r"rule 'a whole number 0\.\.1'$"):
         run_server(InProcessGrid(build_client_app(raw), 2, configs), raw)
+    assert "node config partition-id=5; valid: a whole number 0..1 for the 2 parties" in caplog.text  # its own log
 
 
 def test_a_party_sending_ids_beyond_its_rows_stops_the_run_naming_it(sbm, tmp_path, monkeypatch):
@@ -219,13 +221,19 @@ def test_a_party_sending_ids_beyond_its_rows_stops_the_run_naming_it(sbm, tmp_pa
                        node_configs=register(pieces))
 
 
-def test_an_out_dir_a_party_cannot_write_stops_the_run_at_hello(sbm, tmp_path):
+def test_an_out_dir_a_party_cannot_write_stops_the_run_at_hello(sbm, tmp_path, caplog):
     pieces = pieces_of(partition(sbm, "node-random", 2))
     (tmp_path / "file").write_text("")
     configs = register(pieces)
     configs[1]["out-dir"] = str(tmp_path / "file" / "labels")
-    with pytest.raises(ProtocolError, match=r"^step 'hello' rejected 1 client\(s\): node 1002: "
-                                            r"client error: ConfigError: node config out-dir: '.*/file' is a file; valid: a writable"):
+    raw = {"strategy": "fedkmeans", "dataset": PARTIES, "num-clients": 2, "partitioner": "node-random", **SMALL,
+           "out-dir": str(tmp_path / "out")}
+    with pytest.raises(ProtocolError, match=r"^step 'hello' rejected 1 client\(s\): node 1002: client error: "
+                                            r"PartyError: node config 'out-dir', rule 'a writable directory'$"):
+        run_server(InProcessGrid(build_client_app(raw), 2, configs), raw)
+    assert re.search(r"node config out-dir: '.*/file' is a file; valid: a writable directory", caplog.text)
+    # a local run (every party in this process) names it before the run starts
+    with pytest.raises(ConfigError, match=r"^node config out-dir: '.*/file' is a file; valid: a writable directory"):
         run_experiment("fedkmeans", PARTIES, 2, {"partitioner": "node-random", **SMALL}, tmp_path / "out",
                        node_configs=configs)
     assert not (tmp_path / "out" / "result.json").exists()
@@ -244,11 +252,13 @@ def test_runs_on_the_parties_data_refuse_what_the_server_cannot_have(sbm, tmp_pa
                        tmp_path / "out", node_configs=node_configs)
 
 
-def test_a_data_node_config_in_a_run_of_a_named_dataset_is_refused(sbm, tmp_path):
+def test_a_data_node_config_in_a_run_of_a_named_dataset_is_refused(sbm, tmp_path, caplog):
     raw = {"strategy": "fedkmeans", "dataset": "sbm", "sbm.nodes": 100, "num-clients": 2, "num-rounds": 2}
     configs = [{"partition-id": i, "num-partitions": 2, "data": "/somewhere"} for i in range(2)]
-    with pytest.raises(ProtocolError, match="node config 'data' is read with dataset='parties' only"):
+    with pytest.raises(ProtocolError, match="client error: PartyError: node config 'data', rule 'with dataset "
+                                            "parties only'$"):
         run_server(InProcessGrid(build_client_app(raw), 2, configs), {**raw, "out-dir": str(tmp_path / "o")})
+    assert "node config 'data' is read with dataset='parties' only, but this run uses dataset='sbm'" in caplog.text
 
 
 def test_the_ledger_lists_the_digest_and_the_result_has_no_pooled_scores(sbm, tmp_path):
@@ -261,12 +271,12 @@ def test_the_ledger_lists_the_digest_and_the_result_has_no_pooled_scores(sbm, tm
     assert "acc" not in result["metrics"] and sum(result["metrics"]["cluster_sizes"]) == sbm.num_nodes
     labels = np.load(tmp_path / "out" / "labels.npy")
     for i in range(2):  # both hold every node: both get every label, from kcagc's own labels step
-        assert read_labels(tmp_path / f"party-{i}" / LABELS_CSV)["cluster"].tolist() == labels.tolist()
+        assert read_labels(run_labels(tmp_path / f"party-{i}"))["cluster"].tolist() == labels.tolist()
     assert sum(r["action"] == "labels" for r in result["timing"]["per_round"]) == 1
     assert json.loads((tmp_path / "out" / "result.json").read_text())["dataset"] == PARTIES
 
 
 def test_write_party_labels_refuses_a_count_mismatch(tmp_path):
     with pytest.raises(ValueError, match="3 IDs for 2 labels"):
-        write_party_labels(tmp_path, np.array([1, 2, 3]), np.array([0, 1]))
-    assert not (tmp_path / LABELS_CSV).exists()
+        write_party_labels(tmp_path, 7, np.array([1, 2, 3]), np.array([0, 1]))
+    assert not list(tmp_path.rglob(LABELS_CSV))

@@ -14,10 +14,9 @@ import pytest
 
 from app import cluster
 from app.data.formats import read_graph
-from app.result import LABELS_CSV
 from app.data.prepare import run as prepare
 from deploy.__main__ import run_local_parties
-from tests.conftest import shared_datasets_or_skip
+from tests.conftest import run_labels, shared_datasets_or_skip
 
 pytestmark = pytest.mark.deployment
 
@@ -49,8 +48,8 @@ def deployed_equals_presplit(family: str, tmp_path) -> None:
     assert deployed["dataset"] == "parties" and deployed["timing"]["rounds"] == local.timing["rounds"]
     frame = local.labels_frame()
     for i in range(3):
-        written = pd.read_csv(tmp_path / "deployed" / f"party-{i}" / LABELS_CSV)
-        assert written.equals(pd.read_csv(tmp_path / "inprocess" / f"party-{i}" / LABELS_CSV))
+        written = pd.read_csv(run_labels(tmp_path / "deployed" / f"party-{i}"))
+        assert written.equals(pd.read_csv(run_labels(tmp_path / "inprocess" / f"party-{i}")))
         if local.parties is not None:
             own = frame[frame["party"] == i]
             assert written[local.item].tolist() == own[local.item].tolist()

@@ -9,6 +9,8 @@ node configs (what ``flower-supernode --node-config`` gives in a deployment).
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 
 import json
 from types import SimpleNamespace
@@ -21,6 +23,7 @@ from app.client_app import build_client_app
 from app.config import ConfigError
 from app.data.params import dataset_kwargs, partition_kwargs
 from app.data.shards import client_shard
+from app.disclosure import LOGGER
 from app.inprocess import InProcessGrid
 from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, node_policy
@@ -66,6 +69,16 @@ def run(raw: dict, tmp_path, grid_cls=InProcessGrid, configs=None, **grid_kwargs
     return run_server(grid_cls(build_client_app(raw), n, configs or node_configs(n), **grid_kwargs), raw)
 
 
+@contextlib.contextmanager
+def refused(caplog, server: str, party: str):
+    """The run stops with PrivacyRefused matching ``server`` (the rule: all a party tells the server),
+    and the refusing party's own log matches ``party`` (what was asked and what its policy allows)."""
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger=LOGGER.name), pytest.raises(PrivacyRefused, match=server) as err:
+        yield err
+    assert re.search(party, caplog.text), caplog.text
+
+
 def refusal(err: pytest.ExceptionInfo) -> dict[int, str]:
     return {client: rule for client, (rule, _) in err.value.refusals.items()}
 
@@ -93,7 +106,7 @@ def test_policy_from_inline_keys_and_a_file_inline_winning(tmp_path):
                                                   r"applies to fedspectral-plus, fedsc, fedavg-dmon$"),
     ({"privacy.fedsc.secure": True}, r"^node config 'privacy.fedsc.secure': unknown privacy policy rule 'secure' "
                                      r"in section 'fedsc'; valid: secure-aggregation, min-group, noise-multiplier, "
-                                     r"epsilon, delta, min-block-support$"),
+                                     r"epsilon, delta, min-rows, min-block-support$"),
     ({"privacy.kmeans.min-group": 3}, r"^node config 'privacy.kmeans.min-group': unknown privacy policy section "
                                       r"'kmeans'; valid: all, fedkmeans, "),
 ])
@@ -111,11 +124,11 @@ def test_a_bad_policy_file_names_file_and_line(tmp_path):
         node_policy({"privacy-policy": str(tmp_path / "none.toml")})
 
 
-def test_a_rule_a_strategy_cannot_meet_refuses_the_whole_run(tmp_path):
+def test_a_rule_a_strategy_cannot_meet_refuses_the_whole_run(tmp_path, caplog):
     raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 2, "kcagc.restarts": 2}
-    with pytest.raises(PrivacyRefused, match=r"^step 'hello' refused by the privacy policy of node 1001, "
-                                             r"rule 'noise-multiplier': this node sets noise-multiplier=2.0 for "
-                                             r"strategy 'kcagc', which cannot meet it"):
+    with refused(caplog, r"^step 'hello' refused by the privacy policy of node 1001, rule 'noise-multiplier'$",
+                 r"rule 'noise-multiplier': this node sets noise-multiplier=2.0 for strategy 'kcagc', which cannot "
+                 r"meet it"):
         run(raw, tmp_path, configs=[{"partition-id": 0, "num-partitions": 2, "privacy.all.noise-multiplier": 2.0},
                                     {"partition-id": 1, "num-partitions": 2}])
 
@@ -137,43 +150,42 @@ def strip_masking(partition, arrays, values):
 
 
 @pytest.mark.parametrize("strategy", sorted(MASKING_RUNS))
-def test_a_request_without_its_secagg_tag_is_refused(strategy, tmp_path):
+def test_a_request_without_its_secagg_tag_is_refused(strategy, tmp_path, caplog):
     """A server that leaves the tag out gets no clear float64 reply, in any of the five strategies."""
     overrides, action = MASKING_RUNS[strategy]
     raw = {**overrides, "strategy": strategy, "num-clients": 3}
-    with pytest.raises(PrivacyRefused, match=rf"^step '{action}' refused by the privacy policy of client 0 "
-                                             rf"\(node 1001\), rule 'secure-aggregation': '{action}' was requested "
-                                             r"without secure aggregation \(no secagg_tag\), but this run's "
-                                             r"configuration masks it; client 1") as err:
+    with refused(caplog, rf"^step '{action}' refused by the privacy policy of client 0 \(node 1001\), rule "
+                         r"'secure-aggregation'; client 1",
+                 rf"rule 'secure-aggregation': '{action}' was requested without secure aggregation \(no secagg_tag\), "
+                 r"but this run's configuration masks it") as err:
         run(raw, tmp_path, MaliciousServerGrid, action=action, rewrite=strip_masking)
     assert refusal(err) == {0: "secure-aggregation", 1: "secure-aggregation", 2: "secure-aggregation"}
 
 
-def test_a_node_requiring_secure_aggregation_refuses_a_run_configured_without_it(tmp_path):
+def test_a_node_requiring_secure_aggregation_refuses_a_run_configured_without_it(tmp_path, caplog):
     """The node config decides, not the run-config: fedkmeans.secure=false in the run."""
     raw = {**SBM, "strategy": "fedkmeans", "dataset": "sbm", "num-clients": 2, "num-rounds": 2}
     configs = node_configs(2)
     configs[1]["privacy.fedkmeans.secure-aggregation"] = True
-    with pytest.raises(PrivacyRefused, match=r"client 1 \(node 1002\), rule 'secure-aggregation': 'kmeans_step' "
-                                             r"was requested without secure aggregation \(no secagg_tag\); this node "
-                                             r"only sends it masked$") as err:
+    with refused(caplog, r"client 1 \(node 1002\), rule 'secure-aggregation'$",
+                 r"rule 'secure-aggregation': 'kmeans_step' was requested without secure aggregation "
+                 r"\(no secagg_tag\); this node only sends it masked") as err:
         run(raw, tmp_path, configs=configs)
     assert refusal(err) == {1: "secure-aggregation"}
     result = run({**raw, "fedkmeans.secure": True}, tmp_path, configs=configs)  # masked: answered
     assert all(u["masked"] for u in result["privacy"]["uploads"] if u["action"] == "kmeans_step")
 
 
-def test_a_node_refuses_a_masking_group_below_its_minimum(tmp_path):
+def test_a_node_refuses_a_masking_group_below_its_minimum(tmp_path, caplog):
     raw = {**MASKING_RUNS["fedkmeans"][0], "strategy": "fedkmeans", "num-clients": 2}
-    with pytest.raises(PrivacyRefused, match=r"^step 'hello' refused by the privacy policy of "
-                                             r"node 1001, rule 'min-group': a masking group of 2 client\(s\), "
-                                             r"below this node's min-group=3; node 1002") as err:
+    with refused(caplog, r"^step 'hello' refused by the privacy policy of node 1001, rule 'min-group'; node 1002",
+                 r"rule 'min-group': a masking group of 2 client\(s\), below this node's min-group=3") as err:
         run(raw, tmp_path, configs=node_configs(2, **{"fedkmeans.min-group": 3}))
     assert set(refusal(err).values()) == {"min-group"}
 
 
 # --------------------------------------------------------------------------- chosen masking groups
-def test_kcagc_refuses_masking_groups_the_protocol_does_not_define(tmp_path):
+def test_kcagc_refuses_masking_groups_the_protocol_does_not_define(tmp_path, caplog):
     """A server sending groups {0, 1}, {1, 2}, {0, 2} under fresh tags would solve the three
     pair sums for client 0's partial distances (to within 3.6e-9)."""
     pairs = {0: [0, 1], 1: [1, 2], 2: [0, 2]}
@@ -182,8 +194,9 @@ def test_kcagc_refuses_masking_groups_the_protocol_does_not_define(tmp_path):
         return {**arrays, "group": np.asarray(pairs[partition], dtype=np.int64)}, values
 
     raw = {**MASKING_RUNS["kcagc"][0], "strategy": "kcagc", "num-clients": 3}
-    with pytest.raises(PrivacyRefused, match=r"rule 'masking-group': masking group \[0, 1\] is not one of the "
-                                             r"protocol's groups \[\[0, 1, 2\]\]") as err:
+    with refused(caplog, r"rule 'masking-group'",
+                 r"rule 'masking-group': masking group \[0, 1\] is not one of the protocol's groups "
+                 r"\[\[0, 1, 2\]\]") as err:
         run(raw, tmp_path, MaliciousServerGrid, action="kcagc_step", rewrite=choose_pairs)
     assert refusal(err) == {0: "masking-group", 1: "masking-group", 2: "masking-group"}
     # the tree variant allows its internal nodes only: with three clients, the root alone
@@ -203,14 +216,14 @@ def test_no_tree_arrangement_leaves_a_client_alone_in_any_combination_of_sums(pa
         assert np.abs(indicators.T @ solution - alone).max() > 0.1
 
 
-def test_kcagc_refuses_a_key_relay_without_every_client(tmp_path):
+def test_kcagc_refuses_a_key_relay_without_every_client(tmp_path, caplog):
     """The peers' keys travel with kcagc's first step after hello, ``kcagc_local``."""
     def drop_party_2(partition, arrays, values):
         return arrays, {k: v for k, v in values.items() if k != SECAGG_PEER + "2"}
 
     raw = {**MASKING_RUNS["kcagc"][0], "strategy": "kcagc", "num-clients": 3}
-    with pytest.raises(PrivacyRefused, match=r"rule 'masking-group': keys relayed for parties \[0, 1\]; this client "
-                                             r"masks only with every client of the run, \[0, 1, 2\]"):
+    with refused(caplog, r"rule 'masking-group'", r"rule 'masking-group': keys relayed for parties \[0, 1\]; this "
+                                                   r"client masks only with every client of the run, \[0, 1, 2\]"):
         run(raw, tmp_path, MaliciousServerGrid, action="kcagc_local", rewrite=drop_party_2)
 
 
@@ -262,32 +275,34 @@ def test_values_beyond_the_bound_are_clipped_not_refused():
 
 
 # --------------------------------------------------------------------------- noise floors from the node
-def test_the_node_config_noise_floor_holds_whatever_the_run_config_says(tmp_path):
+def test_the_node_config_noise_floor_holds_whatever_the_run_config_says(tmp_path, caplog):
     """A SuperNode's --node-config noise-multiplier=5 holds: the run-config cannot lower it."""
     raw = {**SBM, "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2, "fedspectral-plus.mode": "paper",
            "fedspectral-plus.rounds": 2}
     floor = {"fedspectral-plus.noise-multiplier": 5.0}
-    with pytest.raises(PrivacyRefused, match=r"rule 'noise-multiplier': 'fedspectral_power' was requested with no "
-                                             r"noise; this client needs at least 5 \(its node's noise-multiplier 5, "
-                                             r"its run's 0\)") as err:
+    with refused(caplog, r"rule 'noise-multiplier'$",
+                 r"rule 'noise-multiplier': 'fedspectral_power' was requested with no noise; this client needs at "
+                 r"least 5 \(its node's noise-multiplier 5, its run's 0\)") as err:
         run(raw, tmp_path, configs=node_configs(2, **floor))
     assert refusal(err) == {0: "noise-multiplier", 1: "noise-multiplier"}
-    with pytest.raises(PrivacyRefused, match=r"was requested with noise multiplier [\d.]+; this client needs at least 5"):
+    with refused(caplog, r"rule 'noise-multiplier'$", r"was requested with noise multiplier [\d.]+; this client needs "
+                                                       r"at least 5"):
         run({**raw, "fedspectral-plus.noise-multiplier": 2.0}, tmp_path, configs=node_configs(2, **floor))
     result = run({**raw, "fedspectral-plus.noise-multiplier": 5.0}, tmp_path, configs=node_configs(2, **floor))
     assert 0 < result["privacy"]["epsilon"] < float("inf")
 
 
-def test_fedsc_and_fedavg_dmon_noise_floors(tmp_path):
+def test_fedsc_and_fedavg_dmon_noise_floors(tmp_path, caplog):
     fedsc = {"strategy": "fedsc", "dataset": "iris", "num-clients": 2, "num-rounds": 2, "fedsc.sigma": 2.5,
              "fedsc.landmarks": 10, "reference": False}
-    with pytest.raises(PrivacyRefused, match=r"rule 'noise-multiplier': 'fedsc_round' was requested with no noise"):
+    with refused(caplog, r"rule 'noise-multiplier'$", r"rule 'noise-multiplier': 'fedsc_round' was requested with no "
+                                                       r"noise"):
         run(fedsc, tmp_path, configs=node_configs(2, **{"fedsc.noise-multiplier": 1.0}))
     run({**fedsc, "fedsc.dp-epsilon": 1.0}, tmp_path, configs=node_configs(2, **{"fedsc.noise-multiplier": 1.0}))
     dmon = {**MASKING_RUNS["fedavg-dmon"][0], "fedavg-dmon.secure": False, "strategy": "fedavg-dmon",
             "num-clients": 2, "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-noise": 0.5}
-    with pytest.raises(PrivacyRefused, match=r"rule 'noise-multiplier': 'dmon_train' was requested with noise "
-                                             r"multiplier 0.5; this client needs at least 0.8"):
+    with refused(caplog, r"rule 'noise-multiplier'$", r"rule 'noise-multiplier': 'dmon_train' was requested with "
+                                                       r"noise multiplier 0.5; this client needs at least 0.8"):
         run(dmon, tmp_path, configs=node_configs(2, **{"fedavg-dmon.noise-multiplier": 0.8}))
 
 
@@ -297,12 +312,13 @@ def identity_block(partition, arrays, values):
     return {**arrays, "block": np.eye(n)}, values
 
 
-def test_fedspectral_plus_refuses_an_identity_block(tmp_path):
+def test_fedspectral_plus_refuses_an_identity_block(tmp_path, caplog):
     """An answer to ``block = I`` would be the client's whole private edge set (258 of 258 edges)."""
     raw = {**SBM, "strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 2,
            "fedspectral-plus.mode": "exact", "fedspectral-plus.rounds": 3}
-    with pytest.raises(PrivacyRefused, match=r"rule 'min-block-support': 'fedspectral_product' block column 0 "
-                                             r"spreads over 1 node\(s\) .*below this node's min-block-support=4") as e:
+    with refused(caplog, r"rule 'min-block-support'$", r"rule 'min-block-support': 'fedspectral_product' block "
+                                                        r"column 0 spreads over 1 node\(s\) .*below this node's "
+                                                        r"min-block-support=4") as e:
         run(raw, tmp_path, MaliciousServerGrid, action="fedspectral_product", rewrite=identity_block)
     assert refusal(e) == {0: "min-block-support", 1: "min-block-support"}
     # the attack itself, on a node that lowers the rule to 1: its reply is its edge set
@@ -332,7 +348,7 @@ FEDSC_DP = {"strategy": "fedsc", "dataset": "iris", "num-clients": 2, "num-round
             "fedsc.landmarks": 10, "fedsc.dp-epsilon": 2.0, "reference": False}
 
 
-def test_the_budget_survives_runs_and_restarts(tmp_path):
+def test_the_budget_survives_runs_and_restarts(tmp_path, caplog):
     """fedsc's release budget lives in the node's ledger, not the run: a new run or a restarted
     SuperNode does not allow as many releases again."""
     ledgers = [tmp_path / f"node-{i}.jsonl" for i in range(2)]
@@ -344,10 +360,11 @@ def test_the_budget_survives_runs_and_restarts(tmp_path):
     spent = composed_epsilon([r["noise_multiplier"] for r in records], 1e-5)
     # RDP over all four releases (1.395): at most the run's own sum of its two halves (1.989)
     assert spent == pytest.approx(1.3954, abs=1e-4) and spent < first["privacy"]["epsilon"] <= 2.0
-    with pytest.raises(PrivacyRefused, match=r"^step 'fedsc_round' refused by the privacy policy of client 0 "
-                                             r"\(node 1001\), rule 'epsilon': fedsc_round \(noise multiplier .*\) "
-                                             r"after 4 earlier release\(s\) would bring this node's fedsc epsilon to "
-                                             r"1.518 at delta 1e-05, above its budget 1.5 \(ledger .*node-0.jsonl\)") as err:
+    with refused(caplog, r"^step 'fedsc_round' refused by the privacy policy of client 0 \(node 1001\), rule "
+                         r"'epsilon'; ",
+                 r"rule 'epsilon': fedsc_round \(noise multiplier .*\) after 4 earlier release\(s\) would bring this "
+                 r"node's fedsc epsilon to 1.518 at delta 1e-05, above its budget 1.5 "
+                 r"\(ledger .*node-0.jsonl\)") as err:
         run(FEDSC_DP, tmp_path, configs=configs)
     assert refusal(err) == {0: "epsilon", 1: "epsilon"}
     assert len(ledgers[0].read_text().splitlines()) == 4  # the refused release left no record

@@ -12,7 +12,9 @@ from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-modu
 from flwr.supercore.fab import Fab
 from flwr.supernode.start_client_internal import _verify_fab
 
-from deploy.__main__ import REPO, main
+from conftest import REPO
+from deploy.__main__ import main
+from deploy.bundle import stage_app
 from deploy.gateway import signed_fab
 from deploy.signing import VERIFIED_ENTRY, make_signing_key, sign_fab, verifications, write_trusted_entities
 
@@ -65,3 +67,25 @@ def test_signing_cli_errors_are_one_line(signed, tmp_path, capsys):
     assert capsys.readouterr().err == f"error: {public}: not an unencrypted Ed25519 private key in OpenSSH format\n"
     assert main(["trust", "--out", str(tmp_path / "t.yaml"), str(tmp / "signer" / "app-signing")]) == 2
     assert "not an Ed25519 public key in OpenSSH format" in capsys.readouterr().err
+
+
+def test_the_staged_app_is_the_bundle_flwr_run_builds_in_the_checkout(signed, tmp_path):
+    """What ``deploy local``, ``deploy sign`` and ``deploy run`` build from (the app's packages as
+    imported, and its pyproject.toml) is byte for byte the checkout's ``flwr run .`` bundle."""
+    _, content, fab_hash, _, _ = signed
+    staged = build_fab_from_disk(stage_app(tmp_path))
+    assert hashlib.sha256(staged).hexdigest() == fab_hash and staged == content
+
+
+def test_staging_never_replaces_a_folder_that_is_not_a_staged_app(tmp_path, capsys):
+    """``deploy stage --out .`` in a checkout must not wipe the checkout's ``app`` package."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "work.py").write_text("precious = True\n")
+    assert main(["stage", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "is not a staged app" in err and len(err.splitlines()) == 1
+    assert (tmp_path / "app" / "work.py").read_text() == "precious = True\n"
+    staged = stage_app(tmp_path / "out")
+    (staged / "deploy" / "bundle.py").write_text("")
+    assert stage_app(tmp_path / "out") == staged  # an earlier staging is replaced
+    assert (staged / "deploy" / "bundle.py").stat().st_size > 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -27,8 +28,34 @@ from .types import GraphCollection, GraphData
 INTEGER = r"[+-]?\d+"
 
 
+#: Data file names the formats fix (a directory's parts) and the suffixes they read: what the
+#: server may hear of a party's file (:func:`file_kind`), never its directory or own name.
+FIXED_NAMES = tuple(f"{stem}{suffix}{gz}" for stem in ("graphs", "edges", "nodes")
+                    for suffix in (".csv", ".tsv", ".txt") for gz in ("", ".gz"))
+KNOWN_SUFFIXES = (".csv", ".tsv", ".txt", ".edges", ".edgelist", ".npz", ".pt", ".pth", ".mat")
+
+
+def file_kind(file: object) -> str:
+    """A party's data file as the server may hear of it: its name where the formats fix it
+    (``nodes.csv``), else its format suffix (``a .csv file``), else ``the party's data``."""
+    name = Path(str(file)).name.lower() if file is not None else ""
+    if name in FIXED_NAMES:
+        return name
+    suffixes = Path(name).suffixes
+    gz = len(suffixes) > 1 and suffixes[-1] == ".gz"
+    suffix = suffixes[-2] if gz else suffixes[-1] if suffixes else ""
+    return f"a {suffix}{'.gz' if gz else ''} file" if suffix in KNOWN_SUFFIXES else "the party's data"
+
+
 class DataFileError(ConfigError):
-    """A data file (or object) that is not a usable graph; the message is one line."""
+    """A data file (or object) that is not a usable graph; the message is one line.
+
+    ``file`` (shown as :func:`file_kind`) and ``rule`` (the rule it breaks, without the
+    file's values) make its public part (:mod:`app.disclosure`)."""
+
+    def __init__(self, message: str, *, file: object = None, rule: str | None = None) -> None:
+        named = "" if rule is None else f", rule '{rule}'"
+        super().__init__(message, public=f"data check failed: {file_kind(file)}{named}")
 
 
 @dataclass
@@ -41,8 +68,10 @@ class Source:
     node: Callable[[int], str] = lambda i: f"node {i}"
     notes: list[str] = field(default_factory=list)
 
-    def error(self, what: str, valid: str) -> DataFileError:
-        return DataFileError(f"{self.file}: {what}; valid: {valid}")
+    def error(self, what: str, valid: str, rule: str | None = None) -> DataFileError:
+        """``<file>: <what>; valid: <valid>``; its public rule ``rule``, else ``valid`` (then a text
+        without the file's values)."""
+        return DataFileError(f"{self.file}: {what}; valid: {valid}", file=self.file, rule=rule or valid)
 
     def note(self, text: str) -> None:
         self.notes.append(f"{self.file}: {text}")
@@ -54,15 +83,17 @@ def describe(err: BaseException) -> str:
 
 
 @contextmanager
-def one_line(what: str, valid: str):
+def one_line(what: str, valid: str, file: object = None):
     """A parser failing inside in a way the readers do not name is still one line: any exception but a
-    ConfigError becomes ``DataFileError('<what> (<Type>: <first line>); valid: <valid>')``."""
+    ConfigError becomes ``DataFileError('<what> (<Type>: <first line>); valid: <valid>')`` (``file``: the
+    file it reads, for its public part)."""
     try:
         yield
     except ConfigError:
         raise
     except Exception as err:
-        raise DataFileError(f"{what} ({describe(err)}); valid: {valid}") from None
+        raise DataFileError(f"{what} ({describe(err)}); valid: {valid}", file=file,
+                            rule="a file its format's parser reads") from None
 
 
 def show(value) -> str:
@@ -251,7 +282,8 @@ def _check_ends(n: int, src: np.ndarray, dst: np.ndarray, source: Source) -> Non
     bad = np.flatnonzero((src < 0) | (src >= n) | (dst < 0) | (dst >= n))
     if bad.size:
         end = src[bad[0]] if not 0 <= src[bad[0]] < n else dst[bad[0]]
-        raise source.error(f"{source.edge(bad[0])} refers to node {end}", f"node positions 0..{n - 1}")
+        raise source.error(f"{source.edge(bad[0])} refers to node {end}", f"node positions 0..{n - 1}",
+                           "edge ends among the node positions")
 
 
 def _note_isolated(adj: sp.csr_matrix, keys: np.ndarray, source: Source) -> None:

@@ -159,7 +159,11 @@ def source_stamp(dataset: str, params: dict | None = None) -> tuple:
 
 
 class DatasetNotFound(ConfigError):
-    """A dataset's files are missing under the data root (one-line message)."""
+    """A dataset's files are missing under the data root (one-line message; a client tells the
+    server that much, not the data root's path: :mod:`app.disclosure`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, public="dataset files not found under the node's data root")
 
 
 # --------------------------------------------------------------------------- helpers

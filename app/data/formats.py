@@ -98,18 +98,21 @@ def read_graph(path: str | os.PathLike, *, name: str | None = None, node_table: 
     """The graph (or collection) in ``path``; see the module docstring for formats and options."""
     path = Path(path)
     if not path.exists():
-        raise DataFileError(f"{path}: no such file or directory; valid: {FORMAT_HELP}")
+        raise DataFileError(f"{path}: no such file or directory; valid: {FORMAT_HELP}",
+                            file=path, rule="an existing file or directory")
     kind = graph_kind(path)
     if kind is None:
         found = f"suffix {path.suffix!r}" if path.is_file() else "a directory without graph files"
-        raise DataFileError(f"{path}: unknown format ({found}); valid: {FORMAT_HELP}")
+        raise DataFileError(f"{path}: unknown format ({found}); valid: {FORMAT_HELP}", file=path, rule="a known format")
     if node_table and kind not in ("edge-list", "edge-dir"):
         raise DataFileError(f"{path}: a node table (data.node-table={node_table}) goes with an edge list, not a "
-                            f"{kind} file; valid: data.node-table empty")
+                            f"{kind} file; valid: data.node-table empty",
+                            file=path, rule="data.node-table with an edge list only")
     if node_table and not Path(node_table).is_file():
-        raise DataFileError(f"{node_table}: no such file (data.node-table); valid: a node table file")
+        raise DataFileError(f"{node_table}: no such file (data.node-table); valid: a node table file",
+                            file=node_table, rule="an existing node table file")
     name = name or dataset_name(path)
-    with one_line(f"{path}: cannot be read as {kind}", FORMAT_HELP):
+    with one_line(f"{path}: cannot be read as {kind}", FORMAT_HELP, path):
         return _read(path, kind, name, node_table, label_column, weighted)
 
 
@@ -162,7 +165,8 @@ def _features(x, n: int, source: Source, what: str) -> np.ndarray | sp.csr_matri
         x = np.asarray(x, dtype=np.float64)
         values = x
     if x.ndim != 2 or x.shape[0] != n:
-        raise source.error(f"{what} of shape {x.shape}", f"{n} rows (one per node), one column per feature")
+        raise source.error(f"{what} of shape {x.shape}", f"{n} rows (one per node), one column per feature",
+                           "one feature row per node")
     if not np.isfinite(values).all():
         row = np.argwhere(~np.isfinite(x.toarray() if sp.issparse(x) else x))[0]
         raise source.error(f"{what} row {row[0]}, column {row[1]} is not a finite number", "finite features")
@@ -216,7 +220,8 @@ def read_npz(path: Path, name: str, weighted: bool = True) -> GraphData:
         src, dst = ei
         weight = arrays.get("edge_weight")
         if weight is not None and weight.shape != (ei.shape[1],):
-            raise source.error(f"edge_weight of shape {weight.shape}", f"({ei.shape[1]},): one per edge_index column")
+            raise source.error(f"edge_weight of shape {weight.shape}", f"({ei.shape[1]},): one per edge_index column",
+                               "one edge_weight per edge_index column")
         source.edge = lambda i: f"edge_index column {i}"
         n = n if n is not None else int(ei.max()) + 1 if ei.size else 0
     elif "adj_data" in arrays:
@@ -242,9 +247,11 @@ def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         archive = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
-        raise DataFileError(f"{path}: not an .npz archive ({describe(err)}); {valid}") from None
+        raise DataFileError(f"{path}: not an .npz archive ({describe(err)}); {valid}",
+                            file=path, rule="an .npz archive") from None
     if not hasattr(archive, "files"):
-        raise DataFileError(f"{path}: a single .npy array, not an .npz archive; {valid}")
+        raise DataFileError(f"{path}: a single .npy array, not an .npz archive; {valid}",
+                            file=path, rule="an .npz archive")
     with archive:
         arrays = {}
         for key in archive.files:
@@ -252,9 +259,10 @@ def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
                 arrays[key] = archive[key]
             except ValueError:  # allow_pickle=False refuses an object array
                 raise DataFileError(f"{path}: array {key!r} holds Python objects (pickled); valid: numeric or string "
-                                    "arrays") from None
+                                    "arrays", file=path, rule="numeric or string arrays") from None
             except (zipfile.BadZipFile, OSError, EOFError) as err:
-                raise DataFileError(f"{path}: array {key!r} cannot be read ({describe(err)}); {valid}") from None
+                raise DataFileError(f"{path}: array {key!r} cannot be read ({describe(err)}); {valid}",
+                                    file=path, rule="readable arrays") from None
     return arrays
 
 
@@ -325,15 +333,16 @@ def read_mat(path: Path, name: str, label_column: str = "label", weighted: bool 
         m = sio.loadmat(str(path))
     except NotImplementedError:
         raise DataFileError(f"{path}: a MATLAB v7.3 (HDF5) file; valid: a MATLAB v5 file (save -v7, "
-                            "scipy.io.savemat)") from None
+                            "scipy.io.savemat)", file=path, rule="a MATLAB v5 file") from None
     except Exception as err:  # scipy raises anything from MatReadError to TypeError on a bad file
         raise DataFileError(f"{path}: not a MATLAB file ({describe(err)}); "
-                            "valid: a MATLAB v5 file with the adjacency, features and labels") from None
+                            "valid: a MATLAB v5 file with the adjacency, features and labels",
+                            file=path, rule="a MATLAB v5 file") from None
     names = [k for k in m if not k.startswith("__")]
     adj_key = next((k for k in MAT_ADJACENCY if k in m), None)
     if adj_key is None:
         raise DataFileError(f"{path}: no adjacency variable (found {', '.join(names) or 'none'}); valid: one of "
-                            + ", ".join(MAT_ADJACENCY))
+                            + ", ".join(MAT_ADJACENCY), file=path, rule="an adjacency variable")
     x_key = next((k for k in MAT_FEATURES if k in m), None)
     y_key = next((k for k in (label_column, *MAT_LABELS) if k in m), None)
     adj, x = m[adj_key], None if x_key is None else m[x_key]
@@ -345,7 +354,8 @@ def read_mat(path: Path, name: str, label_column: str = "label", weighted: bool 
         gnd = "no" if y is None else y.size
         raise DataFileError(f"{path} holds a {adj.shape[0]}x{adj.shape[1]} {adj_key}, {fea} {x_key or 'fea'} rows "
                             f"and {gnd} {y_key or 'gnd'} entries; valid: a square {adj_key} with one "
-                            f"{x_key or 'fea'} row and one {y_key or 'gnd'} entry per node")
+                            f"{x_key or 'fea'} row and one {y_key or 'gnd'} entry per node",
+                            file=path, rule="one feature row and one label per adjacency row")
     source = Source(str(path))
     row, col, data, n = _entries(adj, source)
     source.edge = lambda i: f"{adj_key} entry ({row[i]}, {col[i]})"
@@ -381,10 +391,12 @@ def read_pyg(path: Path, name: str, weighted: bool = True) -> GraphData | GraphC
         found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(err))
         detail = f"it refers to {found.group(1)}" if found else (str(err).strip().splitlines() or [""])[-1]
         raise DataFileError(f"{path} is not a PyG Data ({detail}, which weights-only loading refuses); valid: "
-                            "torch.save of a torch_geometric Data or a list of Data") from None
+                            "torch.save of a torch_geometric Data or a list of Data",
+                            file=path, rule="a torch.save of PyG Data only") from None
     except Exception as err:  # torch raises RuntimeError, EOFError, ... on a file that is not a torch.save
         raise DataFileError(f"{path} is not a PyG Data (not a torch.save file: {type(err).__name__}); valid: "
-                            "torch.save of a torch_geometric Data or a list of Data") from None
+                            "torch.save of a torch_geometric Data or a list of Data",
+                            file=path, rule="a torch.save of PyG Data only") from None
     return _from_pyg(obj, name, Source(str(path), edge=lambda i: f"edge_index column {i}"), weighted)
 
 
@@ -421,7 +433,8 @@ def _pyg_parts(d, source: Source, weighted: bool) -> dict[str, Any]:
     n = int(d.num_nodes) if d.num_nodes is not None else 0
     weight = _numpy(getattr(d, "edge_weight", None), "edge_weight", source)
     if weight is not None and weight.shape != (ei.shape[1],):
-        raise source.error(f"edge_weight of shape {weight.shape}", f"({ei.shape[1]},): one per edge")
+        raise source.error(f"edge_weight of shape {weight.shape}", f"({ei.shape[1]},): one per edge",
+                           "one edge_weight per edge")
     y = _numpy(d.y, "y", source)
     keys = _numpy(getattr(d, "node_ids", None), "node_ids", source)
     return {"ei": ei, "n": n, "weight": weight if weighted else None, "x": _numpy(d.x, "x", source), "y": y,
@@ -501,7 +514,7 @@ def _node_attribute(g, nodes: list, key: str, source: Source) -> list | None:
         return None
     if missing:
         raise source.error(f"{source.node(missing[0])} has no attribute {key!r} (other nodes have one)",
-                           f"{key} on every node or on none")
+                           f"{key} on every node or on none", "a node attribute on every node or on none")
     return values
 
 

@@ -41,6 +41,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from app.config import ConfigError
+from app.disclosure import disclosing
 from app.result import LABELS_CSV
 
 from . import memory
@@ -91,26 +92,32 @@ def party_labels(y: np.ndarray | None, meta: Mapping[str, Any]) -> np.ndarray | 
     return np.where(y >= 0, np.asarray(names, dtype=np.int64)[np.maximum(y, 0)], -1)
 
 
+def unusable(message: str, rule: str) -> ConfigError:
+    """A party's data the split cannot use: ``message`` for the party, ``rule`` for the server."""
+    return ConfigError(message, public=f"data check failed: the party's data, rule '{rule}'")
+
+
 def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_id: int, num_partitions: int,
                 *, seed: int = 0, params: Mapping[str, Any] | None = None, source: str = "the party's data") -> Shard:
     """The shard of the party ``partition_id`` of ``num_partitions`` holding ``piece``.
 
-    ``partitioner`` picks the split family (module docstring); ``params`` are its
-    keyword parameters (:func:`app.data.params.partition_kwargs`): ``edge`` reads
-    ``replicas`` / ``overlap`` (how many parties hold each edge, as the partitioner's
-    ``r``: every local edge then counts 1/r) and ``with_features``, ``khop`` reads
-    ``hops``, ``centres`` (per party) and ``max_nodes``. ``source`` names the data in
-    errors. ``node_ids`` are the party's rows 0..n-1, ``keys`` its own item IDs.
-    """
+    ``partitioner`` picks the split family (module docstring); ``params`` are its keyword
+    parameters (:func:`app.data.params.partition_kwargs`): ``edge`` reads ``replicas`` /
+    ``overlap`` (how many parties hold each edge, as the partitioner's ``r``: every local edge
+    then counts 1/r) and ``with_features``, ``khop`` reads ``hops``, ``centres`` (per party) and
+    ``max_nodes``. ``source`` names the data in errors (the party's own; :func:`unusable`).
+    ``node_ids`` are the party's rows 0..n-1, ``keys`` its own item IDs."""
     kind = family(partitioner)
     params = dict(params or {})
     if not 0 <= int(partition_id) < int(num_partitions):
-        raise ConfigError(f"partition id {partition_id!r} is out of range for {num_partitions} partitions")
+        raise ConfigError(f"partition id {partition_id!r} is out of range for {num_partitions} partitions",
+                          public=f"partition id out of range 0..{int(num_partitions) - 1}")
     collection = isinstance(piece, GraphCollection)
     if collection != (kind == "graphs"):
         held = "a collection of graphs" if collection else "one graph"
         need = "a collection of graphs" if kind == "graphs" else "one graph (nodes and edges)"
-        raise ConfigError(f"{source} is {held}; partitioner '{partitioner}' needs {need}")
+        raise unusable(f"{source} is {held}; partitioner '{partitioner}' needs {need}",
+                       f"partitioner {partitioner} needs {need}")
     common = {"client_id": int(partition_id), "num_clients": int(num_partitions), "dataset": PARTIES,
               "partitioner": partitioner, "keys": piece.keys}
     if kind == "graphs":
@@ -120,11 +127,12 @@ def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_
                      meta={"num_graphs": len(piece.graphs)}, **common)
     n = piece.num_nodes
     if n == 0:
-        raise ConfigError(f"{source} holds no nodes")
+        raise unusable(f"{source} holds no nodes", "one node or more")
     rows = np.arange(n, dtype=np.int64)
     if kind == "vertical":
         if piece.x is None or piece.x.shape[1] == 0:
-            raise ConfigError(f"{source} has no feature columns; partitioner 'vertical' needs this party's columns")
+            raise unusable(f"{source} has no feature columns; partitioner 'vertical' needs this party's columns",
+                           "feature columns for partitioner vertical")
         return Shard(node_ids=rows, adj=piece.adj, x=piece.x, meta={"num_features": int(piece.x.shape[1])}, **common)
     if kind == "edge":
         r = edge_replicas(int(num_partitions), float(params.get("overlap", 0.0)), int(params.get("replicas", 0)))
@@ -158,8 +166,10 @@ def read_options(node_config: Mapping[str, Any]) -> dict[str, Any]:
     valid = {f"{READ_PREFIX}{name.replace('_', '-')}" for name in PATH_PARAMS}
     given = {k: v for k, v in node_config.items() if k.startswith(READ_PREFIX)}
     for key in sorted(set(given) - valid):
-        raise ConfigError(f"unknown node config key {key!r}; valid: " + ", ".join(sorted(valid)))
-    return dataset_kwargs({"data." + k[len(READ_PREFIX):]: v for k, v in given.items()}, PARTIES)
+        raise ConfigError(f"unknown node config key {key!r}; valid: " + ", ".join(sorted(valid)),
+                          public=f"node config '{READ_PREFIX}*', rule 'the reader's options'")
+    with disclosing(f"node config '{READ_PREFIX}*', rule 'the reader's option values'"):
+        return dataset_kwargs({"data." + k[len(READ_PREFIX):]: v for k, v in given.items()}, PARTIES)
 
 
 def load_piece(spec: str, options: Mapping[str, Any] | None = None) -> GraphData | GraphCollection:
@@ -175,7 +185,7 @@ def load_piece(spec: str, options: Mapping[str, Any] | None = None) -> GraphData
     path = Path(spec).expanduser()
     if not path.exists():
         raise ConfigError(f"node config {DATA_KEY}={spec!r}: no such file or directory; valid: the party's data "
-                          "file or directory")
+                          "file or directory", public=f"node config '{DATA_KEY}', rule 'an existing file or directory'")
     key = (str(path.resolve()), source_stamp(str(path), dict(options or {})), tuple(sorted((options or {}).items())))
     return _remember(_PIECES, key, lambda: read_graph(str(path), **dict(options or {})), _MAX_CACHED)
 
@@ -188,10 +198,11 @@ def party_node_shard(config_values: Mapping[str, Any], node_config: Mapping[str,
     spec = str(node_config.get(DATA_KEY) or "")
     if not spec:
         raise ConfigError(f"dataset={PARTIES!r}: this SuperNode has no node config '{DATA_KEY}'; valid: "
-                          f"--node-config \"{DATA_KEY}='/path/to/its/data'\"")
+                          f"--node-config \"{DATA_KEY}='/path/to/its/data'\"",
+                          public=f"node config '{DATA_KEY}', rule 'set with dataset {PARTIES}'")
     if node_config.get("shard"):
         raise ConfigError(f"dataset={PARTIES!r} reads node config '{DATA_KEY}', not 'shard'; valid: only "
-                          f"{DATA_KEY}=PATH")
+                          f"{DATA_KEY}=PATH", public=f"node config 'shard', rule 'not with dataset {PARTIES}'")
     from .shards import _remember
 
     options = read_options(node_config)
@@ -261,15 +272,60 @@ def node_set_mismatch(partitioner: str, counts: Mapping[int, int], digests: Mapp
 # --------------------------------------------------------------------------- labels back at the party
 
 
-def write_party_labels(out_dir: str | os.PathLike, keys: np.ndarray, labels: np.ndarray, item: str = "node") -> Path:
-    """Write ``out_dir/labels.csv``: one row ``<item ID>,<cluster>`` per item, in row order
-    (cluster -1: the method gave this item none, e.g. a node that is no k-hop centre).
-    Written to a temporary file and renamed, so a reader never sees half a file."""
+#: A party's outputs of one run go to ``<out-dir>/run-<Flower's run id>/``: a later run, whoever
+#: started it, writes beside them, never over them.
+RUN_DIR_PREFIX = "run-"
+
+
+def run_dir(out_dir: str | os.PathLike, run_id: Any) -> Path:
+    """``out_dir/run-<run_id>``, the directory of one run's outputs; ``run_id`` is Flower's run id,
+    a whole number >= 0 written in decimal, so the directory is always a child of ``out_dir``
+    (a run id of another type, e.g. text with path characters, is a one-line ConfigError)."""
+    if isinstance(run_id, (bool, np.bool_)) or not isinstance(run_id, (int, np.integer)) or run_id < 0:
+        raise ConfigError(f"run id {run_id!r}; valid: Flower's run id, a whole number >= 0",
+                          public="run id, rule 'a whole number >= 0'")
+    return Path(out_dir) / f"{RUN_DIR_PREFIX}{int(run_id)}"
+
+
+def taken(out_dir: str | os.PathLike, run_id: Any) -> Path | None:
+    """The labels.csv of run ``run_id`` in ``out_dir`` where one exists already, else None."""
+    path = run_dir(out_dir, run_id) / LABELS_CSV
+    return path if path.exists() or path.is_symlink() else None
+
+
+def write_party_labels(out_dir: str | os.PathLike, run_id: Any, keys: np.ndarray, labels: np.ndarray,
+                       item: str = "node") -> Path:
+    """Write ``out_dir/run-<run_id>/labels.csv`` (:func:`run_dir`): one row ``<item ID>,<cluster>``
+    per item, in row order (cluster -1: the method gave this item none, e.g. a node that is no
+    k-hop centre). Written to a temporary file in the run's directory and linked to its name, so a
+    reader never sees half a file and an existing labels.csv is never replaced: the same labels
+    again (a retried labels step) leave it as it is, other labels are a one-line ConfigError."""
     from app.result import _temporary, labels_table
 
     table = labels_table(np.asarray(labels, dtype=np.int64), np.asarray(keys), item)
-    out = Path(out_dir)
+    out = run_dir(out_dir, run_id)
     out.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(out, ".csv", lambda f: table.to_csv(f, index=False))
-    os.replace(tmp, out / LABELS_CSV)
-    return out / LABELS_CSV
+    try:
+        return _publish_once(tmp, out / LABELS_CSV)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _publish_once(tmp: Path, path: Path) -> Path:
+    """Give ``tmp`` the name ``path`` unless ``path`` exists (hard link: atomic and exclusive; a
+    file system without hard links: checked, then renamed). An existing ``path`` that holds the
+    same bytes is kept; one that differs is a ConfigError."""
+    try:
+        os.link(tmp, path)
+        return path
+    except FileExistsError:
+        pass
+    except OSError:  # no hard links here: the run's own directory, where only this run writes
+        if not (path.exists() or path.is_symlink()):
+            os.replace(tmp, path)
+            return path
+    if path.is_file() and not path.is_symlink() and path.read_bytes() == tmp.read_bytes():
+        return path
+    raise ConfigError(f"{str(path)!r} exists and holds other labels; valid: one labels.csv per run",
+                      public=f"node config '{OUT_KEY}', rule 'one labels.csv per run'")

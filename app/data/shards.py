@@ -42,7 +42,11 @@ HEADER_KEY = "__header__"
 
 
 class ShardError(ConfigError):
-    """A shard file is missing, corrupted, or does not match the run (one line)."""
+    """A shard file is missing, corrupted, or does not match the run (one line); ``rule``, the rule
+    it breaks, is its public part (:mod:`app.disclosure`; the message names the file's path)."""
+
+    def __init__(self, message: str, *, rule: str | None = None) -> None:
+        super().__init__(message, public="shard file check failed" + ("" if rule is None else f", rule '{rule}'"))
 
 
 def shard_filename(client_id: int) -> str:
@@ -257,16 +261,18 @@ def shard_to_arrays(shard: Shard, extra_header: Mapping[str, Any] | None = None)
 def shard_from_arrays(arrays: Mapping[str, np.ndarray], where: str = "shard") -> tuple[Shard, dict]:
     """Inverse of :func:`shard_to_arrays`; verifies the content hash."""
     if HEADER_KEY not in arrays:
-        raise ShardError(f"{where} is not a shard file (no header); write it with python -m app.data.prepare")
+        raise ShardError(f"{where} is not a shard file (no header); write it with python -m app.data.prepare",
+                         rule="a shard file of python -m app.data.prepare")
     try:
         header = json.loads(bytes(arrays[HEADER_KEY]).decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ShardError(f"{where} is corrupted: unreadable header") from None
+        raise ShardError(f"{where} is corrupted: unreadable header", rule="an intact shard file") from None
     if header.get("format") != FORMAT:
-        raise ShardError(f"{where} has format {header.get('format')!r}, expected {FORMAT!r}")
+        raise ShardError(f"{where} has format {header.get('format')!r}, expected {FORMAT!r}",
+                         rule="the shard format of this version")
     body = {k: v for k, v in arrays.items() if k != HEADER_KEY}
     if _content_hash(body, header) != header.get("content_hash"):
-        raise ShardError(f"{where} is corrupted: content hash does not match its header")
+        raise ShardError(f"{where} is corrupted: content hash does not match its header", rule="an intact shard file")
     try:
         shard = Shard(
             client_id=header["client_id"], num_clients=header["num_clients"], dataset=header["dataset"],
@@ -278,7 +284,7 @@ def shard_from_arrays(arrays: Mapping[str, np.ndarray], where: str = "shard") ->
         for f in header["arrays"]:
             setattr(shard, f, body[f])
     except (KeyError, ValueError, TypeError, IndexError) as e:
-        raise ShardError(f"{where} is corrupted: {type(e).__name__}: {e}") from None
+        raise ShardError(f"{where} is corrupted: {type(e).__name__}: {e}", rule="an intact shard file") from None
     return shard, header
 
 
@@ -348,7 +354,8 @@ def load_shard_file(path: str | os.PathLike, *, dataset: str | None = None, part
     """
     p = Path(path)
     if not p.is_file():
-        raise ShardError(f"shard file {p} not found; write shards with python -m app.data.prepare --out DIR")
+        raise ShardError(f"shard file {p} not found; write shards with python -m app.data.prepare --out DIR",
+                         rule="an existing shard file")
     if cache:
         man = p.parent / MANIFEST
         st = p.stat()
@@ -367,7 +374,8 @@ def _read_shard_file(p: Path, use_manifest: bool) -> tuple[Shard, dict]:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as e:
-        raise ShardError(f"shard file {p} is corrupted or not a shard ({type(e).__name__}: {e})") from None
+        raise ShardError(f"shard file {p} is corrupted or not a shard ({type(e).__name__}: {e})",
+                         rule="an intact shard file") from None
     shard, header = shard_from_arrays(arrays, where=f"shard file {p}")
     info = header.get("info", {})
     shard.cut = shard_cut(info)
@@ -375,19 +383,21 @@ def _read_shard_file(p: Path, use_manifest: bool) -> tuple[Shard, dict]:
         try:
             man = json.loads((p.parent / MANIFEST).read_text())
         except (OSError, json.JSONDecodeError):
-            raise ShardError(f"manifest {p.parent / MANIFEST} is corrupted (not JSON)") from None
+            raise ShardError(f"manifest {p.parent / MANIFEST} is corrupted (not JSON)",
+                             rule="a shard file matching its manifest") from None
         for key, val in (("dataset", shard.dataset), ("partitioner", shard.partitioner),
                          ("num_clients", shard.num_clients), ("data_hash", info.get("data_hash")),
                          ("seed", info.get("seed"))):
             if key in man and man[key] != val:
                 raise ShardError(f"shard file {p} does not match {MANIFEST} next to it: "
-                                 f"{key} {val!r} != {man[key]!r}")
+                                 f"{key} {val!r} != {man[key]!r}", rule="a shard file matching its manifest")
         entry = {c["client_id"]: c for c in man.get("clients", [])}.get(shard.client_id)
         if entry is None or entry.get("content_hash") != header["content_hash"]:
             raise ShardError(f"shard file {p} does not match {MANIFEST} next to it: content hash differs "
-                             f"for client {shard.client_id}")
+                             f"for client {shard.client_id}", rule="a shard file matching its manifest")
         if entry.get("sha256") and entry["sha256"] != _file_sha256(p):
-            raise ShardError(f"shard file {p} does not match {MANIFEST} next to it: file sha256 differs")
+            raise ShardError(f"shard file {p} does not match {MANIFEST} next to it: file sha256 differs",
+                             rule="a shard file matching its manifest")
     return shard, info
 
 
@@ -402,16 +412,21 @@ def shard_cut(info: Mapping[str, Any]) -> str:
 def _check_expected(p: Path, shard: Shard, info: dict, dataset, partitioner, num_clients, client_id,
                     data_hash) -> None:
     if dataset is not None and shard.dataset != dataset:
-        raise ShardError(f"shard file {p} holds dataset {shard.dataset!r}, but the run uses {dataset!r}")
+        raise ShardError(f"shard file {p} holds dataset {shard.dataset!r}, but the run uses {dataset!r}",
+                         rule="a shard of the run's dataset")
     if partitioner is not None and shard.partitioner != partitioner:
-        raise ShardError(f"shard file {p} was cut by {shard.partitioner!r}, but the run uses {partitioner!r}")
+        raise ShardError(f"shard file {p} was cut by {shard.partitioner!r}, but the run uses {partitioner!r}",
+                         rule="a shard cut by the run's partitioner")
     if num_clients is not None and shard.num_clients != num_clients:
-        raise ShardError(f"shard file {p} was cut for {shard.num_clients} clients, but the run has {num_clients}")
+        raise ShardError(f"shard file {p} was cut for {shard.num_clients} clients, but the run has {num_clients}",
+                         rule="a shard cut for the run's number of clients")
     if client_id is not None and shard.client_id != client_id:
-        raise ShardError(f"shard file {p} belongs to client {shard.client_id}, not partition {client_id}")
+        raise ShardError(f"shard file {p} belongs to client {shard.client_id}, not partition {client_id}",
+                         rule="the shard of this node's partition")
     if data_hash is not None and info.get("data_hash") != data_hash:
         raise ShardError(f"shard file {p} was cut from different '{shard.dataset}' data "
-                         f"(data hash {str(info.get('data_hash'))[:12]} != {data_hash[:12]})")
+                         f"(data hash {str(info.get('data_hash'))[:12]} != {data_hash[:12]})",
+                         rule="a shard cut from the run's data")
 
 
 # --------------------------------------------------------------------------- per-process caches

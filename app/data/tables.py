@@ -73,8 +73,8 @@ class Table:
     def source(self) -> Source:
         return Source(str(self.path), edge=self.where, node=self.where)
 
-    def error(self, what: str, valid: str) -> DataFileError:
-        return self.source.error(what, valid)
+    def error(self, what: str, valid: str, rule: str | None = None) -> DataFileError:
+        return self.source.error(what, valid, rule)
 
     def where(self, row: int) -> str:
         lines = self._lines
@@ -117,7 +117,8 @@ def first_fields(path: Path, sep: str | None) -> tuple[int, list[str]]:
 
 
 def _not_text(path: Path, err: BaseException) -> DataFileError:
-    return DataFileError(f"{path}: not a UTF-8 text file ({type(err).__name__}); valid: a delimited text file")
+    return DataFileError(f"{path}: not a UTF-8 text file ({type(err).__name__}); valid: a delimited text file",
+                         file=path, rule="a delimited text file")
 
 
 def read_table(path: Path, sep: str | None, names: list[str] | None, text_columns: tuple[str, ...],
@@ -140,9 +141,9 @@ def read_table(path: Path, sep: str | None, names: list[str] | None, text_column
             if found:
                 want, line, saw = found.groups()
                 raise DataFileError(f"{path}: line {line} has {saw} fields; valid: {want} fields like the first "
-                                    "row") from None
+                                    "row", file=path, rule="as many fields a line as the first row") from None
             raise DataFileError(f"{path}: cannot be parsed ({str(err).strip().splitlines()[0]}); valid: a "
-                                "delimited text file") from None
+                                "delimited text file", file=path, rule="a delimited text file") from None
         except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
             raise _not_text(path, err) from None
         except pd.errors.EmptyDataError:
@@ -156,13 +157,13 @@ def read_table(path: Path, sep: str | None, names: list[str] | None, text_column
     return Table(path, sep, frame, names is None)
 
 
-def _missing_ids(table: Table, columns: list[str], valid: str) -> None:
+def _missing_ids(table: Table, columns: list[str], valid: str, rule: str | None = None) -> None:
     for name in columns:
         col = table.frame[name]
         if col.dtype.kind not in "iu":
             empty = np.flatnonzero(col.to_numpy(dtype=object) == "")
             if empty.size:
-                raise table.error(f"{table.where(empty[0])} has no {name} ID", valid)
+                raise table.error(f"{table.where(empty[0])} has no {name} ID", valid, rule)
 
 
 # --------------------------------------------------------------------------- edge lists
@@ -200,7 +201,8 @@ def read_edges(path: Path, sep: str | None, collection: bool = False) -> Edges:
         header = len(fields) >= 3 and _is(fields[0], GRAPH_NAMES)
         if not header:
             raise DataFileError(f"{path}: line {line or 1} is not a header row ({', '.join(fields) or 'empty'}); "
-                                f"valid: a header row naming the columns {shape}")
+                                f"valid: a header row naming the columns {shape}",
+                                file=path, rule="a header row naming the columns")
     else:
         header = len(fields) >= 2 and _is(fields[0], SOURCE_NAMES) and _is(fields[1], TARGET_NAMES)
     if header:
@@ -209,7 +211,8 @@ def read_edges(path: Path, sep: str | None, collection: bool = False) -> Edges:
     else:
         if len(fields) not in (0, 2, 3):
             raise DataFileError(f"{path}: line {line} has {len(fields)} fields; valid: 2 (source, target) or 3 "
-                                "(source, target, weight), or a header row naming the columns")
+                                "(source, target, weight), or a header row naming the columns",
+                                file=path, rule="2 or 3 fields a line, or a header row")
         names = ["source", "target", "weight"][:max(len(fields), 2)]
         roles = {n: n for n in names}
     table = read_table(path, sep, names, (roles["graph"],) if collection else (),
@@ -233,9 +236,11 @@ def _edge_roles(path: Path, line: int, fields: list[str], lead: tuple[str, ...],
             roles["weight"] = name
         else:
             raise DataFileError(f"{path}: line {line}: column {name!r} is not a weight column; valid: the columns "
-                                f"{shape} (weight named one of {', '.join(WEIGHT_NAMES)})")
+                                f"{shape} (weight named one of {', '.join(WEIGHT_NAMES)})",
+                                file=path, rule="known columns (a weight column named as such)")
     if len(set(fields)) != len(fields):
-        raise DataFileError(f"{path}: line {line} names a column twice; valid: distinct column names")
+        raise DataFileError(f"{path}: line {line} names a column twice; valid: distinct column names",
+                            file=path, rule="distinct column names")
     return roles
 
 
@@ -267,26 +272,29 @@ def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: 
         columns = None
         header = fields
         if len(set(header)) != len(header):
-            raise DataFileError(f"{path}: line {line} names a column twice; valid: distinct column names")
+            raise DataFileError(f"{path}: line {line} names a column twice; valid: distinct column names",
+                                file=path, rule="distinct column names")
     elif collection:
         raise DataFileError(f"{path}: line {line or 1} is not a header row; valid: a header row graph, id, "
-                            "features...[, label]")
+                            "features...[, label]", file=path, rule="a header row graph, id, features...[, label]")
     else:
         if names is None and any(not _number(f) for f in fields[1:]):
             raise DataFileError(f"{path}: line {line} is neither a header (its first column {fields[0]!r} is not "
                                 f"one of {', '.join(id_names)}) nor an ID followed by numbers; valid: a header "
-                                f"row whose first column is named one of {', '.join(id_names)}")
+                                f"row whose first column is named one of {', '.join(id_names)}",
+                                file=path, rule="a header row naming the ID column, or an ID followed by numbers")
         columns = names or (["id"] + [f"x{i}" for i in range(len(fields) - 1)])
         header = columns
     if label_column not in header[lead + 1:] and label_column != "label":
         raise DataFileError(f"{path}: no column {label_column!r} (data.label-column); valid: one of "
-                            f"{', '.join(header[lead + 1:]) or 'none (the table has an ID column only)'}")
+                            f"{', '.join(header[lead + 1:]) or 'none (the table has an ID column only)'}",
+                            file=path, rule="a label column (data.label-column)")
     label = label_column if label_column in header[lead + 1:] else None
     id_name = header[lead]
     table = read_table(path, sep, columns, tuple(header[:lead]) + ((label,) if label else ()), (id_name,))
     if table.frame.empty:
         raise table.error("no rows", "one node a line")
-    _missing_ids(table, list(header[:lead + 1]), f"an ID in column {id_name!r} on every line")
+    _missing_ids(table, list(header[:lead + 1]), f"an ID in column {id_name!r} on every line", "an ID on every line")
     features = [c for c in header[lead + 1:] if c != label]
     x = None
     if features:
@@ -389,7 +397,8 @@ def read_collection_dir(directory: Path, name: str, label_column: str = "label",
     graphs_path, edges_path, nodes_path = (directory / f for f in COLLECTION_FILES)
     graphs = read_nodes(graphs_path, ",", label_column, id_names=GRAPH_NAMES)
     if graphs.labels is None:
-        raise graphs.table.error(f"no column {label_column!r} (data.label-column)", "graph, label columns")
+        raise graphs.table.error(f"no column {label_column!r} (data.label-column)", "graph, label columns",
+                                 "a label column (data.label-column)")
     gkeys = id_array(graphs.ids, graphs.table.source, "graph IDs")
     _check_table_distinct(graphs, gkeys)
     edges = read_edges(edges_path, ",", collection=True)

@@ -29,6 +29,18 @@ Sections: ``all`` and each strategy name; a strategy's own section overrides
   releases in its on-disk ledger (:mod:`app.privacy.budget`); a release that
   would exceed it, or an un-noised one under a finite budget, is refused.
   fedspectral-plus, fedsc, fedavg-dmon.
+* ``min-rows`` (default 5; 1 for fedsc and fedspectral-plus): the least number
+  of this node's rows behind any statistic the server can read, clear or
+  after unmasking. fedkmeans: every hello centre is the mean of at least
+  this many rows (a smaller local cluster joins its nearest one; a node with
+  fewer rows refuses), and a Lloyd assignment's sums go out only when each
+  adds up at least this many of its rows and no row of the node follows from
+  them with every sum sent before (differencing across rounds included);
+  else the node sends its last statistics again. fedsc's C_p and
+  fedspectral-plus's blocks hold one row per row of the node's data, which
+  determines it noise-free: above 1 they are refused un-noised. Other
+  strategies send no sum over a subset of rows the server picks (labels,
+  model weights, degrees, LDP embeddings) and meet every value.
 * ``min-block-support`` (default 4): fedspectral-plus refuses a block with a
   column whose effective support ``||y||_1^2 / ||y||_2^2`` (the number of
   nodes it spreads over, 1 for a basis vector) is below this: a column on a
@@ -49,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -64,6 +78,14 @@ ALL = "all"
 
 MASKING = ("fedkmeans", "kcagc", "kcagc-basic", "fedspectral-plus", "fedsc", "fedavg-dmon")
 NOISED = ("fedspectral-plus", "fedsc", "fedavg-dmon")
+EVERY = ("fedkmeans", "gw-ldp", "fedspectral", "fedspectral-plus", "fedavg-dmon", "fedsc", "kcagc", "kcagc-basic")
+#: the strategies that send, noise-free, one row of an upload per row of the node's data (fedsc's
+#: coefficients C_p, fedspectral-plus's blocks), from which a server that picks the request reads
+#: those rows: they meet ``min-rows`` > 1 only noised, and their built-in ``min-rows`` is 1 so that
+#: their papers' noise-free modes run unless a node asks for more (``[all]`` or their own section)
+ROW_IMAGES = ("fedsc", "fedspectral-plus")
+#: ``min-rows`` unless a node sets it: no sum the server reads is one of fewer of a node's rows
+MIN_ROWS = 5
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,10 @@ RULES: dict[str, Rule] = {r.param.key: r for r in (
                low=0.0, infinite=True), NOISED),
     Rule(Param("delta", float, 1e-5, "delta at which the ledger's releases are composed", low=1e-12, high=0.5),
          NOISED),
+    Rule(Param("min-rows", int, MIN_ROWS,
+               "least number of this node's rows behind any statistic built from its rows (a centre, a "
+               "cluster's sum; 1 for fedsc and fedspectral-plus, whose noise-free uploads hold one row of "
+               "an image per row: > 1 refuses them un-noised)", low=1, high=1_000_000), EVERY),
     Rule(Param("min-block-support", float, 4.0,
                "least effective support ||y||_1^2 / ||y||_2^2 of every column of a block", low=1.0),
          ("fedspectral-plus",)),
@@ -147,6 +173,15 @@ class StrategyPolicy:
             raise PrivacyRefusal("min-group", f"a masking group of {size} client(s), below this node's "
                                               f"min-group={self.values['min-group']}")
 
+    def check_row_images(self, action: str, multiplier: float | None) -> None:
+        """Refuse a noise-free (``multiplier`` None) upload of ``action`` holding one row of an image per
+        row of this node's data when ``min-rows`` > 1: each such row is a statistic of one row, which a
+        server that picks the request reads (:data:`ROW_IMAGES`); only noise can protect it."""
+        floor = int(self.values["min-rows"])
+        if multiplier is None and floor > 1:
+            raise PrivacyRefusal("min-rows", f"'{action}' was requested without noise; each of its rows comes from "
+                                             f"one row of this node's data, below this node's min-rows={floor}")
+
     def noise_floor(self, run_floor: float = 0.0) -> float:
         """The least noise multiplier an upload must carry: this node's, or its run's if higher."""
         return max(float(self.values.get("noise-multiplier", 0.0)), float(run_floor))
@@ -171,6 +206,8 @@ class NodePolicy:
 
     def for_strategy(self, strategy: str) -> StrategyPolicy:
         values = {key: rule.param.default for key, rule in RULES.items()}
+        if strategy in ROW_IMAGES:
+            values["min-rows"] = 1
         values.update(self.sections.get(ALL, {}))
         values.update(self.sections.get(strategy, {}))
         return StrategyPolicy(strategy, values, self.ledger)

@@ -2,13 +2,15 @@
 
 Each round the server broadcasts the centres ``M`` (k x f); client ``c``
 answers with its per-cluster sums ``S_c[j] = sum_{i in c, a(i)=j} x_i`` and
-counts ``n_c[j]``; the server sets ``M[j] = sum_c S_c[j] / sum_c n_c[j]``
+counts ``n_c[j]``, where a cluster of fewer than the client's ``min-rows`` rows is withheld
+(sent as 0, its rows counted apart); the server sets ``M[j] = sum_c S_c[j] / sum_c n_c[j]``
 (an empty cluster keeps its centre). With one client this is exactly Lloyd's
-algorithm on the pooled rows.
+algorithm on the pooled rows (``min-rows`` 1, or no cluster that small).
 
 Initialisation (one extra round, as in k-FED): every client runs k-means++ on
-its own rows and uploads its local centres with their sizes; the server runs
-weighted k-means on the union of local centres.
+its own rows and uploads its local centres with their sizes, each centre the
+mean of at least ``min-rows`` rows; the server runs weighted k-means on the
+union of local centres.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from app.config import ConfigView
+from app.config import ConfigError, ConfigView
 from app.graph_filters import filtered_features
 from app.wire import ArraySpec, ReplySpec
 
@@ -69,14 +71,107 @@ def assign(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return labels, np.maximum(d2[np.arange(len(x)), labels], 0.0)
 
 
-def lloyd_statistics(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """Client step: per-cluster sums (k x f), counts (k,) and inertia."""
+@dataclass(frozen=True)
+class Audit:
+    """What a client has sent of its rows, for :func:`release`: ``basis``, an orthonormal basis
+    (rows x r) of the row sets whose sums it sent (each as its 0/1 vector over the client's rows);
+    ``labels`` and ``sent``, the assignment and the clusters of its last Lloyd statistics (None
+    before the first)."""
+
+    basis: np.ndarray
+    labels: np.ndarray | None = None
+    sent: np.ndarray | None = None
+
+    @classmethod
+    def empty(cls, rows: int) -> Audit:
+        return cls(np.zeros((rows, 0)))
+
+
+def lloyd_statistics(x: np.ndarray, centres: np.ndarray, min_rows: int = 1,
+                     audit: Audit | None = None) -> tuple[np.ndarray, np.ndarray, float, float, Audit | None]:
+    """Client step: per-cluster sums (k x f), counts (k,), the rows withheld, the inertia of the
+    rows sent, and the audit after this release (None when ``min_rows`` is 1: Lloyd's step on
+    every row). Above 1 the rows' clusters are the ones :func:`release` lets go out; a cluster not
+    sent goes as sum and count 0 with its rows counted in ``withheld``, and the inertia counts the
+    rows sent only (a withheld row's distance would tell its projection)."""
     k = len(centres)
-    labels, d2 = assign(x, centres)
+    labels = assign(x, centres)[0]
+    sent = np.ones(k, dtype=bool)
+    if min_rows > 1:
+        labels, sent, audit = release(labels, k, min_rows, audit)
     counts = np.bincount(labels, minlength=k).astype(np.float64)
     sums = np.zeros_like(centres, dtype=np.float64)
     np.add.at(sums, labels, x)
-    return sums, counts, float(d2.sum())
+    rows_sent = sent[labels]
+    withheld = float(counts[~sent].sum())
+    sums[~sent], counts[~sent] = 0.0, 0.0
+    d2 = ((x[rows_sent] - centres[labels[rows_sent]]) ** 2).sum()
+    return sums, counts, withheld, float(d2), audit
+
+
+def release(labels: np.ndarray, k: int, min_rows: int, audit: Audit) -> tuple[np.ndarray, np.ndarray, Audit]:
+    """Which clusters of the assignment ``labels`` a client sends, under ``min_rows`` > 1: the row
+    sets it sends, with every set it sent before, must determine none of its rows (:func:`admit`;
+    the server picks the centres, hence the sets, and can add and subtract what it reads).
+
+    The first statistics send each cluster that is admitted and withhold the others. Later ones
+    send a whole assignment: the new one when every cluster is admitted, else, one failing cluster
+    at a time, the rows that moved into or out of it go back to their last cluster (a straggler
+    that alone leaves a cluster stays), until every cluster is; at worst the last statistics again
+    (nothing new for the server). Returns the assignment and clusters sent, and the audit after them."""
+    if audit.labels is None:
+        basis, failing = _admitted(audit.basis, labels, k, min_rows)
+        sent = np.isin(np.arange(k), failing, invert=True)
+        return labels, sent, Audit(basis, labels, sent)
+    current = labels.copy()
+    for _ in range(k + 1):
+        basis, failing = _admitted(audit.basis, current, k, min_rows)
+        if not failing:
+            return current, np.ones(k, dtype=bool), Audit(basis, current, np.ones(k, dtype=bool))
+        # the first cluster that fails gets its last rows back: then it is a set already sent
+        back = (current != audit.labels) & ((current == failing[0]) | (audit.labels == failing[0]))
+        if not back.any():
+            break
+        current[back] = audit.labels[back]
+    return audit.labels, audit.sent, audit
+
+
+def _admitted(basis: np.ndarray, labels: np.ndarray, k: int, min_rows: int) -> tuple[np.ndarray, list[int]]:
+    """The basis after every cluster of ``labels`` that :func:`admit` lets go out, largest first,
+    and the non-empty clusters it does not."""
+    failing = []
+    for j in np.argsort(-np.bincount(labels, minlength=k), kind="stable"):
+        member = labels == j
+        if member.any():
+            basis, ok = admit(basis, member, min_rows)
+            if not ok:
+                failing.append(int(j))
+    return basis, failing
+
+
+def admit(basis: np.ndarray, member: np.ndarray, min_rows: int) -> tuple[np.ndarray, bool]:
+    """Whether the sum over the rows ``member`` (a boolean vector) may go out after the sums
+    ``basis`` spans, and the basis then.
+
+    The sum of every row set in the span of the sent sums is known to the server (it can add and
+    subtract what it read), so row i is determined once the unit vector e_i lies in that span,
+    i.e. once its leverage ``||basis[i]||^2`` reaches 1. Admitted: a set of at least ``min_rows``
+    rows that leaves every leverage below 1 and the span's dimension at most ``rows - min_rows + 1``
+    (at least ``min_rows - 1`` directions of the rows stay unknown; the sum of all rows is one). A set already in the span adds
+    nothing and is admitted as it is."""
+    q = member.astype(np.float64)
+    if q.sum() < min_rows:
+        return basis, False
+    residual = q - basis @ (basis.T @ q)
+    residual -= basis @ (basis.T @ residual)  # twice: Gram-Schmidt keeps the basis orthonormal
+    norm = np.linalg.norm(residual)
+    if norm <= 1e-9 * np.sqrt(q.sum()):
+        return basis, True
+    grown = np.column_stack([basis, residual / norm])
+    leverage = np.einsum("ij,ij->i", grown, grown)
+    if leverage.max() >= 1.0 - 1e-9 or grown.shape[1] > len(q) - min_rows + 1:
+        return basis, False
+    return grown, True
 
 
 def statistics_bound(rows: int, value_bound: float) -> float:
@@ -86,16 +181,16 @@ def statistics_bound(rows: int, value_bound: float) -> float:
     return max(int(rows), 1) * max(float(value_bound), 1.0)
 
 
-def join_statistics(sums: np.ndarray, counts: np.ndarray, inertia: float) -> np.ndarray:
-    """One vector ``[sums.ravel(), counts, inertia]``: summing these over
+def join_statistics(sums: np.ndarray, counts: np.ndarray, withheld: float, inertia: float) -> np.ndarray:
+    """One vector ``[sums.ravel(), counts, withheld, inertia]``: summing these over
     clients sums each part, so it can go through one (secure) sum."""
-    return np.concatenate([sums.ravel(), counts, [inertia]])
+    return np.concatenate([sums.ravel(), counts, [withheld, inertia]])
 
 
-def split_statistics(stats: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+def split_statistics(stats: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Inverse of :func:`join_statistics`."""
-    f = (len(stats) - k - 1) // k
-    return stats[: k * f].reshape(k, f), stats[k * f : k * f + k], float(stats[-1])
+    f = (len(stats) - k - 2) // k
+    return stats[: k * f].reshape(k, f), stats[k * f : k * f + k], float(stats[-2]), float(stats[-1])
 
 
 def update_centres(centres: np.ndarray, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -106,21 +201,55 @@ def update_centres(centres: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
     return new
 
 
-def local_seeds(x: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Client init: k-means++ centres of the local rows and their sizes."""
+def local_seeds(x: np.ndarray, k: int, seed: int, min_rows: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Client init: centres of the local rows, their sizes and each row's centre, each centre the
+    mean of at least ``min_rows`` rows. k-means++ finds ``min(k, rows // min_rows)`` clusters; then, smallest first, a cluster of
+    fewer than ``min_rows`` rows gives its rows to the nearest remaining centre, whose mean follows.
+    With ``min_rows`` 1 these are the local k-means++ centres (a one-row cluster's centre is the row)."""
     # imported here: a deployed ClientApp process, started for every message, imports this module
     from sklearn.cluster import KMeans
 
-    k_local = min(k, len(x))
-    km = KMeans(k_local, init="k-means++", n_init=1, random_state=seed).fit(x)
-    return km.cluster_centers_, np.bincount(km.labels_, minlength=k_local).astype(np.float64)
+    k_local = min(k, len(x) // max(min_rows, 1))
+    if k_local < 1:
+        raise ValueError(f"{len(x)} rows cannot give a centre of at least {min_rows} rows")
+    labels = KMeans(k_local, init="k-means++", n_init=1, random_state=seed).fit(x).labels_
+    kept = np.arange(k_local)
+    while True:
+        sizes = np.bincount(labels, minlength=k_local)[kept]
+        if sizes.min() >= min_rows:
+            break
+        # dissolve the smallest cluster: its rows join the nearest centre of those that remain
+        gone, kept = kept[sizes.argmin()], np.delete(kept, sizes.argmin())
+        centres = _means(x, labels, kept)
+        moving = labels == gone
+        labels[moving] = kept[assign(x[moving], centres)[0]]
+    return (_means(x, labels, kept), np.bincount(labels, minlength=k_local)[kept].astype(np.float64),
+            np.searchsorted(kept, labels))
+
+
+def _means(x: np.ndarray, labels: np.ndarray, clusters: np.ndarray) -> np.ndarray:
+    return np.stack([x[labels == j].mean(0) for j in clusters])
 
 
 def merge_seeds(centres: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Server init: weighted k-means++ / Lloyd on the union of local centres."""
+    """Server init: weighted k-means++ / Lloyd on the union of local centres. Fewer local centres
+    than k (each is the mean of at least a node's ``min-rows`` rows, so small nodes send few): the
+    heaviest are split, each copy moved by a small random offset (1e-3 of the centres' spread), so
+    that Lloyd's first round divides its rows between the copies."""
+    if len(centres) == 0:
+        raise ConfigError(f"num-clusters={k} needs at least one local centre; the clients sent none")
     if len(centres) < k:
-        raise ValueError(f"only {len(centres)} local centres for k={k}; need at least k rows in total")
+        return _split_heaviest(centres, weights, k, seed)
     from sklearn.cluster import KMeans
 
     km = KMeans(k, init="k-means++", n_init=10, random_state=seed)
     return km.fit(centres, sample_weight=weights).cluster_centers_
+
+
+def _split_heaviest(centres: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    order = np.argsort(-weights, kind="stable")
+    copies = centres[order[np.arange(k - len(centres)) % len(centres)]]
+    spread = centres.std(0) if len(centres) > 1 else np.abs(centres[0])
+    scale = 1e-3 * np.maximum(spread, 1e-12 + 1e-3 * np.abs(centres).max())
+    return np.vstack([centres, copies + rng.normal(size=copies.shape) * scale])
