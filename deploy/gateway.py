@@ -6,14 +6,62 @@ and registers nodes; the open-source release authenticates no user) and the
 Runtime API on one HTTPS port. So the SuperLink listens on loopback only
 (Flower's default ``--host 127.0.0.1``), where the operator's ``flwr`` CLI and
 the ServerApp reach it, and this gateway, on the address other machines
-connect to, forwards ``POST /v1/fleet/*`` and nothing else (any other path:
-404, no byte reaches the SuperLink). TLS on both sides: the gateway presents
-the SuperLink's certificate and checks the SuperLink's against ``ca.crt``.
+connect to, forwards exactly the requests an authenticated SuperNode of Flower
+1.42 sends (:data:`FLEET_ENDPOINTS`, ``flwr.supernode.fleet_http_client``) and
+nothing else. TLS on both sides: the gateway presents the SuperLink's
+certificate and checks the SuperLink's against ``ca.crt``.
+
+What is forwarded: ``POST`` whose raw request target is byte for byte one of
+:data:`FLEET_ENDPOINTS` (no decoding, no normalisation: ``/v1/fleet/../x``,
+``%2e``, ``//``, a query string or an absolute-form target is simply not in the
+table), over HTTP/1.1, with ``Content-Type: application/protobuf`` and a
+``Content-Length`` within the endpoint's limit (what Flower itself sends at most);
+the SuperLink receives that constant target, Flower's own ``flwr-*`` headers and
+the body, nothing else. Everything else is answered here with a 4xx and the
+connection closed, before any byte reaches the SuperLink: 404 (any other
+target), 405 (any other method), 400 (malformed request, other HTTP version,
+repeated Flower header), 411 (no ``Content-Length``, or ``Transfer-Encoding``),
+413 (body over the limit: answered on the announced length, the body is never
+read), 415 (other Content-Type), 431 (request head over 16 KiB).
+
+A SuperLink that cannot be reached (down, refused, reset, a kept-alive
+connection it closed) is tried once more on a new connection, then answered
+502 (504 on a timeout): the statuses a SuperNode retries
+(``flwr.supercore.retry.http_retry``; it gives up on any other error status),
+so it reconnects once the SuperLink is back. The SuperLink's own answers pass
+unchanged, limited in size per endpoint (over it: 502).
 
 Each FAB the SuperNodes download (``/v1/fleet/get-fab``) leaves with the
 signatures the federation made for it (:func:`deploy.signing.verifications`),
 which a SuperNode started with ``--trusted-entities`` checks before running
 anything; an unsigned FAB leaves without any and is refused there.
+
+Resource bounds, against a stranger who opens connections and sends little or
+nothing (a client is an IPv4 address or an IPv6 /64):
+
+- connections: at most :data:`MAX_CONNECTIONS` (128) open, at most
+  :data:`MAX_CLIENT_CONNECTIONS` (16) from one client, counted from the TCP
+  accept, before TLS (a TLS connection holds asyncio's 256 KiB buffer); more
+  are closed unanswered at once. TLS must be set up within
+  :data:`HANDSHAKE_TIMEOUT_S` (5 s), each request head must arrive within
+  :data:`HEAD_TIMEOUT_S` (10 s). What closed connections leave in reference
+  cycles is collected every :data:`COLLECT_EVERY` (128) closes, so memory
+  stays bounded by the slots, not by how many connections come and go.
+- bodies: counted as their bytes arrive, not as announced: at most
+  :data:`BODY_BUDGET` (64 MiB) held at once, :data:`CLIENT_BODY_BUDGET`
+  (16 MiB) by one client (a SuperNode pushes two 6 MiB objects at once);
+  beyond: 503, which a SuperNode retries. A body arrives at
+  :data:`MIN_BODY_RATE` (64 KiB/s) or faster after a :data:`BODY_GRACE_S`
+  (10 s) start: having received n bytes, the gateway waits for more until
+  ``BODY_GRACE_S + n / MIN_BODY_RATE`` after the head, then closes the
+  connection; an answer is sent at that rate too.
+- log: at most :data:`LOG_LINES` lines a minute, one per refused or failed
+  request, each one line of at most :data:`LOG_LINE_CHARS` printable
+  characters (client bytes escaped), never a traceback.
+
+The server is asyncio with the ``h11`` parser (httpx's) rather than uvicorn:
+uvicorn puts no deadline on a request head, so slow clients would hold
+connections for ever.
 
 ``python -m deploy gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9091
 --ca pki/ca.crt --cert pki/superlink.crt --key pki/superlink.key
@@ -22,24 +70,128 @@ anything; an unsigned FAB leaves without any and is refused there.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import ipaddress
+import logging
+import signal
 import ssl
-from contextlib import asynccontextmanager
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
+import h11
 import httpx
+from flwr.common.constant import FAB_MAX_SIZE, FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, TIMESTAMP_HEADER
 from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-module
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import Route
+from flwr.supercore.constant import (FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER,
+                                     FLWR_COMPONENT_NAME_METADATA_KEY, FLWR_PACKAGE_NAME_METADATA_KEY,
+                                     FLWR_PACKAGE_VERSION_METADATA_KEY, VERSION_INCOMPATIBILITY_MESSAGE_METADATA_KEY)
+from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
+from google.protobuf.message import DecodeError
 
 from deploy.signing import verifications
 
-FLEET_PREFIX = "/v1/fleet/"
-GET_FAB = "/v1/fleet/get-fab"
-#: hop-by-hop headers and those the gateway's own response recomputes
-_NOT_FORWARDED = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
-                  "upgrade", "te", "trailer", "proxy-authorization", "proxy-authenticate"}
+#: the gateway's log line once it accepts connections
+READY = "Fleet gateway: serving"
+KIB, MIB = 1 << 10, 1 << 20
+#: a request naming a node, run, message or object; an answer carrying ids or a run
+SMALL = 16 * KIB
+#: one message's metadata and object tree (push-messages; pull-messages answers one message)
+MESSAGES = MIB
+#: one object: at most one of Flower's array chunks (or an inline bundle of that size,
+#: :data:`app.transport.INLINE_BUNDLE_MAX_BYTES`) and the other values of its record
+OBJECT = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + MIB
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Largest request body a SuperNode sends to an endpoint and largest answer forwarded (bytes)."""
+
+    request_limit: int
+    response_limit: int
+
+
+GET_FAB = b"/v1/fleet/get-fab"
+#: The Fleet API calls of an authenticated Flower 1.42 SuperNode (``FleetHttpClient``) as request
+#: targets, byte for byte; ``register-node`` / ``unregister-node`` are sent only by SuperNodes without
+#: a registered key, which a SuperLink with ``--enable-supernode-auth`` refuses anyway.
+FLEET_ENDPOINTS: dict[bytes, Endpoint] = {
+    b"/v1/fleet/activate-node": Endpoint(SMALL, SMALL),
+    b"/v1/fleet/deactivate-node": Endpoint(SMALL, SMALL),
+    b"/v1/fleet/send-node-heartbeat": Endpoint(SMALL, SMALL),
+    b"/v1/fleet/pull-messages": Endpoint(SMALL, MESSAGES),
+    b"/v1/fleet/push-messages": Endpoint(MESSAGES, MESSAGES),
+    b"/v1/fleet/get-run": Endpoint(SMALL, MIB),
+    GET_FAB: Endpoint(SMALL, FAB_MAX_SIZE + MIB),
+    b"/v1/fleet/push-object": Endpoint(OBJECT, SMALL),
+    b"/v1/fleet/pull-object": Endpoint(SMALL, OBJECT),
+    b"/v1/fleet/confirm-message-received": Endpoint(SMALL, SMALL),
+}
+PROTOBUF = PROTOBUF_MEDIA_TYPE.encode()
+#: request headers forwarded besides the body's type and length: node authentication and Flower's version
+FORWARDED_REQUEST_HEADERS = frozenset(name.encode() for name in (
+    FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER, TIMESTAMP_HEADER, FLWR_PACKAGE_NAME_METADATA_KEY,
+    FLWR_PACKAGE_VERSION_METADATA_KEY, FLWR_COMPONENT_NAME_METADATA_KEY))
+#: answer headers forwarded (a SuperNode reads the version refusal)
+FORWARDED_RESPONSE_HEADERS = frozenset({"content-type", VERSION_INCOMPATIBILITY_MESSAGE_METADATA_KEY})
+
+MAX_CONNECTIONS = 128
+#: from one client (an IPv4 address, an IPv6 /64): a SuperNode keeps a few connections open
+MAX_CLIENT_CONNECTIONS = 16
+#: connections closed between two full garbage collections: a closed connection can leave its TLS
+#: layer (256 KiB) in reference cycles (through exception tracebacks) that only a full collection
+#: frees, and Python's own schedule runs one only after thousands of connections
+COLLECT_EVERY = MAX_CONNECTIONS
+MAX_HEAD_BYTES = 16 * KIB
+HANDSHAKE_TIMEOUT_S = 5.0
+HEAD_TIMEOUT_S = 10.0
+#: a body or an answer may take BODY_GRACE_S plus its size at MIN_BODY_RATE (bytes a second)
+BODY_GRACE_S, MIN_BODY_RATE = 10.0, 64 * KIB
+BODY_BUDGET = 64 * MIB
+#: a SuperNode pushes at most two objects at once (flwr's FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES)
+CLIENT_BODY_BUDGET = 16 * MIB
+#: the SuperNode's own client waits 30 s for an answer (flwr.supercore.protobuf.client)
+UPSTREAM_TIMEOUT_S = 30.0
+#: after a refusal, what the client may still be sending is read and dropped (so that it sees the
+#: answer rather than a reset connection), up to this much
+LINGER_BYTES, LINGER_S = MIB, 2.0
+LOG_LINES, LOG_WINDOW_S, LOG_LINE_CHARS = 20, 60.0, 300
+_READ_SIZE = 64 * KIB
+#: failures of a forward that a SuperNode retries itself: the gateway tries once more first
+_TRANSPORT_RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+log = logging.getLogger("deploy.gateway")
+
+
+def one_line(text: str, limit: int = LOG_LINE_CHARS) -> str:
+    """``text`` as one line of at most ``limit`` characters: unprintable characters escaped
+    (``\\n``, ``\\x1b``), an overflow cut to ``...``."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return line if len(line) <= limit and len(text) <= limit else line[:limit - 3] + "..."
+
+
+class LogBudget:
+    """At most ``lines`` log lines per ``window_s`` seconds, each :func:`one_line`; the number left
+    out is logged with the first line of a later window."""
+
+    def __init__(self, lines: int = LOG_LINES, window_s: float = LOG_WINDOW_S, clock=time.monotonic) -> None:
+        self.lines, self.window_s, self.clock = lines, window_s, clock
+        self.start, self.used, self.left_out = clock(), 0, 0
+
+    def __call__(self, message: str) -> None:
+        now = self.clock()
+        if now - self.start >= self.window_s:
+            if self.left_out:
+                log.warning("%d more lines left out in %g s", self.left_out, now - self.start)
+            self.start, self.used, self.left_out = now, 0, 0
+        if self.used < self.lines:
+            self.used += 1
+            log.warning("%s", one_line(message))
+        else:
+            self.left_out += 1
 
 
 def signed_fab(body: bytes, signatures: Path) -> bytes:
@@ -52,38 +204,361 @@ def signed_fab(body: bytes, signatures: Path) -> bytes:
     return response.SerializeToString()
 
 
-def create_app(superlink: str, ca_cert: Path, signatures: Path) -> Starlette:
-    """The gateway as an ASGI app forwarding the Fleet API to ``superlink`` (host:port, HTTPS)."""
-    client_holder: dict[str, httpx.AsyncClient] = {}
+def refusal(request: h11.Request) -> tuple[int, str] | None:
+    """Why ``request`` is not forwarded (status and reason), or None: it is one a SuperNode sends."""
+    if request.http_version != b"1.1":
+        return 400, "HTTP/1.1 only"
+    endpoint = FLEET_ENDPOINTS.get(request.target)
+    if endpoint is None:
+        return 404, "not a Fleet API endpoint; this address serves the Fleet API only"
+    if request.method != b"POST":
+        return 405, "POST only"
+    values: dict[bytes, list[bytes]] = {}
+    for name, value in request.headers:
+        values.setdefault(name, []).append(value)
+    if b"transfer-encoding" in values or b"content-length" not in values:
+        return 411, "a body with Content-Length only"
+    if values.get(b"content-type") != [PROTOBUF]:
+        return 415, f"Content-Type: {PROTOBUF_MEDIA_TYPE} only"
+    if any(len(values.get(name, ())) > 1 for name in FORWARDED_REQUEST_HEADERS):
+        return 400, "a Flower header given twice"
+    if int(values[b"content-length"][0]) > endpoint.request_limit:
+        return 413, f"a body over {endpoint.request_limit} bytes (the most a SuperNode sends here)"
+    return None
 
-    @asynccontextmanager
-    async def lifespan(app):
-        context = ssl.create_default_context(cafile=str(ca_cert))
-        async with httpx.AsyncClient(base_url=f"https://{superlink}", verify=context, timeout=None) as client:
-            client_holder["client"] = client
-            yield
 
-    async def forward(request: Request) -> Response:
-        path = request.url.path
-        if request.method != "POST" or not path.startswith(FLEET_PREFIX):
-            return PlainTextResponse("not found: this address serves the Fleet API only\n", status_code=404)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED]
-        upstream = await client_holder["client"].post(path, params=request.query_params, headers=headers,
-                                                      content=await request.body())
-        body = upstream.content
-        if path == GET_FAB and upstream.status_code == 200:
-            body = signed_fab(body, signatures)
-        return Response(body, status_code=upstream.status_code,
-                        headers={k: v for k, v in upstream.headers.items() if k.lower() not in _NOT_FORWARDED})
+class ResponseTooLarge(Exception):
+    """The SuperLink's answer is larger than the endpoint's limit."""
 
-    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])],
-                     lifespan=lifespan)
+
+class BodiesFull(Exception):
+    """The request bodies held (by everyone, or by this client) are at their budget."""
+
+
+class BodyTooSlow(Exception):
+    """A request body arrived slower than :data:`MIN_BODY_RATE`."""
+
+
+def transfer_s(size: int) -> float:
+    """Seconds allowed to move ``size`` bytes of a body or an answer."""
+    return BODY_GRACE_S + size / MIN_BODY_RATE
+
+
+def client_of(host: str) -> str:
+    """Whom a connection from ``host`` counts against: the IPv4 address (an IPv4-mapped IPv6 one
+    too), or the /64 of an IPv6 address, the block one host gets."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is None:
+            return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
+        address = address.ipv4_mapped
+    return str(address)
+
+
+class Quota:
+    """Up to ``total`` units held at once, up to ``per_client`` of them by one client."""
+
+    def __init__(self, total: int, per_client: int, unit: str) -> None:
+        self.total, self.per_client, self.unit = total, per_client, unit
+        self.held, self.by_client = 0, Counter()
+
+    def take(self, client: str, amount: int = 1) -> str | None:
+        """Hold ``amount`` more for ``client``; or, holding nothing, why not."""
+        if self.by_client[client] + amount > self.per_client:
+            return f"{client} holds {self.by_client[client]} {self.unit} (at most {self.per_client})"
+        if self.held + amount > self.total:
+            return f"{self.held} {self.unit} held (at most {self.total})"
+        self.held += amount
+        self.by_client[client] += amount
+        return None
+
+    def give_back(self, client: str, amount: int = 1) -> None:
+        self.held -= amount
+        self.by_client[client] -= amount
+        if not self.by_client[client]:
+            del self.by_client[client]
+
+
+async def _read_limited(response: httpx.Response, limit: int) -> bytes:
+    declared = response.headers.get("content-length")
+    if declared is not None and int(declared) > limit:
+        raise ResponseTooLarge(f"{declared} bytes announced, at most {limit}")
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        body += chunk
+        if len(body) > limit:
+            raise ResponseTooLarge(f"over {limit} bytes")
+    return bytes(body)
+
+
+def _head(status: int, headers: list[tuple[bytes, bytes]], body: bytes, close: bool) -> h11.Response:
+    headers = [(b"content-length", str(len(body)).encode()), *headers]
+    if close:
+        headers.append((b"connection", b"close"))
+    return h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode())
+
+
+class FleetGateway:
+    """Forwards SuperNodes' Fleet API requests to the SuperLink ``superlink`` (host:port, HTTPS,
+    certificate checked against ``ca_cert``), speaking TLS with ``tls`` to its clients;
+    :meth:`accept` takes a new TCP connection."""
+
+    def __init__(self, superlink: str, ca_cert: Path, signatures: Path, tls: ssl.SSLContext, *,
+                 max_connections: int = MAX_CONNECTIONS, max_client_connections: int = MAX_CLIENT_CONNECTIONS,
+                 body_budget: int = BODY_BUDGET, client_body_budget: int = CLIENT_BODY_BUDGET) -> None:
+        self.urls = {target: f"https://{superlink}{target.decode('ascii')}" for target in FLEET_ENDPOINTS}
+        self.signatures, self.tls = Path(signatures), tls
+        self.client = httpx.AsyncClient(
+            verify=ssl.create_default_context(cafile=str(ca_cert)), timeout=UPSTREAM_TIMEOUT_S,
+            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=5.0),
+            follow_redirects=False, trust_env=False)  # trust_env: no proxy from the environment
+        self.connections = Quota(max_connections, max_client_connections, "connections")
+        self.bodies = Quota(body_budget, client_body_budget, "bytes of request bodies")
+        self.tasks: set[asyncio.Task] = set()
+        self.closed = 0
+        self.note = LogBudget()
+
+    def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A new TCP connection (``asyncio.start_server``'s callback, called as it is made): counted
+        against the connection limits, or closed unanswered at once; then served by :meth:`handle`
+        in a task of its own."""
+        peer = (writer.get_extra_info("peername") or ("?",))[0]
+        client = client_of(peer)
+        if full := self.connections.take(client):
+            self.note(f"closed a connection from {peer}: {full}")
+            writer.transport.abort()
+            return
+        task = asyncio.get_running_loop().create_task(self.handle(reader, writer, peer, client))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, client: str) -> None:
+        """Serve one connection, counted for ``client``, until it closes or fails; then give back its slot."""
+        try:
+            # Before anything is read: this task's first step is queued as the connection is made,
+            # before the event loop first polls the socket, so it runs before the transport's first
+            # read; start_tls stops reading until TLS is in place, so no byte is read as plain text.
+            await writer.start_tls(self.tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        except OSError:  # no TLS, too slow, or gone: start_tls closed the connection
+            self._closed(client)
+            return
+        try:
+            await self._serve_requests(reader, writer, peer, client)
+        finally:
+            await self._close(writer)
+            self._closed(client)
+
+    def _closed(self, client: str) -> None:
+        self.connections.give_back(client)
+        self.closed += 1
+        if self.closed % COLLECT_EVERY == 0:
+            gc.collect()
+
+    async def _serve_requests(self, reader, writer, peer: str, client: str) -> None:
+        conn, served = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES), 0
+        try:
+            while await self._exchange(conn, reader, writer, peer, client):
+                conn.start_next_cycle()
+                served += 1
+        except BodyTooSlow:
+            self.note(f"closed a connection from {peer}: a body slower than {MIN_BODY_RATE // KIB} KiB/s")
+        except TimeoutError:
+            idle = served and conn.their_state is h11.IDLE and not conn.trailing_data[0]
+            if not idle:  # a kept-alive connection left unused is closed without a note
+                self.note(f"closed a connection from {peer}: no request (or answer taken) within the time allowed")
+        except (OSError, h11.ProtocolError):
+            pass  # the client went away: nobody to answer
+        except Exception as err:  # pylint: disable=broad-except
+            self.note(f"closed a connection from {peer}: {type(err).__name__}: {err}")
+
+    @staticmethod
+    async def _close(writer: asyncio.StreamWriter) -> None:
+        """Close (TLS: close_notify first); a client that takes nothing for LINGER_S is cut off."""
+        writer.close()
+        try:
+            async with asyncio.timeout(LINGER_S):
+                await writer.wait_closed()
+        except Exception:  # pylint: disable=broad-except  # late, reset: cut off below either way
+            pass
+        writer.transport.abort()
+
+    async def _exchange(self, conn: h11.Connection, reader, writer, peer: str, client: str) -> bool:
+        """One request: refused, or forwarded and the SuperLink's answer sent back. True: the
+        connection stays open for the next request."""
+        try:
+            request = await self._read_head(conn, reader)
+        except h11.RemoteProtocolError as err:
+            status = 431 if err.error_status_hint == 431 else 400
+            await self._refuse(conn, reader, writer, status, f"malformed request ({err})", b"", peer)
+            return False
+        if request is None:
+            return False
+        if problem := refusal(request):
+            await self._refuse(conn, reader, writer, *problem, request.target, peer, request.method)
+            return False
+        try:
+            body = await self._read_body(conn, reader, client, int(dict(request.headers)[b"content-length"]))
+        except BodiesFull as full:
+            await self._refuse(conn, reader, writer, 503, f"busy: {full}; try again", request.target, peer,
+                               request.method)
+            return False
+        try:
+            status, headers, payload = await self._forward(request, body, peer)
+        finally:
+            self.bodies.give_back(client, len(body))
+        await self._send(conn, writer, _head(status, headers, payload, close=False), payload)
+        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+
+    @staticmethod
+    async def _read_head(conn: h11.Connection, reader) -> h11.Request | None:
+        """The next request head. h11 holds at most MAX_HEAD_BYTES + 1 bytes of it (bodies are read
+        no further than their length), so a longer head is incomplete there and refused 431 in
+        whatever chunks it arrives."""
+        held = len(conn.trailing_data[0])
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            while (event := conn.next_event()) is h11.NEED_DATA:
+                data = await reader.read(max(1, MAX_HEAD_BYTES + 1 - held))
+                held += len(data)
+                conn.receive_data(data)
+        return event if isinstance(event, h11.Request) else None
+
+    async def _read_body(self, conn: h11.Connection, reader, client: str, length: int) -> bytes:
+        """The body, exactly Content-Length bytes (h11 holds the request to it), each byte counted
+        against the body budgets as it arrives (the caller gives them back once the body is
+        forwarded; here, if it is not read whole). Raises BodiesFull beyond a budget, BodyTooSlow
+        when the rest does not arrive in time (:func:`transfer_s` of what has arrived)."""
+        received = bytearray()
+        start = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout_at(start + transfer_s(0)) as deadline:
+                while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+                    if event is h11.NEED_DATA:  # h11 has passed on all it holds of the body
+                        conn.receive_data(await reader.read(max(1, min(_READ_SIZE, length - len(received)))))
+                    elif isinstance(event, h11.Data):
+                        if full := self.bodies.take(client, len(event.data)):
+                            raise BodiesFull(full)
+                        received += event.data
+                        deadline.reschedule(start + transfer_s(len(received)))
+                    else:
+                        raise ConnectionResetError("the client closed the connection mid-request")
+        except BaseException as err:
+            self.bodies.give_back(client, len(received))
+            if isinstance(err, TimeoutError):
+                raise BodyTooSlow(f"{len(received)} bytes") from err
+            raise
+        return bytes(received)
+
+    async def _refuse(self, conn, reader, writer, status: int, reason: str, target: bytes, peer: str,
+                      method: bytes = b"") -> None:
+        """Answer ``status`` with the reason, close the connection: the rest of what the client sent
+        (an unread body, a smuggled request) is never read as a request."""
+        self.note(f"refused {status} {method.decode('latin-1')} {target[:100]!r} from {peer}: {reason}")
+        body = b"" if method == b"HEAD" else f"{status} {HTTPStatus(status).phrase}: {reason}\n".encode()
+        headers = [(b"content-type", b"text/plain; charset=utf-8")] + ([(b"allow", b"POST")] if status == 405 else [])
+        try:
+            await self._send(conn, writer, _head(status, headers, body, close=True), body)
+        except h11.LocalProtocolError:
+            return  # h11 cannot frame an answer to this request: closing is the answer
+        await self._linger(reader)
+
+    @staticmethod
+    async def _send(conn: h11.Connection, writer, head: h11.Response, body: bytes) -> None:
+        data = conn.send(head) + (conn.send(h11.Data(data=body)) if body else b"") + conn.send(h11.EndOfMessage())
+        writer.write(data)
+        async with asyncio.timeout(transfer_s(len(data))):
+            await writer.drain()
+
+    @staticmethod
+    async def _linger(reader) -> None:
+        """Read and drop up to :data:`LINGER_BYTES` for up to :data:`LINGER_S`: a connection closed
+        with unread data is reset, and the reset can destroy the answer before the client reads it."""
+        dropped = 0
+        try:
+            async with asyncio.timeout(LINGER_S):
+                while dropped < LINGER_BYTES and (chunk := await reader.read(_READ_SIZE)):
+                    dropped += len(chunk)
+        except TimeoutError:
+            pass
+
+    async def _forward(self, request: h11.Request, body: bytes, peer: str) -> tuple[int, list, bytes]:
+        """The SuperLink's answer to ``body`` at the endpoint ``request.target`` (a constant from the
+        table, not the client's bytes), or the gateway's 502 / 504 when there is none."""
+        headers = [(b"content-type", PROTOBUF), (b"accept", PROTOBUF), (b"accept-encoding", b"identity")]
+        headers += [(name, value) for name, value in request.headers if name in FORWARDED_REQUEST_HEADERS]
+        upstream = self.client.build_request("POST", self.urls[request.target], headers=headers, content=body)
+        try:
+            status, reply_headers, payload = await self._send_upstream(upstream, request.target)
+            if request.target == GET_FAB and status == 200:
+                payload = signed_fab(payload, self.signatures)
+            return status, reply_headers, payload
+        except httpx.TimeoutException as err:
+            status, why = 504, f"no answer from the SuperLink within {UPSTREAM_TIMEOUT_S:g} s ({type(err).__name__})"
+        except (httpx.TransportError, ResponseTooLarge, DecodeError) as err:
+            status, why = 502, f"the SuperLink could not be reached or answered badly ({type(err).__name__}: {err})"
+        self.note(f"answered {status} to {request.target.decode('ascii')} from {peer}: {why}")
+        return status, [(b"content-type", b"text/plain; charset=utf-8")], f"{status} {why}\n".encode()
+
+    async def _send_upstream(self, upstream: httpx.Request, target: bytes) -> tuple[int, list, bytes]:
+        """Status, forwarded headers and body of the SuperLink's answer; a failed connection is tried
+        once more (a new one: the pool drops a failed connection)."""
+        for attempt in (1, 2):
+            try:
+                response = await self.client.send(upstream, stream=True)
+                try:
+                    payload = await _read_limited(response, FLEET_ENDPOINTS[target].response_limit)
+                finally:
+                    await response.aclose()
+                headers = [(name.encode(), value.encode()) for name, value in response.headers.items()
+                           if name in FORWARDED_RESPONSE_HEADERS]
+                return response.status_code, headers, payload
+            except _TRANSPORT_RETRIED:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _host_port(address: str, what: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c in host for c in "/?#@\\ "):
+        raise SystemExit(f"error: {what} {address!r} is not HOST:PORT (e.g. 127.0.0.1:9091)")
+    return host.strip("[]"), int(port)
+
+
+def _server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert), str(key))
+    return context
+
+
+async def _serve(listen: tuple[str, int], superlink: str, ca_cert: Path, signatures: Path,
+                 tls: ssl.SSLContext) -> None:
+    gateway = FleetGateway(superlink, ca_cert, signatures, tls)
+    gc.collect()
+    gc.freeze()  # what is loaded by now (Flower, httpx) lives on: collections skip it, and cost little
+    loop = asyncio.get_running_loop()
+    # asyncio's own reports (e.g. a TLS transport torn down mid-write) as budgeted one-liners
+    loop.set_exception_handler(lambda _, context: gateway.note(f"connection error: {context.get('message')}"))
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # plain TCP: a connection is counted before TLS is set up on it (FleetGateway.handle)
+    server = await asyncio.start_server(gateway.accept, *listen, reuse_address=True)
+    log.info("%s the Fleet API of %s on https://%s:%d", READY, superlink, *listen)
+    async with server:
+        await stop.wait()
+    await gateway.aclose()
 
 
 def serve(listen: str, superlink: str, ca_cert: Path, cert: Path, key: Path, signatures: Path) -> None:
-    """Run the gateway on ``listen`` (host:port) until stopped."""
-    import uvicorn
-
-    host, _, port = listen.rpartition(":")
-    uvicorn.run(create_app(superlink, ca_cert, signatures), host=host.strip("[]"), port=int(port),
-                ssl_certfile=str(cert), ssl_keyfile=str(key), log_level="info", access_log=False)
+    """Run the gateway on ``listen`` (host:port) until SIGTERM / SIGINT."""
+    _host_port(superlink, "--superlink")
+    logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)  # httpx's per-request lines: no
+    log.setLevel(logging.INFO)
+    asyncio.run(_serve(_host_port(listen, "--listen"), superlink, ca_cert, signatures, _server_tls(cert, key)))

@@ -154,14 +154,20 @@ def sign_app(app_dir: Path, private_key: Path, signatures: Path) -> str:
 
 
 def write_trusted_entities(public_keys: list[Path], path: Path) -> Path:
-    """The ``flower-supernode --trusted-entities`` file trusting exactly these keys."""
+    """The ``flower-supernode --trusted-entities`` file trusting exactly these keys. It decides which
+    code a SuperNode runs, so its folder is checked like a key directory
+    (:func:`deploy.pki.open_directory`) and the file is replaced in one step, never through a symlink."""
     entries = {}
     for public in public_keys:
         key = _load_public(Path(public))
         entries[key_id(key)] = key.public_bytes(serialization.Encoding.OpenSSH,
                                                 serialization.PublicFormat.OpenSSH).decode("ascii")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(entries, sort_keys=True))
+    path = Path(path)
+    dir_fd = open_directory(path.parent, private=False)
+    try:
+        _replace(dir_fd, path.name, yaml.safe_dump(entries, sort_keys=True).encode(), path)
+    finally:
+        os.close(dir_fd)
     return path
 
 

@@ -89,3 +89,22 @@ def test_staging_never_replaces_a_folder_that_is_not_a_staged_app(tmp_path, caps
     (staged / "deploy" / "bundle.py").write_text("")
     assert stage_app(tmp_path / "out") == staged  # an earlier staging is replaced
     assert (staged / "deploy" / "bundle.py").stat().st_size > 0
+
+
+def test_trusted_entities_replace_a_planted_symlink_never_write_through_it(tmp_path):
+    """The file that decides which code a SuperNode runs: a symlink planted at its name is replaced,
+    its target left as it was; a folder others can write is refused."""
+    _, public = make_signing_key(tmp_path / "signer")
+    victim = tmp_path / "victim.yaml"
+    victim.write_text("untouched\n")
+    folder = tmp_path / "member"
+    folder.mkdir(mode=0o755)
+    (folder / "trusted.yaml").symlink_to(victim)
+    written = write_trusted_entities([public], folder / "trusted.yaml")
+    assert not written.is_symlink() and len(yaml.safe_load(written.read_text())) == 1
+    assert victim.read_text() == "untouched\n"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match=r"shared is writable by group or others \(mode 777\)"):
+        write_trusted_entities([public], shared / "trusted.yaml")
