@@ -82,7 +82,12 @@ FEDKMEANS = [
           {"fedkmeans.secure": secure, "fedkmeans.filter-order": order, "num-rounds": 5})
     for k in (3, PARTY_ROWS, NODES) for secure in (False, True) for order in (0, 2)
 ] + [param("fedkmeans-k60-secure-strict-policy", "fedkmeans", NODES, {"fedkmeans.secure": True, "num-rounds": 3},
-           STRICT)]
+           STRICT)] + [  # the bounds and the round count a server sets: clipped sums, the finest fixed point, many rounds
+    param(f"fedkmeans-secure-bound{bound:g}-scale2^40", "fedkmeans", PARTY_ROWS,
+          {"fedkmeans.secure": True, "secagg.bound": bound, "secagg.scale": float(2**40), "num-rounds": 3,
+           "fedkmeans.tol": 0.0})
+    for bound in (1e-9, 1e12)
+] + [param("fedkmeans-k20-500-rounds", "fedkmeans", PARTY_ROWS, {"num-rounds": 500, "fedkmeans.tol": 0.0})]
 
 FEDSC = [
     param(f"fedsc-landmarks{d}-{'secure' if secure else 'clear'}", "fedsc", 3,

@@ -203,6 +203,7 @@ def signed_federation(tmp_path_factory):
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_a_signed_run_exits_0_with_its_result(signed_federation, tmp_path):
     federation, signed, config = signed_federation
     out = tmp_path / "result"
@@ -235,6 +236,7 @@ def test_an_app_the_supernodes_refuse_exits_4_where_flwr_run_exits_0(signed_fede
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_a_node_policy_refusal_exits_5_naming_the_rule(tmp_path):
     """Both SuperNodes demand secure aggregation; a fedkmeans run in clear is refused at its first step."""
     from deploy.federation import LocalFederation
@@ -266,6 +268,7 @@ def bare_federation(tmp_path_factory):
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_a_run_someone_stops_exits_8(bare_federation, tmp_path):
     from deploy.federation import BIN, CONNECTION
 
@@ -281,6 +284,7 @@ def test_a_run_someone_stops_exits_8(bare_federation, tmp_path):
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_a_run_followed_past_the_timeout_exits_11_and_goes_on(bare_federation, tmp_path):
     code, _, stderr = finished(deploy_run(bare_federation, None, {**SMALL, "out-dir": str(tmp_path / "out")},
                                           "--timeout", "5"))
@@ -291,6 +295,7 @@ def test_a_run_followed_past_the_timeout_exits_11_and_goes_on(bare_federation, t
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_a_superlink_lost_mid_run_exits_10(tmp_path):
     from deploy.federation import LocalFederation
 
