@@ -98,8 +98,12 @@ class LocalFederation:
     """SuperLink and SuperNodes on loopback (see module docstring)."""
 
     def __init__(self, workdir: Path, pki: Path | None, *, auth: bool = True,
-                 superlink_wait_s: float = SUPERLINK_WAIT_S) -> None:
+                 superlink_wait_s: float = SUPERLINK_WAIT_S, state_file: bool = False) -> None:
         self.workdir = Path(workdir)
+        # the SuperLink's state in a file: a SuperLink restarted after a crash knows the registered nodes
+        # again, and the SuperNodes, which keep retrying through the gateway, reconnect by themselves;
+        # in memory (the default) every message costs no disk write
+        self.state_file = state_file
         self.superlink_wait_s = superlink_wait_s  # each SuperNode's --max-wait-time
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pki = Path(pki) if pki else None
@@ -153,10 +157,10 @@ class LocalFederation:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start_superlink(self, timeout: float = 120.0) -> None:
-        # its state in a file: a SuperLink restarted after a crash knows the registered nodes again,
-        # and the SuperNodes, which keep retrying through the gateway, reconnect by themselves
         cmd = [*flower_command("superlink", self.env), "--port", str(self.port),
-               "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink-state.db")]
+               "--disable-runtime-dependency-installation"]
+        if self.state_file:
+            cmd += ["--database", str(self.workdir / "superlink-state.db")]
         if self.pki:
             cmd += ["--ssl-ca-certfile", str(self.pki / "ca.crt"),
                     "--ssl-certfile", str(self.pki / "superlink.crt"),

@@ -727,7 +727,7 @@ def test_a_supernode_behind_the_gateway_reconnects_to_a_restarted_superlink(tmp_
 
     pki = tmp_path / "pki"
     make_all(pki, 1)
-    with LocalFederation(tmp_path / "fed", pki) as federation:
+    with LocalFederation(tmp_path / "fed", pki, state_file=True) as federation:
         federation.start_superlink()
         federation.start_gateway(pki / "signatures")
         federation.start_configured_nodes(["partition-id=0"])
