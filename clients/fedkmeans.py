@@ -16,7 +16,7 @@ from clients.base import ClusteringClient, Reply, answers
 #: process of every message, and filtering a shard's rows again costs less than moving them twice
 _FEATURES: OrderedDict = OrderedDict()
 _KEPT_FEATURES = 64  # an in-process run keeps every client in one process
-#: ``context.state`` record of the orthonormal basis of every row sum this node has sent
+#: ``context.state`` record of this node's :class:`app.protocols.fedkmeans.Audit` (what it has sent of its rows)
 AUDIT = "fedkmeans-audit"
 
 
@@ -40,10 +40,7 @@ class FedKMeansClient(ClusteringClient[proto.FedKMeansConfig]):
                                              "any centre of them would be a statistic of fewer")
         centres, counts, labels = proto.local_seeds(x, int(values["k"]), int(values["seed"]), min_rows)
         if min_rows > 1:
-            audit = proto.Audit.empty(len(x))
-            for j in range(len(centres)):  # disjoint sets of min_rows or more rows: each admitted
-                audit = proto.Audit(proto.admit(audit.basis, labels == j, min_rows)[0])
-            self._keep(audit)
+            self._keep(proto.Audit.of_seeds(labels, len(centres), min_rows))
         return {"centres": centres, "counts": counts}
 
     @answers(proto.KMEANS_STEP)

@@ -136,6 +136,20 @@ def test_fewer_local_centres_than_clusters_split_the_heaviest():
 
 
 # -- the policy ------------------------------------------------------------------------------
+def test_the_rule_applies_to_every_registered_strategy():
+    from app.privacy.policy import EVERY
+    from app.registry import STRATEGIES
+
+    assert set(EVERY) == set(STRATEGIES)
+
+
+def test_the_hello_centres_start_the_audit_with_their_local_clusters():
+    labels = np.repeat([0, 1, 2], [5, 7, 8])
+    audit = proto.Audit.of_seeds(labels, 3, 5)
+    assert audit.basis.shape == (20, 3) and audit.labels is None
+    np.testing.assert_allclose(np.einsum("ij,ij->i", audit.basis, audit.basis), 1 / np.bincount(labels)[labels])
+
+
 def test_min_rows_defaults_and_a_nodes_own_value():
     default = node_policy({})
     assert default.for_strategy("fedkmeans")["min-rows"] == MIN_ROWS == 5

@@ -61,8 +61,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10

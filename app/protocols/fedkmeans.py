@@ -86,6 +86,12 @@ class Audit:
     def empty(cls, rows: int) -> Audit:
         return cls(np.zeros((rows, 0)))
 
+    @classmethod
+    def of_seeds(cls, labels: np.ndarray, k: int, min_rows: int) -> Audit:
+        """The audit after the hello centres: the sums of the local clusters ``labels`` (disjoint sets
+        of at least ``min_rows`` rows each, so every one is admitted)."""
+        return cls(_admitted(np.zeros((len(labels), 0)), labels, k, min_rows)[0])
+
 
 def lloyd_statistics(x: np.ndarray, centres: np.ndarray, min_rows: int = 1,
                      audit: Audit | None = None) -> tuple[np.ndarray, np.ndarray, float, float, Audit | None]:
@@ -156,9 +162,9 @@ def admit(basis: np.ndarray, member: np.ndarray, min_rows: int) -> tuple[np.ndar
     The sum of every row set in the span of the sent sums is known to the server (it can add and
     subtract what it read), so row i is determined once the unit vector e_i lies in that span,
     i.e. once its leverage ``||basis[i]||^2`` reaches 1. Admitted: a set of at least ``min_rows``
-    rows that leaves every leverage below 1 and the span's dimension at most ``rows - min_rows + 1``
-    (at least ``min_rows - 1`` directions of the rows stay unknown; the sum of all rows is one). A set already in the span adds
-    nothing and is admitted as it is."""
+    rows that leaves every leverage below 1 and the span's dimension at most
+    ``rows - min_rows + 1`` (at least ``min_rows - 1`` directions of the rows stay unknown; the sum
+    of all rows is one). A set already in the span adds nothing and is admitted as it is."""
     q = member.astype(np.float64)
     if q.sum() < min_rows:
         return basis, False
