@@ -126,8 +126,8 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     options = dataset_kwargs(raw, PARTIES)  # data.node-table, data.label-column, data.weighted: the reader's
     options["node_table"] = options["node_table"] or None
     if isinstance(data, list):
-        return _cluster_pieces(strategy, [as_graph(piece, **options) for piece in data], num_clients, raw, engine,
-                               out_dir)
+        pieces = [as_graph(piece, boundary=True, **options) for piece in data]  # a node split's edges to others
+        return _cluster_pieces(strategy, pieces, num_clients, raw, engine, out_dir)
     whole = as_graph(data, **options)
     if engine != "inprocess" and not isinstance(data, (str, os.PathLike)):
         raise ConfigError(f"engine={engine!r} with in-memory data; valid: 'inprocess', or a file path")

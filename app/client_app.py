@@ -49,10 +49,10 @@ def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[
     Returns the reader's notes."""
     from app.data.datasets import DataProfile
     from app.data.memory import shown
-    from app.data.parties import load_piece, read_options
+    from app.data.parties import load_piece, read_options, reads_boundary
 
     spec = str(node_config.get(DATA_KEY) or "")
-    piece = load_piece(spec, read_options(node_config))
+    piece = load_piece(spec, read_options(node_config), reads_boundary(config.as_dict()))
     dataset = "in-memory piece" if spec.startswith("memory:") else spec
     named = RunConfig({**config.as_dict(), "dataset": dataset})
 

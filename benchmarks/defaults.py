@@ -71,7 +71,7 @@ ALTERNATIVES = (
     ("fedsc", {"fedsc.mass": 0.99}, (("sbm-fresh", 4), ("wine", 4), ("digits", 8), ("iris", 8))),
     ("fedspectral-plus", {"fedspectral-plus.mode": "paper"}, (("sbm-fresh", 4), ("digits-knn", 4),
                                                               ("email-eu-core", 4))),
-    ("kcagc", {"kcagc.embedding": "projection-joint-unit"}, (("sbm-fresh", 4), ("digits-knn", 4))),
+    ("kcagc", {"kcagc.mode": "paper"}, (("sbm-fresh", 4), ("digits-knn", 4))),
     ("fedspectral", {"partition.overlap": 0.4}, (("sbm-fresh", 4), ("digits-knn", 4))),
     ("fedavg-dmon", {"fedavg-dmon.lr": 0.01}, (("sbm-fresh", 4), ("digits-knn", 4))),
     ("gw-ldp", {"gw-ldp.epsilon": "inf"}, (("two-families", 4),)),

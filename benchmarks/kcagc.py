@@ -42,7 +42,9 @@ every part found there; ``--report`` only re-renders, without runs:
   psi): how high a full-information k-means on the filtered features goes,
   against the paper's best kCAGC cells. ``svd`` at d = k is centralised AGC.
 
-Every run goes through ``app.run.run_experiment`` (in-process engine: the same
+Every ``kcagc`` run is the paper's Protocol 3 (``kcagc.mode = paper``; the default exact mode
+computes centralised AGC's labels, the ``agc`` column). Every run goes through
+``app.run.run_experiment`` (in-process engine: the same
 ServerApp/ClientApp code, no Ray start-up) on the ``vertical`` split, filter
 order psi = 9 / 15 / 2 (cora / citeseer / wiki, the paper's values),
 k_hat = factor x k, Q = 10, ``--restarts`` (default 50) k-means++ seedings side
@@ -149,8 +151,8 @@ ALL_COLUMNS_EMBEDDINGS = ("svd", "normalized", "projection", "projection-unit")
 def one_run(strategy: str, dataset: str, clients: int, factor: int, seed: int, tmp: Path, split: str,
             **extra) -> dict:
     overrides = {"seed": seed, "reference": False, "kcagc.filter-order": 0, "partition.split": split, **extra}
-    if strategy == "kcagc":
-        overrides["kcagc.local-factor"] = factor
+    if strategy == "kcagc":  # the paper's Protocol 3, not the default exact mode (centralised AGC's labels)
+        overrides.update({"kcagc.mode": "paper", "kcagc.local-factor": factor})
     tag = "-".join(f"{v}" for v in extra.values())
     out = tmp / f"{strategy}-{dataset}-{clients}-{factor}-{seed}-{tag}"
     r = run_experiment(strategy, dataset, clients, overrides, out, engine="inprocess")

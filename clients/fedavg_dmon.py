@@ -14,11 +14,15 @@ import numpy as np
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedavg_dmon as proto
 from clients.base import ClusteringClient, Reply, answers, request_digest
+from clients.fedavg_dmon_boundary import DMoNBoundaryClient
 
 _GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
 
 
-class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
+class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConfig]):
+    """Local DMoN training; on a linked node split the whole graph's layer and loss
+    (:class:`clients.fedavg_dmon_boundary.DMoNBoundaryClient`)."""
+
     settings = proto.FedAvgDMoNConfig
 
     # -- helpers ---------------------------------------------------------------
@@ -73,8 +77,12 @@ class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
 
     # -- steps -------------------------------------------------------------------
     def hello_figures(self, values) -> dict:
-        """The feature dimension, with hello (in clear, also under DP)."""
-        return {"num_features": int(self.graph()[0].x.shape[1])}
+        """The feature dimension, with hello (in clear, also under DP); in boundary mode also the
+        power of two bounding the party's masked uploads."""
+        figures = {"num_features": int(self.graph()[0].x.shape[1])}
+        if self.boundary_mode():
+            figures["magnitude"] = self.magnitude()
+        return figures
 
     @answers(proto.DMON_TRAIN, train=True)
     def on_dmon_train(self, arrays, values) -> Reply:
@@ -94,6 +102,8 @@ class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
             return self._train(arrays, values)
 
     def _train(self, arrays, values):
+        if self.linked:
+            return self.boundary_round(arrays, values)
         k = int(values["k"])
         received = {n: arrays[n] for n in proto.PARAM_NAMES} if proto.PARAM_NAMES[0] in arrays else None
         state = self._state(k, received)
@@ -132,6 +142,9 @@ class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
             raise PrivacyRefusal("fedavg-dmon.dp-clip", "dmon_eval refused: with fedavg-dmon.dp-clip > 0 the "
                                                         "validation score is not sent (it is not covered by the DP noise)")
         self.policy.check_noise(proto.DMON_EVAL, None)
+        if self.linked:
+            with self.spending(proto.DMON_EVAL, request_digest(arrays, values), None):
+                return self.boundary_eval(arrays, values)
         with self.spending(proto.DMON_EVAL, request_digest(arrays, values), None):
             score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
         return {}, {"val_modularity": score, "val_edges": edges}
@@ -143,7 +156,9 @@ class FedAvgDMoNClient(ClusteringClient[proto.FedAvgDMoNConfig]):
         weights used goes up only without DP, like every validation score."""
         k = int(values["k"])
         graph, vadj, tadj = self.graph()
-        if proto.PARAM_NAMES[0] in arrays:
+        if self.linked:  # the whole graph's layer; the validation score is the server's
+            graph, score, weights = self.party_graph().layer, None, {n: arrays[n] for n in proto.PARAM_NAMES}
+        elif proto.PARAM_NAMES[0] in arrays:
             weights = {n: arrays[n] for n in proto.PARAM_NAMES}
             score = None if self._dp() else self._score(weights, k)[0]
         else:  # isolated / centralised: this client's own model

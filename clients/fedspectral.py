@@ -11,6 +11,7 @@ import numpy as np
 from app.privacy.policy import PrivacyRefusal
 from app.protocols.fedspectral import baseline, plus, wire
 from clients.base import ClusteringClient, Reply, answers
+from clients.boundary import LINKS_RECORD, BoundaryClient
 
 _OPERATORS: dict[tuple[int, str], tuple[object, object]] = {}
 
@@ -39,22 +40,37 @@ class FedSpectralClient(ClusteringClient[wire.FedSpectralConfig]):
         return {"labels": labels.astype(np.int64)}, {}
 
 
-class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
-    """Power iteration steps on the local graph (see the strategy docstring)."""
+class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlusConfig]):
+    """Power iteration steps on the local graph (see the strategy docstring). On a node split
+    with boundary edges the client's operator is its column block of the whole adjacency
+    (:mod:`app.protocols.boundary`): it answers for the columns of its own nodes."""
 
     settings = wire.FedSpectralPlusConfig
 
+    @property
+    def linked(self) -> bool:
+        """Whether the run linked this party's boundary edges (a node split)."""
+        return LINKS_RECORD in self.context.state.array_records
+
     def _block(self, arrays) -> np.ndarray:
         y = np.asarray(arrays["block"], dtype=np.float64)
-        n = self.shard.adj.shape[0]
+        n = self.links.total if self.linked else self.shard.adj.shape[0]
         if y.ndim != 2 or y.shape[0] != n:
             raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
         return y
 
+    def _own_rows(self, y: np.ndarray) -> np.ndarray:
+        """The rows of a block this client's operator reads: all (edge split), its own (node split)."""
+        if not self.linked:
+            return y
+        return y[self.links.offset: self.links.offset + self.shard.num_nodes]
+
     def _spread_block(self, action: str, arrays) -> np.ndarray:
         """The request's block, refused when a column sits on fewer nodes than this node's
         ``min-block-support`` (:func:`app.protocols.fedspectral.plus.block_support`): its product
-        would read those nodes' rows of the adjacency (an identity block: every edge)."""
+        would read those nodes' rows of the adjacency (an identity block: every edge). On a node
+        split the products are always masked, so the server sees only their sum ``A Y``, the
+        same product as on an edge split: the whole block's support is what counts."""
         y = self._block(arrays)
         support, column = plus.block_support(y)
         floor = float(self.policy["min-block-support"])
@@ -99,6 +115,18 @@ class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
         return _cached(self.shard, "weighted",
                        lambda: plus.weighted_local_adjacency(self.shard.adj, self.shard.edge_weight))
 
+    def share_of_product(self, y: np.ndarray) -> np.ndarray:
+        """This client's term of ``A y``: ``(A_c / r) y`` (edge split) or ``B_c y_c`` (node split)."""
+        if self.linked:
+            return self.column_block @ self._own_rows(y)
+        return self.weighted_adjacency() @ y
+
+    def share_of_degrees(self) -> np.ndarray:
+        """This client's term of the degree vector ``A 1`` (length N)."""
+        if self.linked:
+            return self.column_block @ np.ones(self.shard.num_nodes)
+        return plus.local_degrees(self.weighted_adjacency())
+
     @answers(wire.FEDSPECTRAL_POWER)
     def on_fedspectral_power(self, arrays, values) -> Reply:
         op = _cached(self.shard, "normalised", lambda: plus.local_normalised_operator(self.shard.adj))
@@ -111,15 +139,15 @@ class FedSpectralPlusClient(ClusteringClient[wire.FedSpectralPlusConfig]):
 
     @answers(wire.FEDSPECTRAL_DEGREES)
     def on_fedspectral_degrees(self, arrays, values) -> Reply:
-        return self._upload(wire.FEDSPECTRAL_DEGREES, arrays, values, "degrees",
-                            lambda: plus.local_degrees(self.weighted_adjacency()), plus.DEGREE_SENSITIVITY,
-                            masked_by_run=self.shard.num_clients > 1, floor=float(self.shard.adj.shape[0]),
+        n = self.links.total if self.linked else self.shard.adj.shape[0]
+        return self._upload(wire.FEDSPECTRAL_DEGREES, arrays, values, "degrees", self.share_of_degrees,
+                            plus.DEGREE_SENSITIVITY, masked_by_run=self.shard.num_clients > 1, floor=float(n),
                             row_images=False)
 
     @answers(wire.FEDSPECTRAL_PRODUCT)
     def on_fedspectral_product(self, arrays, values) -> Reply:
         y = self._spread_block(wire.FEDSPECTRAL_PRODUCT, arrays)
         # the honest bound needs the global largest degree, which no client knows: no floor
-        return self._upload(wire.FEDSPECTRAL_PRODUCT, arrays, values, "block", lambda: self.weighted_adjacency() @ y,
+        return self._upload(wire.FEDSPECTRAL_PRODUCT, arrays, values, "block", lambda: self.share_of_product(y),
                             plus.exact_edge_sensitivity(y),
-                            masked_by_run=self.cfg.secure, floor=0.0)
+                            masked_by_run=self.cfg.secure or (self.linked and self.shard.num_clients > 1), floor=0.0)

@@ -8,6 +8,11 @@ variant) is the summed squared distances; with the ``projection-joint-unit`` or
 ``projection-mixed-unit`` embedding also, once (``kcagc_joint``), its squared row norms masked the same
 way (the server unmasks, and sends back, only their sum over all clients); its
 features, embedding, virtual nodes and centre blocks never leave it.
+
+``kcagc.mode = exact`` (``kcagc_exact``): masked sums only - its filtered block's
+squared norm (with its column count in clear), the products ``F_l (F_l^T Y)``
+of the blocks Y the server sends, and with AGC's adaptive order its part of the
+intra-cluster distance under the labels the server sends; never ``F_l`` itself.
 """
 
 from __future__ import annotations
@@ -15,7 +20,25 @@ from __future__ import annotations
 import numpy as np
 
 from app.protocols import kcagc as proto
+from app.protocols import kcagc_exact as exact
 from clients.base import ClusteringClient, Reply, answers
+
+_FILTERED: dict[tuple[int, str], tuple] = {}
+
+
+def _filtered(shard, kind: str, order: int) -> tuple[np.ndarray, float]:
+    """This process's ``G^order X^l`` of ``shard`` and its squared norm, continued from the highest
+    order kept (AGC's adaptive search asks for 1, 2, 3, ...; a deployed SuperNode's fresh
+    process filters from the start). The entry keeps the shard alive, so its id is not reused."""
+    key = (id(shard), kind)
+    hit = _FILTERED.get(key)
+    start = (hit[1], hit[2]) if hit is not None and hit[0] is shard else None
+    if start is None or start[0] != order:
+        if len(_FILTERED) > 32:
+            _FILTERED.clear()
+        f = exact.filtered_block(shard.x, shard.adj, order, kind, start)
+        hit = _FILTERED[key] = (shard, order, f, exact.squared_norm(f))
+    return hit[2], hit[3]
 
 
 class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
@@ -131,3 +154,34 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
             centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64), centres[active])
         self.save("kcagc_centres", c=centres)
         return centres
+
+    @answers(exact.KCAGC_EXACT)
+    def on_kcagc_exact(self, arrays, values) -> Reply:
+        """Exact mode: this client's part of one sum, times ``gain``, masked (in clear with one client).
+        ``stage="norm"``: ``||F_l||_F^2`` (and ``cols``); ``"product"``: ``F_l (F_l^T Y)`` for ``block`` Y
+        (n x b); ``"intra"``: its part of AGC's intra-cluster distance under ``labels`` (n). Each is
+        refused under a declared bound below the honest one for what this client holds."""
+        stage, gain, n = str(values["stage"]), float(values["gain"]), self.shard.x.shape[0]
+        if stage not in exact.STAGES:
+            raise ValueError(f"unknown kcagc_exact stage {stage!r}; valid choices: " + ", ".join(exact.STAGES))
+        if not gain > 0:
+            raise ValueError(f"kcagc_exact gain must be > 0, got {gain}")
+        f, own = _filtered(self.shard, str(values["filter"]), int(values["order"]))
+        if stage == "norm":
+            floor = exact.norm_bound(n, self.secagg.bound)
+            if own > floor:
+                raise ValueError(f"a feature row's squared norm exceeds secagg.bound={self.secagg.bound:g}; "
+                                 "valid: a secagg.bound above every row's squared norm")
+            name, part, extra = "s", np.array([own]), {"cols": int(f.shape[1])}
+        elif stage == "product":
+            y = np.asarray(arrays["block"], dtype=np.float64)
+            if y.ndim != 2 or y.shape[0] != n:
+                raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
+            name, part, floor, extra = "p", exact.gram_product(f, y), exact.product_bound(own, y), {}
+        else:
+            labels = np.asarray(arrays["labels"], dtype=np.int64)
+            if labels.shape != (n,):
+                raise ValueError(f"labels have shape {labels.shape}, expected ({n},)")
+            name, part, floor, extra = "d", np.array([exact.intra_part(f, labels)]), exact.intra_bound(own), {}
+        upload = self._masked_if_several(exact.KCAGC_EXACT, gain * part, values, floor=gain * floor)
+        return {name: upload}, extra

@@ -9,7 +9,13 @@ code gives every client 1.5 N/C nodes) is ``partition.overlap=0.5``. Math and th
 
 Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
 
-* ``federated``: FedAvg weighted by node counts every round;
+* ``federated``: FedAvg weighted by node counts every round. On a node split
+  with boundary edges (``partition.boundary=true``, the default of the
+  ``node-*`` partitioners) the parties train on the whole graph: its GCN
+  layer and its DMoN loss, cut edges included, with padded secure sums
+  (strategies/fedavg_dmon_boundary.py, :mod:`app.protocols.fedavg_dmon_boundary`);
+  the paper's federated mode, each client on its own subgraph, is
+  ``partition.boundary=false``;
 * ``isolated``: same rounds and epochs, but clients never aggregate (each
   trains, selects and labels with its own model; no weights leave a client);
 * ``centralised``: as isolated with exactly one client holding the whole
@@ -75,10 +81,14 @@ from app.config import ConfigError, Param, RunConfig, SharedConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.protocols import fedavg_dmon as proto
+from app.protocols import fedavg_dmon_boundary as bproto
+from app.protocols import fedavg_dmon_gradient as gproto
 from app.transport import pack, unpack
 from app.wire import ProtocolError, ReplySpec
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
+from strategies.fedavg_dmon_boundary import BoundaryRounds
+from strategies.fedavg_dmon_gradient import GradientRounds
 
 if TYPE_CHECKING:
     from app.session import ServerSession
@@ -111,8 +121,11 @@ class _Best:
 
 class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     """Federated community detection (Leeney & McConville, 2023). Each client holds a subgraph of
-    one graph (cross-client edges are lost; ``partition.overlap`` lets clients share nodes) and
-    trains a DMoN graph neural network (a GCN encoder with a modularity loss and collapse
+    one graph and, on a node split with boundary edges (``partition.boundary=true``, the default),
+    its nodes' edges to other clients' nodes: the clients then train on the whole graph's GCN layer
+    and DMoN loss (padded secure sums over neighbours held elsewhere). With
+    ``partition.boundary=false`` (the paper's setting; ``partition.overlap`` lets clients share
+    nodes) cross-client edges are lost. Each client trains a DMoN graph neural network (a GCN encoder with a modularity loss and collapse
     regularisation) for a few local epochs per round; the server averages the weights by node
     count (FedAvg; optionally under secure aggregation and/or client-level DP-FedAvg) and keeps the
     weights of the round with the best validation-edge modularity. Modes ``isolated`` and
@@ -152,14 +165,40 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
               "search for z does not end for a huge epsilon, which protects nothing anyway)", low=0.0, high=1e4),
         Param(P + "dp-delta", float, 1e-5, "DP-FedAvg delta", low=1e-12, high=0.5),
         Param(P + "secure", bool, False, "secure aggregation of the weighted weights"),
+        Param(P + "aggregate", str, "gradient",
+              "whole-graph mode (federated, partition.boundary=true) only: gradient (the server keeps the model "
+              "and Adam and steps on the parties' summed exact gradients, num-rounds x local-epochs steps: "
+              "centralised full-batch training) or weights (local Adam epochs, FedAvg of the weights)",
+              choices=gproto.AGGREGATE, primary=True),
     )
 
     settings = proto.FedAvgDMoNConfig
 
     @classmethod
     def hello_reply(cls, config: RunConfig) -> ReplySpec:
-        """Each client's feature width."""
-        return ReplySpec(numbers=proto.HELLO_NUMBERS)
+        """Each client's feature width (boundary mode: and the bound of its masked uploads)."""
+        extra = bproto.HELLO_MAGNITUDE if bproto.boundary_run(config) else {}
+        return ReplySpec(numbers={**proto.HELLO_NUMBERS, **extra})
+
+    @classmethod
+    def check_shards(cls, clients) -> list[str]:
+        """Boundary mode (every client announced its ``magnitude``) trains on the whole graph, not on
+        each shard's own edges: only an empty shard stops it."""
+        if len(clients) > 1 and all("magnitude" in c.summary for c in clients):
+            empty = [c.partition_id for c in clients if not int(c.summary["num_rows"])]
+            if empty:
+                raise ProtocolError(f"client(s) {empty} hold no rows: an empty shard; valid: fewer clients")
+            return []
+        return super().check_shards(clients)
+
+    @staticmethod
+    def boundary_mode(config: RunConfig) -> bool:
+        """Federated on a node split with boundary edges: the parties train on the whole graph."""
+        return bproto.boundary_run(config)
+
+    @classmethod
+    def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
+        return super().masks_uploads(config, clients) or (clients > 1 and cls.boundary_mode(config))
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -180,12 +219,26 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
             raise ConfigError(f"fedavg-dmon.select={cfg.select} is not available with fedavg-dmon.dp-clip"
                               f"={cfg.dp_clip} (clients send no un-noised validation score under DP); "
                               f"valid choices: select=last, or dp-clip=0")
+        if cls.boundary_mode(config):
+            cls._check_boundary(config, cfg)
         total = cfg.val_fraction + cfg.test_fraction
         if total >= 1.0:
             raise ConfigError(f"fedavg-dmon.val-fraction + fedavg-dmon.test-fraction = {total:g}; must be < 1")
         if cfg.select == "val-modularity" and cfg.val_fraction == 0:
             raise ConfigError("fedavg-dmon.select=val-modularity needs fedavg-dmon.val-fraction > 0; "
                               "valid choices: set val-fraction > 0 or select=last")
+
+    @staticmethod
+    def _check_boundary(config: RunConfig, cfg: proto.FedAvgDMoNConfig) -> None:
+        """What boundary mode cannot take: copied nodes and client-level DP."""
+        if float(config["partition.overlap"]) > 0:
+            raise ConfigError(f"partition.overlap={config['partition.overlap']} with fedavg-dmon on a node split with "
+                              "boundary edges: a node copied to two clients would count twice in the whole graph; "
+                              "valid: partition.overlap=0, or partition.boundary=false (the paper's setting)")
+        if cfg.dp_clip > 0:
+            raise ConfigError(f"fedavg-dmon.dp-clip={cfg.dp_clip} with partition.boundary=true: client-level DP does "
+                              "not cover the sums over neighbours held elsewhere; valid: partition.boundary=false "
+                              "(the paper's setting), or dp-clip=0")
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -206,12 +259,23 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
             mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
         if self.federated and self.cfg.secure:
             session.setup_secure_aggregation()
-        weights, best, history = self._training_rounds(session, weights, shapes, counts, mech)
-        if self.federated:
-            self._select(session, weights, best)
+        if gproto.gradient_mode(session.config):
+            best = _Best(weights)
+            weights, history = GradientRounds(self, session, shapes, counts).run(weights, features, best)
+        elif self.boundary_mode(session.config) and len(session.clients) > 1:
+            best = _Best(weights)
+            rounds = BoundaryRounds(self, session, shapes, counts)
+            weights, history = rounds.run(weights, features, best)
+        else:  # one client in boundary mode holds the whole graph: the centralised training, step for step
+            weights, best, history = self._training_rounds(session, weights, shapes, counts, mech)
+            if self.federated:
+                self._select(session, weights, best)
         if mech is not None:
             mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
         ids, labels, metrics = self._assign(session, best)
+        metrics["whole_graph"] = self.boundary_mode(session.config) and len(session.clients) > 1
+        if self.boundary_mode(session.config):
+            metrics["aggregate"] = self.cfg.aggregate
         if mech is not None:
             metrics["dp_epsilon"] = mech.epsilon()
             metrics["dp_noise_multiplier"] = mech.noise_multiplier

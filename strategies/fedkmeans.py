@@ -28,10 +28,20 @@ A plain baseline every other method can be compared with. Wire protocol
 3. ``kmeans_assign`` (down: final ``centres``) -> up: ``node_ids`` and
    ``labels`` of the client's rows, for evaluation only; labels stay on the
    client as well.
+
+On a node split with boundary edges (``partition.boundary``), several clients and
+``filter-order`` > 0, the filter runs over the whole graph, so that every client's rows are
+its nodes' rows of the centralised filtered features. Hello then carries the clients' public
+keys and no centres; the boundary links are set up (three rounds, :mod:`strategies.links`);
+then ``kmeans_filter`` x filter-order (down: ``hop`` and, from hop 2 on, the client's rows of
+the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x f masked
+ring elements whose sum the server cannot read) and ``kmeans_init`` (down: the last sum's rows,
+k, seed -> up: step 1's centres and counts, of the filtered rows); then steps 2 and 3.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,13 +49,16 @@ import numpy as np
 from app.clustering import kmeans
 from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
+from app.privacy.ledger import GUARANTEE_SECAGG
 from app.protocols import fedkmeans as proto
+from app.protocols.boundary import PADDED_ROWS
 from app.transport import pack, unpack
 from app.wire import HELLO, ProtocolError, ReplySpec
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
+from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed, uses_boundary
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from app.session import HelloAsk, ServerSession
 
 
 class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
@@ -55,6 +68,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     starting centres; then every round each client sends its per-cluster sums, counts and inertia
     (optionally under secure aggregation, so the server sees only their sum over the clients) and
     the server moves the centres. Finally the clients send their rows' labels for evaluation.
+    On a node split with boundary edges the filter runs over the whole graph (padded secure sums
+    over each node's neighbours, one round per order), and the local centres come after it.
     Centralised reference: k-means on the pooled (filtered) features."""
 
     name = "fedkmeans"
@@ -64,8 +79,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     needs_features = True
     params = (
         Param("fedkmeans.filter-order", int, 0,
-              "AGC low-pass filter order applied to each client's local subgraph first", low=0, high=1000,
-              primary=True),
+              "AGC low-pass filter order applied first (over the whole graph with partition.boundary)",
+              low=0, high=1000, primary=True),
         Param("fedkmeans.tol", float, 1e-6, "stop when no centre moves more than this", low=0.0),
         Param("fedkmeans.secure", bool, False, "secure aggregation of the per-round statistics"),
     )
@@ -81,6 +96,26 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         return proto.INIT_REPLY
 
     @classmethod
+    def filters_whole_graph(cls, config: RunConfig, clients: int) -> bool:
+        """Whether the filter runs over the whole graph across the clients: a node split with
+        boundary edges, ``filter-order`` > 0 and more than one client (one holds the whole graph)."""
+        return clients > 1 and proto.FedKMeansConfig.of(config).filter_order > 0 and uses_boundary(config)
+
+    @classmethod
+    def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
+        """Hello carries the local centres, or, when the filter runs over the whole graph first, the
+        public keys only (the centres follow the filter, with ``kmeans_init``)."""
+        ask = super().hello_ask(config, clients)
+        if not cls.filters_whole_graph(config, clients):
+            return ask
+        return replace(ask, values={proto.FILTER_HOPS: proto.FedKMeansConfig.of(config).filter_order},
+                       reply=ReplySpec())
+
+    @classmethod
+    def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
+        return super().masks_uploads(config, clients) or cls.filters_whole_graph(config, clients)
+
+    @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
         if config["partition.overlap"] > 0:
@@ -89,23 +124,77 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
 
     def run(self, session: ServerSession) -> StrategyOutput:
         rows = announced_rows(session)
-        centres = self._initial_centres(session, rows)
+        across = self.filters_whole_graph(session.config, len(session.clients))
+        if across:
+            session.setup_secure_aggregation()
+            seeds = self._filter_whole_graph(session, link_boundaries(session))
+        else:
+            seeds = {c.node_id: c.arrays for c in session.clients}
+        centres = self._initial_centres(session, rows, seeds, proto.KMEANS_INIT if across else HELLO)
         if self.cfg.secure:
             session.setup_secure_aggregation()
         centres, history = self._lloyd_rounds(session, rows, centres)
         ids, labels = self._final_labels(session, rows, centres)
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
-    def _initial_centres(self, session: ServerSession, rows: dict[int, int]) -> np.ndarray:
-        """Step 1, with ``hello``: every client's local k-means++ centres and sizes, merged into k centres."""
+    def _filter_whole_graph(self, session: ServerSession, links: ServerLinks) -> dict[int, dict]:
+        """The filter hops over the whole graph, each a padded sum whose rows ride down with the next
+        request, then ``kmeans_init``: every client's local centres and sizes of its filtered rows."""
+        order = self.cfg.filter_order
+        bound = proto.hop_bound(links.total, self.secagg.bound)
+        spec = padded_spec(proto.NEIGHBOURS, links, None)
+        back: dict[int, dict] = {c.node_id: {} for c in session.clients}
+        last: dict = {}
+        for hop in range(1, order + 1):
+            values = session.secagg_values(f"{proto.NEIGHBOURS}-{hop}", bound, finest=True)
+            contents = {node: pack(arrays, {**relayed(last), **values, "hop": hop}) for node, arrays in back.items()}
+            replies = session.exchange(proto.KMEANS_FILTER, contents, spec)
+            self._check_widths(session, replies)
+            back = {node: {PADDED_ROWS: rows} for node, rows in
+                    padded_sum(session, replies, proto.NEIGHBOURS, values, links).items()}
+            last = values
+            session.round_done(hop, order + 1)
+        init = {"k": self.shared.num_clusters, "seed": self.shared.seed, **relayed(last)}
+        replies = session.exchange(proto.KMEANS_INIT, {node: pack(a, init) for node, a in back.items()},
+                                   proto.INIT_REPLY)
+        session.round_done(order + 1, order + 1)
+        self._record_filter(session, links, order, bound)
+        return {node: unpack(content)[0] for node, content in replies.items()}
+
+    @staticmethod
+    def _check_widths(session: ServerSession, replies: dict) -> None:
+        """Every client's hop upload has the same width (its feature dimension), or the ring sum has no meaning."""
+        widths = {session.partition_of(node): unpack(c)[0][proto.NEIGHBOURS].shape[1] for node, c in replies.items()}
+        if len(set(widths.values())) != 1:
+            raise ProtocolError(f"step '{proto.KMEANS_FILTER}': clients disagree on the feature dimension "
+                                f"(client: width): {widths}")
+
+    @staticmethod
+    def _record_filter(session: ServerSession, links: ServerLinks, order: int, bound: float) -> None:
+        session.ledger.add_mechanism(
+            "fedkmeans:whole-graph-filter",
+            protects="each client's feature rows while the AGC filter runs over the whole graph",
+            params={"hops": order, "positions": links.total, "hop_bound": bound,
+                    "revealed": "to the server: nothing from the padded sums (uniform ring elements); to each "
+                                "client, per hop, its nodes' sums over all their neighbours of D~^-1/2 F (F: the "
+                                "rows filtered so far), hence its nodes' rows of the centralised filtered features "
+                                "(a node with one neighbour elsewhere: that neighbour's scaled row); the Lloyd "
+                                "statistics of these rows mix the neighbours' features (unmasked unless "
+                                "fedkmeans.secure)",
+                    "scale": "the finest power of two the 64-bit ring holds at the hop bound"},
+            guarantee=GUARANTEE_SECAGG + "; each padded sum is hidden from the server by every owner's one-time pad")
+
+    def _initial_centres(self, session: ServerSession, rows: dict[int, int], local: dict[int, dict],
+                         step: str) -> np.ndarray:
+        """Step 1: every client's local k-means++ centres and sizes (with ``step``, hello or
+        ``kmeans_init``), merged into k centres."""
         k, seed = self.shared.num_clusters, self.shared.seed
-        local = {c.node_id: c.arrays for c in session.clients}
         for node, a in local.items():
-            self._check_counts(session, node, HELLO, a["counts"], rows[node], at_most=k)
+            self._check_counts(session, node, step, a["counts"], rows[node], at_most=k)
             with np.errstate(over="ignore"):
                 overflow = not np.isfinite(np.square(a["centres"]).sum(1)).all()
             if a["centres"].shape[1] < 1 or overflow:  # every client squares distances to these centres
-                raise ProtocolError(f"step '{HELLO}': client {session.partition_of(node)} (node {node}) "
+                raise ProtocolError(f"step '{step}': client {session.partition_of(node)} (node {node}) "
                                     f"sent centres of width {a['centres'].shape[1]} "
                                     + ("whose squared norms overflow" if overflow else "(no features)"))
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}

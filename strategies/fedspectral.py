@@ -66,6 +66,7 @@ from app.protocols.fedspectral import baseline, block_iteration, plus, wire
 from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
+from strategies.links import link_boundaries, uses_boundary
 
 if TYPE_CHECKING:
     from app.session import ServerSession
@@ -157,7 +158,7 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     summary = "FedSpectral+: exact federated block iteration (default) or the paper's power iteration, edge split"
     split = "edges: every client knows all node ids and holds some of the edges (with overlap)"
     ignores = ("num-rounds",)
-    partitioners = ("edge",)
+    partitioners = ("edge", "node-random", "node-community", "node-dirichlet")
     needs_edges = True
     refuses_weights = ("bounds the degrees by n and an edge's DP sensitivity by a unit weight (it counts every "
                        "edge as 1)")
@@ -215,6 +216,20 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         k, b = SharedConfig.of(config).num_clusters, wire.FedSpectralPlusConfig.of(config).block
         if b and k and b < k:
             raise ConfigError(f"fedspectral-plus.block={b} is smaller than num-clusters={k}; use 0 or >= {k}")
+        partitioner = str(config["partitioner"])
+        if partitioner.startswith("node-"):
+            if not uses_boundary(config):
+                raise ConfigError(f"fedspectral-plus on partitioner '{partitioner}' needs partition.boundary=true "
+                                  "(each client's edges to other clients' nodes); valid: partition.boundary=true, "
+                                  "or partitioner=edge")
+            if wire.FedSpectralPlusConfig.of(config).mode != "exact":
+                raise ConfigError(f"fedspectral-plus.mode=paper on partitioner '{partitioner}': the paper's local "
+                                  "power iterations need every node on every client; valid: fedspectral-plus.mode="
+                                  "exact, or partitioner=edge")
+            if float(config["partition.overlap"]) > 0:
+                raise ConfigError(f"partition.overlap={config['partition.overlap']} with fedspectral-plus on "
+                                  f"partitioner '{partitioner}': a node copied to two clients would count twice; "
+                                  "valid: partition.overlap=0")
 
     # -- schedule -------------------------------------------------------------
     def schedule(self) -> tuple[int, int]:
@@ -234,13 +249,13 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
             return self.cfg.solver
         return "chebyshev" if self.cfg.noise_multiplier > 0 else "krylov"
 
-    def effective_tol(self, clients: int) -> float:
+    def effective_tol(self, clients: int, secure: bool) -> float:
         """``fedspectral-plus.tol``, raised to what the wire can resolve: blocks are
         scaled to max |entry| 1, so float32 rounds them at 2^-24 and secure
         aggregation at ``clients / secagg.scale``; the subspace cannot be pinned
         down below ~32x that (measured on ego-Facebook: float32 floors near 1e-6)."""
         tol = self.cfg.tol
-        if self.cfg.secure:
+        if secure:
             tol = max(tol, 32.0 * clients / self.secagg.scale)
         elif self.cfg.wire_dtype == "float32":
             tol = max(tol, 32.0 * 2.0**-24)
@@ -249,11 +264,19 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     # -- protocol -------------------------------------------------------------
     def run(self, session: ServerSession) -> StrategyOutput:
         self.k, self.seed = self.shared.num_clusters, self.shared.seed
-        self.n = common_node_count(session, self.name, "edge")
+        self.links = None
+        if uses_boundary(session.config):
+            if len(session.clients) > 1:
+                session.setup_secure_aggregation()
+            self.links = link_boundaries(session)
+            self.n = self.links.total
+        else:
+            self.n = common_node_count(session, self.name, "edge")
         if self.k > self.n:
             raise ConfigError(f"num-clusters={self.k} exceeds the {self.n} nodes")
         self.session = session
-        self.secure = self.cfg.secure
+        # a node split's products always go masked: a plain one shows which positions border a client
+        self.secure = self.cfg.secure or (self.links is not None and len(session.clients) > 1)
         self.wire = self.cfg.wire_dtype
         nm = self.cfg.noise_multiplier
         self.dp = GaussianMechanism(1.0, nm, delta=self.cfg.delta, adjacency="remove") if nm > 0 else None
@@ -265,7 +288,10 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         out = self._run_exact(session) if self.cfg.mode == "exact" else self._run_paper(session)
         if self.dp is not None:
             self._record_dp()
-        _send_labels(session, out.labels)
+        if self.links is None:
+            _send_labels(session, out.labels)
+        else:  # a node split: each party gets its own nodes' labels only
+            out.ids = self.links.items(session)
         return out
 
     def _round(self, action: str, y: np.ndarray, bound: float, sensitivity, extra: dict) -> np.ndarray:
@@ -339,7 +365,7 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         whose every product is one ``fedspectral_product`` round; k-means on its top-k vectors."""
         d, deg_noise = self._global_degrees(session)
         block = min(self.cfg.block or 2 * self.k, self.n)
-        tol = self.effective_tol(len(session.clients))
+        tol = self.effective_tol(len(session.clients), self.secure)
         solver = self.solver()
         apply = self._global_operator(session, d, deg_noise)
         _, max_rounds = self.schedule()

@@ -2,7 +2,10 @@
 
 Setting (partitioner ``vertical``): every client holds all n nodes, the shared
 graph and its own block of feature columns. The math is in
-``app.protocols.kcagc``; this module only moves data. Wire protocol:
+``app.protocols.kcagc``; this module only moves data. ``kcagc.mode = exact`` (the default:
+centralised AGC's labels from secure sums of the clients' Gram products) is
+``strategies.kcagc_exact`` with ``app.protocols.kcagc_exact``. Wire protocol of
+``kcagc.mode = paper`` and of ``kcagc-basic``:
 
 ``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
    seed) -> up: ``labels`` (n int64): the local cluster of every node, i.e.
@@ -99,21 +102,28 @@ from app.graph_filters import FILTERS
 from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
 from app.protocols import kcagc as proto
+from app.protocols import kcagc_exact as exact
 from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
+from strategies.kcagc_exact import ExactAGC
 
 if TYPE_CHECKING:
     from app.session import ServerSession
 
 PARAMS = (
+    Param("kcagc.mode", str, "exact",
+          "kcagc: exact = centralised AGC's labels (top-k eigenvectors of F F^T, F = [G^psi X^1 .. G^psi X^L], by "
+          "block Krylov on secure sums of the clients' F_l (F_l^T Y), k-means on the server); paper = the paper's "
+          "Protocol 3 (local clusters, virtual nodes, secure weighted k-means)", choices=exact.MODES, primary=True),
     Param("kcagc.filter", str, "agc",
           "graph filter G = I - L_s / c on the self-looped normalised Laplacian: agc = AGC's (c = 2), "
           "spectral-norm = the paper's Appendix E.2 filter (c = ||L_s||)", choices=FILTERS, primary=True),
     Param("kcagc.filter-order", int, 0,
           "filter order psi; 0 = the paper's value (agc: cora 9, citeseer 15, pubmed 60, wiki 2; "
           "spectral-norm: cora 5, citeseer 5), AGC's adaptive rule on other datasets; "
-          "-1 = adaptive (per client)", low=-1, high=1000, primary=True),
+          "-1 = adaptive (paper mode: per client on its own columns; exact mode: on all columns, as AGC)",
+          low=-1, high=1000, primary=True),
     Param("kcagc.local-factor", int, 1,
           "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
           low=1, high=10**7),
@@ -158,15 +168,28 @@ def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
 
 
 class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
-    """kCAGC, k-means for attributed graph clustering over vertically split features. Every client
-    holds all nodes and the graph but only its own block of feature columns. Each client filters its
-    block with a graph low-pass filter, embeds it, clusters it locally and sends the node-ID sets of
-    its local clusters; the server intersects them into weighted virtual nodes and runs k-means++
-    and Lloyd on them, learning only the clients' summed squared distances (secure aggregation).
+    """kCAGC, attributed graph clustering over vertically split features: every client holds all
+    nodes and the graph but only its own block of feature columns.
+
+    ``kcagc.mode = exact`` (default) gives centralised AGC's labels: each client filters its columns,
+    ``F_l = G^psi X^l``; the server finds the top-k eigenvectors of ``F F^T = sum_l F_l F_l^T`` by
+    block Krylov, each round one secure sum of the clients' ``F_l (F_l^T Y)`` for a block Y it
+    chooses (n x 2k; no n x n matrix moves), and runs k-means on them as AGC does. With AGC's
+    adaptive filter order (datasets without a paper order, or ``kcagc.filter-order = -1``) it runs
+    AGC's search on the pooled columns: per order one eigensolve and one secure sum of the clients'
+    parts of the intra-cluster distance, whose labels every client sees. The server learns these
+    sums (F F^T on the span of its blocks, hence the embedding), never one client's block. It reads
+    ``kcagc.filter`` and ``kcagc.filter-order``; the other keys are the paper mode's.
+
+    ``kcagc.mode = paper`` is the paper's Protocol 3: each client embeds its filtered block,
+    clusters it locally and sends the node-ID sets of its local clusters; the server intersects
+    them into weighted virtual nodes and runs k-means++ and Lloyd on them, learning only the
+    clients' summed squared distances (secure aggregation).
     Centralised reference: AGC (the same filter and embedding, k-means) on all feature columns."""
 
     name = "kcagc"
-    summary = "kCAGC: intersections of local clusters, weighted k-means with secure aggregation (vertical split)"
+    summary = ("kCAGC: centralised AGC's labels by secure sums of Gram products (default), or the paper's "
+               "virtual nodes and secure weighted k-means (vertical split)")
     split = "feature columns (vertical): every client holds all nodes and the graph, and its own feature columns"
     ignores = ("num-rounds",)
     partitioners = ("vertical",)
@@ -185,11 +208,18 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
         return {"k": k, "filter": self.cfg.filter, "order": self.cfg.filter_order, "embedding": self.cfg.embedding,
                 "dim": self.cfg.embed_dim or k, "mix": self.cfg.mix_exponent, "seed": self.shared.seed}
 
+    def exact(self) -> bool:
+        """Whether this run computes centralised AGC's labels (``kcagc.mode = exact``)."""
+        return self.cfg.mode == "exact"
+
     def run(self, session: ServerSession) -> StrategyOutput:
         k = self.shared.num_clusters
         n = common_node_count(session, self.name, "vertical")
         if k > n:
             raise ConfigError(f"num-clusters={k} exceeds the {n} nodes")
+        if self.exact():
+            return ExactAGC(session, n, k, self.shared.seed, self.cfg.filter, self._filter_order(),
+                            self.secagg.bound).run()
         embed = self.embed_values(k)
         if len(session.clients) > 1:  # one client: its own sum, nothing to hide from anyone
             session.setup_secure_aggregation()
@@ -306,7 +336,12 @@ class KCAGCBasic(KCAGC):
     name = "kcagc-basic"
     summary = "basic kCAGC: Lloyd over all nodes, n x k distances per iteration by secure aggregation"
     params = ()
-    borrowed = tuple(p for p in PARAMS if p.key not in ("kcagc.local-factor", "kcagc.local-restarts", "kcagc.tree"))
+    borrowed = tuple(p for p in PARAMS if p.key not in ("kcagc.mode", "kcagc.local-factor", "kcagc.local-restarts",
+                                                        "kcagc.tree"))
+
+    def exact(self) -> bool:
+        """Always the paper's Protocol 2."""
+        return False
 
     def cluster(self, session: ServerSession, n: int, k: int, kmeans: SecureKMeans) -> np.ndarray:
         """Step 3 only, every node its own virtual node of weight 1, all clients in one sum."""

@@ -108,7 +108,7 @@ def test_presplit_pieces_equal_the_same_split_cut_by_the_partitioner(family, sbm
     whole = cluster(strategy, sbm, 3, config={"partitioner": partitioner, **config}, num_clusters=4)
     prepare(["--dataset", "sbm", "--set", "sbm.nodes=120", "--set", "sbm.features=6", "--partitioner", partitioner,
              "--num-clients", "3", "--out", str(tmp_path / "parties"), "--format", "files"])
-    pieces = [read_graph(tmp_path / "parties" / f"party-{i}") for i in range(3)]
+    pieces = [read_graph(tmp_path / "parties" / f"party-{i}", boundary=True) for i in range(3)]
     split = cluster(strategy, pieces, config={"partitioner": partitioner, **config}, num_clusters=4,
                     out_dir=tmp_path / "out")
     by_id = dict(zip(whole.ids.tolist(), whole.labels.tolist()))

@@ -49,7 +49,7 @@ def test_a_key_line_gives_type_default_range_and_marks_the_keys_that_matter(caps
     lines = capsys.readouterr().out.splitlines()
     i = next(i for i, line in enumerate(lines) if "fedkmeans.filter-order" in line)
     assert lines[i].split() == ["*", "fedkmeans.filter-order", "int", "0", "[0,", "1000]"]
-    assert lines[i + 1].strip() == "AGC low-pass filter order applied to each client's local subgraph first"
+    assert lines[i + 1].strip() == "AGC low-pass filter order applied first (over the whole graph with partition.boundary)"
     tol = next(line for line in lines if "fedkmeans.tol" in line)
     assert tol.split() == ["fedkmeans.tol", "float", "1e-06", "[0,", "inf)"]  # not marked
 

@@ -273,7 +273,7 @@ def test_kwargs_mapping(sbm):
                                    "signal": 5.0}
     assert dataset_kwargs({"dataset": "cora"}) == {}
     assert data_root(cfg) is None and data_root({"data-root": "/x"}) == "/x"
-    assert partition_kwargs("node-dirichlet", cfg) == {"overlap": 0.0, "alpha": 0.3, "min_size": 2}
+    assert partition_kwargs("node-dirichlet", cfg) == {"overlap": 0.0, "alpha": 0.3, "min_size": 2, "boundary": True}
     for name in PARTITIONERS:
         assert set(partition_kwargs(name, {})) == set(PARTITION_PARAMS[name])
     # The defaults are accepted by the loaders and partitioners.

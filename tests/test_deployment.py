@@ -93,8 +93,8 @@ def test_only_registered_nodes_with_the_ca_certificate_can_join(tmp_path):
 
 KILLED = {
     # needs every party: must stop with a clear error and write no result
-    "kcagc": ("vertical", {"kcagc.iterations": 100, "kcagc.restarts": 1, "kcagc.local-restarts": 1,
-                           "kcagc.filter-order": 2}),
+    "kcagc": ("vertical", {"kcagc.mode": "paper", "kcagc.iterations": 100, "kcagc.restarts": 1,
+                           "kcagc.local-restarts": 1, "kcagc.filter-order": 2}),
     # tolerates dropouts: finishes with the others and records who dropped
     "fedavg-dmon": ("node-random", {"num-rounds": 7, "fedavg-dmon.local-epochs": 1, "min-clients": 2}),
 }

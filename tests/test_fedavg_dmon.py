@@ -23,7 +23,8 @@ from clients.fedavg_dmon import FedAvgDMoNClient
 
 torch.set_num_threads(1)  # the clients run with one thread; bitwise comparisons need the same
 
-FAST = {"reference": False, "fedavg-dmon.lr": 1e-2}
+#: the paper's setting (clients lose the edges between them; boundary mode: test_fedavg_dmon_boundary.py)
+FAST = {"reference": False, "fedavg-dmon.lr": 1e-2, "partition.boundary": False}
 
 
 # --------------------------------------------------------------------------- protocol math
@@ -323,7 +324,7 @@ def test_client_and_server_build_one_dp_mechanism():
     from strategies.fedavg_dmon import FedAvgDMoN
 
     config = registry.validate({"strategy": "fedavg-dmon", "dataset": "sbm", "num-rounds": 4,
-                                "fedavg-dmon.dp-clip": 0.5, "fedavg-dmon.dp-epsilon": 6.0,
+                                "partition.boundary": False, "fedavg-dmon.dp-clip": 0.5, "fedavg-dmon.dp-epsilon": 6.0,
                                 "fedavg-dmon.select": "last"})
     client = FedAvgDMoNClient(None, config, None)._mechanism
     server = proto.dp_mechanism(FedAvgDMoN(config).cfg, 4)
@@ -338,7 +339,7 @@ def test_client_refuses_validation_score_under_dp():
     from app import registry
 
     config = registry.validate({"strategy": "fedavg-dmon", "dataset": "sbm", "fedavg-dmon.dp-clip": 0.5,
-                                "fedavg-dmon.select": "last"})
+                                "fedavg-dmon.select": "last", "partition.boundary": False})
     client = FedAvgDMoNClient(None, config, None)
     with pytest.raises(PrivacyRefusal, match="rule 'fedavg-dmon.dp-clip': dmon_eval refused"):
         client.on_dmon_eval({}, {"k": 2})

@@ -25,7 +25,8 @@ from clients.kcagc import KCAGCClient
 from conftest import patch_reply
 
 N = 240
-SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}
+#: the paper's protocol (the default, kcagc.mode = exact, is tests/test_kcagc_exact.py's; kcagc-basic reads no mode)
+SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0, "kcagc.mode": "paper"}
 
 
 def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4,

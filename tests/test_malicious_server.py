@@ -125,13 +125,16 @@ FEDSPECTRAL = [param(f"fedspectral-k{k}", "fedspectral", k) for k in (3, NODES)]
 
 KCAGC = [
     param(f"{name}-k{k}-{embedding}", name, k,
-          {"sbm.features": 12, "kcagc.embedding": embedding, "kcagc.restarts": 2, "kcagc.iterations": 3,
-           "kcagc.local-restarts": 1, "kcagc.local-factor": 10**7, "kcagc.embed-dim": 10**6})
+          {"sbm.features": 12, "kcagc.mode": "paper", "kcagc.embedding": embedding, "kcagc.restarts": 2,
+           "kcagc.iterations": 3, "kcagc.local-restarts": 1, "kcagc.local-factor": 10**7, "kcagc.embed-dim": 10**6})
     for name in ("kcagc", "kcagc-basic") for k, embedding in ((3, "projection-unit"), (PARTY_ROWS, "svd"),
                                                               (PARTY_ROWS, "filtered"))
 ] + [  # every node a virtual node and a seed: the summed distances of every pair (rows up to isometry only)
     param("kcagc-basic-k60-filtered", "kcagc-basic", NODES,
-          {"sbm.features": 12, "kcagc.embedding": "filtered", "kcagc.restarts": 1, "kcagc.iterations": 2})
+          {"sbm.features": 12, "kcagc.embedding": "filtered", "kcagc.restarts": 1, "kcagc.iterations": 2}),
+    # exact mode, its block as wide as the nodes: the server learns the pooled Gram F F^T (the ledger says
+    # so), inner products of rows summed over parties, never one party's row
+    param("kcagc-exact-k60", "kcagc", NODES, {"sbm.features": 12, "kcagc.mode": "exact", "kcagc.filter-order": 2}),
 ]
 
 FEDAVG_DMON = [
@@ -149,7 +152,7 @@ GW_LDP = [
 
 #: Cases whose correct outcome is a completed run: noised releases, and releases that give no row.
 MUST_RUN = {"fedsc-dp", "fedspectral-plus-exact-block60-noised", "fedspectral-k3", "fedspectral-k60",
-            "kcagc-k3-projection-unit", "kcagc-basic-k3-projection-unit", "fedavg-dmon-k3-clear",
+            "kcagc-k3-projection-unit", "kcagc-basic-k3-projection-unit", "kcagc-exact-k60", "fedavg-dmon-k3-clear",
             "fedavg-dmon-k3-secure", "gw-ldp-khop-epsilon-inf", "gw-ldp-khop-epsilon-0.0"}
 
 

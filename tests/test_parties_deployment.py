@@ -23,6 +23,7 @@ pytestmark = pytest.mark.deployment
 SBM = ["--dataset", "sbm", "--set", "sbm.nodes=150", "--set", "sbm.features=6"]
 FAMILIES = {
     "node": ("fedkmeans", "node-random", SBM, {"num-clusters": "4", "num-rounds": "5"}),
+    "node-boundary": ("fedspectral-plus", "node-random", SBM, {"num-clusters": "4"}),
     "vertical": ("kcagc", "vertical", SBM, {"num-clusters": "4", "kcagc.iterations": "2", "kcagc.restarts": "1",
                                             "kcagc.local-restarts": "1", "kcagc.filter-order": "2"}),
     "edge": ("fedspectral-plus", "edge", SBM, {"num-clusters": "4", "fedspectral-plus.mode": "paper",
@@ -39,7 +40,7 @@ def deployed_equals_presplit(family: str, tmp_path) -> None:
         data = [*data, "--data-root", str(shared_datasets_or_skip())]
     parties = tmp_path / "parties"
     prepare([*data, "--partitioner", partitioner, "--num-clients", "3", "--out", str(parties), "--format", "files"])
-    pieces = [read_graph(parties / f"party-{i}") for i in range(3)]
+    pieces = [read_graph(parties / f"party-{i}", boundary=True) for i in range(3)]
     local = cluster(strategy, pieces, config={"partitioner": partitioner, **sets}, out_dir=tmp_path / "inprocess")
     path = run_local_parties(parties, strategy, partitioner, [f"{k}={v}" for k, v in sets.items()],
                              tmp_path / "deployed")
@@ -63,6 +64,6 @@ def test_deployed_parties_with_their_own_files_equal_the_presplit_run(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["vertical", "edge", "graphs"])
+@pytest.mark.parametrize("family", ["node-boundary", "vertical", "edge", "graphs"])
 def test_deployed_parties_equal_the_presplit_run_in_every_split_family(family, tmp_path):
     deployed_equals_presplit(family, tmp_path)

@@ -46,27 +46,35 @@ def write_party(folder, first: int, *, cell=None, stranger=None) -> str:
     return str(folder)
 
 
-def server_sees(tmp_path, second: str, caplog) -> tuple[str, list[str]]:
+def server_sees(tmp_path, second: str, caplog, run: dict = RUN) -> tuple[str, list[str]]:
     """Run the federation with party 1 holding ``second``: the server's error and every error reply's text."""
     first = write_party(tmp_path / "p0", 0)
     configs = [{"data": first, "partition-id": 0}, {"data": second, "partition-id": 1}]
-    grid = InProcessGrid(build_client_app(RUN), 2, configs, record=True)
+    grid = InProcessGrid(build_client_app(run), 2, configs, record=True)
     with caplog.at_level(logging.ERROR, logger=LOGGER.name), pytest.raises(ProtocolError) as err:
-        run_server(grid, {**RUN, "out-dir": str(tmp_path / "server")})
+        run_server(grid, {**run, "out-dir": str(tmp_path / "server")})
     return str(err.value), [m.error.reason for m in grid.pulled if m.has_error()]
 
 
-@pytest.mark.parametrize("make, public, private", [
-    (lambda d: write_party(d, 100, cell=SECRET_CELL), "data check failed: nodes.csv, rule 'numeric feature columns",
-     [SECRET_CELL, "line 7, column 'x0'"]),
-    (lambda d: write_party(d, 100, stranger=SECRET_ID), "data check failed: edges.csv, rule 'node IDs of the node "
-     "table'", [SECRET_ID, "line 14"]),
+#: Cut edges dropped: every edge of a party's file joins two nodes of its node table.
+WITHOUT_BOUNDARY = {**RUN, "partition.boundary": False}
+#: A method that joins the parties' boundary edges: an edge may name another party's node.
+LINKED = {**RUN, "strategy": "fedspectral-plus"}
+
+
+@pytest.mark.parametrize("make, run, public, private", [
+    (lambda d: write_party(d, 100, cell=SECRET_CELL), RUN, "data check failed: nodes.csv, rule 'numeric feature "
+     "columns", [SECRET_CELL, "line 7, column 'x0'"]),
+    (lambda d: write_party(d, 100, stranger=SECRET_ID), WITHOUT_BOUNDARY, "data check failed: edges.csv, rule 'node "
+     "IDs of the node table'", [SECRET_ID, "line 14"]),
+    (lambda d: write_party(d, 100, stranger=SECRET_ID), LINKED, "data check failed: the party's boundary edges, rule "
+     "'boundary edges to nodes some party holds'", ["1 boundary edge(s) reach a node ID no party holds"]),
 ])
-def test_a_bad_party_file_tells_the_server_the_file_kind_and_rule_only(tmp_path, caplog, make, public, private):
+def test_a_bad_party_file_tells_the_server_the_file_kind_and_rule_only(tmp_path, caplog, make, run, public, private):
     second = make(tmp_path / SECRET_DIR / "party")
-    error, replies = server_sees(tmp_path, second, caplog)
+    error, replies = server_sees(tmp_path, second, caplog, run)
     assert replies and all(public in r for r in replies)
-    assert f"node 1002: client error: PartyError: {public}" in error
+    assert f"node 1002{'' if run is LINKED else ':'}" in error and f"client error: PartyError: {public}" in error
     for text in [error, *replies]:
         assert SECRET_DIR not in text and str(tmp_path) not in text
         assert not any(value in text for value in private)

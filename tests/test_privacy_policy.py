@@ -136,7 +136,8 @@ def test_a_rule_a_strategy_cannot_meet_refuses_the_whole_run(tmp_path, caplog):
 # --------------------------------------------------------------------------- missing secagg_tag
 MASKING_RUNS = {
     "fedkmeans": ({"dataset": "sbm", **SBM, "fedkmeans.secure": True, "num-rounds": 2}, "kmeans_step"),
-    "kcagc": ({"dataset": "sbm", **SBM, "kcagc.restarts": 2, "kcagc.iterations": 1}, "kcagc_step"),
+    "kcagc": ({"dataset": "sbm", **SBM, "kcagc.mode": "paper", "kcagc.restarts": 2, "kcagc.iterations": 1},
+              "kcagc_step"),
     "fedspectral-plus": ({"dataset": "sbm", **SBM, "fedspectral-plus.mode": "paper", "fedspectral-plus.secure": True,
                           "fedspectral-plus.rounds": 2}, "fedspectral_power"),
     "fedsc": ({"dataset": "iris", "fedsc.secure": True, "num-rounds": 2, "fedsc.landmarks": 12}, "fedsc_round"),
@@ -300,7 +301,7 @@ def test_fedsc_and_fedavg_dmon_noise_floors(tmp_path, caplog):
         run(fedsc, tmp_path, configs=node_configs(2, **{"fedsc.noise-multiplier": 1.0}))
     run({**fedsc, "fedsc.dp-epsilon": 1.0}, tmp_path, configs=node_configs(2, **{"fedsc.noise-multiplier": 1.0}))
     dmon = {**MASKING_RUNS["fedavg-dmon"][0], "fedavg-dmon.secure": False, "strategy": "fedavg-dmon",
-            "num-clients": 2, "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-noise": 0.5}
+            "num-clients": 2, "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-noise": 0.5, "partition.boundary": False}
     with refused(caplog, r"rule 'noise-multiplier'$", r"rule 'noise-multiplier': 'dmon_train' was requested with "
                                                        r"noise multiplier 0.5; this client needs at least 0.8"):
         run(dmon, tmp_path, configs=node_configs(2, **{"fedavg-dmon.noise-multiplier": 0.8}))

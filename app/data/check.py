@@ -23,6 +23,7 @@ import numpy as np
 
 from app.config import ArgumentParser, exit_code, parse_assignments
 
+from .boundary import count
 from .params import DATA_PARAMS, SEED
 from .parties import DATA_KEY, FAMILY, SHARED_NODES, family, node_set_digest, party_node_shard
 from .prepare import parse_data_sets
@@ -63,11 +64,16 @@ def describe(shard: Shard, piece) -> list[str]:
         features = 0 if piece.x is None else int(piece.x.shape[1])
         lines = [f"{piece.num_nodes} nodes ({_ids(shard.keys)}), {piece.num_edges} edges, {features} feature columns, "
                  f"{_labels(piece.y)}"]
+        if shard.boundary is not None:
+            edges, reached = count(shard.boundary)
+            lines.append(f"boundary edges: {edges} to {reached} node(s) its node table does not list (another "
+                         "party's nodes; an ID no party holds stops the run at its start)")
         if kind == "khop":
             sizes = [g.num_nodes for g in shard.graphs]
             lines.append(f"k-hop subgraphs: {len(sizes)} centres, {min(sizes)}..{max(sizes)} nodes each")
     lines += [f"note: {note}" for note in piece.meta.get("notes", [])]  # the reader's repairs and findings
-    lines.append(f"split '{shard.partitioner}' ({kind}): this party holds {HOLDS[kind]}")
+    holds = HOLDS[kind] + (" and to other parties' nodes (boundary edges)" if shard.boundary is not None else "")
+    lines.append(f"split '{shard.partitioner}' ({kind}): this party holds {holds}")
     if kind in SHARED_NODES:
         lines.append(f"node-set digest (every party must show the same): {node_set_digest(shard.keys)}")
     return lines
@@ -77,11 +83,11 @@ def check_party(path: str, values: Mapping[str, Any], options: Mapping[str, Any]
     """Read the party data at ``path`` as its SuperNode will, for the run-config ``values``
     (partitioner, seed, partition keys); return :func:`describe`'s lines. ConfigError (one
     line) on a file or option the split cannot use."""
-    from .parties import load_piece, read_options
+    from .parties import load_piece, read_options, reads_boundary
 
     node_config = {DATA_KEY: path, **{f"read.{k}": v for k, v in (options or {}).items()}}
     shard = party_node_shard(values, node_config, 0, 1)
-    return describe(shard, load_piece(path, read_options(node_config)))
+    return describe(shard, load_piece(path, read_options(node_config), reads_boundary(values)))
 
 
 def _parser() -> ArgumentParser:

@@ -94,8 +94,10 @@ def graph_kind(path: Path) -> str | None:
 
 
 def read_graph(path: str | os.PathLike, *, name: str | None = None, node_table: str | os.PathLike | None = None,
-               label_column: str = "label", weighted: bool = True) -> GraphData | GraphCollection:
-    """The graph (or collection) in ``path``; see the module docstring for formats and options."""
+               label_column: str = "label", weighted: bool = True, boundary: bool = False) -> GraphData | GraphCollection:
+    """The graph (or collection) in ``path``; see the module docstring for formats and options.
+    ``boundary``: a party's piece of a node split, whose edge list may name nodes its node table
+    does not list (its boundary edges, ``GraphData.boundary``); else such an edge is an error."""
     path = Path(path)
     if not path.exists():
         raise DataFileError(f"{path}: no such file or directory; valid: {FORMAT_HELP}",
@@ -113,19 +115,20 @@ def read_graph(path: str | os.PathLike, *, name: str | None = None, node_table: 
                             file=node_table, rule="an existing node table file")
     name = name or dataset_name(path)
     with one_line(f"{path}: cannot be read as {kind}", FORMAT_HELP, path):
-        return _read(path, kind, name, node_table, label_column, weighted)
+        return _read(path, kind, name, node_table, label_column, weighted, boundary)
 
 
-def _read(path: Path, kind: str, name: str, node_table, label_column: str, weighted: bool):
+def _read(path: Path, kind: str, name: str, node_table, label_column: str, weighted: bool, boundary: bool):
     from .tables import read_collection_dir, read_edge_list  # pandas: not at import (the ClientApp's)
 
     if kind == "edge-list":
         return read_edge_list(path, name, _path(node_table), label_column, weighted,
-                              node_sep=_separator(node_table))
+                              node_sep=_separator(node_table), boundary=boundary)
     if kind == "edge-dir":
         edges = next((path / f for f in _EDGE_FILES if (path / f).is_file()), None)
         nodes = _path(node_table) or next((path / f for f in _NODE_FILES if (path / f).is_file()), None)
-        return read_edge_list(edges, name, nodes, label_column, weighted, node_sep=_separator(nodes))
+        return read_edge_list(edges, name, nodes, label_column, weighted, node_sep=_separator(nodes),
+                              boundary=boundary)
     if kind == "csv-collection":
         return read_collection_dir(path, name, label_column, weighted)
     if kind == "tu":
@@ -522,10 +525,13 @@ def _node_attribute(g, nodes: list, key: str, source: Source) -> list | None:
 
 
 def as_graph(obj, *, name: str | None = None, node_table=None, label_column: str = "label",
-             weighted: bool = True) -> GraphData | GraphCollection:
-    """``obj`` as a checked :class:`GraphData` or :class:`GraphCollection` (module docstring)."""
+             weighted: bool = True, boundary: bool = False) -> GraphData | GraphCollection:
+    """``obj`` as a checked :class:`GraphData` or :class:`GraphCollection` (module docstring);
+    ``boundary``: a party's piece, whose edge list may name another party's nodes
+    (:func:`read_graph`)."""
     if isinstance(obj, (str, os.PathLike)):
-        return read_graph(obj, name=name, node_table=node_table, label_column=label_column, weighted=weighted)
+        return read_graph(obj, name=name, node_table=node_table, label_column=label_column, weighted=weighted,
+                          boundary=boundary)
     if node_table:
         raise DataFileError(f"node_table={node_table} goes with an edge-list path, not a {type(obj).__name__}; "
                             "valid: node_table=None")

@@ -52,6 +52,10 @@ DATA_PARAMS: list[Param] = [
           "node-*: fraction of nodes also given to one other client; edge: each edge goes to "
           "round(overlap * clients) clients (at least 1); the less each client holds, the further a "
           "federated result from the centralised one", low=0.0, high=1.0, primary=True),
+    Param("partition.boundary", bool, True,
+          "node-*: each client also holds its nodes' edges to nodes another client holds (boundary "
+          "edges, as each organisation knows its own nodes' edges); false drops cut edges (the papers' "
+          "node splits)", primary=True),
     Param("partition.replicas", int, 0,
           "edge: clients per edge r (0: derive from partition.overlap)", low=0, high=100_000),
     Param("partition.with-features", bool, False, "edge: also give every client the node features"),

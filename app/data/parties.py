@@ -10,7 +10,10 @@ strategy's own):
 ==========  =====================  ==========================================================
 family      partitioners           the piece, and what the shard holds
 ==========  =====================  ==========================================================
-node        node-*, sample*        its nodes (rows, with features) and the edges among them
+node        node-*, sample*        its nodes (rows, with features) and the edges among them;
+                                   node-* with ``partition.boundary``: also its edges to IDs
+                                   its node table does not list (boundary edges, another
+                                   party's nodes), read from an edge list with a node table
 khop        khop                   as node; the k-hop subgraphs around its own nodes, inside
                                    its own subgraph (``khop.centres``: per party, 0 = all)
 edge        edge                   its edges over the node IDs every party holds
@@ -47,7 +50,7 @@ from app.result import LABELS_CSV
 from . import memory
 from .params import dataset_kwargs, partition_kwargs
 from .partition import PARTITIONERS, edge_replicas, partition
-from .types import GraphCollection, GraphData, Shard
+from .types import GraphCollection, GraphData, Shard, no_boundary
 
 #: The reserved dataset value of a run whose parties bring their own data.
 PARTIES = "parties"
@@ -125,9 +128,8 @@ def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_
                      graph_ids=np.arange(len(piece.graphs), dtype=np.int64),
                      graph_y=np.asarray(party_labels(piece.y, piece.meta), dtype=np.int64),
                      meta={"num_graphs": len(piece.graphs)}, **common)
+    _check_nodes(piece, kind, partitioner, source)
     n = piece.num_nodes
-    if n == 0:
-        raise unusable(f"{source} holds no nodes", "one node or more")
     rows = np.arange(n, dtype=np.int64)
     if kind == "vertical":
         if piece.x is None or piece.x.shape[1] == 0:
@@ -145,8 +147,20 @@ def party_shard(piece: GraphData | GraphCollection, partitioner: str, partition_
                                                              if k in ("hops", "centres", "max_nodes")})[0]
         return Shard(node_ids=rows, graphs=local.graphs, graph_ids=local.graph_ids, graph_y=local.graph_y,
                      meta=local.meta, **common)
-    return Shard(node_ids=rows, adj=piece.adj, x=piece.x, y=y, owned=np.ones(n, dtype=bool),
+    boundary = (piece.boundary or no_boundary(piece.keys.dtype)) if params.get("boundary") else None
+    return Shard(node_ids=rows, adj=piece.adj, x=piece.x, y=y, owned=np.ones(n, dtype=bool), boundary=boundary,
                  meta={"num_owned": n}, **common)
+
+
+def _check_nodes(piece: GraphData, kind: str, partitioner: str, source: str) -> None:
+    """A piece without nodes, and edges to nodes its node table does not list where every party
+    holds every node: refused."""
+    if piece.num_nodes == 0:
+        raise unusable(f"{source} holds no nodes", "one node or more")
+    if kind in SHARED_NODES and piece.boundary is not None and len(piece.boundary):
+        raise unusable(f"{source} has {len(piece.boundary)} edge(s) to nodes its node table does not list (first: "
+                       f"{piece.boundary.keys[0]!s}); with partitioner '{partitioner}' every party holds every node",
+                       f"edges among the node table's nodes with partitioner {partitioner}")
 
 
 def num_items(shard: Shard) -> int:
@@ -172,10 +186,11 @@ def read_options(node_config: Mapping[str, Any]) -> dict[str, Any]:
         return dataset_kwargs({"data." + k[len(READ_PREFIX):]: v for k, v in given.items()}, PARTIES)
 
 
-def load_piece(spec: str, options: Mapping[str, Any] | None = None) -> GraphData | GraphCollection:
+def load_piece(spec: str, options: Mapping[str, Any] | None = None, boundary: bool = False) -> GraphData | GraphCollection:
     """A party's piece: the data registered as ``spec`` (``memory:...``), else its file or
-    directory read by :func:`app.data.formats.read_graph` with ``options``; read once per process
-    while the files stay unchanged. Shared object: do not mutate."""
+    directory read by :func:`app.data.formats.read_graph` with ``options`` (``boundary``: its
+    edge list may name other parties' nodes); read once per process while the files stay
+    unchanged. Shared object: do not mutate."""
     if memory.is_memory(spec):
         return memory.lookup(spec)
     from .datasets import source_stamp
@@ -186,8 +201,17 @@ def load_piece(spec: str, options: Mapping[str, Any] | None = None) -> GraphData
     if not path.exists():
         raise ConfigError(f"node config {DATA_KEY}={spec!r}: no such file or directory; valid: the party's data "
                           "file or directory", public=f"node config '{DATA_KEY}', rule 'an existing file or directory'")
-    key = (str(path.resolve()), source_stamp(str(path), dict(options or {})), tuple(sorted((options or {}).items())))
-    return _remember(_PIECES, key, lambda: read_graph(str(path), **dict(options or {})), _MAX_CACHED)
+    key = (str(path.resolve()), source_stamp(str(path), dict(options or {})), tuple(sorted((options or {}).items())),
+           boundary)
+    return _remember(_PIECES, key, lambda: read_graph(str(path), boundary=boundary, **dict(options or {})), _MAX_CACHED)
+
+
+def reads_boundary(config_values: Mapping[str, Any]) -> bool:
+    """Whether a party's edge list may name other parties' nodes in this run: a node split
+    (``node-*``) with ``partition.boundary``; else an edge to an ID its node table does not list
+    is an error."""
+    partitioner = str(config_values["partitioner"])
+    return bool(partition_kwargs(partitioner, config_values).get("boundary")) if partitioner in FAMILY else False
 
 
 def party_node_shard(config_values: Mapping[str, Any], node_config: Mapping[str, Any], partition_id: int,
@@ -206,9 +230,9 @@ def party_node_shard(config_values: Mapping[str, Any], node_config: Mapping[str,
     from .shards import _remember
 
     options = read_options(node_config)
-    piece = load_piece(spec, options)
     partitioner, seed = str(config_values["partitioner"]), int(config_values["seed"])
     params = partition_kwargs(partitioner, config_values)
+    piece = load_piece(spec, options, boundary=reads_boundary(config_values))
     key = (id(piece), partitioner, int(partition_id), int(num_partitions), seed, tuple(sorted(params.items())))
     source = "in-memory piece" if memory.is_memory(spec) else f"{DATA_KEY}={spec!r}"
     # the entry holds the piece, so its id cannot be reused while cached

@@ -9,9 +9,14 @@ dispatches on the name; unknown names or parameters raise a one-line
 name                      what client ``c`` gets
 ========================  =====================================================
 ``node-random``           a random, near-equal set of nodes and the subgraph
-                          they induce (cross-client edges are dropped); rows of
-                          ``x``/``y`` for those nodes. ``overlap`` = fraction
-                          of nodes also copied to one other random client.
+                          they induce; rows of ``x``/``y`` for those nodes.
+                          ``boundary`` (default True): the edges from its
+                          owned nodes to nodes it does not hold are its
+                          boundary edges (``Shard.boundary``), as each
+                          organisation knows its own nodes' edges; False drops
+                          them (the papers' node splits). ``overlap`` =
+                          fraction of nodes also copied to one other random
+                          client.
 ``node-community``        whole communities (``community='louvain'``: networkx
                           Louvain, seeded, pure Python so meant for graphs up
                           to ~10^6 edges; ``'spectral'``: METIS-style
@@ -19,7 +24,8 @@ name                      what client ``c`` gets
                           with KL/FM refinement), packed largest-first onto
                           the least-loaded client (if there are fewer
                           communities than clients, the largest are bisected);
-                          then as ``node-random`` (induced subgraph, overlap).
+                          then as ``node-random`` (induced subgraph, boundary
+                          edges, overlap).
 ``node-dirichlet``        label-skewed node sets: for each class, the class's
                           nodes are split over clients by proportions drawn
                           from ``Dirichlet(alpha)`` (small alpha = strong skew),
@@ -56,7 +62,9 @@ name                      what client ``c`` gets
 ========================  =====================================================
 
 All node partitions set ``owned`` (bool per held node): each node is owned by
-exactly one client, copies made by ``overlap`` are not owned.
+exactly one client, copies made by ``overlap`` are not owned. Boundary edges
+start at owned nodes only, so every edge of the graph is, for each end's owner,
+either an edge of the subgraph it holds or one of its boundary edges.
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 
-from .types import GraphCollection, GraphData, Shard
+from .types import Boundary, GraphCollection, GraphData, Shard
 
 PARTITIONERS: tuple[str, ...] = (
     "node-random",
@@ -84,9 +92,9 @@ PARTITIONERS: tuple[str, ...] = (
 
 #: Keyword parameters each partitioner accepts, with defaults.
 PARTITION_PARAMS: dict[str, dict[str, Any]] = {
-    "node-random": {"overlap": 0.0},
-    "node-community": {"overlap": 0.0, "community": "louvain"},
-    "node-dirichlet": {"overlap": 0.0, "alpha": 0.5, "min_size": 2},
+    "node-random": {"overlap": 0.0, "boundary": True},
+    "node-community": {"overlap": 0.0, "community": "louvain", "boundary": True},
+    "node-dirichlet": {"overlap": 0.0, "alpha": 0.5, "min_size": 2, "boundary": True},
     "edge": {"overlap": 0.0, "replicas": 0, "with_features": False},
     "vertical": {"split": "contiguous", "sizes": ""},
     "sample": {},
@@ -98,6 +106,7 @@ PARTITION_PARAMS: dict[str, dict[str, Any]] = {
 #: The run-config key of each keyword parameter (``app.data.params``), named beside it in errors.
 RUN_CONFIG_KEYS: dict[str, str] = {
     "overlap": "partition.overlap",
+    "boundary": "partition.boundary",
     "replicas": "partition.replicas",
     "with_features": "partition.with-features",
     "alpha": "partition.alpha",
@@ -244,9 +253,24 @@ def _add_overlap(assign: np.ndarray, num_clients: int, overlap: float,
     return nodes.astype(np.int64), extra.astype(np.int64)
 
 
+def boundary_edges(adj: sp.csr_matrix, ids: np.ndarray, owned: np.ndarray) -> Boundary:
+    """The edges from the owned rows of ``ids`` (sorted global ids held by one client) to
+    nodes outside ``ids``: local row of the owned end, global id of the other end, weight."""
+    held = np.zeros(adj.shape[0], dtype=bool)
+    held[ids] = True
+    owned_rows = np.flatnonzero(owned)
+    sub = sp.csr_matrix(adj[ids[owned_rows]])
+    row_of = np.repeat(owned_rows, np.diff(sub.indptr))
+    away = ~held[sub.indices]
+    return Boundary(row_of[away].astype(np.int64), sub.indices[away].astype(np.int64),
+                    sub.data[away].astype(np.float64))
+
+
 def _node_shards(data: GraphData, assign: np.ndarray, num_clients: int, partitioner: str,
-                 overlap: float, rng: np.random.Generator, meta: dict | None = None) -> list[Shard]:
-    """Build node-partition shards from a primary assignment (node -> client)."""
+                 overlap: float, rng: np.random.Generator, meta: dict | None = None,
+                 boundary: bool = False) -> list[Shard]:
+    """Build node-partition shards from a primary assignment (node -> client), with each
+    client's boundary edges when ``boundary``."""
     _check_range("overlap", overlap, 0.0, 1.0, partitioner)
     dup_nodes, dup_clients = _add_overlap(assign, num_clients, overlap, rng)
     n = data.num_nodes
@@ -258,11 +282,12 @@ def _node_shards(data: GraphData, assign: np.ndarray, num_clients: int, partitio
     bounds = np.searchsorted(all_clients, np.arange(num_clients + 1))
     shards = []
     for c in range(num_clients):
-        ids = all_nodes[bounds[c]: bounds[c + 1]]
+        ids, owned = all_nodes[bounds[c]: bounds[c + 1]], all_owned[bounds[c]: bounds[c + 1]]
         shards.append(Shard(
             client_id=c, num_clients=num_clients, dataset=data.name, partitioner=partitioner,
             node_ids=ids, adj=_induced(data.adj, ids), x=_rows(data.x, ids),
-            y=None if data.y is None else data.y[ids], owned=all_owned[bounds[c]: bounds[c + 1]],
+            y=None if data.y is None else data.y[ids], owned=owned,
+            boundary=boundary_edges(data.adj, ids, owned) if boundary else None,
             meta={"num_nodes_global": n, "num_owned": int(all_owned[bounds[c]: bounds[c + 1]].sum()),
                   **(meta or {})},
         ))
@@ -277,10 +302,10 @@ def _balanced_assign(n: int, num_clients: int, rng: np.random.Generator) -> np.n
     return assign
 
 
-def _node_random(data, num_clients, seed, overlap):
+def _node_random(data, num_clients, seed, overlap, boundary):
     rng = _rng(seed, "node-random")
     assign = _balanced_assign(data.num_nodes, num_clients, rng)
-    return _node_shards(data, assign, num_clients, "node-random", overlap, rng)
+    return _node_shards(data, assign, num_clients, "node-random", overlap, rng, boundary=boundary)
 
 
 def _louvain(adj: sp.csr_matrix, seed: int) -> np.ndarray:
@@ -380,7 +405,7 @@ def _spectral_parts(adj: sp.csr_matrix, k: int, rng: np.random.Generator) -> np.
     return label
 
 
-def _node_community(data, num_clients, seed, overlap, community):
+def _node_community(data, num_clients, seed, overlap, community, boundary):
     if community not in COMMUNITY_METHODS:
         raise ConfigError(f"invalid value {community!r} for {_name('community')}; valid choices: "
                           + ", ".join(COMMUNITY_METHODS))
@@ -407,7 +432,7 @@ def _node_community(data, num_clients, seed, overlap, community):
         load[c] += sizes[cm]
     assign = to_client[comm]
     return _node_shards(data, assign, num_clients, "node-community", overlap, rng,
-                        {"community": community, "num_communities": found})
+                        {"community": community, "num_communities": found}, boundary=boundary)
 
 
 def dirichlet_assign(labels: np.ndarray, num_clients: int, alpha: float, min_size: int,
@@ -450,11 +475,12 @@ def _labels_or_error(data: GraphData, partitioner: str) -> np.ndarray:
     return data.y
 
 
-def _node_dirichlet(data, num_clients, seed, overlap, alpha, min_size):
+def _node_dirichlet(data, num_clients, seed, overlap, alpha, min_size, boundary):
     _check_dirichlet("node-dirichlet", alpha, min_size)
     rng = _rng(seed, "node-dirichlet")
     assign = dirichlet_assign(_labels_or_error(data, "node-dirichlet"), num_clients, alpha, min_size, rng)
-    return _node_shards(data, assign, num_clients, "node-dirichlet", overlap, rng, {"alpha": float(alpha)})
+    return _node_shards(data, assign, num_clients, "node-dirichlet", overlap, rng, {"alpha": float(alpha)},
+                        boundary=boundary)
 
 
 def _sample(data, num_clients, seed):

@@ -7,7 +7,8 @@ graph's node and graph IDs:
 
 * node split (``node-*``, ``sample*``): ``nodes.csv`` (``id``, feature columns
   ``x<column>``, ``label``) of its nodes, ``edges.csv`` (``source``,
-  ``target``[, ``weight``]) of the edges among them;
+  ``target``[, ``weight``]) of the edges among them and (``partition.boundary``)
+  of its boundary edges, to the other end's ID;
 * ``edge``: ``nodes.csv`` with every node's ID (and features with
   ``partition.with-features``), ``edges.csv`` of its edges;
 * ``vertical``: ``nodes.csv`` with every node's ID and its feature columns,
@@ -86,10 +87,22 @@ def write_party_folder(data: GraphData | GraphCollection, shard: Shard, folder: 
     nodes = {"id": keys[rows], **_features(shard.x, columns), **_label_column(shard.y)}
     _write(pd.DataFrame(nodes), folder / "nodes.csv")
     written = ["nodes.csv"]
-    if shard.adj is not None and shard.adj.nnz:
-        _write(_edges(shard.adj, keys[rows], _weighted(data.adj)), folder / "edges.csv")
+    if (shard.adj is not None and shard.adj.nnz) or shard.num_boundary:
+        edges = _edges(shard.adj, keys[rows], _weighted(data.adj))
+        if shard.num_boundary:
+            edges = pd.concat([edges, _boundary_edges(shard, keys, _weighted(data.adj))], ignore_index=True)
+        _write(edges, folder / "edges.csv")
         written.append("edges.csv")
     return written
+
+
+def _boundary_edges(shard: Shard, keys: np.ndarray, weighted: bool) -> pd.DataFrame:
+    """The shard's boundary edges, each from its own node to the other end's ID."""
+    b = shard.boundary
+    frame = {"source": keys[shard.node_ids[b.rows]], "target": keys[b.keys]}
+    if weighted:
+        frame["weight"] = b.weight
+    return pd.DataFrame(frame)
 
 
 def _write_graphs(data: GraphCollection, shard: Shard, folder: Path, keys: np.ndarray) -> list[str]:

@@ -34,7 +34,7 @@ from app.config import ConfigError
 from . import memory
 from .datasets import load_dataset, resolve_data_root, source_stamp
 from .partition import partition
-from .types import GraphCollection, GraphData, Shard
+from .types import Boundary, GraphCollection, GraphData, Shard
 
 FORMAT = "fedgraph-shard/1"
 MANIFEST = "manifest.json"
@@ -228,6 +228,7 @@ def _get_graphs(arrays, desc) -> list[GraphData]:
 
 
 _ARRAY_FIELDS = ("node_ids", "y", "feature_cols", "edge_weight", "graph_ids", "graph_y", "owned")
+_BOUNDARY_FIELDS = ("rows", "keys", "weight")
 
 
 def shard_to_arrays(shard: Shard, extra_header: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
@@ -244,8 +245,11 @@ def shard_to_arrays(shard: Shard, extra_header: Mapping[str, Any] | None = None)
         "adj": _put_matrix(arrays, "adj", shard.adj),
         "x": _put_matrix(arrays, "x", shard.x),
         "graphs": None if shard.graphs is None else _put_graphs(arrays, shard.graphs),
+        "boundary": shard.boundary is not None,
         **(extra_header or {}),
     }
+    if shard.boundary is not None:
+        arrays.update({f"boundary.{f}": getattr(shard.boundary, f) for f in _BOUNDARY_FIELDS})
     for f in header["arrays"]:
         arrays[f] = np.asarray(getattr(shard, f))
     try:
@@ -283,6 +287,9 @@ def shard_from_arrays(arrays: Mapping[str, np.ndarray], where: str = "shard") ->
         )
         for f in header["arrays"]:
             setattr(shard, f, body[f])
+        if header.get("boundary"):
+            shard.boundary = Boundary(*(body[f"boundary.{f}"] for f in _BOUNDARY_FIELDS)).validate(
+                shard.num_nodes, f"{where}: boundary")
     except (KeyError, ValueError, TypeError, IndexError) as e:
         raise ShardError(f"{where} is corrupted: {type(e).__name__}: {e}", rule="an intact shard file") from None
     return shard, header

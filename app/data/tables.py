@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from .assemble import INTEGER, DataFileError, Source, assemble, assemble_collection, id_array, show
+from .boundary import in_row_order, split_edges
 from .formats import SEPARATORS, text_suffix
 from .types import GraphCollection, GraphData
 
@@ -310,32 +311,52 @@ def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: 
 
 def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_column: str = "label",
                    weighted: bool = True, node_columns: list[str] | None = None,
-                   node_sep: str | None = ",") -> GraphData:
+                   node_sep: str | None = ",", boundary: bool = False) -> GraphData:
     """One graph from an edge list (None: from the node table alone, a graph without edges) and an
-    optional node table: the node table's IDs are the nodes (an edge naming another is an error),
-    without one the IDs the edges name. ``weighted=False`` reads every edge as weight 1."""
+    optional node table: the node table's IDs are the nodes, without one the IDs the edges name.
+    An edge naming an ID the node table does not list is an error, or with ``boundary`` (a
+    party's piece of a node split) one of the graph's boundary edges (:mod:`app.data.boundary`).
+    ``weighted=False`` reads every edge as weight 1."""
     edges = None if path is None else read_edges(path, SEPARATORS[text_suffix(path)])
     nodes = None if node_table is None else read_nodes(node_table, node_sep, label_column, node_columns)
     source = edges.table.source if edges is not None else nodes.table.source
+    weight = edges.weight if edges is not None and weighted else None
+    outside = None
     if edges is None:
         src = dst = np.zeros(0, np.int64)
         keys = nodes.ids
     else:
         codes, ends = pd.factorize(np.concatenate([edges.src, edges.dst]))
         _refuse_unnamed_header(edges, ends)
+        src, dst = codes[:len(edges.src)], codes[len(edges.src):]
         if nodes is None:
             keys = ends
+        elif boundary:
+            table_keys, edge_keys = _comparable_keys(edges, nodes, ends)
+            src, dst, weight, outside = split_edges(table_keys, edge_keys, src, dst, weight,
+                                                       lambda i: f"{edges.table.path}: {edges.table.where(i)}")
+            keys = nodes.ids
         else:
             codes, keys = _edges_in_table(edges, nodes, codes, ends), nodes.ids
-        src, dst = codes[:len(edges.src)], codes[len(edges.src):]
-    weight = edges.weight if edges is not None and weighted else None
+            src, dst = codes[:len(edges.src)], codes[len(edges.src):]
     meta = {"source": str(path if path is not None else node_table)}
     if nodes is not None:
         meta["node_table"] = str(node_table)
-    return assemble(name, len(keys), src, dst, source, keys=keys, weight=weight,
-                    x=None if nodes is None else nodes.x, labels=None if nodes is None else nodes.labels,
-                    labels_what=f"column {nodes.label_column!r}" if nodes is not None else "labels",
-                    label_source=None if nodes is None else nodes.table.source, meta=meta)
+    graph = assemble(name, len(keys), src, dst, source, keys=keys, weight=weight,
+                     x=None if nodes is None else nodes.x, labels=None if nodes is None else nodes.labels,
+                     labels_what=f"column {nodes.label_column!r}" if nodes is not None else "labels",
+                     label_source=None if nodes is None else nodes.table.source, meta=meta)
+    if outside is not None:
+        graph.boundary = in_row_order(outside, id_array(nodes.ids, nodes.table.source), graph.keys)
+    return graph
+
+
+def _comparable_keys(edges: Edges, nodes: Nodes, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The node table's IDs and the edge ends' IDs, of one kind."""
+    table_keys = id_array(nodes.ids, nodes.table.source)
+    _check_table_distinct(nodes, table_keys)
+    edge_keys = np.asarray(ends).astype(str) if table_keys.dtype.kind == "U" else id_array(ends, edges.table.source)
+    return _comparable(table_keys, edge_keys)
 
 
 def _refuse_unnamed_header(edges: Edges, ends: np.ndarray) -> None:
@@ -356,10 +377,7 @@ def _refuse_unnamed_header(edges: Edges, ends: np.ndarray) -> None:
 
 def _edges_in_table(edges: Edges, nodes: Nodes, codes: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The node-table row of every edge end; an ID the table does not hold is refused."""
-    table_keys = id_array(nodes.ids, nodes.table.source)
-    _check_table_distinct(nodes, table_keys)
-    edge_keys = np.asarray(ends).astype(str) if table_keys.dtype.kind == "U" else id_array(ends, edges.table.source)
-    table_keys, edge_keys = _comparable(table_keys, edge_keys)
+    table_keys, edge_keys = _comparable_keys(edges, nodes, ends)
     rows = pd.Index(table_keys).get_indexer(edge_keys)
     unknown = np.flatnonzero(rows < 0)
     if unknown.size:

@@ -52,8 +52,54 @@ def key_list(keys: np.ndarray | None, count: int) -> np.ndarray:
 
 
 @dataclass
+class Boundary:
+    """A node split's boundary edges: edges from a party's own rows to nodes it does not hold.
+
+    Each party knows its own nodes' edges, including those to another party's nodes (a
+    payment between two banks' customers is on both banks' books), so a cut edge is a
+    boundary edge of both its ends' parties. Edge ``e`` joins local row ``rows[e]`` to the
+    node whose ID is ``keys[e]`` (the user's ID on a party's own data, the global node id on
+    partitioned data) with weight ``weight[e]``; each (row, key) pair once.
+    """
+
+    rows: np.ndarray
+    keys: np.ndarray
+    weight: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.rows.size)
+
+    def validate(self, num_rows: int, what: str = "boundary") -> "Boundary":
+        """Raise ``ValueError`` unless rows are in ``0..num_rows-1``, the three arrays align,
+        weights are finite and positive and no (row, key) pair repeats."""
+        if not (self.rows.shape == self.keys.shape == self.weight.shape and self.rows.ndim == 1):
+            raise ValueError(f"{what}: rows, keys and weight must be 1-D of one length")
+        if self.rows.dtype != np.int64 or self.weight.dtype != np.float64:
+            raise ValueError(f"{what}: rows must be int64 and weight float64")
+        if self.keys.dtype != np.int64 and self.keys.dtype.kind != "U":
+            raise ValueError(f"{what}: keys must be int64 or a unicode array, got {self.keys.dtype}")
+        if self.rows.size and (self.rows.min() < 0 or self.rows.max() >= num_rows):
+            raise ValueError(f"{what}: a row outside 0..{num_rows - 1}")
+        if not (np.isfinite(self.weight).all() and (self.weight > 0).all()):
+            raise ValueError(f"{what}: a weight that is not finite and positive")
+        order = np.lexsort((self.keys, self.rows))
+        rows, keys = self.rows[order], self.keys[order]
+        if ((rows[1:] == rows[:-1]) & (keys[1:] == keys[:-1])).any():
+            raise ValueError(f"{what}: a (row, key) pair listed twice")
+        return self
+
+
+def no_boundary(keys_dtype=np.int64) -> Boundary:
+    """An empty :class:`Boundary` (a party whose nodes have no edge to another party's)."""
+    return Boundary(np.zeros(0, np.int64), np.zeros(0, keys_dtype), np.zeros(0, np.float64))
+
+
+@dataclass
 class GraphData:
-    """One attributed graph (or a plain sample matrix with an empty graph)."""
+    """One attributed graph (or a plain sample matrix with an empty graph).
+
+    ``boundary``: a party's piece read with its edges to node IDs it does not hold
+    (:class:`Boundary`); None for a whole graph."""
 
     name: str
     adj: sp.csr_matrix
@@ -61,6 +107,7 @@ class GraphData:
     y: np.ndarray | None = None
     meta: dict = field(default_factory=dict)
     node_keys: np.ndarray | None = None
+    boundary: Boundary | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -113,6 +160,8 @@ class GraphData:
             if self.y.shape != (n,) or self.y.dtype != np.int64:
                 raise ValueError(f"{self.name}: y must be int64 of shape ({n},)")
         check_keys(self.node_keys, n, f"{self.name}: node_keys")
+        if self.boundary is not None:
+            self.boundary.validate(n, f"{self.name}: boundary")
         return self
 
 
@@ -178,7 +227,9 @@ class Shard:
     ``graphs``/``graph_ids``/``graph_y`` hold graph-level samples (k-hop
     subgraphs or a share of a graph collection). ``keys`` (a party's own data,
     ``dataset = 'parties'``) are the user's IDs of its items in row order: node
-    IDs, or graph IDs for a graph split; they never leave the party.
+    IDs, or graph IDs for a graph split; they never leave the party. ``boundary`` (node
+    splits): the edges from the owned rows to nodes this client does not hold
+    (:class:`Boundary`); None when the split drops cut edges.
     """
 
     client_id: int
@@ -196,6 +247,7 @@ class Shard:
     graph_y: np.ndarray | None = None
     owned: np.ndarray | None = None
     keys: np.ndarray | None = None
+    boundary: Boundary | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     #: Which cut of the data a shard file belongs to (:func:`app.data.shards.shard_cut`); "" for a
     #: shard cut in this process.
@@ -212,6 +264,16 @@ class Shard:
     @property
     def num_graphs(self) -> int:
         return 0 if self.graphs is None else len(self.graphs)
+
+    @property
+    def num_boundary(self) -> int:
+        """Edges from this client's rows to nodes it does not hold."""
+        return 0 if self.boundary is None else len(self.boundary)
+
+    @property
+    def item_keys(self) -> np.ndarray:
+        """The IDs of the rows: the party's own (``keys``), else the global node ids."""
+        return self.node_ids if self.keys is None else self.keys
 
     @property
     def num_isolated(self) -> int:

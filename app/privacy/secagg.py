@@ -432,6 +432,31 @@ class SecAggParty:
         self._used_tags.add(tag)
         return acc.reshape(shape)
 
+    # --- sealed messages between two parties, and the party's own pads
+    def seal(self, peer: int, payload: bytes, label: str) -> bytes:
+        """``payload`` encrypted for ``peer`` alone (ChaCha20-Poly1305 under the pair's channel
+        key; ``label`` binds it to one use): nonce + ciphertext, for the server to relay."""
+        nonce = os.urandom(12)
+        return nonce + ChaCha20Poly1305(self._chan[int(peer)]).encrypt(nonce, bytes(payload),
+                                                                       self._aad(label, self.party_id, int(peer)))
+
+    def unseal(self, peer: int, sealed: bytes, label: str) -> bytes:
+        """The payload ``peer`` sealed for this party under ``label``; SecAggError if it fails
+        authentication (altered in transit, or sealed for another party or use)."""
+        sealed = bytes(sealed)
+        try:
+            return ChaCha20Poly1305(self._chan[int(peer)]).decrypt(sealed[:12], sealed[12:],
+                                                                   self._aad(label, int(peer), self.party_id))
+        except (InvalidTag, KeyError):
+            raise SecAggError(f"a sealed message from party {peer} failed authentication") from None
+
+    def pad(self, tag: str, n: int, dtype) -> np.ndarray:
+        """This party's one-time pad for ``tag``: ``n`` uniform ring elements from a seed only it
+        holds (derived from its private key), so it can remove the pad later without keeping it."""
+        sk = self._sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_PROTO + b"|pad").derive(sk)
+        return prg(seed, b"pad|" + _tag_bytes(tag), int(n), dtype)
+
     # --- recovery variant (double masking)
     def _aad(self, tag: str, sender: int, receiver: int) -> bytes:
         return _PROTO + b"|share|session=" + self.session_id + f"|tag={tag}|from={sender}|to={receiver}".encode()

@@ -1,7 +1,9 @@
 """Federated community detection: FedAvg of DMoN GNN weights (Leeney & McConville 2023).
 
 Every client ``c`` holds a subgraph ``G_c = (X_c, A_c)`` of one global graph
-(node partition; edges between clients are lost) and trains the same model,
+(node partition; edges between clients are lost, the paper's setting; with
+boundary edges the clients train on the whole graph instead:
+:mod:`app.protocols.fedavg_dmon_boundary`) and trains the same model,
 :class:`app.models.DMoNModel` (one GCN layer with SELU to ``hidden`` dims,
 dropout, linear head to ``k``, softmax), on the DMoN loss
 (:func:`app.models.dmon_loss`)::
@@ -94,6 +96,7 @@ class FedAvgDMoNConfig(ConfigView):
     dp_epsilon: float
     dp_delta: float
     secure: bool
+    aggregate: str
 
 
 #: What a client adds to its hello reply: its feature dimension (its node count, the FedAvg weight, is
@@ -307,7 +310,7 @@ def make_graph(x, adj_train: sp.csr_matrix, sparse_features: bool = False) -> Gr
 _MODELS: dict = {}
 
 
-def _model(f: int, k: int, hidden: int, dropout: float):
+def shared_model(f: int, k: int, hidden: int, dropout: float):
     """A reusable DMoNModel module of this shape (built once per process without
     touching the caller's RNG; its weights are always overwritten before use)."""
     import torch
@@ -402,13 +405,24 @@ def local_train(state: LocalState, graph: Graph, k: int, epochs: int, lr: float 
     ``state.rng``. The loop is :func:`app.models.train_dmon`'s (:func:`app.models.dmon_epochs`).
     Returns the new state and the per-epoch losses.
     """
-    import torch
-
     from app.models import dmon_epochs
+
+    def body(model, opt):
+        return dmon_epochs(model, opt, graph.x, graph.edge_index, graph.edge_weight, epochs, collapse)
+
+    return train_from(state, weights, k, lr, hidden, dropout, keep_optimizer, body)
+
+
+def train_from(state: LocalState, weights: Mapping[str, np.ndarray] | None, k: int, lr: float, hidden: int,
+               dropout: float, keep_optimizer: bool, body) -> tuple[LocalState, list[float]]:
+    """Run ``body(model, optimizer) -> losses`` on the shared model loaded with ``weights`` (else
+    ``state.weights``), Adam's moments from ``state`` (``keep_optimizer``) and the dropout stream
+    from ``state.rng``; returns the new state and the losses."""
+    import torch
 
     start = weights if weights is not None else state.weights
     f = int(np.shape(start["conv.lin.weight"])[1])
-    model = _model(f, k, hidden, dropout)
+    model = shared_model(f, k, hidden, dropout)
     set_weights(model, start)
     with torch.random.fork_rng(devices=[]):
         if state.rng is not None:
@@ -416,7 +430,7 @@ def local_train(state: LocalState, graph: Graph, k: int, epochs: int, lr: float 
         opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=0.0)
         if keep_optimizer and state.adam:
             opt.load_state_dict(_adam_state_dict(opt, state.adam))
-        losses = dmon_epochs(model, opt, graph.x, graph.edge_index, graph.edge_weight, epochs, collapse)
+        losses = body(model, opt)
         rng = torch.get_rng_state().numpy().copy()
     adam = _adam_arrays(opt) if keep_optimizer else {}
     return LocalState(get_weights(model), adam, rng), losses
@@ -427,7 +441,7 @@ def assign(weights: Mapping[str, np.ndarray], graph: Graph, k: int, hidden: int 
     import torch
 
     f = int(np.shape(weights["conv.lin.weight"])[1])
-    model = _model(f, k, hidden, 0.0)
+    model = shared_model(f, k, hidden, 0.0)
     set_weights(model, weights)
     model.eval()
     with torch.no_grad():
@@ -474,7 +488,8 @@ def client_metrics(labels: np.ndarray, y: np.ndarray | None, adj_test: sp.csr_ma
         for key in ("modularity", "conductance"):
             if key in m:
                 out[f"{key}_{name}"] = m[key]
-    return out
+    # rounding can put a perfect score a hair beyond its range (NMI 1.0000000000000002)
+    return {key: float(np.clip(v, -1.0, 1.0)) for key, v in out.items()}
 
 
 def dp_update(global_weights: Mapping[str, np.ndarray], local_weights: Mapping[str, np.ndarray],

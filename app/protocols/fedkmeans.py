@@ -11,6 +11,13 @@ Initialisation (one extra round, as in k-FED): every client runs k-means++ on
 its own rows and uploads its local centres with their sizes, each centre the
 mean of at least ``min-rows`` rows; the server runs weighted k-means on the
 union of local centres.
+
+Filter over the whole graph (a node split with boundary edges, several clients): the AGC
+filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2`` (``D~`` = whole-graph degree + 1) applied
+``filter-order`` times needs, per hop, each node's sum over all its neighbours of
+``U = D~^-1/2 F``; a padded sum (:mod:`app.protocols.boundary`) hands each party exactly its
+nodes' sums, and :func:`filter_hop` gives its rows of ``G F``. The local k-means++ seeds are
+then computed on those rows (``kmeans_init``) instead of with hello.
 """
 
 from __future__ import annotations
@@ -27,8 +34,18 @@ from app.wire import ArraySpec, ReplySpec
 # -- wire: the protocol's steps and what a valid reply holds ------------------------------
 KMEANS_STEP = "kmeans_step"
 KMEANS_ASSIGN = "kmeans_assign"
+#: one hop of the filter over the whole graph: (rows of the last sum down,) a padded upload up
+KMEANS_FILTER = "kmeans_filter"
+#: after the last hop: its sum's rows down, the local seeds of the filtered rows up (INIT_REPLY)
+KMEANS_INIT = "kmeans_init"
+#: the hello value saying that the filter runs over the whole graph in this many hops (the seeds
+#: then come with ``kmeans_init``, not with hello)
+FILTER_HOPS = "filter_hops"
+#: the padded upload of a hop: ``B_c U_c`` (N x f, masked and padded)
+NEIGHBOURS = "neighbours"
 
-#: the arrays a client adds to its hello reply: its local k-means++ centres and their sizes
+#: the arrays a client adds to its hello reply (or its ``kmeans_init`` reply, after the filter over the
+#: whole graph): its local k-means++ centres and their sizes
 INIT_REPLY = ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": ArraySpec((None,), low=0)},
                        same_length=("centres", "counts"))
 
@@ -58,6 +75,32 @@ class FedKMeansConfig(ConfigView):
 def local_features(x, adj, filter_order: int) -> np.ndarray:
     """A client's rows: its features, AGC-filtered ``filter_order`` times over its own subgraph."""
     return filtered_features(x, adj, filter_order)
+
+
+def scaled_rows(f: np.ndarray, degrees: np.ndarray) -> np.ndarray:
+    """``U = D~^-1/2 F``: a party's rows divided by the square root of their whole-graph degree + 1
+    (what its column block multiplies in a hop)."""
+    return f / np.sqrt(np.asarray(degrees, dtype=np.float64) + 1.0)[:, None]
+
+
+def filter_hop(f: np.ndarray, neighbour_sums: np.ndarray, degrees: np.ndarray) -> np.ndarray:
+    """A party's rows of ``G F`` from its rows ``F`` and their neighbour sums ``(A U)_own``:
+    ``G F = (F + D~^-1/2 A D~^-1/2 F + D~^-1 F) / 2`` (``G`` of
+    :func:`app.graph_filters.agc_filter_matrix`, ``A_hat = D~^-1/2 (A + I) D~^-1/2`` split into
+    its edges and its self-loop)."""
+    tilde = np.asarray(degrees, dtype=np.float64)[:, None] + 1.0
+    return 0.5 * (f + np.asarray(neighbour_sums, dtype=np.float64) / np.sqrt(tilde) + f / tilde)
+
+
+def hop_bound(total: int, value_bound: float) -> float:
+    """The largest |entry| of a party's hop upload ``B_c U_c`` on ``total`` nodes whose features
+    lie within ``value_bound``. ``U`` obeys a maximum principle: ``U' = D~^-1/2 G D~^1/2 U =
+    (U + D~^-1 (A+I) U) / 2`` averages with nonnegative weights summing to 1, so
+    ``max|U_t| <= max|U_0| <= max|X| <= value_bound`` at every hop; an entry of ``B_c U_c`` sums
+    at most ``total - 1`` edges of a node (unit weights: its degree), each times one ``U``. With
+    edge weights, exact while every node's weighted degree stays within ``total - 1``; a party
+    clips what exceeds the bound (:meth:`clients.base.ClusteringClient.masked`)."""
+    return max(int(total) - 1, 1) * float(value_bound)
 
 
 def assign(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -2,7 +2,9 @@
 
 Setting: L parties hold different feature columns ``X^l`` of the same n nodes
 and share the graph. Every function here is plain numpy (no Flower); the
-strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs.
+strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs. This is
+the paper's protocol (``kcagc.mode = paper``, and ``kcagc-basic``); the default exact
+mode's math is :mod:`app.protocols.kcagc_exact`.
 
 Per party (Protocol 1, local):
   * :func:`embedding` - AGC filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
@@ -102,9 +104,11 @@ def masked_reply(name: str, size: int, secure: bool) -> ReplySpec:
 @dataclass(frozen=True)
 class KCAGCConfig(ConfigView):
     """The ``kcagc.*`` keys (declared in :class:`strategies.kcagc.KCAGC`; ``kcagc-basic`` reads
-    all but ``local_factor``, ``local_restarts`` and ``tree``)."""
+    all but ``mode``, ``local_factor``, ``local_restarts`` and ``tree``; ``mode = exact``
+    reads ``filter`` and ``filter_order`` only, :mod:`app.protocols.kcagc_exact`)."""
 
     prefix: ClassVar[str] = "kcagc"
+    mode: str
     filter: str
     filter_order: int
     local_factor: int

@@ -1,0 +1,183 @@
+"""Client side of ``fedavg-dmon`` on a node split with boundary edges (the math:
+:mod:`app.protocols.fedavg_dmon_boundary`; the wire: strategies/fedavg_dmon_boundary.py).
+
+What leaves the party: with hello one power of two (its ``magnitude``, the bound of its masked
+uploads); once, the padded ``B_c D~_c^-1/2 X_c``; every round the padded ``B_c [S_c | Y_c]``
+and the masked ``[S_c'd_c, sum S_c, Y_c'd^v_c, 1'd_c, 1'd^v_c]`` under the global weights, then
+its trained weights, its local losses and its validation count ``val_intra``.
+
+Kept in ``context.state``: its propagated features ``P_c`` (``dmon_propagated``; they need the
+other parties' features, so they cannot be recomputed locally) and the round's global weights
+(``dmon_global``, between ``dmon_spread`` and ``dmon_train``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.data.types import no_boundary
+from app.protocols import boundary as links_proto
+from app.protocols import fedavg_dmon as proto
+from app.protocols import fedavg_dmon_boundary as bproto
+from app.protocols import fedavg_dmon_gradient as gproto
+from clients.base import answers, request_digest
+from clients.boundary import LINKS_RECORD, BoundaryClient
+
+_CUTS: dict = {}  # per process: key -> (shard, Cut, local train adjacency)
+
+
+def _sub(values, prefix: str) -> dict:
+    """The values under ``prefix`` (a second secure sum's ``secagg_values`` in one message)."""
+    return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+
+
+class DMoNBoundaryClient(BoundaryClient):
+    """Mixin of :class:`clients.fedavg_dmon.FedAvgDMoNClient`: the boundary-mode steps."""
+
+    @property
+    def linked(self) -> bool:
+        """Whether this run linked the party's boundary edges (boundary mode, several parties)."""
+        return LINKS_RECORD in self.context.state.array_records and self.shard.num_clients > 1
+
+    def boundary_mode(self) -> bool:
+        """Whether the run trains on the whole graph (:func:`app.protocols.fedavg_dmon_boundary.boundary_run`)."""
+        return bproto.boundary_run(self.config)
+
+    def _split(self):
+        """``(train, val)`` local adjacencies and the boundary edges' codes (the global split)."""
+        s, seed, val, test = self.shard, self.shared.seed, self.cfg.val_fraction, self.cfg.test_fraction
+        ids = bproto.split_ids(s.item_keys)
+        train, vadj, _ = proto.split_adjacency(s.adj, ids, seed, val, test)
+        boundary = s.boundary if s.boundary is not None else no_boundary(s.item_keys.dtype)
+        return train, vadj, boundary, bproto.boundary_codes(boundary, s.item_keys, seed, val, test)
+
+    def whole_cut(self):
+        """``(Cut, local train adjacency)``, built once per process."""
+        s = self.shard
+        key = (id(s), s.client_id, self.shared.seed, self.cfg.val_fraction, self.cfg.test_fraction,
+               self.links.offset, self.links.total)
+        hit = _CUTS.get(key)
+        if hit is None or hit[0] is not s:
+            train, vadj, boundary, codes = self._split()
+            hit = (s, bproto.cut(train, vadj, boundary, codes, self.links), train)
+            if len(_CUTS) > 16:
+                _CUTS.clear()
+            _CUTS[key] = hit
+        return hit[1], hit[2]
+
+    def magnitude(self) -> float:
+        train, _, boundary, codes = self._split()
+        keep = codes == proto.TRAIN
+        part = type(boundary)(boundary.rows[keep], boundary.keys[keep], boundary.weight[keep])
+        return bproto.magnitude(self.shard.x, links_proto.degrees(train, part), self.shard.num_nodes)
+
+    def party_graph(self) -> bproto.PartyGraph:
+        cut, train = self.whole_cut()
+        return bproto.party_graph(self.load("dmon_propagated")["p"], train, cut.degrees)
+
+    def padded_product(self, product: np.ndarray, values) -> np.ndarray:
+        """Up: ``product`` (N x f, this party's term of a sum over neighbours) masked and padded on its
+        own rows (:meth:`BoundaryClient.padded` with another of its column blocks)."""
+        masked = self.masked(product, values)
+        pad = self._load_party().pad(str(values["secagg_tag"]), masked[: self.shard.num_nodes].size, masked.dtype)
+        return links_proto.pad_rows(masked, pad, self.links)
+
+    def _check_release(self, action: str, values) -> None:
+        self.policy.check_noise(action, None)
+        self.require_masking(action, values, needed_by_run=True)
+
+    @answers(bproto.DMON_FEATURES)
+    def on_dmon_features(self, arrays, values):
+        """Up: the padded ``B_c D~_c^-1/2 X_c`` (once)."""
+        self._check_release(bproto.DMON_FEATURES, values)
+        cut, _ = self.whole_cut()
+        with self.spending(bproto.DMON_FEATURES, request_digest(arrays, values), None):
+            share = bproto.feature_share(self.shard.x, cut.degrees)
+            return {bproto.FEATURES: self.padded_product(cut.train @ share, values)}, {}
+
+    @answers(bproto.DMON_SPREAD)
+    def on_dmon_spread(self, arrays, values):
+        """Down: the global weights ``W_r`` (round 1: with the features' padded rows). Up: the padded
+        ``B_c [S_c | Y_c]`` and the masked sums under ``W_r`` (with ``train``, gradient mode: ``S_c`` under the
+        step's dropout mask, drawn again by ``dmon_gradient``)."""
+        self._check_release(bproto.DMON_SPREAD, values)
+        cut, _ = self.whole_cut()
+        if links_proto.PADDED_ROWS in arrays:
+            sums = self.unpadded(arrays[links_proto.PADDED_ROWS], values)
+            self.save("dmon_propagated", p=bproto.propagated(sums, self.shard.x, cut.degrees).astype(np.float32))
+        weights = {n: arrays[n] for n in proto.PARAM_NAMES}
+        self.save("dmon_global", **weights)
+        k, g = int(values["k"]), self.party_graph()
+        s = bproto.soft_assign(weights, g, k, self.cfg.hidden)
+        labels = s.argmax(axis=1)
+        if gproto.TRAIN_FLAG in values:  # gradient mode: S_c under this step's dropout mask
+            s = gproto.dropped_assign(weights, g, k, self.cfg.hidden, self.cfg.dropout, self._state(k, weights).rng)
+        with self.spending(bproto.DMON_SPREAD, request_digest(arrays, values), None):
+            return {bproto.SPREAD: self.padded_product(bproto.spread_product(cut, s, labels), values),
+                    bproto.SUMS: self.masked(bproto.party_sums(s, labels, cut), _sub(values, bproto.SUMS_VALUES))}, {}
+
+    def boundary_round(self, arrays, values):
+        """``dmon_train`` in boundary mode. Down: the padded ``[(A S)_c | (A^v Y)_c]`` rows and the
+        summed vector ``totals``. Train from the kept ``W_r`` on :func:`party_loss`; up: the weights
+        (masked with ``secure``), the local losses and the validation count of ``W_r``."""
+        k, cut = int(values["k"]), self.whole_cut()
+        weights = self.load("dmon_global")
+        g = self.party_graph()
+        s = bproto.soft_assign(weights, g, k, self.cfg.hidden)
+        rows = self.unpadded(arrays[links_proto.PADDED_ROWS], values)
+        frozen = bproto.frozen_terms(rows[:, :k], s, cut[1], cut[0].degrees, np.asarray(arrays["totals"]),
+                                     self.links.total)
+        state = self._state(k, weights)
+        state, losses = bproto.party_train(state, g, frozen, k, self.cfg.local_epochs, self.cfg.lr, self.cfg.hidden,
+                                           self.cfg.dropout, self.cfg.collapse, weights,
+                                           self.cfg.optimizer_state == "keep")
+        self.save("dmon_state", **state.to_arrays())
+        scored = {"val_intra": bproto.val_intra(s.argmax(axis=1), rows[:, k:])} if "score" in values else {}
+        if "secagg_tag" in values:
+            vector = float(values["factor"]) * proto.flatten(state.weights)
+            return {"weights": self.masked(vector, values)}, {"losses": losses, **scored}
+        return dict(state.weights), {"losses": losses, **scored}
+
+    def boundary_eval(self, arrays, values):
+        """``dmon_eval`` in boundary mode: the validation count of the kept weights from the padded rows."""
+        k = int(values["k"])
+        s = bproto.soft_assign(self.load("dmon_global"), self.party_graph(), k, self.cfg.hidden)
+        rows = self.unpadded(arrays[links_proto.PADDED_ROWS], values)
+        return {}, {"val_intra": bproto.val_intra(s.argmax(axis=1), rows[:, k:])}
+
+    @answers(gproto.DMON_GRADIENT, train=True)
+    def on_dmon_gradient(self, arrays, values):
+        """Gradient mode, one server step. Several parties: down the padded rows of the ``dmon_spread`` of
+        the kept ``W_t`` and the summed vector; up the masked ``[grad L_c, <S_c, (A S)_c>, val_intra_c]``.
+        One party: down ``W_t``; up its gradient of the DMoN loss on its graph, the loss and (``score``) the
+        validation score of ``W_t``. The dropout stream advances by one mask (kept in ``dmon_state``)."""
+        self.policy.check_noise(gproto.DMON_GRADIENT, None)
+        self.require_masking(gproto.DMON_GRADIENT, values, needed_by_run=self.linked)
+        with self.spending(gproto.DMON_GRADIENT, request_digest(arrays, values), None):
+            return self._linked_gradient(arrays, values) if self.linked else self._local_gradient(arrays, values)
+
+    def _linked_gradient(self, arrays, values):
+        k, (cut, train) = int(values["k"]), self.whole_cut()
+        weights, g, c = self.load("dmon_global"), self.party_graph(), self.cfg
+        rows = self.unpadded(arrays[links_proto.PADDED_ROWS], values)
+        grad, intra, rng = gproto.party_gradient(weights, g, rows[:, :k], train, np.asarray(arrays["totals"]),
+                                                 self.links.total, k, c.hidden, c.dropout, c.collapse,
+                                                 self._state(k, weights).rng)
+        self.save("dmon_state", **proto.LocalState(weights, {}, rng).to_arrays())
+        scored = 0.0
+        if "score" in values:
+            scored = bproto.val_intra(bproto.soft_assign(weights, g, k, c.hidden).argmax(axis=1), rows[:, k:])
+        return {gproto.GRADIENT: self.masked(np.concatenate([grad, [intra, scored]]), values)}, {}
+
+    def _local_gradient(self, arrays, values):
+        k, c = int(values["k"]), self.cfg
+        weights = {n: arrays[n] for n in proto.PARAM_NAMES}
+        graph, vadj, _ = self.graph()
+        grad, loss, rng = gproto.local_gradient(weights, graph, k, c.hidden, c.dropout, c.collapse,
+                                                self._state(k, weights).rng)
+        self.save("dmon_state", **proto.LocalState(weights, {}, rng).to_arrays())
+        scored = {}
+        if "score" in values:
+            score, edges = proto.validation_score(proto.assign(weights, graph, k, c.hidden), vadj)
+            scored = {"val_modularity": score, "val_edges": edges}
+        return {gproto.GRADIENT: grad}, {"loss": loss, **scored}

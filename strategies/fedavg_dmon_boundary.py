@@ -1,0 +1,131 @@
+"""Server side of ``fedavg-dmon`` on a node split with boundary edges (``partition.boundary=true``,
+``mode=federated``, several clients): the parties train on the whole graph's GCN layer and
+DMoN loss (math: :mod:`app.protocols.fedavg_dmon_boundary`).
+
+Wire protocol after the boundary links (:func:`strategies.links.link_boundaries`; what leaves a
+client in **bold**, every array masked):
+
+1. ``query.dmon_features`` (once) -> **the padded ``B_c D~_c^-1/2 X_c``** (N x f ring); the
+   server's ring sum is uniform to it (every party's pad on its own rows).
+2. per round r: ``query.dmon_spread``. Down: ``W_r`` and ``k`` (round 1: with each party's rows
+   of step 1's sum). Up: **the padded ``B_c [S_c | Y_c]``** (N x 2k) and **the masked
+   ``[S_c'd_c, sum S_c, Y_c'd^v_c, 1'd_c, 1'd^v_c]``** (3k + 2) under ``W_r``: the server learns
+   the summed vector (the whole graph's ``S'd``, cluster sizes, validation label volumes, 2m,
+   2m_v), nothing per client.
+3. per round r: ``train.dmon_train``. Down: each party's rows of step 2's padded sum and the
+   summed vector. Up: **the trained weights** (masked with ``fedavg-dmon.secure``), **the local
+   losses** and (``select=val-modularity``) **the validation count ``val_intra`` of W_r**; the
+   server forms the whole graph's validation modularity of ``W_r`` and averages the weights
+   (FedAvg by node count).
+4. (``select=val-modularity``) a ``dmon_spread`` of the final weights, then ``query.dmon_eval``
+   with the rows -> **val_intra**.
+
+The bound of every masked upload is the largest power of two the clients announced with hello
+(``magnitude``), at least ``secagg.bound``; sums use the finest fixed-point scale it allows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from app.protocols import boundary as links_proto
+from app.protocols import fedavg_dmon as proto
+from app.protocols import fedavg_dmon_boundary as bproto
+from app.protocols.fedavg_dmon_gradient import TRAIN_FLAG
+from app.transport import pack, unpack
+from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed
+
+if TYPE_CHECKING:
+    from app.session import ServerSession
+
+
+class BoundaryRounds:
+    """One boundary-mode run's training rounds (``run``) for :class:`strategies.fedavg_dmon.FedAvgDMoN`."""
+
+    def __init__(self, strategy, session: ServerSession, shapes: dict, counts: dict[int, int]):
+        self.strategy, self.session, self.shapes, self.counts = strategy, session, shapes, counts
+        self.k = strategy.shared.num_clusters
+        self.cfg = strategy.cfg
+        self.scored = self.cfg.select == "val-modularity"
+        session.setup_secure_aggregation()
+        self.links: ServerLinks = link_boundaries(session)
+        self.bound = max([float(strategy.secagg.bound)] + [float(c.summary["magnitude"]) for c in session.clients])
+
+    def _values(self, name: str) -> dict:
+        return self.session.secagg_values(name, self.bound, finest=True)
+
+    def features(self, width: int) -> tuple[dict, dict]:
+        """Step 1: each party's rows of the padded ``A D~^-1/2 X`` (by node id) and the values to relay."""
+        values = self._values(bproto.FEATURES)
+        replies = self.session.broadcast(bproto.DMON_FEATURES, pack(None, values),
+                                         padded_spec(bproto.FEATURES, self.links, width))
+        return padded_sum(self.session, replies, bproto.FEATURES, values, self.links), values
+
+    def spread(self, weights: dict, carried: tuple[dict, dict] | None, train: bool = False
+               ) -> tuple[dict, dict, np.ndarray]:
+        """Step 2 for ``weights`` (``carried``: step 1's rows and values, round 1; ``train``: ``S`` under
+        the step's dropout mask, gradient mode). Returns each party's rows of the padded ``A [S | Y]``,
+        their values and the summed vector."""
+        values, sums = self._values(bproto.SPREAD), self._values(bproto.SUMS)
+        down = {"k": self.k, **values, **{bproto.SUMS_VALUES + key: v for key, v in sums.items()},
+                **({TRAIN_FLAG: 1} if train else {})}
+        contents = {}
+        for node in self.session.node_ids:
+            arrays = dict(weights)
+            if carried is not None:
+                arrays[links_proto.PADDED_ROWS] = carried[0][node]
+            contents[node] = pack(arrays, {**down, **(relayed(carried[1]) if carried else {})})
+        replies = self.session.exchange(bproto.DMON_SPREAD, contents, bproto.spread_reply(self.links.total, self.k))
+        rows = padded_sum(self.session, replies, bproto.SPREAD, values, self.links)
+        return rows, values, self.session.secure_sum(replies, bproto.SUMS, sums)
+
+    def train(self, r: int, rows: dict, values: dict, totals: np.ndarray) -> tuple[dict, float | None, list]:
+        """Step 3: the new global weights, the validation modularity of ``W_r`` and the mean losses."""
+        secure = self.cfg.secure
+        down = {"k": self.k, "round": r, **relayed(values), **({"score": 1} if self.scored else {})}
+        if secure:
+            wvalues = self.session.secagg_values("weights", self.strategy.secagg.bound)
+            down.update(wvalues)
+        total = float(sum(self.counts.values()))
+        contents = {node: pack({links_proto.PADDED_ROWS: rows[node], "totals": totals},
+                               {**down, **({"factor": self.counts[node] / total} if secure else {})})
+                    for node in self.session.node_ids}
+        spec = bproto.train_reply(self.shapes, self.cfg.local_epochs, secure, self.scored)
+        replies = self.session.exchange(proto.DMON_TRAIN, contents, spec, category="train")
+        vals = [unpack(c)[1] for c in replies.values()]
+        score = bproto.validation_modularity([v["val_intra"] for v in vals], totals, self.k) if self.scored else None
+        losses = [float(x) for x in np.mean([np.asarray(v["losses"], dtype=np.float64) for v in vals], axis=0)]
+        if secure:
+            return proto.unflatten(self.session.secure_sum(replies, "weights", wvalues), self.shapes), score, losses
+        return proto.fedavg([unpack(replies[n])[0] for n in replies], [self.counts[n] for n in replies]), score, losses
+
+    def evaluate(self, weights: dict) -> float:
+        """Step 4: the validation modularity of the final weights."""
+        rows, values, totals = self.spread(weights, None)
+        contents = {node: pack({links_proto.PADDED_ROWS: rows[node]}, {"k": self.k, **relayed(values)})
+                    for node in self.session.node_ids}
+        replies = self.session.exchange(proto.DMON_EVAL, contents, bproto.EVAL_REPLY)
+        return bproto.validation_modularity([unpack(c)[1]["val_intra"] for c in replies.values()], totals, self.k)
+
+    def run(self, weights: dict, width: int, best) -> tuple[dict, list[dict]]:
+        """Steps 1-4 from the initial ``weights``; offers each round's weights to ``best``
+        (:class:`strategies.fedavg_dmon._Best`). Returns the final weights and the history."""
+        rounds, history = self.strategy.shared.num_rounds, []
+        carried = self.features(width)
+        for r in range(1, rounds + 1):
+            rows, values, totals = self.spread(weights, carried)
+            carried = None
+            new, score, losses = self.train(r, rows, values, totals)
+            if score is not None:
+                best.offer(weights, score, r)
+            weights = new
+            history.append({"round": r, "val_modularity": score, "loss": losses[-1], "losses": losses,
+                            "excluded": []})
+            self.session.round_done(r, rounds, val_modularity=score)
+        if self.scored:
+            best.offer(weights, self.evaluate(weights), rounds + 1)
+        else:
+            best.take(weights, rounds + 1)
+        return weights, history

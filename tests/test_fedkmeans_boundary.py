@@ -1,0 +1,205 @@
+"""fedkmeans on a node split with boundary edges: the AGC filter runs over the whole graph across
+the parties (padded secure sums), so every party's rows are its nodes' rows of the centralised
+filtered features; then the federated Lloyd protocol as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.client_app import build_client_app
+from app.data import load_dataset
+from app.data.partition import partition
+from app.graph_filters import low_pass_filter
+from app.inprocess import InProcessGrid
+from app.privacy.policy import MIN_ROWS
+from app.privacy.secagg import FixedPointEncoder, sum_masked
+from app.protocols import boundary
+from app.protocols import fedkmeans as proto
+from app.protocols.boundary import PADDED_ROWS
+from app.server_app import run_server
+from app.session import PrivacyRefused, ServerSession
+from app.transport import pack, unpack
+from app.wire import ProtocolError
+from clients.fedkmeans import FILTERED, FedKMeansClient
+
+N, K, F = 240, 4, 8
+SBM = {"sbm.nodes": N, "sbm.blocks": K, "sbm.features": F, "sbm.signal": 3.0, "sbm.p-in": 0.1, "sbm.p-out": 0.01}
+
+
+def sbm(seed: int = 0):
+    return load_dataset("sbm", seed=seed, nodes=N, blocks=K, features=F, signal=3.0, p_in=0.1, p_out=0.01)
+
+
+def run(out_dir, clients: int, order: int, **extra) -> tuple[InProcessGrid, dict]:
+    raw = {**SBM, "strategy": "fedkmeans", "dataset": "sbm", "num-clients": clients,
+           "fedkmeans.filter-order": order, "out-dir": str(out_dir), **extra}
+    grid = InProcessGrid(build_client_app(raw), clients, record=True)
+    return grid, run_server(grid, raw)
+
+
+def replies(grid: InProcessGrid, action: str) -> list:
+    return [r for r in grid.pulled if r.metadata.message_type == f"query.{action}"]
+
+
+def requests(grid: InProcessGrid, action: str) -> list:
+    return [m for m in grid.pushed if m.metadata.message_type == f"query.{action}"]
+
+
+def client_rows(grid: InProcessGrid) -> dict[int, tuple[np.ndarray, dict]]:
+    """Each node's global row ids (its kmeans_assign reply) and its kept state."""
+    return {r.metadata.src_node_id: (unpack(r.content)[0]["node_ids"], grid.contexts[r.metadata.src_node_id].state)
+            for r in replies(grid, proto.KMEANS_ASSIGN)}
+
+
+def protocol_labels(parts: list[np.ndarray], k: int, seed: int, rounds: int, tol: float,
+                    min_rows: int) -> list[np.ndarray]:
+    """The fedkmeans protocol's math on one machine: each part's local seeds, merged, Lloyd sums
+    over the parts (in partition order, as the server adds them), each part's final labels."""
+    seeds = [proto.local_seeds(x, k, seed, min_rows) for x in parts]
+    audits = [proto.Audit.of_seeds(labels, len(c), min_rows) if min_rows > 1 else None for c, _, labels in seeds]
+    centres = proto.merge_seeds(np.vstack([s[0] for s in seeds]), np.concatenate([s[1] for s in seeds]), k, seed)
+    for _ in range(rounds):
+        total = 0
+        for i, x in enumerate(parts):
+            sums, counts, withheld, inertia, audits[i] = proto.lloyd_statistics(x, centres, min_rows, audits[i])
+            total = total + proto.join_statistics(sums, counts, withheld, inertia)
+        sums, counts, _, _ = proto.split_statistics(total, k)
+        new = proto.update_centres(centres, sums, counts)
+        shift, centres = float(np.abs(new - centres).max()), new
+        if shift <= tol:
+            break
+    return [proto.assign(x, centres)[0] for x in parts]
+
+
+# --------------------------------------------------------------------------- protocol math
+def test_hops_over_column_blocks_give_the_pooled_filter():
+    """Plain functions: B_c U_c summed over the parties is A U; filter_hop on each party's rows
+    then gives its rows of G F, hop after hop, and every party's term stays within hop_bound."""
+    data = sbm()
+    shards = partition(data, "node-random", 3, seed=0)
+    order_of = np.concatenate([s.node_ids for s in shards])  # positions: parties' rows end to end
+    offsets = np.concatenate([[0], np.cumsum([s.num_nodes for s in shards])])
+    position = np.argsort(order_of)
+    links = [boundary.Links(int(offsets[c]), N, position[s.boundary.keys.astype(np.int64)])
+             for c, s in enumerate(shards)]
+    blocks = [boundary.column_block(s.adj, s.boundary, link) for s, link in zip(shards, links)]
+    degrees = [boundary.degrees(s.adj, s.boundary) for s in shards]
+    rows = [np.asarray(s.x, dtype=np.float64) for s in shards]
+    for order in range(1, 5):
+        terms = [b @ proto.scaled_rows(f, d) for b, f, d in zip(blocks, rows, degrees)]
+        assert max(np.abs(t).max() for t in terms) <= proto.hop_bound(N, np.abs(data.x).max())
+        total = sum(terms)
+        rows = [proto.filter_hop(f, total[offsets[c]:offsets[c + 1]], d) for c, (f, d) in enumerate(zip(rows, degrees))]
+        pooled = low_pass_filter(data.x, data.adj, order)[order_of]
+        assert np.abs(np.vstack(rows) - pooled).max() <= 1e-12 * np.abs(pooled).max()
+
+
+# --------------------------------------------------------------------------- end to end
+def test_federated_filter_equals_the_centralised_filter_and_the_server_sees_padded_sums(out_dir):
+    order, clients = 3, 3
+    grid, result = run(out_dir, clients, order)
+    data = sbm()
+    centralised = low_pass_filter(data.x, data.adj, order)
+    kept = client_rows(grid)
+    assert len(kept) == clients
+    for ids, state in kept.values():
+        assert int(state.array_records[FILTERED]["hops"].numpy()[0]) == order
+        rows = state.array_records[FILTERED]["rows"].numpy()
+        assert np.abs(rows - centralised[ids]).max() <= 1e-6 * np.abs(centralised).max()
+    assert result["reference"]["agreement"]["ari"] >= 0.99
+    # hello carries no centres: the seeds come after the filter, with kmeans_init
+    assert not any(unpack(r.content)[0] for r in replies(grid, "hello"))
+    assert len(replies(grid, proto.KMEANS_INIT)) == clients
+    # one round per hop; the rows of hop t ride down with hop t + 1's request, the last with init
+    hops = {m.metadata.message_id: unpack(m.content) for m in requests(grid, proto.KMEANS_FILTER)}
+    assert sorted(int(v["hop"]) for _, v in hops.values()) == sorted(list(range(1, order + 1)) * clients)
+    assert all((PADDED_ROWS in a) == (int(v["hop"]) > 1) for a, v in hops.values())
+    assert all(PADDED_ROWS in unpack(m.content)[0] for m in requests(grid, proto.KMEANS_INIT))
+    # the server receives masked ring arrays (N x f) whose ring sum is padded: not A D~^-1/2 X
+    first = [r for r in replies(grid, proto.KMEANS_FILTER) if int(hops[r.metadata.reply_to_message_id][1]["hop"]) == 1]
+    uploads = [unpack(r.content)[0][proto.NEIGHBOURS] for r in first]
+    assert len(uploads) == clients and all(u.dtype == np.uint64 and u.shape == (N, F) for u in uploads)
+    values = next(v for _, v in hops.values() if int(v["hop"]) == 1)
+    ring = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"]) \
+        .decode(sum_masked(uploads))
+    partition_of = {n: grid.contexts[n].node_config["partition-id"] for n in kept}
+    order_of = np.concatenate([kept[n][0] for n in sorted(kept, key=partition_of.get)])
+    degrees = np.asarray(data.adj.sum(axis=1)).ravel()
+    plain = (data.adj @ proto.scaled_rows(np.asarray(data.x, dtype=np.float64), degrees))[order_of]
+    assert (np.abs(ring - plain) > 1.0).all()  # every entry padded, on every party's rows
+    assert len(np.unique(np.concatenate(uploads).ravel() >> np.uint64(60))) == 16  # uniform-looking
+    ledger = {m["name"]: m for m in result["privacy"]["mechanisms"]}
+    assert "fedkmeans:whole-graph-filter" in ledger and f"padded-sum:{proto.NEIGHBOURS}" in ledger
+
+
+@pytest.mark.parametrize("clients", [4, 5])
+def test_agreement_with_the_centralised_reference_on_the_planted_partition(out_dir, clients):
+    """The default sbm (1000 nodes) at a seed no other test uses: the labels agree with k-means on
+    the pooled filtered features."""
+    from app.run import run_experiment
+
+    result = run_experiment("fedkmeans", "sbm", clients, {"fedkmeans.filter-order": 4, "seed": 7}, out_dir)
+    assert result["reference"]["agreement"]["ari"] >= 0.99
+
+
+def test_one_client_is_the_centralised_algorithm(out_dir):
+    order = 2
+    grid, _ = run(out_dir, 1, order, **{"partitioner": "node-random"})
+    (ids, state), = client_rows(grid).values()
+    data = sbm()
+    assert FILTERED not in state.array_records  # one client holds the whole graph: it filters it locally
+    shard, = partition(data, "node-random", 1, seed=0)
+    assert np.array_equal(shard.node_ids, ids)
+    x = proto.local_features(shard.x, shard.adj, order)
+    assert np.abs(x - low_pass_filter(data.x, data.adj, order)[ids]).max() <= 1e-12
+    expected, = protocol_labels([x], K, 0, 20, 1e-6, MIN_ROWS)
+    assert np.array_equal(state.array_records["labels"]["labels"].numpy(), expected)
+    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+
+
+def test_without_boundary_edges_each_client_filters_its_own_subgraph(out_dir):
+    """partition.boundary=false: the protocol as without boundary edges (local filter, seeds with
+    hello, no links, nothing masked): labels are the protocol math's on the locally filtered rows."""
+    order, clients = 2, 3
+    grid, _ = run(out_dir, clients, order, **{"partition.boundary": False})
+    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+    assert all(unpack(r.content)[0]["centres"].shape[1] == F for r in replies(grid, "hello"))
+    shards = partition(sbm(), "node-random", clients, seed=0, boundary=False)
+    parts = [proto.local_features(s.x, s.adj, order) for s in shards]
+    expected = protocol_labels(parts, K, 0, 20, 1e-6, MIN_ROWS)
+    by_partition = {grid.contexts[n].node_config["partition-id"]: (ids, state) for n, (ids, state) in
+                    client_rows(grid).items()}
+    for c, shard in enumerate(shards):
+        ids, state = by_partition[c]
+        assert np.array_equal(ids, shard.node_ids) and FILTERED not in state.array_records
+        assert np.array_equal(state.array_records["labels"]["labels"].numpy(), expected[c])
+
+
+def test_a_hop_bound_below_the_honest_one_is_refused(out_dir, monkeypatch):
+    """A server declaring a hop bound too small for the parties' entries (clipping would alter
+    them; the party knows the honest bound from N and secagg.bound) is refused."""
+    honest = ServerSession.secagg_values
+
+    def low(self, name, bound, finest=False):
+        return honest(self, name, bound / 1000 if name.startswith(proto.NEIGHBOURS) else bound, finest)
+
+    monkeypatch.setattr(ServerSession, "secagg_values", low)
+    with pytest.raises(PrivacyRefused, match="secagg-bound"):
+        run(out_dir, 3, 2)
+
+
+def test_a_hop_out_of_order_is_refused(out_dir, monkeypatch):
+    """A party takes its filter one hop at a time: a server that skips hop 1 (asking for hop 2's
+    upload without hop 1's sum) gets a refusal, not an upload of unfiltered rows labelled hop 2."""
+    honest = ServerSession.exchange
+
+    def skipping(self, action, contents, expect=None, **kw):
+        if action == proto.KMEANS_FILTER:
+            contents = {n: pack(a, {**v, "hop": int(v["hop"]) + 1}) for n, (a, v) in
+                        ((n, unpack(c)) for n, c in contents.items())}
+        return honest(self, action, contents, expect, **kw)
+
+    monkeypatch.setattr(ServerSession, "exchange", skipping)
+    with pytest.raises(ProtocolError, match="kmeans_filter.*ValueError"):
+        run(out_dir, 3, 3)
