@@ -38,7 +38,8 @@ sys.path.insert(0, str(HERE.parent))
 JSON_PATH = HERE / "results" / "fedavg_dmon_boundary.json"
 SETTINGS = {"centralised": {"fedavg-dmon.mode": "centralised"},
             "paper": {"fedavg-dmon.mode": "federated", "partition.boundary": False},
-            "boundary": {"fedavg-dmon.mode": "federated", "partition.boundary": True, "fedavg-dmon.aggregate": "weights"},
+            "boundary": {"fedavg-dmon.mode": "federated", "partition.boundary": True,
+                         "fedavg-dmon.aggregate": "weights"},
             "gradient": {"fedavg-dmon.mode": "federated", "partition.boundary": True,
                          "fedavg-dmon.aggregate": "gradient"}}
 SEEDS = {"sbm": (7, 8, 9), "cora": (0, 1, 2)}

@@ -4,11 +4,14 @@
 What leaves the party: with hello one power of two (its ``magnitude``, the bound of its masked
 uploads); once, the padded ``B_c D~_c^-1/2 X_c``; every round the padded ``B_c [S_c | Y_c]``
 and the masked ``[S_c'd_c, sum S_c, Y_c'd^v_c, 1'd_c, 1'd^v_c]`` under the global weights, then
-its trained weights, its local losses and its validation count ``val_intra``.
+its trained weights, its local losses and its validation count ``val_intra``
+(``aggregate=gradient``: per server step instead the masked ``[grad L_c, <S_c, (A S)_c>,
+val_intra_c]``, :mod:`app.protocols.fedavg_dmon_gradient`).
 
 Kept in ``context.state``: its propagated features ``P_c`` (``dmon_propagated``; they need the
 other parties' features, so they cannot be recomputed locally) and the round's global weights
-(``dmon_global``, between ``dmon_spread`` and ``dmon_train``).
+(``dmon_global``, between ``dmon_spread`` and ``dmon_train`` / ``dmon_gradient``); in gradient mode
+the centralised dropout stream's state (``dmon_stream``).
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class DMoNBoundaryClient(BoundaryClient):
         s = bproto.soft_assign(weights, g, k, self.cfg.hidden)
         labels = s.argmax(axis=1)
         if gproto.TRAIN_FLAG in values:  # gradient mode: S_c under this step's dropout mask
-            s = gproto.dropped_assign(weights, g, k, self.cfg.hidden, self.cfg.dropout, self._state(k, weights).rng)
+            s = gproto.dropped_assign(weights, g, k, self.cfg.hidden, self._step_noise(k, weights)[0])
         with self.spending(bproto.DMON_SPREAD, request_digest(arrays, values), None):
             return {bproto.SPREAD: self.padded_product(bproto.spread_product(cut, s, labels), values),
                     bproto.SUMS: self.masked(bproto.party_sums(s, labels, cut), _sub(values, bproto.SUMS_VALUES))}, {}
@@ -150,20 +153,35 @@ class DMoNBoundaryClient(BoundaryClient):
         """Gradient mode, one server step. Several parties: down the padded rows of the ``dmon_spread`` of
         the kept ``W_t`` and the summed vector; up the masked ``[grad L_c, <S_c, (A S)_c>, val_intra_c]``.
         One party: down ``W_t``; up its gradient of the DMoN loss on its graph, the loss and (``score``) the
-        validation score of ``W_t``. The dropout stream advances by one mask (kept in ``dmon_state``)."""
+        validation score of ``W_t``. The dropout stream advances by one mask (kept in ``dmon_stream``)."""
         self.policy.check_noise(gproto.DMON_GRADIENT, None)
         self.require_masking(gproto.DMON_GRADIENT, values, needed_by_run=self.linked)
         with self.spending(gproto.DMON_GRADIENT, request_digest(arrays, values), None):
             return self._linked_gradient(arrays, values) if self.linked else self._local_gradient(arrays, values)
 
+    def _stream(self, k: int, weights) -> np.ndarray:
+        """The centralised dropout stream's state (client 0's, whichever party this is): kept in
+        ``dmon_stream``, at the first step as centralised training leaves it after initialising."""
+        if "dmon_stream" in self.context.state.array_records:
+            return self.load("dmon_stream")["rng"]
+        return proto.start_state(weights, self.shared.seed, 0, k, self.cfg.hidden, self.cfg.dropout).rng
+
+    def _step_noise(self, k: int, weights):
+        """``(noise rows, stream after)``: this step's dropout multipliers of the party's nodes
+        (:func:`app.protocols.fedavg_dmon_gradient.step_noise`), the mask rows being the nodes' global
+        row numbers (``dataset=parties``: their positions)."""
+        s = self.shard
+        rows = s.node_ids if s.keys is None else self.links.offset + np.arange(s.num_nodes)
+        return gproto.step_noise(self._stream(k, weights), self.links.total, k, self.cfg.dropout, rows)
+
     def _linked_gradient(self, arrays, values):
-        k, (cut, train) = int(values["k"]), self.whole_cut()
+        k, (_, train) = int(values["k"]), self.whole_cut()
         weights, g, c = self.load("dmon_global"), self.party_graph(), self.cfg
         rows = self.unpadded(arrays[links_proto.PADDED_ROWS], values)
-        grad, intra, rng = gproto.party_gradient(weights, g, rows[:, :k], train, np.asarray(arrays["totals"]),
-                                                 self.links.total, k, c.hidden, c.dropout, c.collapse,
-                                                 self._state(k, weights).rng)
-        self.save("dmon_state", **proto.LocalState(weights, {}, rng).to_arrays())
+        noise, rng = self._step_noise(k, weights)
+        grad, intra = gproto.party_gradient(weights, g, rows[:, :k], train, np.asarray(arrays["totals"]),
+                                            self.links.total, k, c.hidden, noise, c.collapse)
+        self.save("dmon_stream", rng=rng)
         scored = 0.0
         if "score" in values:
             scored = bproto.val_intra(bproto.soft_assign(weights, g, k, c.hidden).argmax(axis=1), rows[:, k:])
@@ -174,8 +192,8 @@ class DMoNBoundaryClient(BoundaryClient):
         weights = {n: arrays[n] for n in proto.PARAM_NAMES}
         graph, vadj, _ = self.graph()
         grad, loss, rng = gproto.local_gradient(weights, graph, k, c.hidden, c.dropout, c.collapse,
-                                                self._state(k, weights).rng)
-        self.save("dmon_state", **proto.LocalState(weights, {}, rng).to_arrays())
+                                                self._stream(k, weights))
+        self.save("dmon_stream", rng=rng)
         scored = {}
         if "score" in values:
             score, edges = proto.validation_score(proto.assign(weights, graph, k, c.hidden), vadj)

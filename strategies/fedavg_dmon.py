@@ -13,8 +13,13 @@ Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
   with boundary edges (``partition.boundary=true``, the default of the
   ``node-*`` partitioners) the parties train on the whole graph: its GCN
   layer and its DMoN loss, cut edges included, with padded secure sums
-  (strategies/fedavg_dmon_boundary.py, :mod:`app.protocols.fedavg_dmon_boundary`);
-  the paper's federated mode, each client on its own subgraph, is
+  (strategies/fedavg_dmon_boundary.py, :mod:`app.protocols.fedavg_dmon_boundary`).
+  There ``aggregate=gradient`` (the default) is centralised full-batch training:
+  the server keeps the model and Adam and takes num-rounds x local-epochs steps
+  on the parties' summed exact gradients (strategies/fedavg_dmon_gradient.py,
+  :mod:`app.protocols.fedavg_dmon_gradient`); ``aggregate=weights`` trains
+  local Adam epochs and averages the weights (steps 2-3 below).
+  The paper's federated mode, each client on its own subgraph, is
   ``partition.boundary=false``;
 * ``isolated``: same rounds and epochs, but clients never aggregate (each
   trains, selects and labels with its own model; no weights leave a client);
@@ -125,10 +130,13 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     its nodes' edges to other clients' nodes: the clients then train on the whole graph's GCN layer
     and DMoN loss (padded secure sums over neighbours held elsewhere). With
     ``partition.boundary=false`` (the paper's setting; ``partition.overlap`` lets clients share
-    nodes) cross-client edges are lost. Each client trains a DMoN graph neural network (a GCN encoder with a modularity loss and collapse
-    regularisation) for a few local epochs per round; the server averages the weights by node
-    count (FedAvg; optionally under secure aggregation and/or client-level DP-FedAvg) and keeps the
-    weights of the round with the best validation-edge modularity. Modes ``isolated`` and
+    nodes) cross-client edges are lost. On the whole graph, ``aggregate=gradient`` (the default) makes
+    the server keep the model and Adam and step on the clients' summed exact gradients (centralised
+    full-batch training, step for step). Otherwise each client trains a DMoN graph neural network
+    (a GCN encoder with a modularity loss and collapse regularisation) for a few local epochs per
+    round; the server averages the weights by node count (FedAvg; optionally under secure
+    aggregation and/or client-level DP-FedAvg). Either way the server keeps the weights of the
+    round with the best validation-edge modularity. Modes ``isolated`` and
     ``centralised`` give the paper's comparison. Centralised reference: DMoN trained on the whole
     graph for as many epochs."""
 

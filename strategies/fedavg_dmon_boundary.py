@@ -1,6 +1,8 @@
 """Server side of ``fedavg-dmon`` on a node split with boundary edges (``partition.boundary=true``,
 ``mode=federated``, several clients): the parties train on the whole graph's GCN layer and
-DMoN loss (math: :mod:`app.protocols.fedavg_dmon_boundary`).
+DMoN loss (math: :mod:`app.protocols.fedavg_dmon_boundary`). Below: ``aggregate=weights``; with
+``aggregate=gradient`` steps 1, 2 and 4 are shared and step 3 is the server's Adam step on the
+summed gradients (strategies/fedavg_dmon_gradient.py).
 
 Wire protocol after the boundary links (:func:`strategies.links.link_boundaries`; what leaves a
 client in **bold**, every array masked):

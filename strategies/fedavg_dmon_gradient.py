@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.protocols import boundary as links_proto
-from app.protocols import fedavg_dmon as proto
 from app.protocols import fedavg_dmon_boundary as bproto
 from app.protocols import fedavg_dmon_gradient as gproto
 from app.transport import pack, unpack

@@ -18,7 +18,8 @@ from conftest import LateReplyGrid, shared_datasets_or_skip
 
 DMON = {"strategy": "fedavg-dmon", "dataset": "karate", "num-clusters": 2, "partitioner": "node-random",
         "num-rounds": 2, "fedavg-dmon.local-epochs": 1, "fedavg-dmon.hidden": 4, "fedavg-dmon.select": "last",
-        "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-noise": 1.0}
+        "fedavg-dmon.dp-clip": 1.0, "fedavg-dmon.dp-noise": 1.0,
+        "partition.boundary": False}  # client-level DP covers the paper's split, without cut edges
 FEDSC_DP = {"strategy": "fedsc", "dataset": "iris", "num-clusters": 3, "num-rounds": 2, "fedsc.sigma": 1.0,
             "fedsc.landmarks": 8, "fedsc.dp-epsilon": 5.0}
 FEDSC_RATIOS = {"strategy": "fedsc", "dataset": "iris", "num-clusters": 3, "num-rounds": 2, "fedsc.noise-z": 0.3,

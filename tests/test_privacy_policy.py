@@ -142,7 +142,7 @@ MASKING_RUNS = {
                           "fedspectral-plus.rounds": 2}, "fedspectral_power"),
     "fedsc": ({"dataset": "iris", "fedsc.secure": True, "num-rounds": 2, "fedsc.landmarks": 12}, "fedsc_round"),
     "fedavg-dmon": ({"dataset": "sbm", **SBM, "fedavg-dmon.secure": True, "num-rounds": 1,
-                     "fedavg-dmon.local-epochs": 1, "fedavg-dmon.select": "last"}, "dmon_train"),
+                     "fedavg-dmon.local-epochs": 1, "fedavg-dmon.select": "last"}, "dmon_gradient"),
 }
 
 

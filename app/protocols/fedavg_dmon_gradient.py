@@ -15,8 +15,8 @@ no weight decay); each server step t
 1. sends ``W_t``; every party answers the ``dmon_spread`` of ``W_t`` (its padded ``B_c S_c``
    and the masked global sums, ``S_c`` under this step's dropout mask);
 2. sends every party its rows of those sums; every party answers the masked vector
-   ``[grad_W L_c(W_t), <S_c, (A S)_c>, val_intra_c]`` (:func:`party_gradient`), drawing the same
-   dropout mask as in 1 (its dropout stream restarts from the state kept before 1);
+   ``[grad_W L_c(W_t), <S_c, (A S)_c>, val_intra_c]`` (:func:`party_gradient`) under the same
+   dropout mask as in 1 (the stream state kept before 1 draws it again, then advances);
 3. unmasks the sum: the whole graph's gradient at ``W_t``, and ``Tr(S'AS)`` from which
    :func:`whole_loss` forms the whole graph's loss; one Adam step gives ``W_{t+1}``.
 
@@ -25,12 +25,14 @@ needs two exchanges: the gradient at ``W_t`` needs the neighbour sums of ``S(W_t
 sum), and ``W_{t+1}`` needs the sum of the gradients (a second one), so neither reply can ride
 with the other step's message.
 
-Dropout: centralised training draws one mask over all n x k logits per epoch; here each party
-draws its rows' mask from its own stream (:func:`app.protocols.fedavg_dmon.dropout_seed`), so the
-summed gradient is the exact gradient of the whole-graph loss under a mask with the same
-distribution, a different draw. One party draws exactly the centralised stream (step for step
-the same weights); with ``dropout=0`` any number of parties gives the centralised weights up to
-float rounding.
+Dropout: centralised training draws one mask over all n x k logits per epoch from the torch
+stream seeded with ``seed`` (after the initialisation's draws). Every party replays that stream
+(:func:`step_noise`: the same generator state, the same n x k draw; the seed is public) and
+applies the mask's rows of its nodes: their global row numbers on a partitioned dataset, so the
+summed gradient is the centralised epoch's gradient under the centralised mask, and the weights
+equal centralised training's step for step up to float rounding, dropout included. On
+``dataset=parties`` (no global row numbers) a party takes the rows at its positions: the same
+mask distribution, another assignment of its rows to nodes than the pooled graph's order.
 
 With one party (it holds the whole graph) nothing is linked or masked: it answers step 2 alone,
 its float gradient of :func:`app.models.dmon_loss` on its own graph (:func:`local_gradient`).
@@ -126,6 +128,19 @@ def _in_stream(rng, fn):
         return out, torch.get_rng_state().numpy().copy()
 
 
+def step_noise(rng, n: int, k: int, dropout: float, rows: np.ndarray):
+    """``(noise rows, rng after)``: the dropout multipliers (0 or ``1/(1-p)``) that centralised
+    training's epoch draws for all ``n x k`` logits from the stream at ``rng`` (``F.dropout`` draws
+    its mask by shape alone), at ``rows``; ``None`` without dropout (no draw)."""
+    import torch
+    import torch.nn.functional as F
+
+    if dropout <= 0:
+        return None, rng
+    noise, rng = _in_stream(rng, lambda: F.dropout(torch.ones(n, k), p=dropout, training=True))
+    return noise[torch.as_tensor(np.asarray(rows, dtype=np.int64))], rng
+
+
 def _loaded(weights, f: int, k: int, hidden: int, dropout: float):
     model = proto.shared_model(f, k, hidden, dropout)
     proto.set_weights(model, weights)
@@ -134,38 +149,41 @@ def _loaded(weights, f: int, k: int, hidden: int, dropout: float):
     return model
 
 
+def _assign(model, x, no_edges, noise):
+    """``S = softmax(logits * noise)`` (``DMoNModel.forward`` with a given dropout mask)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = model.head(F.selu(model.conv(x, no_edges)))
+    return torch.softmax(logits if noise is None else logits * noise, dim=-1)
+
+
 def _flat_gradient(model) -> np.ndarray:
     named = dict(model.named_parameters())
     return np.concatenate([named[n].grad.detach().numpy().astype(np.float64).ravel() for n in proto.PARAM_NAMES])
 
 
-def dropped_assign(weights, g: bproto.PartyGraph, k: int, hidden: int, dropout: float, rng) -> np.ndarray:
-    """``S_c`` under ``weights`` and this step's dropout mask (the stream at ``rng``), float64: what the
-    party's gradient-mode spread multiplies (the stream is not advanced: the gradient redraws it)."""
+def dropped_assign(weights, g: bproto.PartyGraph, k: int, hidden: int, noise) -> np.ndarray:
+    """``S_c`` under ``weights`` and this step's dropout multipliers ``noise`` (its rows), float64: what
+    the party's gradient-mode spread multiplies."""
     import torch
 
-    model = _loaded(weights, g.x.shape[1], k, hidden, dropout)
+    model = _loaded(weights, g.x.shape[1], k, hidden, 0.0)
     with torch.no_grad():
-        s, _ = _in_stream(rng, lambda: model(g.x, g.no_edges))
-    return s.numpy().astype(np.float64)
+        return _assign(model, g.x, g.no_edges, noise).numpy().astype(np.float64)
 
 
 def party_gradient(weights, g: bproto.PartyGraph, neighbour_sums: np.ndarray, adj_train, totals: np.ndarray,
-                   n: int, k: int, hidden: int, dropout: float, collapse: float, rng):
-    """``(grad_W L_c(W_t), <S_c, (A S)_c>, rng after)``: the party's share of the whole graph's gradient
-    (flat float64) under the mask the stream at ``rng`` draws, from its rows ``(A S)_c`` of the
-    spread and the summed vector ``totals``."""
-    model = _loaded(weights, g.x.shape[1], k, hidden, dropout)
-
-    def backward():
-        s = model(g.x, g.no_edges)
-        s_np = s.detach().numpy().astype(np.float64)
-        frozen = bproto.frozen_terms(neighbour_sums, s_np, adj_train, g.degrees.numpy(), totals, n)
-        bproto.party_loss(s, g, frozen, collapse).backward()
-        return float((s_np * neighbour_sums).sum())
-
-    intra, rng = _in_stream(rng, backward)
-    return _flat_gradient(model), intra, rng
+                   n: int, k: int, hidden: int, noise, collapse: float) -> tuple[np.ndarray, float]:
+    """``(grad_W L_c(W_t), <S_c, (A S)_c>)``: the party's share of the whole graph's gradient (flat
+    float64) under the dropout multipliers ``noise``, from its rows ``(A S)_c`` of the spread and the
+    summed vector ``totals``."""
+    model = _loaded(weights, g.x.shape[1], k, hidden, 0.0)
+    s = _assign(model, g.x, g.no_edges, noise)
+    s_np = s.detach().numpy().astype(np.float64)
+    frozen = bproto.frozen_terms(neighbour_sums, s_np, adj_train, g.degrees.numpy(), totals, n)
+    bproto.party_loss(s, g, frozen, collapse).backward()
+    return _flat_gradient(model), float((s_np * neighbour_sums).sum())
 
 
 def local_gradient(weights, graph: proto.Graph, k: int, hidden: int, dropout: float, collapse: float, rng):
