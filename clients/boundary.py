@@ -75,7 +75,8 @@ class BoundaryClient:
         key = self.load("boundary-key")["key"].tobytes()
         boundary = self.shard.boundary if self.shard.boundary is not None else no_boundary(self.shard.item_keys.dtype)
         try:
-            links = proto.link(arrays["directory"], boundary, key, int(values["offset"]), self.shard.num_nodes)
+            links = proto.link(arrays["directory"], boundary, key, int(values["offset"]),
+                               proto.tags(key, self.shard.item_keys))
         except ValueError as err:
             where = self.context.node_config.get("data") or "this client's shard"
             raise _refused(f"boundary edges to nodes some party holds: {where}: {err}") from None

@@ -134,7 +134,8 @@ def _linked(sbm, clients=3):
     key = proto.group_key([bytes([c]) * proto.SHARE_BYTES for c in range(clients)])
     directory = np.concatenate([proto.tags(key, s.node_ids) for s in shards])
     offsets = np.concatenate([[0], np.cumsum([s.num_nodes for s in shards])[:-1]])
-    links = [proto.link(directory, s.boundary, key, int(o), s.num_nodes) for s, o in zip(shards, offsets)]
+    links = [proto.link(directory, s.boundary, key, int(o), proto.tags(key, s.node_ids))
+             for s, o in zip(shards, offsets)]
     order = np.concatenate([s.node_ids for s in shards])  # position -> global node id
     return shards, links, order
 
@@ -155,8 +156,22 @@ def test_a_boundary_edge_to_an_id_no_party_holds_is_refused(sbm):
     directory = np.concatenate([proto.tags(key, t.node_ids) for t in shards])
     stray = Boundary(np.array([0]), np.array([10**9]), np.array([1.0]))
     with pytest.raises(ValueError, match="1 boundary edge.*no party holds") as err:
-        proto.link(directory, stray, key, 0, s.num_nodes)
+        proto.link(directory, stray, key, 0, proto.tags(key, s.node_ids))
     assert str(10**9) not in str(err.value)  # the message may travel: no ID in it
+
+
+def test_a_party_refuses_a_directory_that_puts_its_rows_and_pad_elsewhere(sbm):
+    """A server that told party 1 it starts where party 0 does would find party 1's own positions
+    unpadded in the next padded sum: the other parties' terms for party 1's nodes, in clear."""
+    shards, links, _ = _linked(sbm)
+    key = proto.group_key([bytes([c]) * proto.SHARE_BYTES for c in range(3)])
+    directory = np.concatenate([proto.tags(key, t.node_ids) for t in shards])
+    own = proto.tags(key, shards[1].node_ids)
+    with pytest.raises(ValueError, match="does not hold this party's rows at offset 0"):
+        proto.link(directory, shards[1].boundary, key, 0, own)
+    doubled = np.concatenate([directory, own[:1]])
+    with pytest.raises(ValueError, match="a tag twice"):
+        proto.link(doubled, shards[1].boundary, key, links[1].offset, own)
 
 
 def test_tags_depend_on_the_group_key_and_read_an_id_as_text():

@@ -22,6 +22,7 @@ SCRIPTS = [
     ("gw_ldp.py", ["--report"], "gw-ldp", [("mutag", "GW_H*(GIN)"), ("proteins", "GW_H*(GIN)"),
                                           ("imdb-binary", "GW_H*(GIN)")]),
     ("fedavg_dmon.py", ["--report"], "fedavg-dmon", []),
+    ("whole_graph.py", ["--report"], "whole-graph", []),
 ]
 
 

@@ -99,16 +99,21 @@ class Links:
     far: np.ndarray  # position of each boundary edge's other end, aligned with the boundary
 
 
-def link(directory: np.ndarray, boundary: Boundary, key: bytes, offset: int, rows: int) -> Links:
+def link(directory: np.ndarray, boundary: Boundary, key: bytes, offset: int, own: np.ndarray) -> Links:
     """Each boundary edge's other end located in ``directory`` (every party's tags in position
-    order). ``ValueError`` (without the ID: the message may travel) when an edge reaches an ID
-    no party holds, or one of this party's own rows, or the directory does not hold this
-    party's rows where ``offset`` says."""
+    order); ``own``: this party's tags in row order. ``ValueError`` (without the ID: the message
+    may travel) when the directory does not hold this party's tags exactly at ``offset`` (a
+    server placing its rows, and so its pad, elsewhere would read its neighbour sums) or holds
+    one twice, or when an edge reaches an ID no party holds."""
     directory = np.ascontiguousarray(directory, dtype=np.uint8)
-    total = int(directory.shape[0])
-    if not 0 <= offset <= total - rows:
-        raise ValueError(f"offset {offset} with {rows} rows does not fit a directory of {total} positions")
+    total, rows = int(directory.shape[0]), int(len(own))
+    if directory.ndim != 2 or directory.shape[1] != TAG_BYTES or not 0 <= offset <= total - rows:
+        raise ValueError(f"offset {offset} with {rows} rows does not fit a directory of shape {directory.shape}")
+    if not np.array_equal(directory[offset: offset + rows], own):
+        raise ValueError(f"the directory does not hold this party's rows at offset {offset}")
     as_bytes = directory.view(f"V{TAG_BYTES}").ravel()
+    if np.unique(as_bytes).size != total:
+        raise ValueError("the directory holds a tag twice")
     order = np.argsort(as_bytes, kind="stable")
     sought = tags(key, boundary.keys).view(f"V{TAG_BYTES}").ravel()
     at = np.searchsorted(as_bytes[order], sought)
@@ -116,10 +121,7 @@ def link(directory: np.ndarray, boundary: Boundary, key: bytes, offset: int, row
     found[found] = as_bytes[order][at[found]] == sought[found]
     if not found.all():
         raise ValueError(f"{int((~found).sum())} boundary edge(s) reach a node ID no party holds")
-    far = order[at].astype(np.int64)
-    if ((far >= offset) & (far < offset + rows)).any():
-        raise ValueError("a boundary edge reaches one of this party's own nodes")
-    return Links(int(offset), total, far)
+    return Links(int(offset), total, order[at].astype(np.int64))
 
 
 def column_block(adj: sp.csr_matrix, boundary: Boundary | None, links: Links) -> sp.csr_matrix:
