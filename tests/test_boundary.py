@@ -105,6 +105,12 @@ def test_an_edge_list_names_another_partys_nodes_as_boundary_edges(tmp_path):
         read_graph(edges, node_table=nodes)  # a whole graph: an unknown ID is an error
 
 
+def test_a_node_whose_only_edges_reach_other_parties_is_not_noted_isolated(tmp_path):
+    edges, nodes = _party_files(tmp_path, "a", [1, 2, 3, 4], [(1, 2), (3, 10)])
+    notes = read_graph(edges, node_table=nodes, boundary=True).meta["notes"]
+    assert any("1 isolated node(s) kept" in n and "first: 4" in n for n in notes), notes
+
+
 def test_an_edge_with_neither_end_in_the_node_table_is_refused_with_its_line(tmp_path):
     edges, nodes = _party_files(tmp_path, "a", [1, 2], [(1, 2), (10, 11)])
     with pytest.raises(DataFileError, match=r"line 3 joins nodes 10 and 11, neither of which"):

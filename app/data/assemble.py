@@ -246,12 +246,13 @@ def _refuse_weight_clash(clash, order, index, pair, w, src, dst, keys, source: S
 
 def assemble(name: str, num_nodes: int, src, dst, source: Source, *, keys=None, weight=None, x=None,
              labels=None, labels_what: str = "labels", label_source: Source | None = None,
-             negative_unknown: bool = False, meta: dict | None = None) -> GraphData:
+             negative_unknown: bool = False, meta: dict | None = None, linked=None) -> GraphData:
     """A checked :class:`GraphData` from row positions: edges ``src[i] - dst[i]`` (0..num_nodes-1),
     optional edge ``weight``, node ``keys`` (IDs, see :func:`id_array`), features ``x`` and raw
     ``labels`` (see :func:`label_codes`, with ``negative_unknown``; named ``labels_what`` in
     ``label_source``, default ``source``), all in the source's row order; the graph's rows follow
-    the IDs' order. ``source.notes`` end up in ``meta['notes']``."""
+    the IDs' order. ``source.notes`` end up in ``meta['notes']``. ``linked``: rows (source order)
+    with an edge to another party's node, not isolated though without an edge here."""
     if num_nodes == 0:
         raise source.error("no nodes (an empty graph)", "at least one edge or node-table row")
     src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
@@ -270,7 +271,7 @@ def assemble(name: str, num_nodes: int, src, dst, source: Source, *, keys=None, 
         x = x[order]
     if y is not None:
         y = y[order]
-    _note_isolated(adj, keys, source)
+    _note_isolated(adj, keys, source, None if linked is None else rank[np.asarray(linked, dtype=np.int64)])
     meta = {**(meta or {}), "notes": list(source.notes)}
     if label_names is not None:
         meta["label_names"] = label_names
@@ -286,11 +287,14 @@ def _check_ends(n: int, src: np.ndarray, dst: np.ndarray, source: Source) -> Non
                            "edge ends among the node positions")
 
 
-def _note_isolated(adj: sp.csr_matrix, keys: np.ndarray, source: Source) -> None:
-    if not adj.nnz:
+def _note_isolated(adj: sp.csr_matrix, keys: np.ndarray, source: Source, linked: np.ndarray | None = None) -> None:
+    if not adj.nnz and (linked is None or not linked.size):
         source.note(f"no edges: {adj.shape[0]} nodes with features only (strategies that need edges refuse it)")
         return
-    alone = np.flatnonzero(np.diff(adj.indptr) == 0)
+    without = np.diff(adj.indptr) == 0
+    if linked is not None:
+        without[linked] = False
+    alone = np.flatnonzero(without)
     if alone.size:
         source.note(f"{alone.size} isolated node(s) kept, without an edge (first: {show(keys[alone[0]])})")
 

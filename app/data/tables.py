@@ -345,7 +345,8 @@ def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_
     graph = assemble(name, len(keys), src, dst, source, keys=keys, weight=weight,
                      x=None if nodes is None else nodes.x, labels=None if nodes is None else nodes.labels,
                      labels_what=f"column {nodes.label_column!r}" if nodes is not None else "labels",
-                     label_source=None if nodes is None else nodes.table.source, meta=meta)
+                     label_source=None if nodes is None else nodes.table.source, meta=meta,
+                     linked=None if outside is None else outside.rows)
     if outside is not None:
         graph.boundary = in_row_order(outside, id_array(nodes.ids, nodes.table.source), graph.keys)
     return graph
