@@ -134,10 +134,11 @@ def measure(seeds: int, only: list[str], datasets: list[str], previous: dict) ->
 
 
 def _mean(runs: list[dict], key: str, scale: float = 1.0, digits: int = 1) -> str:
-    values = [r[key] for r in runs if r.get(key) is not None]
-    if not values:
+    """:func:`_value` as a table cell (a case that could not run: its error)."""
+    mean = _value(runs, key)
+    if mean != mean:
         return next((r["error"] for r in runs if "error" in r), "-")
-    return f"{scale * sum(values) / len(values):.{digits}f}"
+    return f"{scale * mean:.{digits}f}"
 
 
 def _row(case: Case, dataset: str, runs: list[dict]) -> list[str]:

@@ -26,8 +26,9 @@ from clients.base import answers
 LINKS_RECORD = "boundary-links"
 
 
-def _refused(detail: str) -> ConfigError:
-    return ConfigError(detail, public=f"data check failed: the party's boundary edges, rule '{detail.split(':')[0]}'")
+def _refused(rule: str, detail: str) -> ConfigError:
+    """A party's boundary edges the run cannot use: ``detail`` for its log, ``rule`` for the server."""
+    return ConfigError(f"{rule}: {detail}", public=f"data check failed: the party's boundary edges, rule '{rule}'")
 
 
 class BoundaryClient:
@@ -39,7 +40,7 @@ class BoundaryClient:
         try:
             proto.check_shard(self.shard)
         except ValueError as err:
-            raise _refused(str(err)) from None
+            raise _refused("every row owned by its client", str(err)) from None
         me, parties = self.shard.client_id, self.shard.num_clients
         share = os.urandom(proto.SHARE_BYTES)
         self.save("boundary-share", share=np.frombuffer(share, dtype=np.uint8))
@@ -79,11 +80,16 @@ class BoundaryClient:
                                proto.tags(key, self.shard.item_keys))
         except ValueError as err:
             where = self.context.node_config.get("data") or "this client's shard"
-            raise _refused(f"boundary edges to nodes some party holds: {where}: {err}") from None
+            raise _refused("boundary edges to nodes some party holds", f"{where}: {err}") from None
         self.save(LINKS_RECORD, offset=np.array([links.offset]), total=np.array([links.total]), far=links.far)
         return {}, {"linked": 1}
 
     # -- using the links -------------------------------------------------------
+    @property
+    def linked(self) -> bool:
+        """Whether the run linked this party's boundary edges (a node split)."""
+        return LINKS_RECORD in self.context.state.array_records
+
     @cached_property
     def links(self) -> proto.Links:
         """This party's links (after ``boundary_links``)."""

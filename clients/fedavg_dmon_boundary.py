@@ -24,7 +24,7 @@ from app.protocols import fedavg_dmon as proto
 from app.protocols import fedavg_dmon_boundary as bproto
 from app.protocols import fedavg_dmon_gradient as gproto
 from clients.base import answers, request_digest
-from clients.boundary import LINKS_RECORD, BoundaryClient
+from clients.boundary import BoundaryClient
 
 _CUTS: dict = {}  # per process: key -> (shard, Cut, local train adjacency)
 
@@ -40,7 +40,7 @@ class DMoNBoundaryClient(BoundaryClient):
     @property
     def linked(self) -> bool:
         """Whether this run linked the party's boundary edges (boundary mode, several parties)."""
-        return LINKS_RECORD in self.context.state.array_records and self.shard.num_clients > 1
+        return super().linked and self.shard.num_clients > 1
 
     def boundary_mode(self) -> bool:
         """Whether the run trains on the whole graph (:func:`app.protocols.fedavg_dmon_boundary.boundary_run`)."""

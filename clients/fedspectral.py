@@ -11,7 +11,7 @@ import numpy as np
 from app.privacy.policy import PrivacyRefusal
 from app.protocols.fedspectral import baseline, plus, wire
 from clients.base import ClusteringClient, Reply, answers
-from clients.boundary import LINKS_RECORD, BoundaryClient
+from clients.boundary import BoundaryClient
 
 _OPERATORS: dict[tuple[int, str], tuple[object, object]] = {}
 
@@ -46,11 +46,6 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
     (:mod:`app.protocols.boundary`): it answers for the columns of its own nodes."""
 
     settings = wire.FedSpectralPlusConfig
-
-    @property
-    def linked(self) -> bool:
-        """Whether the run linked this party's boundary edges (a node split)."""
-        return LINKS_RECORD in self.context.state.array_records
 
     def _block(self, arrays) -> np.ndarray:
         y = np.asarray(arrays["block"], dtype=np.float64)
