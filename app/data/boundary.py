@@ -65,8 +65,7 @@ def split_edges(table_keys: np.ndarray, edge_keys: np.ndarray, src: np.ndarray, 
 def in_row_order(boundary: Boundary, table_keys: np.ndarray, graph_keys: np.ndarray) -> Boundary:
     """``boundary`` with its rows moved from node-table order to the graph's row order."""
     to_graph = pd.Index(graph_keys).get_indexer(np.asarray(table_keys)[boundary.rows])
-    return _merged(to_graph.astype(np.int64), boundary.keys, boundary.weight, lambda i: f"boundary edge {i}",
-                   np.arange(len(boundary)))
+    return Boundary(to_graph.astype(np.int64), boundary.keys, boundary.weight)
 
 
 def count(boundary: Boundary | None) -> tuple[int, int]:
