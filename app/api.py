@@ -46,13 +46,35 @@ DEFAULT_NUM_CLIENTS = 4
 class Result:
     """One run's outcome: what ``result.json`` holds, with the labels and the user's IDs.
 
-    ``labels[i]`` is the cluster of the item ``ids[i]`` (a node, or a graph for graph
-    collections, ``item`` for k-hop subgraphs, numbered in centre order; -1: the method gave
-    it none). Pre-split node and graph splits keep
-    each party's items apart (two parties' items are different items even under the
-    same ID): ``parties[i]`` is the index of the piece holding item i, else None.
-    ``notes``: what the data readers repaired or noticed (e.g. isolated nodes, dropped
-    self-loops). ``path``: the result.json written (None without ``out_dir``).
+    Attributes
+    ----------
+    strategy : str
+        The strategy that ran.
+    labels : ndarray of int64, shape (n_items,)
+        ``labels[i]`` is the cluster of the item ``ids[i]``; -1: the method gave it none.
+    ids : ndarray, shape (n_items,)
+        The items' IDs: the user's node IDs, graph IDs for graph collections, or ``0..n-1``
+        for k-hop subgraphs (numbered in centre order).
+    item : {"node", "graph", "item"}
+        What one row is.
+    parties : ndarray of int or None
+        Pre-split node and graph splits keep each party's items apart (two parties' items are
+        different items even under the same ID): ``parties[i]`` is the index of the piece
+        holding item i; None otherwise.
+    metrics, reference, timing, communication, privacy : dict
+        The sections of ``result.json``: quality against the labels the data carries, the
+        centralised reference and its agreement, seconds per round, bytes and messages, and
+        the privacy ledger (what left each client; epsilon and delta where noise was added).
+    history : list of dict
+        One entry per protocol round.
+    config : dict
+        The complete run-config of the run.
+    notes : list of str
+        What the data readers repaired or noticed (isolated nodes, dropped self-loops).
+    path : Path or None
+        The result.json written (None without ``out_dir``).
+    result : dict
+        The whole of result.json.
     """
 
     strategy: str
@@ -101,21 +123,44 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
             engine: str = "inprocess", out_dir: str | os.PathLike | None = None, **keywords) -> Result:
     """Run ``strategy`` on ``data`` and return its :class:`Result`.
 
-    ``data``: one graph (or collection; a list of PyG ``Data`` as one collection:
-    ``as_graph(graphs)``), split over ``num_clients`` (default 4) clients by the run's
-    partitioner (``partitioner``, default the strategy's own); or a list of pieces, one per
-    party, each holding only its own share (``dataset = 'parties'``,
-    :mod:`app.data.parties`: the partitioner only names the split family, e.g. ``vertical``
-    for pieces that are feature columns of the same nodes); ``num_clients`` is then the
-    number of pieces.
-    ``config``: run-config keys as in ``pyproject.toml`` (``{"fedkmeans.filter-order": 2}``;
-    ``data.node-table``, ``data.label-column`` and ``data.weighted`` are the reader's options
-    for ``data`` and every piece); simple keys may also be keywords (``seed=3``,
-    ``num_rounds=5``, ``num_clusters=4``).
-    ``engine``: ``inprocess`` (default), or ``simulation`` (Flower's engine; a path only).
-    ``out_dir``: where result.json, labels.npy and labels.csv go (pre-split: each party's
-    labels.csv in ``party-<i>/run-<run id>/``); None: nowhere, the Result holds everything.
-    Bad arguments raise :class:`app.config.ConfigError` with one line.
+    Parameters
+    ----------
+    strategy : str
+        A strategy of :data:`app.registry.STRATEGIES` (``fedkmeans``, ``kcagc``, ...).
+    data : graph-like or list of graph-like
+        One graph or collection (anything :func:`app.data.formats.as_graph` takes; a list of
+        PyG ``Data`` is one collection: pass ``as_graph(graphs)``), split over ``num_clients``
+        clients by the run's partitioner (``partitioner``, default the strategy's own). Or a
+        list of pieces, one per party, each holding only its own share (``dataset =
+        'parties'``, :mod:`app.data.parties`; the partitioner then only names the split
+        family, e.g. ``vertical`` for pieces that are feature columns of the same nodes).
+    num_clients : int, optional
+        Clients to split ``data`` over (default 4); with pieces, None or their number.
+    config : mapping, optional
+        Run-config keys as in ``pyproject.toml`` (``{"fedkmeans.filter-order": 2}``);
+        ``data.node-table``, ``data.label-column`` and ``data.weighted`` are the reader's
+        options for ``data`` and every piece.
+    engine : {"inprocess", "simulation"}
+        ``simulation`` (Flower's engine) reads ``data`` from a path only.
+    out_dir : path, optional
+        Where result.json, labels.npy and labels.csv go (pre-split: each party's labels.csv
+        in ``party-<i>/run-<run id>/``); None: nowhere, the Result holds everything.
+    **keywords
+        Simple run-config keys as keywords (``seed=3``, ``num_rounds=5``, ``num_clusters=4``).
+
+    Returns
+    -------
+    Result
+        Labels with the user's IDs, metrics, timing, traffic and the privacy ledger.
+
+    Raises
+    ------
+    app.config.ConfigError
+        One line naming the bad argument, key or value and the valid choices (also for data
+        that cannot be read).
+    app.wire.ProtocolError
+        The run stopped: a client's reply was refused, a client left, a privacy policy refused
+        a step; the message names the client and why.
     """
     from app.data.formats import as_graph
     from app.run import ENGINES

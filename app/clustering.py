@@ -10,6 +10,8 @@ Plain functions (no Flower) that take a ``seed`` and are deterministic for it:
 
 from __future__ import annotations
 
+import warnings
+
 from contextlib import nullcontext
 from typing import Any
 
@@ -102,6 +104,7 @@ def kmeans(
     Returns int64 labels ``0..k-1`` (and the ``(k, d)`` centres if ``return_centers``).
     """
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
 
     X = as_features(X)
     n = X.shape[0]
@@ -122,7 +125,10 @@ def kmeans(
         if init.shape != (k, X.shape[1]):
             raise ValueError(f"init must have shape ({k}, {X.shape[1]}), got {init.shape}")
         km = KMeans(n_clusters=k, init=init, n_init=1, max_iter=max_iter, random_state=seed)
-    with blas_threads(float(n) * X.shape[1] * k):
+    # fewer distinct rows than k: scikit-learn warns on every call (a client of a small shard, once
+    # per message); the labels say it (fewer clusters) and a run warns about such shards itself
+    with blas_threads(float(n) * X.shape[1] * k), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=ConvergenceWarning)
         labels = km.fit_predict(X, sample_weight=sample_weight).astype(np.int64)
     if return_centers:
         return labels, np.asarray(km.cluster_centers_)

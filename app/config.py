@@ -18,14 +18,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, TypeVar
 
+from app.errors import FedGraphError
+
 Scalar = bool | int | float | str
 
 
-class ConfigError(ValueError):
+class ConfigError(FedGraphError, ValueError):
     """A bad configuration value; the message is one line meant for the user.
 
     ``public``: what a party may tell the server of it (the setting or rule, without the party's
     values, IDs or paths; :mod:`app.disclosure`); None: the message crosses as the type name only."""
+
+    exit_code = 2
 
     def __init__(self, message: str, *, public: str | None = None) -> None:
         super().__init__(message)
@@ -257,6 +261,7 @@ class SharedConfig(ConfigView):
     reference: bool
     eval_file: str
     out_dir: str
+    resume: bool
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,10 @@ class SecAggConfig(ConfigView):
 @dataclass(frozen=True)
 class NoConfig(ConfigView):
     """The view of a method without keys of its own."""
+
+
+#: the command that lists every run-config key with its type, default and meaning
+KEYS_COMMAND = "python -m app.run describe [STRATEGY]"
 
 
 @dataclass
@@ -291,12 +300,9 @@ class Schema:
     def validate(self, raw: Mapping[str, Any]) -> RunConfig:
         unknown = sorted(set(raw) - set(self.params))
         if unknown:
-            close = difflib.get_close_matches(unknown[0], list(self.params), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(
-                f"unknown config key '{unknown[0]}'{hint}; valid keys: "
-                + ", ".join(sorted(self.params))
-            )
+            close = difflib.get_close_matches(unknown[0], list(self.params), n=3)
+            hint = f"closest: {', '.join(close)}" if close else "no key is close"
+            raise ConfigError(f"unknown config key '{unknown[0]}'; {hint}; every key: {KEYS_COMMAND}")
         values = self.defaults()
         for key, value in raw.items():
             values[key] = self.params[key].coerce(value)

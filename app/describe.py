@@ -60,7 +60,9 @@ def overview() -> str:
     lines += ["", "datasets, embedded (no files needed):"]
     lines += [f"  {d:<{width}}  {dataset_kind(d)}" for d in embedded]
     lines += ["", _wrap("datasets read from the data root (--set data-root=PATH, else $FEDGRAPH_DATA_ROOT, "
-                        "else ../shared/datasets):")]
+                        "else ../shared/datasets), else downloaded on first use into the user cache "
+                        "($FEDGRAPH_CACHE_DIR, else ~/.cache/fedgraph-clustering/datasets; "
+                        "$FEDGRAPH_DATA_URL: a mirror; pubmed from a data root only):")]
     lines += [f"  {d:<{width}}  {dataset_kind(d)}" for d in DATASETS if d in FILE_DATASETS]
     return "\n".join(lines)
 

@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from app.config import ConfigError
+from app.errors import FedGraphError
 
 #: the party's own log; a SuperNode passes its ClientApp's stderr to its log
 LOGGER = logging.getLogger("fedgraph.party")
 
 
-class PartyError(Exception):
+class PartyError(FedGraphError):
     """A step a party could not answer; its message is the public part only (what the server receives)."""
 
 

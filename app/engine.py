@@ -27,6 +27,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid, ServerApp
 
 from app import quiet
+from app.errors import FedGraphError
 
 RAY_START_ATTEMPTS = 2
 SERVER_STOP_S = 300.0  # bound on the wait for the ServerApp thread after a failure; it ends at its next grid call
@@ -41,11 +42,11 @@ def backend_config() -> dict:
                           "log_to_driver": defaults.init_args_log_to_driver, **quiet.ray_init_args()}}
 
 
-class EngineError(RuntimeError):
+class EngineError(FedGraphError, RuntimeError):
     """The simulation engine failed; the run ended without a result."""
 
 
-class EngineStopped(RuntimeError):
+class EngineStopped(FedGraphError, RuntimeError):
     """Raised in the ServerApp thread by a grid call once the engine has failed."""
 
 

@@ -17,11 +17,13 @@ Left out around the simulation engine (:func:`simulation_engine`):
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
 from flwr.common.logger import FLOWER_LOGGER
+from flwr.supercore.logger import update_console_handler
 
 FLOWER_NOTICES = ("DEPRECATED FEATURE: The `run_simulation` function is deprecated",)
 RAY_WARNINGS = ("Tip: In future versions of Ray, Ray will no longer override accelerator",)
@@ -30,9 +32,31 @@ _verbose = False
 
 
 def set_verbose(verbose: bool) -> None:
-    """Show everything (True) or only the app's own lines (False, the default)."""
+    """Show everything (True) or only the app's own lines (False, the default); and Flower's log
+    lines plain: coloured only on a terminal (a log file gets no escape codes), none empty."""
     global _verbose
     _verbose = verbose
+    plain_console()
+
+
+class _DropEmpty(logging.Filter):
+    """Drops Flower's empty log lines (``INFO :`` with nothing after it, its spacing between messages)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return bool(record.getMessage().strip())
+
+
+_DROP_EMPTY = _DropEmpty()
+
+
+def plain_console(stream=None) -> None:
+    """Flower's console lines in this process: coloured only when ``stream`` (default: standard
+    error, where Flower's handler writes) is a terminal; empty lines left out."""
+    stream = sys.stderr if stream is None else stream
+    update_console_handler(colored=bool(getattr(stream, "isatty", lambda: False)()))
+    for handler in FLOWER_LOGGER.handlers:  # on the handler: it also sees the records of flwr.* loggers
+        handler.removeFilter(_DROP_EMPTY)
+        handler.addFilter(_DROP_EMPTY)
 
 
 def verbose() -> bool:

@@ -100,6 +100,7 @@ def core_params() -> list[Param]:
         Param("eval-file", str, "",
               "server-side evaluation file (deployment); empty = load the dataset (simulation)"),
         Param("out-dir", str, "", "where result.json goes; empty = results/<strategy>-<dataset>-<time>"),
+        Param("resume", bool, False, "continue the interrupted run in out-dir from its journal (app.journal)"),
     ]
 
 

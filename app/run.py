@@ -18,11 +18,11 @@ from typing import Any, Callable, Mapping
 from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, RunConfig, SharedConfig, parse_assignments
 from app.data import memory
+from app.errors import FedGraphError
 from app.data.datasets import dataset_label, is_builtin
 from app.data.params import data_root, dataset_kwargs
 from app.data.parties import PARTIES
-from app.engine import EngineError
-from app.privacy.secagg import SecAggError
+from app.journal import JOURNAL, MANIFEST
 from app.result import RESULT_FILE, check_out_dir, default_out_dir
 from app.wire import ProtocolError
 
@@ -71,6 +71,8 @@ def run_experiment(
         if not given:  # the directory claimed for this run, left empty by a failed run
             with contextlib.suppress(OSError):
                 out.rmdir()
+        if note and not config["resume"] and (out / JOURNAL / MANIFEST).exists():
+            note(f"the run's journal is in {out}: the same command with --resume {out} continues it")
         raise
 
 
@@ -136,8 +138,9 @@ def _check_against_data(config, num_clients: int):
     if shared.eval_file:
         check_evaluation(shared.eval_file, data)
     if shared.partitioner != "khop" and shared.num_clusters > items:
+        classes = f"0 (its {data.num_classes} classes) or 1" if data.num_classes else "1"  # 0: only with labels
         raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
-                          f"'{config['dataset']}'; valid: 0 (the number of classes) to {items}")
+                          f"'{config['dataset']}'; valid: {classes} to {items}")
     return data
 
 
@@ -171,6 +174,24 @@ def _flag_or_set(flag: str, given, overrides: dict[str, str], key: str, default=
     return given if given is not None else overrides.pop(key, default)
 
 
+def _simulated_clients(given: int | None) -> int:
+    """The clients to simulate: ``given``, :data:`DEFAULT_NUM_CLIENTS` when not given. 0 (the
+    run-config's "every connected SuperNode" in a deployment) counts nothing here: an error."""
+    if given == 0:
+        raise ConfigError(f"num-clients=0 means every connected SuperNode in a deployment; a simulation has none to "
+                          f"count; valid: 1 to 1024 (default {DEFAULT_NUM_CLIENTS})")
+    return DEFAULT_NUM_CLIENTS if given is None else given
+
+
+def _resumed_out(resume: str, out: str | None, overrides: dict) -> str:
+    """``--resume OUT``: the run's out-dir, ``resume=true`` set in ``overrides``; another --out is an error."""
+    if out is not None and Path(out).resolve() != Path(resume).resolve():
+        raise ConfigError(f"--resume {resume} and out-dir {out} both given; valid: --resume OUT alone (the result "
+                          "goes to OUT)")
+    overrides["resume"] = "true"
+    return resume
+
+
 COMMANDS = "list (strategies and datasets), describe [STRATEGY] (its keys); none: run"
 
 
@@ -191,6 +212,9 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any run-config key, e.g. --set seed=3 (repeatable; describe STRATEGY lists them)")
     parser.add_argument("--out", default=None, help="directory for result.json")
+    parser.add_argument("--resume", default=None, metavar="OUT",
+                        help="continue the interrupted run in OUT (same strategy, dataset and --set values) from "
+                             "its journal: the steps it completed are not sent again")
     parser.add_argument("--engine", default="simulation", help="simulation (Flower, default) or inprocess")
     return parser
 
@@ -226,22 +250,23 @@ def main(argv: list[str] | None = None) -> int:
         defaults = schema.defaults()
         strategy = _flag_or_set("--strategy", args.strategy, overrides, "strategy", defaults["strategy"])
         dataset = _flag_or_set("--dataset", args.dataset, overrides, "dataset", defaults["dataset"])
-        clients = _flag_or_set("--num-clients", args.num_clients, overrides, "num-clients", 0)
-        # 0 (the run-config default, "every connected SuperNode" in a deployment): this many simulated ones
-        num_clients = schema.params["num-clients"].coerce(clients) or DEFAULT_NUM_CLIENTS
+        clients = _flag_or_set("--num-clients", args.num_clients, overrides, "num-clients")
+        num_clients = _simulated_clients(schema.params["num-clients"].coerce(clients) if clients is not None else None)
         out = _flag_or_set("--out", args.out, overrides, "out-dir")
+        if args.resume is not None:
+            out = _resumed_out(args.resume, out, overrides)
         config = registry.validate({**overrides, "strategy": strategy, "dataset": dataset})
         for key in registry.unused_keys(config, overrides):
             print(f"warning: --set {key} has no effect with strategy '{strategy}', dataset '{dataset}' and "
                   f"partitioner '{config['partitioner']}'", file=sys.stderr)
         result = run_experiment(strategy, dataset, num_clients, overrides, out, args.engine,
                                 note=lambda text: print(f"note: {text}", file=sys.stderr))
-    except (ConfigError, ValueError) as err:
+    except FedGraphError as err:  # a setting to fix (2) or a run that stopped without a result (1)
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except ValueError as err:  # a value argparse or a reader refused
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (ProtocolError, SecAggError, EngineError) as err:  # the run stopped: no result
-        print(f"error: {err}", file=sys.stderr)
-        return 1
     print(f"result: {result['path']}")
     return 0
 

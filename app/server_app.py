@@ -31,12 +31,13 @@ from app.data.parties import PARTIES
 from app.data.shards import server_data
 from app.data.types import GraphCollection
 from app.engine import EngineWatch
+from app.errors import FedGraphError
+from app.journal import Journal
 from app.metrics import agreement, evaluate
-from app.privacy.secagg import SecAggError
 from app.quality import assess
 from app.result import check_out_dir, default_out_dir, summary_table, write_result
 from app.session import ServerSession
-from app.wire import LABELS, ProtocolError, ReplySpec, ValueSpec
+from app.wire import LABELS, ReplySpec, ValueSpec
 from app.transport import pack
 
 
@@ -146,10 +147,13 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
     out_dir = SharedConfig.of(config).out_dir
     if out_dir:
         check_out_dir(Path(out_dir))
+    journal = Journal.open(config)  # a resume refused before anything is sent
     session = ServerSession(grid, config)
     strategy_cls = registry.get(SharedConfig.of(config).strategy).strategy
     values["num-clients"] = len(session.connect(lambda clients: strategy_cls.hello_ask(RunConfig(values), clients)))
     config = session.config = RunConfig(values)
+    if journal:
+        journal.begin(session)
     shared = SharedConfig.of(config)
     warnings = strategy_cls.check_shards(session.clients)
     for text in warnings:
@@ -175,8 +179,12 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "privacy": session.ledger.to_dict(),
         "history": output.history,
         "notes": [] if data is None else data.meta.get("notes", []),  # a party's notes stay with it
+        **({"resumed": journal.summary()} if journal and journal.resumed else {}),
     }
-    return _write(result, shared, labels, output, data)
+    result = _write(result, shared, labels, output, data)
+    if journal:
+        journal.finish()
+    return result
 
 
 def _checked_data(config: RunConfig):
@@ -253,13 +261,10 @@ def _write(result: dict, shared: SharedConfig, labels: np.ndarray, output, data)
         keys, column = None, "item"
     path = write_result(result, out_dir, labels, keys, column)
     result["path"] = str(path)
-    log(INFO, "\n%s\nresult written to %s", summary_table(result), path)
+    log(INFO, "%s\nresult written to %s", summary_table(result), path)  # its title line beside the level
     return result
 
 
-#: Errors whose message says it all: ``python -m app.run`` prints them as one line ``error: ...``
-#: (exit code 2 for a config error, 1 for a run that stopped), and so does the ServerApp's log.
-ONE_LINE_ERRORS = (ConfigError, ProtocolError, SecAggError)
 
 
 class _ReportedInOneLine(logging.Filter):
@@ -286,9 +291,9 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
     ``errors``: a list that receives the exception that stopped the run (Flower's
     simulation engine only logs it), for the caller to report once the engine is done;
     a config error then ends the ServerApp quietly. Without it (``flwr run``) every
-    error propagates, so that Flower marks the run as failed with its reason; one of
-    ``ONE_LINE_ERRORS`` is logged as the line ``python -m app.run`` prints, without
-    Flower's traceback. ``watch`` (:func:`app.engine.simulate`): the grid it gives stops
+    error propagates, so that Flower marks the run as failed with its reason; a
+    :class:`app.errors.FedGraphError` (its message says it all) is logged as the line
+    ``python -m app.run`` prints, without Flower's traceback. ``watch`` (:func:`app.engine.simulate`): the grid it gives stops
     the run once the engine has failed, and it is told when the ServerApp ends."""
     overrides = dict(overrides or {})
     app = ServerApp()
@@ -299,14 +304,13 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
             run_server(grid if watch is None else watch.grid(grid), {**context.run_config, **overrides})
         except Exception as err:
             if errors is None:
-                if isinstance(err, ONE_LINE_ERRORS):
+                if isinstance(err, FedGraphError):
                     log(ERROR, "error: %s", err)
                     FLOWER_LOGGER.addFilter(_ReportedInOneLine(err))
                 raise
-            errors.append(err)
+            errors.append(err)  # the caller reports it once the engine is done
             if not isinstance(err, ConfigError):
-                raise
-            raise SystemExit(2) from None  # the caller reports it
+                raise  # the engine stops the clients too
         finally:
             if watch is not None:
                 watch.server_done.set()

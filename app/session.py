@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -23,24 +22,15 @@ from flwr.serverapp import Grid
 
 import numpy as np
 
-from app.config import RunConfig, SecAggConfig, SharedConfig
+from app.config import RunConfig, SharedConfig
 from app.data.parties import PARTIES, SHARED_NODES, family, item_offsets, node_set_mismatch, to_positions
-from app.privacy.ledger import GUARANTEE_SECAGG, PrivacyLedger
+from app.privacy.ledger import PrivacyLedger
 from app.privacy.policy import PrivacyRefusal
-from app.privacy.secagg import (
-    FixedPointEncoder,
-    SecAggDropoutError,
-    SecAggError,
-    SecAggOverflowError,
-    finest_scale,
-    pack_id_bytes,
-    relay_public_keys,
-    unmask_sum,
-)
-from app.progress import Progress
-from app.transport import LEFT, NO_REPLY, CommStats, Exchange, describe, exchange, pack, unpack
-from app.wire import (HELLO, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP, ArraySpec, ProtocolError, ReplySpec,
-                      ValueSpec)
+from app.progress import Convergence, Progress
+from app.secure_session import SecureAggregation
+from app.transport import (LEFT, NO_REPLY, NOT_RECEIVED, NOT_RECEIVED_RESENDS, CommStats, Exchange, describe, exchange,
+                           pack, unpack)
+from app.wire import HELLO, SECAGG_SESSION, ArraySpec, ProtocolError, ReplySpec, ValueSpec
 
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
@@ -92,18 +82,6 @@ def _refusal(reason: str) -> tuple[str, str] | None:
     return (found.group(1), found.group(2) or "") if found else None
 
 
-@contextmanager
-def _stops_the_run(where: str):
-    """A secure-aggregation input that is refused (a malformed key, a sum beyond the declared
-    bounds) stops the run as a ProtocolError naming ``where``; a dropout stays a dropout."""
-    try:
-        yield
-    except SecAggDropoutError:
-        raise
-    except SecAggError as err:
-        raise ProtocolError(f"{where}: {err}") from None
-
-
 def _check_one_cut(clients: list[ClientInfo]) -> None:
     """Shard files from different cuts of the data (another seed, other data or split parameters:
     each node's ``shard_cut``) hold overlapping or missing items; stop before the first step."""
@@ -141,7 +119,7 @@ class HelloAsk:
     secure: bool = False
 
 
-class ServerSession:
+class ServerSession(SecureAggregation):
     """The server's view of one run (see module docstring)."""
 
     def __init__(self, grid: Grid, config: RunConfig) -> None:
@@ -168,6 +146,7 @@ class ServerSession:
         self.parties = shared.dataset == PARTIES
         self.items: dict[int, int] = {}  # parties: node id -> its items (rows, or graphs)
         self.offsets: dict[int, int] = {}  # parties: node id -> where its items start among the positions
+        self.journal = None  # an app.journal.Journal, which journals every completed step; set after hello
 
     @property
     def shared(self) -> SharedConfig:
@@ -275,10 +254,13 @@ class ServerSession:
             if current != nodes:
                 nodes, stable_since = current, time.monotonic()
 
-    def round_done(self, done: int, total: int, **headline: float | None) -> None:
-        """The strategy's round ``done`` of at most ``total`` is over; ``headline``: the one value
-        that says how it went (``inertia=...``, ``loss=...``; None: not known, e.g. under DP)."""
-        self.progress.round(done, total, self.stats.bytes_up + self.stats.bytes_down, **headline)
+    def round_done(self, done: int, total: int, converging: Convergence | None = None, capped: bool = False,
+                   **headline: float | None) -> None:
+        """The strategy's round ``done`` of ``total`` is over; ``headline``: the one value that says
+        how it went (``inertia=...``, ``loss=...``; None: not known, e.g. under DP). ``total`` is an
+        upper bound with ``capped``, or with ``converging``: the measure the strategy stops on, from
+        which the progress line shows the rounds the run is expected to take."""
+        self.progress.round(done, total, self.stats.bytes_up + self.stats.bytes_down, converging, capped, **headline)
 
     @property
     def node_ids(self) -> list[int]:
@@ -351,9 +333,8 @@ class ServerSession:
         """
         self._round += 1
         sent_at = time.time()
-        if self._peer_keys and set(self.node_ids) <= set(contents):  # the relay reaches every client at once
-            contents, self._peer_keys = _with_values(contents, self._peer_keys), {}
-        result = self._send_with_retries(action, category, contents, expect)
+        step = self.journal.step(self, action, category, contents, expect) if self.journal else None
+        result = step.replay if step and step.replay else self._relay_and_send(action, category, contents, expect)
         self.stats.rounds.append(
             {
                 "action": action,
@@ -370,25 +351,39 @@ class ServerSession:
         if record:
             self._record_uploads(action, replies.items(), expect)
             self._record_uploads(action, result.refused, expect, rejected=True)
+        if step:
+            step.done(replies, result.rejected)
         return replies
 
+    def _relay_and_send(self, action, category, contents, expect) -> Exchange:
+        """Send the step (a resumed run's replayed step is not: :mod:`app.journal`), the peers'
+        public keys relayed with it when they are due."""
+        if self._peer_keys and set(self.node_ids) <= set(contents):  # the relay reaches every client at once
+            contents, self._peer_keys = _with_values(contents, self._peer_keys), {}
+        return self._send_with_retries(action, category, contents, expect)
+
     def _send_with_retries(self, action, category, contents, expect) -> Exchange:
-        """One exchange, the clients that did not answer within ``timeout`` asked again up to
-        ``retries`` times: every reply, reject and refused reply, and the summed seconds and bytes."""
+        """One exchange; a client whose SuperNode did not receive its message (reject
+        :data:`~app.transport.NOT_RECEIVED`: its ClientApp never ran) is sent it again, up to
+        :data:`~app.transport.NOT_RECEIVED_RESENDS` times, and the clients that did not answer within
+        ``timeout`` are asked again up to ``retries`` times: every reply, reject and refused reply,
+        and the summed seconds and bytes."""
         result = self._send(action, category, contents, expect)
-        for _ in range(self.retries):
-            silent = {n for n, r in result.rejected.items() if r.startswith(NO_REPLY)}
-            if not silent:
-                break
-            again = self._send(action, category, {n: contents[n] for n in silent}, expect)
+        retries, resends = self.retries, NOT_RECEIVED_RESENDS
+        while True:
+            silent = {n for n, r in result.rejected.items() if retries and r.startswith(NO_REPLY)}
+            lost = {n for n, r in result.rejected.items() if resends and r.startswith(NOT_RECEIVED)}
+            if not silent | lost:
+                return result
+            retries, resends = retries - bool(silent), resends - bool(lost)
+            again = self._send(action, category, {n: contents[n] for n in silent | lost}, expect)
             result.seconds += again.seconds
             result.bytes_up += again.bytes_up
             result.bytes_down += again.bytes_down
             result.replies.update(again.replies)
-            result.rejected = {n: r for n, r in result.rejected.items() if n not in silent}
+            result.rejected = {n: r for n, r in result.rejected.items() if n not in silent | lost}
             result.rejected.update(again.rejected)
             result.refused += again.refused
-        return result
 
     def _settle_rejects(self, action: str, rejected: Mapping[int, str], require_all: bool) -> None:
         """Record the rejected clients; stop the run on a privacy refusal, on any reject with
@@ -478,95 +473,6 @@ class ServerSession:
                 shape = (len(value),) if isinstance(value, list) else ()
                 self.ledger.add_upload(action, client, name, shape, type(value).__name__, rejected=rejected)
 
-    # -- secure aggregation ---------------------------------------------------
-    def setup_secure_aggregation(self) -> None:
-        """Key agreement for pairwise masking (once per run).
-
-        Each client creates an X25519 key pair and uploads its public key: in
-        its hello reply when :meth:`connect` was told the run is secure, else
-        in a ``secagg_setup`` round. The server relays all public keys (with
-        the next step's request, or in a ``secagg_agree`` round after
-        ``secagg_setup``); each pair of clients derives its shared mask seed
-        (HKDF), which the server never sees. Party ids are the clients'
-        partition ids.
-        """
-        if self._secagg_ready:
-            return
-        keys, step = self._hello_keys, HELLO
-        if not keys:
-            replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": self._secagg_session_id()}),
-                                     ReplySpec(values=("public_key",)))
-            keys, step = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}, SECAGG_SETUP
-        with _stops_the_run(f"step '{step}'"):  # a key not 32 bytes, or another party's, names the party
-            relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
-        if step == HELLO:
-            self._peer_keys = {SECAGG_PEER + party: key for party, key in relayed.items()}
-        else:
-            self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
-        self.ledger.add_mechanism(
-            "secure-aggregation",
-            protects="every upload marked masked: the server sees only the sum over the clients that mask "
-                     "together (all clients, or a group of them where a strategy says so, e.g. kcagc's tree)",
-            params={"key_agreement": "X25519+HKDF-SHA256", "prg": "ChaCha20",
-                    "ring": "Z_2^32 or Z_2^64 per sum, the smaller one in which the declared bound cannot wrap "
-                            "(the upload's dtype, uint32 or uint64, says which)",
-                    "scale": SecAggConfig.of(self.config).scale,
-                    "finer_scale": "kcagc and fedspectral-plus's degree sum mask at the finest power-of-two scale "
-                                   "their ring allows, never coarser than scale (the message values give it)"},
-            guarantee=GUARANTEE_SECAGG,
-        )
-        self._secagg_ready = True
-
     def _who(self, node: int) -> str:
         """'client 2 (node 1003)', or 'node 1003' before hello has told its partition."""
         return f"client {self._order[node]} (node {node})" if node in self._order else f"node {node}"
-
-    def _secagg_session_id(self) -> str:
-        return f"{self.config['strategy']}-{self.config['seed']}-{time.time_ns()}"
-
-    def secagg_values(self, name: str, bound: float, finest: bool = False) -> dict:
-        """Message values telling the clients how to mask array ``name``.
-
-        A fresh tag per call gives fresh masks; ``bound`` is the largest
-        absolute value any single client may contribute (checked on the
-        client, so the true sum cannot wrap around the ring). The fixed-point
-        scale is ``secagg.scale``, or with ``finest`` the finest power of two
-        that the ring ``secagg.scale`` picks still holds (never coarser): for
-        sums of values that may lie far below ``1 / secagg.scale``. A bound
-        derived from the data (a sum over a client's rows) that the 64-bit
-        ring cannot hold at ``secagg.scale`` gets the finest scale it can hold:
-        a sum over many rows needs no finer resolution than one row.
-        """
-        if not self._secagg_ready:
-            raise ProtocolError("secure aggregation used before setup_secure_aggregation()")
-        scale, parties = SecAggConfig.of(self.config).scale, len(self.clients)
-        try:
-            FixedPointEncoder(scale, bound, parties)
-        except SecAggOverflowError:
-            scale = finest_scale(bound, parties, 64)
-            if scale < 1.0:
-                raise ProtocolError(f"secure sum {name!r}: {parties} clients x bound {bound:.6g} does not fit the "
-                                    "64-bit ring even at resolution 1; valid: fewer rows per client or a lower "
-                                    "secagg.bound")
-        if finest:
-            ring = FixedPointEncoder(scale, bound, parties).ring_bits
-            scale = max(scale, finest_scale(bound, parties, ring))
-        return {
-            "secagg_tag": f"{self._round + 1}:{name}",
-            "secagg_scale": scale,
-            "secagg_bound": float(bound),
-            "secagg_parties": parties,
-        }
-
-    def secure_sum(self, replies: Mapping[int, RecordDict], name: str, values: Mapping,
-                   parties=None) -> np.ndarray:
-        """Unmask the sum of the masked arrays ``name`` over ``parties`` (partition
-        ids, default every client); all of them must be present, and the sum must lie
-        within the parties' declared bounds (else an upload was malformed: stop)."""
-        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
-        uploads = {self.partition_of(n): unpack(c)[0][name] for n, c in replies.items()}
-        expected = set(range(len(self.clients))) if parties is None else set(parties)
-        with _stops_the_run(f"secure sum {values['secagg_tag']!r}"):
-            total = unmask_sum(uploads, expected, encoder)
-        self.stats.secure_aggregations += 1
-        return total

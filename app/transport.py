@@ -5,7 +5,11 @@ on a real SuperLink, 0.1 s in simulation), so a protocol with hundreds of short
 rounds spends most of its time asleep. :func:`exchange` pushes a batch of
 messages and polls with a short exponential back-off (2 ms doubling to 50 ms),
 then checks every reply against its :class:`app.wire.ReplySpec` (:func:`reply_problem`)
-before a strategy sees it.
+before a strategy sees it. A SuperNode that failed to receive a message (its run, app
+bundle or objects could not be pulled) answers with an error reply, code ``MESSAGE_UNAVAILABLE``,
+whose reason starts with :data:`NOT_RECEIVED` (:mod:`deploy.flower_shim`); the
+exchange rejects it with that reason, and :meth:`app.session.ServerSession.exchange`
+sends such a message again (its ClientApp never ran).
 
 Wire format used by every strategy (see :func:`pack` / :func:`unpack`): a
 ``RecordDict`` with a ``ConfigRecord`` under ``"values"`` (scalars, strings,
@@ -52,6 +56,11 @@ POLL_MAX_S = 0.05
 LIVENESS_EVERY_S = 1.0
 NO_REPLY = "no reply within"
 LEFT = "left the federation"
+#: how the reason of a SuperNode's error reply for a message it could not receive starts (and the
+#: reject it becomes): the message never reached its ClientApp, so sending it again is safe
+NOT_RECEIVED = "message not received by the SuperNode"
+#: times one exchange sends again the messages whose SuperNode did not receive them
+NOT_RECEIVED_RESENDS = 3
 
 
 def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
@@ -330,9 +339,8 @@ def _checked_replies(messages: Sequence[Message], received: Sequence[Message],
             refused.append((node, reply.content))
             rejected[node] = "more than one reply to one message"
             continue
-        if reply.has_error():  # the SuperLink answers for a node whose heartbeats stopped: it left
-            gone = reply.error.code == ErrorCode.NODE_UNAVAILABLE
-            rejected[node] = f"{LEFT} ({reply.error.reason})" if gone else f"client error: {reply.error.reason}"
+        if reply.has_error():
+            rejected[node] = _error_reject(reply)
             continue
         spec = expect.get(node) if isinstance(expect, Mapping) else expect
         reason = reply_problem(spec, reply.content) if spec is not None else None
@@ -342,6 +350,18 @@ def _checked_replies(messages: Sequence[Message], received: Sequence[Message],
         else:
             replies[node] = reply.content
     return outcome
+
+
+def _error_reject(reply: Message) -> str:
+    """Why an error reply is rejected: its node left (the SuperLink answers so for a node whose
+    heartbeats stopped), its SuperNode did not receive the message (:data:`NOT_RECEIVED`, the
+    reason as is), or the client's error."""
+    code, reason = reply.error.code, reply.error.reason
+    if code == ErrorCode.NODE_UNAVAILABLE:
+        return f"{LEFT} ({reason})"
+    if code == ErrorCode.MESSAGE_UNAVAILABLE and reason.startswith(NOT_RECEIVED):
+        return reason
+    return f"client error: {reason}"
 
 
 def _name_the_silent(outcome: Exchange, sent: set[int], gone: set[int], undelivered: set[int],

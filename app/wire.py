@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from app.errors import FedGraphError
+
 #: Protocol steps every method's client answers (:class:`clients.base.ClusteringClient`).
 HELLO = "hello"
 LABELS = "labels"
@@ -24,9 +26,18 @@ SECAGG_SESSION = "secagg_session"
 #: Prefix of the request values that relay every party's public key (``secagg_peer.<party>``) with
 #: the first step after key exchange, saving the ``secagg_agree`` round.
 SECAGG_PEER = "secagg_peer."
+#: A secure sum that survives dropouts (:mod:`app.privacy.secagg_recovery`): its request values
+#: name the sum's parties and the threshold their self-mask seeds are shared with; each masked reply
+#: also carries its sealed shares (``secagg_shares``, one 60-byte row per party); the extra round
+#: ``secagg_unmask`` hands each survivor the shares sealed for it (``secagg_inbox``).
+SECAGG_THRESHOLD = "secagg_threshold"
+SECAGG_PARTICIPANTS = "secagg_participants"
+SECAGG_SHARES = "secagg_shares"
+SECAGG_UNMASK = "secagg_unmask"
+SECAGG_INBOX = "secagg_inbox"
 
 
-class ProtocolError(RuntimeError):
+class ProtocolError(FedGraphError, RuntimeError):
     """A protocol step cannot continue (e.g. too few valid replies)."""
 
 

@@ -1,6 +1,7 @@
 """Deployed vs simulated runs: wall time, rounds, messages, bytes, and where a deployed round goes.
 
     python benchmarks/deployment.py [--strategy all|NAME ...] [--nodes 5] [--set KEY=VALUE ...] [--report]
+    python benchmarks/deployment.py --netns --latency-ms 50 [--strategy ...]
 
 For each strategy (``all``: the eight, each on its representative dataset in
 :data:`CASES`), runs the experiment (1) on a local TLS deployment (SuperLink,
@@ -28,6 +29,12 @@ process (what a message costs its node, however busy the machine). Writes
 benchmarks/results/deployment.json (with ``FEDGRAPH_FLOWER_SHIM=0``:
 deployment_plain.json) and renders the page docs/results/deployment.md from
 them; ``--report``: only the page.
+
+``--netns --latency-ms MS`` (root): each strategy deployed with the SuperLink host and
+every SuperNode in a network namespace of its own (:mod:`deploy.netns`), every
+SuperNode's link delayed MS each way (:mod:`deploy.faults`); its rounds, wall time
+and median round against the in-process run's labels, in deployment_netns.json
+and a section of the page.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ sys.path.insert(0, str(HERE.parent))
 from app.run import run_experiment  # noqa: E402
 from deploy.__main__ import RUN_TIMING, run_local  # noqa: E402
 from deploy.flower_shim import SETTING, TIMING, TIMING_SETTING, enabled  # noqa: E402
+from deploy.netns import check_options  # noqa: E402
 from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
 MEASURE = "python benchmarks/deployment.py"
@@ -265,8 +273,69 @@ def page() -> Path:
                   "federation's processes (SuperLink, gateway, 5 SuperNodes with their SuperExecs, the ServerApp "
                   "and one ClientApp per node and message) share 2 cores."),
         *plain_section(),
+        *netns_section(),
     ])
     return write_page("deployment", "Deployment vs simulation", body, "python benchmarks/deployment.py --report")
+
+
+NETNS_RESULTS = "deployment_netns.json"
+
+
+def run_netns_case(strategy: str, dataset: str, sets: list[str], nodes: int, work: Path, latency_ms: float) -> dict:
+    """``strategy`` deployed across network namespaces, ``latency_ms`` each way on every SuperNode's
+    link: rounds, seconds, and whether its labels are the in-process run's."""
+    sets = [*sets, NO_REFERENCE]
+    path = run_local(nodes, strategy, dataset, "auto", sets, work / "deployed", netns=True, latency_ms=latency_ms)
+    deployed = json.loads(path.read_text())
+    run_experiment(strategy, dataset, nodes, {"partitioner": "auto", **dict(s.split("=", 1) for s in sets)},
+                   work / "inprocess")
+    run = json.loads((work / "deployed" / RUN_TIMING).read_text())
+    return {"strategy": strategy, "dataset": dataset, "sets": sets, "nodes": nodes, "latency_ms": latency_ms,
+            "same_labels": bool(np.array_equal(np.load(path.parent / "labels.npy"),
+                                               np.load(work / "inprocess" / "labels.npy"))),
+            "rounds": deployed["timing"]["rounds"], "deployed_s": run["flwr_run_s"],
+            "federation_start_s": run["federation_start_s"],
+            "median_round_s": float(np.median([r["seconds"] for r in deployed["timing"]["per_round"]])),
+            "load_average": f"{os.getloadavg()[0]:.0f}"}
+
+
+def netns_main(strategies: list[str], args) -> None:
+    """``--netns``: :func:`run_netns_case` per strategy, rows kept in deployment_netns.json (the other
+    strategies' rows too, when measured with the same latency and node count)."""
+    check_options(True, args.latency_ms)
+    out = RESULTS_DIR / NETNS_RESULTS
+    earlier = json.loads(out.read_text()) if out.exists() else {}
+    same_setup = (earlier.get("latency_ms"), earlier.get("nodes")) == (args.latency_ms, args.nodes)
+    cases = [c for c in earlier.get("cases", []) if same_setup and c["strategy"] not in strategies]
+    work = Path(tempfile.mkdtemp(prefix="deploy-netns-bench-"))
+    for strategy in strategies:
+        dataset, sets = CASES[strategy]
+        c = run_netns_case(strategy, dataset, [*sets, *args.set], args.nodes, work / strategy, args.latency_ms)
+        print(f"{strategy}: {c['rounds']} rounds, flwr run {c['deployed_s']:.1f} s, median round "
+              f"{c['median_round_s']:.2f} s at {args.latency_ms:g} ms, labels {'same' if c['same_labels'] else 'DIFFER'}")
+        cases.append(c)
+        out.write_text(json.dumps({"latency_ms": args.latency_ms, "nodes": args.nodes, "cases": cases}, indent=2) + "\n")
+    print(f"written {out}")
+
+
+def netns_section() -> list[str]:
+    """The cases measured across network namespaces behind a delay, if any, beside the loopback ones."""
+    path = RESULTS_DIR / NETNS_RESULTS
+    if not path.exists():
+        return []
+    report = json.loads(path.read_text())
+    loopback = {c["strategy"]: c for c in read_results("deployment.json", MEASURE)["cases"]}
+    rows = [[f"`{c['strategy']}`", c["dataset"], str(c["rounds"]), f"{c['deployed_s']:.1f}",
+             f"{c['median_round_s']:.2f}",
+             f"{loopback[c['strategy']]['median_round_s']:.2f}" if c["strategy"] in loopback else "-",
+             "yes" if c["same_labels"] else "no", c["load_average"]] for c in report["cases"]]
+    return ["## Separate hosts behind a delay",
+            paragraph(f"`{MEASURE} --netns --latency-ms {report['latency_ms']:g}`: the SuperLink host and each of "
+                      f"{report['nodes']} SuperNodes in a network namespace of its own (`deploy/netns.py`), every "
+                      f"SuperNode's link to the gateway delayed {report['latency_ms']:g} ms each way by a TCP relay "
+                      "(`deploy/faults.py`), TLS end to end; labels compared with the in-process run's."),
+            table(["strategy", "dataset", "rounds", "deployed s", "median round s", "median round s on loopback",
+                   "same labels", "load"], rows)]
 
 
 def kept_cases(out: Path, strategies: list[str], args) -> list[dict]:
@@ -287,9 +356,14 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="added to every case's settings")
     parser.add_argument("--report", action="store_true", help="only render the page from the JSON files")
+    parser.add_argument("--netns", action="store_true", help="hosts in network namespaces of their own (root)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="with --netns: delay each way per SuperNode link")
     args = parser.parse_args()
     if args.report:
         print(f"written {page()}")
+        return
+    if args.netns:
+        netns_main(list(CASES) if "all" in args.strategy else args.strategy, args)
         return
     os.environ[TIMING_SETTING] = "1"
     work = Path(tempfile.mkdtemp(prefix="deploy-bench-"))

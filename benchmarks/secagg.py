@@ -30,10 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from app.privacy.secagg import (  # noqa: E402
     FixedPointEncoder,
     SecAggParty,
-    recover_sum,
     relay_public_keys,
     unmask_sum,
 )
+from app.privacy.secagg_recovery import mask_recoverable, recover_sum, unmask_response  # noqa: E402
 from secure_scale import RESULTS_DIR, page  # noqa: E402
 
 
@@ -69,14 +69,14 @@ def run_once(P: int, N: int, rep: int, rng) -> dict:
     t0 = time.perf_counter()
     ups2, cts = {}, {}
     for p in parties:
-        ups2[p.party_id], cts[p.party_id] = p.mask_recoverable(xs[p.party_id], "round1/tensor", enc, thr)
+        ups2[p.party_id], cts[p.party_id] = mask_recoverable(p, xs[p.party_id], "round1/tensor", enc, thr)
     t["recoverable_mask_all"] = time.perf_counter() - t0
     dropped = [0, P - 1]
     surv = [i for i in range(P) if i not in dropped]
     t0 = time.perf_counter()
     resp = {
-        p.party_id: p.unmask_response(
-            "round1/tensor", surv, dropped, {u: cts[u][p.party_id] for u in surv if u != p.party_id}, N, enc
+        p.party_id: unmask_response(
+            p, "round1/tensor", surv, dropped, {u: cts[u][p.party_id] for u in surv if u != p.party_id}, N, enc
         )
         for p in parties
         if p.party_id in surv

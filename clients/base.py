@@ -28,8 +28,10 @@ from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
+from app.privacy.secagg_recovery import RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, unmask_response
 from app.transport import pack, unpack
 from app.wire import HELLO, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
+from app.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_THRESHOLD, SECAGG_UNMASK
 
 Reply = tuple[dict, dict]  # (arrays, values) of a reply
 
@@ -78,6 +80,8 @@ class ClusteringClient(Generic[ViewT]):
         values = self._agree_on_relayed_keys(values)
         method, _ = self._steps[action]
         reply_arrays, reply_values = getattr(self, method)(arrays, values)
+        if SECAGG_THRESHOLD in values:  # a recoverable masked upload: its sealed shares go with it
+            reply_arrays = {**reply_arrays, **self._sealed_shares(str(values.get("secagg_tag")))}
         return pack(reply_arrays, reply_values)
 
     # -- steps every method shares -------------------------------------------
@@ -207,10 +211,57 @@ class ClusteringClient(Generic[ViewT]):
         encoder = FixedPointEncoder(values["secagg_scale"], bound, values["secagg_parties"])
         party = self._load_party()
         clipped = np.clip(np.asarray(array, dtype=np.float64), -bound, bound)
+        if SECAGG_THRESHOLD in values:
+            return self._masked_recoverable(party, clipped, values, encoder)
         out = party.mask(clipped, str(values["secagg_tag"]), encoder,
                          participants=None if participants is None else sorted(group))
         self._save_party(party)  # the party remembers used tags
         return out
+
+    def _masked_recoverable(self, party: SecAggParty, clipped: np.ndarray, values,
+                            encoder: FixedPointEncoder) -> np.ndarray:
+        """A masked upload that survives dropouts (app.privacy.secagg_recovery), among the parties
+        the request names (this node's ``min-group`` checked on their number): its sealed shares
+        go with the reply (``secagg_shares``)."""
+        group = {int(p) for p in values[SECAGG_PARTICIPANTS]}
+        everyone = set(range(self.shard.num_clients))
+        if self.shard.client_id not in group or not group <= everyone:
+            raise PrivacyRefusal("masking-group", f"participants {sorted(group)} of '{values['secagg_tag']}'; "
+                                                  f"valid: this client and others of {sorted(everyone)}")
+        self.policy.check_group(len(group))
+        out, sealed = mask_recoverable(party, clipped, str(values["secagg_tag"]), encoder,
+                                             int(values[SECAGG_THRESHOLD]), participants=sorted(group))
+        self._save_party(party)  # the party remembers used tags and its share of its self mask
+        tag = np.frombuffer(str(values["secagg_tag"]).encode(), dtype=np.uint8)
+        self.save(SECAGG_SHARES, rows=sealed_rows(sealed, len(everyone)), tag=tag)
+        return out
+
+    def _sealed_shares(self, tag: str) -> dict[str, np.ndarray]:
+        """The sealed shares of this party's recoverable upload of ``tag`` (kept, so that a reply
+        kept for a request sent again goes with them too), as reply arrays; none without one."""
+        if SECAGG_SHARES not in self.context.state.array_records:
+            return {}
+        kept = self.load(SECAGG_SHARES)
+        return {SECAGG_SHARES: kept["rows"]} if kept["tag"].tobytes() == tag.encode() else {}
+
+    @answers(SECAGG_UNMASK)
+    def on_secagg_unmask(self, arrays, values) -> Reply:
+        """A recoverable sum's unmask round: this party's shares of the survivors' self-mask seeds
+        (opened from the ``secagg_inbox`` rows sealed for it) and its pair masks with the dropped
+        parties; never both for one party of a tag (:func:`app.privacy.secagg_recovery.unmask_response`)."""
+        party = self._load_party()
+        survivors, dropped = [int(p) for p in values["secagg_survivors"]], [int(p) for p in values["secagg_dropped"]]
+        encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
+        size = int(values["secagg_size"]) if dropped else 0
+        try:
+            shares, correction = unmask_response(
+                party, str(values["secagg_tag"]), survivors, dropped,
+                inbox_shares(arrays[SECAGG_INBOX], survivors, party.party_id), size, encoder)
+        except RecoveryRefused as err:  # a request this party must not answer: the run stops on it
+            raise PrivacyRefusal("secagg-unmask", str(err)) from None
+        self._save_party(party)  # the split answered for the tag
+        rows = np.stack([np.frombuffer(shares[u], dtype=np.uint8) for u in survivors])
+        return {"self_shares": rows, "correction": correction}, {}
 
     def _masking_group(self, participants) -> set[int]:
         everyone = set(range(self.shard.num_clients))

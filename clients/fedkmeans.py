@@ -130,9 +130,15 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
     @answers(proto.KMEANS_STEP)
     def on_kmeans_step(self, arrays, values) -> Reply:
         """Per-cluster sums, counts, rows withheld and inertia; above ``min-rows`` 1 only the clusters this
-        node's audit of every sum it has sent lets go out (:func:`app.protocols.fedkmeans.release`)."""
+        node's audit of every sum it has sent lets go out (:func:`app.protocols.fedkmeans.release`).
+        A resumed run's first live step also carries the centres of the steps replayed from its
+        journal: the audit first takes in the sums they give (:func:`app.protocols.fedkmeans.replay_audit`,
+        which can only make it stricter)."""
         min_rows = int(self.policy["min-rows"])
         audit = proto.Audit(**self.load(AUDIT)) if min_rows > 1 else None
+        if proto.REPLAYED_CENTRES in arrays:
+            audit = proto.replay_audit(self.features(), arrays[proto.REPLAYED_CENTRES], arrays["centres"].shape,
+                                       self.shared.num_rounds - 1, min_rows, audit)
         sums, counts, withheld, inertia, audit = proto.lloyd_statistics(self.features(), arrays["centres"],
                                                                         min_rows, audit)
         self.require_masking(proto.KMEANS_STEP, values, needed_by_run=self.cfg.secure)

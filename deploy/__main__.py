@@ -14,7 +14,10 @@ Example::
 ``result.json`` lands in ``OUT/result``, logs of every process in ``OUT``, the
 app's files that are signed and run in ``OUT/app`` (:func:`deploy.bundle.stage_app`); the
 summary printed at the end is ``python -m app.run``'s. Certificates and keys exist
-only in a private temporary directory while the federation runs.
+only in a private temporary directory while the federation runs. ``--netns``
+(root): the SuperLink host and each SuperNode in a network namespace of its own
+(:mod:`deploy.netns`), the SuperNodes reaching only the gateway's address;
+``--latency-ms MS`` delays every SuperNode's link MS each way (:mod:`deploy.faults`).
 
 ``superlink start|status|stop``: your own local SuperLink for ``flwr run .``
 (see :mod:`deploy.superlink`).
@@ -27,6 +30,8 @@ the installed app, the bundle ``flwr run .`` builds in a checkout).
 produced no result (see :mod:`deploy.submit` for the exit codes).
 ``trust --out FILE KEY.pub ...``: a SuperNode's ``--trusted-entities`` file.
 ``gateway ...``: the Fleet gateway (see :mod:`deploy.gateway`).
+``faults --listen HOST:PORT --upstream HOST:PORT ...``: a proxy adding latency, resets and
+failed answers (see :mod:`deploy.faults`).
 
 With ``--parties DIR`` (folders ``party-0``, ``party-1``, ... in the user file
 format, e.g. from ``python -m app.data.prepare --format files``) nothing is
@@ -51,10 +56,12 @@ from app import registry
 from app.config import ConfigError, parse_assignments
 from app.data import prepare
 from app.data.parties import PARTIES
+from app.errors import FedGraphError
 from app.result import summary_table
-from deploy import submit, superlink
+from deploy import faults, submit, superlink
 from deploy.bundle import stage_app
 from deploy.federation import SUPERLINK_WAIT_S, LocalFederation, toml_value
+from deploy.netns import check_options, separate
 from deploy.pki import make_all
 from deploy.signing import make_signing_key, sign_app, write_trusted_entities
 
@@ -64,7 +71,7 @@ RUN_TIMING = "run-timing.json"
 
 
 def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: list[str], out: Path,
-              timeout: float = 900.0) -> Path:
+              timeout: float = 900.0, netns: bool = False, latency_ms: float = 0.0) -> Path:
     """Run one deployed experiment; return the path of its result.json. ``partitioner``
     ``auto``: the strategy's own. The run-config is checked before anything starts.
 
@@ -72,7 +79,8 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
     run and are deleted with it; the CA's private key is never written (it signs this
     run's certificates in memory). ``OUT`` holds the shards, the server's evaluation file
     (the pooled data, so that the server runs the centralised reference, unless
-    ``reference=false``), the logs and ``OUT/result``."""
+    ``reference=false``), the logs and ``OUT/result``. ``netns``: every host in a network namespace
+    of its own (:mod:`deploy.netns`), ``latency_ms`` added each way on every SuperNode's link."""
     out = out.resolve()
     shards, result_dir, eval_file = out / "shards", out / "result", out / "eval.npz"
     run_config = {"strategy": strategy, "dataset": dataset, "partitioner": partitioner,
@@ -87,7 +95,8 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
                  "--out", str(shards), "--eval-file", str(eval_file), "--eval-graph",
                  "--eval-contents", "full" if config["reference"] else "labels-only",
                  *sum((["--set", s] for s in data_sets), [])])
-    return _deploy(out, run_config, [f"shard='{shards / f'client-{i}.npz'}'" for i in range(nodes)], timeout)
+    return _deploy(out, run_config, [f"shard='{shards / f'client-{i}.npz'}'" for i in range(nodes)], timeout,
+                   netns, latency_ms)
 
 
 def party_folders(parties: Path) -> list[Path]:
@@ -101,7 +110,8 @@ def party_folders(parties: Path) -> list[Path]:
 
 
 def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list[str], out: Path,
-                      read: list[str] = (), timeout: float = 900.0) -> Path:
+                      read: list[str] = (), timeout: float = 900.0, netns: bool = False,
+                      latency_ms: float = 0.0) -> Path:
     """Run ``strategy`` on a local deployment whose SuperNode i holds only ``parties/party-i``
     (``dataset='parties'``, partition id i; ``read``: reader options, ``KEY=VALUE``, as node config
     ``read.KEY``); return the path of its result.json. Each party's files are checked as
@@ -121,25 +131,30 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
                                                                    "out-dir": str(out / f"party-{i}"),
                                                                    **options}.items())
                     for i, folder in enumerate(folders)]
-    return _deploy(out, run_config, node_configs, timeout)
+    return _deploy(out, run_config, node_configs, timeout, netns, latency_ms)
 
 
-def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float) -> Path:
+def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float, netns: bool = False,
+            latency_ms: float = 0.0) -> Path:
     """Certificates and the app signing key (in a private temporary directory), a TLS SuperLink
     with the Fleet gateway, one authenticated SuperNode per node config running only the signed
-    app, ``flwr run``; the path of the run's result.json."""
+    app, ``flwr run``; the path of the run's result.json. ``netns``: SuperLink host and SuperNodes
+    in network namespaces of their own (:func:`deploy.netns.separate`); ``latency_ms``: the
+    SuperNodes dial the gateway through :mod:`deploy.faults` delaying every chunk that much each way."""
     started = time.monotonic()
     result_dir = Path(run_config["out-dir"])
     app_dir = stage_app(out)
-    with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki_dir:
+    with tempfile.TemporaryDirectory(prefix="fedgraph-pki-") as pki_dir, separate(len(node_configs), netns) as network:
         pki = Path(pki_dir)
-        make_all(pki, len(node_configs), keep_ca_key=False)
+        make_all(pki, len(node_configs), [network.link_host] if network else [], keep_ca_key=False)
         signing_key, signing_public = make_signing_key(pki)
         trusted = write_trusted_entities([signing_public], pki / "trusted-entities.yaml")
         sign_app(app_dir, signing_key, pki / "signatures")
-        with LocalFederation(out, pki) as federation:
+        with LocalFederation(out, pki, network=network) as federation:
             federation.start_superlink()
-            federation.start_gateway(pki / "signatures")
+            federation.start_gateway(pki / "signatures", nodes=len(node_configs))
+            if latency_ms:  # a TCP relay on the SuperLink host: every SuperNode's link delayed each way
+                federation.start_fault_proxy(faults.Faults(latency_s=latency_ms / 1000), http=False)
             federation.start_configured_nodes(node_configs, trusted_entities=trusted)
             federation.wait_until_ready([f"supernode-{i}" for i in range(len(node_configs))])
             ready = time.monotonic()
@@ -186,6 +201,10 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--cert", type=Path, required=True, help="certificate presented to SuperNodes")
     gateway.add_argument("--key", type=Path, required=True, help="its private key")
     gateway.add_argument("--signatures", type=Path, required=True, help="directory of app signatures")
+    gateway.add_argument("--nodes-per-address", type=int, default=1, metavar="N",
+                         help="SuperNodes behind one client address (several on one machine): the per-address "
+                              "connection and body bounds N times over (default 1)")
+    faults.add_parser(sub)
     return parser
 
 
@@ -197,12 +216,18 @@ def _add_local(sub) -> None:
     local.add_argument("--dataset", default="karate")
     local.add_argument("--partitioner", default="auto", help="auto: the strategy's own")
     local.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    local.add_argument("--out", type=Path, required=True)
+    local.add_argument("--out", type=Path, default=None, help="the run's folder (required unless --resume)")
+    local.add_argument("--resume", type=Path, default=None, metavar="OUT",
+                       help="continue the interrupted run in OUT from its journal (same options otherwise)")
     local.add_argument("--parties", type=Path, default=None,
                        help="folders party-0, party-1, ... of the parties' own data (dataset='parties'; "
                             "--nodes and --dataset are not used)")
     local.add_argument("--read", action="append", default=[], metavar="KEY=VALUE",
                        help="with --parties: a reader option for every party (node config read.KEY)")
+    local.add_argument("--netns", action="store_true",
+                       help="the SuperLink host and each SuperNode in a network namespace of its own (root)")
+    local.add_argument("--latency-ms", type=float, default=0.0,
+                       help="with --netns: milliseconds added each way on every SuperNode's link")
 
 
 def _add_signing(sub) -> None:
@@ -260,14 +285,30 @@ def _run_command(args) -> None:
     elif args.command == "gateway":
         from deploy.gateway import serve
 
-        serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures)
+        serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures, args.nodes_per_address)
+    elif args.command == "faults":
+        faults.run(args)
     else:
+        check_options(args.netns, args.latency_ms)
+        hosts = {"netns": args.netns, "latency_ms": args.latency_ms}
+        out, sets = _local_out(args)
         if args.parties is not None:
-            path = run_local_parties(args.parties, args.strategy, args.partitioner, args.set, args.out, args.read)
+            path = run_local_parties(args.parties, args.strategy, args.partitioner, sets, out, args.read, **hosts)
         else:
-            path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, args.set, args.out)
+            path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, sets, out, **hosts)
         print(summary_table(json.loads(path.read_text())))
         print(f"result: {path}")
+
+
+def _local_out(args) -> tuple[Path, list[str]]:
+    """``local``'s folder and ``--set`` items: ``--resume OUT`` resumes the run in OUT (``resume=true``)."""
+    if args.resume is None:
+        if args.out is None:
+            raise ConfigError("local needs --out OUT (a new run) or --resume OUT (an interrupted one)")
+        return args.out, args.set
+    if args.out is not None and args.out.resolve() != args.resume.resolve():
+        raise ConfigError(f"--resume {args.resume} and --out {args.out} both given; valid: --resume OUT alone")
+    return args.resume, [*args.set, "resume=true"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return submit.run(args.app, args.connection, args.run_config, args.federation, args.timeout)
     try:
         _run_command(args)
-    except (ConfigError, RuntimeError, OSError, ValueError) as err:
+    except (FedGraphError, RuntimeError, OSError, ValueError) as err:  # RuntimeError, OSError: Flower's, the system's
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -12,7 +12,10 @@ API only, with the federation's app signatures) and, given
 Every process runs in its own process group and is killed by :meth:`close`
 (also on errors: use it as a context manager). Everything listens on
 127.0.0.1; across machines the same commands work with real addresses (see
-the README, "Deploying on several machines").
+the README, "Deploying on several machines"). Given a :class:`deploy.netns.Network`,
+each process runs in its host's network namespace (SuperLink, gateway and ``flwr``
+CLI on the SuperLink host, SuperNode i on its own) and the gateway listens on
+the SuperLink host's address there, the one SuperNodes reach.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Mapping
 import psutil
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
+from deploy import faults as fault_proxy
 from deploy import flower_shim, gateway
 
 BIN = Path(sys.executable).parent
@@ -98,8 +102,10 @@ class LocalFederation:
     """SuperLink and SuperNodes on loopback (see module docstring)."""
 
     def __init__(self, workdir: Path, pki: Path | None, *, auth: bool = True,
-                 superlink_wait_s: float = SUPERLINK_WAIT_S, state_file: bool = False) -> None:
+                 superlink_wait_s: float = SUPERLINK_WAIT_S, state_file: bool = False, network=None) -> None:
         self.workdir = Path(workdir)
+        # a deploy.netns.Network: each process in its host's namespace, SuperNodes dial the gateway's address there
+        self.network = network
         # the SuperLink's state in a file: a SuperLink restarted after a crash knows the registered nodes
         # again, and the SuperNodes, which keep retrying through the gateway, reconnect by themselves;
         # in memory (the default) every message costs no disk write
@@ -147,10 +153,14 @@ class LocalFederation:
     def _spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None,
                append: bool = False) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "a" if append else "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
+        proc = subprocess.Popen(self._inside(name, cmd), stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
                                 cwd=self.workdir, start_new_session=True)
         self.processes[name] = proc
         return proc
+
+    def _inside(self, name: str, cmd: list[str]) -> list[str]:
+        """``cmd`` as process ``name`` runs it: inside its namespace, with a :class:`deploy.netns.Network`."""
+        return self.network.command(name, cmd) if self.network else cmd
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"
@@ -176,24 +186,45 @@ class LocalFederation:
                 raise RuntimeError(f"SuperLink did not start:\n{self.log('superlink')[-2000:]}")
             time.sleep(0.2)
 
-    def start_gateway(self, signatures: Path, timeout: float = 120.0) -> None:
-        """Start the Fleet gateway on its own port; SuperNodes started afterwards connect to it."""
-        port = free_port()
-        cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"127.0.0.1:{port}",
+    def start_gateway(self, signatures: Path, timeout: float = 120.0, nodes: int = 1) -> None:
+        """Start the Fleet gateway on its own port; SuperNodes started afterwards connect to it.
+        ``nodes``: the SuperNodes to come, which may reach it from one client address (loopback,
+        or a relay in front of it): the gateway gives that address the bounds of that many
+        (``--nodes-per-address``, at most 8)."""
+        port, host = free_port(), self.network.link_host if self.network else "127.0.0.1"
+        cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"{host}:{port}",
                "--superlink", self.address, "--ca", str(self.pki / "ca.crt"),
                "--cert", str(self.pki / "superlink.crt"), "--key", str(self.pki / "superlink.key"),
-               "--signatures", str(Path(signatures).resolve())]
-        proc = self._spawn("gateway", cmd)
+               "--signatures", str(Path(signatures).resolve()),
+               "--nodes-per-address", str(max(1, min(nodes, 8)))]
+        self._start_server("gateway", cmd, gateway.READY, "the Fleet gateway", timeout)
+        self.fleet_address = f"{host}:{port}"
+
+    def start_fault_proxy(self, faults: fault_proxy.Faults, timeout: float = 120.0, http: bool = True) -> None:
+        """Put the fault proxy (:mod:`deploy.faults`, HTTP mode, presenting the SuperLink's certificate
+        as the gateway does; ``http=False``: a TCP relay, TLS end to end between SuperNode and gateway)
+        in front of the Fleet address; SuperNodes started afterwards connect through it. Its fault
+        lines go to ``faults.log``."""
+        host, port = self.fleet_address.rpartition(":")[0], free_port()
+        tls = (fault_proxy.ProxyTLS(self.pki / "superlink.crt", self.pki / "superlink.key", self.pki / "ca.crt")
+               if http else None)
+        self._start_server("faults", fault_proxy.command(f"{host}:{port}", self.fleet_address, faults, tls),
+                           fault_proxy.READY, "the fault proxy", timeout)
+        self.fleet_address = f"{host}:{port}"
+
+    def _start_server(self, name: str, cmd: list[str], ready: str, what: str, timeout: float) -> None:
+        """Start process ``name`` and return once its log says ``ready``."""
+        proc = self._spawn(name, cmd)
         deadline = time.monotonic() + timeout
-        while gateway.READY not in self.log("gateway"):
+        while ready not in self.log(name):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Fleet gateway did not start:\n{self.log('gateway')[-2000:]}")
+                raise RuntimeError(f"{what} did not start:\n{self.log(name)[-2000:]}")
             time.sleep(0.2)
-        self.fleet_address = f"127.0.0.1:{port}"
 
     def register(self, *public_keys: Path) -> None:
         """Register SuperNode public keys (only registered SuperNodes may join), all at once."""
-        procs = {key: subprocess.Popen([str(BIN / "flwr"), "supernode", "register", str(key), CONNECTION],
+        procs = {key: subprocess.Popen(self._inside("flwr", [str(BIN / "flwr"), "supernode", "register", str(key),
+                                                             CONNECTION]),
                                        env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for key in public_keys}
         failed = []
@@ -283,8 +314,8 @@ class LocalFederation:
 
     def run_app(self, app_dir: Path, run_config: Mapping[str, Any], timeout: float = 900.0) -> subprocess.CompletedProcess:
         """``flwr run APP <connection> --stream --run-config ...``; returns the finished process."""
-        cmd = [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
-               "--run-config", run_config_arg(run_config)]
+        cmd = self._inside("flwr", [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
+                                    "--run-config", run_config_arg(run_config)])
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def ended(self) -> dict[str, int]:

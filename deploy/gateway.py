@@ -24,12 +24,29 @@ repeated Flower header), 411 (no ``Content-Length``, or ``Transfer-Encoding``),
 413 (body over the limit: answered on the announced length, the body is never
 read), 415 (other Content-Type), 431 (request head over 16 KiB).
 
-A SuperLink that cannot be reached (down, refused, reset, a kept-alive
-connection it closed) is tried once more on a new connection, then answered
-502 (504 on a timeout): the statuses a SuperNode retries
-(``flwr.supercore.retry.http_retry``; it gives up on any other error status),
-so it reconnects once the SuperLink is back. The SuperLink's own answers pass
-unchanged, limited in size per endpoint (over it: 502).
+Failures, so that no message is lost to a transient one:
+
+- a SuperLink that cannot be reached (down, refused, reset) is tried once
+  more on a new connection, then answered 502 (504 on a timeout): the
+  statuses a SuperNode retries (``flwr.supercore.retry.http_retry``; it gives
+  up on any other error status), so it reconnects once the SuperLink is back.
+  A connection to the SuperLink unused for :data:`UPSTREAM_KEEPALIVE_S` is
+  closed here, before the SuperLink closes it (after 5 s) under a request;
+- a delivered message whose pull-messages answer never reached its SuperNode
+  (lost on the way back, or its receive failed and the SuperNode asked again)
+  is delivered again (:class:`Deliveries`): the SuperLink marks a message
+  delivered as it answers, and would not send it twice;
+- an activate-node repeated because its answer was lost gets the first
+  answer (:class:`Activations`); the SuperLink refuses an active key.
+
+Repeats the SuperLink takes as they are: pull-object, get-run, get-fab,
+heartbeats, confirm-message-received (deleting an object twice is no error),
+push-messages (a reply it holds is taken again, its missing objects listed
+under a new push session). A repeated push-object is answered ``stored=false``,
+and a push-messages repeated after the ServerApp took the reply lists no
+objects though the first push session still awaits them; the SuperNode settles
+both (:func:`deploy.flower_shim.push_until_stored`). The SuperLink's answers
+pass unchanged otherwise, limited in size per endpoint (over it: 502).
 
 Each FAB the SuperNodes download (``/v1/fleet/get-fab``) leaves with the
 signatures the federation made for it (:func:`deploy.signing.verifications`),
@@ -71,13 +88,15 @@ connections for ever.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gc
 import ipaddress
+import json
 import logging
 import signal
 import ssl
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -86,6 +105,10 @@ import h11
 import httpx
 from flwr.common.constant import FAB_MAX_SIZE, FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, TIMESTAMP_HEADER
 from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-module
+from flwr.proto.fleet_pb2 import (ActivateNodeRequest, PullMessagesRequest,  # pylint: disable=no-name-in-module
+                                  PullMessagesResponse, PushMessagesRequest)
+from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=no-name-in-module
+from flwr.supercore.error import ApiErrorCode
 from flwr.supercore.constant import (FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER,
                                      FLWR_COMPONENT_NAME_METADATA_KEY, FLWR_PACKAGE_NAME_METADATA_KEY,
                                      FLWR_PACKAGE_VERSION_METADATA_KEY, VERSION_INCOMPATIBILITY_MESSAGE_METADATA_KEY)
@@ -115,20 +138,22 @@ class Endpoint:
 
 
 GET_FAB = b"/v1/fleet/get-fab"
+ACTIVATE, PULL_MESSAGES = b"/v1/fleet/activate-node", b"/v1/fleet/pull-messages"
+PUSH_MESSAGES, CONFIRM = b"/v1/fleet/push-messages", b"/v1/fleet/confirm-message-received"
 #: The Fleet API calls of an authenticated Flower 1.42 SuperNode (``FleetHttpClient``) as request
 #: targets, byte for byte; ``register-node`` / ``unregister-node`` are sent only by SuperNodes without
 #: a registered key, which a SuperLink with ``--enable-supernode-auth`` refuses anyway.
 FLEET_ENDPOINTS: dict[bytes, Endpoint] = {
-    b"/v1/fleet/activate-node": Endpoint(SMALL, SMALL),
+    ACTIVATE: Endpoint(SMALL, SMALL),
     b"/v1/fleet/deactivate-node": Endpoint(SMALL, SMALL),
     b"/v1/fleet/send-node-heartbeat": Endpoint(SMALL, SMALL),
-    b"/v1/fleet/pull-messages": Endpoint(SMALL, MESSAGES),
-    b"/v1/fleet/push-messages": Endpoint(MESSAGES, MESSAGES),
+    PULL_MESSAGES: Endpoint(SMALL, MESSAGES),
+    PUSH_MESSAGES: Endpoint(MESSAGES, MESSAGES),
     b"/v1/fleet/get-run": Endpoint(SMALL, MIB),
     GET_FAB: Endpoint(SMALL, FAB_MAX_SIZE + MIB),
     b"/v1/fleet/push-object": Endpoint(OBJECT, SMALL),
     b"/v1/fleet/pull-object": Endpoint(SMALL, OBJECT),
-    b"/v1/fleet/confirm-message-received": Endpoint(SMALL, SMALL),
+    CONFIRM: Endpoint(SMALL, SMALL),
 }
 PROTOBUF = PROTOBUF_MEDIA_TYPE.encode()
 #: request headers forwarded besides the body's type and length: node authentication and Flower's version
@@ -155,6 +180,14 @@ BODY_BUDGET = 64 * MIB
 CLIENT_BODY_BUDGET = 16 * MIB
 #: the SuperNode's own client waits 30 s for an answer (flwr.supercore.protobuf.client)
 UPSTREAM_TIMEOUT_S = 30.0
+#: a connection to the SuperLink left unused this long is closed here: the SuperLink (uvicorn) closes
+#: one after 5 s, and a request sent on it just as it does fails
+UPSTREAM_KEEPALIVE_S = 2.0
+#: delivered messages kept for redelivery (:class:`Deliveries`): at most this many nodes' answers and
+#: bytes at once (the oldest forgotten first); each message delivered again at most REDELIVERIES times
+KEPT_DELIVERIES, KEPT_DELIVERY_BYTES, REDELIVERIES = 4096, 64 * MIB, 3
+#: an activation answered here is repeated for the same key within this time (:class:`Activations`)
+ACTIVATION_REPEAT_S = 60.0
 #: after a refusal, what the client may still be sending is read and dropped (so that it sees the
 #: answer rather than a reset connection), up to this much
 LINGER_BYTES, LINGER_S = MIB, 2.0
@@ -301,6 +334,122 @@ def _head(status: int, headers: list[tuple[bytes, bytes]], body: bytes, close: b
     return h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode())
 
 
+@dataclass
+class Delivery:
+    """A pull-messages answer that carried message ``message_id`` to a node."""
+
+    message_id: str
+    answer: bytes
+    expires: float  # wall-clock seconds: the message's created_at + ttl
+    left: int = REDELIVERIES
+
+
+class Deliveries:
+    """Per node id, its last pull-messages answer that carried a message the node has not yet
+    confirmed (confirm-message-received) or replied to (push-messages): a SuperNode handles one
+    message at a time and asks for the next only once it has confirmed one, so its empty
+    pull-messages while it holds an unconfirmed delivery means the delivery never reached it
+    (the answer was lost on the way, or the receive failed); that pull-messages is answered with
+    the kept answer instead, at most :data:`REDELIVERIES` times per message and only before the
+    message expires. The SuperLink serves a message's objects until it is confirmed. Only
+    answers the SuperLink gave with 200 count, and it gives 200 only to a request signed by the
+    node the request names. Bounded: :data:`KEPT_DELIVERIES` answers, :data:`KEPT_DELIVERY_BYTES`."""
+
+    def __init__(self, note, count: int = KEPT_DELIVERIES, size: int = KEPT_DELIVERY_BYTES, clock=time.time) -> None:
+        self.note, self.count, self.size, self.clock = note, count, size, clock
+        self.kept: OrderedDict[int, Delivery] = OrderedDict()
+        self.held = 0
+
+    def answer(self, target: bytes, request: bytes, answer: bytes) -> bytes:
+        """The answer to send for the SuperLink's 200 ``answer`` to ``request`` at ``target``."""
+        try:
+            if target == PULL_MESSAGES:
+                return self._pulled(PullMessagesRequest.FromString(request).node.node_id, answer)
+            if target == CONFIRM:
+                confirmed = ConfirmMessageReceivedRequest.FromString(request)
+                self._settled(confirmed.node.node_id, {confirmed.message_object_id})
+            elif target == PUSH_MESSAGES:
+                pushed = PushMessagesRequest.FromString(request)
+                self._settled(pushed.node.node_id, {m.metadata.reply_to_message_id for m in pushed.messages_list})
+        except DecodeError:
+            pass  # the SuperLink took it: not a request this bookkeeping knows
+        return answer
+
+    def _pulled(self, node: int, answer: bytes) -> bytes:
+        messages = PullMessagesResponse.FromString(answer).messages_list
+        if messages:
+            metadata = messages[0].metadata
+            self._keep(node, Delivery(metadata.message_id, answer, metadata.created_at + metadata.ttl))
+            return answer
+        kept = self.kept.get(node)
+        if kept is None:
+            return answer
+        if kept.left == 0 or kept.expires <= self.clock():
+            self._forget(node)
+            return answer
+        kept.left -= 1
+        self.note(f"delivered message {kept.message_id[:16]} to node {node} again: its delivery was not confirmed")
+        return kept.answer
+
+    def _settled(self, node: int, message_ids: set[str]) -> None:
+        if node in self.kept and self.kept[node].message_id in message_ids:
+            self._forget(node)
+
+    def _keep(self, node: int, delivery: Delivery) -> None:
+        self._forget(node)
+        self.kept[node] = delivery
+        self.held += len(delivery.answer)
+        while len(self.kept) > self.count or self.held > self.size:
+            self._forget(next(iter(self.kept)))
+
+    def _forget(self, node: int) -> None:
+        if (delivery := self.kept.pop(node, None)) is not None:
+            self.held -= len(delivery.answer)
+
+
+class Activations:
+    """activate-node answers by public key, each until the key's next other request, for at most
+    :data:`ACTIVATION_REPEAT_S`: a SuperNode whose activation answer was lost asks again at once,
+    and the SuperLink refuses to activate an active key (412, FLEET_NODE_ACTIVATION_FAILED; the
+    SuperNode then exits). That refusal, for a key activated here and silent since, is answered
+    with the first activation's answer. A key that has sent anything since (its heartbeats start
+    at once) is refused as the SuperLink says. Bounded: :data:`KEPT_DELIVERIES` keys."""
+
+    def __init__(self, note, count: int = KEPT_DELIVERIES, clock=time.monotonic) -> None:
+        self.note, self.count, self.clock = note, count, clock
+        self.kept: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()
+
+    def answer(self, target: bytes, key_header: bytes | None, request: bytes, status: int,
+               answer: bytes) -> tuple[int, bytes] | None:
+        """The answer (status, body) to send instead of the SuperLink's, or None: the SuperLink's."""
+        if target != ACTIVATE:
+            if status == 200 and key_header is not None:
+                self.kept.pop(key_header, None)
+            return None
+        try:
+            key = base64.b64encode(ActivateNodeRequest.FromString(request).public_key)
+        except DecodeError:
+            return None
+        if status == 200:
+            self.kept.pop(key, None)
+            self.kept[key] = (self.clock(), answer)
+            while len(self.kept) > self.count:
+                self.kept.popitem(last=False)
+            return None
+        kept = self.kept.get(key)
+        if kept is None or self.clock() - kept[0] > ACTIVATION_REPEAT_S or not _activation_refused(status, answer):
+            return None
+        self.note("answered a repeated activate-node with its first answer (the SuperLink refuses an active key)")
+        return 200, kept[1]
+
+
+def _activation_refused(status: int, answer: bytes) -> bool:
+    try:
+        return status == 412 and json.loads(answer).get("code") == ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED
+    except (ValueError, AttributeError):
+        return False
+
+
 class FleetGateway:
     """Forwards SuperNodes' Fleet API requests to the SuperLink ``superlink`` (host:port, HTTPS,
     certificate checked against ``ca_cert``), speaking TLS with ``tls`` to its clients;
@@ -313,13 +462,14 @@ class FleetGateway:
         self.signatures, self.tls = Path(signatures), tls
         self.client = httpx.AsyncClient(
             verify=ssl.create_default_context(cafile=str(ca_cert)), timeout=UPSTREAM_TIMEOUT_S,
-            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=5.0),
+            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=UPSTREAM_KEEPALIVE_S),
             follow_redirects=False, trust_env=False)  # trust_env: no proxy from the environment
         self.connections = Quota(max_connections, max_client_connections, "connections")
         self.bodies = Quota(body_budget, client_body_budget, "bytes of request bodies")
         self.tasks: set[asyncio.Task] = set()
         self.closed = 0
         self.note = LogBudget()
+        self.deliveries, self.activations = Deliveries(self.note), Activations(self.note)
 
     def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A new TCP connection (``asyncio.start_server``'s callback, called as it is made): counted
@@ -493,13 +643,24 @@ class FleetGateway:
             status, reply_headers, payload = await self._send_upstream(upstream, request.target)
             if request.target == GET_FAB and status == 200:
                 payload = signed_fab(payload, self.signatures)
-            return status, reply_headers, payload
+            return self._settled(request, body, status, reply_headers, payload)
         except httpx.TimeoutException as err:
             status, why = 504, f"no answer from the SuperLink within {UPSTREAM_TIMEOUT_S:g} s ({type(err).__name__})"
         except (httpx.TransportError, ResponseTooLarge, DecodeError) as err:
             status, why = 502, f"the SuperLink could not be reached or answered badly ({type(err).__name__}: {err})"
         self.note(f"answered {status} to {request.target.decode('ascii')} from {peer}: {why}")
         return status, [(b"content-type", b"text/plain; charset=utf-8")], f"{status} {why}\n".encode()
+
+    def _settled(self, request: h11.Request, body: bytes, status: int, headers: list,
+                 payload: bytes) -> tuple[int, list, bytes]:
+        """The answer to send for the SuperLink's: a delivery repeated (:class:`Deliveries`), an
+        activation repeated (:class:`Activations`), or the SuperLink's own."""
+        key = dict(request.headers).get(FLEET_HTTP_PUBLIC_KEY_HEADER.encode())
+        if repeated := self.activations.answer(request.target, key, body, status, payload):
+            return repeated[0], [(b"content-type", PROTOBUF)], repeated[1]
+        if status == 200:
+            payload = self.deliveries.answer(request.target, body, payload)
+        return status, headers, payload
 
     async def _send_upstream(self, upstream: httpx.Request, target: bytes) -> tuple[int, list, bytes]:
         """Status, forwarded headers and body of the SuperLink's answer; a failed connection is tried
@@ -537,9 +698,21 @@ def _server_tls(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
+def shared_address_limits(nodes_per_address: int) -> dict[str, int]:
+    """The per-client bounds (and the total body budget) for ``nodes_per_address`` SuperNodes behind
+    one address (several SuperNodes on one machine: a local federation, an organisation's NAT): the
+    bounds of one, that many times over, so that their pushes do not wait on each other's budget."""
+    if not 1 <= nodes_per_address <= MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS:
+        raise SystemExit(f"error: --nodes-per-address {nodes_per_address}; valid: 1 to "
+                         f"{MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS}")
+    return {"max_client_connections": nodes_per_address * MAX_CLIENT_CONNECTIONS,
+            "client_body_budget": nodes_per_address * CLIENT_BODY_BUDGET,
+            "body_budget": max(BODY_BUDGET, nodes_per_address * CLIENT_BODY_BUDGET)}
+
+
 async def _serve(listen: tuple[str, int], superlink: str, ca_cert: Path, signatures: Path,
-                 tls: ssl.SSLContext) -> None:
-    gateway = FleetGateway(superlink, ca_cert, signatures, tls)
+                 tls: ssl.SSLContext, limits: dict[str, int]) -> None:
+    gateway = FleetGateway(superlink, ca_cert, signatures, tls, **limits)
     gc.collect()
     gc.freeze()  # what is loaded by now (Flower, httpx) lives on: collections skip it, and cost little
     loop = asyncio.get_running_loop()
@@ -556,9 +729,12 @@ async def _serve(listen: tuple[str, int], superlink: str, ca_cert: Path, signatu
     await gateway.aclose()
 
 
-def serve(listen: str, superlink: str, ca_cert: Path, cert: Path, key: Path, signatures: Path) -> None:
-    """Run the gateway on ``listen`` (host:port) until SIGTERM / SIGINT."""
+def serve(listen: str, superlink: str, ca_cert: Path, cert: Path, key: Path, signatures: Path,
+          nodes_per_address: int = 1) -> None:
+    """Run the gateway on ``listen`` (host:port) until SIGTERM / SIGINT; ``nodes_per_address``:
+    :func:`shared_address_limits`."""
     _host_port(superlink, "--superlink")
+    limits = shared_address_limits(nodes_per_address)
     logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)  # httpx's per-request lines: no
     log.setLevel(logging.INFO)
-    asyncio.run(_serve(_host_port(listen, "--listen"), superlink, ca_cert, signatures, _server_tls(cert, key)))
+    asyncio.run(_serve(_host_port(listen, "--listen"), superlink, ca_cert, signatures, _server_tls(cert, key), limits))

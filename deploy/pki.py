@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from app.errors import FedGraphError
+
 VALID_DAYS = 365
 
 
@@ -46,8 +48,10 @@ VALID_DAYS = 365
 PRIVATE_MODE, PUBLIC_MODE = 0o600, 0o666
 
 
-class KeyFileError(ValueError):
+class KeyFileError(FedGraphError, ValueError):
     """A key or certificate file cannot be created safely (one line naming the path and the fix)."""
+
+    exit_code = 2
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import psutil
 
+from app.errors import FedGraphError
+
 BIN = Path(sys.executable).parent
 PORT_VARIABLE = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
 START_TIMEOUT_S = 300.0
@@ -39,7 +41,7 @@ STOP_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 0.2
 
 
-class SuperLinkError(RuntimeError):
+class SuperLinkError(FedGraphError, RuntimeError):
     """The local SuperLink cannot be started or stopped (one line)."""
 
 

@@ -103,6 +103,11 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     #: Each client clusters the graph of its own shard: its rows without a local edge carry no
     #: structure into the result (:meth:`check_shards`).
     local_graphs: ClassVar[bool] = False
+    #: The method's secure sums still mean what they should over the clients that answered
+    #: (per-client sums, averages): such a sum goes on without a client that drops
+    #: (:meth:`app.session.ServerSession.recovers`). Sums that need every party's rows (whole-graph
+    #: modes, padded sums) never do, whatever this says.
+    tolerates_dropouts: ClassVar[bool] = False
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config

@@ -147,6 +147,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     needs_edges = True
     local_graphs = True
     needs_features = True
+    tolerates_dropouts = True  # FedAvg of the weights of the clients that answered (not the whole-graph modes)
     params = (
         Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "
               "centralised (one client with the whole graph)", choices=proto.MODES, primary=True),
@@ -305,12 +306,14 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         best = _Best(weights)
         history = []
         for r in range(1, rounds + 1):
+            sent = sum(counts[n] for n in session.node_ids)  # the rows of the clients asked (their factors' sum)
             replies, values, excluded = self._train_round(session, r, weights, counts, spec)
             score, losses = (None, None) if mech is not None else self._round_scores(replies)
             if self.federated and score is not None:
                 best.offer(weights, score, r)  # score of W_r, the weights sent this round
-            if secure:
-                weights = proto.unflatten(session.secure_sum(replies, "weights", values), shapes)
+            if secure:  # each weighed by N_c / N over the clients asked: the average over those that answered
+                answered = sum(counts[n] for n in replies)
+                weights = proto.unflatten(session.secure_sum(replies, "weights", values) * (sent / answered), shapes)
             elif self.federated:
                 weights = proto.fedavg([unpack(replies[n])[0] for n in replies], [counts[n] for n in replies])
             if mech is not None:
@@ -332,12 +335,13 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         send_weights = self.federated or r == 1
         values = {"k": self.shared.num_clusters, "round": r}
         if secure:
-            values.update(session.secagg_values("weights", self.secagg.bound))
-        total = float(sum(counts.values()))
+            values.update(session.secagg_values("weights", self.secagg.bound, recover=self.tolerates_dropouts))
+        total = float(sum(counts[node] for node in session.node_ids))
         contents = {node: pack(weights if send_weights else None,
                                {**values, "factor": counts[node] / total} if secure else values)
                     for node in session.node_ids}
-        replies = session.exchange(proto.DMON_TRAIN, contents, spec, category="train", require_all=secure)
+        replies = session.exchange(proto.DMON_TRAIN, contents, session.secure_reply(spec, values), category="train",
+                                   require_all=secure and not session.recovers(values))
         if not replies:
             raise ProtocolError(f"round {r}: no valid client reply")
         return replies, values, [session.partition_of(n) for n in contents if n not in replies]

@@ -25,6 +25,9 @@ A plain baseline every other method can be compared with. Wire protocol
    must add up to the client's rows (secure: all rows) and the inertia be
    >= 0, else the run stops naming the client. Rows held by
    two clients (``partition.overlap`` > 0) would count twice: refused.
+   A resumed run's first live step also carries ``replayed_centres``, the
+   centres of every step replayed from the journal (which no client saw), so
+   that each client's audit takes in the sums it sent in them first.
 3. ``kmeans_assign`` (down: final ``centres``) -> up: ``node_ids`` and
    ``labels`` of the client's rows, for evaluation only; labels stay on the
    client as well.
@@ -49,7 +52,9 @@ import numpy as np
 from app.clustering import kmeans
 from app.config import ConfigError, Param, RunConfig
 from app.data.types import GraphData
+from app.journal import last_step_replayed
 from app.privacy.ledger import GUARANTEE_SECAGG
+from app.progress import Convergence
 from app.protocols import fedkmeans as proto
 from app.protocols.boundary import PADDED_ROWS
 from app.transport import pack, unpack
@@ -77,6 +82,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     split = "rows: each client holds some nodes (with their induced subgraph) or samples"
     partitioners = ("node-random", "node-community", "node-dirichlet", "sample", "sample-dirichlet")
     needs_features = True
+    tolerates_dropouts = True  # Lloyd's sums over the clients that answered: their rows' centres
     params = (
         Param("fedkmeans.filter-order", int, 0,
               "AGC low-pass filter order applied first (over the whole graph with partition.boundary)",
@@ -210,17 +216,22 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         k, secure, rounds = self.shared.num_clusters, self.cfg.secure, self.shared.num_rounds
         spec = proto.step_reply(centres.size + k + 2, secure)
         bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
-        history = []
+        history, shifts, replayed = [], Convergence(self.cfg.tol), []
         for round_ in range(1, rounds + 1):
-            values = session.secagg_values("stats", bound) if secure else {}
-            replies = session.broadcast(proto.KMEANS_STEP, pack({"centres": centres}, values), spec)
+            values = session.secagg_values("stats", bound, recover=self.tolerates_dropouts) if secure else {}
+            request = {"centres": centres, **({proto.REPLAYED_CENTRES: np.stack(replayed)} if replayed else {})}
+            replies = session.broadcast(proto.KMEANS_STEP, pack(request, values),
+                                        session.secure_reply(spec, values), require_all=not session.recovers(values))
+            # a step replayed from a resumed run's journal reached no client: the next live one tells them
+            replayed = [*replayed, centres] if last_step_replayed(session) else []
             total = self._statistics_total(session, rows, replies, values)
             sums, counts, withheld, inertia = proto.split_statistics(total, k)
             new = proto.update_centres(centres, sums, counts)
             shift = float(np.abs(new - centres).max())
             centres = new
             history.append({"round": round_, "inertia": inertia, "shift": shift, "withheld": round(withheld)})
-            session.round_done(round_, rounds, inertia=inertia)
+            shifts.measures.append(shift)
+            session.round_done(round_, rounds, converging=shifts, inertia=inertia)
             if shift <= self.cfg.tol:
                 break
         return centres, history
@@ -232,7 +243,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         if self.cfg.secure:
             total = session.secure_sum(replies, "stats", values)
             _, counts, withheld, inertia = proto.split_statistics(total, k)
-            self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows.values()), inertia, withheld)
+            self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows[n] for n in replies), inertia,
+                               withheld)
             return total
         stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
         for node, s in stats.items():

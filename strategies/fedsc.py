@@ -95,6 +95,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
     split = "samples: each client holds some rows (samples, or the node features of some nodes)"
     partitioners = ("sample", "sample-dirichlet", "node-random", "node-community", "node-dirichlet")
     needs_features = True
+    tolerates_dropouts = True  # Z is the average over the clients that answered
     params = (
         Param("fedsc.landmarks", int, 0,
               "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000,
@@ -203,11 +204,12 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         for r in range(1, rounds + 1):
             values = dict(common, round=r)
             if secure:
-                values.update(session.secagg_values("update", bound))
+                values.update(session.secagg_values("update", bound, recover=self.tolerates_dropouts))
             # Without secure aggregation Z is a plain average over the clients
             # that answered, so a client that drops out is left out (its
             # samples then get no label); masks only cancel over everyone.
-            replies = session.broadcast(proto.FEDSC_ROUND, pack({"z": z}, values), spec, require_all=secure)
+            replies = session.broadcast(proto.FEDSC_ROUND, pack({"z": z}, values), session.secure_reply(spec, values),
+                                        require_all=secure and not session.recovers(values))
             if secure:
                 total = session.secure_sum(replies, "update", values)
             else:

@@ -62,6 +62,7 @@ import numpy as np
 from app.config import ConfigError, Param, RunConfig, SharedConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import GaussianMechanism
+from app.progress import Convergence
 from app.protocols.fedspectral import baseline, block_iteration, plus, wire
 from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
@@ -367,11 +368,13 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         block = min(self.cfg.block or 2 * self.k, self.n)
         tol = self.effective_tol(len(session.clients), self.secure)
         solver = self.solver()
-        apply = self._global_operator(session, d, deg_noise)
+        residuals = Convergence(tol) if solver == "krylov" else None  # chebyshev measures once a cycle
+        apply = self._global_operator(session, d, deg_noise, residuals)
         _, max_rounds = self.schedule()
         if solver == "krylov":
             result = block_iteration.block_krylov_iteration(apply, self.n, self.k, block, tol, max_rounds, self.seed,
-                                                  basis_blocks=self.cfg.basis_blocks)
+                                                  basis_blocks=self.cfg.basis_blocks,
+                                                  on_round=lambda entry: residuals.measures.append(entry["residual"]))
             measure = "residual"
         else:
             result = block_iteration.chebyshev_subspace_iteration(apply, self.n, self.k, block, self.cfg.degree, tol,
@@ -419,10 +422,11 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         )
         return d, deg_noise
 
-    def _global_operator(self, session: ServerSession, d: np.ndarray, deg_noise: float):
+    def _global_operator(self, session: ServerSession, d: np.ndarray, deg_noise: float,
+                         residuals: Convergence | None):
         """``apply(X) = D^-1/2 sum_c (A_c / r) D^-1/2 X``, the global normalised adjacency applied to X:
         one ``fedspectral_product`` round (down ``Y = D^-1/2 X`` scaled to max |entry| 1, up ``block`` =
-        ``(A_c / r) Y``)."""
+        ``(A_c / r) Y``); ``residuals``: what the eigensolver stops on, for the progress line."""
         dinv = plus.inverse_sqrt_degrees(d, floor=0.5)
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         _, max_rounds = self.schedule()
@@ -438,7 +442,7 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
             z = self._round(wire.FEDSPECTRAL_PRODUCT, y, plus.product_bound(y, dmax),
                             lambda: plus.exact_edge_sensitivity(y), {})
             products += 1
-            session.round_done(products, max_rounds)  # the subspace change is known per cycle, in the history
+            session.round_done(products, max_rounds, converging=residuals, capped=True)
             return dinv[:, None] * z / scale
 
         return apply

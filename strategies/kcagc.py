@@ -448,7 +448,7 @@ class SecureKMeans:
             self.history.append({"level": self.level, "stage": "lloyd", "iteration": it,
                                  "inertia": [float(i.min()) for i in inertia],
                                  "moved": [int(len(mv)) for mv in moved]})
-            self.session.round_done(it + 1, self.iterations + 1, inertia=sum(self.history[-1]["inertia"]))
+            self.session.round_done(it + 1, self.iterations + 1, capped=True, inertia=sum(self.history[-1]["inertia"]))
             if not any(len(mv) for mv in moved) or it >= self.iterations:
                 break
             it += 1

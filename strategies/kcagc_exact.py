@@ -118,14 +118,14 @@ class ExactAGC:
         total, _ = self._sum("product", order, {"block": y}, exact.product_bound(self.total, y), "p",
                              exact.product_reply(self.n, y.shape[1], self.secure))
         self.products += 1
-        self.session.round_done(self.rounds, self.max_rounds)
+        self.session.round_done(self.rounds, self.max_rounds, capped=True)
         return total / self.total
 
     def intra(self, order: int, labels: np.ndarray) -> float:
         """Stage ``intra``: the pooled intra-cluster distance of ``G^order X`` under ``labels``."""
         total, _ = self._sum("intra", order, {"labels": labels.astype(np.int64)}, exact.intra_bound(self.total),
                              "d", exact.intra_reply(self.secure))
-        self.session.round_done(self.rounds, self.max_rounds, intra=float(total[0]))
+        self.session.round_done(self.rounds, self.max_rounds, capped=True, intra=float(total[0]))
         return float(total[0])
 
     def record_ledger(self) -> None:

@@ -1,8 +1,11 @@
-"""Shared fixtures: a temp results dir and the shared datasets root."""
+"""Shared fixtures: a temp results dir, the shared datasets root and a loopback mirror of it."""
 
 from __future__ import annotations
 
+import http.server
 import os
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +51,81 @@ def shared_datasets_or_skip() -> Path:
     if not SHARED_DATASETS.exists():
         pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")
     return SHARED_DATASETS
+
+
+def closed_port_url() -> str:
+    """An http URL on loopback where nothing listens (a port just bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+class DatasetMirror:
+    """A loopback HTTP server (``http.server`` in a thread) over ``root``, a folder laid out like a
+    data root. ``requests``: the paths asked for, in order; ``before_reply(path)``, when given,
+    runs in the server's thread before each reply."""
+
+    def __init__(self, root: Path, before_reply=None) -> None:
+        self.root, self.requests, self.before_reply = Path(root), [], before_reply
+        mirror = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=str(mirror.root), **kwargs)
+
+            def do_GET(self):
+                mirror.requests.append(self.path)
+                if mirror.before_reply is not None:
+                    mirror.before_reply(self.path)
+                super().do_GET()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "DatasetMirror":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_dataset_downloads(tmp_path_factory):
+    """No test downloads a dataset from its publisher or writes the user's cache: a built-in dataset
+    no data root holds is fetched from a closed loopback port (one-line error) into a temp cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDGRAPH_DATA_URL", closed_port_url())
+        mp.setenv("FEDGRAPH_CACHE_DIR", str(tmp_path_factory.mktemp("dataset-cache")))
+        yield
+
+
+@pytest.fixture(scope="session")
+def dataset_mirror(tmp_path_factory):
+    """A loopback mirror of ../shared/datasets and a cache folder, empty at first, for the session
+    (skips when ../shared/datasets is missing)."""
+    with DatasetMirror(shared_datasets_or_skip()) as mirror:
+        mirror.cache = tmp_path_factory.mktemp("mirrored-cache")
+        yield mirror
+
+
+@pytest.fixture
+def mirrored_datasets(dataset_mirror, tmp_path, monkeypatch):
+    """Built-in datasets as on a machine without them: no data root holds any (an empty one set, so
+    ../shared/datasets is not found), each fetched on first use from the loopback mirror into the
+    session's cache."""
+    (tmp_path / "empty-data-root").mkdir()
+    monkeypatch.setenv("FEDGRAPH_DATA_ROOT", str(tmp_path / "empty-data-root"))
+    monkeypatch.setenv("FEDGRAPH_DATA_URL", dataset_mirror.url)
+    monkeypatch.setenv("FEDGRAPH_CACHE_DIR", str(dataset_mirror.cache))
+    return dataset_mirror
 
 
 class LeavingGrid(InProcessGrid):

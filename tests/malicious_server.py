@@ -90,8 +90,9 @@ class Capture:
             return result
 
         def recording_sum(session, replies, name, values, parties=None):
+            step = capture.step  # the masked step (a sum that survives dropouts exchanges once more)
             total = secure_sum(session, replies, name, values, parties)
-            capture.reads.append(Read(capture.step, None, name,
+            capture.reads.append(Read(step, None, name,
                                       np.array(total, copy=True), "sum", capture._next()))
             return total
 

@@ -18,7 +18,7 @@ from flwr.common.logger import FLOWER_LOGGER, log, warn_deprecated_feature
 from app import describe, quiet, registry
 from app.config import ConfigError
 from app.data import DATASETS
-from app.progress import Progress, progress_line
+from app.progress import Convergence, Progress, expected_rounds, progress_line
 from app.run import main, run_experiment
 from conftest import HANG_GUARD_S, REPO
 
@@ -76,6 +76,9 @@ def test_plain_help_and_list_name_every_strategy_and_dataset(capsys):
     (["describe"], "error: describe needs a strategy; valid choices: fedkmeans, gw-ldp"),
     (["describe", "nope"], "error: unknown strategy 'nope'; valid choices: fedkmeans"),
     (["frobnicate"], "error: unknown command 'frobnicate'; valid: list (strategies and datasets), describe"),
+    (["--num-clients", "0"], "error: num-clients=0 means every connected SuperNode in a deployment; a simulation "
+                             "has none to count; valid: 1 to 1024 (default 4)"),
+    (["--set", "num-clients=0"], "error: num-clients=0 means every connected SuperNode"),
 ])
 def test_a_bad_command_is_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
@@ -128,6 +131,27 @@ def test_progress_line():
         "round 3/20 | 1.2 s | loss 0.123457 | 0.524 MB")
 
 
+def test_a_capped_run_shows_the_rounds_it_is_expected_to_take_or_at_most():
+    stream = Terminal()
+    residuals = Convergence(tol=1e-6, measures=[1e-1, 1e-2, 1e-3])  # a tenth each round: 3 more to 1e-6
+    Progress(stream).round(3, 2000, 0, converging=residuals)
+    assert stream.getvalue().startswith("\rround 3/~6 (at most 2000) | ")
+    stream = Terminal()
+    Progress(stream).round(3, 2000, 0, converging=Convergence(tol=1e-6, measures=[1e-2, 1e-1, 1.0]))  # rising
+    assert stream.getvalue().startswith("\rround 3 (at most 2000) | ")
+    stream = Terminal()
+    Progress(stream).round(5, 40, 0, capped=True)
+    assert stream.getvalue().startswith("\rround 5 (at most 40) | ")
+
+
+def test_expected_rounds_follow_the_rate_of_decrease_within_the_cap():
+    assert expected_rounds(4, [1.0, 0.5, 0.25, 0.125], 0.001, 2000) == 11  # 0.125 * 2^-7 < 0.001
+    assert expected_rounds(4, [1.0, 0.1, 0.01, 0.001], 1e-300, 20) == 20  # never beyond the cap
+    assert expected_rounds(3, [1.0, 0.5, 1e-9], 1e-9, 100) == 3  # reached: this round is the last
+    assert expected_rounds(2, [1.0, 0.5], 0.0, 100) is None  # a tolerance of 0 is reached only by chance
+    assert expected_rounds(1, [0.5], 0.1, 100) is None  # one value gives no rate
+
+
 def test_a_run_without_a_terminal_logs_progress_lines(tmp_path):
     """The first round and the last one at least, whatever the machine's speed."""
     done = subprocess.run([sys.executable, "-m", "app.run", "--engine", "inprocess", "--strategy", "fedkmeans",
@@ -137,8 +161,9 @@ def test_a_run_without_a_terminal_logs_progress_lines(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [line for line in (done.stdout + done.stderr).splitlines() if "round " in line and " MB" in line]
     rounds = len(json.loads((tmp_path / "r" / "result.json").read_text())["history"])  # fewer once converged
-    assert lines[0].split("round ", 1)[1].startswith("1/50 | ") and " | inertia " in lines[0]
-    assert lines[-1].split("round ", 1)[1].startswith(f"{rounds}/50 | ")
+    assert lines[0].split("round ", 1)[1].startswith("1 (at most 50) | ") and " | inertia " in lines[0]
+    # the last round's centres moved by 0 = fedkmeans.tol: that round was the last expected
+    assert lines[-1].split("round ", 1)[1].startswith(f"{rounds}/~{rounds} (at most 50) | ")
     assert "\r" not in done.stdout + done.stderr
 
 

@@ -29,9 +29,10 @@ def test_defaults_validate_and_resolve_auto_partitioner():
         ({"strategy": "kmeanz"}, ["'kmeanz'", "valid choices", "fedkmeans"]),
         ({"dataset": "coraa"}, ["'coraa'", "neither a built-in dataset nor an existing file", "valid: a built-in "
                                 "dataset (karate, sbm,", "cora", "or the path of an edge list (.csv"]),
-        ({"no-such-key": 1}, ["'no-such-key'", "valid keys", "num-rounds"]),
+        ({"no-such-key": 1}, ["'no-such-key'; no key is close; every key: python -m app.run describe"]),
         ({"fedkmean.secure": 1},
-         ["unknown config key 'fedkmean.secure' (did you mean 'fedkmeans.secure'?); valid keys"]),
+         ["unknown config key 'fedkmean.secure'; closest: fedkmeans.secure, ", "; every key: python -m app.run "
+          "describe [STRATEGY]"]),
         ({"num-rounds": 0}, ["0", "'num-rounds'", "out of range", "[1, 1000000]"]),
         ({"num-clients": 5000}, ["5000", "'num-clients'", "valid range", "1024"]),
         ({"seed": "abc"}, ["'abc'", "'seed'", "integer"]),
@@ -372,11 +373,22 @@ def test_a_server_refuses_an_eval_file_of_another_dataset_and_takes_its_own(sbm3
     assert json.loads((tmp_path / "r" / "result.json").read_text())["metrics"]["nmi"] > 0.5
 
 
+def test_a_cluster_count_on_unlabelled_data_never_suggests_the_number_of_classes(tmp_path):
+    """Without labels, 0 (the number of classes) is refused too: not a valid choice to offer."""
+    from app.run import run_experiment
+
+    edges = tmp_path / "edges.csv"
+    edges.write_text("".join(f"{i},{i + 1}\n" for i in range(14)))
+    with pytest.raises(ConfigError) as err:
+        run_experiment("fedspectral", str(edges), 2, {"num-clusters": 50}, tmp_path / "r")
+    assert str(err.value) == f"num-clusters=50 exceeds the 15 nodes of '{edges}'; valid: 1 to 15"
+
+
 @pytest.mark.parametrize("strategy, dataset, clients, overrides, message", [
     ("fedkmeans", "karate", 35, {}, "cannot split 34 nodes of 'karate' over 35 clients; use at most 34 clients"),
     ("kcagc", "iris", 5, {}, "cannot split 4 feature columns of 'iris' over 5 clients"),
     ("fedspectral", "karate", 2, {"num-clusters": 35},
-     "num-clusters=35 exceeds the 34 nodes of 'karate'; valid: 0 (the number of classes) to 34"),
+     "num-clusters=35 exceeds the 34 nodes of 'karate'; valid: 0 (its 4 classes) or 1 to 34"),
 ])
 def test_a_split_or_cluster_count_the_data_does_not_allow_stops_before_any_client_runs(
         tmp_path, monkeypatch, strategy, dataset, clients, overrides, message):

@@ -160,15 +160,18 @@ def test_data_root_resolution(tmp_path, monkeypatch):
     assert default == (DEFAULT_ROOT.resolve() if DEFAULT_ROOT.is_dir() else None)
 
 
-@pytest.mark.parametrize("name,rel", [
-    ("pubmed", "planetoid/PubMed/raw/ind.pubmed.x"),
-    ("cora", "planetoid/Cora/raw/ind.cora.x"),
-    ("mutag", "tudataset/MUTAG/raw/MUTAG_A.txt"),
-    ("wiki", "agc/wiki.mat"),
-    ("email-eu-core", "snap/email-Eu-core/raw/email-Eu-core.txt"),
-    ("ego-facebook", "snap/ego-Facebook/facebook_combined.txt"),
+@pytest.mark.parametrize("name,rel,held", [
+    ("pubmed", "planetoid/PubMed/raw/ind.pubmed.x", None),  # never downloaded
+    ("cora", "planetoid/Cora/raw/ind.cora.x", "planetoid/Cora/raw/ind.cora.y"),
+    ("mutag", "tudataset/MUTAG/raw/MUTAG_A.txt", "tudataset/MUTAG/raw/MUTAG_graph_labels.txt"),
+    ("email-eu-core", "snap/email-Eu-core/raw/email-Eu-core.txt",
+     "snap/email-Eu-core/raw/email-Eu-core-department-labels.txt"),
 ])
-def test_missing_files_one_line(tmp_path, name, rel, no_network):
+def test_missing_files_one_line(tmp_path, name, rel, held, no_network):
+    """A data root holding part of a dataset (a download completes none: test_data_fetch.py)."""
+    if held:
+        (tmp_path / held).parent.mkdir(parents=True)
+        (tmp_path / held).write_text("1\n")
     with pytest.raises(DatasetNotFound) as e:
         load_dataset(name, data_root=tmp_path)
     msg = str(e.value)
@@ -238,7 +241,9 @@ def test_env_var_data_root(no_network, monkeypatch):
     monkeypatch.setenv("FEDGRAPH_DATA_ROOT", str(SHARED))
     assert load_dataset("wiki").num_nodes == 2405
     monkeypatch.setenv("FEDGRAPH_DATA_ROOT", "/nonexistent/root")
-    with pytest.raises(DatasetNotFound, match="/nonexistent/root/agc/wiki.mat"):
+    monkeypatch.setenv("FEDGRAPH_DATA_URL", "file:///nonexistent/mirror")  # not there either: no download
+    with pytest.raises(ConfigError, match=r"could not download file:///nonexistent/mirror/agc/wiki\.mat .*"
+                                          r"\(searched: /nonexistent/root\)"):
         load_dataset("wiki")
 
 

@@ -226,7 +226,7 @@ def test_secure_aggregation_equals_plain_averaging_and_no_sample_leaves_a_client
     names = {(u["action"], u["name"]) for u in secure["privacy"]["uploads"]
              if u["action"].startswith("fedsc") or u["name"] in ("features", "distance_sum", "pairs")}
     assert names == {("hello", "features"), ("hello", "distance_sum"),
-                     ("hello", "pairs"), ("fedsc_round", "update"),
+                     ("hello", "pairs"), ("fedsc_round", "update"), ("fedsc_round", "secagg_shares"),
                      ("fedsc_final", "c"), ("fedsc_final", "node_ids")}
     assert all(u["masked"] for u in secure["privacy"]["uploads"] if u["action"] == "fedsc_round")
 

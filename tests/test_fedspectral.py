@@ -27,6 +27,12 @@ SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "
 K = 4
 
 
+def coassociation_dense(label_sets: list[np.ndarray]) -> np.ndarray:
+    """The paper's N x N similarity graph (equation 1), dense (small N only)."""
+    b = baseline.coassociation_matrix(label_sets)
+    return (b @ b.T).toarray()
+
+
 def sbm_graph(seed: int = 0):
     return load_dataset("sbm", seed=seed, nodes=300, blocks=4, p_in=0.12, p_out=0.01, features=0)
 
@@ -199,7 +205,7 @@ def test_coassociation_low_rank_equals_dense_similarity_graph():
         flip = rng.random(lab.size) < 0.15
         lab[flip] = rng.integers(0, 5, flip.sum())
         sets.append(rng.permutation(5)[lab])
-    s = baseline.coassociation_dense(sets)
+    s = coassociation_dense(sets)
     expected = np.mean([np.equal.outer(lab, lab) for lab in sets], axis=0)
     np.testing.assert_allclose(s, expected, atol=1e-12)  # equation 1 incl. the diagonal
     u = baseline.coassociation_embedding(sets, 5)

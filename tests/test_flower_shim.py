@@ -92,6 +92,33 @@ def test_the_idle_wait_grows_with_the_time_since_the_last_message_up_to_flowers(
     assert clock.monotonic is time.monotonic
 
 
+#: the arguments Flower's loop passes to ``_pull_and_store_message`` that the shim wraps
+PULL = dict(receive=lambda: None, confirm_message_received=lambda run_id, message_id: None,
+            pull_object=lambda run_id, object_id: b"", state=types.SimpleNamespace(finish_task=lambda *a, **kw: None),
+            object_store=None)
+
+
+def test_the_failure_paths_the_shim_handles_are_the_pinned_flowers():
+    """The names and calls :func:`flower_shim.answer_what_is_not_received`,
+    :func:`flower_shim.push_until_stored` and :func:`flower_shim.survive_error_statuses` wrap."""
+    connection = importlib.import_module("flwr.supernode.fleet_http_connection")
+    assert "pull_object=pull_object," in inspect.getsource(SUPERNODE.start_client_internal)  # the push asks with it
+    pull = inspect.getsource(SUPERNODE._pull_and_store_message)
+    assert "if (recv := receive()) is None:" in pull and "confirm_message_received(run_id, message." in pull
+    assert "state.finish_task(\n                task_id,\n                sub_status=SubStatus.FAILED," in pull
+    assert "_insert_message(reply, state, object_store)" in pull  # Flower's own error reply, for a bundle
+    assert list(inspect.signature(SUPERNODE._insert_message).parameters) == ["msg", "state", "store"]
+    push = inspect.getsource(SUPERNODE._push_messages)
+    assert "send(message, object_tree, clientapp_runtime)" in push
+    assert "push_object_fn=partial(push_object, run_id, session_id)" in push
+    assert "except Exception as err:" in push  # a failed push drops the reply
+    http = inspect.getsource(connection.http_request_response)
+    assert "HeartbeatSender(send_node_heartbeat)" in http and "client.ActivateNode," in http
+    assert ("if exc.response.status_code in (502, 503, 504):\n                    return False\n"
+            "                raise") in http
+    assert hasattr(connection.FleetHttpClient, "ActivateNode")
+
+
 def fake_supernode(pulled):
     module = types.ModuleType("fake_supernode")
     module.calls = []
@@ -110,9 +137,9 @@ def test_patched_supernode_polls_soon_after_a_message_and_starts_the_shims_super
     clock = flower_shim.patch_supernode(module)
     assert isinstance(module.time, flower_shim.PollClock) and module.time is clock
     clock.last_message = -1e9
-    assert module._pull_and_store_message() is None and clock.last_message == -1e9
-    assert module._pull_and_store_message() == 7 and time.monotonic() - clock.last_message < HANG_GUARD_S
-    module._push_messages()
+    assert module._pull_and_store_message(**PULL) is None and clock.last_message == -1e9
+    assert module._pull_and_store_message(**PULL) == 7 and time.monotonic() - clock.last_message < HANG_GUARD_S
+    module._push_messages(send=None, push_object=None)
     module.subprocess.Popen(["flower-superexec", "--insecure", "--runtime-api-address", "127.0.0.1:9094"])
     module.subprocess.Popen(["something-else", "--x"])
     assert module.calls == ["push", [sys.executable, "-m", "deploy.flower_shim", "superexec", "--insecure",
@@ -220,7 +247,8 @@ def test_a_message_part_not_there_yet_is_asked_for_again_soon():
     calls = []
     pull = flower_shim.short_object_polls(lambda ids, fn, **kw: calls.append(kw))
     pull(["a"], None)
-    assert calls == [{"initial_backoff": flower_shim.OBJECT_POLL_S, "backoff_cap": flower_shim.OBJECT_POLL_CAP_S}]
+    assert calls == [{"initial_backoff": flower_shim.OBJECT_POLL_S, "backoff_cap": flower_shim.OBJECT_POLL_CAP_S,
+                      "max_tries_per_object": None}]  # Flower's time limit stays; its count of tries would not
     grid = types.SimpleNamespace(pull_objects=lambda ids, fn, **kw: kw)
     flower_shim.patch_serverapp(grid)
     assert grid.pull_objects([], None)["initial_backoff"] == flower_shim.OBJECT_POLL_S < 1

@@ -29,7 +29,7 @@ from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-modu
 from conftest import HANG_GUARD_S, wait_until
 from deploy.federation import REPO, free_port
 from deploy.gateway import (BODY_BUDGET, CLIENT_BODY_BUDGET, FLEET_ENDPOINTS, LOG_LINE_CHARS, LOG_LINES, LOG_WINDOW_S,
-                            MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS, READY, LogBudget)
+                            MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS, READY, LogBudget, shared_address_limits)
 from deploy.pki import make_all
 from deploy.signing import VERIFIED_ENTRY, make_signing_key, sign_fab, verifications
 
@@ -742,3 +742,18 @@ def test_a_supernode_behind_the_gateway_reconnects_to_a_restarted_superlink(tmp_
         assert "supernode-0" not in federation.ended(), log[-3000:]
     assert "Giving up reconnection" not in log, log[-3000:]
     assert "Traceback" not in federation.log("gateway")
+
+
+def test_nodes_sharing_an_address_get_the_bounds_of_that_many_and_no_more():
+    """A local federation's SuperNodes all come from 127.0.0.1: each gets one node's bounds (the
+    pushes of four 5 MiB chunks at once must not wait on one node's 16 MiB); a stranger's address
+    still gets one node's, and the count itself is bounded."""
+    one, four = shared_address_limits(1), shared_address_limits(4)
+    assert one == {"max_client_connections": MAX_CLIENT_CONNECTIONS, "client_body_budget": CLIENT_BODY_BUDGET,
+                   "body_budget": BODY_BUDGET}
+    assert four["client_body_budget"] == 4 * CLIENT_BODY_BUDGET
+    assert four["max_client_connections"] == 4 * MAX_CLIENT_CONNECTIONS <= MAX_CONNECTIONS
+    assert four["body_budget"] >= four["client_body_budget"]
+    for bad in (0, -1, MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS + 1):
+        with pytest.raises(SystemExit, match=f"--nodes-per-address {bad}; valid: 1 to 8"):
+            shared_address_limits(bad)

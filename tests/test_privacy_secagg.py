@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from app.privacy.secagg_recovery import mask_recoverable, recover_sum, unmask_response
 from app.privacy.secagg import (
     FixedPointEncoder,
     SecAggDropoutError,
     SecAggError,
     SecAggOverflowError,
     SecAggParty,
-    recover_sum,
     relay_public_keys,
     sum_masked,
     finest_scale,
@@ -266,14 +266,14 @@ def test_state_roundtrip_and_key_checks():
 def _recover_round(parties, keys, enc, xs, tag, thr, dropped, late_drop=()):
     ups, cts = {}, {}
     for p in parties:
-        ups[p.party_id], cts[p.party_id] = p.mask_recoverable(xs[p.party_id], tag, enc, thr)
+        ups[p.party_id], cts[p.party_id] = mask_recoverable(p, xs[p.party_id], tag, enc, thr)
     surv = sorted(set(keys) - set(dropped))
     n = next(iter(ups.values())).size
     resp = {}
     for p in parties:
         if p.party_id in surv and p.party_id not in late_drop:
-            resp[p.party_id] = p.unmask_response(
-                tag, surv, sorted(dropped), {u: cts[u][p.party_id] for u in surv if u != p.party_id}, n, enc
+            resp[p.party_id] = unmask_response(
+                p, tag, surv, sorted(dropped), {u: cts[u][p.party_id] for u in surv if u != p.party_id}, n, enc
             )
     return ups, cts, surv, resp
 
@@ -311,18 +311,18 @@ def test_recovery_protections():
     assert _top_bits_chisq(pair_only - enc.encode(xs[4])) > 1e-6  # what remains is the (uniform) self mask
     # a party answers only one dropout split per tag
     with pytest.raises(SecAggError, match="different dropout set"):
-        parties[0].unmask_response("r0", list(range(P)), [], {u: cts[u][0] for u in range(1, P)}, 2**16, enc)
+        unmask_response(parties[0], "r0", list(range(P)), [], {u: cts[u][0] for u in range(1, P)}, 2**16, enc)
     # too few survivors -> abort
     with pytest.raises(SecAggDropoutError):
         recover_sum({u: ups[u] for u in surv[:2]}, set(keys), enc, {}, thr, "r0")
     # tampered share ciphertext is rejected
     ups2, cts2 = {}, {}
     for p in parties:
-        ups2[p.party_id], cts2[p.party_id] = p.mask_recoverable(xs[p.party_id], "r1", enc, thr)
+        ups2[p.party_id], cts2[p.party_id] = mask_recoverable(p, xs[p.party_id], "r1", enc, thr)
     ct = bytearray(cts2[1][0])
     ct[-1] ^= 1
     with pytest.raises(SecAggError, match="authentication"):
-        parties[0].unmask_response("r1", list(range(P)), [], {1: bytes(ct), 2: cts2[2][0], 3: cts2[3][0], 4: cts2[4][0]}, 2**16, enc)
+        unmask_response(parties[0], "r1", list(range(P)), [], {1: bytes(ct), 2: cts2[2][0], 3: cts2[3][0], 4: cts2[4][0]}, 2**16, enc)
 
 
 def test_participant_subset_per_round():
@@ -359,7 +359,7 @@ def test_roundtrip_through_flower_records():
     replies, cts = {}, {}
     for i in ids:
         party = SecAggParty.from_bytes(states[i]["party"])
-        y, ct = party.mask_recoverable(np.full((4, 2), float(i) / 100), "r0", enc, 2)
+        y, ct = mask_recoverable(party, np.full((4, 2), float(i) / 100), "r0", enc, 2)
         rec = flwr_app.ArrayRecord({"y": flwr_app.Array(y)})
         replies[i] = rec["y"].numpy()
         cts[i] = unpack_id_bytes(dict(flwr_app.ConfigRecord(pack_id_bytes(ct))))
@@ -368,6 +368,6 @@ def test_roundtrip_through_flower_records():
     resp = {}
     for i in surv:
         party = SecAggParty.from_bytes(states[i]["party"])
-        resp[i] = party.unmask_response("r0", surv, drop, {u: cts[u][i] for u in surv if u != i}, 8, enc)
+        resp[i] = unmask_response(party, "r0", surv, drop, {u: cts[u][i] for u in surv if u != i}, 8, enc)
     s = recover_sum({u: replies[u] for u in surv}, ids, enc, resp, 2, "r0")
     assert np.allclose(s, 4.04, atol=1e-5)

@@ -6,7 +6,7 @@ module puts the rows in ID order (numeric when every ID is an integer, else
 lexicographic), builds the symmetric adjacency and refuses what cannot be a
 graph, each time with one line naming the file, the line (or array entry) and
 what was expected (:class:`DataFileError`, a ConfigError: exit code 2 from the
-CLIs). What it repairs it says: repeated edges are merged and self-loops
+CLIs), and the file-suffix facts the readers share. What it repairs it says: repeated edges are merged and self-loops
 dropped, and isolated nodes are kept; each is one note in ``meta["notes"]``.
 """
 
@@ -26,6 +26,14 @@ from .types import GraphCollection, GraphData
 
 #: An integer written as text.
 INTEGER = r"[+-]?\d+"
+#: Separator of a delimited text file per suffix (None: runs of whitespace).
+SEPARATORS: dict[str, str | None] = {".csv": ",", ".tsv": "\t", ".txt": None, ".edges": None, ".edgelist": None}
+
+
+def text_suffix(path: Path) -> str:
+    """The suffix that says the format, under a ``.gz``."""
+    suffixes = [s.lower() for s in path.suffixes]
+    return suffixes[-2] if len(suffixes) > 1 and suffixes[-1] == ".gz" else path.suffix.lower()
 
 
 #: Data file names the formats fix (a directory's parts) and the suffixes they read: what the
@@ -386,3 +394,26 @@ def _check_distinct_within(graph_of: np.ndarray, keys: np.ndarray, source: Sourc
         i, j = sorted(order[same[0]: same[0] + 2])
         raise source.error(f"{source.node(j)} repeats node ID {show(keys[j])} of {source.node(i)} in one graph",
                            "each node ID once per graph")
+
+
+def feature_matrix(x, n: int, source: Source, what: str) -> np.ndarray | sp.csr_matrix | None:
+    """``x`` as n x f float64 (dense, or CSR with sorted indices), every value finite."""
+    if x is None:
+        return None
+    if sp.issparse(x):
+        x = sp.csr_matrix(x, dtype=np.float64)
+        x.sort_indices()
+        values = x.data
+    else:
+        x = np.asarray(x)
+        if x.dtype.kind not in "biuf":
+            raise source.error(f"{what} of type {x.dtype}", "numeric features")
+        x = np.asarray(x, dtype=np.float64)
+        values = x
+    if x.ndim != 2 or x.shape[0] != n:
+        raise source.error(f"{what} of shape {x.shape}", f"{n} rows (one per node), one column per feature",
+                           "one feature row per node")
+    if not np.isfinite(values).all():
+        row = np.argwhere(~np.isfinite(x.toarray() if sp.issparse(x) else x))[0]
+        raise source.error(f"{what} row {row[0]}, column {row[1]} is not a finite number", "finite features")
+    return x

@@ -5,15 +5,18 @@ Embedded (no files): ``karate`` (PyG KarateClub), ``sbm`` (seeded synthetic
 attributed SBM), ``iris`` and ``digits`` (scikit-learn), ``circles``
 (scikit-learn ``make_circles``).
 
-From a data root (see :func:`resolve_data_root`), laid out as in
-``shared/datasets/README.md``, each read by the reader of its file format
-(:mod:`app.data.formats`, the same readers as a user's files): Planetoid
+From files (:func:`dataset_root`): the data root (:func:`resolve_data_root`) when it holds
+the dataset, else the user cache, into which they are downloaded on first use and checked
+against their SHA-256 (:mod:`app.data.fetch`; pubmed is never downloaded, its checksums are not
+recorded). Both are laid out alike (``planetoid/Cora/raw/ind.cora.x``, ``tudataset/MUTAG/raw/``,
+``snap/email-Eu-core/raw/``, ``snap/ego-Facebook/``, ``agc/wiki.mat``). Each is read by the reader
+of its file format (:mod:`app.data.formats`, the same readers as a user's files): Planetoid
 ``cora``/``citeseer``/``pubmed`` (restricted unpickler), TU ``mutag``/``proteins``/
 ``imdb-binary`` (TU text files), SNAP ``email-eu-core`` (edge list + node table of
 department labels) and ``ego-facebook`` (edge list), and the AGC ``wiki`` graph
-(``.mat``, binarised). Nothing is downloaded or written. A missing file raises
-:class:`DatasetNotFound` (a :class:`~app.config.ConfigError`) with one line naming
-the dataset, the expected path and layout, and where to obtain it.
+(``.mat``, binarised). A data root holding part of a dataset raises :class:`DatasetNotFound`
+(a :class:`~app.config.ConfigError`) with one line naming the dataset, the missing path, the
+layout and where to obtain it; a failed download raises :class:`~app.data.fetch.FetchError`.
 
 Any other ``dataset`` value is a path, read by :func:`app.data.formats.read_graph`
 with the options of :data:`PATH_PARAMS`.
@@ -31,7 +34,9 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 
+from . import fetch
 from .assemble import DataFileError, one_line, show
+from .fetch import ENV_DATA_ROOT
 from .formats import FORMAT_HELP, dataset_name, graph_kind, read_graph, read_mat
 from .planetoid import PARTS as PLANETOID_PARTS, read_planetoid
 from .sbm import generate_sbm
@@ -69,7 +74,6 @@ DATASET_PARAMS: dict[str, tuple[str, ...]] = {
 #: Keyword parameters of a dataset given by path (:func:`app.data.formats.read_graph`'s options).
 PATH_PARAMS = ("node_table", "label_column", "weighted")
 
-ENV_DATA_ROOT = "FEDGRAPH_DATA_ROOT"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -206,14 +210,21 @@ def _missing(name: str, path: Path, layout: str, how: str) -> DatasetNotFound:
     )
 
 
-def _need_root(name: str, data_root) -> Path:
+def dataset_root(name: str, data_root=None) -> Path:
+    """The folder built-in ``name``'s files are read from: the data root (:func:`resolve_data_root`)
+    when it holds any of them (the rest missing there is a one-line error), else the user cache,
+    after fetching into it what it lacks (:func:`app.data.fetch.fetch`)."""
     root = resolve_data_root(data_root)
-    if root is None:
-        raise DatasetNotFound(
-            f"dataset '{name}' needs a data root: set run-config 'data-root' or "
-            f"${ENV_DATA_ROOT} to the datasets folder (see shared/datasets/README.md)"
-        )
-    return root
+    files = fetch.FILES.get(name)
+    if files is None:
+        if root is None:
+            raise DatasetNotFound(
+                f"dataset '{name}' needs a data root: set run-config 'data-root' or ${ENV_DATA_ROOT} to a folder "
+                "holding its files (it is not downloaded: their checksums are not recorded)")
+        return root
+    if root is not None and any((root / f.path).is_file() for f in files):
+        return root
+    return fetch.fetch(name, searched=root)
 
 
 def _check_files(name: str, base: Path, files: list[str], layout: str, how: str) -> None:
@@ -287,7 +298,7 @@ _TU = {"mutag": "MUTAG", "proteins": "PROTEINS", "imdb-binary": "IMDB-BINARY"}
 def load_planetoid(name: str, data_root=None, **_: object) -> GraphData:
     """Planetoid citation graph; x is the raw 0/1 bag-of-words as CSR, y the class."""
     from_name = _PLANETOID[name]
-    raw = _need_root(name, data_root) / "planetoid" / from_name / "raw"
+    raw = dataset_root(name, data_root) / "planetoid" / from_name / "raw"
     _check_files(
         name, raw, [f"ind.{name}.{s}" for s in PLANETOID_PARTS],
         f"<data-root>/planetoid/{from_name}/raw/ind.{name}.{{{','.join(PLANETOID_PARTS)}}}",
@@ -300,7 +311,7 @@ def load_tudataset(name: str, data_root=None, **_: object) -> GraphCollection:
     """TUDataset graph collection; per-graph x = one-hot node labels (MUTAG/PROTEINS; None for
     IMDB-BINARY), y = graph labels 0..C-1."""
     tu = _TU[name]
-    raw = _need_root(name, data_root) / "tudataset" / tu / "raw"
+    raw = dataset_root(name, data_root) / "tudataset" / tu / "raw"
     _check_files(
         name, raw, [f"{tu}_A.txt", f"{tu}_graph_indicator.txt", f"{tu}_graph_labels.txt"],
         f"<data-root>/tudataset/{tu}/raw/{tu}_{{A,graph_indicator,graph_labels,...}}.txt",
@@ -313,7 +324,7 @@ def load_email_eu_core(data_root=None, **_: object) -> GraphData:
     """SNAP email-Eu-core: the directed e-mail edge list symmetrised, self-loops dropped, with its
     department-labels file as the node table (id, label); 42 departments, no features."""
     name = "email-eu-core"
-    raw = _need_root(name, data_root) / "snap" / "email-Eu-core" / "raw"
+    raw = dataset_root(name, data_root) / "snap" / "email-Eu-core" / "raw"
     _check_files(
         name, raw, ["email-Eu-core.txt", "email-Eu-core-department-labels.txt"],
         "<data-root>/snap/email-Eu-core/raw/{email-Eu-core.txt,email-Eu-core-department-labels.txt}",
@@ -328,7 +339,7 @@ def load_email_eu_core(data_root=None, **_: object) -> GraphData:
 def load_ego_facebook(data_root=None, **_: object) -> GraphData:
     """SNAP ego-Facebook combined graph (4039 nodes); no features or labels."""
     name = "ego-facebook"
-    path = _need_root(name, data_root) / "snap" / "ego-Facebook" / "facebook_combined.txt"
+    path = dataset_root(name, data_root) / "snap" / "ego-Facebook" / "facebook_combined.txt"
     if not path.is_file():
         raise _missing(name, path, "<data-root>/snap/ego-Facebook/facebook_combined.txt (one 'u v' edge a line)",
                        "obtain facebook_combined.txt.gz from the SNAP dataset page 'ego-Facebook' and gunzip it")
@@ -341,7 +352,7 @@ def load_wiki(data_root=None, **_: object) -> GraphData:
     """AGC Wiki (2405 nodes, 4973 TF-IDF features as CSR, 17 classes, labels 0..16);
     the weighted W is binarised, symmetrised and stripped of its diagonal."""
     name = "wiki"
-    path = _need_root(name, data_root) / "agc" / "wiki.mat"
+    path = dataset_root(name, data_root) / "agc" / "wiki.mat"
     if not path.is_file():
         raise _missing(name, path, "<data-root>/agc/wiki.mat (MATLAB file with W, fea, gnd)",
                        "obtain wiki.mat from github.com/karenlatong/AGC-master")
@@ -394,10 +405,11 @@ def _load_files(name: str, data_root) -> GraphData | GraphCollection:
         load = partial(load_tudataset, name)
     else:
         load = {"email-eu-core": load_email_eu_core, "ego-facebook": load_ego_facebook, "wiki": load_wiki}[name]
+    root = dataset_root(name, data_root)
     try:
-        with one_line(f"its files under {_need_root(name, data_root)} could not be read",
-                      "the layout in shared/datasets/README.md"):
-            data = load(data_root=data_root)
+        with one_line(f"its files under {root} could not be read",
+                      "the files as published (with none of them under the data root, they are downloaded and checked)"):
+            data = load(data_root=root)
     except DataFileError as err:
         raise ConfigError(f"dataset '{name}': {err}") from None
     if isinstance(data, GraphData) and data.node_keys is not None:

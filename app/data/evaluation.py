@@ -22,7 +22,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.config import ConfigError
-from app.data.shards import _get_graphs, _get_matrix, _put_graphs, _put_matrix, data_hash
+from app.data.fingerprint import data_hash
+from app.data.shards import _get_graphs, _get_matrix, _put_graphs, _put_matrix
 from app.data.types import GraphCollection, GraphData
 
 CONTENTS = ("labels-only", "full")

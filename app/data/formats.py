@@ -40,13 +40,13 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .assemble import DataFileError, Source, assemble, assemble_collection, describe, one_line
+from .assemble import (SEPARATORS, DataFileError, Source, assemble, assemble_collection, describe, feature_matrix,
+                       one_line, text_suffix)
+from .networkx_graph import from_networkx, is_networkx
 from .planetoid import find_planetoid, read_planetoid
 from .tu import find_tu, read_tu
 from .types import GraphCollection, GraphData
 
-#: Separator of a delimited text file per suffix (None: runs of whitespace).
-SEPARATORS: dict[str, str | None] = {".csv": ",", ".tsv": "\t", ".txt": None, ".edges": None, ".edgelist": None}
 FORMAT_HELP = ("an edge list (.csv, .tsv, .txt, .edges, .edgelist, also .gz), .npz, a saved PyG Data (.pt, .pth), "
                ".mat, or a directory: edges.csv [+ nodes.csv], graphs.csv + edges.csv [+ nodes.csv] (a collection), "
                "TU files (DS_A.txt, DS_graph_indicator.txt, DS_graph_labels.txt) or Planetoid files (ind.NAME.*)")
@@ -58,12 +58,6 @@ MAT_LABELS = ("gnd", "y", "labels", "label", "group")
 _SUFFIXES = {**{s: "edge-list" for s in SEPARATORS}, ".npz": "npz", ".pt": "pyg", ".pth": "pyg", ".mat": "mat"}
 _EDGE_FILES = ("edges.csv", "edges.tsv", "edges.txt", "edges.csv.gz", "edges.tsv.gz", "edges.txt.gz")
 _NODE_FILES = ("nodes.csv", "nodes.tsv")
-
-
-def text_suffix(path: Path) -> str:
-    """The suffix that says the format, under a ``.gz``."""
-    suffixes = [s.lower() for s in path.suffixes]
-    return suffixes[-2] if len(suffixes) > 1 and suffixes[-1] == ".gz" else path.suffix.lower()
 
 
 def dataset_name(path: str | os.PathLike) -> str:
@@ -96,8 +90,34 @@ def graph_kind(path: Path) -> str | None:
 def read_graph(path: str | os.PathLike, *, name: str | None = None, node_table: str | os.PathLike | None = None,
                label_column: str = "label", weighted: bool = True, boundary: bool = False) -> GraphData | GraphCollection:
     """The graph (or collection) in ``path``; see the module docstring for formats and options.
-    ``boundary``: a party's piece of a node split, whose edge list may name nodes its node table
-    does not list (its boundary edges, ``GraphData.boundary``); else such an edge is an error."""
+
+    Parameters
+    ----------
+    path : path
+        A file or directory in one of the formats of :data:`FORMAT_HELP`.
+    name : str, optional
+        The data's name (default: the file name without its format suffix).
+    node_table : path, optional
+        A node table (ID, features, label) beside an edge list.
+    label_column : str
+        The node table's label column.
+    weighted : bool
+        Read edge weights where the file has them; False reads every edge as weight 1.
+    boundary : bool
+        A party's piece of a node split, whose edge list may name nodes its node table does
+        not list (its boundary edges, ``GraphData.boundary``); else such an edge is an error.
+
+    Returns
+    -------
+    GraphData or GraphCollection
+        Checked: symmetric adjacency, rows in ID order, repairs noted in ``meta["notes"]``.
+
+    Raises
+    ------
+    app.data.assemble.DataFileError
+        One line (a :class:`app.config.ConfigError`) naming the file, the line or array entry
+        and what was expected.
+    """
     path = Path(path)
     if not path.exists():
         raise DataFileError(f"{path}: no such file or directory; valid: {FORMAT_HELP}",
@@ -153,29 +173,6 @@ def _separator(path) -> str | None:
 # --------------------------------------------------------------------------- arrays
 
 
-def _features(x, n: int, source: Source, what: str) -> np.ndarray | sp.csr_matrix | None:
-    """``x`` as n x f float64 (dense, or CSR with sorted indices), every value finite."""
-    if x is None:
-        return None
-    if sp.issparse(x):
-        x = sp.csr_matrix(x, dtype=np.float64)
-        x.sort_indices()
-        values = x.data
-    else:
-        x = np.asarray(x)
-        if x.dtype.kind not in "biuf":
-            raise source.error(f"{what} of type {x.dtype}", "numeric features")
-        x = np.asarray(x, dtype=np.float64)
-        values = x
-    if x.ndim != 2 or x.shape[0] != n:
-        raise source.error(f"{what} of shape {x.shape}", f"{n} rows (one per node), one column per feature",
-                           "one feature row per node")
-    if not np.isfinite(values).all():
-        row = np.argwhere(~np.isfinite(x.toarray() if sp.issparse(x) else x))[0]
-        raise source.error(f"{what} row {row[0]}, column {row[1]} is not a finite number", "finite features")
-    return x
-
-
 def _entries(adj, source: Source) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The stored entries of a square adjacency (explicit zeros are no edges)."""
     m = sp.coo_matrix(adj) if sp.issparse(adj) else sp.coo_matrix(np.asarray(adj))
@@ -193,7 +190,7 @@ def from_adjacency(adj, x=None, y=None, *, name: str = "graph", weighted: bool =
     row, col, data, n = _entries(adj, source)
     source.edge = lambda i: f"adjacency entry ({row[i]}, {col[i]})"
     return assemble(name, n, row, col, source, keys=keys, weight=data if weighted else None,
-                    x=_features(x, n, source, "x"), labels=y, labels_what="y", negative_unknown=True,
+                    x=feature_matrix(x, n, source, "x"), labels=y, labels_what="y", negative_unknown=True,
                     meta={"source": source.file})
 
 
@@ -240,7 +237,7 @@ def read_npz(path: Path, name: str, weighted: bool = True) -> GraphData:
     if node_ids is not None and node_ids.dtype.kind not in "iuU":
         raise source.error(f"node_ids of type {node_ids.dtype}", "integers or strings")
     return assemble(name, n, src, dst, source, keys=node_ids, weight=weight if weighted else None,
-                    x=_features(x, n, source, "x"), labels=y, labels_what="y", negative_unknown=True,
+                    x=feature_matrix(x, n, source, "x"), labels=y, labels_what="y", negative_unknown=True,
                     label_source=Source(str(path), node=lambda i: f"y[{i}]"),
                     meta={"source": str(path), "format": "npz"})
 
@@ -362,7 +359,7 @@ def read_mat(path: Path, name: str, label_column: str = "label", weighted: bool 
     source = Source(str(path))
     row, col, data, n = _entries(adj, source)
     source.edge = lambda i: f"{adj_key} entry ({row[i]}, {col[i]})"
-    return assemble(name, n, row, col, source, weight=data if weighted else None, x=_features(x, n, source, x_key),
+    return assemble(name, n, row, col, source, weight=data if weighted else None, x=feature_matrix(x, n, source, x_key),
                     labels=None if y is None else y.ravel(), labels_what=f"variable {y_key!r}",
                     label_source=Source(str(path), node=lambda i: f"{y_key}[{i}]"),
                     meta={"source": str(path), "format": "mat"})
@@ -450,7 +447,7 @@ def _pyg_graph(d, name: str, source: Source, weighted: bool) -> GraphData:
     if y is not None and y.reshape(-1).shape != (p["n"],):
         raise source.error(f"y of shape {y.shape} for {p['n']} nodes", "one label per node (or no y)")
     return assemble(name, p["n"], p["ei"][0], p["ei"][1], source, keys=p["keys"], weight=p["weight"],
-                    x=_features(p["x"], p["n"], source, "x"), labels=None if y is None else y.reshape(-1),
+                    x=feature_matrix(p["x"], p["n"], source, "x"), labels=None if y is None else y.reshape(-1),
                     labels_what="y", negative_unknown=True, meta={"source": source.file, "format": "pyg"})
 
 
@@ -472,53 +469,8 @@ def _pyg_collection(items: list, name: str, source: Source, weighted: bool) -> G
     return assemble_collection(name, graph_of, len(parts), src, dst, source,
                                graph_labels=np.concatenate([p["y"].reshape(-1) for p in parts]), labels_what="y",
                                graph_where=lambda g: f"graph {g}", weight=weight,
-                               x=_features(x, int(offsets[-1]), source, "x"),
+                               x=feature_matrix(x, int(offsets[-1]), source, "x"),
                                meta={"source": source.file, "format": "pyg"})
-
-
-# --------------------------------------------------------------------------- networkx
-
-
-def _from_networkx(g, name: str, label_column: str, weighted: bool) -> GraphData:
-    """A networkx graph: node IDs its nodes, features the node attribute ``x`` (a sequence of numbers),
-    labels the node attribute ``label_column``, weights the edge attribute ``weight`` (1 where an edge
-    has none). Directed graphs are symmetrised, parallel edges of a multigraph merged."""
-    nodes = list(g.nodes)
-    plain = all(isinstance(v, (int, np.integer, str)) and not isinstance(v, bool) for v in nodes)
-    keys = np.asarray(nodes if plain else [str(v) for v in nodes])
-    source = Source(f"networkx graph {name!r}", node=lambda i: f"node {nodes[i]!r}")
-    index = {v: i for i, v in enumerate(nodes)}
-    edges = list(g.edges(data=True))
-    source.edge = lambda i: f"edge ({edges[i][0]!r}, {edges[i][1]!r})"
-    src = np.fromiter((index[u] for u, _, _ in edges), dtype=np.int64, count=len(edges))
-    dst = np.fromiter((index[v] for _, v, _ in edges), dtype=np.int64, count=len(edges))
-    weight = None
-    if weighted and any("weight" in d for _, _, d in edges):
-        weight = np.asarray([d.get("weight", 1.0) for _, _, d in edges], dtype=np.float64)
-    x = _node_attribute(g, nodes, "x", source)
-    if x is not None:
-        try:
-            x = np.asarray([np.asarray(v, dtype=np.float64).reshape(-1) for v in x])
-        except (TypeError, ValueError):
-            raise source.error("node attribute 'x' that is not a sequence of numbers of one length",
-                               "x = a numeric vector per node") from None
-    labels = None
-    if any(label_column in d for _, d in g.nodes(data=True)):
-        labels = np.asarray(["" if (v := d.get(label_column)) is None else str(v) for _, d in g.nodes(data=True)])
-    return assemble(name, len(nodes), src, dst, source, keys=keys, weight=weight,
-                    x=_features(x, len(nodes), source, "node attribute 'x'"), labels=labels,
-                    labels_what=f"node attribute {label_column!r}", meta={"source": "networkx"})
-
-
-def _node_attribute(g, nodes: list, key: str, source: Source) -> list | None:
-    values = [d.get(key) for _, d in g.nodes(data=True)]
-    missing = [i for i, v in enumerate(values) if v is None]
-    if len(missing) == len(values):
-        return None
-    if missing:
-        raise source.error(f"{source.node(missing[0])} has no attribute {key!r} (other nodes have one)",
-                           f"{key} on every node or on none", "a node attribute on every node or on none")
-    return values
 
 
 # --------------------------------------------------------------------------- objects
@@ -526,9 +478,26 @@ def _node_attribute(g, nodes: list, key: str, source: Source) -> list | None:
 
 def as_graph(obj, *, name: str | None = None, node_table=None, label_column: str = "label",
              weighted: bool = True, boundary: bool = False) -> GraphData | GraphCollection:
-    """``obj`` as a checked :class:`GraphData` or :class:`GraphCollection` (module docstring);
-    ``boundary``: a party's piece, whose edge list may name another party's nodes
-    (:func:`read_graph`)."""
+    """``obj`` as a checked :class:`GraphData` or :class:`GraphCollection` (module docstring).
+
+    Parameters
+    ----------
+    obj : graph-like
+        A path (:func:`read_graph`), a ``GraphData`` or ``GraphCollection``, a PyG ``Data`` (or
+        a list of them: a collection), a ``networkx`` graph, a scipy sparse or numpy adjacency,
+        or a tuple ``(adjacency, features[, labels])``.
+    name, node_table, label_column, weighted, boundary
+        As for :func:`read_graph` (``node_table`` with a path only).
+
+    Returns
+    -------
+    GraphData or GraphCollection
+
+    Raises
+    ------
+    app.data.assemble.DataFileError
+        One line naming what cannot be a graph and the valid kinds of ``obj``.
+    """
     if isinstance(obj, (str, os.PathLike)):
         return read_graph(obj, name=name, node_table=node_table, label_column=label_column, weighted=weighted,
                           boundary=boundary)
@@ -543,8 +512,8 @@ def as_graph(obj, *, name: str | None = None, node_table=None, label_column: str
     name = name or "graph"
     if _is_pyg(obj):
         return _from_pyg(obj, name, Source(f"PyG data {name!r}", edge=lambda i: f"edge_index column {i}"), weighted)
-    if _is_networkx(obj):
-        return _from_networkx(obj, name, label_column, weighted)
+    if is_networkx(obj):
+        return from_networkx(obj, name, label_column, weighted)
     if sp.issparse(obj) or isinstance(obj, np.ndarray):
         return from_adjacency(obj, name=name, weighted=weighted)
     if isinstance(obj, tuple) and 2 <= len(obj) <= 3 and (sp.issparse(obj[0]) or isinstance(obj[0], np.ndarray)):
@@ -559,12 +528,6 @@ def _is_pyg(obj) -> bool:
     except ImportError:  # pragma: no cover - torch_geometric is a dependency
         return False
     return isinstance(obj, Data) or (isinstance(obj, list) and bool(obj) and all(isinstance(d, Data) for d in obj))
-
-
-def _is_networkx(obj) -> bool:
-    import networkx as nx
-
-    return isinstance(obj, nx.Graph)
 
 
 __all__ = ["FORMAT_HELP", "as_graph", "dataset_name", "from_adjacency", "graph_kind", "read_graph", "write_npz"]

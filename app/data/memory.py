@@ -1,7 +1,7 @@
 """Data held in memory, named for the in-process engine without touching the disk.
 
 :func:`app.api.cluster` registers a Python object (a whole graph, or each
-party's piece) under ``memory:<content hash>`` (:func:`app.data.shards.data_hash`, IDs included); the in-process ClientApp and
+party's piece) under ``memory:<content hash>`` (:func:`app.data.fingerprint.data_hash`, IDs included); the in-process ClientApp and
 ServerApp, which run in this process, look the name up where a run would
 otherwise read a file. The table is process-local: Flower's simulation engine
 (Ray workers) and a deployment cannot see it.
@@ -13,6 +13,7 @@ import threading
 
 from app.config import ConfigError
 
+from .fingerprint import data_hash
 from .types import GraphCollection, GraphData
 
 PREFIX = "memory:"
@@ -26,8 +27,6 @@ def register(data: GraphData | GraphCollection) -> str:
     its name ``memory:<hash>``."""
     if not isinstance(data, (GraphData, GraphCollection)):
         raise TypeError(f"only GraphData or GraphCollection can be registered, not {type(data).__name__}")
-    from .shards import data_hash
-
     name = PREFIX + data_hash(data)
     with _LOCK:
         _TABLE[name] = data

@@ -24,7 +24,8 @@ SEED = Param("seed", int, 0, "seed of data generation, partitioning and the prot
 
 DATA_PARAMS: list[Param] = [
     Param("data-root", str, "",
-          "folder with the raw datasets (empty: $FEDGRAPH_DATA_ROOT, else ../shared/datasets)"),
+          "folder with the raw datasets (empty: $FEDGRAPH_DATA_ROOT, else ../shared/datasets); a built-in "
+          "dataset in none is downloaded into the user cache ($FEDGRAPH_CACHE_DIR)"),
     # A dataset given by path (app.data.formats.read_graph's options).
     Param("data.node-table", str, "",
           "path dataset: node table of an edge list (ID column, numeric features, optional label column); "

@@ -12,20 +12,15 @@ name                      what client ``c`` gets
                           they induce; rows of ``x``/``y`` for those nodes.
                           ``boundary`` (default True): the edges from its
                           owned nodes to nodes it does not hold are its
-                          boundary edges (``Shard.boundary``), as each
-                          organisation knows its own nodes' edges; False drops
-                          them (the papers' node splits). ``overlap`` =
-                          fraction of nodes also copied to one other random
-                          client.
-``node-community``        whole communities (``community='louvain'``: networkx
-                          Louvain, seeded, pure Python so meant for graphs up
-                          to ~10^6 edges; ``'spectral'``: METIS-style
-                          balanced min-cut by recursive spectral bisection
-                          with KL/FM refinement), packed largest-first onto
-                          the least-loaded client (if there are fewer
-                          communities than clients, the largest are bisected);
-                          then as ``node-random`` (induced subgraph, boundary
-                          edges, overlap).
+                          boundary edges (``Shard.boundary``); False drops
+                          them (the papers' node splits). ``overlap`` = share
+                          of nodes also copied to one other random client.
+``node-community``        whole communities (:mod:`app.data.communities`:
+                          ``'louvain'``, pure Python, for up to ~10^6 edges,
+                          or balanced ``'spectral'`` parts), packed largest-
+                          first onto the least-loaded client (fewer communities
+                          than clients: the largest are bisected); then as
+                          ``node-random``.
 ``node-dirichlet``        label-skewed node sets: for each class, the class's
                           nodes are split over clients by proportions drawn
                           from ``Dirichlet(alpha)`` (small alpha = strong skew),
@@ -76,6 +71,7 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 
+from .communities import louvain, spectral_parts
 from .types import Boundary, GraphCollection, GraphData, Shard
 
 PARTITIONERS: tuple[str, ...] = (
@@ -308,119 +304,22 @@ def _node_random(data, num_clients, seed, overlap, boundary):
     return _node_shards(data, assign, num_clients, "node-random", overlap, rng, boundary=boundary)
 
 
-def _louvain(adj: sp.csr_matrix, seed: int) -> np.ndarray:
-    import networkx as nx
-
-    g = nx.from_scipy_sparse_array(adj)
-    comms = nx.community.louvain_communities(g, seed=int(seed))
-    label = np.empty(adj.shape[0], dtype=np.int64)
-    for i, cset in enumerate(sorted(comms, key=lambda s: (-len(s), min(s)))):
-        label[list(cset)] = i
-    return label
-
-
-def _fiedler_order(adj: sp.csr_matrix, rng: np.random.Generator, iters: int = 60) -> np.ndarray:
-    """Approximate Fiedler vector of the normalised graph by power iteration on
-    ``(I + D^-1/2 A D^-1/2) / 2`` with the top eigenvector deflated."""
-    n = adj.shape[0]
-    deg = np.asarray(adj.sum(axis=1)).ravel() + 1e-9
-    dinv = 1.0 / np.sqrt(deg)
-    m = sp.diags(dinv) @ adj @ sp.diags(dinv)
-    top = np.sqrt(deg)
-    top /= np.linalg.norm(top)
-    v = rng.standard_normal(n)
-    for _ in range(iters):
-        v -= top * (top @ v)
-        v = 0.5 * (v + m @ v)
-        nv = np.linalg.norm(v)
-        if nv == 0:
-            break
-        v /= nv
-    # Tie-break by a random key so equal scores (e.g. isolated nodes) spread evenly.
-    return np.lexsort((rng.random(n), v * dinv))
-
-
-def _refine_bisection(adj: sp.csr_matrix, left: np.ndarray, rounds: int = 30) -> np.ndarray:
-    """Kernighan-Lin/FM-style refinement: swap equal numbers of positive-gain
-    nodes across the cut while the cut shrinks (part sizes are unchanged)."""
-    deg = np.asarray(adj.sum(axis=1)).ravel()
-
-    def cut_and_gain(side):
-        to_left = adj @ side.astype(np.float64)
-        external = np.where(side, deg - to_left, to_left)
-        return external.sum() / 2, 2 * external - deg  # gain of moving a node across
-
-    cut, gain = cut_and_gain(left)
-    for _ in range(rounds):
-        li = np.flatnonzero(left & (gain > 0))
-        ri = np.flatnonzero(~left & (gain > 0))
-        k = min(li.size, ri.size)
-        if k == 0:
-            break
-        li = li[np.argsort(-gain[li], kind="stable")[:k]]
-        ri = ri[np.argsort(-gain[ri], kind="stable")[:k]]
-        trial = left.copy()
-        trial[li] = False
-        trial[ri] = True
-        new_cut, new_gain = cut_and_gain(trial)
-        if new_cut >= cut:
-            # Try the best half only, else stop.
-            k //= 2
-            if k == 0:
-                break
-            trial = left.copy()
-            trial[li[:k]] = False
-            trial[ri[:k]] = True
-            new_cut, new_gain = cut_and_gain(trial)
-            if new_cut >= cut:
-                break
-        left, cut, gain = trial, new_cut, new_gain
-    return left
-
-
-def _spectral_parts(adj: sp.csr_matrix, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Balanced k-way partition by recursive spectral bisection (METIS-style goal:
-    equal part sizes, few cut edges). Part sizes differ by at most one."""
-    n = adj.shape[0]
-    label = np.zeros(n, dtype=np.int64)
-    stack = [(np.arange(n), 0, k)]
-    while stack:
-        ids, first, parts = stack.pop()
-        if parts == 1:
-            label[ids] = first
-            continue
-        left_parts = parts // 2
-        target = int(round(ids.size * left_parts / parts))
-        if ids.size > 2:
-            sub = adj[ids][:, ids]
-            order = _fiedler_order(sub, rng)
-            left = np.zeros(ids.size, dtype=bool)
-            left[order[:target]] = True
-            left = _refine_bisection(sub, left)
-        else:
-            left = np.zeros(ids.size, dtype=bool)
-            left[rng.permutation(ids.size)[:target]] = True
-        stack.append((ids[left], first, left_parts))
-        stack.append((ids[~left], first + left_parts, parts - left_parts))
-    return label
-
-
 def _node_community(data, num_clients, seed, overlap, community, boundary):
     if community not in COMMUNITY_METHODS:
         raise ConfigError(f"invalid value {community!r} for {_name('community')}; valid choices: "
                           + ", ".join(COMMUNITY_METHODS))
     rng = _rng(seed, "node-community")
     if community == "louvain":
-        comm = _louvain(data.adj, seed)
+        comm = louvain(data.adj, seed)
     else:
-        comm = _spectral_parts(data.adj, num_clients, rng)
+        comm = spectral_parts(data.adj, num_clients, rng)
     sizes = np.bincount(comm)
     found = int(sizes.size)
     while sizes.size < num_clients:
         # Fewer communities than clients: bisect the largest (balanced min-cut).
         big = int(np.argmax(sizes))
         ids = np.flatnonzero(comm == big)
-        half = _spectral_parts(data.adj[ids][:, ids], 2, rng)
+        half = spectral_parts(data.adj[ids][:, ids], 2, rng)
         comm[ids[half == 1]] = sizes.size
         sizes = np.bincount(comm)
     # Largest community first onto the least loaded client (ties: lowest id).

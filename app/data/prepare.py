@@ -23,11 +23,12 @@ from pathlib import Path
 from app.config import ArgumentParser, ConfigError, exit_code, parse_assignments
 from app.result import unwritable
 
-from .datasets import DATASETS, FILE_DATASETS, check_dataset_value, resolve_data_root
+from .datasets import DATASETS, FILE_DATASETS, check_dataset_value, dataset_root
 from .evaluation import CONTENTS
 from .params import DATA_PARAMS, SEED, data_root as config_data_root, dataset_kwargs, partition_kwargs
 from .partition import PARTITIONERS, partition
-from .shards import data_hash, write_shards
+from .fingerprint import data_hash
+from .shards import write_shards
 
 FORMATS = ("shards", "files")
 
@@ -40,7 +41,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("--num-clients", required=True, type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-root", default=None, help="datasets folder (default: data-root key, "
-                   "$FEDGRAPH_DATA_ROOT, ../shared/datasets)")
+                   "$FEDGRAPH_DATA_ROOT, ../shared/datasets, else the download cache)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="data run-config key, e.g. sbm.nodes=5000 (repeatable)")
     p.add_argument("--out", required=True, help="output directory")
@@ -97,7 +98,7 @@ def run(argv: list[str] | None = None) -> dict:
         "params": pkw,
         "dataset_params": dkw,
         "data_hash": data_hash(data),
-        "data_root": str(resolve_data_root(root)) if args.dataset in FILE_DATASETS else None,
+        "data_root": str(dataset_root(args.dataset, root)) if args.dataset in FILE_DATASETS else None,
     }
     manifest = write_shards(shards, args.out, info)
     if args.eval_file:

@@ -31,9 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .assemble import INTEGER, DataFileError, Source, assemble, assemble_collection, id_array, show
+from .assemble import INTEGER, SEPARATORS, DataFileError, Source, assemble, assemble_collection, id_array, show, text_suffix
 from .boundary import in_row_order, split_edges
-from .formats import SEPARATORS, text_suffix
 from .types import GraphCollection, GraphData
 
 SOURCE_NAMES = ("source", "src", "from", "u", "node1", "source_id")

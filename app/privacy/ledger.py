@@ -139,10 +139,6 @@ class PrivacyLedger:
                     return
             self._mechanisms.append(entry)
 
-    def mechanism_names(self) -> list[str]:
-        with self._lock:
-            return [m["name"] for m in self._mechanisms]
-
     # --------------------------------------------------------------------- uploads
     def add_upload(
         self,
@@ -215,10 +211,6 @@ class PrivacyLedger:
                 return _float(r[0]), _float(r[1])
             return _float(r), _float(pdelta or 0.0)
         raise TypeError(f"mechanism {m['name']!r}: unsupported accountant {type(acc).__name__}")
-
-    def epsilon_delta(self) -> tuple[float | None, float | None]:
-        """Overall (epsilon, delta) by basic composition over DP mechanisms."""
-        return self._overall()[:2]
 
     def _overall(self):
         with self._lock:

@@ -68,6 +68,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from app.config import ConfigError, Param
 from app.data.memory import is_memory
+from app.errors import FedGraphError
 
 POLICY_FILE_KEY = "privacy-policy"
 LEDGER_KEY = "privacy-ledger"
@@ -76,7 +77,10 @@ ALL = "all"
 
 MASKING = ("fedkmeans", "kcagc", "kcagc-basic", "fedspectral-plus", "fedsc", "fedavg-dmon")
 NOISED = ("fedspectral-plus", "fedsc", "fedavg-dmon")
+#: every strategy of :data:`app.registry.STRATEGIES` (a test keeps the two in step)
 EVERY = ("fedkmeans", "gw-ldp", "fedspectral", "fedspectral-plus", "fedavg-dmon", "fedsc", "kcagc", "kcagc-basic")
+#: a policy's sections: one per strategy, and ``all``
+SECTIONS = (ALL, *EVERY)
 #: the strategies that send, noise-free, one row of an upload per row of the node's data (fedsc's
 #: coefficients C_p, fedspectral-plus's blocks), from which a server that picks the request reads
 #: those rows: they meet ``min-rows`` > 1 only noised, and their built-in ``min-rows`` is 1 so that
@@ -118,7 +122,7 @@ RULES: dict[str, Rule] = {r.param.key: r for r in (
 )}
 
 
-class PrivacyRefusal(Exception):
+class PrivacyRefusal(FedGraphError):
     """A request this node's privacy policy forbids (a decision, not a bug).
 
     ``rule`` names the policy rule (or the protocol rule, e.g. ``masking-group``),
@@ -211,15 +215,9 @@ class NodePolicy:
         return StrategyPolicy(strategy, values, self.ledger)
 
 
-def _sections() -> tuple[str, ...]:
-    from app.registry import STRATEGIES  # the registry imports the clients, which import this module
-
-    return (ALL, *STRATEGIES)
-
-
 def _add(sections: dict, section: str, key: str, value, where: str) -> None:
-    if section not in _sections():
-        raise ConfigError(f"{where}: unknown privacy policy section '{section}'; valid: {', '.join(_sections())}")
+    if section not in SECTIONS:
+        raise ConfigError(f"{where}: unknown privacy policy section '{section}'; valid: {', '.join(SECTIONS)}")
     rule = RULES.get(key)
     if rule is None:
         raise ConfigError(f"{where}: unknown privacy policy rule '{key}' in section '{section}'; valid: "

@@ -42,34 +42,10 @@ vectors) halves the bytes of every masked upload at the same resolution.
 Dropouts
 --------
 The simple protocol (:func:`unmask_sum`) cannot remove the masks of a missing
-party: it raises :class:`SecAggDropoutError` naming the missing ids.
-
-The recovery variant (SecAgg / SecAgg+ style double masking, Bonawitz et al.
-2017) lets the aggregation continue with the survivors:
-
-* upload: :meth:`SecAggParty.mask_recoverable` additionally adds a fresh
-  per-tag self mask ``PRG(b_u)`` and returns Shamir shares (threshold ``t``,
-  field GF(2^255-19)) of ``b_u``, one per peer, each encrypted with
-  ChaCha20-Poly1305 under ``k_uv`` (authenticated data binds session, tag and
-  both ids).  *Leaves the client:* the masked array and one 60-byte ciphertext (12-byte nonce, 32-byte share, 16-byte tag)
-  per peer that only that peer can open.
-* unmask: the server sends each survivor the survivor/dropped sets and the
-  ciphertexts addressed to it; :meth:`SecAggParty.unmask_response` returns the
-  decrypted shares of the survivors' self-mask seeds and, for the dropped
-  parties, the sum of its own signed pairwise masks with them.  A party
-  answers at most one (survivors, dropped) split per tag, so the server can
-  never obtain both the self-mask seed and the pairwise masks of the same
-  party (a late upload of a "dropped" party stays hidden by its self mask).
-* :func:`recover_sum` reconstructs the survivors' self-mask seeds from ``t``
-  shares each, removes self masks and dropped parties' pairwise masks and
-  returns the survivors' sum.  *The server learns:* the survivors' sum.
-* Limits: semi-honest (honest-but-curious) server.  An actively malicious
-  server could send different survivor sets to different parties; SecAgg's
-  signed consistency-check round is not implemented.  If parties are missing
-  from the upload phase, every survivor must answer the unmask phase (their
-  corrections are needed); a survivor lost during unmasking then aborts the
-  aggregation with :class:`SecAggDropoutError`.  Without dropouts, any
-  ``threshold`` unmask answers suffice.
+party: it raises :class:`SecAggDropoutError` naming the missing ids. The
+recovery variant (double masking: a self mask per tag, Shamir-shared among the
+parties, and one more round) lets a sum go on with the survivors:
+:mod:`app.privacy.secagg_recovery`.
 
 Wiring into Flower messages (``app.session.ServerSession.setup_secure_aggregation``)
 -------------------------------------------------------------------------------------
@@ -80,9 +56,7 @@ the first step after the handshake (or in ``query.secagg_agree``); client
 ``agree(unpack_id_bytes(...))``, stores state.
 Any later phase: client ``mask(values, tag, encoder)`` -> ArrayRecord (``encoder.dtype``)
 (store state again: used tags); server ``unmask_sum``.  Recovery variant:
-reply also ``pack_id_bytes(share_ciphertexts)``; unmask phase sends each
-survivor its ciphertexts (str keys), survivors reply shares (packed) and the
-correction array; server ``recover_sum``.  All parties and the server must
+:meth:`app.session.ServerSession.secure_sum` (``secagg_unmask``).  All parties and the server must
 use the same encoder parameters (``FixedPointEncoder.params()``).
 
 Pairwise seeds are session-long; a party that dropped out of a tag can rejoin
@@ -95,7 +69,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from base64 import b64decode, b64encode
 from typing import Iterable, Mapping
 
@@ -108,6 +81,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from app.errors import FedGraphError
+
 __all__ = [
     "SecAggError",
     "SecAggDropoutError",
@@ -116,22 +91,16 @@ __all__ = [
     "SecAggParty",
     "relay_public_keys",
     "unmask_sum",
-    "recover_sum",
     "sum_masked",
     "prg",
-    "shamir_split",
     "pack_id_bytes",
     "unpack_id_bytes",
-    "shamir_reconstruct",
-    "SHAMIR_PRIME",
 ]
 
 _PROTO = b"app.privacy.secagg/v1"
-SHAMIR_PRIME = 2**255 - 19  # prime field for Shamir shares of 32-byte seeds
-_SHARE_BYTES = 32
 
 
-class SecAggError(RuntimeError):
+class SecAggError(FedGraphError, RuntimeError):
     """Protocol violation (bad keys, shapes, reused tag, inconsistent sets)."""
 
 
@@ -146,7 +115,7 @@ class SecAggDropoutError(SecAggError):
         super().__init__(msg)
 
 
-class SecAggOverflowError(ValueError):
+class SecAggOverflowError(FedGraphError, ValueError):
     """A value exceeds the encoder's declared bound (the sum could wrap)."""
 
 
@@ -266,43 +235,6 @@ def prg(seed: bytes, tag, n: int, dtype=np.uint64) -> np.ndarray:
     return _prg_into(bytes(seed), _tag_bytes(tag), buf, n, dtype).copy()
 
 
-# --------------------------------------------------------------------------- Shamir
-def shamir_split(secret: int, xs: list[int], threshold: int) -> dict[int, int]:
-    """Shamir shares of ``secret`` in GF(SHAMIR_PRIME) at the points ``xs`` (nonzero)."""
-    p = SHAMIR_PRIME
-    if not (1 <= threshold <= len(xs)):
-        raise ValueError(f"shamir_split: need 1 <= threshold <= {len(xs)}, got {threshold}")
-    coeffs = [secret % p] + [secrets.randbelow(p) for _ in range(threshold - 1)]
-    out = {}
-    for x in xs:
-        if x % p == 0:
-            raise ValueError("shamir_split: evaluation point must be nonzero")
-        acc = 0
-        for c in reversed(coeffs):
-            acc = (acc * x + c) % p
-        out[x] = acc
-    return out
-
-
-def shamir_reconstruct(shares: Mapping[int, int]) -> int:
-    """Lagrange interpolation at 0 from {x: y} (needs at least ``threshold`` shares)."""
-    p = SHAMIR_PRIME
-    xs = list(shares)
-    total = 0
-    for i, xi in enumerate(xs):
-        num, den = 1, 1
-        for j, xj in enumerate(xs):
-            if i != j:
-                num = (num * (-xj)) % p
-                den = (den * (xi - xj)) % p
-        total = (total + shares[xi] * num * pow(den, -1, p)) % p
-    return total
-
-
-def _share_x(party_id: int) -> int:
-    return int(party_id) + 1
-
-
 # --------------------------------------------------------------------------- party
 def _hkdf_pair(shared: bytes, session: bytes, a: int, b: int) -> tuple[bytes, bytes]:
     lo, hi = (a, b) if a < b else (b, a)
@@ -315,7 +247,7 @@ class SecAggParty:
     """Client-side secure-aggregation state for one party.
 
     Private state: the X25519 private key, derived pair seeds/channel keys, the
-    set of tags already used and the recovery decisions per tag.  Serialise
+    set of tags already used and its recoverable uploads (:attr:`recovery`).  Serialise
     with :meth:`to_bytes` / :meth:`from_bytes` (or :meth:`to_array` /
     :meth:`from_array` for an ``ArrayRecord``) to keep it in Flower's
     ``context.state`` between phases; it never leaves the client.
@@ -330,7 +262,9 @@ class SecAggParty:
         self._seeds: dict[int, bytes] = {}  # peer -> 32-byte mask seed
         self._chan: dict[int, bytes] = {}  # peer -> 32-byte channel key
         self._used_tags: set[str] = set()
-        self._unmask_decisions: dict[str, list] = {}  # tag -> [sorted survivors, sorted dropped]
+        #: tag -> the party's recoverable upload of it: own self-mask share, participants, threshold
+        #: and the [survivors, dropped] split it answered (app.privacy.secagg_recovery)
+        self.recovery: dict[str, dict] = {}
 
     # --- keys
     @classmethod
@@ -457,94 +391,14 @@ class SecAggParty:
         seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_PROTO + b"|pad").derive(sk)
         return prg(seed, b"pad|" + _tag_bytes(tag), int(n), dtype)
 
-    # --- recovery variant (double masking)
+    # --- recovery variant (double masking, app.privacy.secagg_recovery)
     def _aad(self, tag: str, sender: int, receiver: int) -> bytes:
         return _PROTO + b"|share|session=" + self.session_id + f"|tag={tag}|from={sender}|to={receiver}".encode()
 
-    def mask_recoverable(
-        self, values, tag: str, encoder: FixedPointEncoder, threshold: int
-    ) -> tuple[np.ndarray, dict[int, bytes]]:
-        """Masked upload that survives dropouts (double masking).
-
-        Returns ``(masked, share_ciphertexts)`` (``masked``: ``encoder.dtype``) where ``share_ciphertexts[v]``
-        is an encrypted Shamir share (threshold ``threshold``) of this party's
-        fresh self-mask seed for ``tag``, readable only by party ``v``.  The own
-        share is kept in the private state.
-        """
-        tag = str(tag)
-        self._check_ready(tag, encoder)
-        n_parties = len(self._seeds) + 1
-        if not (2 <= threshold <= n_parties):
-            raise ValueError(f"threshold must be in [2, {n_parties}], got {threshold}")
-        q = encoder.encode(values)
-        shape = q.shape
-        acc = np.ascontiguousarray(q).reshape(-1).copy()
-        b = secrets.randbelow(SHAMIR_PRIME)
-        tagb = tag.encode()
-        np.add(acc, prg(b.to_bytes(32, "little"), b"self|" + tagb, acc.size, acc.dtype), out=acc)
-        self._pairwise(acc, tagb, self.peers)
-        ids = [self.party_id] + self.peers
-        shares = shamir_split(b, [_share_x(i) for i in ids], threshold)
-        cts = {}
-        for v in self.peers:
-            nonce = os.urandom(12)
-            pt = shares[_share_x(v)].to_bytes(_SHARE_BYTES, "little")
-            cts[v] = nonce + ChaCha20Poly1305(self._chan[v]).encrypt(nonce, pt, self._aad(tag, self.party_id, v))
-        self._own_shares = getattr(self, "_own_shares", {})
-        self._own_shares[tag] = shares[_share_x(self.party_id)]
-        self._used_tags.add(tag)
-        return acc.reshape(shape), cts
-
-    def unmask_response(
-        self,
-        tag: str,
-        survivors: Iterable[int],
-        dropped: Iterable[int],
-        share_ciphertexts: Mapping[int, bytes],
-        size: int,
-        encoder: FixedPointEncoder,
-    ) -> tuple[dict[int, bytes], np.ndarray]:
-        """Answer the server's unmask request for ``tag``.
-
-        ``share_ciphertexts[u]`` is the ciphertext party ``u`` (a survivor)
-        addressed to this party.  Returns ``(self_seed_shares, correction)``:
-        32-byte Shamir shares of the survivors' self-mask seeds (including
-        our own), and the vector (length ``size``, ``encoder.dtype``) of this
-        party's signed pairwise masks with the dropped parties, which the server subtracts.
-        Refuses a second, different (survivors, dropped) split for the same tag.
-        """
-        tag = str(tag)
-        surv = sorted(int(s) for s in survivors)
-        drop = sorted(int(d) for d in dropped)
-        if self.party_id not in surv:
-            raise SecAggError(f"party {self.party_id} is not listed among the survivors")
-        if set(surv) & set(drop):
-            raise SecAggError("survivor and dropped sets overlap")
-        allp = set(self.peers) | {self.party_id}
-        if set(surv) | set(drop) != allp:
-            raise SecAggError("survivors + dropped must be exactly the parties of the agreement")
-        if tag not in self._used_tags or tag not in getattr(self, "_own_shares", {}):
-            raise SecAggError(f"party {self.party_id} made no recoverable upload under tag {tag!r}")
-        prev = self._unmask_decisions.get(tag)
-        if prev is not None and prev != [surv, drop]:
-            raise SecAggError(f"party {self.party_id}: tag {tag!r} was already unmasked with a different dropout set")
-        self._unmask_decisions[tag] = [surv, drop]
-        out = {self.party_id: self._own_shares[tag].to_bytes(_SHARE_BYTES, "little")}
-        for u in surv:
-            if u == self.party_id:
-                continue
-            ct = share_ciphertexts.get(u)
-            if ct is None:
-                raise SecAggError(f"missing share ciphertext from survivor {u}")
-            ct = bytes(ct)
-            try:
-                pt = ChaCha20Poly1305(self._chan[u]).decrypt(ct[:12], ct[12:], self._aad(tag, u, self.party_id))
-            except InvalidTag:
-                raise SecAggError(f"share ciphertext from party {u} failed authentication") from None
-            out[u] = pt
-        corr = np.zeros(int(size), dtype=encoder.dtype)
-        self._pairwise(corr, tag.encode(), drop)
-        return out, corr
+    def pair_masks(self, acc: np.ndarray, tag: str, peers: Iterable[int]) -> np.ndarray:
+        """Add to ``acc`` (a ring array, in place) this party's signed pair masks of ``tag`` with
+        ``peers``: what its masked upload of ``tag`` holds of them."""
+        return self._pairwise(acc, str(tag).encode(), peers)
 
     # --- state (de)serialisation
     def to_bytes(self) -> bytes:
@@ -558,8 +412,7 @@ class SecAggParty:
             "seeds": {str(k): b64encode(v).decode() for k, v in self._seeds.items()},
             "chan": {str(k): b64encode(v).decode() for k, v in self._chan.items()},
             "used": sorted(self._used_tags),
-            "decisions": self._unmask_decisions,
-            "own_shares": {k: str(v) for k, v in getattr(self, "_own_shares", {}).items()},
+            "recovery": {tag: {**held, "share": str(held["share"])} for tag, held in self.recovery.items()},
         }
         return json.dumps(d, separators=(",", ":")).encode()
 
@@ -572,8 +425,7 @@ class SecAggParty:
         p._seeds = {int(k): b64decode(v) for k, v in d["seeds"].items()}
         p._chan = {int(k): b64decode(v) for k, v in d["chan"].items()}
         p._used_tags = set(d["used"])
-        p._unmask_decisions = {k: [list(a), list(b)] for k, (a, b) in d["decisions"].items()}
-        p._own_shares = {k: int(v) for k, v in d.get("own_shares", {}).items()}
+        p.recovery = {tag: {**held, "share": int(held["share"])} for tag, held in d["recovery"].items()}
         return p
 
     def to_array(self) -> np.ndarray:
@@ -617,7 +469,7 @@ def relay_public_keys(uploads: Mapping[int, bytes], expected_parties: Iterable[i
     return out
 
 
-def _check_uploads(masked_uploads: Mapping[int, np.ndarray], dtype: np.dtype) -> tuple[tuple, list]:
+def check_uploads(masked_uploads: Mapping[int, np.ndarray], dtype: np.dtype) -> tuple[tuple, list]:
     shape = None
     arrs = []
     for pid in sorted(masked_uploads):
@@ -640,7 +492,7 @@ def sum_masked(arrays: list[np.ndarray]) -> np.ndarray:
     return acc
 
 
-def _decode_honest_sum(encoder: FixedPointEncoder, ring_sum: np.ndarray, parties: int) -> np.ndarray:
+def decode_honest_sum(encoder: FixedPointEncoder, ring_sum: np.ndarray, parties: int) -> np.ndarray:
     """Decode a sum over ``parties`` uploads, each encoded within +-round(bound x scale):
     an honest sum lies within ``parties`` times that. Outside it, some upload was not
     this step's encoding plus masks (a value beyond the bound, another tag, seed or
@@ -677,86 +529,6 @@ def unmask_sum(
         raise SecAggError(f"uploads from unexpected party id(s) {sorted(extra)}")
     if not got:
         raise SecAggError("no uploads")
-    _, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
-    return _decode_honest_sum(encoder, sum_masked(arrs), len(expected))
+    _, arrs = check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
+    return decode_honest_sum(encoder, sum_masked(arrs), len(expected))
 
-
-def recover_sum(
-    masked_uploads: Mapping[int, np.ndarray],
-    expected_parties: Iterable[int],
-    encoder: FixedPointEncoder,
-    responses: Mapping[int, tuple[Mapping[int, bytes], np.ndarray]],
-    threshold: int,
-    tag: str,
-) -> np.ndarray:
-    """Server, recovery variant: survivors' sum after removing self and dropped masks.
-
-    ``masked_uploads``: uploads of ``mask_recoverable`` (survivors only);
-    ``responses[v] = unmask_response(...)`` of survivors that answered the
-    unmask phase (at least ``threshold`` of them; the same ``threshold`` the
-    parties split their seeds with).  Raises :class:`SecAggDropoutError` if
-    fewer than ``threshold`` parties answer, :class:`SecAggError` if the sum lies
-    beyond the survivors' declared bound (e.g. a threshold below the parties' one
-    reconstructs wrong seeds).
-    """
-    expected = set(int(e) for e in expected_parties)
-    surv, answered = _recovery_parties(masked_uploads, expected, responses, threshold)
-    shape, arrs = _check_uploads({int(k): v for k, v in masked_uploads.items()}, encoder.dtype)
-    acc = sum_masked(arrs).reshape(-1)
-    _remove_self_masks(acc, surv, answered, responses, threshold, str(tag).encode())
-    dropped = expected - surv
-    if dropped:
-        _remove_dropped_masks(acc, surv, answered, responses, dropped, encoder.dtype)
-    return _decode_honest_sum(encoder, acc.reshape(shape), len(surv))
-
-
-def _recovery_parties(masked_uploads, expected: set[int], responses, threshold: int) -> tuple[set[int], set[int]]:
-    """(survivors, parties that answered the unmask phase) of :func:`recover_sum`, once the threshold
-    fits the ``expected`` parties and at least ``threshold`` of them uploaded and answered, none unexpected."""
-    if not 2 <= int(threshold) <= len(expected):
-        raise SecAggError(f"recover_sum: threshold={threshold}; valid: 2..{len(expected)} (the number of parties), "
-                          "the value the parties split their seeds with")
-    surv = set(int(k) for k in masked_uploads)
-    if surv - expected:
-        raise SecAggError(f"uploads from unexpected party id(s) {sorted(surv - expected)}")
-    if len(surv) < threshold:
-        raise SecAggDropoutError(expected - surv, f"only {len(surv)} uploads, threshold {threshold}")
-    answered = set(int(k) for k in responses)
-    if answered - surv:
-        raise SecAggError(f"unmask responses from non-survivors {sorted(answered - surv)}")
-    if len(answered) < threshold:
-        raise SecAggDropoutError(surv - answered, f"only {len(answered)} unmask responses, threshold {threshold}")
-    return surv, answered
-
-
-def _remove_self_masks(acc: np.ndarray, surv: set[int], answered: set[int], responses, threshold: int,
-                       tag: bytes) -> None:
-    """Subtract from ``acc`` every survivor's self mask, its seed rebuilt from ``threshold`` shares."""
-    for u in sorted(surv):
-        shares = {}
-        for v in sorted(answered):
-            sh = responses[v][0].get(u)
-            if sh is not None:
-                shares[_share_x(v)] = int.from_bytes(bytes(sh), "little")
-            if len(shares) == threshold:
-                break
-        if len(shares) < threshold:
-            raise SecAggDropoutError([u], f"only {len(shares)} shares of its self-mask seed, threshold {threshold}")
-        b = shamir_reconstruct(shares)
-        np.subtract(acc, prg(b.to_bytes(32, "little"), b"self|" + tag, acc.size, acc.dtype), out=acc)
-
-
-def _remove_dropped_masks(acc: np.ndarray, surv: set[int], answered: set[int], responses, dropped: set[int],
-                          dtype) -> None:
-    """Subtract from ``acc`` every survivor's correction vector (its pair masks with the ``dropped``
-    parties); every survivor must have sent one."""
-    missing_corr = surv - answered
-    if missing_corr:
-        raise SecAggDropoutError(
-            missing_corr, f"survivors must all answer to remove masks of dropped parties {sorted(dropped)}"
-        )
-    for v in sorted(answered):
-        corr = np.asarray(responses[v][1])
-        if corr.dtype != dtype or corr.size != acc.size:
-            raise SecAggError(f"party {v}: bad correction vector (dtype {corr.dtype}, size {corr.size} != {acc.size})")
-        np.subtract(acc, corr.reshape(-1), out=acc)

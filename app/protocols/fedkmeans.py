@@ -43,6 +43,10 @@ KMEANS_INIT = "kmeans_init"
 FILTER_HOPS = "filter_hops"
 #: the padded upload of a hop: ``B_c U_c`` (N x f, masked and padded)
 NEIGHBOURS = "neighbours"
+#: with a resumed run's first live ``kmeans_step``: the centres of every Lloyd step replayed from the
+#: journal (r x k x f, in step order; :func:`replay_audit`); the ``replayed_`` prefix keeps it out of
+#: the step's journal digest (:data:`app.journal.REPLAYED`)
+REPLAYED_CENTRES = "replayed_centres"
 
 #: the arrays a client adds to its hello reply (or its ``kmeans_init`` reply, after the filter over the
 #: whole graph): its local k-means++ centres and their sizes
@@ -156,6 +160,34 @@ def lloyd_statistics(x: np.ndarray, centres: np.ndarray, min_rows: int = 1,
     sums[~sent], counts[~sent] = 0.0, 0.0
     d2 = ((x[rows_sent] - centres[labels[rows_sent]]) ** 2).sum()
     return sums, counts, withheld, float(d2), audit
+
+
+def replay_audit(x: np.ndarray, replayed: np.ndarray, centres_shape: tuple, most: int, min_rows: int,
+                 audit: Audit | None) -> Audit | None:
+    """The audit of a resumed run's fresh client after the Lloyd steps it never saw: the journal
+    replayed them (their replies recorded in the interrupted run), so it answers its first live
+    step only after recomputing, from its own rows ``x``, the statistics of every replayed step's
+    centres (``replayed``, r x k x f in step order, at most ``most``) and recording them.
+
+    Safe whatever centres a server sends: each replayed assignment only adds row sets to what the
+    audit believes was released (its basis grows; a set goes in only if :func:`admit` lets it), so
+    the audit is never looser than the fresh one the client starts with (the audit a new run's
+    client has), and every statistic :func:`release` sends after it lies in the span of a basis
+    that holds all this client has sent in this run. With the honest server's centres (its own
+    requests, deterministic) these are the sums the interrupted client sent, computed as it did:
+    the uninterrupted run's audit exactly, so the same clusters are withheld. Only before this
+    client's first Lloyd statistics (a ValueError otherwise, as for a malformed ``replayed``)."""
+    if replayed.ndim != 3 or replayed.shape[1:] != tuple(centres_shape) or not 0 < len(replayed) <= most:
+        raise ValueError(f"{REPLAYED_CENTRES} of shape {replayed.shape}; valid: 1..{most} steps of centres "
+                         f"{tuple(centres_shape)}")
+    if not np.isfinite(replayed).all():
+        raise ValueError(f"{REPLAYED_CENTRES} holds values that are not finite")
+    if audit is not None and audit.labels is not None:
+        raise ValueError(f"{REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the first "
+                         "live step of a resumed run only")
+    for centres in replayed if audit is not None else ():
+        audit = lloyd_statistics(x, centres, min_rows, audit)[4]
+    return audit
 
 
 def release(labels: np.ndarray, k: int, min_rows: int, audit: Audit) -> tuple[np.ndarray, np.ndarray, Audit]:

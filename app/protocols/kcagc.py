@@ -440,19 +440,3 @@ def tree_groups(num_parties: int) -> list[list[list[int]]]:
         prev = levels[-1]
         levels.append([sum(prev[i:i + 2], []) for i in range(0, len(prev), 2)])
     return levels
-
-
-def lloyd_reference(z: np.ndarray, weights: np.ndarray, init: np.ndarray, iterations: int) -> np.ndarray:
-    """Plain weighted Lloyd from ``init`` (kk x d): assign to the centres, then at
-    most ``iterations`` times update the centres and assign again, stopping early
-    when the assignment repeats; returns the last assignment. What the secure
-    protocol computes, in one place (for tests)."""
-    centres = init[None].copy()
-    labels, _ = assign(partial_distances(z, centres), weights)
-    for _ in range(iterations):
-        centres = update_centres(z, weights, labels, centres)
-        new, _ = assign(partial_distances(z, centres), weights)
-        if np.array_equal(new, labels):
-            break
-        labels = new
-    return labels[0]

@@ -65,12 +65,6 @@ def coassociation_embedding(label_sets: list[np.ndarray], k: int) -> np.ndarray:
     return u
 
 
-def coassociation_dense(label_sets: list[np.ndarray]) -> np.ndarray:
-    """The paper's N x N similarity graph (equation 1), for tests on small N only."""
-    b = coassociation_matrix(label_sets)
-    return (b @ b.T).toarray()
-
-
 def coassociation_labels(label_sets: list[np.ndarray], k: int, seed: int, n_init: int = 10) -> np.ndarray:
     """Algorithm 2 server side: spectral clustering of the co-association graph."""
     return embedding_labels(coassociation_embedding(label_sets, k), k, seed, n_init)

@@ -217,7 +217,8 @@ class KrylovBasis:
 
 
 def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k: int, block: int, tol: float,
-                           max_rounds: int, seed: int, basis_blocks: int = 20, patience: int = 16) -> IterationResult:
+                           max_rounds: int, seed: int, basis_blocks: int = 20, patience: int = 16,
+                           on_round: Callable[[dict], None] = lambda entry: None) -> IterationResult:
     """Top-k eigenvectors of a symmetric ``M`` with ``||M||_2 <= 1``, given only
     ``apply(X) = M X`` (one call = one federated round).
 
@@ -235,9 +236,9 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
     Stops when the top-k residuals are all <= ``tol`` ("converged"), when the
     largest has not halved for ``patience`` rounds because the products carry
     noise (fixed-point rounding of secure aggregation, DP noise: "stagnated"),
-    or after ``max_rounds`` rounds ("max-rounds"). Before the Krylov space
-    reaches the top-k eigenvectors their residuals hover (on the 1M-node SBM
-    between 0.1 and 0.4 for 8 rounds), hence the patience of 16. A basis that would exceed
+    or after ``max_rounds`` rounds ("max-rounds"); ``on_round`` gets each round's history.
+    Before the Krylov space reaches the top-k eigenvectors their residuals hover (on the
+    1M-node SBM between 0.1 and 0.4 for 8 rounds), hence the patience of 16. A basis that would exceed
     ``basis_blocks`` blocks is restarted thickly (Krylov-Schur): its top Ritz
     vectors, half the room, become the basis (``H`` their Ritz values), the
     pending block stays orthogonal to them, no product is repeated.
@@ -254,8 +255,8 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
         w = apply(pending)
         rounds += 1
         h, theta, s, pending, residual = lanczos_step(basis, h, pending, w, k, block, rng)
-        history.append({"round": rounds, "residual": residual, "ritz_k": float(theta[k - 1]),
-                        "basis": basis.width})
+        history.append({"round": rounds, "residual": residual, "ritz_k": float(theta[k - 1]), "basis": basis.width})
+        on_round(history[-1])
         verdict = stop_rule(residual)
         if verdict:
             stop = verdict

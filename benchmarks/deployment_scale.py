@@ -1,0 +1,248 @@
+"""Deployed ``fedspectral-plus`` exact at 200,000 and 1,000,000 nodes, beside the in-process engine.
+
+    python benchmarks/deployment_scale.py [--sizes 200000 1000000] [--supernodes 4] [--report]
+
+For each size, one planted-partition graph (8 blocks, mean degree 20: 16 inside
+the node's block, 4 across; edge split over the SuperNodes, the strategy's own)
+is clustered twice with the same run-config and seed: (1) by ``python -m app.run
+--engine inprocess`` in a process of its own, (2) by ``python -m deploy local``
+(TLS SuperLink, Fleet gateway, authenticated SuperNodes, one shard file each).
+Neither runs the centralised reference. Printed and written to
+``benchmarks/results/deployment_scale.json``: protocol seconds of each and their
+ratio (target :data:`PROTOCOL_TARGET`), end-to-end seconds (the deployed one with
+the federation's start; target :data:`END_TO_END_TARGET`), rounds, bytes moved,
+whether the labels are identical, and each process's peak memory (proportional set size)
+(sampled every :data:`SAMPLE_S` s: in-process; SuperLink, ServerApp, gateway, each
+SuperNode with its ClientApp processes). The machine's load average is kept
+beside each row: the figures mean little on a busy machine. Renders
+``docs/results/deployment-scale.md``; ``--report``: only the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from pages import RESULTS_DIR, paragraph, read_results, table, write_page  # noqa: E402
+
+MEASURE = "python benchmarks/deployment_scale.py"
+RESULTS = "deployment_scale.json"
+PROTOCOL_TARGET, END_TO_END_TARGET = 1.3, 1.6
+SAMPLE_S = 0.5
+BLOCKS, DEGREE_IN, DEGREE_OUT = 8, 16.0, 4.0
+GIB = 1 << 30
+#: what a process this script started runs, by the first of these words in its command line; every
+#: process below it (ServerApps under the SuperLink, ClientApps under their SuperNode, forked or not)
+#: counts with it
+ROLES = ("superlink", "gateway", "supernode")
+
+
+def settings(nodes: int) -> list[str]:
+    """The run-config of one size: :data:`BLOCKS` equal blocks, expected degree
+    :data:`DEGREE_IN` inside a node's block and :data:`DEGREE_OUT` to the others."""
+    size = nodes // BLOCKS
+    return [f"sbm.nodes={nodes}", f"sbm.blocks={BLOCKS}", f"sbm.p-in={DEGREE_IN / size:.6g}",
+            f"sbm.p-out={DEGREE_OUT / (nodes - size):.6g}", f"num-clusters={BLOCKS}", "sbm.features=0",
+            "reference=false"]
+
+
+def role(process: psutil.Process) -> str:
+    """``superlink``, ``gateway``, ``supernode-<pid>`` or ``other`` (the ``flwr`` CLI, the in-process run)."""
+    try:  # the program and its arguments, not its options (a SuperNode's --superlink names the SuperLink)
+        words = [w for arg in process.cmdline() if not arg.startswith("-") for w in re.split(r"[-_./ ]", arg)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "other"
+    kind = next((name for name in ROLES if name in words), "other")
+    return f"supernode-{process.pid}" if kind == "supernode" else kind
+
+
+class PeakMemory:
+    """Peak proportional set size (resident memory, a page shared by n processes counted 1/n in
+    each: forked ClientApps share the preloaded libraries) of the processes this one started, each with every process below it
+    (the largest sum at one sample: the SuperLink with its ServerApp, a SuperNode with its
+    ClientApps), the largest single process of each, and the CPU seconds each used, as last
+    sampled (where the machine's work went)."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+        self.largest: dict[str, int] = {}
+        self._cpu: dict[int, tuple[str, float]] = {}  # pid -> (role, CPU seconds so far)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(SAMPLE_S):
+            now: dict[str, int] = {}
+            for top in me.children():
+                key = role(top)
+                for process in [top, *self._below(top)]:
+                    try:
+                        rss, cpu = process.memory_full_info().pss, process.cpu_times()
+                    except psutil.NoSuchProcess:
+                        continue
+                    now[key] = now.get(key, 0) + rss
+                    self.largest[key] = max(self.largest.get(key, 0), rss)
+                    self._cpu[process.pid] = (key, cpu.user + cpu.system)
+            for key, rss in now.items():
+                self.peaks[key] = max(self.peaks.get(key, 0), rss)
+
+    @staticmethod
+    def _below(process: psutil.Process) -> list[psutil.Process]:
+        try:
+            return process.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    @property
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds by role (a process's last sample: what it used in its last half second is left out)."""
+        total: dict[str, float] = {}
+        for key, seconds in self._cpu.values():
+            total[key] = total.get(key, 0.0) + seconds
+        return total
+
+
+def by_supernode(peaks: dict[str, int]) -> dict[str, int]:
+    """``peaks`` with SuperNodes named 0, 1, ... in process-id order (the order they started)."""
+    nodes = sorted((k for k in peaks if k.startswith("supernode-")), key=lambda k: int(k.split("-")[1]))
+    named = {k: v for k, v in peaks.items() if not k.startswith("supernode-")}
+    named.update({f"supernode {i}": peaks[k] for i, k in enumerate(nodes)})
+    return named
+
+
+def run_inprocess(nodes: int, supernodes: int, out: Path) -> dict:
+    command = [sys.executable, "-m", "app.run", "--engine", "inprocess", "--strategy", "fedspectral-plus",
+               "--dataset", "sbm", "--num-clients", str(supernodes), "--out", str(out)]
+    for item in settings(nodes):
+        command += ["--set", item]
+    start = time.perf_counter()
+    with PeakMemory() as memory:
+        subprocess.run(command, check=True, cwd=HERE.parent, stdout=subprocess.DEVNULL)
+    return {"wall_s": time.perf_counter() - start, "result": json.loads((out / "result.json").read_text()),
+            "peak_rss": {"in-process": max(memory.peaks.values(), default=0)},
+            "cpu_s": {"in-process": sum(memory.cpu_s.values())}}
+
+
+def run_deployed(nodes: int, supernodes: int, out: Path) -> dict:
+    from deploy.__main__ import RUN_TIMING, run_local
+    start = time.perf_counter()
+    with PeakMemory() as memory:
+        path = run_local(supernodes, "fedspectral-plus", "sbm", "auto", settings(nodes), out)
+    timing = json.loads((out / RUN_TIMING).read_text())
+    return {"wall_s": time.perf_counter() - start, "result": json.loads(path.read_text()),
+            "federation_start_s": timing["federation_start_s"], "flwr_run_s": timing["flwr_run_s"],
+            "peak_rss": by_supernode(memory.peaks), "largest_rss": by_supernode(memory.largest),
+            "cpu_s": by_supernode(memory.cpu_s),
+            "labels": path.parent / "labels.npy"}
+
+
+def measure(nodes: int, supernodes: int, work: Path) -> dict:
+    load = [os.getloadavg()[0]]
+    local = run_inprocess(nodes, supernodes, work / "inprocess")
+    load.append(os.getloadavg()[0])
+    deployed = run_deployed(nodes, supernodes, work / "deployed")
+    load.append(os.getloadavg()[0])
+    same = bool(np.array_equal(np.load(deployed["labels"]), np.load(work / "inprocess" / "labels.npy")))
+    lt, dt = local["result"]["timing"], deployed["result"]["timing"]
+    traffic = deployed["result"]["communication"]
+    return {
+        "nodes": nodes, "supernodes": supernodes, "settings": settings(nodes), "same_labels": same,
+        "rounds": dt["rounds"], "inprocess_rounds": lt["rounds"],
+        "inprocess_protocol_s": lt["protocol_s"], "deployed_protocol_s": dt["protocol_s"],
+        "protocol_ratio": dt["protocol_s"] / lt["protocol_s"],
+        "inprocess_wall_s": local["wall_s"], "deployed_wall_s": deployed["wall_s"],
+        "federation_start_s": deployed["federation_start_s"],
+        "end_to_end_ratio": deployed["wall_s"] / local["wall_s"],
+        "median_round_s": float(np.median([r["seconds"] for r in dt["per_round"]])),
+        "inprocess_median_round_s": float(np.median(lt["per_round_s"] or [np.nan])),
+        "gigabytes": (traffic["bytes_up"] + traffic["bytes_down"]) / 1e9, "messages": traffic["messages"],
+        "peak_rss_gib": {k: v / GIB for k, v in {**local["peak_rss"], **deployed["peak_rss"]}.items()},
+        "largest_process_gib": {k: v / GIB for k, v in deployed["largest_rss"].items()},
+        "cpu_s": {**local["cpu_s"], **deployed["cpu_s"]},
+        "load_average": f"{min(load):.1f}-{max(load):.1f}",
+    }
+
+
+def print_row(row: dict) -> None:
+    print(f"{row['nodes']:>9,} nodes: protocol {row['inprocess_protocol_s']:.1f} s in-process, "
+          f"{row['deployed_protocol_s']:.1f} s deployed (x{row['protocol_ratio']:.2f}); end to end "
+          f"{row['inprocess_wall_s']:.1f} / {row['deployed_wall_s']:.1f} s (x{row['end_to_end_ratio']:.2f}, "
+          f"start {row['federation_start_s']:.1f} s); {row['rounds']} rounds, {row['gigabytes']:.2f} GB; "
+          f"same labels: {row['same_labels']}; load {row['load_average']}")
+    print("  peak memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in row["peak_rss_gib"].items()))
+    print("  largest process (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in row["largest_process_gib"].items()))
+    print("  CPU seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in row["cpu_s"].items()))
+
+
+def page() -> Path:
+    rows = read_results(RESULTS, MEASURE)["rows"]
+    header = ["nodes", "SuperNodes", "rounds", "protocol in-process (s)", "protocol deployed (s)", "ratio",
+              "end to end in-process / deployed (s)", "ratio", "GB moved", "same labels", "load"]
+    body = [[f"{r['nodes']:,}", str(r["supernodes"]), str(r["rounds"]), f"{r['inprocess_protocol_s']:.1f}",
+             f"{r['deployed_protocol_s']:.1f}", f"{r['protocol_ratio']:.2f}",
+             f"{r['inprocess_wall_s']:.0f} / {r['deployed_wall_s']:.0f}", f"{r['end_to_end_ratio']:.2f}",
+             f"{r['gigabytes']:.2f}", "yes" if r["same_labels"] else "no", r["load_average"]] for r in rows]
+    roles = sorted({k for r in rows for k in r["peak_rss_gib"]})
+    memory = [[f"{r['nodes']:,}", *(f"{r['peak_rss_gib'].get(k, 0):.2f}" for k in roles)] for r in rows]
+    largest = [[f"{r['nodes']:,}", *(f"{r.get('largest_process_gib', {}).get(k, 0):.2f}" for k in roles)]
+               for r in rows]
+    cpu = [[f"{r['nodes']:,}", *(f"{r['cpu_s'].get(k, 0):.0f}" for k in roles)] for r in rows]
+    text = "\n\n".join([
+        paragraph("`fedspectral-plus` exact (the default) on planted partitions of 8 blocks, mean degree 20, "
+                  "edge split, run by the in-process engine and by a local TLS deployment (SuperLink, Fleet "
+                  f"gateway, authenticated SuperNodes) with the same seed. Targets: deployed / in-process "
+                  f"protocol time <= {PROTOCOL_TARGET}, end to end (with the federation's start) <= "
+                  f"{END_TO_END_TARGET}; the deployed run completes within the machine's 24 GB."),
+        table(header, body),
+        "Peak memory (GiB, proportional set size: a page n processes share counts 1/n in each) of each process with the processes it started (the SuperLink with "
+        "its ServerApp, a SuperNode with its ClientApps), all at one moment:",
+        table(["nodes", *roles], memory),
+        "The largest single process of each (GiB):",
+        table(["nodes", *roles], largest),
+        "CPU seconds by process (where the deployed run's work goes):",
+        table(["nodes", *roles], cpu),
+    ])
+    return write_page("deployment-scale", "Deployed runs at scale", text, MEASURE)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 1_000_000])
+    parser.add_argument("--supernodes", type=int, default=4)
+    parser.add_argument("--report", action="store_true", help="only render the page from the JSON file")
+    args = parser.parse_args()
+    if not args.report:
+        out = RESULTS_DIR / RESULTS
+        rows = []
+        for nodes in args.sizes:
+            rows.append(measure(nodes, args.supernodes, Path(tempfile.mkdtemp(prefix=f"scale-{nodes}-"))))
+            print_row(rows[-1])
+            out.write_text(json.dumps({"measure": MEASURE, "rows": rows}, indent=2) + "\n")
+    print(f"written {page()}")
+
+
+if __name__ == "__main__":
+    main()

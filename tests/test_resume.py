@@ -1,0 +1,387 @@
+"""Resuming an interrupted run from its journal (app/journal.py): the labels of an uninterrupted run,
+nothing sent for a replayed step, and every resume that cannot be exact refused in one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from app import journal as J
+from app.config import ConfigError
+from app.inprocess import InProcessGrid
+from app.protocols import fedkmeans as proto
+from app.run import main, run_experiment
+from app.transport import bundle, pack, unpack
+from app.wire import ProtocolError
+
+#: a small graph, no centralised reference: runs of a few seconds
+SMALL = {"sbm.nodes": 240, "reference": False}
+#: fedavg-dmon's clients keep nothing between rounds only so (app.journal.resume_refusal)
+DMON_STATELESS = {**SMALL, "partition.boundary": False, "fedavg-dmon.optimizer-state": "reset",
+                  "fedavg-dmon.dropout": 0.0, "num-rounds": 4, "fedavg-dmon.local-epochs": 2, "fedavg-dmon.hidden": 8}
+#: strategy, run-config, the journal's entries when the run stops, the steps its resumption replays:
+#: all of them, but a secure sum that survives dropouts whose unmask step the journal lacks
+CASES = {
+    "fedspectral-plus": ("fedspectral-plus", SMALL, 3, 3),
+    "fedspectral-plus-secure": ("fedspectral-plus", {**SMALL, "fedspectral-plus.secure": True}, 4, 4),
+    "fedavg-dmon": ("fedavg-dmon", DMON_STATELESS, 2, 2),
+    "fedavg-dmon-secure": ("fedavg-dmon", {**DMON_STATELESS, "fedavg-dmon.secure": True}, 3, 2),
+    "fedkmeans": ("fedkmeans", SMALL, 1, 1),
+    "fedkmeans-secure": ("fedkmeans", {**SMALL, "fedkmeans.secure": True}, 3, 2),
+}
+
+
+class Interrupted(Exception):
+    """Stands for the server being killed once the journal holds a given number of entries."""
+
+
+def interrupt_after(monkeypatch, entries: int) -> None:
+    """The next run stops as if killed right after its journal's entry ``entries`` was written."""
+    record = J.Journal.record
+
+    def record_then_stop(self, index, entry):
+        record(self, index, entry)
+        if index == entries:
+            raise Interrupted
+    monkeypatch.setattr(J.Journal, "record", record_then_stop)
+
+
+@pytest.fixture
+def pushed(monkeypatch):
+    """The message types of every batch the in-process grid is given, in order."""
+    batches: list[list[str]] = []
+    push = InProcessGrid.push_messages
+
+    def spy(self, messages):
+        messages = list(messages)
+        batches.append([m.metadata.message_type for m in messages])
+        return push(self, messages)
+    monkeypatch.setattr(InProcessGrid, "push_messages", spy)
+    return batches
+
+
+@pytest.fixture
+def pushed_contents(monkeypatch):
+    """The message type and arrays of every message the in-process grid is given, in order."""
+    contents: list[tuple[str, dict]] = []
+    push = InProcessGrid.push_messages
+
+    def spy(self, messages):
+        messages = list(messages)
+        contents.extend((m.metadata.message_type, unpack(m.content)[0]) for m in messages)
+        return push(self, messages)
+    monkeypatch.setattr(InProcessGrid, "push_messages", spy)
+    return contents
+
+
+def lloyd_requests(contents) -> list[dict]:
+    return [arrays for kind, arrays in contents if kind == f"query.{proto.KMEANS_STEP}"]
+
+
+def labels(out) -> str:
+    return (out / "labels.csv").read_text()
+
+
+def journal_files(out) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / J.JOURNAL).iterdir())}
+
+
+def interrupted_run(monkeypatch, strategy, overrides, out, entries: int, nodes=None) -> dict[str, bytes]:
+    """Run until the journal holds ``entries`` entries, then stop; the journal's files."""
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, entries)
+        with pytest.raises(Interrupted):
+            run_experiment(strategy, "sbm", 3, overrides, out, node_configs=nodes)
+    files = journal_files(out)
+    assert sorted(files) == [J.MANIFEST] + [J.entry_name(i) for i in range(1, entries + 1)]
+    assert not (out / "result.json").exists()
+    return files
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_resumed_run_gives_the_uninterrupted_labels_sending_nothing_for_replayed_steps(case, tmp_path,
+                                                                                        monkeypatch, pushed):
+    strategy, overrides, entries, replayed = CASES[case]
+    full = run_experiment(strategy, "sbm", 3, overrides, tmp_path / "full")
+    uninterrupted = list(pushed)
+    interrupted_run(monkeypatch, strategy, overrides, tmp_path / "cut", entries)
+    pushed.clear()
+    resumed = run_experiment(strategy, "sbm", 3, {**overrides, "resume": True}, tmp_path / "cut")
+    assert labels(tmp_path / "cut") == labels(tmp_path / "full")
+    assert resumed["metrics"] == full["metrics"]
+    assert resumed["resumed"] == {"from": str(tmp_path / "cut"), "replayed_steps": replayed, "journal_steps": entries}
+    # hello and the key agreement are live; the replayed steps are not sent again, the rest are as before
+    assert pushed == uninterrupted[:1] + uninterrupted[1 + replayed:]
+    rounds = resumed["timing"]["per_round"]
+    assert [r.get("replayed", False) for r in rounds] == [True] * replayed + [False] * (len(rounds) - replayed)
+    assert all(r["bytes_down"] == r["bytes_up"] == 0 for r in rounds[:replayed])
+    assert resumed["privacy"] == full["privacy"]  # the replayed uploads are in the ledger as the live ones
+    assert not (tmp_path / "cut" / J.JOURNAL).exists()  # a finished run keeps no journal
+
+
+# -- fedkmeans: each client's min-rows audit rebuilt from the replayed steps' centres ---------------
+#: nodes whose policy makes fedkmeans withhold clusters in every round (min-rows 20 of their ~80 rows)
+STRICT_NODES = [{"partition-id": i, "num-partitions": 3, "privacy.fedkmeans.min-rows": 20} for i in range(3)]
+
+
+@pytest.mark.parametrize("secure,entries", [(False, 1), (True, 2)], ids=["plain", "secure"])
+def test_a_resumed_fedkmeans_client_withholds_what_the_uninterrupted_one_withheld(secure, entries, tmp_path,
+                                                                                  monkeypatch, pushed_contents):
+    overrides = {**SMALL, "fedkmeans.secure": secure}
+    full = run_experiment("fedkmeans", "sbm", 3, overrides, tmp_path / "full", node_configs=STRICT_NODES)
+    assert len(full["history"]) == 2 and all(h["withheld"] > 0 for h in full["history"])
+    interrupted_run(monkeypatch, "fedkmeans", overrides, tmp_path / "cut", entries, STRICT_NODES)
+    shutil.copytree(tmp_path / "cut", tmp_path / "fresh")
+    sent = lloyd_requests(pushed_contents)
+    resumed = run_experiment("fedkmeans", "sbm", 3, {**overrides, "resume": True}, tmp_path / "cut",
+                             node_configs=STRICT_NODES)
+    assert resumed["history"] == full["history"] and labels(tmp_path / "cut") == labels(tmp_path / "full")
+    assert resumed["metrics"] == full["metrics"] and resumed["resumed"]["replayed_steps"] == entries
+    # round 2 (live) went to every client with round 1's centres (replayed: sent to none), as it was sent before
+    live = lloyd_requests(pushed_contents)[len(sent):]
+    assert len(sent) == 2 * 3 + 3 and len(live) == 3
+    for arrays in live:
+        assert np.array_equal(arrays["centres"], sent[3]["centres"])
+        assert np.array_equal(arrays[proto.REPLAYED_CENTRES], sent[0]["centres"][None])
+    if secure:
+        return
+    # a client whose audit started afresh lets out what the uninterrupted run withheld
+    monkeypatch.setattr(proto, "replay_audit", lambda x, replayed, shape, most, min_rows, audit: audit)
+    fresh = run_experiment("fedkmeans", "sbm", 3, {**overrides, "resume": True}, tmp_path / "fresh",
+                           node_configs=STRICT_NODES)
+    assert fresh["history"][1]["withheld"] != full["history"][1]["withheld"]
+
+
+def test_a_run_interrupted_again_after_resuming_resumes_again(tmp_path, monkeypatch):
+    strategy, overrides, _, _ = CASES["fedspectral-plus"]
+    run_experiment(strategy, "sbm", 3, overrides, tmp_path / "full")
+    interrupted_run(monkeypatch, strategy, overrides, tmp_path / "cut", 2)
+    resume = {**overrides, "resume": True}
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 4)
+        with pytest.raises(Interrupted):
+            run_experiment(strategy, "sbm", 3, resume, tmp_path / "cut")
+    result = run_experiment(strategy, "sbm", 3, resume, tmp_path / "cut")
+    assert result["resumed"]["replayed_steps"] == 4
+    assert labels(tmp_path / "cut") == labels(tmp_path / "full")
+
+
+def test_a_step_that_differs_from_the_journal_and_every_later_one_run_live(tmp_path, monkeypatch, pushed):
+    strategy, overrides, _, _ = CASES["fedspectral-plus"]
+    files = interrupted_run(monkeypatch, strategy, overrides, tmp_path / "cut", 3)
+    # the journal's second step recorded for another request: only the first one replays
+    second = J.decode_entry(files[J.entry_name(2)], 2, _digest(files[J.entry_name(1)]))
+    forged = J.Entry(second.action, "0" * 64, second.replies, {})
+    rewrite(tmp_path / "cut", {2: forged})
+    pushed.clear()
+    result = run_experiment(strategy, "sbm", 3, {**overrides, "resume": True}, tmp_path / "cut")
+    assert result["resumed"] == {"from": str(tmp_path / "cut"), "replayed_steps": 1, "journal_steps": 3}
+    assert len(pushed) == len(result["timing"]["per_round"])  # hello, then every step but the first
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def rewrite(out, changed: dict[int, J.Entry]) -> None:
+    """Write the journal's entries again, ``changed`` ones replaced, every digest recomputed: what
+    someone who can write the run's directory can do."""
+    folder = out / J.JOURNAL
+    previous = written = _digest((folder / J.MANIFEST).read_bytes())
+    for index in range(1, len(list(folder.glob("step-*.bin"))) + 1):
+        path = folder / J.entry_name(index)
+        old = path.read_bytes()
+        entry = changed.get(index) or J.decode_entry(old, index, previous)
+        data = J.encode_entry(index, written, entry)
+        path.write_bytes(data)
+        previous, written = _digest(old), _digest(data)
+
+
+# -- refused, in one line, with nothing written ---------------------------------------------------
+@pytest.fixture
+def cut(tmp_path, monkeypatch):
+    """A fedspectral-plus run interrupted after two steps: its out-dir and its journal's files."""
+    strategy, overrides, _, _ = CASES["fedspectral-plus"]
+    out = tmp_path / "cut"
+    return out, overrides, interrupted_run(monkeypatch, strategy, overrides, out, 2)
+
+
+def refused(out, overrides, error=ConfigError, strategy="fedspectral-plus") -> str:
+    before = journal_files(out)
+    with pytest.raises(error) as caught:
+        run_experiment(strategy, "sbm", 3, {**overrides, "resume": True}, out)
+    assert journal_files(out) == before and not (out / "result.json").exists()
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+def test_a_resume_with_another_run_config_is_refused_naming_the_keys(cut):
+    out, overrides, _ = cut
+    message = refused(out, {**overrides, "seed": 7, "fedspectral-plus.block": 9})
+    assert "fedspectral-plus.block=9 (journal: 0)" in message and "seed=7 (journal: 0)" in message
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "missing entry", "swapped entries", "edited manifest"])
+def test_a_damaged_journal_is_refused_naming_the_entry(cut, damage):
+    out, overrides, files = cut
+    folder = out / J.JOURNAL
+    first, second = folder / J.entry_name(1), folder / J.entry_name(2)
+    if damage == "flipped byte":
+        data = bytearray(files[first.name])
+        data[len(data) // 2] ^= 1
+        first.write_bytes(bytes(data))
+    elif damage == "truncated":
+        second.write_bytes(files[second.name][:-10])
+    elif damage == "missing entry":
+        first.unlink()
+    elif damage == "swapped entries":
+        first.write_bytes(files[second.name])
+        second.write_bytes(files[first.name])
+    else:  # the run-config in the manifest edited to match another run: the first entry no longer follows it
+        (folder / J.MANIFEST).write_bytes(files[J.MANIFEST].replace(b'"seed": 0', b'"seed": 0 '))
+    message = refused(out, overrides)
+    assert "journal" in message and "valid: the journal as the run wrote it" in message
+
+
+@pytest.mark.parametrize("meta", [b"[1, 2]", b"{}", b"not json", b'{"format": 1, "index": 1, "previous": 5}'])
+def test_an_entry_with_a_valid_digest_but_crafted_contents_is_refused(cut, meta):
+    out, overrides, _ = cut
+    body = bundle({"meta": np.frombuffer(meta, dtype=np.uint8)})
+    (out / J.JOURNAL / J.entry_name(1)).write_bytes(hashlib.sha256(body).digest() + body)
+    assert f"journal entry {out / J.JOURNAL / J.entry_name(1)} is refused" in refused(out, overrides)
+
+
+def test_a_forged_journal_gives_only_replies_a_client_could_send(cut):
+    """An attacker who can write the run's directory recomputes every digest: the replayed replies
+    are checked as live ones are, so a reply no client could send stops the run naming the entry."""
+    out, overrides, files = cut
+    second = J.decode_entry(files[J.entry_name(2)], 2, _digest(files[J.entry_name(1)]))
+    arrays, values = unpack(second.replies[0])
+    forged = {**second.replies, 0: pack({"block": np.full_like(arrays["block"], np.nan)}, values)}
+    rewrite(out, {2: J.Entry(second.action, second.request, forged, {})})
+    message = refused(out, overrides, ProtocolError)
+    assert J.entry_name(2) in message and "client 0" in message
+
+
+@pytest.mark.parametrize("strategy,overrides,why", [
+    ("fedavg-dmon", {}, "Adam moments"),
+    ("fedspectral-plus", {"partitioner": "node-random"}, "boundary links"),
+    ("fedkmeans", {"fedkmeans.filter-order": 2}, "rows filtered over the whole graph"),
+    ("kcagc", {}, "valid: fedspectral, fedspectral-plus, fedavg-dmon, fedkmeans"),
+])
+def test_a_method_whose_clients_keep_state_is_refused_before_anything_is_sent(strategy, overrides, why, tmp_path,
+                                                                              pushed):
+    with pytest.raises(ConfigError, match="cannot resume") as caught:
+        run_experiment(strategy, "sbm", 3, {**overrides, "resume": True}, tmp_path / "out")
+    assert why in str(caught.value) and "\n" not in str(caught.value)
+    assert pushed == []
+
+
+def test_such_a_method_writes_no_journal(tmp_path):
+    run_experiment("fedkmeans", "sbm", 2, {"num-rounds": 2, "fedkmeans.filter-order": 1}, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["labels.csv", "labels.npy", "result.json"]
+
+
+def test_a_new_run_into_an_interrupted_runs_directory_is_refused(cut):
+    out, overrides, files = cut
+    with pytest.raises(ConfigError, match="holds the journal of an interrupted run; valid: resume=true"):
+        run_experiment("fedspectral-plus", "sbm", 3, overrides, out)
+    assert journal_files(out) == files
+
+
+def test_resuming_a_directory_without_a_journal_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no readable journal"):
+        run_experiment("fedspectral-plus", "sbm", 3, {"resume": True}, tmp_path / "empty")
+
+
+def test_a_resume_with_other_data_is_refused_naming_what_differs(tmp_path, monkeypatch):
+    graph = tmp_path / "graph.csv"
+    rng = np.random.default_rng(0)
+    edges = {tuple(sorted(e)) for e in rng.integers(0, 60, size=(300, 2)) if e[0] != e[1]}
+    graph.write_text("source,target\n" + "".join(f"{a},{b}\n" for a, b in sorted(edges)))
+    overrides = {"num-clusters": 3, "reference": False}
+    out = tmp_path / "cut"
+    with monkeypatch.context() as patch:
+        interrupt_after(patch, 1)
+        with pytest.raises(Interrupted):
+            run_experiment("fedspectral-plus", str(graph), 2, overrides, out)
+    graph.write_text(graph.read_text() + "0,59\n" if (0, 59) not in edges else graph.read_text() + "0,58\n")
+    with pytest.raises(ProtocolError, match=r"client \d holds other data than in the interrupted run \(num_\w+.* differ\)"):
+        run_experiment("fedspectral-plus", str(graph), 2, {**overrides, "resume": True}, out)
+
+
+# -- the command line --------------------------------------------------------------------------
+def test_app_run_resume_continues_the_run(cut, capsys):
+    out, overrides, _ = cut
+    sets = [f"--set={k}={v}" for k, v in overrides.items()]
+    argv = ["--strategy", "fedspectral-plus", "--dataset", "sbm", "--num-clients", "3", "--engine", "inprocess", *sets]
+    assert main([*argv, "--resume", str(out), "--out", str(tmp := out.parent / "elsewhere")]) == 2
+    assert f"--resume {out} and out-dir {tmp} both given" in capsys.readouterr().err
+    assert main([*argv, "--resume", str(out)]) == 0
+    assert f"result: {out / 'result.json'}" in capsys.readouterr().out
+
+
+def test_app_run_names_the_resume_command_when_a_run_stops(tmp_path, monkeypatch, capsys):
+    interrupt_after(monkeypatch, 1)
+    monkeypatch.setattr(J.Journal, "record", _stop_with_protocol_error(J.Journal.record))
+    out = tmp_path / "out"
+    assert main(["--strategy", "fedspectral-plus", "--dataset", "sbm", "--num-clients", "2", "--engine", "inprocess",
+                 "--out", str(out)]) == 1
+    assert f"the same command with --resume {out} continues it" in capsys.readouterr().err
+
+
+def _stop_with_protocol_error(record):
+    def stop(self, index, entry):
+        try:
+            record(self, index, entry)
+        except Interrupted:
+            raise ProtocolError("step 'fedspectral_product' rejected 1 client(s): node 1: no reply within 600 s") from None
+    return stop
+
+
+# -- a deployed run ------------------------------------------------------------------------------
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_a_deployed_run_whose_supernode_died_resumes_with_the_uninterrupted_labels(tmp_path):
+    """``python -m deploy local``: a SuperNode killed once the journal holds a step stops the run
+    (the server cannot finish without it); ``--resume OUT`` on a fresh federation finishes it."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from conftest import HANG_GUARD_S, REPO, wait_until
+    from deploy.__main__ import main as deploy
+
+    sets = {"sbm.nodes": 240, "reference": False, "fedspectral-plus.mode": "paper", "fedspectral-plus.rounds": 8,
+            "fedspectral-plus.secure": True,
+            "timeout": 30}
+    argv = ["local", "--nodes", "3", "--strategy", "fedspectral-plus", "--dataset", "sbm",
+            *[f"--set={k}={v}" for k, v in sets.items()]]
+    out = tmp_path / "deployed"
+    first = tmp_path / "first"
+    proc = subprocess.Popen([sys.executable, "-m", "deploy", *argv, "--out", str(out)], cwd=REPO,
+                            stdout=first.with_suffix(".log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: (out / "result" / J.JOURNAL / J.entry_name(1)).exists() or proc.poll() is not None,
+                   "the journal's first entry", poll_s=0.01)
+        assert proc.poll() is None and not (out / "result" / "result.json").exists()
+        node = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                if "supernode" in " ".join(p.cmdline()) and "client-0.npz" in " ".join(p.cmdline())]
+        assert node, "supernode-0 not found among the deployment's processes"
+        for p in node:
+            p.kill()
+        assert proc.wait(timeout=HANG_GUARD_S) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (out / "result" / "result.json").exists()
+    assert deploy([*argv, "--resume", str(out)]) == 0
+    resumed = json.loads((out / "result" / "result.json").read_text())
+    assert resumed["resumed"]["replayed_steps"] >= 1
+    run_experiment("fedspectral-plus", "sbm", 3, sets, tmp_path / "inprocess")
+    assert np.array_equal(np.load(out / "result" / "labels.npy"), np.load(tmp_path / "inprocess" / "labels.npy"))
