@@ -1,7 +1,7 @@
 """How good a run's result is: a verdict against the centralised reference, the paper's
 figure for the same dataset, and notes on metrics that can mislead.
 
-The rule (also in the README, "Results"):
+The rule (also in docs/running.md):
 
 * **close** to the reference: agreement ARI (federated vs centralised labels) >= 0.9;
 * **as good, with other clusters**: agreement ARI < 0.9, but every quality metric within

@@ -5,7 +5,7 @@ Left out around the simulation engine (:func:`simulation_engine`):
 
 * Flower's notice that ``flwr.simulation.run_simulation`` is deprecated. Flower 1.41 and 1.42
   offer no supported in-process replacement: the supported way is ``flwr run`` against a
-  SuperLink (see the README), whose simulation runtime calls the same engine;
+  SuperLink (docs/running.md), whose simulation runtime calls the same engine;
 * Ray's FutureWarning about a future default for GPU-visibility variables (no GPU is used);
 * everything the Ray actors print (``log_to_driver``): torch's ``torch.jit.script``
   deprecation (PyG calls it on import), once per actor, and Flower's "Manually terminating

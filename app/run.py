@@ -206,7 +206,7 @@ def _parser() -> ArgumentParser:
                         help="also show what Flower, Ray and torch print (left out by default)")
     parser.add_argument("--strategy", default=None, help="one of: " + ", ".join(registry.STRATEGIES))
     parser.add_argument("--dataset", default=None,
-                        help="one of the datasets listed below, or the path of a graph file or directory (see README)")
+                        help="one of the datasets listed below, or the path of a graph file or directory (docs/data.md)")
     parser.add_argument("--num-clients", type=int, default=None,
                         help=f"simulated clients (default {DEFAULT_NUM_CLIENTS})")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -45,7 +45,7 @@ PROTOCOL_TARGET, END_TO_END_TARGET = 1.3, 1.6
 SAMPLE_S = 0.5
 BLOCKS, DEGREE_IN, DEGREE_OUT = 8, 16.0, 4.0
 GIB = 1 << 30
-#: what a process this script started runs, by the first of these words in its command line; every
+#: what a process this script started runs: the first of these words in its command line; every
 #: process below it (ServerApps under the SuperLink, ClientApps under their SuperNode, forked or not)
 #: counts with it
 ROLES = ("superlink", "gateway", "supernode")
@@ -66,7 +66,9 @@ def role(process: psutil.Process) -> str:
         words = [w for arg in process.cmdline() if not arg.startswith("-") for w in re.split(r"[-_./ ]", arg)]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "other"
-    kind = next((name for name in ROLES if name in words), "other")
+    if "register" in words:  # flwr supernode register: the set-up's CLI, not a SuperNode
+        return "other"
+    kind = next((word for word in words if word in ROLES), "other")  # the program's own name comes first
     return f"supernode-{process.pid}" if kind == "supernode" else kind
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -109,7 +108,6 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=["paper", "boundary", "gradient"],
                     choices=[s for s in SETTINGS if s != "centralised"], help="federated settings (centralised always)")
     args = ap.parse_args()
-    os.environ.setdefault("FEDGRAPH_DATA_ROOT", "/work/shared/datasets")
     db = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {}
     for ds in args.datasets:
         for seed in args.seeds or SEEDS.get(ds, (0, 1, 2)):

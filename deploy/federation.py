@@ -12,7 +12,7 @@ API only, with the federation's app signatures) and, given
 Every process runs in its own process group and is killed by :meth:`close`
 (also on errors: use it as a context manager). Everything listens on
 127.0.0.1; across machines the same commands work with real addresses (see
-the README, "Deploying on several machines"). Given a :class:`deploy.netns.Network`,
+docs/deployment.md). Given a :class:`deploy.netns.Network`,
 each process runs in its host's network namespace (SuperLink, gateway and ``flwr``
 CLI on the SuperLink host, SuperNode i on its own) and the gateway listens on
 the SuperLink host's address there, the one SuperNodes reach.

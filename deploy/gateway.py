@@ -1,6 +1,6 @@
 """The Fleet gateway: the one SuperLink port other machines reach.
 
-Flower 1.41 / 1.42 serve the Fleet API (SuperNodes), the Control API (``flwr
+Flower 1.42 serves the Fleet API (SuperNodes), the Control API (``flwr
 run``, ``flwr ls``, ``flwr supernode register``: whoever reaches it runs apps
 and registers nodes; the open-source release authenticates no user) and the
 Runtime API on one HTTPS port. So the SuperLink listens on loopback only
@@ -26,32 +26,24 @@ read), 415 (other Content-Type), 431 (request head over 16 KiB).
 
 Failures, so that no message is lost to a transient one:
 
-- a SuperLink that cannot be reached (down, refused, reset) is tried once
-  more on a new connection, then answered 502 (504 on a timeout): the
-  statuses a SuperNode retries (``flwr.supercore.retry.http_retry``; it gives
-  up on any other error status), so it reconnects once the SuperLink is back.
-  A connection to the SuperLink unused for :data:`UPSTREAM_KEEPALIVE_S` is
-  closed here, before the SuperLink closes it (after 5 s) under a request;
-- a delivered message whose pull-messages answer never reached its SuperNode
-  (lost on the way back, or its receive failed and the SuperNode asked again)
-  is delivered again (:class:`Deliveries`): the SuperLink marks a message
-  delivered as it answers, and would not send it twice;
-- an activate-node repeated because its answer was lost gets the first
-  answer (:class:`Activations`); the SuperLink refuses an active key.
+- a SuperLink that cannot be reached (down, refused, reset) is tried once more
+  on a new connection, then answered 502 (504 on a timeout), which a SuperNode
+  retries (``flwr.supercore.retry.http_retry``) until the SuperLink is back. A
+  connection to the SuperLink unused for :data:`UPSTREAM_KEEPALIVE_S` is closed
+  here, before the SuperLink closes it (after 5 s) under a request;
+- a message whose pull-messages answer never reached its SuperNode is delivered
+  again (:class:`deploy.redelivery.Deliveries`: the SuperLink would not send
+  it twice); an activate-node repeated because its answer was lost gets the
+  first answer (:class:`deploy.redelivery.Activations`).
 
-Repeats the SuperLink takes as they are: pull-object, get-run, get-fab,
-heartbeats, confirm-message-received (deleting an object twice is no error),
-push-messages (a reply it holds is taken again, its missing objects listed
-under a new push session). A repeated push-object is answered ``stored=false``,
-and a push-messages repeated after the ServerApp took the reply lists no
-objects though the first push session still awaits them; the SuperNode settles
-both (:func:`deploy.flower_shim.push_until_stored`). The SuperLink's answers
+The SuperLink takes other repeats as they are; a repeated push-object, and a
+push-messages repeated after the ServerApp took the reply, the SuperNode settles
+(:func:`deploy.flower_resilience.push_until_stored`). The SuperLink's answers
 pass unchanged otherwise, limited in size per endpoint (over it: 502).
 
-Each FAB the SuperNodes download (``/v1/fleet/get-fab``) leaves with the
-signatures the federation made for it (:func:`deploy.signing.verifications`),
-which a SuperNode started with ``--trusted-entities`` checks before running
-anything; an unsigned FAB leaves without any and is refused there.
+Each FAB the SuperNodes download (``/v1/fleet/get-fab``) leaves with the signatures the
+federation made for it (:func:`deploy.signing.verifications`), which a SuperNode started with
+``--trusted-entities`` checks before running anything; an unsigned FAB is refused there.
 
 Resource bounds, against a stranger who opens connections and sends little or
 nothing (a client is an IPv4 address or an IPv6 /64):
@@ -71,32 +63,26 @@ nothing (a client is an IPv4 address or an IPv6 /64):
   :data:`MIN_BODY_RATE` (64 KiB/s) or faster after a :data:`BODY_GRACE_S`
   (10 s) start: having received n bytes, the gateway waits for more until
   ``BODY_GRACE_S + n / MIN_BODY_RATE`` after the head, then closes the
-  connection; an answer is sent at that rate too.
+  connection; an answer is sent at that rate too. ``--nodes-per-address N``
+  (SuperNodes behind one address) gives that address N times the bounds.
 - log: at most :data:`LOG_LINES` lines a minute, one per refused or failed
   request, each one line of at most :data:`LOG_LINE_CHARS` printable
   characters (client bytes escaped), never a traceback.
 
-The server is asyncio with the ``h11`` parser (httpx's) rather than uvicorn:
-uvicorn puts no deadline on a request head, so slow clients would hold
-connections for ever.
-
-``python -m deploy gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9091
---ca pki/ca.crt --cert pki/superlink.crt --key pki/superlink.key
---signatures pki/signatures``
+``python -m deploy gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9091 --ca pki/ca.crt
+--cert pki/superlink.crt --key pki/superlink.key --signatures pki/signatures``
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
 import ipaddress
-import json
 import logging
 import signal
 import ssl
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -105,16 +91,13 @@ import h11
 import httpx
 from flwr.common.constant import FAB_MAX_SIZE, FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, TIMESTAMP_HEADER
 from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-module
-from flwr.proto.fleet_pb2 import (ActivateNodeRequest, PullMessagesRequest,  # pylint: disable=no-name-in-module
-                                  PullMessagesResponse, PushMessagesRequest)
-from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=no-name-in-module
-from flwr.supercore.error import ApiErrorCode
 from flwr.supercore.constant import (FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER,
                                      FLWR_COMPONENT_NAME_METADATA_KEY, FLWR_PACKAGE_NAME_METADATA_KEY,
                                      FLWR_PACKAGE_VERSION_METADATA_KEY, VERSION_INCOMPATIBILITY_MESSAGE_METADATA_KEY)
 from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 from google.protobuf.message import DecodeError
 
+from deploy.redelivery import ACTIVATE, CONFIRM, PULL_MESSAGES, PUSH_MESSAGES, Activations, Deliveries
 from deploy.signing import verifications
 
 #: the gateway's log line once it accepts connections
@@ -138,8 +121,6 @@ class Endpoint:
 
 
 GET_FAB = b"/v1/fleet/get-fab"
-ACTIVATE, PULL_MESSAGES = b"/v1/fleet/activate-node", b"/v1/fleet/pull-messages"
-PUSH_MESSAGES, CONFIRM = b"/v1/fleet/push-messages", b"/v1/fleet/confirm-message-received"
 #: The Fleet API calls of an authenticated Flower 1.42 SuperNode (``FleetHttpClient``) as request
 #: targets, byte for byte; ``register-node`` / ``unregister-node`` are sent only by SuperNodes without
 #: a registered key, which a SuperLink with ``--enable-supernode-auth`` refuses anyway.
@@ -183,11 +164,6 @@ UPSTREAM_TIMEOUT_S = 30.0
 #: a connection to the SuperLink left unused this long is closed here: the SuperLink (uvicorn) closes
 #: one after 5 s, and a request sent on it just as it does fails
 UPSTREAM_KEEPALIVE_S = 2.0
-#: delivered messages kept for redelivery (:class:`Deliveries`): at most this many nodes' answers and
-#: bytes at once (the oldest forgotten first); each message delivered again at most REDELIVERIES times
-KEPT_DELIVERIES, KEPT_DELIVERY_BYTES, REDELIVERIES = 4096, 64 * MIB, 3
-#: an activation answered here is repeated for the same key within this time (:class:`Activations`)
-ACTIVATION_REPEAT_S = 60.0
 #: after a refusal, what the client may still be sending is read and dropped (so that it sees the
 #: answer rather than a reset connection), up to this much
 LINGER_BYTES, LINGER_S = MIB, 2.0
@@ -332,122 +308,6 @@ def _head(status: int, headers: list[tuple[bytes, bytes]], body: bytes, close: b
     if close:
         headers.append((b"connection", b"close"))
     return h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase.encode())
-
-
-@dataclass
-class Delivery:
-    """A pull-messages answer that carried message ``message_id`` to a node."""
-
-    message_id: str
-    answer: bytes
-    expires: float  # wall-clock seconds: the message's created_at + ttl
-    left: int = REDELIVERIES
-
-
-class Deliveries:
-    """Per node id, its last pull-messages answer that carried a message the node has not yet
-    confirmed (confirm-message-received) or replied to (push-messages): a SuperNode handles one
-    message at a time and asks for the next only once it has confirmed one, so its empty
-    pull-messages while it holds an unconfirmed delivery means the delivery never reached it
-    (the answer was lost on the way, or the receive failed); that pull-messages is answered with
-    the kept answer instead, at most :data:`REDELIVERIES` times per message and only before the
-    message expires. The SuperLink serves a message's objects until it is confirmed. Only
-    answers the SuperLink gave with 200 count, and it gives 200 only to a request signed by the
-    node the request names. Bounded: :data:`KEPT_DELIVERIES` answers, :data:`KEPT_DELIVERY_BYTES`."""
-
-    def __init__(self, note, count: int = KEPT_DELIVERIES, size: int = KEPT_DELIVERY_BYTES, clock=time.time) -> None:
-        self.note, self.count, self.size, self.clock = note, count, size, clock
-        self.kept: OrderedDict[int, Delivery] = OrderedDict()
-        self.held = 0
-
-    def answer(self, target: bytes, request: bytes, answer: bytes) -> bytes:
-        """The answer to send for the SuperLink's 200 ``answer`` to ``request`` at ``target``."""
-        try:
-            if target == PULL_MESSAGES:
-                return self._pulled(PullMessagesRequest.FromString(request).node.node_id, answer)
-            if target == CONFIRM:
-                confirmed = ConfirmMessageReceivedRequest.FromString(request)
-                self._settled(confirmed.node.node_id, {confirmed.message_object_id})
-            elif target == PUSH_MESSAGES:
-                pushed = PushMessagesRequest.FromString(request)
-                self._settled(pushed.node.node_id, {m.metadata.reply_to_message_id for m in pushed.messages_list})
-        except DecodeError:
-            pass  # the SuperLink took it: not a request this bookkeeping knows
-        return answer
-
-    def _pulled(self, node: int, answer: bytes) -> bytes:
-        messages = PullMessagesResponse.FromString(answer).messages_list
-        if messages:
-            metadata = messages[0].metadata
-            self._keep(node, Delivery(metadata.message_id, answer, metadata.created_at + metadata.ttl))
-            return answer
-        kept = self.kept.get(node)
-        if kept is None:
-            return answer
-        if kept.left == 0 or kept.expires <= self.clock():
-            self._forget(node)
-            return answer
-        kept.left -= 1
-        self.note(f"delivered message {kept.message_id[:16]} to node {node} again: its delivery was not confirmed")
-        return kept.answer
-
-    def _settled(self, node: int, message_ids: set[str]) -> None:
-        if node in self.kept and self.kept[node].message_id in message_ids:
-            self._forget(node)
-
-    def _keep(self, node: int, delivery: Delivery) -> None:
-        self._forget(node)
-        self.kept[node] = delivery
-        self.held += len(delivery.answer)
-        while len(self.kept) > self.count or self.held > self.size:
-            self._forget(next(iter(self.kept)))
-
-    def _forget(self, node: int) -> None:
-        if (delivery := self.kept.pop(node, None)) is not None:
-            self.held -= len(delivery.answer)
-
-
-class Activations:
-    """activate-node answers by public key, each until the key's next other request, for at most
-    :data:`ACTIVATION_REPEAT_S`: a SuperNode whose activation answer was lost asks again at once,
-    and the SuperLink refuses to activate an active key (412, FLEET_NODE_ACTIVATION_FAILED; the
-    SuperNode then exits). That refusal, for a key activated here and silent since, is answered
-    with the first activation's answer. A key that has sent anything since (its heartbeats start
-    at once) is refused as the SuperLink says. Bounded: :data:`KEPT_DELIVERIES` keys."""
-
-    def __init__(self, note, count: int = KEPT_DELIVERIES, clock=time.monotonic) -> None:
-        self.note, self.count, self.clock = note, count, clock
-        self.kept: OrderedDict[bytes, tuple[float, bytes]] = OrderedDict()
-
-    def answer(self, target: bytes, key_header: bytes | None, request: bytes, status: int,
-               answer: bytes) -> tuple[int, bytes] | None:
-        """The answer (status, body) to send instead of the SuperLink's, or None: the SuperLink's."""
-        if target != ACTIVATE:
-            if status == 200 and key_header is not None:
-                self.kept.pop(key_header, None)
-            return None
-        try:
-            key = base64.b64encode(ActivateNodeRequest.FromString(request).public_key)
-        except DecodeError:
-            return None
-        if status == 200:
-            self.kept.pop(key, None)
-            self.kept[key] = (self.clock(), answer)
-            while len(self.kept) > self.count:
-                self.kept.popitem(last=False)
-            return None
-        kept = self.kept.get(key)
-        if kept is None or self.clock() - kept[0] > ACTIVATION_REPEAT_S or not _activation_refused(status, answer):
-            return None
-        self.note("answered a repeated activate-node with its first answer (the SuperLink refuses an active key)")
-        return 200, kept[1]
-
-
-def _activation_refused(status: int, answer: bytes) -> bool:
-    try:
-        return status == 412 and json.loads(answer).get("code") == ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED
-    except (ValueError, AttributeError):
-        return False
 
 
 class FleetGateway:
@@ -710,6 +570,7 @@ def shared_address_limits(nodes_per_address: int) -> dict[str, int]:
             "body_budget": max(BODY_BUDGET, nodes_per_address * CLIENT_BODY_BUDGET)}
 
 
+# asyncio with the h11 parser (httpx's), not uvicorn: uvicorn puts no deadline on a request head
 async def _serve(listen: tuple[str, int], superlink: str, ca_cert: Path, signatures: Path,
                  tls: ssl.SSLContext, limits: dict[str, int]) -> None:
     gateway = FleetGateway(superlink, ca_cert, signatures, tls, **limits)

@@ -35,7 +35,8 @@ def generated(name: str) -> str:
     for p in (*cls.params, *cls.borrowed):
         key = f"`{p.key}`" + (" *" if p.primary else "")
         lines.append(f"| {key} | {p.kind.__name__} | `{_default(p)}` | {_cell(p.valid())} | {_cell(p.help)} |")
-    lines += ["", "`*`: the keys that matter most."]
+    lines += ["", f"`*`: the keys that matter most. The keys every strategy shares and those of the dataset and "
+              f"partitioner: `python -m app.run describe {name}` ([running](../running.md#python--m-apprun))."]
     if cls.borrowed:
         lines.append("Keys named after another strategy are read from that strategy's settings.")
     if cls.ignores:

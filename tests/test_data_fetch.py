@@ -4,6 +4,7 @@ loopback server shaped like the publishers) into an empty cache, checked against
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import shutil
 import subprocess
@@ -135,6 +136,28 @@ def test_a_download_interrupted_midway_leaves_nothing_and_the_next_load_complete
         assert cached_files(cache) == []
         assert load_dataset("wiki").num_nodes == 2405
     assert cached_files(cache) == ["agc/wiki.mat"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_one_line_in_place_on_a_terminal_and_log_lines_elsewhere(shared, cache, monkeypatch, caplog):
+    with serving(shared, monkeypatch) as mirror:
+        with monkeypatch.context() as m:
+            m.setattr(sys, "stderr", Terminal())
+            load_dataset("ego-facebook")
+            shown = sys.stderr.getvalue()
+        url = f"{mirror.url}/snap/ego-Facebook/facebook_combined.txt"
+        assert shown.startswith(f"\rdownloading {url}: ") and shown.endswith("\n") and shown.count("\n") == 1
+        assert shown.split("\r")[-1].rstrip() == f"downloading {url}: 0.9 MB, done"  # padded over the longer line
+        caplog.clear()
+        with caplog.at_level("INFO", logger="flwr"):
+            load_dataset("wiki")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"downloading {mirror.url}/agc/wiki.mat (4.1 MB)",
+        f"dataset 'wiki': 1 file(s), 4.1 MB, checked against their SHA-256 and kept in {cache}"]
 
 
 def test_a_download_over_its_limit_is_refused(shared, cache, monkeypatch):

@@ -33,10 +33,10 @@ from app.session import ServerSession
 from app.transport import NOT_RECEIVED, NOT_RECEIVED_RESENDS, pack
 from app.wire import ProtocolError
 from conftest import HANG_GUARD_S
-from deploy import flower_shim
+from deploy import flower_resilience, flower_shim
 from deploy.faults import FAULT, RESET_WITHIN_BYTES, Faults, ProxyTLS, serve
 from deploy.federation import free_port
-from deploy.gateway import REDELIVERIES
+from deploy.redelivery import REDELIVERIES
 from deploy.pki import make_all
 from test_gateway import RecordingSuperLink, read_answer, request, start_gateway
 from test_transport import SPEC, N, make_client_app
@@ -335,7 +335,7 @@ def test_a_message_whose_objects_fail_is_answered_not_received_with_the_cause():
 
     module = _fake_supernode(flower_pull)
     kwargs, finished = _pull_kwargs(_pulled_message())
-    assert flower_shim.answer_what_is_not_received(module)(**kwargs) == 11  # the loop pushes the reply
+    assert flower_resilience.answer_what_is_not_received(module)(**kwargs) == 11  # the loop pushes the reply
     [reply] = module.inserted
     assert reply.error.code == ErrorCode.MESSAGE_UNAVAILABLE and reply.metadata.reply_to_message_id == "m-in"
     assert reply.error.reason == f"{NOT_RECEIVED}: Pulling message objects failed: 500"
@@ -348,7 +348,7 @@ def test_a_run_or_bundle_that_fails_is_answered_and_a_failed_pull_or_confirm_is_
         raise RuntimeError("Server error '500 Internal Server Error' for url '/v1/fleet/get-run'\nmore")
 
     module = _fake_supernode(get_run_fails)
-    assert flower_shim.answer_what_is_not_received(module)(**_pull_kwargs(_pulled_message())[0]) == 11
+    assert flower_resilience.answer_what_is_not_received(module)(**_pull_kwargs(_pulled_message())[0]) == 11
     assert module.inserted[0].error.reason == (f"{NOT_RECEIVED}: RuntimeError: Server error '500 Internal Server "
                                               "Error' for url '/v1/fleet/get-run'")
 
@@ -357,7 +357,7 @@ def test_a_run_or_bundle_that_fails_is_answered_and_a_failed_pull_or_confirm_is_
 
     module = _fake_supernode(lambda **kw: kw["receive"]())
     kwargs, _ = _pull_kwargs(None)
-    assert flower_shim.answer_what_is_not_received(module)(**{**kwargs, "receive": receive_fails}) is None
+    assert flower_resilience.answer_what_is_not_received(module)(**{**kwargs, "receive": receive_fails}) is None
 
     def confirm_fails(run_id, message_id):
         raise RuntimeError("500 on confirm")
@@ -368,7 +368,7 @@ def test_a_run_or_bundle_that_fails_is_answered_and_a_failed_pull_or_confirm_is_
         return 11
 
     module = _fake_supernode(processed)
-    assert flower_shim.answer_what_is_not_received(module)(**_pull_kwargs(_pulled_message(), confirm_fails)[0]) == 11
+    assert flower_resilience.answer_what_is_not_received(module)(**_pull_kwargs(_pulled_message(), confirm_fails)[0]) == 11
     assert module.inserted == []  # processed as received
 
 
@@ -433,7 +433,7 @@ def _flower_push(**kw):
 
 def _push(link: FakeLink, push_object=None) -> list:
     failed = []
-    flower_shim.push_until_stored(_flower_push, link.pull_object)(
+    flower_resilience.push_until_stored(_flower_push, link.pull_object)(
         send=link.send, push_object=push_object or link.push_object, failed=failed)
     return failed
 
@@ -486,7 +486,7 @@ def test_a_push_that_keeps_failing_is_given_up_after_its_attempts():
         raise ObjectPushError(object_id, run_id, session)
 
     failed = _push(link, always_refused)
-    assert len(failed) == 1 and link.log.count(("push-messages",)) == flower_shim.PUSH_ATTEMPTS
+    assert len(failed) == 1 and link.log.count(("push-messages",)) == flower_resilience.PUSH_ATTEMPTS
 
 
 def test_a_heartbeat_or_activation_answered_500_is_sent_again(monkeypatch):
@@ -512,8 +512,8 @@ def test_a_heartbeat_or_activation_answered_500_is_sent_again(monkeypatch):
         raise answered(500)
 
     module = types.SimpleNamespace(HeartbeatSender=lambda fn: fn, FleetHttpClient=Client)
-    monkeypatch.setattr(flower_shim, "PUSH_RETRY_S", 0.0)
-    flower_shim.survive_error_statuses(module)
+    monkeypatch.setattr(flower_resilience, "PUSH_RETRY_S", 0.0)
+    flower_resilience.survive_error_statuses(module)
     assert module.HeartbeatSender(heartbeat_fails)() is False
     assert Client().ActivateNode(None).node_id == 5
     with pytest.raises(httpx.HTTPStatusError):

@@ -99,8 +99,8 @@ PULL = dict(receive=lambda: None, confirm_message_received=lambda run_id, messag
 
 
 def test_the_failure_paths_the_shim_handles_are_the_pinned_flowers():
-    """The names and calls :func:`flower_shim.answer_what_is_not_received`,
-    :func:`flower_shim.push_until_stored` and :func:`flower_shim.survive_error_statuses` wrap."""
+    """The names and calls :func:`flower_resilience.answer_what_is_not_received`,
+    :func:`flower_resilience.push_until_stored` and :func:`flower_resilience.survive_error_statuses` wrap."""
     connection = importlib.import_module("flwr.supernode.fleet_http_connection")
     assert "pull_object=pull_object," in inspect.getsource(SUPERNODE.start_client_internal)  # the push asks with it
     pull = inspect.getsource(SUPERNODE._pull_and_store_message)
@@ -335,3 +335,45 @@ def test_a_superexec_keeps_the_forkers_of_its_latest_bundles_only(tmp_path, monk
         started.append(forkers._forkers[fab_hash].process)
     assert list(forkers._forkers) == hashes[1:]
     assert started[0].exitcode == 0 and started[1].is_alive() and started[2].is_alive()
+
+
+class Replaced(Exception):
+    """What the test's ``os.execv`` raises: the process would have become plain Flower here."""
+
+
+def plain_flower_runs(monkeypatch, version: str):
+    monkeypatch.setattr(flower_shim.importlib.metadata, "version", lambda name: version)
+    calls = []
+
+    def execv(path, args):
+        calls.append((path, args))
+        raise Replaced
+
+    monkeypatch.setattr(flower_shim.os, "execv", execv)
+    return calls
+
+
+def test_another_flower_release_runs_plain_flower_saying_so_in_one_line(monkeypatch, capsys):
+    """A member's node must keep running when its Flower is not the one patched here."""
+    calls = plain_flower_runs(monkeypatch, "1.43.0")
+    with pytest.raises(Replaced):
+        flower_shim.main(["supernode", "--insecure", "--superlink", "127.0.0.1:9092"])
+    path, args = calls[0]
+    assert path.endswith("/flower-supernode") and args == ["flower-supernode", "--insecure", "--superlink",
+                                                           "127.0.0.1:9092"]
+    assert capsys.readouterr().err == ("deploy.flower_shim: Flower 1.43.0 is installed, these changes are made for "
+                                       "1.42.x; running plain flower-supernode\n")
+
+
+def test_a_patched_name_missing_from_flower_runs_plain_flower_naming_it(monkeypatch, capsys):
+    calls = plain_flower_runs(monkeypatch, "1.42.9")
+
+    def renamed(module):
+        raise AttributeError("module 'flwr.supernode.start_client_internal' has no attribute '_push_messages'")
+
+    monkeypatch.setattr(flower_shim, "patch_supernode", renamed)
+    with pytest.raises(Replaced):
+        flower_shim.main(["supernode"])
+    assert calls[0][1] == ["flower-supernode"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lacks what is patched here (AttributeError: " in err and "_push_messages" in err

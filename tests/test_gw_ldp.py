@@ -965,7 +965,7 @@ def test_a_malformed_describe_reply_stops_the_run_and_names_the_client(out_dir, 
         run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)
 
 
-def test_a_client_whose_supernode_restarts_is_taken_back_into_training(out_dir):
+def test_a_client_whose_supernode_restarts_is_taken_back_into_training(out_dir, mirrored_datasets):
     from app.client_app import build_client_app
     from app.server_app import run_server
     from conftest import RestartingGrid

@@ -30,7 +30,7 @@ Each run must either hold (nothing found) or stop with a privacy refusal naming 
 rows are looked for in what the server read up to the refusal. A run whose configuration
 cannot work may also stop with a one-line ConfigError, before anything leaves.
 
-Where the leak is in the protocol itself (README "Security model": fedsc's noise-free
+Where the leak is in the protocol itself (docs/security.md: fedsc's noise-free
 ``Z_p`` / ``C_p``, fedspectral-plus' noise-free blocks, fedkmeans' local centres, kcagc's
 local clustering, fedspectral's labels, fedavg-dmon's weights) the expectation is the same:
 a noise-free release that gives rows must be refused under the default policy; noised ones
@@ -260,7 +260,7 @@ def test_an_honest_fedkmeans_run_is_not_refused_by_the_default_policy(secure, mo
     run_config("fedspectral-plus", 3, **{"fedspectral-plus.block": NODES}),
 ], ids=["fedsc", "fedspectral-plus"])
 def test_under_their_built_in_min_rows_the_noise_free_row_images_run_and_give_rows(raw, monkeypatch, tmp_path):
-    """What the README says of fedsc and fedspectral-plus: their built-in ``min-rows`` is 1, so
+    """What docs/security.md says of fedsc and fedspectral-plus: their built-in ``min-rows`` is 1, so
     the papers' noise-free modes run, and then a server that picks the request reads the rows."""
     capture, stopped = attack(raw, {}, monkeypatch, tmp_path)
     assert stopped is None

@@ -32,6 +32,8 @@ CASES = {
     "fedavg-dmon-secure": ("fedavg-dmon", {**DMON_STATELESS, "fedavg-dmon.secure": True}, 3, 2),
     "fedkmeans": ("fedkmeans", SMALL, 1, 1),
     "fedkmeans-secure": ("fedkmeans", {**SMALL, "fedkmeans.secure": True}, 3, 2),
+    "fedkmeans-filtered-locally": ("fedkmeans", {**SMALL, "fedkmeans.filter-order": 2, "partition.boundary": False},
+                                   1, 1),
 }
 
 
@@ -156,18 +158,23 @@ def test_a_resumed_fedkmeans_client_withholds_what_the_uninterrupted_one_withhel
     assert fresh["history"][1]["withheld"] != full["history"][1]["withheld"]
 
 
-def test_a_run_interrupted_again_after_resuming_resumes_again(tmp_path, monkeypatch):
-    strategy, overrides, _, _ = CASES["fedspectral-plus"]
-    run_experiment(strategy, "sbm", 3, overrides, tmp_path / "full")
-    interrupted_run(monkeypatch, strategy, overrides, tmp_path / "cut", 2)
+@pytest.mark.parametrize("case,first,second", [("fedspectral-plus", 2, 4), ("fedkmeans", 1, 2)])
+def test_a_run_interrupted_again_after_resuming_resumes_again(case, first, second, tmp_path, monkeypatch):
+    """fedkmeans: the step that carried the rebuild replays too (its digest leaves that out), and the
+    live one after it carries both replayed steps' centres."""
+    strategy, overrides, _, _ = CASES[case]
+    full = run_experiment(strategy, "sbm", 3, overrides, tmp_path / "full")
+    interrupted_run(monkeypatch, strategy, overrides, tmp_path / "cut", first)
     resume = {**overrides, "resume": True}
     with monkeypatch.context() as patch:
-        interrupt_after(patch, 4)
+        interrupt_after(patch, second)
         with pytest.raises(Interrupted):
             run_experiment(strategy, "sbm", 3, resume, tmp_path / "cut")
     result = run_experiment(strategy, "sbm", 3, resume, tmp_path / "cut")
-    assert result["resumed"]["replayed_steps"] == 4
+    assert result["resumed"]["replayed_steps"] == second
     assert labels(tmp_path / "cut") == labels(tmp_path / "full")
+    assert result.get("history") == full.get("history")
+    assert proto.REPLAYED_CENTRES.startswith(J.REPLAYED)  # what a step's digest leaves out
 
 
 def test_a_step_that_differs_from_the_journal_and_every_later_one_run_live(tmp_path, monkeypatch, pushed):
@@ -385,3 +392,92 @@ def test_a_deployed_run_whose_supernode_died_resumes_with_the_uninterrupted_labe
     assert resumed["resumed"]["replayed_steps"] >= 1
     run_experiment("fedspectral-plus", "sbm", 3, sets, tmp_path / "inprocess")
     assert np.array_equal(np.load(out / "result" / "labels.npy"), np.load(tmp_path / "inprocess" / "labels.npy"))
+
+
+# -- the audit rebuilt from replayed centres, on a client's rows (no Flower) -----------------------
+def client_rows(seed: int = 4, min_rows: int = 5):
+    """Three groups of 14 rows, the audit after their local seeds (min-rows ``min_rows``), and three
+    steps of centres near the groups' (that with seed 4 make the third step withhold)."""
+    rng = np.random.default_rng(seed)
+    x = np.vstack([rng.normal(c, 0.8, size=(14, 2)) for c in ((0, 0), (3, 0), (0, 3))])
+    _, _, seed_labels = proto.local_seeds(x, 3, 0, min_rows)
+    audit = proto.Audit.of_seeds(seed_labels, int(seed_labels.max()) + 1, min_rows)
+    steps = [np.array([[0, 0], [3, 0], [0, 3.0]]) + rng.normal(0, 0.7, size=(3, 2)) for _ in range(3)]
+    return x, audit, steps
+
+
+def lloyd_run(x, audit, steps, min_rows: int = 5):
+    """Every step's statistics (sums, counts, withheld, inertia) and the audit after them."""
+    out = []
+    for centres in steps:
+        *stats, audit = proto.lloyd_statistics(x, centres, min_rows, audit)
+        out.append(stats)
+    return out, audit
+
+
+def same_audit(a: proto.Audit, b: proto.Audit) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("basis", "labels", "sent"))
+
+
+def test_an_audit_rebuilt_from_the_replayed_centres_is_the_uninterrupted_one():
+    x, seeds, steps = client_rows()
+    uninterrupted, after = lloyd_run(x, seeds, steps)
+    rebuilt = proto.replay_audit(x, np.stack(steps[:2]), (3, 2), 19, 5, seeds)
+    resumed, resumed_after = lloyd_run(x, rebuilt, steps[2:])
+    assert uninterrupted[2][2] > 0  # the live step withholds rows
+    for mine, theirs in zip(resumed[0], uninterrupted[2]):
+        assert np.array_equal(mine, theirs)
+    assert same_audit(resumed_after, after)
+    fresh, _ = lloyd_run(x, seeds, steps[2:])  # without the rebuild another release goes out
+    assert not np.array_equal(fresh[0][1], uninterrupted[2][1])
+    assert proto.replay_audit(x, np.stack(steps[:2]), (3, 2), 19, 1, None) is None  # min-rows 1: no audit
+
+
+def leverage(basis: np.ndarray) -> float:
+    return float(np.einsum("ij,ij->i", basis, basis).max(initial=0.0))
+
+
+def in_span(basis: np.ndarray, vectors: np.ndarray) -> bool:
+    return np.allclose(basis @ (basis.T @ vectors), vectors, atol=1e-8)
+
+
+@pytest.mark.parametrize("attack", ["a row's neighbourhood", "every row in one cluster", "random far centres"])
+def test_replayed_centres_a_server_crafts_only_make_the_audit_stricter(attack):
+    """The attacker's side: the server sends made-up replayed centres, then live centres that single
+    out each row in turn. The rebuilt audit spans at least the fresh one, and every set the client
+    sends after it lies in its span, which determines no row (every leverage below 1)."""
+    x, seeds, _ = client_rows()
+    rng = np.random.default_rng(1)
+    far = np.full((2, 2), 1e3)
+    crafted = {"a row's neighbourhood": [np.vstack([x[i], x.mean(0), far[0]]) for i in range(0, 42, 7)],
+               "every row in one cluster": [np.vstack([x.mean(0), far])] * 3,
+               "random far centres": [rng.normal(0, 50, size=(3, 2)) for _ in range(6)]}[attack]
+    audit = proto.replay_audit(x, np.stack(crafted), (3, 2), 19, 5, seeds)
+    assert in_span(audit.basis, seeds.basis) and leverage(audit.basis) < 1 - 1e-9
+    for i in range(len(x)):
+        _, counts, withheld, _, audit = proto.lloyd_statistics(x, np.vstack([x[i], x.mean(0), far[0]]), 5, audit)
+        sent = np.eye(3)[audit.labels][:, audit.sent]
+        assert in_span(audit.basis, sent) and leverage(audit.basis) < 1 - 1e-9
+        assert counts.sum() + withheld == len(x) and (counts[counts > 0] >= 5).all()
+
+
+@pytest.mark.parametrize("replayed,why", [
+    (np.zeros((2, 3)), r"shape \(2, 3\); valid: 1..19 steps of centres \(3, 2\)"),
+    (np.zeros((1, 4, 2)), r"shape \(1, 4, 2\)"),
+    (np.zeros((20, 3, 2)), r"shape \(20, 3, 2\); valid: 1..19"),
+    (np.zeros((0, 3, 2)), r"shape \(0, 3, 2\)"),
+    (np.full((1, 3, 2), np.nan), "not finite"),
+    (np.full((1, 3, 2), np.inf), "not finite"),
+])
+def test_malformed_replayed_centres_are_refused(replayed, why):
+    x, seeds, _ = client_rows()
+    with pytest.raises(ValueError, match=why):
+        proto.replay_audit(x, replayed, (3, 2), 19, 5, seeds)
+
+
+def test_replayed_centres_after_the_first_lloyd_statistics_are_refused():
+    """A server cannot rebuild the audit of a client that has answered a Lloyd step (to loosen it)."""
+    x, seeds, steps = client_rows()
+    _, audit = lloyd_run(x, seeds, steps[:1])
+    with pytest.raises(ValueError, match="after this client's first Lloyd statistics"):
+        proto.replay_audit(x, np.stack(steps[1:]), (3, 2), 19, 5, audit)

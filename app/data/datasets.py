@@ -408,7 +408,7 @@ def _load_files(name: str, data_root) -> GraphData | GraphCollection:
     root = dataset_root(name, data_root)
     try:
         with one_line(f"its files under {root} could not be read",
-                      "the files as published (with none of them under the data root, they are downloaded and checked)"):
+                      "the files as published (with none of them in the data root, they are downloaded and checked)"):
             data = load(data_root=root)
     except DataFileError as err:
         raise ConfigError(f"dataset '{name}': {err}") from None

@@ -345,10 +345,10 @@ def _copy(source, out, limit: int, progress: "Progress | None" = None) -> None:
 
 class Progress:
     """A download's progress: one line updated in place on a terminal (stderr); elsewhere a log
-    line when it starts and one when it ends."""
+    line when it starts (:func:`fetch` logs one more when a dataset's files are in place)."""
 
     def __init__(self, url: str, total: int | None) -> None:
-        self.url, self.total, self.shown = url, total, 0.0
+        self.url, self.total, self.shown, self.width = url, total, 0.0, 0
         self.terminal = sys.stderr.isatty()
         if not self.terminal:
             _log(f"downloading {url}" + (f" ({_mb(total)})" if total else ""))
@@ -358,13 +358,18 @@ class Progress:
         if self.terminal and now - self.shown >= PROGRESS_EVERY_S:
             self.shown = now
             of = f" / {_mb(self.total)}" if self.total else ""
-            sys.stderr.write(f"\rdownloading {self.url}: {_mb(done)}{of}")
-            sys.stderr.flush()
+            self._show(f"downloading {self.url}: {_mb(done)}{of}")
 
     def end(self, done: int) -> None:
         if self.terminal:
-            sys.stderr.write(f"\rdownloading {self.url}: {_mb(done)}, done\n")
-            sys.stderr.flush()
+            self._show(f"downloading {self.url}: {_mb(done)}, done")
+            sys.stderr.write("\n")
+
+    def _show(self, text: str) -> None:
+        """``text`` over the line shown before (padded to its width)."""
+        sys.stderr.write(f"\r{text:<{self.width}}")
+        sys.stderr.flush()
+        self.width = len(text)
 
 
 def _mb(n: int) -> str:
