@@ -226,8 +226,9 @@ def _presplit(strategy: str, pieces: list, raw: dict, out_dir) -> Result:
 
 
 def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=None) -> tuple[dict, np.ndarray]:
-    """Run it; return result.json's content and the labels (in ``out_dir``, else in a temporary
-    directory removed afterwards)."""
+    """Run it; return result.json's content and the labels (written to ``out_dir``; without one,
+    kept in memory, or on Flower's simulation engine, which hands them over in files, in a
+    temporary directory removed afterwards)."""
     from app.run import run_experiment
 
     notes: list[str] = []
@@ -242,6 +243,11 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
                               node_configs=node_configs)
         return Path(done["path"])
 
+    if out_dir is None and engine == "inprocess":
+        result = run_experiment(strategy, dataset, num_clients, raw, None, engine, note=notes.append,
+                                node_configs=node_configs, write=False)
+        labels = result.pop("labels")
+        return {**result, "notes": notes}, labels
     if out_dir is not None:
         path = run(Path(out_dir))
         result, labels = read(path.parent)

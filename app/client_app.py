@@ -30,9 +30,10 @@ from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa:
 from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard, taken  # noqa: E402
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
-from app.disclosure import disclosing, party_failure  # noqa: E402
+from app.disclosure import disclosing, log_failure, party_failure  # noqa: E402
+from app.privacy.policy import PrivacyRefusal  # noqa: E402
 from app.result import unwritable  # noqa: E402
-from app.transport import unpack  # noqa: E402
+from app.transport import refusal, unpack  # noqa: E402
 from app.wire import HELLO  # noqa: E402
 
 PARTY_STATE = "party"
@@ -167,10 +168,14 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     def make_handler(action: str) -> Callable[[Message, Context], Message]:
         def handler(message: Message, context: Context) -> Message:
             entered = time.time()
+            where = f"node {context.node_id}, run {context.run_id}"
             try:
                 reply = handle(message, context)
+            except PrivacyRefusal as err:  # a decision: a reply naming the rule; the party's log has the detail
+                log_failure(err, action, where)
+                return Message(refusal(err.rule), reply_to=message)
             except Exception as err:  # the server hears its public part only; the party's log has it all
-                raise party_failure(err, action, f"node {context.node_id}, run {context.run_id}") from None
+                raise party_failure(err, action, where) from None
             if os.environ.get(TIMING_SETTING) == "1":
                 log_timing(action, entered)
             return reply

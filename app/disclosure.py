@@ -45,12 +45,17 @@ def disclosed(err: BaseException, step: str) -> str:
     return public_part(err) or f"{type(err).__name__} in step '{step}' (the party's log has the details)"
 
 
-def party_failure(err: BaseException, step: str, where: str) -> PartyError:
+def log_failure(err: BaseException, step: str, where: str) -> None:
     """Log ``err`` in full on the party (``where``: which node and run; a traceback where it has no
-    public part, i.e. a bug) and return the :class:`PartyError` to raise in its place."""
-    public = public_part(err)
+    public part, i.e. a bug)."""
     LOGGER.error("%s, step '%s': %s: %s", where, step, type(err).__name__, err,
-                 exc_info=err if public is None else None)
+                 exc_info=err if public_part(err) is None else None)
+
+
+def party_failure(err: BaseException, step: str, where: str) -> PartyError:
+    """Log ``err`` in full on the party (:func:`log_failure`) and return the :class:`PartyError`
+    to raise in its place."""
+    log_failure(err, step, where)
     return PartyError(disclosed(err, step))
 
 

@@ -39,6 +39,7 @@ def run_experiment(
     engine: str = "inprocess",
     note: Callable[[str], None] | None = None,
     node_configs: list[Mapping[str, Any]] | None = None,
+    write: bool = True,
 ) -> dict:
     """Run one experiment and return its result dict (also in ``out_dir``).
 
@@ -47,13 +48,19 @@ def run_experiment(
     called with each note of the data reader (repairs such as dropped self-loops), before the run;
     result.json lists them too. ``node_configs`` (in-process engine only): each node's node
     config, e.g. a party's own data with ``dataset = 'parties'`` (``data``, ``partition-id``,
-    ``out-dir``; :mod:`app.data.parties`); default: partition i of ``num_clients``."""
+    ``out-dir``; :mod:`app.data.parties`); default: partition i of ``num_clients``. ``write=False``
+    (in-process engine, no out-dir; :func:`app.api.cluster`): nothing is written, and the result
+    dict also holds the labels (``labels``) and no ``path``."""
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
     raw = {**dict(overrides or {}), "strategy": strategy, "dataset": dataset, "num-clients": num_clients}
     config = _validated_with_absolute_paths(raw)  # fail before any engine starts
     given = out_dir or SharedConfig.of(config).out_dir
-    check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
+    if write:
+        check_out_dir(Path(given or "results").resolve())  # found now, not when the result is written after the run
+    elif engine != "inprocess" or given:
+        raise ConfigError(f"a run that writes nothing on engine {engine!r} with out-dir {given!r}; valid: engine "
+                          "'inprocess' and no out-dir")
     if node_configs is not None and (engine != "inprocess" or len(node_configs) != num_clients):
         raise ConfigError(f"{len(node_configs)} node configs for {num_clients} clients on engine {engine!r}; valid: "
                           "one per client, engine 'inprocess'")
@@ -63,6 +70,8 @@ def run_experiment(
         notes = _check_against_data(config, num_clients).meta.get("notes", [])
     for text in notes if note else ():
         note(text)
+    if not write:
+        return _run(engine, {**raw, "out-dir": ""}, num_clients, node_configs, write=False)
     out = Path(given).resolve() if given else default_out_dir(strategy, dataset_label(dataset)).resolve()
     raw["out-dir"] = str(out)
     try:
@@ -90,14 +99,14 @@ def _validated_with_absolute_paths(raw: dict) -> RunConfig:
     return registry.validate(raw)
 
 
-def _run(engine: str, raw: dict, num_clients: int, node_configs=None) -> dict:
-    """The checked run ``raw`` on ``engine``; its result dict."""
+def _run(engine: str, raw: dict, num_clients: int, node_configs=None, write: bool = True) -> dict:
+    """The checked run ``raw`` on ``engine``; its result dict (``write``: :func:`run_experiment`)."""
     if engine == "inprocess":
         from app.client_app import build_client_app
         from app.inprocess import InProcessGrid
         from app.server_app import run_server
 
-        return run_server(InProcessGrid(build_client_app(raw), num_clients, node_configs), raw)
+        return run_server(InProcessGrid(build_client_app(raw), num_clients, node_configs), raw, write=write)
 
     from app.client_app import build_client_app
     from app.engine import simulate

@@ -138,8 +138,9 @@ def evaluate_output(strategy, output, data, num_items: int) -> tuple[np.ndarray,
     return labels, metrics, reference
 
 
-def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
-    """Run one experiment over ``grid``; return the result dict (also written)."""
+def run_server(grid: Grid, raw_config: Mapping[str, Any], write: bool = True) -> dict:
+    """Run one experiment over ``grid``; return the result dict (also written; with ``write=False``
+    not, and holding the labels, ``labels``: :func:`app.run.run_experiment`)."""
     started = time.perf_counter()
     config = registry.validate(raw_config)
     data = _checked_data(config)
@@ -181,6 +182,9 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any]) -> dict:
         "notes": [] if data is None else data.meta.get("notes", []),  # a party's notes stay with it
         **({"resumed": journal.summary()} if journal and journal.resumed else {}),
     }
+    if not write:  # the labels stay in memory (app.api.cluster without out_dir)
+        log(INFO, "%s", summary_table(result))
+        return {**result, "labels": labels}
     result = _write(result, shared, labels, output, data)
     if journal:
         journal.finish()

@@ -12,7 +12,6 @@ and the round's headline value (:mod:`app.progress` shows it).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -25,7 +24,6 @@ import numpy as np
 from app.config import RunConfig, SharedConfig
 from app.data.parties import PARTIES, SHARED_NODES, family, item_offsets, node_set_mismatch, to_positions
 from app.privacy.ledger import PrivacyLedger
-from app.privacy.policy import PrivacyRefusal
 from app.progress import Convergence, Progress
 from app.secure_session import SecureAggregation
 from app.transport import (LEFT, NO_REPLY, NOT_RECEIVED, NOT_RECEIVED_RESENDS, CommStats, Exchange, describe, exchange,
@@ -70,16 +68,6 @@ class PrivacyRefused(ProtocolError):
         self.action = action
         self.refusals = refusals
         super().__init__(f"step '{action}' refused by the privacy policy of {detail}")
-
-
-_REFUSAL = re.compile(re.escape(PrivacyRefusal.MARKER) + r", rule '([^']+)'(?:: (.*?))?(?:'>)?$", re.S)
-
-
-def _refusal(reason: str) -> tuple[str, str] | None:
-    """(rule, detail) of a client's error text that is a :class:`PrivacyRefusal`, else None. A party
-    sends the rule only (:mod:`app.disclosure`; its detail stays in its log): the detail is then ""."""
-    found = _REFUSAL.search(reason)
-    return (found.group(1), found.group(2) or "") if found else None
 
 
 def _check_one_cut(clients: list[ClientInfo]) -> None:
@@ -315,21 +303,46 @@ class ServerSession(SecureAggregation):
         require_all: bool = True,
         record: bool = True,
     ) -> dict[int, RecordDict]:
-        """Send ``contents[node]`` to each node as ``<category>.<action>``.
+        """Send ``contents[node]`` to each node as ``<category>.<action>``; the checked replies.
 
-        Returns the valid replies keyed by node id, in partition order (so
-        results do not depend on arrival order). Rejected replies are
-        recorded; with ``require_all`` any reject stops the run with a
-        :class:`ProtocolError` naming the clients and reasons. A client
-        that did not answer within ``timeout`` is asked again up to
-        ``retries`` times first (a client refuses to mask twice under one
-        secure-aggregation tag, so such a step fails rather than repeats).
-        Without ``require_all``
-        (strategies that can continue with fewer clients) rejected clients
-        are dropped (``dropped``, reported in result.json; :meth:`take_back`
-        re-admits one whose SuperNode left and came back) and the run stops
-        only when fewer than ``min-clients`` remain. Uploads go into the privacy ledger unless ``record`` is False,
-        refused ones flagged ``rejected``.
+        What goes over the wire: each node's content (:func:`app.transport.pack`), down; its
+        reply, up, checked against ``expect`` before anything reads it. A client that did not
+        answer within ``timeout`` is asked again up to ``retries`` times (a client refuses to mask
+        twice under one secure-aggregation tag, so such a step fails rather than repeats); a
+        message its SuperNode could not receive is sent again at once. A resumed run's step that
+        its journal holds is not sent: its recorded replies are checked and returned.
+
+        Parameters
+        ----------
+        action : str
+            The step's name (:mod:`app.wire`), which the client dispatches on.
+        contents : mapping of int to RecordDict
+            What each node (by Flower node id) is sent.
+        expect : ReplySpec or mapping of int to ReplySpec, optional
+            What a valid reply holds (names, shapes, dtypes, finite values), for every node
+            or per node; None: any reply.
+        category : str
+            The message type's prefix (``query``, or ``train`` for training steps).
+        require_all : bool
+            Any rejected reply stops the run. Else (a strategy that can go on with fewer
+            clients) a rejected client is dropped (``dropped``, in result.json; :meth:`take_back`
+            re-admits one whose SuperNode left and came back), and the run stops only when
+            fewer than ``min-clients`` remain.
+        record : bool
+            Put the uploads in the privacy ledger (refused ones flagged ``rejected``).
+
+        Returns
+        -------
+        dict of int to RecordDict
+            The valid replies keyed by node id, in partition order (results do not depend on
+            arrival order).
+
+        Raises
+        ------
+        app.wire.ProtocolError
+            A reply was rejected with ``require_all``, or too few clients remain; one line
+            naming the clients and why. :class:`PrivacyRefused` when a node's privacy policy
+            refused the step.
         """
         self._round += 1
         sent_at = time.time()
@@ -346,7 +359,7 @@ class ServerSession(SecureAggregation):
                 **self._client_times(),
             }
         )
-        self._settle_rejects(action, result.rejected, require_all)
+        self._settle_rejects(action, result.rejected, require_all, result.refusals)
         replies = dict(sorted(result.replies.items(), key=lambda item: self._order.get(item[0], item[0])))
         if record:
             self._record_uploads(action, replies.items(), expect)
@@ -384,14 +397,16 @@ class ServerSession(SecureAggregation):
             result.rejected = {n: r for n, r in result.rejected.items() if n not in silent | lost}
             result.rejected.update(again.rejected)
             result.refused += again.refused
+            result.refusals.update(again.refusals)
 
-    def _settle_rejects(self, action: str, rejected: Mapping[int, str], require_all: bool) -> None:
-        """Record the rejected clients; stop the run on a privacy refusal, on any reject with
-        ``require_all``, or when fewer than ``min-clients`` remain; else drop them for the rest
-        of the run."""
+    def _settle_rejects(self, action: str, rejected: Mapping[int, str], require_all: bool,
+                        refusals: Mapping[int, str]) -> None:
+        """Record the rejected clients; stop the run on a privacy refusal (``refusals``: node ->
+        rule), on any reject with ``require_all``, or when fewer than ``min-clients`` remain; else
+        drop them for the rest of the run."""
         for node, reason in sorted(rejected.items()):
             self.rejects.append({"round": self._round, "action": action, "node": node, "reason": reason})
-        self._stop_on_refusals(action, rejected)
+        self._stop_on_refusals(action, refusals)
         if not rejected:
             return
         detail = self._rejects_in_words(rejected)
@@ -413,16 +428,15 @@ class ServerSession(SecureAggregation):
             return f"nodes {', '.join(map(str, sorted(rejected)))} all: {reasons.pop()}"
         return "; ".join(f"{self._who(n)}: {r}" for n, r in sorted(rejected.items()))
 
-    def _stop_on_refusals(self, action: str, rejected: Mapping[int, str]) -> None:
-        """Raise :class:`PrivacyRefused` naming every client whose reply is a privacy-policy
-        refusal and its rule (a refusal is a decision, not a dropout: the run stops)."""
-        found = {node: rule for node, reason in rejected.items() if (rule := _refusal(reason))}
-        if not found:
+    def _stop_on_refusals(self, action: str, refusals: Mapping[int, str]) -> None:
+        """Raise :class:`PrivacyRefused` naming every client that refused the step under its node's
+        privacy policy (its refusal reply, :func:`app.transport.refusal`) and the rule (a refusal
+        is a decision, not a dropout: the run stops)."""
+        if not refusals:
             return
-        refusals = {self._order.get(n, -1): found[n] for n in found}
-        detail = "; ".join(f"{self._who(n)}, rule '{rule}'" + (f": {text}" if text else "")
-                           for n, (rule, text) in sorted(found.items()))
-        raise PrivacyRefused(action, refusals, detail)
+        by_partition = {self._order.get(n, -1): (rule, "") for n, rule in refusals.items()}
+        detail = "; ".join(f"{self._who(n)}, rule '{rule}'" for n, rule in sorted(refusals.items()))
+        raise PrivacyRefused(action, by_partition, detail)
 
     def _client_times(self) -> dict:
         """The clients' share of the round, where the grid measures it (the

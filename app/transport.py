@@ -231,6 +231,28 @@ class Exchange:
     bytes_up: int
     bytes_down: int
     refused: list[tuple[int, RecordDict]] = field(default_factory=list)
+    #: node -> the privacy-policy rule by which it refused the step (:func:`refusal`)
+    refusals: dict[int, str] = field(default_factory=dict)
+
+
+#: the one record of a reply by which a client refuses a step under its node's privacy policy
+REFUSAL = "fedgraph.refusal"
+REFUSED = "refused by its node's privacy policy"
+
+
+def refusal(rule: str) -> RecordDict:
+    """The reply by which a client refuses a step: the policy rule that forbids it, nothing else
+    (what was asked and what the policy allows stay in the party's log)."""
+    return RecordDict({REFUSAL: ConfigRecord({"rule": str(rule)})})
+
+
+def refused_rule(content: RecordDict) -> str | None:
+    """The rule of a refusal reply (:func:`refusal`), None for any other content."""
+    record = content.config_records.get(REFUSAL)
+    if record is None:
+        return None
+    rule = record.get("rule")
+    return rule if isinstance(rule, str) and rule else "<unnamed>"
 
 
 def _push_and_poll(
@@ -338,6 +360,9 @@ def _checked_replies(messages: Sequence[Message], received: Sequence[Message],
                 refused.append((node, replies.pop(node)))
             refused.append((node, reply.content))
             rejected[node] = "more than one reply to one message"
+            continue
+        if not reply.has_error() and (rule := refused_rule(reply.content)) is not None:  # a decision, not data
+            rejected[node], outcome.refusals[node] = f"{REFUSED}, rule '{rule}'", rule
             continue
         if reply.has_error():
             rejected[node] = _error_reject(reply)

@@ -77,6 +77,22 @@ def test_every_input_type_gives_the_same_run(sbm, tmp_path):
     assert memory._TABLE == registered  # every registration released
 
 
+def test_without_out_dir_nothing_is_written_and_no_path_is_named(sbm, tmp_path, monkeypatch, caplog):
+    """The labels stay in memory: no result.json in a temporary directory, no log line naming one."""
+    import tempfile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    written = cluster("fedkmeans", sbm, 2, out_dir=tmp_path / "out", **SMALL)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        kept = cluster("fedkmeans", sbm, 2, **SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before == ["out"]
+    assert kept.path is None and "labels" not in kept.result and "result written" not in caplog.text
+    assert np.array_equal(kept.labels, written.labels) and kept.metrics == written.metrics
+
+
 def test_the_result_holds_what_result_json_holds(sbm, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = cluster("fedkmeans", sbm, 2, **SMALL)  # no out_dir: nothing written

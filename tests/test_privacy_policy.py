@@ -32,6 +32,7 @@ from app.protocols.kcagc import tree_groups
 from app.registry import validate
 from app.server_app import run_server
 from app.session import PrivacyRefused
+from app.transport import refused_rule
 from app.wire import SECAGG_PEER, ProtocolError
 from app.transport import pack, unpack
 from clients.fedkmeans import FedKMeansClient
@@ -251,8 +252,7 @@ def test_a_bound_probe_gets_the_same_answer_whatever_the_private_value(factor, t
             with contextlib.suppress(ProtocolError):
                 run_server(grid, raw)
         first = [m for m in grid.pulled if m.metadata.message_type == "query.kmeans_step"][:3]
-        answers.append(["answer" if m.has_content() else "refused" * (f"{PrivacyRefusal.MARKER}, rule 'secagg-bound'"
-                                                                      in m.error.reason) for m in first])
+        answers.append(["refused" if refused_rule(m.content) == "secagg-bound" else "answer" for m in first])
     expected = ["answer" if factor >= 1 else "refused"] * 3
     assert answers == [expected, expected]
 
@@ -408,15 +408,21 @@ def test_composed_epsilon():
     assert composed_epsilon([1.0, 2.0, 1.0], 1e-5) == pytest.approx(accountant.get_epsilon(delta=1e-5))
 
 
-def test_the_server_reads_a_refusal_in_every_engines_error_text():
-    from flwr.clientapp.client_app import ClientAppException
+def test_a_refusal_travels_as_a_reply_naming_its_rule_not_as_error_text():
+    """The server tells a refusal from a failure by the reply's record, never by reading error
+    text: an error whose text looks like a refusal is a client error, and a refusal reply carries
+    the rule and nothing of what the policy saw."""
+    from flwr.app import Error, Message
 
-    from app.session import _refusal
+    from app.transport import REFUSAL, Exchange, _checked_replies, refusal
 
-    err = PrivacyRefusal("epsilon", "fedsc_round (noise multiplier 2) would bring ... 'x'")
-    wrapped = ClientAppException(str(err))  # Flower's simulation engine wraps the client's exception
-    for text in (f"{type(err).__name__}: {err}",  # the in-process grid
-                 str(type(err)) + ":<'" + str(err) + "'>",  # a SuperNode's ClientApp process
-                 str(type(wrapped)) + ":<'" + str(wrapped) + "'>"):  # Ray
-        assert _refusal(f"client error: {text}") == ("epsilon", "fedsc_round (noise multiplier 2) would bring ... 'x'")
-    assert _refusal("client error: ValueError: the joint row norms arrived twice") is None
+    asked = [Message(RecordDict(), dst_node_id=n, message_type="query.fedsc_round") for n in (1, 2)]
+    for m, i in zip(asked, "ab"):
+        m.metadata.__dict__["_message_id"] = i
+    refused = Message(refusal("epsilon"), reply_to=asked[0])
+    looks_alike = Message(Error(0, f"{PrivacyRefusal.MARKER}, rule 'epsilon'"), reply_to=asked[1])
+    outcome = _checked_replies(asked, [refused, looks_alike], None)
+    assert isinstance(outcome, Exchange) and outcome.refusals == {1: "epsilon"}
+    assert outcome.rejected[2].startswith("client error: ") and 2 not in outcome.refusals
+    assert list(refused.content.config_records) == [REFUSAL] and dict(refused.content[REFUSAL]) == {"rule": "epsilon"}
+    assert refused_rule(RecordDict()) is None

@@ -126,9 +126,10 @@ class PrivacyRefusal(FedGraphError):
     """A request this node's privacy policy forbids (a decision, not a bug).
 
     ``rule`` names the policy rule (or the protocol rule, e.g. ``masking-group``),
-    ``detail`` says what was asked and what the policy allows. The message
-    starts with :data:`MARKER`, by which the server tells a refusal from a
-    client's error in the reply's error text.
+    ``detail`` says what was asked and what the policy allows. A client
+    answers the step with a refusal reply naming the rule alone
+    (:func:`app.transport.refusal`), which the server reads as a refusal; the
+    detail stays in the party's log.
     """
 
     MARKER = "refused by the node's privacy policy"

@@ -413,12 +413,6 @@ def reconstruct(z: np.ndarray, c: np.ndarray, sigma: float) -> np.ndarray:
     return c.T @ (kernel(z, z, sigma) @ c)
 
 
-def reconstruction_error(x: np.ndarray, z: np.ndarray, c: np.ndarray, sigma: float) -> float:
-    """``||K(X, X) - C' K(Z, Z) C||_F / ||K(X, X)||_F`` (evaluation only: needs the pooled data)."""
-    k = kernel(x, x, sigma)
-    return float(np.linalg.norm(k - reconstruct(z, c, sigma)) / np.linalg.norm(k))
-
-
 def knn_count(n: int) -> int:
     """Neighbours kept per row: ``ceil(ln n)`` (at least 1, at most n - 1)."""
     return int(min(max(1, math.ceil(math.log(max(n, 2)))), max(n - 1, 1)))
