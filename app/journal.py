@@ -260,6 +260,7 @@ class Journal:
         self.resumed = manifest is not None
         self.replaying = self.resumed
         self.completed = 0  # journaled steps done in this run, replayed ones included
+        self._manifest: bytes | None = None  # a fresh journal's manifest, written with its first step
         self.replayed = 0
 
     @classmethod
@@ -300,18 +301,16 @@ class Journal:
         return cls(folder, ours, entries, digests, manifest)
 
     def begin(self, session: ServerSession) -> None:
-        """After hello: a fresh journal writes its manifest; a resumed one checks that the clients
+        """After hello: a fresh journal makes its manifest (written with the first step, so that a run
+        that stops before any leaves nothing to resume); a resumed one checks that the clients
         announce what they did in the interrupted run. The session journals its steps from here."""
         clients = _clients(session.clients)
         if self.resumed:
             _check_same_clients(self.manifest.get("clients"), clients)
         else:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            for stale in self.folder.glob("step-*"):
-                stale.unlink()
-            data = json.dumps({"format": FORMAT, "config": self.config, "clients": clients}, indent=1).encode()
-            write_atomically(self.folder / MANIFEST, data)
-            self.digests = [_digest(data)]
+            self._manifest = json.dumps({"format": FORMAT, "config": self.config, "clients": clients},
+                                        indent=1).encode()
+            self.digests = [_digest(self._manifest)]
         session.journal = self
 
     def step(self, session: ServerSession, action: str, category: str, contents: Mapping[int, RecordDict],
@@ -354,7 +353,13 @@ class Journal:
             self.replayed, index)
 
     def record(self, index: int, entry: Entry) -> None:
-        """Journal the completed live step ``index``."""
+        """Journal the completed live step ``index`` (a fresh journal's manifest first)."""
+        if self._manifest is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for stale in self.folder.glob("step-*"):
+                stale.unlink()
+            write_atomically(self.folder / MANIFEST, self._manifest)
+            self._manifest = None
         data = encode_entry(index, self.digests[index - 1], entry)
         write_atomically(self.folder / entry_name(index), data)
         self.digests.append(_digest(data))

@@ -199,6 +199,17 @@ def print_row(row: dict) -> None:
     print("  CPU seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in row["cpu_s"].items()))
 
 
+def cpu_floor(row: dict) -> str:
+    """What the CPU seconds say of the ratio: on ``os.cpu_count()`` cores the deployed protocol cannot
+    take less than its CPU seconds over the cores, the in-process one runs its clients one by one."""
+    deployed = sum(v for k, v in row["cpu_s"].items() if k != "in-process")
+    local, cores = row["cpu_s"]["in-process"], os.cpu_count() or 1
+    return (f"{row['nodes']:,} nodes: the deployed run used {deployed:.0f} CPU seconds, {deployed / local:.1f} times "
+            f"the in-process run's {local:.0f} (TLS on two hops, protobuf and the object store for every block, "
+            f"both ways); on this machine's {cores} cores it cannot take less than {deployed / cores:.0f} s, "
+            f"{deployed / cores / row['inprocess_wall_s']:.1f} times the in-process run's wall time.")
+
+
 def page() -> Path:
     rows = read_results(RESULTS, MEASURE)["rows"]
     header = ["nodes", "SuperNodes", "rounds", "protocol in-process (s)", "protocol deployed (s)", "ratio",
@@ -209,8 +220,8 @@ def page() -> Path:
              f"{r['gigabytes']:.2f}", "yes" if r["same_labels"] else "no", r["load_average"]] for r in rows]
     roles = sorted({k for r in rows for k in r["peak_rss_gib"]})
     memory = [[f"{r['nodes']:,}", *(f"{r['peak_rss_gib'].get(k, 0):.2f}" for k in roles)] for r in rows]
-    largest = [[f"{r['nodes']:,}", *(f"{r.get('largest_process_gib', {}).get(k, 0):.2f}" for k in roles)]
-               for r in rows]
+    largest = [[f"{r['nodes']:,}", *(f"{r['largest_process_gib'][k]:.2f}" if k in r["largest_process_gib"] else "-"
+                                     for k in roles)] for r in rows]
     cpu = [[f"{r['nodes']:,}", *(f"{r['cpu_s'].get(k, 0):.0f}" for k in roles)] for r in rows]
     text = "\n\n".join([
         paragraph("`fedspectral-plus` exact (the default) on planted partitions of 8 blocks, mean degree 20, "
@@ -226,6 +237,7 @@ def page() -> Path:
         table(["nodes", *roles], largest),
         "CPU seconds by process (where the deployed run's work goes):",
         table(["nodes", *roles], cpu),
+        *(paragraph(cpu_floor(r)) for r in rows),
     ])
     return write_page("deployment-scale", "Deployed runs at scale", text, MEASURE)
 
