@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from app.quiet import plain_console
 from deploy.flower_resilience import Namespace, answer_what_is_not_received, push_until_stored, survive_error_statuses
 
 #: the environment variable that switches the shim off ("0")
@@ -200,7 +201,9 @@ def _forked(context, run, argv: list[str], popen_kwargs):
 
 
 def _silence_if(quiet: bool) -> None:
-    """A forked process's stdout and stderr to /dev/null when Flower started it ``quiet``."""
+    """A forked process's stdout and stderr to /dev/null when Flower started it ``quiet``; Flower's
+    lines plain (its fork server, a fresh interpreter, set them up coloured)."""
+    plain_console()
     if quiet:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -550,6 +553,7 @@ def main(argv: list[str]) -> int:
     if not installed.startswith(PINNED_FLOWER):
         run_plain(role, rest, f"Flower {installed} is installed, these changes are made for {PINNED_FLOWER}x")
     sys.argv = [COMMANDS[role], *rest]
+    plain_console()  # a log file gets Flower's lines without colour codes or empty ones
     try:
         _patch(role)
     except (AttributeError, ImportError, TypeError) as err:  # a fresh process: no change half made
