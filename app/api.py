@@ -163,7 +163,10 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
         a step; the message names the client and why.
     """
     from app.data.formats import as_graph
+    from app.quiet import plain_console
     from app.run import ENGINES
+
+    plain_console()  # the run's log lines without colour codes where they go to a file
 
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
@@ -176,7 +179,7 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     whole = as_graph(data, **options)
     if engine != "inprocess" and not isinstance(data, (str, os.PathLike)):
         raise ConfigError(f"engine={engine!r} with in-memory data; valid: 'inprocess', or a file path")
-    return _cluster_whole(strategy, whole, str(data), num_clients, raw, engine, out_dir)
+    return _cluster_whole(strategy, whole, data, num_clients, raw, engine, out_dir)
 
 
 def _cluster_pieces(strategy: str, pieces: list, num_clients: int | None, raw: dict, engine: str, out_dir) -> Result:
@@ -192,12 +195,14 @@ def _cluster_pieces(strategy: str, pieces: list, num_clients: int | None, raw: d
     return _presplit(strategy, pieces, raw, out_dir)
 
 
-def _cluster_whole(strategy: str, whole, path: str, num_clients: int | None, raw: dict, engine: str,
+def _cluster_whole(strategy: str, whole, data, num_clients: int | None, raw: dict, engine: str,
                    out_dir) -> Result:
-    """:func:`cluster` on one graph or collection ``whole`` split by the partitioner: given in memory
-    on the in-process engine, else read from ``path`` by the engine's clients."""
+    """:func:`cluster` on one graph or collection ``whole`` (read from ``data``, the user's object or
+    path) split by the partitioner: given in memory on the in-process engine (named by the path it
+    was read from, where there is one), else read from the path by the engine's clients."""
     clients = DEFAULT_NUM_CLIENTS if num_clients is None else num_clients
-    name = memory.register(whole) if engine == "inprocess" else path
+    path = str(data) if isinstance(data, (str, os.PathLike)) else None
+    name = memory.register(whole, label=path) if engine == "inprocess" else path
     try:
         result, labels = _execute(strategy, name, clients, raw, out_dir, engine)
     finally:

@@ -176,7 +176,7 @@ def summary_table(result: dict) -> str:
     metrics = result.get("metrics", {})
     reference = result.get("reference", {}) or {}
     names = [k for k in ("acc", "f1", "nmi", "ari", "modularity", "conductance") if k in metrics]
-    dataset = "data given in memory" if memory.is_memory(str(result["dataset"])) else result["dataset"]
+    dataset = memory.described(str(result["dataset"]))
     lines = [
         f"{result['strategy']} on {dataset} with {result['num_clients']} clients",
         f"{'metric':<30}{'federated':>10}{'centralised':>13}",

@@ -204,3 +204,16 @@ def test_check_prints_what_a_party_will_hold_and_refuses_bad_files(sbm, tmp_path
         assert check_main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, (argv, err)
+
+
+def test_a_graph_read_from_a_path_is_named_by_it_not_as_data_in_memory(sbm, tmp_path, caplog):
+    from app.data.formats import write_npz
+
+    path = write_npz(sbm, tmp_path / "graph.npz")
+    with caplog.at_level("INFO"):
+        cluster("fedkmeans", str(path), 2, **SMALL)
+    assert f"fedkmeans on {path} with 2 clients" in caplog.text and "given in memory" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        cluster("fedkmeans", sbm, 2, **SMALL)
+    assert "fedkmeans on data given in memory with 2 clients" in caplog.text

@@ -19,18 +19,21 @@ from .types import GraphCollection, GraphData
 PREFIX = "memory:"
 _TABLE: dict[str, GraphData | GraphCollection] = {}
 _USERS: dict[str, int] = {}  # runs holding each name: two runs may register the same content
+_LABELS: dict[str, str] = {}  # the path the data was read from, where the user gave one
 _LOCK = threading.Lock()
 
 
-def register(data: GraphData | GraphCollection) -> str:
+def register(data: GraphData | GraphCollection, label: str | None = None) -> str:
     """Keep ``data`` in this process's table until as many :func:`forget` calls; return
-    its name ``memory:<hash>``."""
+    its name ``memory:<hash>``. ``label``: the path it was read from, by which messages name it."""
     if not isinstance(data, (GraphData, GraphCollection)):
         raise TypeError(f"only GraphData or GraphCollection can be registered, not {type(data).__name__}")
     name = PREFIX + data_hash(data)
     with _LOCK:
         _TABLE[name] = data
         _USERS[name] = _USERS.get(name, 0) + 1
+        if label:
+            _LABELS[name] = str(label)
     return name
 
 
@@ -39,8 +42,19 @@ def is_memory(name: str) -> bool:
 
 
 def shown(name: str) -> str:
-    """How a message names ``name``: quoted, or as data given in memory (its hash means nothing to a user)."""
-    return "given in memory" if is_memory(name) else repr(str(name))
+    """How a message names ``name``: quoted (the path in-memory data was read from), or as data
+    given in memory (its hash means nothing to a user)."""
+    if is_memory(name) and name not in _LABELS:
+        return "given in memory"
+    return repr(_LABELS.get(name, str(name)))
+
+
+def described(name: str) -> str:
+    """What a summary calls the data ``name``: a path or built-in name as is, the path in-memory data
+    was read from, else "data given in memory"."""
+    if not is_memory(name):
+        return str(name)
+    return _LABELS.get(name, "data given in memory")
 
 
 def lookup(name: str) -> GraphData | GraphCollection:
@@ -62,3 +76,4 @@ def forget(name: str) -> None:
         else:
             _USERS.pop(name, None)
             _TABLE.pop(name, None)
+            _LABELS.pop(name, None)
