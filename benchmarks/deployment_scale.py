@@ -74,10 +74,10 @@ def role(process: psutil.Process) -> str:
 
 class PeakMemory:
     """Peak proportional set size (resident memory, a page shared by n processes counted 1/n in
-    each: forked ClientApps share the preloaded libraries) of the processes this one started, each with every process below it
-    (the largest sum at one sample: the SuperLink with its ServerApp, a SuperNode with its
-    ClientApps), the largest single process of each, and the CPU seconds each used, as last
-    sampled (where the machine's work went)."""
+    each: forked ClientApps share the preloaded libraries) of the processes this one started, each
+    with every process below it (the largest sum at one sample: the SuperLink with its ServerApp,
+    a SuperNode with its ClientApps), the largest single process of each, and the CPU seconds
+    each used, as last sampled (where the machine's work went)."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, int] = {}
@@ -149,16 +149,24 @@ def run_inprocess(nodes: int, supernodes: int, out: Path) -> dict:
 
 
 def run_deployed(nodes: int, supernodes: int, out: Path) -> dict:
+    """The deployed run, its memory and CPU; ``error``: why it wrote no result (the ServerApp's
+    error line), None when it did."""
     from deploy.__main__ import RUN_TIMING, run_local
     start = time.perf_counter()
+    path, error = None, None
     with PeakMemory() as memory:
-        path = run_local(supernodes, "fedspectral-plus", "sbm", "auto", settings(nodes), out)
-    timing = json.loads((out / RUN_TIMING).read_text())
-    return {"wall_s": time.perf_counter() - start, "result": json.loads(path.read_text()),
-            "federation_start_s": timing["federation_start_s"], "flwr_run_s": timing["flwr_run_s"],
+        try:
+            path = run_local(supernodes, "fedspectral-plus", "sbm", "auto", settings(nodes), out)
+        except RuntimeError as err:  # no result: the row says why rather than the benchmark stopping
+            log = out / "flwr-run.log"
+            lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+            error = next((line.split("error: ", 1)[1] for line in reversed(lines) if "error: " in line), str(err))
+    timing = json.loads((out / RUN_TIMING).read_text()) if (out / RUN_TIMING).exists() else {}
+    return {"wall_s": time.perf_counter() - start, "error": error,
+            "result": json.loads(path.read_text()) if path else None,
+            "federation_start_s": timing.get("federation_start_s"), "flwr_run_s": timing.get("flwr_run_s"),
             "peak_rss": by_supernode(memory.peaks), "largest_rss": by_supernode(memory.largest),
-            "cpu_s": by_supernode(memory.cpu_s),
-            "labels": path.parent / "labels.npy"}
+            "cpu_s": by_supernode(memory.cpu_s), "labels": path.parent / "labels.npy" if path else None}
 
 
 def measure(nodes: int, supernodes: int, work: Path) -> dict:
@@ -167,33 +175,39 @@ def measure(nodes: int, supernodes: int, work: Path) -> dict:
     load.append(os.getloadavg()[0])
     deployed = run_deployed(nodes, supernodes, work / "deployed")
     load.append(os.getloadavg()[0])
-    same = bool(np.array_equal(np.load(deployed["labels"]), np.load(work / "inprocess" / "labels.npy")))
-    lt, dt = local["result"]["timing"], deployed["result"]["timing"]
-    traffic = deployed["result"]["communication"]
-    return {
-        "nodes": nodes, "supernodes": supernodes, "settings": settings(nodes), "same_labels": same,
-        "rounds": dt["rounds"], "inprocess_rounds": lt["rounds"],
-        "inprocess_protocol_s": lt["protocol_s"], "deployed_protocol_s": dt["protocol_s"],
-        "protocol_ratio": dt["protocol_s"] / lt["protocol_s"],
-        "inprocess_wall_s": local["wall_s"], "deployed_wall_s": deployed["wall_s"],
-        "federation_start_s": deployed["federation_start_s"],
-        "end_to_end_ratio": deployed["wall_s"] / local["wall_s"],
-        "median_round_s": float(np.median([r["seconds"] for r in dt["per_round"]])),
+    lt = local["result"]["timing"]
+    row = {
+        "nodes": nodes, "supernodes": supernodes, "settings": settings(nodes), "deployed_error": deployed["error"],
+        "inprocess_rounds": lt["rounds"], "inprocess_protocol_s": lt["protocol_s"],
+        "inprocess_wall_s": local["wall_s"],
         "inprocess_median_round_s": float(np.median(lt["per_round_s"] or [np.nan])),
-        "gigabytes": (traffic["bytes_up"] + traffic["bytes_down"]) / 1e9, "messages": traffic["messages"],
+        "federation_start_s": deployed["federation_start_s"], "deployed_wall_s": deployed["wall_s"],
         "peak_rss_gib": {k: v / GIB for k, v in {**local["peak_rss"], **deployed["peak_rss"]}.items()},
         "largest_process_gib": {k: v / GIB for k, v in deployed["largest_rss"].items()},
         "cpu_s": {**local["cpu_s"], **deployed["cpu_s"]},
         "load_average": f"{min(load):.1f}-{max(load):.1f}",
     }
+    if deployed["result"] is None:
+        return row
+    dt, traffic = deployed["result"]["timing"], deployed["result"]["communication"]
+    same = bool(np.array_equal(np.load(deployed["labels"]), np.load(work / "inprocess" / "labels.npy")))
+    return {**row, "same_labels": same, "rounds": dt["rounds"], "deployed_protocol_s": dt["protocol_s"],
+            "protocol_ratio": dt["protocol_s"] / lt["protocol_s"],
+            "end_to_end_ratio": deployed["wall_s"] / local["wall_s"],
+            "median_round_s": float(np.median([r["seconds"] for r in dt["per_round"]])),
+            "gigabytes": (traffic["bytes_up"] + traffic["bytes_down"]) / 1e9, "messages": traffic["messages"]}
 
 
 def print_row(row: dict) -> None:
-    print(f"{row['nodes']:>9,} nodes: protocol {row['inprocess_protocol_s']:.1f} s in-process, "
-          f"{row['deployed_protocol_s']:.1f} s deployed (x{row['protocol_ratio']:.2f}); end to end "
-          f"{row['inprocess_wall_s']:.1f} / {row['deployed_wall_s']:.1f} s (x{row['end_to_end_ratio']:.2f}, "
-          f"start {row['federation_start_s']:.1f} s); {row['rounds']} rounds, {row['gigabytes']:.2f} GB; "
-          f"same labels: {row['same_labels']}; load {row['load_average']}")
+    if row.get("deployed_error"):
+        print(f"{row['nodes']:>9,} nodes: protocol {row['inprocess_protocol_s']:.1f} s in-process; the deployed run "
+              f"wrote no result: {row['deployed_error']}")
+    else:
+        print(f"{row['nodes']:>9,} nodes: protocol {row['inprocess_protocol_s']:.1f} s in-process, "
+              f"{row['deployed_protocol_s']:.1f} s deployed (x{row['protocol_ratio']:.2f}); end to end "
+              f"{row['inprocess_wall_s']:.1f} / {row['deployed_wall_s']:.1f} s (x{row['end_to_end_ratio']:.2f}, "
+              f"start {row['federation_start_s']:.1f} s); {row['rounds']} rounds, {row['gigabytes']:.2f} GB; "
+              f"same labels: {row['same_labels']}; load {row['load_average']}")
     print("  peak memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in row["peak_rss_gib"].items()))
     print("  largest process (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in row["largest_process_gib"].items()))
     print("  CPU seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in row["cpu_s"].items()))
@@ -214,10 +228,14 @@ def page() -> Path:
     rows = read_results(RESULTS, MEASURE)["rows"]
     header = ["nodes", "SuperNodes", "rounds", "protocol in-process (s)", "protocol deployed (s)", "ratio",
               "end to end in-process / deployed (s)", "ratio", "GB moved", "same labels", "load"]
+    done = [r for r in rows if not r.get("deployed_error")]
     body = [[f"{r['nodes']:,}", str(r["supernodes"]), str(r["rounds"]), f"{r['inprocess_protocol_s']:.1f}",
              f"{r['deployed_protocol_s']:.1f}", f"{r['protocol_ratio']:.2f}",
              f"{r['inprocess_wall_s']:.0f} / {r['deployed_wall_s']:.0f}", f"{r['end_to_end_ratio']:.2f}",
-             f"{r['gigabytes']:.2f}", "yes" if r["same_labels"] else "no", r["load_average"]] for r in rows]
+             f"{r['gigabytes']:.2f}", "yes" if r["same_labels"] else "no", r["load_average"]] for r in done]
+    failed = [f"{r['nodes']:,} nodes: in-process protocol {r['inprocess_protocol_s']:.0f} s in "
+              f"{r['inprocess_rounds']} rounds; the deployed run wrote no result: {r['deployed_error']}"
+              for r in rows if r.get("deployed_error")]
     roles = sorted({k for r in rows for k in r["peak_rss_gib"]})
     memory = [[f"{r['nodes']:,}", *(f"{r['peak_rss_gib'].get(k, 0):.2f}" for k in roles)] for r in rows]
     largest = [[f"{r['nodes']:,}", *(f"{r['largest_process_gib'][k]:.2f}" if k in r["largest_process_gib"] else "-"
@@ -230,14 +248,16 @@ def page() -> Path:
                   f"protocol time <= {PROTOCOL_TARGET}, end to end (with the federation's start) <= "
                   f"{END_TO_END_TARGET}; the deployed run completes within the machine's 24 GB."),
         table(header, body),
-        "Peak memory (GiB, proportional set size: a page n processes share counts 1/n in each) of each process with the processes it started (the SuperLink with "
+        *(paragraph(line) for line in failed),
+        "Peak memory (GiB, proportional set size: a page n processes share counts 1/n in each) of each "
+        "process with the processes it started (the SuperLink with "
         "its ServerApp, a SuperNode with its ClientApps), all at one moment:",
         table(["nodes", *roles], memory),
         "The largest single process of each (GiB):",
         table(["nodes", *roles], largest),
         "CPU seconds by process (where the deployed run's work goes):",
         table(["nodes", *roles], cpu),
-        *(paragraph(cpu_floor(r)) for r in rows),
+        *(paragraph(cpu_floor(r)) for r in done),
     ])
     return write_page("deployment-scale", "Deployed runs at scale", text, MEASURE)
 
