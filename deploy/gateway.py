@@ -559,12 +559,11 @@ def _server_tls(cert: Path, key: Path) -> ssl.SSLContext:
 
 
 def shared_address_limits(nodes_per_address: int) -> dict[str, int]:
-    """The per-client bounds (and the total body budget) for ``nodes_per_address`` SuperNodes behind
-    one address (several SuperNodes on one machine: a local federation, an organisation's NAT): the
-    bounds of one, that many times over, so that their pushes do not wait on each other's budget."""
-    if not 1 <= nodes_per_address <= MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS:
-        raise SystemExit(f"error: --nodes-per-address {nodes_per_address}; valid: 1 to "
-                         f"{MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS}")
+    """The per-client bounds (and total body budget) for ``nodes_per_address`` SuperNodes behind one
+    address (one machine, a NAT): one's bounds that many times over, so their pushes do not wait."""
+    most = MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS
+    if not 1 <= nodes_per_address <= most:
+        raise SystemExit(f"error: --nodes-per-address {nodes_per_address}; valid: 1 to {most}")
     return {"max_client_connections": nodes_per_address * MAX_CLIENT_CONNECTIONS,
             "client_body_budget": nodes_per_address * CLIENT_BODY_BUDGET,
             "body_budget": max(BODY_BUDGET, nodes_per_address * CLIENT_BODY_BUDGET)}
