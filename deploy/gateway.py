@@ -161,8 +161,7 @@ BODY_BUDGET = 64 * MIB
 CLIENT_BODY_BUDGET = 16 * MIB
 #: the SuperNode's own client waits 30 s for an answer (flwr.supercore.protobuf.client)
 UPSTREAM_TIMEOUT_S = 30.0
-#: a connection to the SuperLink left unused this long is closed here: the SuperLink (uvicorn) closes
-#: one after 5 s, and a request sent on it just as it does fails
+#: an unused SuperLink connection is closed here after this: the SuperLink closes one after 5 s, under a request
 UPSTREAM_KEEPALIVE_S = 2.0
 #: after a refusal, what the client may still be sending is read and dropped (so that it sees the
 #: answer rather than a reset connection), up to this much
