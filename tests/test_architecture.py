@@ -205,3 +205,13 @@ def test_every_error_the_app_raises_on_purpose_has_one_root():
     assert len(found) >= 15
     assert [c.__name__ for c in found if not issubclass(c, FedGraphError)] == []
     assert {c.exit_code for c in found} == {1, 2}
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_every_module_is_under_600_lines():
+    """A module a reader takes in whole: one topic, under MAX_MODULE_LINES lines."""
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in python_files("app", "clients", "strategies", "deploy")
+            if (n := len(p.read_text().splitlines())) >= MAX_MODULE_LINES]
+    assert long == []
