@@ -73,8 +73,28 @@ class ClusteringClient(Generic[ViewT]):
         return dict(cls._steps)
 
     def handle(self, action: str, content: RecordDict) -> RecordDict:
-        """Answer protocol step ``action`` (its ``@answers`` method), unless this node's
-        privacy policy sets a rule the strategy cannot meet (every step refused)."""
+        """Answer protocol step ``action`` (its ``@answers`` method).
+
+        Parameters
+        ----------
+        action : str
+            The step (the message type without its category), one of :meth:`steps`.
+        content : RecordDict
+            The server's request (:func:`app.transport.pack`): arrays and values, with the
+            peers' relayed public keys where the run is secure.
+
+        Returns
+        -------
+        RecordDict
+            The reply that goes back over the wire: what the step's method returns, masked or
+            noised where the step says so, with the sealed shares of a recoverable masked sum.
+
+        Raises
+        ------
+        app.privacy.policy.PrivacyRefusal
+            This node's privacy policy forbids the step, or sets a rule the strategy cannot meet
+            (every step refused); the ClientApp answers with a refusal naming the rule.
+        """
         self.policy.refuse_unmet()
         arrays, values = unpack(content)
         values = self._agree_on_relayed_keys(values)

@@ -269,10 +269,42 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
     @abstractmethod
     def run(self, session: ServerSession) -> StrategyOutput:
-        """Run the protocol; return the clustering."""
+        """Run the protocol; return the clustering.
+
+        Parameters
+        ----------
+        session : app.session.ServerSession
+            The connected clients (hello done) and the exchange every step goes through:
+            :meth:`~app.session.ServerSession.exchange` / ``broadcast`` for a step,
+            ``secagg_values`` / ``secure_sum`` for a masked sum, ``round_done`` for progress.
+
+        Returns
+        -------
+        StrategyOutput
+            The labels (of the server's items: nodes, graphs or k-hop subgraphs), the per-round
+            history and the method's own metrics.
+
+        Raises
+        ------
+        app.wire.ProtocolError
+            A step cannot go on: a rejected reply, too few clients, a malformed upload (one line
+            naming the client and why).
+        """
 
     def reference(self, data: GraphData | GraphCollection) -> np.ndarray | None:
-        """Labels of the centralised counterpart on the pooled ``data``."""
+        """Labels of the centralised counterpart on the pooled ``data``.
+
+        Parameters
+        ----------
+        data : GraphData or GraphCollection
+            The whole dataset, as one organisation holding everything would have it.
+
+        Returns
+        -------
+        ndarray of int64 or None
+            One label per item, with this run's ``num-clusters`` and seed; None: no
+            counterpart (the server then scores the federated labels alone).
+        """
         return None
 
     def reference_method(self) -> str | None:
