@@ -226,8 +226,8 @@ def cpu_floor(row: dict) -> str:
 
 def page() -> Path:
     rows = read_results(RESULTS, MEASURE)["rows"]
-    header = ["nodes", "SuperNodes", "rounds", "protocol in-process (s)", "protocol deployed (s)", "ratio",
-              "end to end in-process / deployed (s)", "ratio", "GB moved", "same labels", "load"]
+    header = ["nodes", "SuperNodes", "rounds", "protocol in-process (s)", "deployed (s)", "ratio",
+              "end to end (s)", "ratio", "GB", "same labels", "load"]
     done = [r for r in rows if not r.get("deployed_error")]
     body = [[f"{r['nodes']:,}", str(r["supernodes"]), str(r["rounds"]), f"{r['inprocess_protocol_s']:.1f}",
              f"{r['deployed_protocol_s']:.1f}", f"{r['protocol_ratio']:.2f}",
@@ -249,9 +249,9 @@ def page() -> Path:
                   f"{END_TO_END_TARGET}; the deployed run completes within the machine's 24 GB."),
         table(header, body),
         *(paragraph(line) for line in failed),
-        "Peak memory (GiB, proportional set size: a page n processes share counts 1/n in each) of each "
+        paragraph("Peak memory (GiB, proportional set size: a page n processes share counts 1/n in each) of each "
         "process with the processes it started (the SuperLink with "
-        "its ServerApp, a SuperNode with its ClientApps), all at one moment:",
+        "its ServerApp, a SuperNode with its ClientApps), all at one moment:"),
         table(["nodes", *roles], memory),
         "The largest single process of each (GiB):",
         table(["nodes", *roles], largest),
