@@ -210,6 +210,7 @@ def test_final_labels_with_item_ids_outside_the_dataset_are_refused():
 
 
 @pytest.mark.simulation
+@pytest.mark.slow
 def test_run_simulation_smoke_on_karate(out_dir):
     """Flower's simulation engine end to end (Ray start-up dominates)."""
     result = run_experiment("fedkmeans", "karate", 2, {"num-rounds": 3}, out_dir, engine="simulation")

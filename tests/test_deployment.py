@@ -47,7 +47,8 @@ def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path
     assert not (tmp_path / "deployed").exists()
 
 
-@pytest.mark.parametrize("strategy", [pytest.param("kcagc", marks=pytest.mark.slow), "fedspectral-plus", "fedkmeans"])
+@pytest.mark.parametrize("strategy", [pytest.param("kcagc", marks=pytest.mark.slow),
+                                      pytest.param("fedspectral-plus", marks=pytest.mark.slow), "fedkmeans"])
 def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):
     partitioner, sets = DEPLOYED[strategy]
     path = run_local(3, strategy, "sbm", partitioner, SMALL_SBM + sets, tmp_path / "deployed", timeout=RUN_GUARD_S)

@@ -218,6 +218,7 @@ def test_a_signed_run_exits_0_with_its_result(signed_federation, tmp_path):
 
 
 @pytest.mark.deployment
+@pytest.mark.slow
 def test_an_app_the_supernodes_refuse_exits_4_where_flwr_run_exits_0(signed_federation, tmp_path):
     """One file more than the signed app: every SuperNode refuses it before any of its code runs."""
     from deploy.bundle import stage_app
