@@ -4,9 +4,12 @@ A run is configured by a flat mapping of keys to scalars (Flower's run-config:
 ``[tool.flwr.app.config]`` in ``pyproject.toml``, overridden by ``flwr run
 --run-config`` or ``python -m app.run --set``). Keys shared by every method are
 plain (``strategy``, ``dataset``, ...); per-method keys carry the method as a
-prefix (``kcagc.local-factor``). Every key is declared once as a :class:`Param`;
-:func:`validate` turns a raw mapping into a :class:`RunConfig` or raises
-:class:`ConfigError` with one line naming the bad value and the valid choices.
+prefix (``kcagc.local-factor``). Every key is declared once: a key code reads through
+a typed view is a field of that :class:`ConfigView` (its type, default, help and range
+given by :func:`setting`), from which :meth:`ConfigView.params` builds its :class:`Param`;
+the other keys (the data's, the privacy policy's) are plain Params. :meth:`Schema.validate`
+turns a raw mapping into a :class:`RunConfig` or raises :class:`ConfigError` with one line
+naming the bad value and the valid choices.
 """
 
 from __future__ import annotations
@@ -207,16 +210,30 @@ class RunConfig:
 
 ViewT = TypeVar("ViewT", bound="ConfigView")
 
+#: the metadata key of a view field's declaration (:func:`setting`)
+_SETTING = "setting"
+
+
+def setting(default: Scalar, help: str, *, low: float | None = None, high: float | None = None,
+            choices: tuple[str, ...] | None = None, infinite: bool = False,
+            check: Callable[[Any], None] | None = None, primary: bool = False) -> Any:
+    """The declaration of one run-config key as a field of a :class:`ConfigView`: its default and
+    the rest of its :class:`Param` (the key comes from the field's name, the kind from its type)."""
+    declared = dict(help=help, low=low, high=high, choices=choices, infinite=infinite, check=check,
+                    primary=primary)
+    return field(default=default, metadata={_SETTING: declared})
+
 
 @dataclass(frozen=True)
 class ConfigView:
-    """A typed, read-only view of some keys of a :class:`RunConfig`.
+    """A typed, read-only view of some keys of a :class:`RunConfig`, and their declaration.
 
     A subclass is a frozen dataclass whose fields are keys under its ``prefix``,
     ``-`` written ``_``: a field ``filter_order`` of a view with prefix
     ``"fedkmeans"`` reads ``fedkmeans.filter-order``; prefix ``""`` reads shared
-    keys (``num_clusters`` reads ``num-clusters``). The schema has already typed
-    and range-checked every value, so a view only names them for code and tools.
+    keys (``num_clusters`` reads ``num-clusters``). Each field is declared with
+    :func:`setting`; :meth:`params` are the keys' Params, in field order. The schema
+    has typed and range-checked every value, so a view only names them for code and tools.
     """
 
     prefix: ClassVar[str] = ""
@@ -228,10 +245,20 @@ class ConfigView:
         return f"{cls.prefix}.{key}" if cls.prefix else key
 
     @classmethod
+    def params(cls) -> tuple[Param, ...]:
+        """The Param of every field, in declaration order."""
+        out = []
+        for f in dataclasses.fields(cls):
+            if _SETTING not in f.metadata:
+                raise TypeError(f"{cls.__name__}.{f.name} is not declared with app.config.setting()")
+            kind = _TYPES[f.type] if isinstance(f.type, str) else f.type
+            out.append(Param(cls.key(f.name), kind, f.default, **f.metadata[_SETTING]))
+        return tuple(out)
+
+    @classmethod
     def keys(cls) -> dict[str, type]:
         """Run-config key -> Python type of every field."""
-        hints = {f.name: f.type for f in dataclasses.fields(cls)}
-        return {cls.key(name): _TYPES[kind] if isinstance(kind, str) else kind for name, kind in hints.items()}
+        return {p.key: p.kind for p in cls.params()}
 
     @classmethod
     def of(cls: type[ViewT], config: RunConfig) -> ViewT:
@@ -244,24 +271,34 @@ _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 @dataclass(frozen=True)
 class SharedConfig(ConfigView):
-    """The keys every method shares (declared in :func:`app.registry.core_params`), less secure
-    aggregation's (:class:`SecAggConfig`)."""
+    """The keys every method shares, less secure aggregation's (:class:`SecAggConfig`). The
+    choices of ``strategy``, ``partitioner`` and ``transport`` and the check of ``dataset`` come
+    from the layers that define them (:func:`app.registry.core_params` adds them)."""
 
-    strategy: str
-    dataset: str
-    partitioner: str
-    num_clusters: int
-    num_rounds: int
-    num_clients: int
-    min_clients: int
-    seed: int
-    retries: int
-    timeout: float
-    transport: str
-    reference: bool
-    eval_file: str
-    out_dir: str
-    resume: bool
+    strategy: str = setting("fedkmeans", "clustering method")
+    dataset: str = setting("sbm", "a built-in dataset's name, or the path of a graph file or directory; "
+                                  "'parties': every SuperNode brings its own data (node config data=PATH)")
+    # 'parties' is app.data.parties.PARTIES (tests/test_config.py holds the two together)
+    num_clusters: int = setting(0, "clusters to find; 0 = number of classes in the dataset", low=0,
+                                high=100_000_000, primary=True)
+    partitioner: str = setting("auto", "how the data is split over clients; auto = the method's own")
+    seed: int = setting(0, "seed of data generation, partitioning and the protocol", low=0,
+                        high=2**32 - 1)  # scikit-learn's largest random_state
+    num_rounds: int = setting(20, "protocol rounds (each method says what a round is)", low=1, high=1_000_000,
+                              primary=True)
+    num_clients: int = setting(0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024)
+    retries: int = setting(0, "ask a client that did not answer within timeout again, this many times", low=0,
+                           high=100)
+    min_clients: int = setting(1, "strategies that tolerate dropouts stop when fewer clients remain", low=1,
+                               high=1024)
+    timeout: float = setting(600.0, "seconds to wait for the clients' replies in one step", low=0.001)
+    transport: str = setting("backoff", "reply polling: backoff (2-50 ms, default) or flower "
+                                        "(Grid.send_and_receive)")
+    reference: bool = setting(True, "also run the centralised reference on the pooled data")
+    eval_file: str = setting("", "server-side evaluation file (deployment); empty = load the dataset "
+                                 "(simulation)")
+    out_dir: str = setting("", "where result.json goes; empty = results/<strategy>-<dataset>-<time>")
+    resume: bool = setting(False, "continue the interrupted run in out-dir from its journal (app.journal)")
 
 
 @dataclass(frozen=True)
@@ -269,8 +306,10 @@ class SecAggConfig(ConfigView):
     """Secure aggregation's fixed-point ``scale`` and the declared ``bound`` of a summed value."""
 
     prefix: ClassVar[str] = "secagg"
-    scale: float
-    bound: float
+    scale: float = setting(float(2**20), "secure aggregation: fixed-point scale (resolution 1/scale)", low=1.0,
+                           high=float(2**40))
+    bound: float = setting(1e6, "secure aggregation: largest |value| one client may contribute (fedkmeans: "
+                                "one row's, its sums may reach its rows x this)", low=1e-9)
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ strategy's own keys, then the chosen strategy's cross-key rules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from app.config import ConfigError, Param, RunConfig, Schema, SharedConfig
+from app.config import ConfigError, Param, RunConfig, Schema, SecAggConfig, SharedConfig
 from app.data.datasets import check_dataset_value
-from app.data.params import DATA_PARAMS, SEED, data_keys_read
+from app.data.params import DATA_PARAMS, data_keys_read
 from app.data import memory
 from app.data.parties import PARTIES
 from app.data.partition import PARTITIONERS
@@ -70,38 +70,15 @@ def get(name: str) -> Entry:
 
 
 def core_params() -> list[Param]:
-    """Keys every method shares."""
-    return [
-        Param("strategy", str, "fedkmeans", "clustering method", choices=tuple(STRATEGIES)),
-        Param("dataset", str, "sbm", f"a built-in dataset's name, or the path of a graph file or directory; "
-              f"{PARTIES!r}: every SuperNode brings its own data (node config data=PATH)", check=check_dataset),
-        Param("num-clusters", int, 0, "clusters to find; 0 = number of classes in the dataset", low=0,
-              high=100_000_000, primary=True),
-        Param("partitioner", str, "auto", "how the data is split over clients; auto = the method's own",
-              choices=("auto",) + tuple(PARTITIONERS)),
-        SEED,
-        Param("num-rounds", int, 20, "protocol rounds (each method says what a round is)", low=1,
-              high=1_000_000, primary=True),
-        Param("num-clients", int, 0, "clients taking part; 0 = every connected SuperNode", low=0, high=1024),
-        Param("retries", int, 0, "ask a client that did not answer within timeout again, this many times",
-              low=0, high=100),
-        Param("min-clients", int, 1,
-              "strategies that tolerate dropouts stop when fewer clients remain", low=1, high=1024),
-        Param("timeout", float, 600.0, "seconds to wait for the clients' replies in one step", low=0.001),
-        Param("transport", str, "backoff",
-              "reply polling: backoff (2-50 ms, default) or flower (Grid.send_and_receive)",
-              choices=POLL_MODES),
-        Param("secagg.scale", float, float(2**20),
-              "secure aggregation: fixed-point scale (resolution 1/scale)", low=1.0, high=float(2**40)),
-        Param("secagg.bound", float, 1e6,
-              "secure aggregation: largest |value| one client may contribute (fedkmeans: one row's, its sums "
-              "may reach its rows x this)", low=1e-9),
-        Param("reference", bool, True, "also run the centralised reference on the pooled data"),
-        Param("eval-file", str, "",
-              "server-side evaluation file (deployment); empty = load the dataset (simulation)"),
-        Param("out-dir", str, "", "where result.json goes; empty = results/<strategy>-<dataset>-<time>"),
-        Param("resume", bool, False, "continue the interrupted run in out-dir from its journal (app.journal)"),
-    ]
+    """Keys every method shares, as :class:`app.config.SharedConfig` and
+    :class:`app.config.SecAggConfig` declare them (secure aggregation's after ``transport``), with
+    what only the layers above app.config know: the strategy names, the partitioners, the reply
+    polling modes and the dataset check."""
+    supplied = {"strategy": {"choices": tuple(STRATEGIES)}, "dataset": {"check": check_dataset},
+                "partitioner": {"choices": ("auto",) + tuple(PARTITIONERS)}, "transport": {"choices": POLL_MODES}}
+    shared = [replace(p, **supplied.get(p.key, {})) for p in SharedConfig.params()]
+    at = [p.key for p in shared].index("transport") + 1
+    return [*shared[:at], *SecAggConfig.params(), *shared[at:]]
 
 
 @lru_cache(maxsize=1)

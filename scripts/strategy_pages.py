@@ -1,6 +1,7 @@
 """Write the generated part of every strategy page, docs/strategies/<name>.md, from the registry.
 
-Run after adding a strategy or changing one of its Params: python scripts/strategy_pages.py
+Run after adding a strategy or changing one of its keys (a field of its settings view):
+python scripts/strategy_pages.py
 (tests/test_docs_links.py fails while a page and the registry differ). The part between the two
 markers is the strategy's split, partitioners and run-config keys (type, default, valid values,
 meaning, as ``python -m app.run describe NAME`` prints them); the rest of the page is written by

@@ -1,6 +1,7 @@
 """Rewrite [tool.flwr.app.config] in pyproject.toml from the run-config schema.
 
-Run after adding or changing a Param: python scripts/sync_run_config.py
+Run after adding or changing a key (a field of a ConfigView, or a Param of the data or
+the privacy policy): python scripts/sync_run_config.py
 (tests/test_config.py fails while the two differ)."""
 import json, re, sys
 sys.path.insert(0, '.')

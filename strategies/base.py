@@ -84,14 +84,18 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
     ``self.cfg`` is the method's own keys as its typed ``settings`` view (shared with its client,
     declared in its protocol module), ``self.shared`` the keys every method shares and
-    ``self.secagg`` secure aggregation's; ``self.config`` is the whole validated run-config."""
+    ``self.secagg`` secure aggregation's; ``self.config`` is the whole validated run-config.
+
+    ``params`` are not written but derived: the keys of the ``settings`` view the class itself
+    names (a subclass that inherits its parent's view declares no key; it lists those it reads
+    as ``borrowed``)."""
 
     settings: ClassVar[type[ConfigView]] = NoConfig
 
     name: ClassVar[str]
     summary: ClassVar[str]
     split: ClassVar[str]  # what each client holds, in words
-    params: ClassVar[tuple[Param, ...]] = ()
+    params: ClassVar[tuple[Param, ...]] = ()  # the keys the strategy declares: its settings' (see above)
     borrowed: ClassVar[tuple[Param, ...]] = ()  # keys another strategy declares that this one reads too
     ignores: ClassVar[tuple[str, ...]] = ()  # shared keys (app.registry.core_params) the method does not read
     partitioners: ClassVar[tuple[str, ...]]  # first one is the default
@@ -108,6 +112,12 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     #: (:meth:`app.session.ServerSession.recovers`). Sums that need every party's rows (whole-graph
     #: modes, padded sums) never do, whatever this says.
     tolerates_dropouts: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "params" in vars(cls):
+            raise TypeError(f"{cls.__name__} writes params; declare its keys as fields of its settings view")
+        cls.params = cls.settings.params() if "settings" in vars(cls) else ()
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config

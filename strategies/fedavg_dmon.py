@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.protocols import fedavg_dmon as proto
@@ -98,7 +98,6 @@ from strategies.fedavg_dmon_gradient import GradientRounds
 if TYPE_CHECKING:
     from app.session import ServerSession
 
-P = "fedavg-dmon."
 DP_PROTECTS = ("each client's whole local subgraph (client-level DP) in its training-round uploads: one release "
                "of its noised model update per round, no validation score or loss sent; not covered: its feature "
                "dimension and node count, sent once in clear for the FedAvg weights, and its final labels and own "
@@ -148,38 +147,6 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     local_graphs = True
     needs_features = True
     tolerates_dropouts = True  # FedAvg of the weights of the clients that answered (not the whole-graph modes)
-    params = (
-        Param(P + "mode", str, "federated", "federated (FedAvg), isolated (no aggregation) or "
-              "centralised (one client with the whole graph)", choices=proto.MODES, primary=True),
-        Param(P + "local-epochs", int, 5, "local Adam epochs per round", low=1, high=100_000, primary=True),
-        Param(P + "lr", float, 1e-3, "Adam learning rate", low=1e-12, high=10.0, primary=True),
-        Param(P + "hidden", int, 64, "GCN output dimension", low=1, high=100_000),
-        Param(P + "dropout", float, 0.5, "dropout after the GCN layer", low=0.0, high=0.99),
-        Param(P + "collapse", float, 1.0, "collapse regularisation lambda of the DMoN loss", low=0.0),
-        Param(P + "sparse-features", bool, True,
-              "feed the features to the GCN as a sparse tensor (same model; fast on bag-of-words)"),
-        Param(P + "optimizer-state", str, "keep",
-              "keep: each client's Adam moments persist between rounds; reset: fresh Adam every round",
-              choices=proto.OPT_STATE),
-        Param(P + "val-fraction", float, 0.1, "fraction of edges held out for model selection", low=0.0, high=0.9),
-        Param(P + "test-fraction", float, 0.2, "fraction of edges held out for testing", low=0.0, high=0.9),
-        Param(P + "select", str, "val-modularity",
-              "model selection: best validation-edge modularity, or the last weights (dp-clip > 0 needs last: "
-              "clients then send no validation score)", choices=proto.SELECT),
-        Param(P + "dp-clip", float, 0.0, "client-level DP-FedAvg: L2 clip of each update (0 = off; needs "
-              "select=last)", low=0.0),
-        Param(P + "dp-noise", float, 1.0, "DP-FedAvg noise multiplier z (sigma = z * clip)", low=1e-6),
-        Param(P + "dp-epsilon", float, 0.0,
-              "DP-FedAvg: if > 0, calibrate z to reach this epsilon after num-rounds rounds (at most 1e4: Opacus' "
-              "search for z does not end for a huge epsilon, which protects nothing anyway)", low=0.0, high=1e4),
-        Param(P + "dp-delta", float, 1e-5, "DP-FedAvg delta", low=1e-12, high=0.5),
-        Param(P + "secure", bool, False, "secure aggregation of the weighted weights"),
-        Param(P + "aggregate", str, "gradient",
-              "whole-graph mode (federated, partition.boundary=true) only: gradient (the server keeps the model "
-              "and Adam and steps on the parties' summed exact gradients, num-rounds x local-epochs steps: "
-              "centralised full-batch training) or weights (local Adam epochs, FedAvg of the weights)",
-              choices=gproto.AGGREGATE, primary=True),
-    )
 
     settings = proto.FedAvgDMoNConfig
 

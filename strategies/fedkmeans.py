@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from app.clustering import kmeans
-from app.config import ConfigError, Param, RunConfig
+from app.config import ConfigError, RunConfig
 from app.data.types import GraphData
 from app.journal import last_step_replayed
 from app.privacy.ledger import GUARANTEE_SECAGG
@@ -83,13 +83,6 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     partitioners = ("node-random", "node-community", "node-dirichlet", "sample", "sample-dirichlet")
     needs_features = True
     tolerates_dropouts = True  # Lloyd's sums over the clients that answered: their rows' centres
-    params = (
-        Param("fedkmeans.filter-order", int, 0,
-              "AGC low-pass filter order applied first (over the whole graph with partition.boundary)",
-              low=0, high=1000, primary=True),
-        Param("fedkmeans.tol", float, 1e-6, "stop when no centre moves more than this", low=0.0),
-        Param("fedkmeans.secure", bool, False, "secure aggregation of the per-round statistics"),
-    )
 
     settings = proto.FedKMeansConfig
     @classmethod

@@ -65,17 +65,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig
+from app.config import ConfigError, RunConfig
 from app.data.types import GraphData
 from app.protocols import fedsc as proto
 from app.wire import LABELS, ProtocolError, ReplySpec
 from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
                              check_item_ids, concat_int64)
-
-#: Bandwidths whose 2 sigma^2 is a normal float64 (a smaller one makes every
-#: kernel entry 0/0, a larger one every entry 1).
-SIGMA_RANGE = (1e-150, 1e150)
 
 if TYPE_CHECKING:
     from app.session import ServerSession
@@ -96,40 +92,6 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
     partitioners = ("sample", "sample-dirichlet", "node-random", "node-community", "node-dirichlet")
     needs_features = True
     tolerates_dropouts = True  # Z is the average over the clients that answered
-    params = (
-        Param("fedsc.landmarks", int, 0,
-              "landmarks d (0: spectral-mass rule on each client's kernel, largest count)", low=0, high=100_000,
-              primary=True),
-        Param("fedsc.mass", float, proto.DEFAULT_MASS,
-              "spectral-mass rule: fraction of the singular-value mass d landmarks must carry on each client's "
-              "kernel (the authors: 0.99 of the full kernel's; a client's smaller kernel needs more)",
-              low=1e-6, high=1.0, primary=True),
-        Param("fedsc.lambda", float, proto.DEFAULT_LAMBDA, "ridge weight lambda of the coefficients C",
-              low=0.0, high=1e6),
-        Param("fedsc.sigma", float, 0.0,
-              "Gaussian kernel bandwidth (0: mean pairwise distance, estimated from the clients)", low=0.0,
-              high=SIGMA_RANGE[1], primary=True),
-        Param("fedsc.secure", bool, False, "secure aggregation of the landmark uploads Z_p"),
-        Param("fedsc.filter-order", int, 0,
-              "graph data: AGC low-pass filter order applied to each client's features first", low=0, high=1000),
-        Param("fedsc.data-noise", float, 0.0,
-              "perturbed data: each client uses X + ratio * std(X) * N(0,1) (paper: 0.3, 0.7)", low=0.0,
-              high=1e6),
-        Param("fedsc.noise-z", float, 0.0, "perturbed factors: Z_p noise ratio alpha_z each round", low=0.0,
-              high=1e6),
-        Param("fedsc.noise-c", float, 0.0, "perturbed factors: C_p noise ratio alpha_c at the end", low=0.0,
-              high=1e6),
-        Param("fedsc.dp-epsilon", float, 0.0,
-              "calibrated Gaussian mechanism on Z_p and C_p with this total epsilon (0: off; needs fedsc.sigma "
-              "and fedsc.landmarks set, so that no un-noised statistic leaves a client; at most 1e4, as "
-              "fedavg-dmon.dp-epsilon)", low=0.0, high=1e4),
-        Param("fedsc.dp-delta", float, 1e-5, "total delta of the calibrated mechanism", low=1e-12, high=0.5),
-        Param("fedsc.dp-clip-z", float, 100.0,
-              "L2 clip of each client's whole Z_p upload (client-level unit)", low=1e-9, high=1e12),
-        Param("fedsc.dp-clip-c", float, 10.0,
-              "L2 clip of each sample's coefficient column c_i (sample-level unit)", low=1e-9, high=1e12),
-        Param("fedsc.n-init", int, 10, "k-means restarts in the final spectral clustering", low=1, high=1000),
-    )
 
     settings = proto.FedSCConfig
 
@@ -152,8 +114,8 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
                 "valid choices: set either dp-epsilon or the noise ratios, not both"
             )
         sigma, landmarks = cfg.sigma, cfg.landmarks
-        if 0 < sigma < SIGMA_RANGE[0]:
-            low, high = SIGMA_RANGE
+        if 0 < sigma < proto.SIGMA_RANGE[0]:
+            low, high = proto.SIGMA_RANGE
             raise ConfigError(f"invalid value {sigma:g} for 'fedsc.sigma': 2 sigma^2 underflows to 0, the kernel "
                               f"is 0/0 at distance 0; valid: 0 (estimate) or a bandwidth in [{low:g}, {high:g}]")
         if cfg.dp_epsilon > 0 and not (sigma > 0 and landmarks > 0):

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import GaussianMechanism
 from app.progress import Convergence
@@ -76,9 +76,6 @@ if TYPE_CHECKING:
 PAPER_SETTINGS = {"ego-facebook": (6, 20), "email-eu-core": (1, 1)}
 PAPER_DEFAULT = (6, 20)
 EXACT_MAX_ROUNDS = 2000
-WIRE_DTYPES = ("float64", "float32")
-MODES = ("paper", "exact")
-SOLVERS = ("auto", "krylov", "chebyshev")
 
 
 def _reference(strategy: FedSpectral | FedSpectralPlus, data: GraphData) -> np.ndarray:
@@ -122,9 +119,6 @@ class FedSpectral(ClusteringStrategy[wire.FedSpectralConfig]):
     partitioners = ("edge",)
     needs_edges = True
     local_graphs = True
-    params = (
-        Param("fedspectral.n-init", int, 10, "k-means restarts (clients and server)", low=1, high=1000),
-    )
 
     settings = wire.FedSpectralConfig
 
@@ -163,44 +157,6 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     needs_edges = True
     refuses_weights = ("bounds the degrees by n and an edge's DP sensitivity by a unit weight (it counts every "
                        "edge as 1)")
-    params = (
-        Param("fedspectral-plus.mode", str, "exact",
-              "exact: global operator via secure degree sum, block Krylov (or Chebyshev) iteration until "
-              "converged, the centralised labels (needs every client each round); paper: average of local "
-              "power iterations + QR (Algorithms 3-4), far from centralised when a client holds few edges",
-              choices=MODES, primary=True),
-        Param("fedspectral-plus.iters", int, 0,
-              "paper mode: power iterations per client per round (0: paper's value, email-eu-core 1, else 6)",
-              low=0, high=10_000),
-        Param("fedspectral-plus.rounds", int, 0,
-              "rounds (0: paper mode as the paper, email-eu-core 1, else 20; exact mode at most 2000); "
-              "the shared num-rounds key is not used", low=0, high=1_000_000, primary=True),
-        Param("fedspectral-plus.block", int, 0, "exact mode: block width b >= k (0: 2k, capped at N)",
-              low=0, high=100_000),
-        Param("fedspectral-plus.solver", str, "auto",
-              "exact mode: krylov (block Lanczos, Rayleigh-Ritz on all blocks so far: about a third of "
-              "chebyshev's rounds), chebyshev (Chebyshev-filtered orthogonal iteration on one block: closer to "
-              "centralised under DP noise), auto: chebyshev when fedspectral-plus.noise-multiplier > 0, "
-              "else krylov", choices=SOLVERS),
-        Param("fedspectral-plus.basis-blocks", int, 20,
-              "exact mode, krylov: blocks the server keeps before a thick restart (memory: N x b x this floats)",
-              low=2, high=10_000),
-        Param("fedspectral-plus.degree", int, 8,
-              "exact mode, chebyshev: filter degree (1: plain shifted iteration)", low=1, high=1000),
-        Param("fedspectral-plus.tol", float, 1e-9,
-              "exact mode: stop when every top-k Ritz pair has residual ||M u - theta u|| <= tol (krylov; "
-              "ARPACK's criterion in the centralised reference, tol 1e-9) or the top-k subspace moves less "
-              "than tol, the sine of its largest angle (chebyshev)", low=0.0, high=1.0),
-        Param("fedspectral-plus.secure", bool, False, "secure aggregation of every uploaded block"),
-        Param("fedspectral-plus.noise-multiplier", float, 0.0,
-              "Gaussian noise std / edge sensitivity on every upload (0: no noise); edge-level DP", low=0.0,
-              high=1e6),
-        Param("fedspectral-plus.delta", float, 1e-5, "delta of the edge-level (epsilon, delta)-DP guarantee",
-              low=1e-12, high=0.5),
-        Param("fedspectral-plus.wire-dtype", str, "float64",
-              "dtype of plain blocks on the wire (both directions)", choices=WIRE_DTYPES),
-        Param("fedspectral-plus.n-init", int, 10, "k-means restarts on the final embedding", low=1, high=1000),
-    )
 
     settings = wire.FedSpectralPlusConfig
 

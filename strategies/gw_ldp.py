@@ -114,7 +114,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, Param, RunConfig, SharedConfig
+from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.types import GraphCollection, GraphData
 from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.privacy.ldp import LDPAccountant, default_m
@@ -167,55 +167,6 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     ignores = ("secagg.scale", "secagg.bound")
     partitioners = ("graph-dirichlet", "khop")
     refuses_weights = "takes integer node degrees and hop distances (it counts every edge as 1)"
-    params = (
-        Param("gw-ldp.model", str, "gin", "shared GNN: gcn (2 layers, 16) or gin (5 layers, 64)",
-              choices=proto.MODELS, primary=True),
-        Param("gw-ldp.local-epochs", int, 1, "full-batch local epochs per FedAvg round (E)", low=0, high=10_000),
-        Param("gw-ldp.lr", float, 0.01, "Adam learning rate of local training", low=1e-9, high=10.0),
-        Param("gw-ldp.epsilon", float, 0.0,
-              "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP", low=0.0,
-              infinite=True, primary=True),
-        Param("gw-ldp.embedding", str, "hidden",
-              "node embedding uploaded: softmax of the last message-passing layer (hidden: n x 16 for GCN, "
-              "n x 64 for GIN; the paper's h-dimensional H) or of the class scores (classes: n x C)",
-              choices=proto.EMBEDDING_LAYERS),
-        Param("gw-ldp.embed-every", int, 0,
-              "also collect encoded embeddings every s rounds (0: only after training)", low=0,
-              high=1_000_000),
-        Param("gw-ldp.clustering", str, "spectral", "clustering of the GW matrix", choices=proto.CLUSTERINGS),
-        Param("gw-ldp.workers", int, 2, "processes for the GW matrix (0 = all cores)", low=0, high=256),
-        Param("gw-ldp.gw-max-iter", int, 10_000, "POT conditional-gradient iterations per pair", low=1,
-              high=1_000_000),
-        Param("gw-ldp.merge-duplicates", bool, True,
-              "GW on distinct embedding rows weighted by multiplicity (same metric-measure space: exact for "
-              "LDP codes; float rows are compared after rounding to 9 decimals)"),
-        Param("gw-ldp.degree-dim", int, 64, "one-hot degree features for graphs without features", low=2,
-              high=10_000),
-        Param("gw-ldp.fold", int, -1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a "
-              "ten-fold cross-validation (validation = the next two folds)", low=-1, high=proto.FOLDS - 1),
-        Param("gw-ldp.alpha", float, 1.0, "1 = GW on the embeddings' intra-distances (paper Eq. 3); < 1 = fused "
-              "GW with the embeddings as node features (feature term weight 1 - alpha)", low=0.0, high=1.0),
-        Param("gw-ldp.svc", bool, True, "fit the SVC on the GW kernel (needs labelled train/val graphs)"),
-        Param("gw-ldp.svc-selection", str, "validation",
-              "how the SVC's C and gamma are picked: validation = best on the validation graphs (the paper's "
-              "7:2:1), cv = 5-fold cross-validation over the train and validation graphs, refit on both",
-              choices=proto.SELECTIONS),
-        Param("gw-ldp.norm-statistics", str, "auto",
-              "BatchNorm statistics (GIN) used for the embeddings: pooled = recomputed exactly over all clients' "
-              "training graphs after training (one round per BatchNorm layer; clients upload per-channel sums "
-              "and sums of squares), averaged = FedAvg of the clients' running statistics; auto = pooled "
-              "without training DP, averaged with it", choices=proto.NORM_STATISTICS),
-        Param("gw-ldp.dp", str, "none", "DP for training: none, client (clip + Gaussian noise per client "
-              "update, DP-FedAvg) or sgd (local DP-SGD, one graph = one sample, Opacus accountant)",
-              choices=proto.DP_MODES),
-        Param("gw-ldp.dp-sample-rate", float, 0.5, "local DP-SGD: Poisson sampling rate of training graphs per step",
-              low=1e-6, high=1.0),
-        Param("gw-ldp.dp-clip", float, 1.0, "DP: L2 clip of each update (client) or of each graph's gradient "
-              "(sgd)", low=1e-9),
-        Param("gw-ldp.dp-noise", float, 1.0, "DP: noise multiplier (sigma / clip), client or sgd", low=1e-9),
-        Param("gw-ldp.dp-delta", float, 1e-5, "DP: delta of the reported epsilon, client or sgd",
-              low=1e-12, high=0.5),
-    )
 
     settings = proto.GWLDPConfig
 

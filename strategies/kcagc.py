@@ -98,8 +98,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.graph_filters import FILTERS
-from app.config import ConfigError, Param, RunConfig
+from app.config import ConfigError, RunConfig
 from app.data.types import GraphData
 from app.protocols import kcagc as proto
 from app.protocols import kcagc_exact as exact
@@ -110,49 +109,6 @@ from strategies.kcagc_exact import ExactAGC
 
 if TYPE_CHECKING:
     from app.session import ServerSession
-
-PARAMS = (
-    Param("kcagc.mode", str, "exact",
-          "kcagc: exact = centralised AGC's labels (top-k eigenvectors of F F^T, F = [G^psi X^1 .. G^psi X^L], by "
-          "block Krylov on secure sums of the clients' F_l (F_l^T Y), k-means on the server); paper = the paper's "
-          "Protocol 3 (local clusters, virtual nodes, secure weighted k-means)", choices=exact.MODES, primary=True),
-    Param("kcagc.filter", str, "agc",
-          "graph filter G = I - L_s / c on the self-looped normalised Laplacian: agc = AGC's (c = 2), "
-          "spectral-norm = the paper's Appendix E.2 filter (c = ||L_s||)", choices=FILTERS, primary=True),
-    Param("kcagc.filter-order", int, 0,
-          "filter order psi; 0 = the paper's value (agc: cora 9, citeseer 15, pubmed 60, wiki 2; "
-          "spectral-norm: cora 5, citeseer 5), AGC's adaptive rule on other datasets; "
-          "-1 = adaptive (paper mode: per client on its own columns; exact mode: on all columns, as AGC)",
-          low=-1, high=1000, primary=True),
-    Param("kcagc.local-factor", int, 1,
-          "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped at n)",
-          low=1, high=10**7),
-    Param("kcagc.embedding", str, "projection-unit",
-          "client features from the filtered block G^psi X: projection-unit = its projection U S on the top "
-          "singular vectors with unit rows, projection = U S (the paper's literal projection), normalized = U "
-          "with unit rows, svd = U (AGC), filtered = G^psi X, projection-joint-unit = U S divided by the node's "
-          "norm J over all clients (one secure sum of the n squared row norms, revealed to all), "
-          "projection-mixed-unit = U S divided by |U S|^beta J^(1-beta) (the same secure sum; "
-          "beta = kcagc.mix-exponent)",
-          choices=proto.EMBEDDINGS, primary=True),
-    Param("kcagc.mix-exponent", float, 0.5,
-          "projection-mixed-unit: exponent beta of a row's own norm in its divisor |U S|^beta J^(1-beta) "
-          "(1 = projection-unit, 0 = projection-joint-unit)", low=0.0, high=1.0),
-    Param("kcagc.embed-dim", int, 0,
-          "singular vectors d per client (every embedding except filtered; capped at the client's "
-          "number of feature columns); 0 = k", low=0, high=10**6),
-    Param("kcagc.iterations", int, 10, "Lloyd iterations Q (stops earlier when assignments repeat)",
-          low=0, high=10**4),
-    Param("kcagc.restarts", int, 50,
-          "k-means++ seedings run side by side (same messages); the lowest weighted inertia wins",
-          low=1, high=1000),
-    Param("kcagc.local-restarts", int, 10, "k-means++ restarts of each client's local clustering",
-          low=1, high=1000),
-    Param("kcagc.tree", bool, False, "kcagc: binary-tree arrangement of the clients (for many clients)"),
-    Param("kcagc.prune", bool, False,
-          "Protocol 1's 1/9 rule: the first centres after seeding are the means of the points at least "
-          "9x closer (squared) to their seed than to any other (local and secure k-means)"),
-)
 
 #: ``metrics["filter_order"]`` when each client picks psi by AGC's adaptive rule (never uploaded).
 ADAPTIVE_ORDER = "adaptive (per client, not disclosed)"
@@ -193,7 +149,6 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
     split = "feature columns (vertical): every client holds all nodes and the graph, and its own feature columns"
     ignores = ("num-rounds",)
     partitioners = ("vertical",)
-    params = PARAMS
     needs_features = True
 
     settings = proto.KCAGCConfig
@@ -335,9 +290,8 @@ class KCAGCBasic(KCAGC):
 
     name = "kcagc-basic"
     summary = "basic kCAGC: Lloyd over all nodes, n x k distances per iteration by secure aggregation"
-    params = ()
-    borrowed = tuple(p for p in PARAMS if p.key not in ("kcagc.mode", "kcagc.local-factor", "kcagc.local-restarts",
-                                                        "kcagc.tree"))
+    borrowed = tuple(p for p in KCAGC.params
+                     if p.key not in ("kcagc.mode", "kcagc.local-factor", "kcagc.local-restarts", "kcagc.tree"))
 
     def exact(self) -> bool:
         """Always the paper's Protocol 2."""

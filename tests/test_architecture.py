@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 from app import registry
 from app.config import ConfigView, SecAggConfig, SharedConfig
@@ -90,14 +92,14 @@ def long_functions(files) -> list[str]:
 
 
 def all_views() -> list[type[ConfigView]]:
-    """Every ConfigView subclass defined by the modules the registry imports."""
+    """Every ConfigView subclass defined by the app's modules the registry imports (not a test's)."""
     found, todo = [], [ConfigView]
     while todo:
         for sub in todo.pop().__subclasses__():
             if sub not in found:
                 found.append(sub)
                 todo.append(sub)
-    return found
+    return [view for view in found if view.__module__.startswith("app.")]
 
 
 # -- the helpers above ---------------------------------------------------------------------------
@@ -175,6 +177,66 @@ def test_the_shared_view_covers_every_shared_key_but_secure_aggregation_s():
     core = {p.key for p in registry.core_params()}
     assert core - shared == set(SecAggConfig.keys())
     assert [f.name for f in dataclasses.fields(SecAggConfig)] == ["scale", "bound"]
+
+
+#: The modules that write a Param: app.config builds the views' (from their fields), the data's keys and the
+#: node privacy policy's are read through no view.
+PARAM_WRITERS = ("app/config.py", "app/data/params.py", "app/privacy/policy.py")
+
+
+def param_calls(files) -> list[str]:
+    """``path:line`` of every ``Param(...)`` call (``Param`` by name or as an attribute) in ``files``."""
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and "Param" in (getattr(node.func, "id", None), getattr(node.func, "attr", None)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_keys_are_written_as_params_only_where_no_view_declares_them():
+    """A key a view reads is declared by the view's field alone, never by a second Param elsewhere."""
+    calls = param_calls(python_files("app", "strategies", "clients", "deploy", "scripts", "benchmarks"))
+    assert calls, "the scan finds no Param call at all"
+    offenders = [call for call in calls if not call.startswith(PARAM_WRITERS)]
+    assert not offenders, "Params written outside " + ", ".join(PARAM_WRITERS) + ": " + "; ".join(offenders)
+
+
+def test_a_strategy_declares_exactly_the_fields_of_the_view_it_names():
+    problems = []
+    for name, entry in registry.STRATEGIES.items():
+        cls = entry.strategy
+        expected = cls.settings.params() if "settings" in vars(cls) else ()
+        if cls.params != expected:
+            problems.append(f"{name}: params {[p.key for p in cls.params]}, its view's {[p.key for p in expected]}")
+    assert not problems, "; ".join(problems)
+
+
+def test_every_run_config_key_is_a_view_field_or_a_data_key_and_only_one_of_them():
+    from app.data.params import DATA_PARAMS
+
+    view_keys = [key for view in all_views() for key in view.keys()]
+    data_keys = [p.key for p in DATA_PARAMS]
+    assert len(set(view_keys)) == len(view_keys), "a key is a field of two views"
+    assert set(view_keys).isdisjoint(data_keys)
+    assert set(registry.schema().params) == set(view_keys) | set(data_keys)
+
+
+def test_a_strategy_that_writes_params_or_a_view_field_without_setting_is_refused():
+    from app.config import Param, setting
+    from strategies.base import ClusteringStrategy
+
+    with pytest.raises(TypeError, match="Twice writes params; declare its keys as fields of its settings view"):
+        type("Twice", (ClusteringStrategy,), {"params": (Param("twice.x", int, 0, ""),)})
+
+    @dataclasses.dataclass(frozen=True)
+    class Bare(ConfigView):
+        prefix = "bare"
+        declared: int = setting(1, "declared")
+        plain: int = 0
+
+    with pytest.raises(TypeError, match=r"^Bare.plain is not declared with app.config.setting\(\)$"):
+        Bare.params()
 
 
 # -- (d) the ClientApp loads without the heavy libraries -------------------------------------------

@@ -151,6 +151,21 @@ def test_registry_round_trip():
         registry.get("x")
 
 
+def test_the_dataset_help_names_the_reserved_value_parties_and_the_layers_add_their_choices():
+    """app.config cannot import the data layer or the registry: the help spells out
+    app.data.parties.PARTIES, and app.registry adds the choices and the check only it knows."""
+    from app.data.parties import PARTIES
+    from app.data.partition import PARTITIONERS
+    from app.transport import POLL_MODES
+
+    params = registry.schema().params
+    assert f"{PARTIES!r}: every SuperNode brings its own data" in params["dataset"].help
+    assert params["dataset"].check is registry.check_dataset
+    assert params["strategy"].choices == tuple(registry.STRATEGIES)
+    assert params["partitioner"].choices == ("auto", *PARTITIONERS)
+    assert params["transport"].choices == POLL_MODES
+
+
 def test_pyproject_run_config_equals_schema_defaults():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     table = pyproject["tool"]["flwr"]["app"]["config"]

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from app.config import ConfigError, Param
+from app.config import ConfigError, Param, SharedConfig
 
 from .datasets import DATASET_PARAMS, FILE_DATASETS, PATH_PARAMS, is_builtin
 from .partition import COMMUNITY_METHODS, PARTITION_PARAMS, PARTITIONERS, RUN_CONFIG_KEYS, VERTICAL_SPLITS
 
-#: The run-config's seed (data generation, partitioning and the protocol); also
-#: ``python -m app.data.prepare --seed``.
-SEED = Param("seed", int, 0, "seed of data generation, partitioning and the protocol", low=0,
-             high=2**32 - 1)  # scikit-learn's largest random_state
+#: The run-config's seed (data generation, partitioning and the protocol, :class:`app.config.SharedConfig`);
+#: also ``python -m app.data.prepare --seed``.
+SEED = next(p for p in SharedConfig.params() if p.key == "seed")
 
 DATA_PARAMS: list[Param] = [
     Param("data-root", str, "",

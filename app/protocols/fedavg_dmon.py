@@ -56,7 +56,7 @@ from typing import ClassVar, Mapping
 import numpy as np
 import scipy.sparse as sp
 
-from app.config import ConfigView
+from app.config import ConfigView, setting
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- wire: the protocol's steps and what a valid reply holds -------------------------------
@@ -68,6 +68,8 @@ DMON_TRAIN = "dmon_train"
 PARAM_NAMES = ("conv.bias", "conv.lin.weight", "head.weight", "head.bias")
 
 MODES = ("federated", "isolated", "centralised")
+#: whole-graph mode: what the server aggregates (:mod:`app.protocols.fedavg_dmon_gradient`)
+AGGREGATE = ("gradient", "weights")
 SELECT = ("val-modularity", "last")
 OPT_STATE = ("keep", "reset")
 
@@ -77,26 +79,36 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 @dataclass(frozen=True)
 class FedAvgDMoNConfig(ConfigView):
-    """The ``fedavg-dmon.*`` keys (declared in :class:`strategies.fedavg_dmon.FedAvgDMoN`)."""
+    """The ``fedavg-dmon.*`` keys of :class:`strategies.fedavg_dmon.FedAvgDMoN` and its client, declared here."""
 
     prefix: ClassVar[str] = "fedavg-dmon"
-    mode: str
-    local_epochs: int
-    lr: float
-    hidden: int
-    dropout: float
-    collapse: float
-    sparse_features: bool
-    optimizer_state: str
-    val_fraction: float
-    test_fraction: float
-    select: str
-    dp_clip: float
-    dp_noise: float
-    dp_epsilon: float
-    dp_delta: float
-    secure: bool
-    aggregate: str
+    mode: str = setting("federated", "federated (FedAvg), isolated (no aggregation) or centralised (one client with "
+                        "the whole graph)", choices=MODES, primary=True)
+    local_epochs: int = setting(5, "local Adam epochs per round", low=1, high=100_000, primary=True)
+    lr: float = setting(1e-3, "Adam learning rate", low=1e-12, high=10.0, primary=True)
+    hidden: int = setting(64, "GCN output dimension", low=1, high=100_000)
+    dropout: float = setting(0.5, "dropout after the GCN layer", low=0.0, high=0.99)
+    collapse: float = setting(1.0, "collapse regularisation lambda of the DMoN loss", low=0.0)
+    sparse_features: bool = setting(True, "feed the features to the GCN as a sparse tensor (same model; fast on "
+                                    "bag-of-words)")
+    optimizer_state: str = setting("keep", "keep: each client's Adam moments persist between rounds; reset: fresh "
+                                   "Adam every round", choices=OPT_STATE)
+    val_fraction: float = setting(0.1, "fraction of edges held out for model selection", low=0.0, high=0.9)
+    test_fraction: float = setting(0.2, "fraction of edges held out for testing", low=0.0, high=0.9)
+    select: str = setting("val-modularity", "model selection: best validation-edge modularity, or the last weights "
+                          "(dp-clip > 0 needs last: clients then send no validation score)", choices=SELECT)
+    dp_clip: float = setting(0.0, "client-level DP-FedAvg: L2 clip of each update (0 = off; needs select=last)",
+                             low=0.0)
+    dp_noise: float = setting(1.0, "DP-FedAvg noise multiplier z (sigma = z * clip)", low=1e-6)
+    dp_epsilon: float = setting(0.0, "DP-FedAvg: if > 0, calibrate z to reach this epsilon after num-rounds rounds "
+                                "(at most 1e4: Opacus' search for z does not end for a huge epsilon, which protects "
+                                "nothing anyway)", low=0.0, high=1e4)
+    dp_delta: float = setting(1e-5, "DP-FedAvg delta", low=1e-12, high=0.5)
+    secure: bool = setting(False, "secure aggregation of the weighted weights")
+    aggregate: str = setting("gradient", "whole-graph mode (federated, partition.boundary=true) only: gradient (the "
+                             "server keeps the model and Adam and steps on the parties' summed exact gradients, "
+                             "num-rounds x local-epochs steps: centralised full-batch training) or weights (local "
+                             "Adam epochs, FedAvg of the weights)", choices=AGGREGATE, primary=True)
 
 
 #: What a client adds to its hello reply: its feature dimension (its node count, the FedAvg weight, is

@@ -57,7 +57,6 @@ from app.protocols import fedavg_dmon_boundary as bproto
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 DMON_GRADIENT = "dmon_gradient"
-AGGREGATE = ("gradient", "weights")
 #: the upload (masked: the gradient then ``<S_c, (A S)_c>`` and ``val_intra_c``; one party: the gradient)
 GRADIENT = "gradient"
 #: flag in ``dmon_spread``'s values: ``S_c`` under this step's dropout mask (gradient mode)

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from app.config import ConfigError, ConfigView
+from app.config import ConfigError, ConfigView, setting
 from app.graph_filters import filtered_features
 from app.wire import ArraySpec, ReplySpec
 
@@ -68,12 +68,13 @@ def assign_reply(k: int) -> ReplySpec:
 
 @dataclass(frozen=True)
 class FedKMeansConfig(ConfigView):
-    """The ``fedkmeans.*`` keys (declared in :class:`strategies.fedkmeans.FedKMeans`)."""
+    """The ``fedkmeans.*`` keys of :class:`strategies.fedkmeans.FedKMeans` and its client, declared here."""
 
     prefix: ClassVar[str] = "fedkmeans"
-    filter_order: int
-    tol: float
-    secure: bool
+    filter_order: int = setting(0, "AGC low-pass filter order applied first (over the whole graph with "
+                                "partition.boundary)", low=0, high=1000, primary=True)
+    tol: float = setting(1e-6, "stop when no centre moves more than this", low=0.0)
+    secure: bool = setting(False, "secure aggregation of the per-round statistics")
 
 
 def local_features(x, adj, filter_order: int) -> np.ndarray:

@@ -37,7 +37,7 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from app.config import ConfigError, ConfigView, RunConfig, SharedConfig
+from app.config import ConfigError, ConfigView, RunConfig, SharedConfig, setting
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- wire: the protocol's steps and what a valid reply holds ------------------------------
@@ -83,26 +83,50 @@ def final_reply(landmarks: int, rows: int, noised: bool) -> ReplySpec:
                              "node_ids": ArraySpec((rows,), kind="iu", low=0, unique=True)})
 
 
+# -- run-config keys ------------------------------------------------------------------------
+#: singular-value mass the landmark count must carry on a client's own kernel. The authors take 99%
+#: of the full kernel's mass; a client's kernel is a principal submatrix of it and reaches 99% with
+#: fewer landmarks than the full one needs (see :func:`combine_landmark_counts`), so the local rule
+#: asks for 99.9%.
+AUTHORS_MASS = 0.99
+DEFAULT_MASS = 0.999
+DEFAULT_LAMBDA = 1e-4
+
+#: Bandwidths whose 2 sigma^2 is a normal float64 (a smaller one makes every
+#: kernel entry 0/0, a larger one every entry 1).
+SIGMA_RANGE = (1e-150, 1e150)
+
+
 @dataclass(frozen=True)
 class FedSCConfig(ConfigView):
-    """The ``fedsc.*`` keys (declared in :class:`strategies.fedsc.FedSC`). ``lambda_`` reads
+    """The ``fedsc.*`` keys of :class:`strategies.fedsc.FedSC` and its client, declared here. ``lambda_`` reads
     ``fedsc.lambda`` (a trailing ``_`` keeps a Python keyword out of the field name)."""
 
     prefix: ClassVar[str] = "fedsc"
-    landmarks: int
-    mass: float
-    lambda_: float
-    sigma: float
-    secure: bool
-    filter_order: int
-    data_noise: float
-    noise_z: float
-    noise_c: float
-    dp_epsilon: float
-    dp_delta: float
-    dp_clip_z: float
-    dp_clip_c: float
-    n_init: int
+    landmarks: int = setting(0, "landmarks d (0: spectral-mass rule on each client's kernel, largest count)",
+                             low=0, high=100_000, primary=True)
+    mass: float = setting(DEFAULT_MASS, "spectral-mass rule: fraction of the singular-value mass d landmarks must "
+                          "carry on each client's kernel (the authors: 0.99 of the full kernel's; a client's smaller "
+                          "kernel needs more)", low=1e-6, high=1.0, primary=True)
+    lambda_: float = setting(DEFAULT_LAMBDA, "ridge weight lambda of the coefficients C", low=0.0, high=1e6)
+    sigma: float = setting(0.0, "Gaussian kernel bandwidth (0: mean pairwise distance, estimated from the clients)",
+                           low=0.0, high=SIGMA_RANGE[1], primary=True)
+    secure: bool = setting(False, "secure aggregation of the landmark uploads Z_p")
+    filter_order: int = setting(0, "graph data: AGC low-pass filter order applied to each client's features first",
+                                low=0, high=1000)
+    data_noise: float = setting(0.0, "perturbed data: each client uses X + ratio * std(X) * N(0,1) (paper: 0.3, 0.7)",
+                                low=0.0, high=1e6)
+    noise_z: float = setting(0.0, "perturbed factors: Z_p noise ratio alpha_z each round", low=0.0, high=1e6)
+    noise_c: float = setting(0.0, "perturbed factors: C_p noise ratio alpha_c at the end", low=0.0, high=1e6)
+    dp_epsilon: float = setting(0.0, "calibrated Gaussian mechanism on Z_p and C_p with this total epsilon (0: off; "
+                                "needs fedsc.sigma and fedsc.landmarks set, so that no un-noised statistic leaves a "
+                                "client; at most 1e4, as fedavg-dmon.dp-epsilon)", low=0.0, high=1e4)
+    dp_delta: float = setting(1e-5, "total delta of the calibrated mechanism", low=1e-12, high=0.5)
+    dp_clip_z: float = setting(100.0, "L2 clip of each client's whole Z_p upload (client-level unit)",
+                               low=1e-9, high=1e12)
+    dp_clip_c: float = setting(10.0, "L2 clip of each sample's coefficient column c_i (sample-level unit)",
+                               low=1e-9, high=1e12)
+    n_init: int = setting(10, "k-means restarts in the final spectral clustering", low=1, high=1000)
 
     @classmethod
     def key(cls, name: str) -> str:
@@ -158,15 +182,6 @@ def pooled_features(data, config: RunConfig) -> tuple[np.ndarray, np.ndarray, fl
         sums, pairs = zip(*(local_distance_sum(x) for x in xs))
         sigma = combine_bandwidth(sums, pairs)
     return np.vstack(xs), ids, sigma
-
-#: singular-value mass the landmark count must carry on a client's own kernel. The authors take 99%
-#: of the full kernel's mass; a client's kernel is a principal submatrix of it and reaches 99% with
-#: fewer landmarks than the full one needs (see :func:`combine_landmark_counts`), so the local rule
-#: asks for 99.9%.
-AUTHORS_MASS = 0.99
-DEFAULT_MASS = 0.999
-DEFAULT_LAMBDA = 1e-4
-
 
 # ---------------------------------------------------------------------------
 # kernel, bandwidth, landmark count

@@ -78,7 +78,9 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from app.config import ConfigView
+from app.config import ConfigView, setting
+from app.graph_filters import FILTERS
+from app.protocols.kcagc_exact import MODES
 from app.wire import ArraySpec, ReplySpec
 
 # -- wire: the protocol's steps and what a valid reply holds ------------------------------
@@ -101,33 +103,56 @@ def masked_reply(name: str, size: int, secure: bool) -> ReplySpec:
     return ReplySpec(arrays={name: ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
 
 
+# -- run-config keys ------------------------------------------------------------------------
+EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", "projection-joint-unit",
+              "projection-mixed-unit")
+
+
 @dataclass(frozen=True)
 class KCAGCConfig(ConfigView):
-    """The ``kcagc.*`` keys (declared in :class:`strategies.kcagc.KCAGC`; ``kcagc-basic`` reads
+    """The ``kcagc.*`` keys of :class:`strategies.kcagc.KCAGC` and its client (``kcagc-basic`` reads
     all but ``mode``, ``local_factor``, ``local_restarts`` and ``tree``; ``mode = exact``
-    reads ``filter`` and ``filter_order`` only, :mod:`app.protocols.kcagc_exact`)."""
+    reads ``filter`` and ``filter_order`` only, :mod:`app.protocols.kcagc_exact`), declared here."""
 
     prefix: ClassVar[str] = "kcagc"
-    mode: str
-    filter: str
-    filter_order: int
-    local_factor: int
-    embedding: str
-    mix_exponent: float
-    embed_dim: int
-    iterations: int
-    restarts: int
-    local_restarts: int
-    tree: bool
-    prune: bool
+    mode: str = setting("exact", "kcagc: exact = centralised AGC's labels (top-k eigenvectors of F F^T, F = [G^psi "
+                        "X^1 .. G^psi X^L], by block Krylov on secure sums of the clients' F_l (F_l^T Y), k-means on "
+                        "the server); paper = the paper's Protocol 3 (local clusters, virtual nodes, secure weighted "
+                        "k-means)", choices=MODES, primary=True)
+    filter: str = setting("agc", "graph filter G = I - L_s / c on the self-looped normalised Laplacian: agc = AGC's "
+                          "(c = 2), spectral-norm = the paper's Appendix E.2 filter (c = ||L_s||)",
+                          choices=FILTERS, primary=True)
+    filter_order: int = setting(0, "filter order psi; 0 = the paper's value (agc: cora 9, citeseer 15, pubmed 60, "
+                                "wiki 2; spectral-norm: cora 5, citeseer 5), AGC's adaptive rule on other datasets; "
+                                "-1 = adaptive (paper mode: per client on its own columns; exact mode: on all "
+                                "columns, as AGC)", low=-1, high=1000, primary=True)
+    local_factor: int = setting(1, "kcagc: local clusters per client k_hat = factor x k (paper: 1, 2, 4, 8; capped "
+                                "at n)", low=1, high=10**7)
+    embedding: str = setting("projection-unit", "client features from the filtered block G^psi X: projection-unit = "
+                             "its projection U S on the top singular vectors with unit rows, projection = U S (the "
+                             "paper's literal projection), normalized = U with unit rows, svd = U (AGC), filtered = "
+                             "G^psi X, projection-joint-unit = U S divided by the node's norm J over all clients "
+                             "(one secure sum of the n squared row norms, revealed to all), projection-mixed-unit = "
+                             "U S divided by |U S|^beta J^(1-beta) (the same secure sum; beta = kcagc.mix-exponent)",
+                             choices=EMBEDDINGS, primary=True)
+    mix_exponent: float = setting(0.5, "projection-mixed-unit: exponent beta of a row's own norm in its divisor "
+                                  "|U S|^beta J^(1-beta) (1 = projection-unit, 0 = projection-joint-unit)",
+                                  low=0.0, high=1.0)
+    embed_dim: int = setting(0, "singular vectors d per client (every embedding except filtered; capped at the "
+                             "client's number of feature columns); 0 = k", low=0, high=10**6)
+    iterations: int = setting(10, "Lloyd iterations Q (stops earlier when assignments repeat)", low=0, high=10**4)
+    restarts: int = setting(50, "k-means++ seedings run side by side (same messages); the lowest weighted inertia "
+                            "wins", low=1, high=1000)
+    local_restarts: int = setting(10, "k-means++ restarts of each client's local clustering", low=1, high=1000)
+    tree: bool = setting(False, "kcagc: binary-tree arrangement of the clients (for many clients)")
+    prune: bool = setting(False, "Protocol 1's 1/9 rule: the first centres after seeding are the means of the points "
+                          "at least 9x closer (squared) to their seed than to any other (local and secure k-means)")
+
 
 #: Filter order psi the kCAGC paper fixes per graph filter (app.graph_filters.FILTERS) and dataset:
 #: AGC's filter in Section 4.1 (Table II), the spectral-norm filter in Appendix E.2 (Tables VIII, IX).
 PAPER_ORDER = {"agc": {"cora": 9, "citeseer": 15, "pubmed": 60, "wiki": 2},
                "spectral-norm": {"cora": 5, "citeseer": 5}}
-
-EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", "projection-joint-unit",
-              "projection-mixed-unit")
 
 #: Embeddings whose rows are scaled with the parties' summed squared row norms
 #: (one secure sum of n values before clustering, :func:`joint_unit_rows`).

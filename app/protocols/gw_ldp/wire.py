@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
-from app.config import ConfigView
+from app.config import ConfigView, setting
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- the protocol's steps ------------------------------------------------------------------
@@ -28,30 +28,46 @@ FOLDS = 10
 
 @dataclass(frozen=True)
 class GWLDPConfig(ConfigView):
-    """The ``gw-ldp.*`` keys (declared in :class:`strategies.gw_ldp.GWLDP`)."""
+    """The ``gw-ldp.*`` keys of :class:`strategies.gw_ldp.GWLDP` and its client, declared here."""
 
     prefix: ClassVar[str] = "gw-ldp"
-    model: str
-    local_epochs: int
-    lr: float
-    epsilon: float
-    embedding: str
-    embed_every: int
-    clustering: str
-    workers: int
-    gw_max_iter: int
-    merge_duplicates: bool
-    degree_dim: int
-    fold: int
-    alpha: float
-    svc: bool
-    svc_selection: str
-    norm_statistics: str
-    dp: str
-    dp_sample_rate: float
-    dp_clip: float
-    dp_noise: float
-    dp_delta: float
+    model: str = setting("gin", "shared GNN: gcn (2 layers, 16) or gin (5 layers, 64)", choices=MODELS, primary=True)
+    local_epochs: int = setting(1, "full-batch local epochs per FedAvg round (E)", low=0, high=10_000)
+    lr: float = setting(0.01, "Adam learning rate of local training", low=1e-9, high=10.0)
+    epsilon: float = setting(0.0, "LDP budget per graph embedding; 0 = 1/|V| (paper default), inf = no LDP",
+                             low=0.0, infinite=True, primary=True)
+    embedding: str = setting("hidden", "node embedding uploaded: softmax of the last message-passing layer (hidden: "
+                             "n x 16 for GCN, n x 64 for GIN; the paper's h-dimensional H) or of the class scores "
+                             "(classes: n x C)", choices=EMBEDDING_LAYERS)
+    embed_every: int = setting(0, "also collect encoded embeddings every s rounds (0: only after training)",
+                               low=0, high=1_000_000)
+    clustering: str = setting("spectral", "clustering of the GW matrix", choices=CLUSTERINGS)
+    workers: int = setting(2, "processes for the GW matrix (0 = all cores)", low=0, high=256)
+    gw_max_iter: int = setting(10_000, "POT conditional-gradient iterations per pair", low=1, high=1_000_000)
+    merge_duplicates: bool = setting(True, "GW on distinct embedding rows weighted by multiplicity (same "
+                                     "metric-measure space: exact for LDP codes; float rows are compared after "
+                                     "rounding to 9 decimals)")
+    degree_dim: int = setting(64, "one-hot degree features for graphs without features", low=2, high=10_000)
+    fold: int = setting(-1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a ten-fold cross-validation "
+                        "(validation = the next two folds)", low=-1, high=FOLDS - 1)
+    alpha: float = setting(1.0, "1 = GW on the embeddings' intra-distances (paper Eq. 3); < 1 = fused GW with the "
+                           "embeddings as node features (feature term weight 1 - alpha)", low=0.0, high=1.0)
+    svc: bool = setting(True, "fit the SVC on the GW kernel (needs labelled train/val graphs)")
+    svc_selection: str = setting("validation", "how the SVC's C and gamma are picked: validation = best on the "
+                                 "validation graphs (the paper's 7:2:1), cv = 5-fold cross-validation over the train "
+                                 "and validation graphs, refit on both", choices=SELECTIONS)
+    norm_statistics: str = setting("auto", "BatchNorm statistics (GIN) used for the embeddings: pooled = recomputed "
+                                   "exactly over all clients' training graphs after training (one round per "
+                                   "BatchNorm layer; clients upload per-channel sums and sums of squares), averaged "
+                                   "= FedAvg of the clients' running statistics; auto = pooled without training DP, "
+                                   "averaged with it", choices=NORM_STATISTICS)
+    dp: str = setting("none", "DP for training: none, client (clip + Gaussian noise per client update, DP-FedAvg) or "
+                      "sgd (local DP-SGD, one graph = one sample, Opacus accountant)", choices=DP_MODES)
+    dp_sample_rate: float = setting(0.5, "local DP-SGD: Poisson sampling rate of training graphs per step",
+                                    low=1e-6, high=1.0)
+    dp_clip: float = setting(1.0, "DP: L2 clip of each update (client) or of each graph's gradient (sgd)", low=1e-9)
+    dp_noise: float = setting(1.0, "DP: noise multiplier (sigma / clip), client or sgd", low=1e-9)
+    dp_delta: float = setting(1e-5, "DP: delta of the reported epsilon, client or sgd", low=1e-12, high=0.5)
 
 
 #: What a client adds to its hello reply (request value ``num_classes``, the GNN's outputs): its feature
