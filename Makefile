@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # where no local CPU wheel of torch 2.13.0 is configured (PyPI's default build pulls CUDA).
 TORCH_PIP_ARGS ?=
 
-.PHONY: install run test bench-transport
+.PHONY: install run test test-integration bench-transport
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# whole runs, deployments and server processes (the markers in pyproject.toml); CI runs both targets
+test-integration: install
+	$(PY) -m pytest -q -m 'integration and not slow'
 
 bench-transport: install
 	$(PY) benchmarks/transport.py

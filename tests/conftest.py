@@ -25,6 +25,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: exiting): a guard against a hang only, minutes long, so that a busy machine never fails a test.
 HANG_GUARD_S = 600.0
 
+#: markers that make a test an integration test (``make test-integration``, which CI runs too)
+INTEGRATION_KINDS = ("simulation", "deployment")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A test that runs Flower's simulation engine or a deployment is an integration test too:
+    ``make test`` leaves it out, ``make test-integration`` runs it (selection by ``-m``, which
+    reads the markers only after this hook)."""
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in INTEGRATION_KINDS):
+            item.add_marker(pytest.mark.integration)
+
 
 def wait_until(condition, what: str, guard_s: float = HANG_GUARD_S, poll_s: float = 0.1) -> None:
     """Return once ``condition()`` holds; fail naming ``what`` if it still does not after ``guard_s``."""

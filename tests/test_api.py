@@ -136,6 +136,7 @@ def test_presplit_pieces_equal_the_same_split_cut_by_the_partitioner(family, sbm
         assert written["cluster"].tolist() == [by_id[k] for k in p.keys.tolist()]
 
 
+@pytest.mark.integration
 def test_presplit_graph_collections_give_the_partitioners_clustering(tmp_path):
     """The same partition of the graphs; the cluster numbers may differ, since the server orders the
     graphs by position (party by party) where the partitioned run orders them by graph id."""

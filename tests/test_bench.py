@@ -197,6 +197,7 @@ def test_suite_validation():
     ("defaults.py --clients 0", "'0'", "valid: ints in [1, 1024]"),
     ("fedkmeans.py --seeds 0", "'0'", "valid: ints >= 1"),
 ])
+@pytest.mark.integration
 def test_benchmark_bad_argument_is_one_line_exit_2(argv, value, valid):
     """Every list is read whole at parse time: a bad item, even the last, stops the script with one
     line naming it and the valid values (no traceback, no usage block) before anything runs."""

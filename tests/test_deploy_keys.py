@@ -97,6 +97,7 @@ def test_the_app_signing_key_is_created_0600_by_the_call_that_creates_it(tmp_pat
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+@pytest.mark.integration
 def test_the_kernel_sees_each_private_key_created_0600_and_no_chmod(tmp_path):
     """The same, from ``strace -f``: one openat with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600 per
     private key, relative to the key directory's descriptor, and no chmod-family call at all, in

@@ -518,6 +518,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.integration
 def test_slow_and_surplus_connections_are_closed_and_the_log_stays_short(stoppable):
     """More TLS connections than the gateway takes, from more addresses than it takes at once, and
     TCP connections that never start TLS, all silent: the surplus is closed before its TLS
@@ -574,6 +575,7 @@ def _push_full_object(gateway: Gateway) -> Answer:
     return answer
 
 
+@pytest.mark.integration
 def test_bodies_announced_but_not_sent_hold_no_budget(stoppable):
     """Bodies announced at their endpoint's limit, the whole body budget's worth, one byte of each
     sent: a SuperNode pushing a full object is served (the budget counts bytes received, not
@@ -615,6 +617,7 @@ def test_an_address_holds_at_most_its_share_of_the_body_budget(stoppable):
                "the address's surplus to be refused")
 
 
+@pytest.mark.integration
 def test_one_address_holding_connections_leaves_the_rest_to_others(stoppable):
     """MAX_CONNECTIONS connections from one address, each with a complete request head and its body
     held back: the address gets MAX_CLIENT_CONNECTIONS of them (the rest are closed before TLS), a
@@ -651,6 +654,7 @@ def _served(gateway: Gateway) -> bool:
         return False  # closed before TLS: every slot taken
 
 
+@pytest.mark.integration
 def test_tcp_connections_without_tls_take_slots_and_bounded_memory(stoppable):
     """TCP connections that never start TLS. 500 from one address take MAX_CLIENT_CONNECTIONS slots
     and a SuperNode at another address is served. 200 from many addresses, eight times over, take

@@ -471,6 +471,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
     assert mech["ldp:multibit-embeddings"]["guarantee"].startswith("none")
 
 
+@pytest.mark.integration
 def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     shared_datasets_or_skip()
     from app.data import load_dataset
@@ -602,6 +603,7 @@ def test_client_takes_its_privacy_settings_from_its_own_config_not_the_server():
     assert client.on_gw_norm(weights, {"layer": "convs.0.nn.1"})[0]["moments"].shape == (1 + 2 * 64,)
 
 
+@pytest.mark.integration
 def test_a_re_sent_embedding_request_returns_the_first_draw_and_is_one_release(out_dir):
     shared_datasets_or_skip()
     from app.inprocess import FIRST_CLIENT_NODE_ID
@@ -653,6 +655,7 @@ def _fail_final_release(monkeypatch, client_id: int):
     monkeypatch.setattr(GWLDPClient, "on_gw_embed", flaky)
 
 
+@pytest.mark.integration
 def test_a_client_that_drops_keeps_its_periodic_release_in_the_matrix(out_dir, monkeypatch):
     shared_datasets_or_skip()
     _fail_final_release(monkeypatch, 1)
@@ -822,6 +825,7 @@ def test_malformed_batchnorm_moments_are_named():
         proto.pooled_norm_statistics([np.array([1.0, 3.0, 9.0])])
 
 
+@pytest.mark.integration
 def test_malformed_batchnorm_moments_stop_the_run_and_dp_keeps_averaged_statistics(out_dir, monkeypatch):
     shared_datasets_or_skip()
     from clients.gw_ldp import GWLDPClient
@@ -965,6 +969,7 @@ def test_a_malformed_describe_reply_stops_the_run_and_names_the_client(out_dir, 
         run_experiment("gw-ldp", "mutag", 2, {"num-rounds": 1, "reference": False}, out_dir)
 
 
+@pytest.mark.integration
 def test_a_client_whose_supernode_restarts_is_taken_back_into_training(out_dir, mirrored_datasets):
     from app.client_app import build_client_app
     from app.server_app import run_server

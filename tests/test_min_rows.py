@@ -246,6 +246,7 @@ def sweep(session, rows: dict[int, int], f: int, rng) -> dict[int, list[np.ndarr
     return taken
 
 
+@pytest.mark.integration
 def test_a_differencing_server_takes_no_row_from_fedkmeans_under_the_default_policy(monkeypatch, tmp_path):
     """The server moves a plane through the rows round after round and subtracts the sums it
     reads; under ``min-rows`` (its default 5) no difference it can take is one of the rows."""

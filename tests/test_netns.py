@@ -92,6 +92,7 @@ def test_a_supernode_reaches_the_gateway_and_nothing_of_the_superlink_host(netwo
     assert probe(node, network.link_host, gateway_port, other_ca / "ca.crt") == "certificate"
 
 
+@pytest.mark.integration
 def test_a_certificate_without_the_link_hosts_address_is_refused_for_it(network, tmp_path):
     """What the SAN is for: a gateway whose certificate names only loopback fails the node's check."""
     pki = tmp_path / "pki"

@@ -35,6 +35,7 @@ GW_DP = {"strategy": "gw-ldp", "dataset": "mutag", "gw-ldp.model": "gcn", "num-r
     (FEDSC_RATIOS, "query", "fedsc_final", None),
     (GW_DP, "train", "fit", ("dp-fedavg:weights", "steps", 2)),
 ], ids=["fedavg-dmon-dp", "fedsc-dp-z", "fedsc-noise-z", "fedsc-noise-c", "gw-ldp-client-dp"])
+@pytest.mark.integration
 def test_a_noised_reply_re_sent_after_a_timeout_is_the_first_draw(out_dir, raw, category, action, accounted):
     if raw["strategy"] == "gw-ldp":
         shared_datasets_or_skip()
