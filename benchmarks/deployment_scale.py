@@ -8,7 +8,8 @@ is clustered twice with the same run-config and seed: (1) by ``python -m app.run
 --engine inprocess`` in a process of its own, (2) by ``python -m deploy local``
 (TLS SuperLink, Fleet gateway, authenticated SuperNodes, one shard file each).
 Neither runs the centralised reference. Printed and written to
-``benchmarks/results/deployment_scale.json``: protocol seconds of each and their
+``benchmarks/results/deployment_scale.json`` (a size measured again replaces its row; the others
+are kept): protocol seconds of each and their
 ratio (target :data:`PROTOCOL_TARGET`), end-to-end seconds (the deployed one with
 the federation's start; target :data:`END_TO_END_TARGET`), rounds, bytes moved,
 whether the labels are identical, and each process's peak memory (proportional set size)
@@ -270,10 +271,12 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report:
         out = RESULTS_DIR / RESULTS
-        rows = []
+        rows = json.loads(out.read_text())["rows"] if out.exists() else []  # other sizes' rows are kept
         for nodes in args.sizes:
-            rows.append(measure(nodes, args.supernodes, Path(tempfile.mkdtemp(prefix=f"scale-{nodes}-"))))
-            print_row(rows[-1])
+            row = measure(nodes, args.supernodes, Path(tempfile.mkdtemp(prefix=f"scale-{nodes}-")))
+            rows = sorted([r for r in rows if (r["nodes"], r["supernodes"]) != (nodes, args.supernodes)] + [row],
+                          key=lambda r: (r["nodes"], r["supernodes"]))
+            print_row(row)
             out.write_text(json.dumps({"measure": MEASURE, "rows": rows}, indent=2) + "\n")
     print(f"written {page()}")
 

@@ -14,9 +14,12 @@ status but 502-504; Flower drops the message or the reply, or ends the loop):
   push session when it lacks it (:func:`push_until_stored`);
 * a heartbeat answered with an error status is sent again rather than ending
   the heartbeats, an activate-node answered 500 is tried again
-  (:func:`survive_error_statuses`).
+  (:func:`survive_error_statuses`);
+* a ClientApp reports its finished task to its SuperNode even when the SuperNode
+  is slow to answer (:func:`report_task_end`), so that the SuperNode never counts
+  it crashed and fails the next round's message with it.
 
-Used by :mod:`deploy.flower_shim` (which applies these changes to the SuperNode it starts).
+Used by :mod:`deploy.flower_shim` (which applies these changes to the SuperNode it starts and its ClientApps).
 """
 
 from __future__ import annotations
@@ -261,3 +264,42 @@ def survive_error_statuses(module: ModuleType) -> None:
 
     module.HeartbeatSender = heartbeat_sender
     client.ActivateNode = activate_node
+
+
+#: tries of a ClientApp's report that its task ended
+TASK_END_ATTEMPTS = 4
+
+
+def report_task_end(module: ModuleType, exit_module: ModuleType) -> None:
+    """Make ``module`` (``flwr.supernode.runtime.run_clientapp``) report its task's end until the
+    SuperNode has it, within the heartbeat patience.
+
+    Flower's ClientApp, its reply pushed, reports the end once (its retries cut to one try) under
+    ``exit_module``'s (``flwr.supercore.exit.exit``) 5 s force-exit timer. A SuperNode busy
+    forwarding a large reply (64 MB at 1,000,000 nodes) answers later; the ClientApp is killed
+    first, its task stays running without heartbeats, and when the task's token expires Flower's
+    SuperNode answers every open message of the run, the next round's too, with "ClientApp
+    stopped responding". Here the report is tried up to :data:`TASK_END_ATTEMPTS` times, each
+    failure in one line, and the force-exit timer waits the heartbeat patience, after which the
+    SuperNode counts the task crashed whatever the ClientApp does."""
+    import httpx
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+    def push_task_output(client, context, sub_status: str, details: str) -> None:
+        request = module.PushTaskOutputRequest(
+            context=module.context_to_proto(context) if context else None, sub_status=sub_status, details=details)
+
+        def failed(err: Exception, attempt: int) -> bool:
+            if not isinstance(err, httpx.HTTPError):
+                raise err
+            _say(f"push-task-output failed ({_cause(err)}); attempt {attempt + 1} of {TASK_END_ATTEMPTS}")
+            time.sleep(PUSH_RETRY_S * attempt)
+            return False
+
+        try:
+            _retrying(lambda: client.PushTaskOutput(request), TASK_END_ATTEMPTS, failed)
+        except httpx.HTTPError as err:
+            _say(f"the task's end was not reported ({_cause(err)}); its SuperNode counts it crashed")
+
+    module.push_task_output = push_task_output
+    exit_module.FORCE_EXIT_TIMEOUT_SECONDS = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL

@@ -63,7 +63,8 @@ from pathlib import Path
 from types import ModuleType
 
 from app.quiet import plain_console
-from deploy.flower_resilience import Namespace, answer_what_is_not_received, push_until_stored, survive_error_statuses
+from deploy.flower_resilience import (Namespace, answer_what_is_not_received, push_until_stored, report_task_end,
+                                      survive_error_statuses)
 
 #: the environment variable that switches the shim off ("0")
 SETTING = "FEDGRAPH_FLOWER_SHIM"
@@ -260,8 +261,9 @@ def short_object_polls(pull):
 
 def patch_clientapp(module: ModuleType) -> None:
     """Make ``module`` (``flwr.supernode.runtime.run_clientapp``) poll for its message's parts
-    with :func:`short_object_polls`."""
+    with :func:`short_object_polls` and report its task's end with :func:`report_task_end`."""
     module.pull_and_inflate_object_from_tree = short_object_polls(module.pull_and_inflate_object_from_tree)
+    report_task_end(module, importlib.import_module("flwr.supercore.exit.exit"))
 
 
 def installed_app_dir(fab_hash: str | None) -> Path | None:

@@ -16,7 +16,7 @@ import types
 import pytest
 
 from conftest import HANG_GUARD_S
-from deploy import flower_shim
+from deploy import flower_resilience, flower_shim
 from deploy.federation import BIN, flower_command
 
 SUPERNODE = importlib.import_module("flwr.supernode.start_client_internal")
@@ -377,3 +377,73 @@ def test_a_patched_name_missing_from_flower_runs_plain_flower_naming_it(monkeypa
     assert calls[0][1] == ["flower-supernode"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "lacks what is patched here (AttributeError: " in err and "_push_messages" in err
+
+
+def test_a_clientapp_reports_its_task_end_once_flower_kills_it_after_5_s():
+    """What :func:`flower_resilience.report_task_end` changes is the pinned Flower's: the end is
+    reported once, by ``push_task_output`` in the exit handler, under a 5 s force-exit timer, and a
+    task whose token expires fails every open message of its run with "ClientApp stopped responding"."""
+    exit_module = importlib.import_module("flwr.supercore.exit.exit")
+    nodestate = importlib.import_module("flwr.supernode.nodestate.in_memory_nodestate")
+    run = inspect.getsource(CLIENTAPP.run_clientapp)
+    assert "retry_invoker.max_tries = 1" in run and "push_task_output(\n            client=client," in run
+    assert list(inspect.signature(CLIENTAPP.push_task_output).parameters) == ["client", "context", "sub_status",
+                                                                              "details"]
+    assert CLIENTAPP.PushTaskOutputRequest and CLIENTAPP.context_to_proto
+    assert exit_module.FORCE_EXIT_TIMEOUT_SECONDS == 5
+    assert "time.sleep(FORCE_EXIT_TIMEOUT_SECONDS)" in inspect.getsource(exit_module.flwr_exit)
+    expired = inspect.getsource(nodestate.InMemoryNodeState._on_task_tokens_expired)
+    assert "self._store_error_replies(client_run_ids, CLIENT_APP_CRASHED_ERROR)" in expired
+
+
+class SlowSuperNode:
+    """A Runtime API client whose PushTaskOutput fails ``failures`` times, then is stored."""
+
+    def __init__(self, failures: int, error: Exception):
+        self.failures, self.error, self.stored = failures, error, []
+
+    def PushTaskOutput(self, request):  # noqa: N802 - Flower's name
+        if self.failures:
+            self.failures -= 1
+            raise self.error
+        self.stored.append(request)
+
+
+def _task_end_module(monkeypatch):
+    from flwr.supercore.exit import exit as flower_exit
+
+    module = types.SimpleNamespace(PushTaskOutputRequest=CLIENTAPP.PushTaskOutputRequest,
+                                   context_to_proto=CLIENTAPP.context_to_proto, push_task_output=None)
+    exit_module = types.SimpleNamespace(FORCE_EXIT_TIMEOUT_SECONDS=flower_exit.FORCE_EXIT_TIMEOUT_SECONDS)
+    monkeypatch.setattr(flower_resilience.time, "sleep", lambda s: None)
+    flower_resilience.report_task_end(module, exit_module)
+    return module, exit_module
+
+
+def test_a_task_end_the_supernode_is_slow_to_take_is_reported_again_within_the_heartbeat_patience(
+        monkeypatch, capsys):
+    import httpx
+
+    module, exit_module = _task_end_module(monkeypatch)
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+    assert exit_module.FORCE_EXIT_TIMEOUT_SECONDS == HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL
+    supernode = SlowSuperNode(2, httpx.ReadTimeout("timed out"))
+    module.push_task_output(supernode, None, "completed", "")
+    assert [r.sub_status for r in supernode.stored] == ["completed"]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"deploy.flower_shim: push-task-output failed (ReadTimeout: timed out); attempt {n} of "
+                     f"{flower_resilience.TASK_END_ATTEMPTS}" for n in (2, 3)]
+
+
+def test_a_task_end_never_taken_is_named_in_one_line_and_anything_but_a_transport_error_raises(
+        monkeypatch, capsys):
+    import httpx
+
+    module, _ = _task_end_module(monkeypatch)
+    never = SlowSuperNode(flower_resilience.TASK_END_ATTEMPTS, httpx.ConnectError("refused"))
+    module.push_task_output(never, None, "completed", "")
+    assert never.stored == [] and capsys.readouterr().err.splitlines()[-1] == (
+        "deploy.flower_shim: the task's end was not reported (ConnectError: refused); its SuperNode counts it crashed")
+    with pytest.raises(ValueError, match="bad request"):
+        module.push_task_output(SlowSuperNode(1, ValueError("bad request")), None, "completed", "")
