@@ -61,6 +61,10 @@ LEFT = "left the federation"
 NOT_RECEIVED = "message not received by the SuperNode"
 #: times one exchange sends again the messages whose SuperNode did not receive them
 NOT_RECEIVED_RESENDS = 3
+#: what Flower's SuperNode means by "ClientApp stopped responding" (its error for every open message
+#: of a run once one of the run's ClientApp processes sent no heartbeat for a minute)
+CLIENTAPP_SILENT = ("a ClientApp process of this run on that SuperNode sent no heartbeat for 60 s: it ended "
+                    "without reporting or was stopped; see the SuperNode's log")
 
 
 def pack(arrays: Mapping[str, np.ndarray] | None = None, values: Mapping | None = None) -> RecordDict:
@@ -380,12 +384,15 @@ def _checked_replies(messages: Sequence[Message], received: Sequence[Message],
 def _error_reject(reply: Message) -> str:
     """Why an error reply is rejected: its node left (the SuperLink answers so for a node whose
     heartbeats stopped), its SuperNode did not receive the message (:data:`NOT_RECEIVED`, the
-    reason as is), or the client's error."""
+    reason as is), a ClientApp process of the run went silent (:data:`CLIENTAPP_SILENT`), or the
+    client's error."""
     code, reason = reply.error.code, reply.error.reason
     if code == ErrorCode.NODE_UNAVAILABLE:
         return f"{LEFT} ({reason})"
     if code == ErrorCode.MESSAGE_UNAVAILABLE and reason.startswith(NOT_RECEIVED):
         return reason
+    if code == ErrorCode.CLIENT_APP_CRASHED:
+        return f"client error: {reason} ({CLIENTAPP_SILENT})"
     return f"client error: {reason}"
 
 

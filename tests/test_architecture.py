@@ -277,3 +277,73 @@ def test_every_module_is_under_600_lines():
     long = [f"{p.relative_to(ROOT)} ({n})" for p in python_files("app", "clients", "strategies", "deploy")
             if (n := len(p.read_text().splitlines())) >= MAX_MODULE_LINES]
     assert long == []
+
+
+# -- (f) no import circles ---------------------------------------------------------------------
+def import_graph(files) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in the file): of ``from a import b``, the
+    module ``a.b`` where it is one, else ``a``; a package's ``__init__`` only when it is named itself."""
+    modules = {module_name(path): path for path in files}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        found = imported_modules(path)
+        named = {module for _, module in found}
+        for _, module in found:
+            if module in modules and module != name and not any(
+                    other.startswith(module + ".") and other in modules for other in named):
+                graph[name].add(module)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        members.append(member)
+                        if member == node:
+                            break
+                    if len(members) > 1:
+                        found.append(sorted(members))
+    return found
+
+
+def test_the_circle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    """The registry hands the layers below it what they need; helpers live in the module that
+    owns them: no two modules of the project import each other, directly or around a circle."""
+    graph = import_graph(python_files("app", "strategies", "clients", "deploy"))
+    assert len(graph) > 100
+    assert circles(graph) == []

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
-from app import registry
+from app import registry, transport
 from app.inprocess import InProcessGrid
 from app.session import ServerSession
 from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
@@ -240,18 +241,19 @@ class UnavailableGrid(InProcessGrid):
     heartbeats stopped: an error reply, code NODE_UNAVAILABLE."""
 
     gone = None
+    error = (ErrorCode.NODE_UNAVAILABLE, "Node Unavailable")
 
     def push_messages(self, messages):
         from uuid import uuid4
 
         from flwr.app import Error
-        from flwr.common.constant import ErrorCode
 
         messages = list(messages)
         ids = super().push_messages(messages)
         for message_id, message in zip(ids, messages):
             if message.metadata.dst_node_id == self.gone:
-                reply = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node Unavailable"), reply_to=message)
+                code, reason = self.error
+                reply = Message(Error(code=code, reason=reason), reply_to=message)
                 reply.metadata.__dict__["_message_id"] = uuid4().hex
                 self._replies[message_id] = reply
         return ids
@@ -265,6 +267,20 @@ def test_a_node_the_superlink_reports_unavailable_has_left_the_federation():
     grid.silent.add(grid.gone)
     with pytest.raises(ProtocolError, match=r"client 1 .*left the federation \(Node Unavailable\)"):
         session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+
+
+def test_a_clientapp_gone_silent_is_named_with_what_flowers_error_means():
+    """Flower's SuperNode answers "ClientApp stopped responding" (CLIENT_APP_CRASHED) for every open
+    message of a run once one ClientApp process of the run sent no heartbeat for a minute."""
+    grid = UnavailableGrid(make_client_app({}), 3)
+    grid.error = (ErrorCode.CLIENT_APP_CRASHED, "ClientApp stopped responding.")
+    session = ServerSession(grid, registry.validate({"num-clients": 3, "timeout": HANG_GUARD_S}))
+    session.connect()
+    grid.gone = session.node_ids[2]
+    grid.silent.add(grid.gone)
+    with pytest.raises(ProtocolError) as raised:
+        session.broadcast("block", pack({"v": np.zeros((N, 3))}), SPEC)
+    assert f"client error: ClientApp stopped responding. ({transport.CLIENTAPP_SILENT})" in str(raised.value)
 
 
 class TamperingGrid(InProcessGrid):
