@@ -29,10 +29,8 @@ def blas_threads(work: float):
     """Context limiting BLAS/OpenMP to one thread when ``work`` is small."""
     if work > _SMALL_WORK:
         return nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl ships with scikit-learn
-        return nullcontext()
+    from threadpoolctl import threadpool_limits
+
     return threadpool_limits(limits=1)
 
 

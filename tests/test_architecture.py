@@ -347,3 +347,34 @@ def test_no_modules_import_each_other_in_a_circle():
     graph = import_graph(python_files("app", "strategies", "clients", "deploy"))
     assert len(graph) > 100
     assert circles(graph) == []
+
+
+# -- (g) direct dependencies declared --------------------------------------------------------------
+def test_every_package_the_code_imports_is_a_declared_dependency():
+    """A module of ``app/``, ``deploy/``, ``strategies/`` or ``clients/`` imports only the standard
+    library, the project and the distributions ``pyproject.toml`` declares (another package's
+    dependency may change under it)."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    def name(requirement: str) -> str:
+        return re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+    declared = {name(req) for req in project["dependencies"]}
+    for req in project["dependencies"]:  # what a declared extra brings (flwr[simulation]: ray)
+        for extra in re.findall(r"\[([^\]]+)\]", req.split(";")[0]):
+            declared |= {name(r) for r in importlib.metadata.requires(name(req)) or []
+                         if re.search(rf"extra\s*==\s*['\"]{extra}['\"]", r)}
+    providers = importlib.metadata.packages_distributions()
+    found = {}
+    for path in python_files("app", "deploy", "strategies", "clients"):
+        for _, module in imported_modules(path):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top in ("app", "deploy", "strategies", "clients", ""):
+                continue
+            dists = {d.lower().replace("_", "-") for d in providers.get(top, [top])}
+            if not dists & declared:
+                found.setdefault(top, str(path.relative_to(ROOT)))
+    assert found == {}, f"imported but not declared in pyproject.toml: {found}"
