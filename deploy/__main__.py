@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,7 +72,7 @@ RUN_TIMING = "run-timing.json"
 
 
 def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: list[str], out: Path,
-              timeout: float = 900.0, netns: bool = False, latency_ms: float = 0.0) -> Path:
+              timeout: float | None = None, netns: bool = False, latency_ms: float = 0.0) -> Path:
     """Run one deployed experiment; return the path of its result.json. ``partitioner``
     ``auto``: the strategy's own. The run-config is checked before anything starts.
 
@@ -79,7 +80,9 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
     run and are deleted with it; the CA's private key is never written (it signs this
     run's certificates in memory). ``OUT`` holds the shards, the server's evaluation file
     (the pooled data, so that the server runs the centralised reference, unless
-    ``reference=false``), the logs and ``OUT/result``. ``netns``: every host in a network namespace
+    ``reference=false``), the logs and ``OUT/result``. ``timeout``: seconds after which ``flwr run``
+    is stopped (None: no limit; the run bounds each step with its ``timeout`` key and ends by
+    itself). ``netns``: every host in a network namespace
     of its own (:mod:`deploy.netns`), ``latency_ms`` added each way on every SuperNode's link."""
     out = out.resolve()
     shards, result_dir, eval_file = out / "shards", out / "result", out / "eval.npz"
@@ -110,7 +113,7 @@ def party_folders(parties: Path) -> list[Path]:
 
 
 def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list[str], out: Path,
-                      read: list[str] = (), timeout: float = 900.0, netns: bool = False,
+                      read: list[str] = (), timeout: float | None = None, netns: bool = False,
                       latency_ms: float = 0.0) -> Path:
     """Run ``strategy`` on a local deployment whose SuperNode i holds only ``parties/party-i``
     (``dataset='parties'``, partition id i; ``read``: reader options, ``KEY=VALUE``, as node config
@@ -134,7 +137,7 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
     return _deploy(out, run_config, node_configs, timeout, netns, latency_ms)
 
 
-def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float, netns: bool = False,
+def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float | None, netns: bool = False,
             latency_ms: float = 0.0) -> Path:
     """Certificates and the app signing key (in a private temporary directory), a TLS SuperLink
     with the Fleet gateway, one authenticated SuperNode per node config running only the signed
@@ -158,7 +161,12 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
             federation.start_configured_nodes(node_configs, trusted_entities=trusted)
             federation.wait_until_ready([f"supernode-{i}" for i in range(len(node_configs))])
             ready = time.monotonic()
-            proc = federation.run_app(app_dir, run_config, timeout=timeout)
+            try:
+                proc = federation.run_app(app_dir, run_config, timeout=timeout)
+            except subprocess.TimeoutExpired as expired:
+                (out / "flwr-run.log").write_text(_text(expired.stdout) + _text(expired.stderr))
+                raise RuntimeError(f"the deployed run was stopped after its limit of {timeout:g} s; see "
+                                   f"{out / 'flwr-run.log'}") from None
             (out / "flwr-run.log").write_text(proc.stdout + proc.stderr)
             ended = federation.ended()
             (out / RUN_TIMING).write_text(json.dumps({"federation_start_s": ready - started,
@@ -168,6 +176,11 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
         raise RuntimeError(f"the deployed run wrote no result{_ended_processes(out, ended)}; see "
                            f"{out / 'flwr-run.log'}")
     return path
+
+
+def _text(output: bytes | str | None) -> str:
+    """What a stopped process wrote (bytes when it was stopped mid-line), as text."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
 
 
 def _ended_processes(out: Path, ended: dict[str, int]) -> str:

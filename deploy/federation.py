@@ -312,8 +312,11 @@ class LocalFederation:
                     raise RuntimeError(f"{name} did not get ready (exit code {ended.get(name)}):\n{self.log(name)[-2000:]}")
                 time.sleep(0.1)
 
-    def run_app(self, app_dir: Path, run_config: Mapping[str, Any], timeout: float = 900.0) -> subprocess.CompletedProcess:
-        """``flwr run APP <connection> --stream --run-config ...``; returns the finished process."""
+    def run_app(self, app_dir: Path, run_config: Mapping[str, Any],
+                timeout: float | None = None) -> subprocess.CompletedProcess:
+        """``flwr run APP <connection> --stream --run-config ...``; returns the finished process
+        (``timeout``: seconds after which it is stopped, raising ``subprocess.TimeoutExpired``;
+        None: no limit)."""
         cmd = self._inside("flwr", [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
                                     "--run-config", run_config_arg(run_config)])
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)

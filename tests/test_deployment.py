@@ -168,7 +168,7 @@ def test_a_config_error_under_flwr_run_is_the_one_line_app_run_prints(tmp_path):
     the run is marked failed with the message as its reason."""
     with LocalFederation(tmp_path / "fed", None) as federation:  # the error comes before any SuperNode is needed
         federation.start_superlink()
-        proc = federation.run_app(REPO, {"seed": -1})
+        proc = federation.run_app(REPO, {"seed": -1}, timeout=RUN_GUARD_S)
         runs = subprocess.run([str(BIN / "flwr"), "ls", CONNECTION, "--format", "json"], env=federation.env,
                               capture_output=True, text=True, timeout=HANG_GUARD_S)
     log = proc.stdout + proc.stderr
@@ -367,3 +367,24 @@ def test_a_supernode_stopped_within_the_heartbeat_is_slow_not_dropped(tmp_path):
     assert stopped.is_set(), report
     result = json.loads((tmp_path / "result" / "result.json").read_text())
     assert result["communication"]["dropped"] == [] and result["communication"]["rejected"] == [], report
+
+
+def test_a_deployed_run_over_its_limit_is_stopped_in_one_line_with_its_log_kept(tmp_path, monkeypatch):
+    """``run_local`` has no limit unless given one; past it, ``flwr run`` is stopped, what it wrote
+    kept in ``flwr-run.log``, and the error names the limit and the log."""
+    import inspect
+
+    from deploy import __main__ as deploy_main
+    from deploy.federation import LocalFederation
+
+    assert inspect.signature(run_local).parameters["timeout"].default is None
+    assert inspect.signature(LocalFederation.run_app).parameters["timeout"].default is None
+
+    def over_the_limit(self, app_dir, run_config, timeout=None):
+        raise subprocess.TimeoutExpired(["flwr", "run"], timeout, output=b"round 1 (at most 20)\n", stderr=None)
+
+    monkeypatch.setattr(LocalFederation, "run_app", over_the_limit)
+    with pytest.raises(RuntimeError, match=r"^the deployed run was stopped after its limit of 0.5 s; see .*flwr-run.log$"):
+        run_local(2, "fedkmeans", "sbm", "auto", SMALL_SBM, tmp_path / "deployed", timeout=0.5)
+    assert (tmp_path / "deployed" / "flwr-run.log").read_text() == "round 1 (at most 20)\n"
+    assert deploy_main._text(None) == "" and deploy_main._text("x") == "x"

@@ -226,7 +226,7 @@ def test_an_app_the_supernodes_refuse_exits_4_where_flwr_run_exits_0(signed_fede
     federation, _, config = signed_federation
     unsigned = stage_app(tmp_path)
     (unsigned / "app" / "changed.py").write_text("CHANGED = True\n")
-    plain = federation.run_app(unsigned, {**config, "out-dir": str(tmp_path / "plain")})
+    plain = federation.run_app(unsigned, {**config, "out-dir": str(tmp_path / "plain")}, timeout=HANG_GUARD_S)
     assert plain.returncode == 0  # the break: flwr run reports nothing
     assert not (tmp_path / "plain" / "result.json").exists()
     code, _, stderr = finished(deploy_run(federation, unsigned, {**config, "out-dir": str(tmp_path / "out")}))

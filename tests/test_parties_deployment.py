@@ -19,6 +19,8 @@ from deploy.__main__ import run_local_parties
 from tests.conftest import run_labels, shared_datasets_or_skip
 
 pytestmark = pytest.mark.deployment
+#: a guard against a hang of a whole deployed run, not a time limit
+RUN_GUARD_S = 3600.0
 
 SBM = ["--dataset", "sbm", "--set", "sbm.nodes=150", "--set", "sbm.features=6"]
 FAMILIES = {
@@ -43,7 +45,7 @@ def deployed_equals_presplit(family: str, tmp_path) -> None:
     pieces = [read_graph(parties / f"party-{i}", boundary=True) for i in range(3)]
     local = cluster(strategy, pieces, config={"partitioner": partitioner, **sets}, out_dir=tmp_path / "inprocess")
     path = run_local_parties(parties, strategy, partitioner, [f"{k}={v}" for k, v in sets.items()],
-                             tmp_path / "deployed")
+                             tmp_path / "deployed", timeout=RUN_GUARD_S)
     deployed = json.loads(path.read_text())
     assert np.array_equal(np.load(path.parent / "labels.npy"), local.labels)
     assert deployed["dataset"] == "parties" and deployed["timing"]["rounds"] == local.timing["rounds"]
