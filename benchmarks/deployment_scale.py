@@ -251,8 +251,9 @@ def page() -> Path:
         table(header, body),
         *(paragraph(line) for line in failed),
         paragraph("Peak memory (GiB, proportional set size: a page n processes share counts 1/n in each) of each "
-        "process with the processes it started (the SuperLink with "
-        "its ServerApp, a SuperNode with its ClientApps), all at one moment:"),
+        "process with the processes it started (the SuperLink with its ServerApp, a SuperNode with its "
+        "ClientApps), the sum at one sample. Each group peaks at its own moment: the columns do not add up "
+        "to the machine's peak."),
         table(["nodes", *roles], memory),
         "The largest single process of each (GiB):",
         table(["nodes", *roles], largest),
