@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: Seconds after which a test gives up on an event (a subprocess ending, a log line, a process
 #: exiting): a guard against a hang only, minutes long, so that a busy machine never fails a test.
 HANG_GUARD_S = 600.0
+#: A deployed run starts a ClientApp process per message; on a busy machine (load 25 on 2 cores) the
+#: small deployed runs of the suite took up to a quarter of an hour. This guard only ends a hang.
+RUN_GUARD_S = 3600.0
 
 #: markers that make a test an integration test (``make test-integration``, which CI runs too)
 INTEGRATION_KINDS = ("simulation", "deployment")

@@ -16,16 +16,13 @@ import numpy as np
 import pytest
 
 from app.run import run_experiment
-from conftest import HANG_GUARD_S, REPO, wait_until
+from conftest import HANG_GUARD_S, REPO, RUN_GUARD_S, wait_until
 from deploy.__main__ import run_local
 from deploy.federation import BIN, CONNECTION, LocalFederation
 from deploy.pki import make_all, make_node_keys
 
 pytestmark = pytest.mark.deployment
 
-#: A deployed run starts a ClientApp process per message; on a busy machine (load 25 on 2 cores) the
-#: small runs below took up to a quarter of an hour. This guard only ends a hang.
-RUN_GUARD_S = 3600.0
 
 
 SMALL_SBM = ["sbm.nodes=300", "sbm.features=8"]
@@ -384,7 +381,8 @@ def test_a_deployed_run_over_its_limit_is_stopped_in_one_line_with_its_log_kept(
         raise subprocess.TimeoutExpired(["flwr", "run"], timeout, output=b"round 1 (at most 20)\n", stderr=None)
 
     monkeypatch.setattr(LocalFederation, "run_app", over_the_limit)
-    with pytest.raises(RuntimeError, match=r"^the deployed run was stopped after its limit of 0.5 s; see .*flwr-run.log$"):
-        run_local(2, "fedkmeans", "sbm", "auto", SMALL_SBM, tmp_path / "deployed", timeout=0.5)
+    with pytest.raises(RuntimeError, match=rf"^the deployed run was stopped after its limit of {RUN_GUARD_S:g} s; "
+                                           r"see .*flwr-run.log$"):
+        run_local(2, "fedkmeans", "sbm", "auto", SMALL_SBM, tmp_path / "deployed", timeout=RUN_GUARD_S)
     assert (tmp_path / "deployed" / "flwr-run.log").read_text() == "round 1 (at most 20)\n"
     assert deploy_main._text(None) == "" and deploy_main._text("x") == "x"

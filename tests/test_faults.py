@@ -577,9 +577,9 @@ def test_a_deployed_run_through_resets_and_failures_loses_no_message(tmp_path):
     the labels of the in-process run, no client rejected or dropped, and every injected fault one
     line of the proxy's log."""
     from app.run import run_experiment
-    from conftest import REPO
+    from conftest import REPO, RUN_GUARD_S
     from deploy.federation import LocalFederation
-    from test_deployment import RUN_GUARD_S, SMALL_SBM, _small_federation_files
+    from test_deployment import SMALL_SBM, _small_federation_files
 
     out = tmp_path / "run"
     sets = {"fedkmeans.secure": True, "num-rounds": 3}

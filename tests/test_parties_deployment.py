@@ -16,11 +16,9 @@ from app import cluster
 from app.data.formats import read_graph
 from app.data.prepare import run as prepare
 from deploy.__main__ import run_local_parties
-from tests.conftest import run_labels, shared_datasets_or_skip
+from tests.conftest import RUN_GUARD_S, run_labels, shared_datasets_or_skip
 
 pytestmark = pytest.mark.deployment
-#: a guard against a hang of a whole deployed run, not a time limit
-RUN_GUARD_S = 3600.0
 
 SBM = ["--dataset", "sbm", "--set", "sbm.nodes=150", "--set", "sbm.features=6"]
 FAMILIES = {

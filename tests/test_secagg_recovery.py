@@ -332,7 +332,8 @@ def test_a_strategy_that_needs_every_party_says_so():
 def test_a_deployed_run_goes_on_after_a_supernode_is_killed_between_masking_and_unmasking(tmp_path):
     """fedkmeans secure, 3 SuperNodes: supernode-1 is killed as soon as it gets the first Lloyd step
     (the masked one); the run ends with the other two, the sum recovered."""
-    from test_deployment import RUN_GUARD_S, _run_with_fault, _small_federation_files
+    from conftest import RUN_GUARD_S
+    from test_deployment import _run_with_fault, _small_federation_files
 
     out = tmp_path / "run"
     config = _small_federation_files(out, 3, "node-random", "fedkmeans",
