@@ -192,11 +192,7 @@ def push_until_stored(push, pull_object):
 
 def _retrying_send(passing, send, args):
     """``send(*args)`` (push-messages) tried up to :data:`PUSH_ATTEMPTS` times; ``passing`` passes at once."""
-    def failed(err: Exception, attempt: int) -> bool:
-        _say(f"push-messages failed ({_cause(err)}); attempt {attempt + 1} of {PUSH_ATTEMPTS}")
-        time.sleep(PUSH_RETRY_S * attempt)
-        return False
-
+    failed = _try_again(lambda err: f"push-messages failed ({_cause(err)})", PUSH_ATTEMPTS)
     return _retrying(lambda: send(*args), PUSH_ATTEMPTS, failed, (passing,))
 
 
@@ -231,6 +227,20 @@ def _retrying(call, attempts: int, failed, passing: tuple = ()):
     raise AssertionError("unreachable")
 
 
+def _try_again(describe, attempts: int, retried=lambda err: True):
+    """A ``failed`` for :func:`_retrying`: an error ``retried`` refuses is raised; any other is said
+    in one line, ``describe(error)`` and the attempt to come, and tried again after a wait that
+    grows with each failure."""
+    def failed(err: Exception, attempt: int) -> bool:
+        if not retried(err):
+            raise err
+        _say(f"{describe(err)}; attempt {attempt + 1} of {attempts}")
+        time.sleep(PUSH_RETRY_S * attempt)
+        return False
+
+    return failed
+
+
 def survive_error_statuses(module: ModuleType) -> None:
     """Make ``module`` (``flwr.supernode.fleet_http_connection``) count a heartbeat answered with an
     error status as a failed heartbeat, sent again with Flower's back-off (Flower retries only
@@ -253,13 +263,8 @@ def survive_error_statuses(module: ModuleType) -> None:
         return sender(heartbeat)
 
     def activate_node(self, request, *args, **kwargs):
-        def failed(err: Exception, attempt: int) -> bool:
-            if not isinstance(err, httpx.HTTPStatusError) or err.response.status_code < 500:
-                raise err
-            _say(f"activate-node answered {err.response.status_code}; attempt {attempt + 1} of {ACTIVATE_ATTEMPTS}")
-            time.sleep(PUSH_RETRY_S * attempt)
-            return False
-
+        failed = _try_again(lambda err: f"activate-node answered {err.response.status_code}", ACTIVATE_ATTEMPTS,
+                            lambda err: isinstance(err, httpx.HTTPStatusError) and err.response.status_code >= 500)
         return _retrying(lambda: activate(self, request, *args, **kwargs), ACTIVATE_ATTEMPTS, failed)
 
     module.HeartbeatSender = heartbeat_sender
@@ -289,13 +294,8 @@ def report_task_end(module: ModuleType, exit_module: ModuleType) -> None:
         request = module.PushTaskOutputRequest(
             context=module.context_to_proto(context) if context else None, sub_status=sub_status, details=details)
 
-        def failed(err: Exception, attempt: int) -> bool:
-            if not isinstance(err, httpx.HTTPError):
-                raise err
-            _say(f"push-task-output failed ({_cause(err)}); attempt {attempt + 1} of {TASK_END_ATTEMPTS}")
-            time.sleep(PUSH_RETRY_S * attempt)
-            return False
-
+        failed = _try_again(lambda err: f"push-task-output failed ({_cause(err)})", TASK_END_ATTEMPTS,
+                            lambda err: isinstance(err, httpx.HTTPError))
         try:
             _retrying(lambda: client.PushTaskOutput(request), TASK_END_ATTEMPTS, failed)
         except httpx.HTTPError as err:

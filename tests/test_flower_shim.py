@@ -447,3 +447,34 @@ def test_a_task_end_never_taken_is_named_in_one_line_and_anything_but_a_transpor
         "deploy.flower_shim: the task's end was not reported (ConnectError: refused); its SuperNode counts it crashed")
     with pytest.raises(ValueError, match="bad request"):
         module.push_task_output(SlowSuperNode(1, ValueError("bad request")), None, "completed", "")
+
+
+def _status_error(code: int):
+    import httpx
+
+    request = httpx.Request("POST", "https://link/v1/fleet/activate-node")
+    return httpx.HTTPStatusError(f"{code}", request=request, response=httpx.Response(code, request=request))
+
+
+def test_an_activation_answered_5xx_is_tried_again_and_any_other_status_ends_it_at_once(monkeypatch, capsys):
+    answers = []
+
+    class Client:
+        def ActivateNode(self, request):  # noqa: N802 - Flower's name
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    module = types.SimpleNamespace(HeartbeatSender=lambda fn: fn, FleetHttpClient=Client)
+    monkeypatch.setattr(flower_resilience.time, "sleep", lambda s: None)
+    flower_resilience.survive_error_statuses(module)
+    answers[:] = [_status_error(500), _status_error(503), "activated"]
+    assert Client().ActivateNode("request") == "activated"
+    assert capsys.readouterr().err.splitlines() == [
+        f"deploy.flower_shim: activate-node answered {code}; attempt {n} of {flower_resilience.ACTIVATE_ATTEMPTS}"
+        for code, n in ((500, 2), (503, 3))]
+    answers[:] = [_status_error(412), "activated"]
+    with pytest.raises(Exception, match="412"):
+        Client().ActivateNode("request")
+    assert answers == ["activated"] and capsys.readouterr().err == ""
