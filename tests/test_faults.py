@@ -6,6 +6,7 @@ fault proxy."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.client
 import json
 import re
@@ -107,7 +108,12 @@ def echo_server():
 def _echo(port: int, data: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S) as sock:
         sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as error:  # a reset that came before the shutdown
+            if error.errno != errno.ENOTCONN:
+                raise
+            raise ConnectionResetError(errno.ECONNRESET, "reset before the write side closed") from error
         got = bytearray()
         while chunk := sock.recv(65536):
             got += chunk
