@@ -185,8 +185,8 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
                 config = registry.validate({**context.run_config, **overrides})
             shared = SharedConfig.of(config)
             client_cls = registry.get(shared.strategy).client
-            if action == HELLO and shared.dataset == PARTIES:
-                join_parties(config, context, message.content)
+            if action == HELLO and shared.dataset == PARTIES and PARTY_STATE not in context.state.config_records:
+                join_parties(config, context, message.content)  # once: a second hello is the client's to refuse
             shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)
             return Message(client.handle(action, message.content), reply_to=message)

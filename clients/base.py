@@ -27,11 +27,13 @@ from app.data import parties
 from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
+from app.privacy.releases import ReleaseRecord, dataset_key, record_dir
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
 from app.privacy.secagg_recovery import RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, unmask_response
 from app.transport import pack, unpack
 from app.wire import HELLO, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
 from app.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_THRESHOLD, SECAGG_UNMASK
+from clients.steps import StepGuard
 
 Reply = tuple[dict, dict]  # (arrays, values) of a reply
 
@@ -97,12 +99,56 @@ class ClusteringClient(Generic[ViewT]):
         """
         self.policy.refuse_unmet()
         arrays, values = unpack(content)
-        values = self._agree_on_relayed_keys(values)
+        relayed = {k[len(SECAGG_PEER):]: v for k, v in values.items() if k.startswith(SECAGG_PEER)}
+        values = {k: v for k, v in values.items() if not k.startswith(SECAGG_PEER)}
+        digest = request_digest(arrays, values)
+        kept = self.steps_answered.kept(action, digest)
+        if isinstance(kept, RecordDict):  # the same request again (a retry): the first reply, no second release
+            return kept
+        fresh = kept is None  # else its method hands back the reply it kept
+        if fresh:
+            self.steps_answered.check(action, digest, values)
+        if relayed and fresh:  # the peers' keys ride on the first step after hello: agree on the seeds first
+            self.on_secagg_agree({}, relayed)
         method, _ = self._steps[action]
         reply_arrays, reply_values = getattr(self, method)(arrays, values)
         if SECAGG_THRESHOLD in values:  # a recoverable masked upload: its sealed shares go with it
             reply_arrays = {**reply_arrays, **self._sealed_shares(str(values.get("secagg_tag")))}
-        return pack(reply_arrays, reply_values)
+        reply = pack(reply_arrays, reply_values)
+        if fresh:
+            self.steps_answered.answered(action, digest, values, reply)
+        return reply
+
+    # -- the protocol's order and count (clients.steps) ------------------------
+    @cached_property
+    def steps_answered(self) -> StepGuard:
+        """This run's steps answered so far: each step in the protocol's order and count, a request
+        sent again answered with its first reply (:class:`clients.steps.StepGuard`)."""
+        return StepGuard(self)
+
+    @cached_property
+    def release_record(self) -> ReleaseRecord:
+        """This node's release record of the rows it holds (:mod:`app.privacy.releases`)."""
+        s = self.shard
+        cols = () if s.feature_cols is None else tuple(np.asarray(s.feature_cols).tolist())
+        shape = (s.num_nodes, s.num_graphs, *np.shape(s.x if s.x is not None else ()))
+        key = dataset_key(f"{s.dataset}|{s.partitioner}|{cols}", s.item_keys if s.graph_ids is None
+                          else s.graph_ids, shape)
+        return ReleaseRecord(record_dir(self.policy.ledger), self.context.state, key)
+
+    def step_limits(self) -> dict[str, int]:
+        """The most times each step may be answered in one run, from this client's own view of the
+        run (its run config): the protocol's count. A step not named here has no count of its own
+        (each of its requests is still answered once). Every method: hello and the final labels once."""
+        return {HELLO: 1, LABELS: 1}
+
+    def label_classes(self, action: str, values) -> int:
+        """The classes of a reply of ``action`` that labels this node's rows (0: not a label reply;
+        :attr:`label_steps`), recorded as a label release of the dataset."""
+        return int(self.shared.num_clusters) if action in self.label_steps else 0
+
+    #: the steps whose reply labels this node's rows (a label release: log2(classes) bits a row)
+    label_steps: ClassVar[tuple[str, ...]] = ()
 
     # -- steps every method shares -------------------------------------------
     @answers(HELLO)
@@ -198,15 +244,6 @@ class ClusteringClient(Generic[ViewT]):
         party.agree(keys)
         self._save_party(party)
         return {}, {"peers": len(party.peers)}
-
-    def _agree_on_relayed_keys(self, values: dict) -> dict:
-        """A request that relays the peers' public keys (``secagg_peer.<party>`` values, sent with the
-        first step after a hello that carried the keys): agree on the pairwise seeds first
-        (:meth:`on_secagg_agree`); returns the step's own values."""
-        relayed = {k[len(SECAGG_PEER):]: v for k, v in values.items() if k.startswith(SECAGG_PEER)}
-        if relayed:
-            self.on_secagg_agree({}, relayed)
-        return {k: v for k, v in values.items() if not k.startswith(SECAGG_PEER)}
 
     def masked(self, array: np.ndarray, values, participants=None, floor: float | None = None) -> np.ndarray:
         """``array`` clipped to the declared bound, fixed-point encoded and pairwise masked

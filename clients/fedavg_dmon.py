@@ -13,6 +13,8 @@ import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedavg_dmon as proto
+from app.protocols import fedavg_dmon_boundary as bproto
+from app.protocols import fedavg_dmon_gradient as gproto
 from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.fedavg_dmon_boundary import DMoNBoundaryClient
 
@@ -24,6 +26,14 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
     (:class:`clients.fedavg_dmon_boundary.DMoNBoundaryClient`)."""
 
     settings = proto.FedAvgDMoNConfig
+    label_steps = (proto.DMON_ASSIGN,)
+
+    def step_limits(self) -> dict[str, int]:
+        """Training rounds ``num-rounds`` (gradient mode: ``local-epochs`` server steps each, plus the
+        final evaluation's spread), the features, the evaluation and the labels once."""
+        rounds, steps = self.shared.num_rounds, self.shared.num_rounds * self.cfg.local_epochs
+        return {**super().step_limits(), proto.DMON_TRAIN: rounds, proto.DMON_EVAL: 1, proto.DMON_ASSIGN: 1,
+                bproto.DMON_FEATURES: 1, bproto.DMON_SPREAD: steps + 1, gproto.DMON_GRADIENT: steps}
 
     # -- helpers ---------------------------------------------------------------
     def handle(self, action, content):
@@ -149,12 +159,35 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
             score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
         return {}, {"val_modularity": score, "val_edges": edges}
 
+    def _assign_k(self, values) -> int:
+        """The labels' classes: the run's num-clusters (the server's ``k`` when that is 0, the number
+        of classes it resolves), after this run's training (federated: a round answered), else
+        refused (rules ``server-input``, ``protocol-order``)."""
+        k, own = int(values["k"]), self.shared.num_clusters
+        if own and k != own:
+            raise PrivacyRefusal("server-input", f"'{proto.DMON_ASSIGN}' asked for k={k} classes; valid: "
+                                                 f"num-clusters={own}")
+        trained = {proto.DMON_TRAIN, gproto.DMON_GRADIENT, bproto.DMON_SPREAD} & set(self.steps_answered.counts())
+        if self.cfg.mode == "federated" and not trained:
+            raise PrivacyRefusal("protocol-order", f"'{proto.DMON_ASSIGN}' before any training step of this run")
+        return k
+
+    def _check_model(self, weights: dict, features: int, k: int) -> None:
+        """Weights of the model this client's run config defines (``hidden``, k classes, its features),
+        finite; else refused (rule ``server-input``)."""
+        shapes = proto.param_shapes(features, k, self.cfg.hidden)
+        for name, shape in shapes.items():
+            w = np.asarray(weights.get(name, np.zeros(0)))
+            if w.shape != tuple(shape) or w.dtype.kind != "f" or not np.isfinite(w).all():
+                raise PrivacyRefusal("server-input", f"'{proto.DMON_ASSIGN}' weight '{name}' of {w.dtype} {w.shape}; "
+                                                     f"valid: finite {tuple(shape)} (hidden={self.cfg.hidden}, k={k})")
+
     @answers(proto.DMON_ASSIGN)
     def on_dmon_assign(self, arrays, values) -> Reply:
         """Labels of this client's nodes and its own metrics: evaluation outputs, sent in clear and
         outside the DP guarantee (with ``dp-clip > 0`` too). The validation modularity of the
         weights used goes up only without DP, like every validation score."""
-        k = int(values["k"])
+        k = self._assign_k(values)
         graph, vadj, tadj = self.graph()
         if self.linked:  # the whole graph's layer; the validation score is the server's
             graph, score, weights = self.party_graph().layer, None, {n: arrays[n] for n in proto.PARAM_NAMES}
@@ -169,6 +202,7 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
                 best = self.load("dmon_best")
                 weights = {n: best[f"w/{n}"] for n in proto.PARAM_NAMES}
                 score = float(best["score"][0])
+        self._check_model(weights, int(self.graph()[0].x.shape[1]), k)
         labels = proto.assign(weights, graph, k, self.cfg.hidden)
         self.save("labels", labels=labels)
         metrics = proto.client_metrics(labels, self.shard.y, tadj, self.shard.adj)

@@ -28,10 +28,43 @@ _KEPT_FEATURES = 64  # an in-process run keeps every client in one process
 AUDIT = "fedkmeans-audit"
 #: ``context.state`` record of the rows filtered over the whole graph so far (``rows`` after ``hops`` hops)
 FILTERED = "fedkmeans-filtered"
+#: ``context.state`` record of the last Lloyd step this client answered: its centres and the counts it sent
+LAST_STEP = "fedkmeans-last-step"
 
 
 class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
     settings = proto.FedKMeansConfig
+    label_steps = (proto.KMEANS_ASSIGN,)
+
+    def step_limits(self) -> dict[str, int]:
+        """Lloyd steps at most ``num-rounds``, the filter's hops ``filter-order``, the seeds after it
+        and the final labels once."""
+        return {**super().step_limits(), proto.KMEANS_STEP: self.shared.num_rounds, proto.KMEANS_ASSIGN: 1,
+                proto.KMEANS_INIT: 1, proto.KMEANS_FILTER: self.cfg.filter_order}
+
+    def _k(self, asked: int | None = None) -> int:
+        """The run's number of clusters: its num-clusters, or where that is 0 (the number of classes,
+        which the server resolves) the ``k`` of the run's first seeds request, kept for the run
+        (``asked``: a seeds request's k, refused when it is another)."""
+        k = self.shared.num_clusters
+        if not k and "fedkmeans-k" in self.context.state.array_records:
+            k = int(self.load("fedkmeans-k")["k"][0])
+        if asked is not None and k and asked != k:
+            raise PrivacyRefusal("server-input", f"a request for k={asked} local centres; valid: num-clusters={k}")
+        if asked is not None and not k:
+            self.save("fedkmeans-k", k=np.array([asked]))
+            k = asked
+        if not k:
+            raise PrivacyRefusal("protocol-order", "centres before the seeds that fix the run's number of clusters")
+        return k
+
+    def _centres(self, centres: np.ndarray, step: str) -> np.ndarray:
+        """The server's ``centres`` when they are centres of this run (:func:`app.protocols.fedkmeans.centres_problem`),
+        else refused (rule ``server-input``)."""
+        problem = proto.centres_problem(centres, self._k(), self.features().shape[1])
+        if problem:
+            raise PrivacyRefusal("server-input", f"'{step}' sent {problem}")
+        return centres
 
     def features(self) -> np.ndarray:
         """This client's (filtered) feature rows: filtered over the whole graph (kept in state), or
@@ -67,14 +100,43 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
                                              "any centre of them would be a statistic of fewer")
 
     def seeds(self, values) -> dict[str, np.ndarray]:
-        """This client's local k-means++ centres (``values``: ``k``, ``seed``) and their sizes, each
-        centre the mean of at least this node's ``min-rows`` rows; the sums they are start this node's audit."""
+        """This client's local k-means++ centres (``values``: ``k``, the run's num-clusters, and ``seed``)
+        and their sizes, each centre the mean of at least this node's ``min-rows`` rows. Their sums join
+        the audit of every sum sent of these rows in earlier runs (:func:`app.protocols.fedkmeans.released_seeds`:
+        local clusters that would determine a row with those go out as the ones sent before)."""
         self._check_rows()
-        x, min_rows = self.features(), int(self.policy["min-rows"])
-        centres, counts, labels = proto.local_seeds(x, int(values["k"]), int(values["seed"]), min_rows)
+        x, min_rows, k = self.features(), int(self.policy["min-rows"]), self._k(int(values["k"]))
+        centres, counts, labels = proto.local_seeds(x, k, int(values["seed"]), min_rows)
         if min_rows > 1:
-            self._keep(proto.Audit.of_seeds(labels, len(centres), min_rows))
+            with self.release_record.locked():
+                earlier = self._earlier_audit(len(x))
+                chosen = proto.released_seeds(labels, k, min_rows, earlier["basis"], earlier.get("seed_labels"))
+                if chosen is None:
+                    raise PrivacyRefusal("min-rows", "every choice of local clusters would determine a row with the "
+                                                     "sums this node sent of its rows in earlier runs")
+                labels, basis = chosen
+                self._keep(proto.Audit(basis), seed_labels=labels)
+            centres, counts = proto.seed_centres(x, labels)
         return {"centres": centres, "counts": counts}
+
+    def _audit_name(self) -> str:
+        return f"fedkmeans-audit-filter{self.cfg.filter_order}"
+
+    def _earlier_audit(self, rows: int) -> dict[str, np.ndarray]:
+        """The audit basis (and the local clusters last sent) of every run before on these rows, from
+        this node's release record (an empty basis without one)."""
+        kept = self.release_record.load_arrays(self._audit_name()) or {}
+        if "basis" not in kept or kept["basis"].shape[0] != rows:
+            kept["basis"] = proto.Audit.empty(rows).basis
+        return kept
+
+    def _audit(self) -> proto.Audit:
+        """This run's audit; its basis the one the release record keeps when the node has one (the
+        row sets sent in every run, this one included)."""
+        audit = self.load(AUDIT)
+        if self.release_record.directory is not None:
+            audit["basis"] = self._earlier_audit(len(audit["basis"]))["basis"]
+        return proto.Audit(**audit)
 
     # -- the filter over the whole graph ------------------------------------------------------
     @answers(proto.KMEANS_FILTER)
@@ -135,26 +197,59 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         journal: the audit first takes in the sums they give (:func:`app.protocols.fedkmeans.replay_audit`,
         which can only make it stricter)."""
         min_rows = int(self.policy["min-rows"])
-        audit = proto.Audit(**self.load(AUDIT)) if min_rows > 1 else None
-        if proto.REPLAYED_CENTRES in arrays:
-            audit = proto.replay_audit(self.features(), arrays[proto.REPLAYED_CENTRES], arrays["centres"].shape,
-                                       self.shared.num_rounds - 1, min_rows, audit)
-        sums, counts, withheld, inertia, audit = proto.lloyd_statistics(self.features(), arrays["centres"],
-                                                                        min_rows, audit)
+        centres = self._centres(arrays["centres"], proto.KMEANS_STEP)
         self.require_masking(proto.KMEANS_STEP, values, needed_by_run=self.cfg.secure)
-        if audit is not None:
-            self._keep(audit)
+        with self.release_record.locked():
+            audit = self._audit() if min_rows > 1 else None
+            if proto.REPLAYED_CENTRES in arrays:
+                audit = proto.replay_audit(self.features(), arrays[proto.REPLAYED_CENTRES], centres.shape,
+                                           self.shared.num_rounds - 1, min_rows, audit)
+            sums, counts, withheld, inertia, audit = proto.lloyd_statistics(self.features(), centres, min_rows, audit)
+            if audit is not None:
+                self._keep(audit)
+        self.save(LAST_STEP, centres=centres, counts=counts)
         stats = proto.join_statistics(sums, counts, withheld, inertia)
         if "secagg_tag" in values:  # an honest server declares at least this client's rows x secagg.bound
             floor = proto.statistics_bound(len(self.shard.node_ids), self.secagg.bound)
             stats = self.masked(stats, values, floor=floor)
         return {"stats": stats}, {}
 
-    def _keep(self, audit: proto.Audit) -> None:
+    def _keep(self, audit: proto.Audit, seed_labels: np.ndarray | None = None) -> None:
+        """Keep ``audit`` for this run, and its basis in the node's release record for every later run
+        on these rows (with the local clusters sent, ``seed_labels``); under the record's lock."""
         self.save(AUDIT, **{name: value for name, value in vars(audit).items() if value is not None})
+        record = self.release_record
+        if record.directory is not None:
+            kept = record.load_arrays(self._audit_name()) or {}
+            if seed_labels is not None:
+                kept["seed_labels"] = seed_labels
+            record.save_arrays(self._audit_name(), **{**kept, "basis": audit.basis})
 
     @answers(proto.KMEANS_ASSIGN)
     def on_kmeans_assign(self, arrays, values) -> Reply:
-        labels, _ = proto.assign(self.features(), arrays["centres"])
+        """The labels of this client's rows under the final centres, which it derives from the last
+        Lloyd step it answered and the summed statistics the server returns
+        (:func:`app.protocols.fedkmeans.final_centres`); anything else refused (rule ``server-input``)."""
+        last, own = self._last_step(arrays)
+        centres = proto.final_centres(last, own, arrays.get("stats", np.zeros(0)))
+        if isinstance(centres, str):
+            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent {centres}")
+        labels, _ = proto.assign(self.features(), centres)
         self.save("labels", labels=labels)
         return {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels.astype(np.int64)}, {}
+
+    def _last_step(self, arrays) -> tuple[np.ndarray, np.ndarray]:
+        """The centres of the last Lloyd step this client answered, which the request's ``centres`` must
+        be, and the counts it sent then. A resumed run whose Lloyd steps the journal replayed (none
+        reached this client) carries their centres instead: the last of them, with no counts of its own."""
+        sent = self._centres(arrays["centres"], proto.KMEANS_ASSIGN)
+        if LAST_STEP in self.context.state.array_records:
+            kept = self.load(LAST_STEP)
+            last, own = kept["centres"], kept["counts"]
+        else:
+            replayed = arrays.get(proto.REPLAYED_CENTRES, np.zeros((0, *sent.shape)))
+            last, own = (replayed[-1] if len(replayed) else None), np.zeros(len(sent))
+        if last is None or not np.array_equal(last, sent):
+            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent centres that are not those of the "
+                                                 "last Lloyd step this client answered")
+        return last, own

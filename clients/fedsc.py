@@ -25,6 +25,11 @@ from clients.base import ClusteringClient, Reply, answers, request_digest
 class FedSCClient(ClusteringClient[proto.FedSCConfig]):
     settings = proto.FedSCConfig
 
+    def step_limits(self) -> dict[str, int]:
+        """Z_p every round (``num-rounds``), the landmark count and C_p once."""
+        return {**super().step_limits(), proto.FEDSC_ROUND: self.shared.num_rounds, proto.FEDSC_RANK: 1,
+                proto.FEDSC_FINAL: 1}
+
     def features(self) -> np.ndarray:
         """This client's (filtered, perturbed) sample rows, computed once per run
         (``fedsc.data-noise`` from fresh OS entropy)."""

@@ -32,9 +32,20 @@ class FedSpectralClient(ClusteringClient[wire.FedSpectralConfig]):
     """Baseline: spectral clustering of the local graph, labels uploaded."""
 
     settings = wire.FedSpectralConfig
+    label_steps = (wire.FEDSPECTRAL_LOCAL,)
+
+    def step_limits(self) -> dict[str, int]:
+        """The local labels once."""
+        return {**super().step_limits(), wire.FEDSPECTRAL_LOCAL: 1}
 
     @answers(wire.FEDSPECTRAL_LOCAL)
     def on_fedspectral_local(self, arrays, values) -> Reply:
+        """The spectral clustering labels of this client's own graph into the run's ``k`` clusters
+        (its num-clusters; the server's k when that is 0), a function of its edges alone."""
+        own = self.shared.num_clusters
+        if own and int(values["k"]) != own:
+            raise PrivacyRefusal("server-input", f"'{wire.FEDSPECTRAL_LOCAL}' asked for k={values['k']!r}; valid: "
+                                                 f"num-clusters={own}")
         labels = baseline.local_spectral_labels(self.shard.adj, int(values["k"]), int(values["seed"]),
                                              int(values["n_init"]))
         return {"labels": labels.astype(np.int64)}, {}
@@ -46,6 +57,11 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
     (:mod:`app.protocols.boundary`): it answers for the columns of its own nodes."""
 
     settings = wire.FedSpectralPlusConfig
+
+    def step_limits(self) -> dict[str, int]:
+        """The degrees once (the blocks: as many as the run's rounds and solver take, each audited by
+        its support, its noise and this node's ledger)."""
+        return {**super().step_limits(), wire.FEDSPECTRAL_DEGREES: 1}
 
     def _block(self, arrays) -> np.ndarray:
         y = np.asarray(arrays["block"], dtype=np.float64)

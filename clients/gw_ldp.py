@@ -45,6 +45,11 @@ _CACHE_SIZE = 64
 class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
     settings = proto.GWLDPConfig
 
+    def step_limits(self) -> dict[str, int]:
+        """Training every round (``num-rounds``); the embeddings at most once a round."""
+        rounds = self.shared.num_rounds
+        return {**super().step_limits(), proto.FIT: rounds, proto.GW_EMBED: rounds}
+
     # -- local data ----------------------------------------------------------
     def _task(self) -> str:
         return "centre" if self.shard.partitioner == "khop" else "graph"

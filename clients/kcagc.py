@@ -43,6 +43,15 @@ def _filtered(shard, kind: str, order: int) -> tuple[np.ndarray, float]:
 
 class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
     settings = proto.KCAGCConfig
+    label_steps = (proto.KCAGC_LOCAL,)
+
+    def step_limits(self) -> dict[str, int]:
+        """The local clustering once, the joint row norms' two stages once each."""
+        return {**super().step_limits(), proto.KCAGC_LOCAL: 1, proto.KCAGC_JOINT: 2}
+
+    def label_classes(self, action: str, values) -> int:
+        """The local clustering's ``k_hat`` classes."""
+        return int(values["k_hat"]) if action == proto.KCAGC_LOCAL else 0
 
     def masking_groups(self, parties: int) -> list[set[int]]:
         """All clients; with ``kcagc.tree`` (more than two clients) every internal node of

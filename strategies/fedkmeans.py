@@ -28,9 +28,17 @@ A plain baseline every other method can be compared with. Wire protocol
    A resumed run's first live step also carries ``replayed_centres``, the
    centres of every step replayed from the journal (which no client saw), so
    that each client's audit takes in the sums it sent in them first.
-3. ``kmeans_assign`` (down: final ``centres``) -> up: ``node_ids`` and
-   ``labels`` of the client's rows, for evaluation only; labels stay on the
-   client as well.
+3. ``kmeans_assign`` (down: the last step's ``centres`` and its summed
+   statistics ``stats``) -> up: ``node_ids`` and ``labels`` of the client's
+   rows under the final centres, which the client derives itself (the last
+   step's centres moved by ``stats``); for evaluation only, labels stay on the
+   client as well. A client refuses centres that are not those of the last
+   step it answered and a total whose counts do not hold its own (rule
+   ``server-input``), and answers once per run.
+
+Every step's centres are exactly ``num-clusters`` finite rows of the clients' width (rule
+``server-input``), hello comes first and once, ``kmeans_step`` at most ``num-rounds`` times
+(rules ``protocol-order``, ``protocol-count``; :mod:`clients.steps`).
 
 On a node split with boundary edges (``partition.boundary``), several clients and
 ``filter-order`` > 0, the filter runs over the whole graph, so that every client's rows are
@@ -132,8 +140,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         centres = self._initial_centres(session, rows, seeds, proto.KMEANS_INIT if across else HELLO)
         if self.cfg.secure:
             session.setup_secure_aggregation()
-        centres, history = self._lloyd_rounds(session, rows, centres)
-        ids, labels = self._final_labels(session, rows, centres)
+        last, history = self._lloyd_rounds(session, rows, centres)
+        ids, labels = self._final_labels(session, rows, last)
         return StrategyOutput(labels=labels, ids=ids, history=history)
 
     def _filter_whole_graph(self, session: ServerSession, links: ServerLinks) -> dict[int, dict]:
@@ -203,9 +211,11 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
                                  np.concatenate([a["counts"] for a in local.values()]), k, seed)
 
     def _lloyd_rounds(self, session: ServerSession, rows: dict[int, int],
-                      centres: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+                      centres: np.ndarray) -> tuple[dict[str, np.ndarray], list[dict]]:
         """Step 2: Lloyd rounds on the (secure) sums of the clients' statistics, until no centre
-        moves more than ``fedkmeans.tol`` or ``num-rounds``."""
+        moves more than ``fedkmeans.tol`` or ``num-rounds``. Returns the last step's centres and
+        summed statistics, from which each client derives the final centres (with the centres of
+        steps a resumed run replayed, which reached no client), and the history."""
         k, secure, rounds = self.shared.num_clusters, self.cfg.secure, self.shared.num_rounds
         spec = proto.step_reply(centres.size + k + 2, secure)
         bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
@@ -221,13 +231,14 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
             sums, counts, withheld, inertia = proto.split_statistics(total, k)
             new = proto.update_centres(centres, sums, counts)
             shift = float(np.abs(new - centres).max())
+            last = {"centres": centres, "stats": total}
             centres = new
             history.append({"round": round_, "inertia": inertia, "shift": shift, "withheld": round(withheld)})
             shifts.measures.append(shift)
             session.round_done(round_, rounds, converging=shifts, inertia=inertia)
             if shift <= self.cfg.tol:
                 break
-        return centres, history
+        return {**last, **({proto.REPLAYED_CENTRES: np.stack(replayed)} if replayed else {})}, history
 
     def _statistics_total(self, session: ServerSession, rows: dict[int, int], replies: dict,
                           values: dict) -> np.ndarray:
@@ -246,9 +257,10 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         return sum(stats.values())
 
     def _final_labels(self, session: ServerSession, rows: dict[int, int],
-                      centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Step 3: every client's row ids and labels under the final centres."""
-        final = session.broadcast(proto.KMEANS_ASSIGN, pack({"centres": centres}),
+                      last: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3: every client's row ids and labels under the final centres, which each client
+        derives from the last step's centres and summed statistics (``last``)."""
+        final = session.broadcast(proto.KMEANS_ASSIGN, pack(last),
                                   proto.assign_reply(self.shared.num_clusters))
         replies = {node: unpack(content)[0] for node, content in final.items()}
         ids_of = {node: session.positions(proto.KMEANS_ASSIGN, node, r["node_ids"]) for node, r in replies.items()}

@@ -107,7 +107,7 @@ def test_policy_from_inline_keys_and_a_file_inline_winning(tmp_path):
                                                   r"applies to fedspectral-plus, fedsc, fedavg-dmon$"),
     ({"privacy.fedsc.secure": True}, r"^node config 'privacy.fedsc.secure': unknown privacy policy rule 'secure' "
                                      r"in section 'fedsc'; valid: secure-aggregation, min-group, noise-multiplier, "
-                                     r"epsilon, delta, min-rows, min-block-support$"),
+                                     r"epsilon, delta, min-rows, label-releases, min-block-support$"),
     ({"privacy.kmeans.min-group": 3}, r"^node config 'privacy.kmeans.min-group': unknown privacy policy section "
                                       r"'kmeans'; valid: all, fedkmeans, "),
 ])

@@ -305,10 +305,15 @@ def run_dir(out_dir: str | os.PathLike, run_id: Any) -> Path:
     """``out_dir/run-<run_id>``, the directory of one run's outputs; ``run_id`` is Flower's run id,
     a whole number >= 0 written in decimal, so the directory is always a child of ``out_dir``
     (a run id of another type, e.g. text with path characters, is a one-line ConfigError)."""
+    return Path(out_dir) / f"{RUN_DIR_PREFIX}{run_number(run_id)}"
+
+
+def run_number(run_id: Any) -> int:
+    """Flower's run id as a whole number >= 0, else a one-line ConfigError (the server hears the rule)."""
     if isinstance(run_id, (bool, np.bool_)) or not isinstance(run_id, (int, np.integer)) or run_id < 0:
         raise ConfigError(f"run id {run_id!r}; valid: Flower's run id, a whole number >= 0",
                           public="run id, rule 'a whole number >= 0'")
-    return Path(out_dir) / f"{RUN_DIR_PREFIX}{int(run_id)}"
+    return int(run_id)
 
 
 def taken(out_dir: str | os.PathLike, run_id: Any) -> Path | None:

@@ -41,6 +41,11 @@ Sections: ``all`` and each strategy name; a strategy's own section overrides
   determines it noise-free: above 1 they are refused un-noised. Other
   strategies send no sum over a subset of rows the server picks (labels,
   model weights, degrees, LDP embeddings) and meet every value.
+* ``label-releases`` (default inf): the most replies that label this node's rows (fedkmeans'
+  ``kmeans_assign``, fedavg-dmon's ``dmon_assign``, fedspectral's ``fedspectral_local``, kcagc's
+  ``kcagc_local``) per dataset over every run, counted in its release record
+  (:mod:`app.privacy.releases`); each is at most ``log2(num-clusters)`` bits of a row. Every
+  strategy.
 * ``min-block-support`` (default 4): fedspectral-plus refuses a block with a
   column whose effective support ``||y||_1^2 / ||y||_2^2`` (the number of
   nodes it spreads over, 1 for a basis vector) is below this: a column on a
@@ -116,6 +121,10 @@ RULES: dict[str, Rule] = {r.param.key: r for r in (
                "least number of this node's rows behind any statistic built from its rows (a centre, a "
                "cluster's sum; 1 for fedsc and fedspectral-plus, whose noise-free uploads hold one row of "
                "an image per row: > 1 refuses them un-noised)", low=1, high=1_000_000), EVERY),
+    Rule(Param("label-releases", float, math.inf,
+               "most replies labelling this node's rows (each a partition of them into at most num-clusters "
+               "classes) per dataset over every run, counted in its release record", low=0.0, infinite=True),
+         EVERY),
     Rule(Param("min-block-support", float, 4.0,
                "least effective support ||y||_1^2 / ||y||_2^2 of every column of a block", low=1.0),
          ("fedspectral-plus",)),

@@ -108,6 +108,36 @@ def hop_bound(total: int, value_bound: float) -> float:
     return max(int(total) - 1, 1) * float(value_bound)
 
 
+def centres_problem(centres: np.ndarray, k: int, width: int) -> str | None:
+    """Why server-sent ``centres`` are not centres of this run (None: they are): exactly ``k``
+    (its num-clusters) finite centres of the client's feature ``width``. Checked before any
+    statistic or label is computed from them: k-means of the run's k, never a grid of probes.
+    (Several starts advanced in one message are a leading axis of such blocks, each checked so.)"""
+    centres = np.asarray(centres)
+    if centres.dtype.kind != "f" or centres.shape != (k, width):
+        return f"centres of {centres.dtype} {centres.shape}; valid: float ({k}, {width}), the run's num-clusters"
+    if not np.isfinite(centres).all():
+        return "centres that are not finite"
+    return None
+
+
+def final_centres(last: np.ndarray, own_counts: np.ndarray, total: np.ndarray) -> np.ndarray | str:
+    """The centres of the final labels, derived by the client from what the federation computed:
+    the centres ``last`` of the last Lloyd step it answered, moved by the summed statistics
+    ``total`` the server returns (:func:`update_centres`, the server's own step). Refused (a
+    reason) when ``total`` is not a sum that holds this client's counts ``own_counts`` of that
+    step (whole numbers, each at least its own): such a total is no sum over the federation."""
+    k, width = last.shape
+    total = np.asarray(total, dtype=np.float64)
+    if total.shape != (k * width + k + 2,) or not np.isfinite(total).all():
+        return f"a total of shape {total.shape}; valid: ({k * width + k + 2},), the last step's statistics summed"
+    sums, counts, withheld, _ = split_statistics(total, k)
+    if (counts < np.asarray(own_counts) - 0.5).any() or np.abs(counts - np.rint(counts)).max(initial=0) > 0.5 \
+            or withheld < -0.5:
+        return "a total whose cluster counts are not whole numbers holding this client's own counts"
+    return update_centres(last, sums, counts)
+
+
 def assign(x: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest centre of each row and the squared distance to it."""
     d2 = (
@@ -189,6 +219,29 @@ def replay_audit(x: np.ndarray, replayed: np.ndarray, centres_shape: tuple, most
     for centres in replayed if audit is not None else ():
         audit = lloyd_statistics(x, centres, min_rows, audit)[4]
     return audit
+
+
+def released_seeds(labels: np.ndarray, k: int, min_rows: int, basis: np.ndarray,
+                   kept: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The local clusters whose centres a client sends with hello after the row sets ``basis``
+    spans (its sums of earlier runs on the same rows), and the basis then: its new local clusters
+    ``labels`` when every one is admitted (:func:`admit`); else the local clusters ``kept`` it sent
+    in an earlier run (sets already in the span, so admitted) when they are at most ``k``; else
+    None (every choice would determine a row with what it sent before)."""
+    grown, failing = _admitted(basis, labels, int(labels.max()) + 1, min_rows)
+    if not failing:
+        return labels, grown
+    if kept is not None and int(kept.max()) + 1 <= k:
+        grown, failing = _admitted(basis, kept, int(kept.max()) + 1, min_rows)
+        if not failing:
+            return kept, grown
+    return None
+
+
+def seed_centres(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The centres and sizes of the local clusters ``labels`` (0..m-1) of the rows ``x``."""
+    clusters = np.arange(int(labels.max()) + 1)
+    return _means(x, labels, clusters), np.bincount(labels, minlength=len(clusters)).astype(np.float64)
 
 
 def release(labels: np.ndarray, k: int, min_rows: int, audit: Audit) -> tuple[np.ndarray, np.ndarray, Audit]:

@@ -1,0 +1,167 @@
+"""A member's release record: every reply its client sent, per dataset, over runs and restarts.
+
+In a deployment the ServerApp is the operator's code, so a member's client treats every
+request as a malicious server's and every reply as a release. Two things make a release
+count beyond the run that asked for it, and both live here:
+
+* the record itself, JSON lines appended under a file lock and never rewritten (no pickle:
+  reading it runs no code), one line per reply::
+
+      {"time": "2026-05-01T10:00:00+00:00", "run": 7, "dataset": "3f0c...", "strategy": "fedkmeans",
+       "action": "kmeans_assign", "request": "<sha256 of the request>", "labels": 3}
+
+  ``dataset`` is :func:`dataset_key` of the rows the reply came from, ``labels`` the number of
+  classes of a reply that labels those rows (0 for any other reply). A client reads it to
+  answer each step in the protocol's order and count within a run (a restarted node
+  continues the run's count) and to cap a dataset's label releases over every run (the node
+  policy's ``label-releases``);
+* arrays a protocol keeps about what it released of a dataset (fedkmeans' audit of the row
+  sets whose sums it sent), one ``.npz`` per dataset and name, replaced atomically, read with
+  ``allow_pickle=False``.
+
+Both live in the directory ``<privacy ledger>.releases`` (:func:`app.privacy.policy.ledger_path`:
+node config ``privacy-ledger``, else beside the node's data); without a ledger path (simulation,
+in-memory data) the run context keeps them, for one run only, as it keeps the ledger.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import io
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
+
+from app.config import ConfigError
+
+RECORD_FILE = "records.jsonl"
+FIELDS = ("time", "run", "dataset", "strategy", "action", "request", "labels")
+#: ``context.state`` records of a node without a ledger path: the lines, and ``<record>:<name>`` arrays
+STATE_RECORD = "release-record"
+
+
+def record_dir(ledger: Path | None) -> Path | None:
+    """The directory of a node's release record: beside its privacy ledger (None: no file)."""
+    return None if ledger is None else Path(f"{ledger}.releases")
+
+
+def dataset_key(dataset: str, items: np.ndarray, shape: tuple) -> str:
+    """A short digest naming the rows a client holds: its dataset's label, its item ids (or
+    keys) in row order and its data's shape. The same shard file gives the same key in every
+    run; another cut of the rows gives another."""
+    digest = hashlib.sha256(f"{dataset}|{tuple(int(s) for s in shape)}|".encode())
+    items = np.asarray(items)
+    if items.dtype.kind in "OUS":  # a party's own IDs: their text, not the objects' addresses
+        digest.update("\x00".join(map(str, items.tolist())).encode())
+    else:
+        digest.update(np.ascontiguousarray(items).tobytes())
+    return digest.hexdigest()[:24]
+
+
+def _check(record, where: str) -> dict:
+    if not isinstance(record, dict) or set(record) != set(FIELDS):
+        raise ConfigError(f"{where}: not a release record; expected the fields {', '.join(FIELDS)}")
+    return record
+
+
+class ReleaseRecord:
+    """One node's release record for one dataset (see module docstring): a directory, or the run
+    context's ``state`` (``directory`` None)."""
+
+    def __init__(self, directory: Path | None, state: RecordDict, dataset: str) -> None:
+        self.directory = None if directory is None else Path(directory)
+        self.state = state
+        self.dataset = dataset
+
+    def where(self) -> str:
+        return str(self.directory) if self.directory is not None else "the run context (no ledger file)"
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the record's exclusive lock (reading and appending in between are atomic)."""
+        if self.directory is None:
+            yield
+            return
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.directory / RECORD_FILE, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _lines(self) -> list[str]:
+        if self.directory is None:
+            kept = self.state.array_records.get(STATE_RECORD)
+            return [] if kept is None else kept["lines"].numpy().tobytes().decode().splitlines()
+        try:
+            return (self.directory / RECORD_FILE).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+
+    def records(self) -> list[dict]:
+        """This dataset's records, checked (a line that is not a record stops with its line)."""
+        out = []
+        for number, line in enumerate(self._lines(), start=1):
+            where = f"release record {self.where()}, line {number}"
+            try:
+                record = _check(json.loads(line), where)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{where}, column {err.colno}: {err.msg}") from None
+            if record["dataset"] == self.dataset:
+                out.append(record)
+        return out
+
+    def append(self, run: int, strategy: str, action: str, request: str, labels: int = 0) -> None:
+        record = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "run": int(run),
+                  "dataset": self.dataset, "strategy": strategy, "action": action, "request": request,
+                  "labels": int(labels)}
+        line = json.dumps(record) + "\n"
+        if self.directory is None:
+            kept = self.state.array_records.get(STATE_RECORD)
+            data = (kept["lines"].numpy().tobytes() if kept is not None else b"") + line.encode()
+            self.state[STATE_RECORD] = ArrayRecord({"lines": Array(np.frombuffer(data, dtype=np.uint8))})
+            return
+        with open(self.directory / RECORD_FILE, "a") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    # -- arrays a protocol keeps about a dataset ----------------------------------------------
+    def _array_file(self, name: str) -> Path:
+        return self.directory / f"{self.dataset}.{name}.npz"
+
+    def load_arrays(self, name: str) -> dict[str, np.ndarray] | None:
+        """The arrays kept under ``name`` for this dataset (None: none yet)."""
+        if self.directory is None:
+            kept = self.state.array_records.get(f"{STATE_RECORD}:{name}")
+            return None if kept is None else {k: v.numpy() for k, v in kept.items()}
+        try:
+            with np.load(self._array_file(name), allow_pickle=False) as npz:
+                return {k: npz[k] for k in npz.files}
+        except FileNotFoundError:
+            return None
+
+    def save_arrays(self, name: str, **arrays: np.ndarray) -> None:
+        """Keep ``arrays`` under ``name`` for this dataset, replacing what was kept (atomically)."""
+        if self.directory is None:
+            self.state[f"{STATE_RECORD}:{name}"] = ArrayRecord(
+                {k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+            return
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        target = self._array_file(name)
+        partial = target.with_name(target.name + f".{os.getpid()}.partial")
+        with open(partial, "wb") as handle:
+            handle.write(buffer.getvalue())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
