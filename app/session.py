@@ -24,6 +24,7 @@ import numpy as np
 from app.config import RunConfig, SharedConfig
 from app.data.parties import PARTIES, SHARED_NODES, family, item_offsets, node_set_mismatch, to_positions
 from app.privacy.ledger import PrivacyLedger
+from app.privacy.releases import server_learns
 from app.progress import Convergence, Progress
 from app.secure_session import SecureAggregation
 from app.transport import (LEFT, NO_REPLY, NOT_RECEIVED, NOT_RECEIVED_RESENDS, CommStats, Exchange, describe, exchange,
@@ -117,6 +118,7 @@ class ServerSession(SecureAggregation):
         self.timeout = shared.timeout
         self.stats = CommStats()
         self.ledger = PrivacyLedger()
+        self.ledger.server_learns = server_learns(str(config["strategy"]))
         self.rejects: list[dict] = []
         self.clients: list[ClientInfo] = []
         self._round = 0

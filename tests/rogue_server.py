@@ -79,6 +79,13 @@ class Member:
         self.runs += 1
         return self
 
+    def restart(self) -> "Member":
+        """The member's node restarted within the run: the same run id, a fresh context."""
+        from flwr.app import RecordDict
+
+        self.grid.contexts[NODE].state = RecordDict()
+        return self
+
     @property
     def client(self):
         """The member's latest client object's context state (what it keeps between steps)."""

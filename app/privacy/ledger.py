@@ -105,6 +105,8 @@ class PrivacyLedger:
         self._mechanisms: list[dict[str, Any]] = []
         self._uploads: dict[tuple, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        #: step -> what a fully malicious server can learn from a reply of it (the run's strategy)
+        self.server_learns: dict[str, str] = {}
 
     # ------------------------------------------------------------------ mechanisms
     def add_mechanism(
@@ -257,9 +259,11 @@ class PrivacyLedger:
             note = "no mechanism with a formal DP guarantee"
         if heuristic:
             note += "; not covered by a DP guarantee: " + ", ".join(heuristic)
+        steps = {row["action"] for row in uploads}
         return {
             "mechanisms": mechanisms,
             "uploads": _jsonable(uploads),
+            "malicious_server": {step: text for step, text in self.server_learns.items() if step in steps},
             "epsilon": _jsonable(eps),
             "delta": _jsonable(delta),
             "overall_note": note,

@@ -165,3 +165,87 @@ class ReleaseRecord:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(partial, target)
+
+
+# -- what a fully malicious server can learn from each reply ------------------------------------
+#: Replies every strategy's client gives (:class:`clients.base.ClusteringClient`), and the linking
+#: and masking steps several share.
+COMMON_STEPS = {
+    "hello": "once a run: the member's partition, counts (rows, graphs, edges, rows without an edge), its shard's "
+             "cut, its public key where masking is set up, and the method's hello figures",
+    "labels": "nothing of the member: the count of the labels the server sent",
+    "secagg_setup": "a fresh X25519 public key",
+    "secagg_agree": "the number of peers the member agreed seeds with",
+    "secagg_unmask": "shares of the survivors' self masks or the pair masks with the dropped parties, never both for "
+                     "one party of a sum",
+    "boundary_shares": "the member's group-key share sealed for each peer (unreadable to the server)",
+    "boundary_tags": "keyed tags of the member's node IDs (keyed by the parties' group key) and its row ids",
+    "boundary_links": "that the links were formed",
+}
+
+#: strategy -> step -> what a server that sends any accepted message in any order learns from the
+#: reply, within the checks the member makes (docs/privacy.md shows the same table)
+SERVER_LEARNS: dict[str, dict[str, str]] = {
+    "fedkmeans": {
+        "hello": "local centres, each the mean of at least min-rows rows, their sums audited with every sum of "
+                 "earlier runs on these rows",
+        "kmeans_init": "as hello's centres, of the rows filtered over the whole graph; once",
+        "kmeans_filter": "nothing: padded, masked ring elements; filter-order times",
+        "kmeans_step": "for centres of its choice (num-clusters finite rows, at most num-rounds steps): per-cluster "
+                       "sums, counts and inertia (masked: their sum over the members), each over at least min-rows "
+                       "rows and none that determines a row with every sum sent of these rows in any run",
+        "kmeans_assign": "once a run: each row's cluster under the last step's centres moved by a total it states "
+                         "(holding the member's counts): log2(num-clusters) bits of each row",
+    },
+    "kcagc": {
+        "kcagc_local": "once a run: the member's own k-means of its embedding into k_hat clusters: log2(k_hat) "
+                       "bits of each row",
+        "kcagc_joint": "masked squared row norms (their sum over the members)",
+        "kcagc_step": "summed squared distances between virtual nodes and centres of its choice (masked per "
+                      "group)",
+        "kcagc_exact": "masked sums: the block's squared norm, F (F^T Y) for blocks Y of its choice, the "
+                       "intra-cluster distance for labels of its choice",
+    },
+    "fedspectral": {
+        "fedspectral_local": "once a run: spectral labels of the member's own graph into num-clusters clusters: "
+                             "log2(num-clusters) bits of each row",
+    },
+    "fedspectral-plus": {
+        "fedspectral_degrees": "once: the degree vector (masked and/or noised)",
+        "fedspectral_product": "A_c Y for blocks of its choice, each column spread over at least min-block-support "
+                               "nodes; noise-free, N/b of them give A_c (refused noise-free above min-rows 1)",
+        "fedspectral_power": "M_c^t V for blocks of its choice, as fedspectral_product",
+    },
+    "fedsc": {
+        "hello": "the feature count; with sigma estimated two distance statistics (ledger)",
+        "fedsc_rank": "once: the landmark count of the spectral-mass rule",
+        "fedsc_round": "Z_p for landmarks of its choice, at most num-rounds times (noised under dp-epsilon)",
+        "fedsc_final": "once: C_p, which with the landmarks gives the samples noise-free (refused noise-free above "
+                       "min-rows 1)",
+    },
+    "fedavg-dmon": {
+        "hello": "the feature count (boundary mode: a power of two bounding the masked uploads)",
+        "dmon_train": "weights trained from weights of its choice, at most num-rounds times, and the validation "
+                      "modularity of those weights (DP: noised weights only)",
+        "dmon_eval": "once: the validation modularity of weights of its choice",
+        "dmon_assign": "once a run, after training: labels under weights of its choice of the run's shapes "
+                       "(log2(num-clusters) bits of each row), and test modularity and conductance of those labels "
+                       "on the member's edges",
+        "dmon_features": "nothing: padded, masked ring elements; once",
+        "dmon_spread": "masked sums only (padded rows, sums under the weights)",
+        "dmon_gradient": "the masked sum of the gradients (one member: its gradient and loss)",
+    },
+    "gw-ldp": {
+        "hello": "the feature width and graph counts",
+        "fit": "weights trained from weights of its choice, at most num-rounds times (DP: noised)",
+        "gw_norm": "BatchNorm moments over the member's training nodes (refused under training DP)",
+        "gw_embed": "LDP-encoded node embeddings at the member's own epsilon, graph sizes, ids, splits and labels; "
+                    "at most once a round",
+    },
+}
+SERVER_LEARNS["kcagc-basic"] = SERVER_LEARNS["kcagc"]  # one client: its steps answer a kcagc-basic run's server too
+
+
+def server_learns(strategy: str) -> dict[str, str]:
+    """What a fully malicious server can learn from each reply of ``strategy``'s client, by step."""
+    return {**COMMON_STEPS, **SERVER_LEARNS.get(strategy, {})}
