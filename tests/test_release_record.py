@@ -120,3 +120,15 @@ def test_every_reply_of_every_strategy_says_what_a_server_learns_here_and_on_the
         assert set(entry.client.steps()) <= set(learns), (name, set(entry.client.steps()) - set(learns))
         for step, text in learns.items():
             assert f"`{step}` | {text} |" in page, (name, step)
+
+
+def test_a_runs_result_says_what_a_malicious_server_learns_from_each_of_its_steps(tmp_path):
+    from app.client_app import build_client_app
+    from app.inprocess import InProcessGrid
+    from app.server_app import run_server
+
+    raw = {**RUN, "dataset": "sbm", "partitioner": "node-random", "out-dir": str(tmp_path / "run")}
+    result = run_server(InProcessGrid(build_client_app(raw), 3), raw)
+    learns = result["privacy"]["malicious_server"]
+    assert set(learns) == {"hello", "kmeans_step", "kmeans_assign"}
+    assert learns["kmeans_assign"] == server_learns("fedkmeans")["kmeans_assign"]
