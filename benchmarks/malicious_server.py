@@ -44,10 +44,10 @@ def run_case(case: str, strategy: str, keys: dict, policy: dict, sequences: int,
 
 
 def measure(sequences: int, length: int) -> dict:
-    from test_fuzz_server import CASES
+    from test_fuzz_server import CASES, plain
 
     cases = []
-    for case, strategy, keys, policy in CASES:
+    for case, strategy, keys, policy in plain(CASES):
         cases.append(run_case(case, strategy, keys, policy, sequences, length))
         print(json.dumps(cases[-1]), flush=True)
     return {"measure": MEASURE, "sequences": sequences, "length": length, "cases": cases}

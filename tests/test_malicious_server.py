@@ -123,12 +123,12 @@ SPECTRAL_PLUS = [
 
 FEDSPECTRAL = [param(f"fedspectral-k{k}", "fedspectral", k) for k in (3, NODES)]
 
-KCAGC = [
+KCAGC = [  # kcagc-basic shares kcagc's client: its steps at k = a party's rows run with kcagc's
     param(f"{name}-k{k}-{embedding}", name, k,
           {"sbm.features": 12, "kcagc.mode": "paper", "kcagc.embedding": embedding, "kcagc.restarts": 2,
            "kcagc.iterations": 3, "kcagc.local-restarts": 1, "kcagc.local-factor": 10**7, "kcagc.embed-dim": 10**6})
-    for name in ("kcagc", "kcagc-basic") for k, embedding in ((3, "projection-unit"), (PARTY_ROWS, "svd"),
-                                                              (PARTY_ROWS, "filtered"))
+    for name, k, embedding in (("kcagc", 3, "projection-unit"), ("kcagc-basic", 3, "projection-unit"),
+                               ("kcagc", PARTY_ROWS, "svd"), ("kcagc", PARTY_ROWS, "filtered"))
 ] + [  # every node a virtual node and a seed: the summed distances of every pair (rows up to isometry only)
     param("kcagc-basic-k60-filtered", "kcagc-basic", NODES,
           {"sbm.features": 12, "kcagc.embedding": "filtered", "kcagc.restarts": 1, "kcagc.iterations": 2}),
