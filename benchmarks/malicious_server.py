@@ -39,7 +39,7 @@ def run_case(case: str, strategy: str, keys: dict, policy: dict, sequences: int,
         outcome = campaign(case, strategy, keys, policy, sequences, length, patch, Path(out))
     return {"case": case, "strategy": strategy, "policy": policy, "messages": outcome.messages,
             "rows_found": outcome.found, "fewest_rows": outcome.fewest_rows,
-            "label_bits_per_run": outcome.label_bits / sequences, "answered": dict(outcome.answered),
+            "label_bits_per_run": outcome.most_label_bits, "answered": dict(outcome.answered),
             "refused": dict(outcome.refused)}
 
 
@@ -69,10 +69,12 @@ def render(results: dict) -> Path:
                   "releases (a request sent again gets its first reply, counted once). Rows found: the row search "
                   "of tests/malicious_server.py on every reply (a row, a column, a one-row mean, fedsc's "
                   "inversion, fedspectral-plus's solves, a weight update parallel to a row). Fewest rows: the "
-                  "fewest of the member's rows behind a statistic the server read. Label bits: of each row, per "
-                  "run (log2 of the classes of the one label reply a run)."),
+                  "fewest of the member's rows behind a statistic the server read. Label bits: of each row, the "
+                  "most in one run (log2 of the classes of a label reply; at most one a run). Errors: requests "
+                  "the member could not answer (a step whose earlier steps it never saw, a masking tag used "
+                  "before), which reach the server as the error's kind."),
         table(["case", "node policy", "messages", "answered", "refused (rule: count)", "rows found", "fewest rows",
-               "label bits a run"], rows),
+               "label bits in a run"], rows),
         paragraph("The attacks of the security page, one by one: `tests/test_rogue_server.py`; what each reply "
                   "can give: [privacy](../privacy.md#every-reply-is-a-release)."),
     ])

@@ -13,7 +13,7 @@ the member's rows, as for a whole run.
 
 :class:`Outcome` says what the server got: the rows found, the smallest statistic's row count,
 the releases answered per step (a request answered again with its first reply counts once) and
-the refusals by rule, and the label bits it read per row.
+the refusals by rule, and the label bits it read of each row (in all, and the most in one run).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from app.inprocess import FIRST_CLIENT_NODE_ID, InProcessGrid
 from app.privacy.policy import MIN_ROWS
 from app.server_app import run_server
 from app.transport import unpack
-from app.wire import HELLO
+from app.wire import HELLO, SECAGG_PEER
 from clients.base import request_digest
 from malicious_server import Capture, Read, Request, counted_statistics, leaks
-from rogue_server import Member
+from rogue_server import Member, Reply
 
 CRAFTS = ("as-recorded", "random", "grid", "one-hot", "one-row", "scaled")
 CLIENTS = 3
@@ -88,6 +88,7 @@ class Outcome:
     answered: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)
     label_bits: float = 0.0
+    most_label_bits: float = 0.0  # in one run
     messages: int = 0
     requests: set = field(default_factory=set)  # (step, request digest) answered: a release each
 
@@ -100,23 +101,28 @@ def fuzz(raw: dict, policy: dict, words: list, sequences: int, length: int, seed
     k = int(raw.get("num-clusters", 0))
     hello = next(w for w in words if w[0] == HELLO)
     for _ in range(sequences):
-        member, last = Member(raw, node_config(policy)), None
-        _read(capture, member, *hello, outcome, k)  # a sequence before hello is refused whole
+        member, last, bits = Member(raw, node_config(policy)), None, outcome.label_bits
+        outcome.requests.clear()  # a new run: its releases are its own
+        own = _read(capture, member, *hello, outcome, k).values.get("public_key")  # before hello all is refused
         for _ in range(length - 1):
             if last is not None and rng.random() < 0.2:
                 step, arrays, values = last  # the same request again at once
             else:
                 step, arrays, values = words[rng.integers(len(words))]
                 arrays = {n: craft(a, CRAFTS[rng.integers(len(CRAFTS))], rng) for n, a in arrays.items()}
+                if own is not None and f"{SECAGG_PEER}0" in values:  # relay the member's own key back to it
+                    values = {**values, f"{SECAGG_PEER}0": own}
             last = (step, arrays, values)
             _read(capture, member, step, arrays, values, outcome, k)
+        outcome.most_label_bits = max(outcome.most_label_bits, outcome.label_bits - bits)
     outcome.found = [str(leak) for leak in leaks(capture, k)]
     counted = [count for read, count in counted_statistics(capture, k) if read.kind != "masked"]
     outcome.fewest_rows = min(counted) if counted else None
     return outcome
 
 
-def _read(capture: Capture, member: Member, step: str, arrays: dict, values: dict, outcome: Outcome, k: int) -> None:
+def _read(capture: Capture, member: Member, step: str, arrays: dict, values: dict, outcome: Outcome,
+          k: int) -> Reply:
     """Send one message, and record the request and what came back as the server reads it."""
     node = FIRST_CLIENT_NODE_ID
     capture.requests.append(Request(step, node, arrays, values, capture._next()))
@@ -125,10 +131,10 @@ def _read(capture: Capture, member: Member, step: str, arrays: dict, values: dic
     outcome.messages += 1
     if not reply.answered:
         outcome.refused[reply.refused or "error"] += 1
-        return
+        return reply
     digest = bytes(request_digest(arrays, values)).hex()
     if (step, digest) in outcome.requests:
-        return  # the first reply again: nothing new for the server
+        return reply  # the first reply again: nothing new for the server
     outcome.requests.add((step, digest))
     outcome.answered[step] += 1
     for name, array in reply.arrays.items():
@@ -136,6 +142,7 @@ def _read(capture: Capture, member: Member, step: str, arrays: dict, values: dic
         capture.reads.append(Read(step, node, name, array, "masked" if masked else "clear", capture._next()))
         if name == "labels" and np.asarray(array).size:
             outcome.label_bits += float(np.log2(max(int(np.asarray(array).max()) + 1, k, 2)))
+    return reply
 
 
 def rows_floor(policy: dict) -> int:

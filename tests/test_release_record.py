@@ -52,7 +52,7 @@ def test_the_record_keeps_lines_per_dataset_and_arrays_without_pickle(tmp_path):
     np.testing.assert_array_equal(record.load_arrays("audit")["basis"], np.eye(3))
     assert other.load_arrays("audit") is None
     (record.directory / "records.jsonl").write_text('{"run": 1}\n')
-    with pytest.raises(ConfigError, match=r"l.jsonl.releases, line 1: not a release record"):
+    with pytest.raises(ConfigError, match=r"l.jsonl.releases/records.jsonl, line 1: not a release record"):
         record.records()
     in_context = ReleaseRecord(None, RecordDict(), key)
     in_context.append(1, "fedkmeans", "kmeans_assign", "ab", labels=2)

@@ -65,12 +65,20 @@ def _check(record, where: str) -> dict:
     return record
 
 
-class NodeLedger:
-    """The ledger of one node: a JSON-lines file, or the run context's state (``path`` None)."""
+class JsonLines:
+    """Records appended to a JSON-lines file under an exclusive ``flock``, never rewritten, each
+    checked when read (``check(record, where)``); or, without a ``path``, kept in the run context's
+    ``state`` (record ``state_record``), for one run. ``kind`` names them in errors."""
+
+    kind = "record"
+    state_record = ""
 
     def __init__(self, path: Path | None, state: RecordDict) -> None:
         self.path = None if path is None else Path(path)
         self.state = state
+
+    def check(self, record, where: str) -> dict:
+        return record
 
     def where(self) -> str:
         return str(self.path) if self.path is not None else "the run context (no ledger file)"
@@ -81,7 +89,7 @@ class NodeLedger:
         if self.path is None:
             yield
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(self.path, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -91,9 +99,9 @@ class NodeLedger:
 
     def _lines(self) -> list[str]:
         if self.path is None:
-            if STATE_RECORD not in self.state.array_records:
+            if self.state_record not in self.state.array_records:
                 return []
-            return self.state.array_records[STATE_RECORD]["lines"].numpy().tobytes().decode().splitlines()
+            return self.state.array_records[self.state_record]["lines"].numpy().tobytes().decode().splitlines()
         try:
             return self.path.read_text().splitlines()
         except FileNotFoundError:
@@ -103,25 +111,37 @@ class NodeLedger:
         """Every record, checked (a line that is not a record stops with its file and line)."""
         out = []
         for number, line in enumerate(self._lines(), start=1):
-            where = f"privacy ledger {self.where()}, line {number}"
+            where = f"{self.kind} {self.where()}, line {number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{where}, column {err.colno}: {err.msg}") from None
-            out.append(_check(record, where))
+            out.append(self.check(record, where))
         return out
 
-    def append(self, run: int, strategy: str, action: str, request: str, noise_multiplier: float | None) -> None:
-        record = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "run": int(run),
-                  "strategy": strategy, "action": action, "request": request,
-                  "noise_multiplier": None if noise_multiplier is None else float(noise_multiplier)}
+    def _append(self, record: dict) -> None:
         line = json.dumps(record, allow_nan=False) + "\n"
         if self.path is None:
-            kept = self.state.array_records.get(STATE_RECORD)
+            kept = self.state.array_records.get(self.state_record)
             data = (kept["lines"].numpy().tobytes() if kept is not None else b"") + line.encode()
-            self.state[STATE_RECORD] = ArrayRecord({"lines": Array(np.frombuffer(data, dtype=np.uint8))})
+            self.state[self.state_record] = ArrayRecord({"lines": Array(np.frombuffer(data, dtype=np.uint8))})
             return
         with open(self.path, "a") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+class NodeLedger(JsonLines):
+    """The ledger of one node: a JSON-lines file, or the run context's state (``path`` None)."""
+
+    kind = "privacy ledger"
+    state_record = STATE_RECORD
+
+    def check(self, record, where: str) -> dict:
+        return _check(record, where)
+
+    def append(self, run: int, strategy: str, action: str, request: str, noise_multiplier: float | None) -> None:
+        self._append({"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "run": int(run),
+                      "strategy": strategy, "action": action, "request": request,
+                      "noise_multiplier": None if noise_multiplier is None else float(noise_multiplier)})

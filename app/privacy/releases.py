@@ -27,19 +27,16 @@ in-memory data) the run context keeps them, for one run only, as it keeps the le
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import hashlib
 import io
-import json
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from app.config import ConfigError
+from app.privacy.budget import JsonLines
 
 RECORD_FILE = "records.jsonl"
 FIELDS = ("time", "run", "dataset", "strategy", "action", "request", "labels")
@@ -65,74 +62,31 @@ def dataset_key(dataset: str, items: np.ndarray, shape: tuple) -> str:
     return digest.hexdigest()[:24]
 
 
-def _check(record, where: str) -> dict:
-    if not isinstance(record, dict) or set(record) != set(FIELDS):
-        raise ConfigError(f"{where}: not a release record; expected the fields {', '.join(FIELDS)}")
-    return record
-
-
-class ReleaseRecord:
+class ReleaseRecord(JsonLines):
     """One node's release record for one dataset (see module docstring): a directory, or the run
     context's ``state`` (``directory`` None)."""
 
+    kind = "release record"
+    state_record = STATE_RECORD
+
     def __init__(self, directory: Path | None, state: RecordDict, dataset: str) -> None:
         self.directory = None if directory is None else Path(directory)
-        self.state = state
+        super().__init__(None if directory is None else self.directory / RECORD_FILE, state)
         self.dataset = dataset
 
-    def where(self) -> str:
-        return str(self.directory) if self.directory is not None else "the run context (no ledger file)"
-
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the record's exclusive lock (reading and appending in between are atomic)."""
-        if self.directory is None:
-            yield
-            return
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(self.directory / RECORD_FILE, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    def _lines(self) -> list[str]:
-        if self.directory is None:
-            kept = self.state.array_records.get(STATE_RECORD)
-            return [] if kept is None else kept["lines"].numpy().tobytes().decode().splitlines()
-        try:
-            return (self.directory / RECORD_FILE).read_text().splitlines()
-        except FileNotFoundError:
-            return []
+    def check(self, record, where: str) -> dict:
+        if not isinstance(record, dict) or set(record) != set(FIELDS):
+            raise ConfigError(f"{where}: not a release record; expected the fields {', '.join(FIELDS)}")
+        return record
 
     def records(self) -> list[dict]:
         """This dataset's records, checked (a line that is not a record stops with its line)."""
-        out = []
-        for number, line in enumerate(self._lines(), start=1):
-            where = f"release record {self.where()}, line {number}"
-            try:
-                record = _check(json.loads(line), where)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where}, column {err.colno}: {err.msg}") from None
-            if record["dataset"] == self.dataset:
-                out.append(record)
-        return out
+        return [r for r in super().records() if r["dataset"] == self.dataset]
 
     def append(self, run: int, strategy: str, action: str, request: str, labels: int = 0) -> None:
-        record = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "run": int(run),
-                  "dataset": self.dataset, "strategy": strategy, "action": action, "request": request,
-                  "labels": int(labels)}
-        line = json.dumps(record) + "\n"
-        if self.directory is None:
-            kept = self.state.array_records.get(STATE_RECORD)
-            data = (kept["lines"].numpy().tobytes() if kept is not None else b"") + line.encode()
-            self.state[STATE_RECORD] = ArrayRecord({"lines": Array(np.frombuffer(data, dtype=np.uint8))})
-            return
-        with open(self.directory / RECORD_FILE, "a") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        self._append({"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "run": int(run),
+                      "dataset": self.dataset, "strategy": strategy, "action": action, "request": request,
+                      "labels": int(labels)})
 
     # -- arrays a protocol keeps about a dataset ----------------------------------------------
     def _array_file(self, name: str) -> Path:
