@@ -26,6 +26,7 @@ import numpy as np
 from app.client_app import build_client_app
 from app.inprocess import FIRST_CLIENT_NODE_ID, InProcessGrid
 from app.privacy.policy import MIN_ROWS
+from app.registry import STRATEGIES
 from app.server_app import run_server
 from app.transport import unpack
 from app.wire import HELLO, SECAGG_PEER
@@ -140,7 +141,7 @@ def _read(capture: Capture, member: Member, step: str, arrays: dict, values: dic
     for name, array in reply.arrays.items():
         masked = np.asarray(array).dtype.kind == "u" and name not in ("sealed", "tags")
         capture.reads.append(Read(step, node, name, array, "masked" if masked else "clear", capture._next()))
-        if name == "labels" and np.asarray(array).size:
+        if name == "labels" and step in STRATEGIES[member.raw["strategy"]].client.label_steps and np.size(array):
             outcome.label_bits += float(np.log2(max(int(np.asarray(array).max()) + 1, k, 2)))
     return reply
 
