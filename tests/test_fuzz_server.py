@@ -29,7 +29,8 @@ LABEL_STEPS = {"fedkmeans": "kmeans_assign", "fedavg-dmon": "dmon_assign", "feds
 #: (case, strategy, run-config, node policy)
 CASES = [
     ("fedkmeans", "fedkmeans", {"num-rounds": 3}, {}),
-    ("fedkmeans-secure", "fedkmeans", {"num-rounds": 3, "fedkmeans.secure": True}, {}),
+    pytest.param("fedkmeans-secure", "fedkmeans", {"num-rounds": 3, "fedkmeans.secure": True}, {},
+                 marks=pytest.mark.slow),  # masked sums: tests/test_malicious_server.py runs them in the default set
     ("kcagc", "kcagc", KCAGC, {}),
     pytest.param("kcagc-basic", "kcagc-basic", KCAGC, {}, marks=pytest.mark.slow),  # kcagc's client, fewer steps
     ("fedspectral", "fedspectral", {}, {}),

@@ -125,13 +125,14 @@ FEDSPECTRAL = [param(f"fedspectral-k{k}", "fedspectral", k) for k in (3, NODES)]
 
 KCAGC = [  # kcagc-basic shares kcagc's client: its steps at k = a party's rows run with kcagc's
     param(f"{name}-k{k}-{embedding}", name, k,
-          {"sbm.features": 12, "kcagc.mode": "paper", "kcagc.embedding": embedding, "kcagc.restarts": 2,
+          {"sbm.features": 12, "kcagc.mode": "paper", "kcagc.embedding": embedding, "kcagc.restarts": 1,
            "kcagc.iterations": 3, "kcagc.local-restarts": 1, "kcagc.local-factor": 10**7, "kcagc.embed-dim": 10**6})
     for name, k, embedding in (("kcagc", 3, "projection-unit"), ("kcagc-basic", 3, "projection-unit"),
                                ("kcagc", PARTY_ROWS, "svd"), ("kcagc", PARTY_ROWS, "filtered"))
 ] + [  # every node a virtual node and a seed: the summed distances of every pair (rows up to isometry only)
-    param("kcagc-basic-k60-filtered", "kcagc-basic", NODES,
-          {"sbm.features": 12, "kcagc.embedding": "filtered", "kcagc.restarts": 1, "kcagc.iterations": 2}),
+    param("kcagc-basic-k30-filtered", "kcagc-basic", NODES // 2,
+          {"sbm.nodes": NODES // 2, "sbm.features": 12, "kcagc.embedding": "filtered", "kcagc.restarts": 1,
+           "kcagc.iterations": 2}),
     # exact mode, its block as wide as the nodes: the server learns the pooled Gram F F^T (the ledger says
     # so), inner products of rows summed over parties, never one party's row
     param("kcagc-exact-k60", "kcagc", NODES, {"sbm.features": 12, "kcagc.mode": "exact", "kcagc.filter-order": 2}),
@@ -145,7 +146,7 @@ FEDAVG_DMON = [
 
 GW_LDP = [
     param(f"gw-ldp-khop-epsilon-{eps}", "gw-ldp", 3,
-          {"partitioner": "khop", "khop.hops": 1, "khop.centres": 30, "gw-ldp.model": "gin", "num-rounds": 2,
+          {"partitioner": "khop", "khop.hops": 1, "khop.centres": 30, "gw-ldp.model": "gin", "num-rounds": 1,
            "gw-ldp.local-epochs": 1, "gw-ldp.epsilon": eps, "gw-ldp.svc": False})
     for eps in ("inf", 0.0)
 ]

@@ -107,7 +107,7 @@ def test_a_server_reads_no_row_through_fedkmeans_labels_of_its_centres(member):
 
 # -- fedkmeans: differencing after a second hello, or across runs ---------------------------------
 #: readings a differencing server takes (one row takes it about 20 without the defences)
-READINGS = 40
+READINGS = 30
 
 
 def bisect_a_row(read, rows: int) -> list[np.ndarray]:
