@@ -5,11 +5,13 @@ Plain functions (no Flower) that take a ``seed`` and are deterministic for it:
 * :func:`kmeans` - scikit-learn k-means (k-means++ init, ``n_init`` restarts).
 * :func:`spectral_graph` / :func:`spectral_affinity` - normalised spectral
   clustering (Ng, Jordan & Weiss): top-k eigenvectors of
-  ``D^-1/2 W D^-1/2``, rows normalised to unit length, k-means.
+  ``D^-1/2 W D^-1/2``, rows normalised to unit length, k-means; on a graph,
+  optionally regularised (``tau``, :func:`regularisation`).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 from contextlib import nullcontext
@@ -139,14 +141,65 @@ def kmeans(
 _DENSE_EIG_MAX_N = 1000
 
 
-def spectral_embedding(W: Any, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row-normalised top-k eigenvectors of ``M = D^-1/2 W D^-1/2`` (``d = W 1``).
+#: choices of a method's ``regularise`` key: ``auto`` regularises a graph with more connected
+#: components (of at least one edge) than clusters, where the top-k eigenvectors are not unique
+REGULARISE = ("auto", "on", "off")
+
+
+def components_with_edges(adj: Any) -> int:
+    """Connected components of a graph that hold at least one edge (an isolated node is none):
+    the multiplicity of eigenvalue 1 of ``D^-1/2 A D^-1/2``."""
+    from scipy.sparse.csgraph import connected_components
+
+    A = square_sparse(adj)
+    _, labels = connected_components(A, directed=False)
+    touched = np.asarray((A != 0).sum(axis=1)).ravel() > 0
+    return int(np.unique(labels[touched]).size)
+
+
+def regularisation(adj: Any, k: int, regularise: str, tau: float = 0.0) -> float:
+    """The ``tau`` of regularised spectral clustering (:func:`spectral_embedding`) on ``adj``: 0
+    (unregularised) for ``regularise="off"``, and for ``"auto"`` where the graph has at most ``k``
+    components with an edge; else ``tau``, or where ``tau`` is 0 the graph's average degree
+    ``sum(A) / n`` (Qin and Rohe 2013; Amini et al. 2013 take a multiple of it)."""
+    if regularise not in REGULARISE:
+        raise ValueError(f"invalid regularise={regularise!r}; valid choices: " + ", ".join(REGULARISE))
+    if regularise == "off" or (regularise == "auto" and components_with_edges(adj) <= k):
+        return 0.0
+    A = square_sparse(adj)
+    return float(tau) if tau > 0 else float(A.sum()) / max(A.shape[0], 1)
+
+
+def normalised_operator(W: sp.csr_matrix, tau: float = 0.0):
+    """``(M, d)``: ``M = D_tau^-1/2 (W + (tau/n) 1 1^T) D_tau^-1/2`` with ``d = W 1`` and ``D_tau =
+    diag(d + tau)``, sparse (``tau`` 0: ``D^-1/2 W D^-1/2``, a zero row and column where ``d = 0``)
+    or, for ``tau`` > 0, a LinearOperator (the added rank-one term keeps products sparse)."""
+    n = W.shape[0]
+    d = np.asarray(W.sum(axis=1)).ravel()
+    inv = np.zeros(n)
+    ok = d + tau > 0
+    inv[ok] = 1.0 / np.sqrt(d[ok] + tau)
+    if tau <= 0:
+        return sp.csr_matrix(sp.diags(inv) @ W @ sp.diags(inv)), d
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        y = inv[:, None] * x.reshape(n, -1)
+        z = W @ y + (tau / n) * y.sum(axis=0, keepdims=True)
+        return (inv[:, None] * z).reshape(x.shape)
+
+    return sla.LinearOperator((n, n), matvec=apply, matmat=apply, dtype=np.float64), d
+
+
+def spectral_embedding(W: Any, k: int, seed: int, tau: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Row-normalised top-k eigenvectors of ``M = D^-1/2 W D^-1/2`` (``d = W 1``), or with
+    ``tau`` > 0 of the regularised ``M_tau = D_tau^-1/2 (W + (tau/n) 1 1^T) D_tau^-1/2``,
+    ``D_tau = D + tau I`` (Amini et al. 2013; Joseph and Yu 2016).
 
     Returns ``(U, connected)``: ``U`` (n x k) with unit rows and ``connected``
-    the mask of nodes with ``d_i > 0``. Nodes with zero degree get
+    the mask of nodes with ``d_i + tau > 0``. Unregularised, nodes with zero degree get
     ``D^-1/2 = 0``, i.e. an all-zero row of M and of U (they are excluded from
-    the eigenproblem's signal and left at the origin). Eigenvectors come from
-    ``scipy.sparse.linalg.eigsh`` (largest algebraic, deterministic start
+    the eigenproblem's signal and left at the origin); regularised, every node is connected.
+    Eigenvectors come from ``scipy.sparse.linalg.eigsh`` (largest algebraic, deterministic start
     vector from ``seed``) or a dense ``eigh`` for small n.
     """
     W = square_sparse(W, "affinity")
@@ -155,15 +208,15 @@ def spectral_embedding(W: Any, k: int, seed: int) -> tuple[np.ndarray, np.ndarra
     seed = check_seed(seed)
     if W.nnz and W.data.min() < 0:
         raise ValueError("affinity/adjacency has negative entries; spectral clustering needs W >= 0")
+    if not (math.isfinite(tau) and tau >= 0):
+        raise ValueError(f"invalid regularisation tau={tau!r}; expected a finite number >= 0")
     if (abs(W - W.T) > 1e-10 * (abs(W).max() if W.nnz else 1.0)).nnz:
         W = (W + W.T) * 0.5  # symmetrise a nearly/non-symmetric input
-    d = np.asarray(W.sum(axis=1)).ravel()
-    connected = d > 0
-    inv = np.zeros(n)
-    inv[connected] = 1.0 / np.sqrt(d[connected])
-    M = sp.diags(inv) @ W @ sp.diags(inv)
+    M, d = normalised_operator(W, tau)
+    connected = d + tau > 0
     if n <= _DENSE_EIG_MAX_N or k >= n - 1:
-        vals, vecs = np.linalg.eigh(M.toarray())
+        dense = M.toarray() if tau <= 0 else M @ np.eye(n)
+        vals, vecs = np.linalg.eigh((dense + dense.T) * 0.5)
         U = vecs[:, -k:]
     else:
         rng = np.random.default_rng(seed)
@@ -177,8 +230,8 @@ def spectral_embedding(W: Any, k: int, seed: int) -> tuple[np.ndarray, np.ndarra
     return U, connected
 
 
-def _spectral_cluster(W: Any, k: int, seed: int, n_init: int) -> np.ndarray:
-    U, connected = spectral_embedding(W, k, seed)
+def _spectral_cluster(W: Any, k: int, seed: int, n_init: int, tau: float = 0.0) -> np.ndarray:
+    U, connected = spectral_embedding(W, k, seed, tau)
     n = U.shape[0]
     labels = np.zeros(n, dtype=np.int64)
     idx = np.flatnonzero(connected)
@@ -192,21 +245,24 @@ def _spectral_cluster(W: Any, k: int, seed: int, n_init: int) -> np.ndarray:
     return labels
 
 
-def spectral_graph(adj: Any, k: int, seed: int, n_init: int = 10) -> np.ndarray:
-    """Normalised spectral clustering of a graph (Ng-Jordan-Weiss).
+def spectral_graph(adj: Any, k: int, seed: int, n_init: int = 10, tau: float = 0.0) -> np.ndarray:
+    """Normalised spectral clustering of a graph (Ng-Jordan-Weiss), regularised with ``tau`` > 0.
 
     Top-k eigenvectors of ``D^-1/2 A D^-1/2`` (sparse eigensolver), rows
     normalised to unit length, k-means (k-means++, ``n_init`` restarts).
 
-    Disconnected graphs: nothing special is needed, each component contributes
-    eigenvalue 1 and the solver returns an orthonormal basis of the top-k
-    eigenspace (with more than k components, k-means groups the components).
-    Isolated nodes (degree 0) carry no structure: they are left out of the
-    k-means fit and all assigned to the cluster whose centre is nearest the
-    origin (their embedding row is 0). A graph with no edges gives one cluster.
-    Returns int64 labels ``0..k-1``.
+    Disconnected graphs: each component contributes eigenvalue 1; with more
+    than k components (of at least one edge) the top-k eigenspace is not
+    unique, and the solver returns one basis of it, which depends on its start
+    (so on ``seed``): k-means then groups components, differently per seed.
+    Regularised spectral clustering (``tau`` > 0: ``tau/n`` added to every entry of
+    A and ``tau`` to every degree; :func:`regularisation` picks ``tau``) joins every node into
+    one graph and has a unique top-k eigenspace. Unregularised, isolated nodes (degree 0)
+    carry no structure: they are left out of the k-means fit and all assigned to the
+    cluster whose centre is nearest the origin (their embedding row is 0). A graph with no
+    edges gives one cluster. Returns int64 labels ``0..k-1``.
     """
-    return _spectral_cluster(adj, k, seed, n_init)
+    return _spectral_cluster(adj, k, seed, n_init, tau)
 
 
 def spectral_affinity(K: Any, k: int, seed: int, n_init: int = 10) -> np.ndarray:

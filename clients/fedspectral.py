@@ -47,7 +47,7 @@ class FedSpectralClient(ClusteringClient[wire.FedSpectralConfig]):
             raise PrivacyRefusal("server-input", f"'{wire.FEDSPECTRAL_LOCAL}' asked for k={values['k']!r}; valid: "
                                                  f"num-clusters={own}")
         labels = baseline.local_spectral_labels(self.shard.adj, int(values["k"]), int(values["seed"]),
-                                             int(values["n_init"]))
+                                                int(values["n_init"]), self.cfg.regularise, self.cfg.tau)
         return {"labels": labels.astype(np.int64)}, {}
 
 
@@ -140,8 +140,10 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
 
     @answers(wire.FEDSPECTRAL_POWER)
     def on_fedspectral_power(self, arrays, values) -> Reply:
-        op = _cached(self.shard, "normalised", lambda: plus.local_normalised_operator(self.shard.adj))
         y = self._spread_block(wire.FEDSPECTRAL_POWER, arrays)
+        tau = _cached(self.shard, f"tau-{y.shape[1]}", lambda: plus.paper_tau(
+            self.shard.adj, y.shape[1], self.cfg.regularise, self.cfg.tau, self.cfg.noise_multiplier > 0))
+        op = _cached(self.shard, f"normalised-{tau!r}", lambda: plus.local_normalised_operator(self.shard.adj, tau))
         # the server's sensitivity counts every client as a holder of an edge: one is a lower bound
         return self._upload(wire.FEDSPECTRAL_POWER, arrays, values, "block",
                             lambda: plus.paper_client_step(op, y, int(values["iters"])),

@@ -79,16 +79,22 @@ EXACT_MAX_ROUNDS = 2000
 
 
 def _reference(strategy: FedSpectral | FedSpectralPlus, data: GraphData) -> np.ndarray:
-    """Centralised normalised spectral clustering of the pooled graph."""
-    from app.clustering import spectral_graph
+    """Centralised normalised spectral clustering of the pooled graph, regularised as the run says."""
+    from app.clustering import regularisation, spectral_graph
 
-    return spectral_graph(data.adj, strategy.shared.num_clusters, strategy.shared.seed, n_init=strategy.cfg.n_init)
+    k, cfg = strategy.shared.num_clusters, strategy.cfg
+    tau = regularisation(data.adj, k, cfg.regularise, cfg.tau)
+    return spectral_graph(data.adj, k, strategy.shared.seed, n_init=cfg.n_init, tau=tau)
 
 
 def _reference_method(strategy: FedSpectral | FedSpectralPlus) -> str:
-    restarts = strategy.cfg.n_init
+    restarts, cfg = strategy.cfg.n_init, strategy.cfg
+    tau = f"tau={cfg.tau:g}" if cfg.tau > 0 else "tau = the average degree"
+    regularised = {"on": f", regularised ({tau})", "off": "",
+                   "auto": f", regularised ({tau}) where the graph has more components with an edge than k"}
     return ("centralised normalised spectral clustering of the pooled graph (top-k eigenvectors of "
-            f"D^-1/2 A D^-1/2, rows normalised, k-means with {restarts} restarts), {strategy._k_and_seed()}")
+            f"D^-1/2 A D^-1/2{regularised[cfg.regularise]}, rows normalised, k-means with {restarts} restarts), "
+            f"{strategy._k_and_seed()}")
 
 
 def _send_labels(session: ServerSession, labels: np.ndarray) -> None:
@@ -170,9 +176,14 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
     @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
-        k, b = SharedConfig.of(config).num_clusters, wire.FedSpectralPlusConfig.of(config).block
+        view = wire.FedSpectralPlusConfig.of(config)
+        k, b = SharedConfig.of(config).num_clusters, view.block
         if b and k and b < k:
             raise ConfigError(f"fedspectral-plus.block={b} is smaller than num-clusters={k}; use 0 or >= {k}")
+        if view.mode == "paper" and view.noise_multiplier > 0 and view.regularise == "on" and view.tau <= 0:
+            raise ConfigError("fedspectral-plus.regularise=on in paper mode under noise needs fedspectral-plus.tau > 0 "
+                              "(a client's average degree moves with each of its edges); valid: tau > 0, or "
+                              "regularise=auto or off")
         partitioner = str(config["partitioner"])
         if partitioner.startswith("node-"):
             if not uses_boundary(config):
@@ -319,30 +330,58 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
 
     def _run_exact(self, session: ServerSession) -> StrategyOutput:
         """Exact mode: the global degrees by one secure sum, then an eigensolver on the global operator
-        whose every product is one ``fedspectral_product`` round; k-means on its top-k vectors."""
+        whose every product is one ``fedspectral_product`` round; k-means on its top-k vectors.
+        Regularised (``regularise=on``, or ``auto`` once the unregularised solve shows a (k+1)-th
+        eigenvalue 1: more components than clusters), the operator is ``M_tau``."""
         d, deg_noise = self._global_degrees(session)
-        block = min(self.cfg.block or 2 * self.k, self.n)
+        auto = self.cfg.regularise == "auto"
+        tau = self._tau(d) if self.cfg.regularise == "on" else 0.0
+        result, solver, measure = self._solve(session, d, deg_noise, tau, self.k + 1 if auto else self.k, auto)
+        rounds, history = result.rounds, list(result.history)
+        if auto and (result.stop == "settled"
+                     or plus.more_components_than(result.values, self.k, result.history[-1][measure])):
+            tau = self._tau(d)
+            result, solver, measure = self._solve(session, d, deg_noise, tau, self.k, used=rounds)
+            rounds, history = rounds + result.rounds, history + result.history
+        connected = d > 0.5 if tau == 0 else np.ones(self.n, dtype=bool)  # exact degrees are integers
+        labels = plus.embedding_labels(result.vectors[:, :self.k], self.k, self.seed, self.cfg.n_init,
+                                       connected=connected)
+        return StrategyOutput(labels=labels, history=history, metrics={
+            "mode": "exact", "solver": solver, "protocol_rounds": rounds, "converged": result.converged,
+            "tol": self.effective_tol(len(session.clients), self.secure), "stop": result.stop,
+            "block": self._block_width(self.k), "ritz_values": [float(t) for t in result.values[:self.k]],
+            f"final_{measure}": result.history[-1][measure] if result.history else None,
+            "regularised": tau > 0, "tau": tau,
+        })
+
+    def _tau(self, d: np.ndarray) -> float:
+        """The regularisation's tau: ``fedspectral-plus.tau``, or the average degree ``sum(d) / N``."""
+        return self.cfg.tau if self.cfg.tau > 0 else float(d.sum()) / self.n
+
+    def _block_width(self, k: int) -> int:
+        return min(max(self.cfg.block or 2 * self.k, k), self.n)
+
+    def _solve(self, session: ServerSession, d: np.ndarray, deg_noise: float, tau: float, k: int,
+               detect: bool = False, used: int = 0) -> tuple[block_iteration.IterationResult, str, str]:
+        """The top-``k`` eigenvectors of ``M_tau`` (``tau`` 0: ``M``) by the run's eigensolver, in at most
+        the schedule's rounds less ``used``: (result, solver, the measure it stops on). ``detect``: stop
+        ("settled") as soon as a k-th Ritz value reaches 1, which bounds the k-th eigenvalue from below:
+        at least k components with an edge."""
+        settled = (lambda theta: plus.more_components_than(theta, k - 1, None)) if detect else (lambda theta: False)
+        block = self._block_width(k)
         tol = self.effective_tol(len(session.clients), self.secure)
         solver = self.solver()
         residuals = Convergence(tol) if solver == "krylov" else None  # chebyshev measures once a cycle
-        apply = self._global_operator(session, d, deg_noise, residuals)
-        _, max_rounds = self.schedule()
+        apply = self._global_operator(session, d, deg_noise, residuals, tau)
+        max_rounds = max(self.schedule()[1] - used, 1)
         if solver == "krylov":
-            result = block_iteration.block_krylov_iteration(apply, self.n, self.k, block, tol, max_rounds, self.seed,
-                                                  basis_blocks=self.cfg.basis_blocks,
+            result = block_iteration.block_krylov_iteration(apply, self.n, k, block, tol, max_rounds, self.seed,
+                                                  basis_blocks=self.cfg.basis_blocks, settled=settled,
                                                   on_round=lambda entry: residuals.measures.append(entry["residual"]))
-            measure = "residual"
-        else:
-            result = block_iteration.chebyshev_subspace_iteration(apply, self.n, self.k, block, self.cfg.degree, tol,
-                                                        max_rounds, self.seed)
-            measure = "subspace_change"
-        connected = d > 0.5  # exact degrees are integers (sums of 1/r over r holders)
-        labels = plus.embedding_labels(result.vectors, self.k, self.seed, self.cfg.n_init, connected=connected)
-        return StrategyOutput(labels=labels, history=result.history, metrics={
-            "mode": "exact", "solver": solver, "protocol_rounds": result.rounds, "converged": result.converged,
-            "tol": tol, "stop": result.stop, "block": block, "ritz_values": [float(t) for t in result.values],
-            f"final_{measure}": result.history[-1][measure] if result.history else None,
-        })
+            return result, solver, "residual"
+        result = block_iteration.chebyshev_subspace_iteration(apply, self.n, k, block, self.cfg.degree, tol,
+                                                              max_rounds, self.seed, settled=settled)
+        return result, solver, "subspace_change"
 
     def _global_degrees(self, session: ServerSession) -> tuple[np.ndarray, float]:
         """``fedspectral_degrees`` -> up ``degrees``, the client's share ``A_c 1 / r`` of every node's
@@ -379,11 +418,13 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         return d, deg_noise
 
     def _global_operator(self, session: ServerSession, d: np.ndarray, deg_noise: float,
-                         residuals: Convergence | None):
+                         residuals: Convergence | None, tau: float = 0.0):
         """``apply(X) = D^-1/2 sum_c (A_c / r) D^-1/2 X``, the global normalised adjacency applied to X:
         one ``fedspectral_product`` round (down ``Y = D^-1/2 X`` scaled to max |entry| 1, up ``block`` =
-        ``(A_c / r) Y``); ``residuals``: what the eigensolver stops on, for the progress line."""
-        dinv = plus.inverse_sqrt_degrees(d, floor=0.5)
+        ``(A_c / r) Y``); with ``tau`` > 0 ``D_tau^-1/2 (sum_c (A_c / r) Y + (tau/N) 1 1^T Y)``,
+        ``Y = D_tau^-1/2 X`` (:func:`app.protocols.fedspectral.plus.regularised_sum`); ``residuals``:
+        what the eigensolver stops on, for the progress line."""
+        dinv = plus.inverse_sqrt_degrees(d + tau, floor=0.5 if tau == 0 else 0.0)
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree
         _, max_rounds = self.schedule()
         products = 0
@@ -395,8 +436,8 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
             y *= scale
             if self.wire == "float32":
                 y = y.astype(np.float32).astype(np.float64)
-            z = self._round(wire.FEDSPECTRAL_PRODUCT, y, plus.product_bound(y, dmax),
-                            lambda: plus.exact_edge_sensitivity(y), {})
+            z = plus.regularised_sum(self._round(wire.FEDSPECTRAL_PRODUCT, y, plus.product_bound(y, dmax),
+                                                 lambda: plus.exact_edge_sensitivity(y), {}), y, tau)
             products += 1
             session.round_done(products, max_rounds, converging=residuals, capped=True)
             return dinv[:, None] * z / scale

@@ -20,12 +20,14 @@ import scipy.sparse as sp
 from app.protocols.fedspectral.plus import embedding_labels, inverse_sqrt_degrees
 
 
-def local_spectral_labels(adj: sp.csr_matrix, k: int, seed: int, n_init: int = 10) -> np.ndarray:
+def local_spectral_labels(adj: sp.csr_matrix, k: int, seed: int, n_init: int = 10, regularise: str = "off",
+                          tau: float = 0.0) -> np.ndarray:
     """Algorithm 1: normalised spectral clustering of the local graph (isolated
-    nodes, i.e. no local edge, all go to one cluster, see ``spectral_graph``)."""
-    from app.clustering import spectral_graph
+    nodes, i.e. no local edge, all go to one cluster, see ``spectral_graph``), regularised as
+    :func:`app.clustering.regularisation` decides on that graph (``tau`` 0: its average degree)."""
+    from app.clustering import regularisation, spectral_graph
 
-    return spectral_graph(adj, k, seed, n_init=n_init)
+    return spectral_graph(adj, k, seed, n_init=n_init, tau=regularisation(adj, k, regularise, tau))
 
 
 def coassociation_matrix(label_sets: list[np.ndarray]) -> sp.csr_matrix:

@@ -82,7 +82,8 @@ class StopRule:
 
 def chebyshev_subspace_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k: int, block: int, degree: int,
                                  tol: float, max_rounds: int, seed: int, lower: float = -1.0,
-                                 patience: int = 8) -> IterationResult:
+                                 patience: int = 8, settled: Callable[[np.ndarray], bool] = lambda theta: False
+                                 ) -> IterationResult:
     """Top-k eigenvectors of a symmetric ``M`` with spectrum in ``[lower, 1]``,
     given only ``apply(X) = M X`` (one call = one federated round).
 
@@ -96,8 +97,9 @@ def chebyshev_subspace_iteration(apply: Callable[[np.ndarray], np.ndarray], n: i
     ``tol`` (sine of the largest principal angle) between cycles
     ("converged"), when that distance has not halved for ``patience`` cycles
     because the products carry noise (fixed-point rounding of secure
-    aggregation, DP noise: "stagnated"), or before a cycle would exceed
-    ``max_rounds`` products ("max-rounds").
+    aggregation, DP noise: "stagnated"), before a cycle would exceed
+    ``max_rounds`` products ("max-rounds"), or once ``settled(theta)`` says the
+    caller has what it needs from the Ritz values ("settled"; each is at most its eigenvalue).
     """
     _check_block(k, block, n)
     if degree < 1:
@@ -114,7 +116,7 @@ def chebyshev_subspace_iteration(apply: Callable[[np.ndarray], np.ndarray], n: i
         history.append({"round": rounds, "subspace_change": None if prev_u is None else dist,
                         "ritz_k": float(theta[k - 1]), "ritz_cut": float(theta[-1])})
         prev_u = u
-        verdict = stop_rule(dist)
+        verdict = "settled" if settled(theta) else stop_rule(dist)
         if verdict:
             stop = verdict
             break
@@ -218,7 +220,8 @@ class KrylovBasis:
 
 def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k: int, block: int, tol: float,
                            max_rounds: int, seed: int, basis_blocks: int = 20, patience: int = 16,
-                           on_round: Callable[[dict], None] = lambda entry: None) -> IterationResult:
+                           on_round: Callable[[dict], None] = lambda entry: None,
+                           settled: Callable[[np.ndarray], bool] = lambda theta: False) -> IterationResult:
     """Top-k eigenvectors of a symmetric ``M`` with ``||M||_2 <= 1``, given only
     ``apply(X) = M X`` (one call = one federated round).
 
@@ -236,7 +239,9 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
     Stops when the top-k residuals are all <= ``tol`` ("converged"), when the
     largest has not halved for ``patience`` rounds because the products carry
     noise (fixed-point rounding of secure aggregation, DP noise: "stagnated"),
-    or after ``max_rounds`` rounds ("max-rounds"); ``on_round`` gets each round's history.
+    after ``max_rounds`` rounds ("max-rounds"), or once ``settled(theta)`` says the caller has
+    what it needs from the top-k Ritz values ("settled": each only grows towards its eigenvalue
+    as the basis grows); ``on_round`` gets each round's history.
     Before the Krylov space reaches the top-k eigenvectors their residuals hover (on the
     1M-node SBM between 0.1 and 0.4 for 8 rounds), hence the patience of 16. A basis that would exceed
     ``basis_blocks`` blocks is restarted thickly (Krylov-Schur): its top Ritz
@@ -257,7 +262,7 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
         h, theta, s, pending, residual = lanczos_step(basis, h, pending, w, k, block, rng)
         history.append({"round": rounds, "residual": residual, "ritz_k": float(theta[k - 1]), "basis": basis.width})
         on_round(history[-1])
-        verdict = stop_rule(residual)
+        verdict = "settled" if settled(theta) else stop_rule(residual)
         if verdict:
             stop = verdict
             break

@@ -25,6 +25,13 @@ Exact mode (``mode="exact"``, beyond the paper)
     top-k eigenspace of ``M``, i.e. what :func:`app.clustering.spectral_graph`
     computes centrally, followed by the same row normalisation and k-means
     (:func:`embedding_labels`).
+
+Regularised (``fedspectral-plus.regularise``; Amini et al. 2013, Qin and Rohe 2013)
+    ``M_tau = D_tau^-1/2 (A + (tau/N) 1 1^T) D_tau^-1/2`` with ``D_tau = D + tau I``: exact
+    mode's server takes ``D_tau`` from the degree sum and adds the rank-one term itself
+    (:func:`regularised_sum`: the column sums of the block it sent), so the clients' products
+    and what leaves them do not change. Paper mode regularises each client's local operator
+    (:func:`local_normalised_operator`).
 """
 
 from __future__ import annotations
@@ -34,18 +41,46 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from app.clustering import kmeans
+from app.clustering import kmeans, normalised_operator, regularisation
 from app.protocols.fedspectral.block_iteration import orthonormalise
 
+#: a (k+1)-th eigenvalue of ``D^-1/2 A D^-1/2`` this close to 1 (or closer than the solver's final
+#: error) means more than k connected components with an edge: the top-k eigenvectors are not unique
+DEGENERATE = 1e-6
 
-def local_normalised_operator(adj: sp.csr_matrix) -> sp.csr_matrix:
+
+def local_normalised_operator(adj: sp.csr_matrix, tau: float = 0.0):
     """Paper client operator ``I - L_c = D_c^-1/2 A_c D_c^-1/2`` (local degrees;
-    a node with no local edge gets a zero row and column)."""
-    adj = sp.csr_matrix(adj, dtype=np.float64)
-    deg = np.asarray(adj.sum(axis=1)).ravel()
-    inv = np.zeros_like(deg)
-    inv[deg > 0] = 1.0 / np.sqrt(deg[deg > 0])
-    return sp.csr_matrix(sp.diags(inv) @ adj @ sp.diags(inv))
+    a node with no local edge gets a zero row and column), regularised with ``tau`` > 0
+    (:func:`app.clustering.normalised_operator`)."""
+    return normalised_operator(sp.csr_matrix(adj, dtype=np.float64), tau)[0]
+
+
+def paper_tau(adj: sp.csr_matrix, k: int, regularise: str, tau: float, noised: bool) -> float:
+    """The ``tau`` of a paper-mode client's own graph (:func:`app.clustering.regularisation`). Under
+    noise the edge sensitivity holds for a fixed ``tau`` only: ``auto`` is off there, and ``on`` needs
+    ``tau`` > 0 (the average degree and the component count move with every edge)."""
+    if noised and (regularise == "auto" or tau <= 0):
+        if regularise == "on":
+            raise ValueError("fedspectral-plus.regularise=on under noise needs fedspectral-plus.tau > 0: the "
+                             "average degree depends on every edge")
+        return 0.0
+    return regularisation(adj, k, regularise, tau)
+
+
+def regularised_sum(total: np.ndarray, y: np.ndarray, tau: float) -> np.ndarray:
+    """``(A + (tau/N) 1 1^T) Y`` from ``total = A Y`` (the clients' summed products) and the block ``Y``
+    the server sent: one column sum of ``Y`` per product."""
+    if tau <= 0:
+        return total
+    return total + (float(tau) / y.shape[0]) * y.sum(axis=0, keepdims=True)
+
+
+def more_components_than(theta: np.ndarray, k: int, error: float | None) -> bool:
+    """Whether Ritz values ``theta`` (decreasing, at least ``k + 1``) of ``D^-1/2 A D^-1/2`` show more
+    than ``k`` connected components with an edge: the (k+1)-th is 1 up to :data:`DEGENERATE` or the
+    solver's final ``error`` (None: not measured yet)."""
+    return len(theta) > k and float(theta[k]) >= 1.0 - max(DEGENERATE, float(error or 0.0))
 
 
 def weighted_local_adjacency(adj: sp.csr_matrix, edge_weight: np.ndarray | None) -> sp.csr_matrix:

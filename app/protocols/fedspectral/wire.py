@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from app.clustering import REGULARISE
 from app.config import ConfigView, setting
 from app.wire import ArraySpec, ReplySpec
 
@@ -40,6 +41,11 @@ class FedSpectralConfig(ConfigView):
 
     prefix: ClassVar[str] = "fedspectral"
     n_init: int = setting(10, "k-means restarts (clients and server)", low=1, high=1000)
+    regularise: str = setting("auto", "regularised spectral clustering of each client's graph (tau/N added to "
+                              "every entry of A, tau to every degree): on, off, or auto (on where that graph has "
+                              "more connected components with an edge than clusters)", choices=REGULARISE,
+                              primary=True)
+    tau: float = setting(0.0, "regularisation tau (0: each graph's average degree)", low=0.0)
 
 
 @dataclass(frozen=True)
@@ -73,3 +79,10 @@ class FedSpectralPlusConfig(ConfigView):
     delta: float = setting(1e-5, "delta of the edge-level (epsilon, delta)-DP guarantee", low=1e-12, high=0.5)
     wire_dtype: str = setting("float64", "dtype of plain blocks on the wire (both directions)", choices=WIRE_DTYPES)
     n_init: int = setting(10, "k-means restarts on the final embedding", low=1, high=1000)
+    regularise: str = setting("auto", "regularised spectral clustering (tau/N added to every entry of A, tau to "
+                              "every degree): on, off, or auto (on where the graph has more connected components "
+                              "with an edge than clusters; exact mode finds out from the (k+1)-th eigenvalue and "
+                              "solves again regularised; paper mode decides on each client's own graph, off under "
+                              "noise)", choices=REGULARISE, primary=True)
+    tau: float = setting(0.0, "regularisation tau (0: the average degree; paper mode: each client's, and set > 0 "
+                         "under noise)", low=0.0)
