@@ -399,7 +399,8 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         spaces = [proto.embedding_space(h, self.cfg.merge_duplicates, features=alpha < 1)
                   for h in uploads["embeddings"]]
         stats: dict = {}
-        dist = proto.gw_matrix(spaces, self.cfg.workers, self.cfg.gw_max_iter, stats, alpha=alpha)
+        dist = proto.gw_matrix(spaces, self.cfg.workers, self.cfg.gw_max_iter, stats, alpha=alpha,
+                               solver=self.cfg.gw_solver)
         n = len(spaces)
         return dist, {"gw_pairs": stats["pairs"], "gw_solved_pairs": stats["solved_pairs"],
                       "gw_distinct_spaces": stats["distinct_spaces"],
@@ -498,7 +499,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         same way."""
         graphs, _ = pooled_graphs(data, self.config)
         mats = [proto.shortest_path_matrix(g.adj) for g in graphs]
-        dist = proto.gw_matrix(mats, self.cfg.workers, self.cfg.gw_max_iter)
+        dist = proto.gw_matrix(mats, self.cfg.workers, self.cfg.gw_max_iter, solver=self.cfg.gw_solver)
         return proto.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
 
     def reference_method(self) -> str:

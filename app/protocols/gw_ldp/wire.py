@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from app.config import ConfigView, setting
+from app.protocols.gw_ldp.solver import GW_SOLVERS
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- the protocol's steps ------------------------------------------------------------------
@@ -44,6 +45,9 @@ class GWLDPConfig(ConfigView):
     clustering: str = setting("spectral", "clustering of the GW matrix", choices=CLUSTERINGS)
     workers: int = setting(2, "processes for the GW matrix (0 = all cores)", low=0, high=256)
     gw_max_iter: int = setting(10_000, "POT conditional-gradient iterations per pair", low=1, high=1_000_000)
+    gw_solver: str = setting("cg", "the GW matrix's solver: cg (POT's conditional gradient without its per-call "
+                             "cost: the same values, bit for bit) or pot (ot.gromov.*gromov_wasserstein2)",
+                             choices=GW_SOLVERS)
     merge_duplicates: bool = setting(True, "GW on distinct embedding rows weighted by multiplicity (same "
                                      "metric-measure space: exact for LDP codes; float rows are compared after "
                                      "rounding to 9 decimals)")

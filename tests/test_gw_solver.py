@@ -1,0 +1,51 @@
+"""The GW matrix's solver: POT's conditional gradient without its per-call cost gives POT's values
+bit for bit (graphs' shortest paths have integer distances, so the linear programs tie often:
+any other arithmetic would take other vertices there and reach other local optima)."""
+
+from __future__ import annotations
+
+import numpy as np
+import ot
+import pytest
+import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
+
+from app.protocols import gw_ldp as proto
+from app.protocols.gw_ldp.solver import cg_discrepancy
+
+
+def random_graph(rng: np.random.Generator, n: int) -> sp.csr_matrix:
+    """A connected graph: a random tree plus a few chords."""
+    rows = [(int(rng.integers(i)), i) for i in range(1, n)]
+    rows += [tuple(rng.choice(n, 2, replace=False)) for _ in range(n // 4)]
+    a = sp.coo_matrix((np.ones(len(rows)), tuple(np.array(rows).T)), shape=(n, n)).tocsr()
+    return ((a + a.T) > 0).astype(np.float64)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_the_conditional_gradient_gives_pots_values_bit_for_bit(alpha):
+    rng = np.random.default_rng(3)
+    with threadpool_limits(limits=1):
+        for _ in range(15):
+            n, m = (int(v) for v in rng.integers(6, 30, size=2))
+            c1, c2 = (proto.shortest_path_matrix(random_graph(rng, k)) for k in (n, m))
+            p, q = np.full(n, 1 / n), rng.dirichlet(np.ones(m))
+            if alpha < 1:
+                x1, x2 = np.eye(3)[rng.integers(3, size=n)], np.eye(3)[rng.integers(3, size=m)]
+                cost = ot.dist(x1, x2)
+                pot = ot.gromov.fused_gromov_wasserstein2(cost, c1, c2, p, q, "square_loss", symmetric=True,
+                                                          alpha=alpha, max_iter=10_000)
+                assert proto.gw_pair(c1, c2, p, q, x1=x1, x2=x2, alpha=alpha) == float(pot)
+            else:
+                pot = ot.gromov.gromov_wasserstein2(c1, c2, p, q, "square_loss", symmetric=True, max_iter=10_000)
+                assert cg_discrepancy(c1, c2, p, q) == float(pot)
+                assert proto.gw_pair(c1, c2, p, q, solver="pot") == float(pot)
+
+
+def test_a_capped_iteration_and_an_unknown_solver():
+    rng = np.random.default_rng(4)
+    c1, c2 = (proto.shortest_path_matrix(random_graph(rng, k)) for k in (12, 15))
+    capped = ot.gromov.gromov_wasserstein2(c1, c2, symmetric=True, max_iter=1)
+    assert proto.gw_pair(c1, c2, max_iter=1) == pytest.approx(float(capped), rel=1e-12)
+    with pytest.raises(ValueError, match="unknown GW solver 'sinkhorn'; valid choices: cg, pot"):
+        proto.gw_pair(c1, c2, solver="sinkhorn")
