@@ -313,6 +313,17 @@ class SecAggConfig(ConfigView):
 
 
 @dataclass(frozen=True)
+class NoiseConfig(ConfigView):
+    """``privacy.noise-seed``: repeatable privacy noise, for research runs in simulation or in process."""
+
+    prefix: ClassVar[str] = "privacy"
+    noise_seed: int = setting(-1, "seed of every client's privacy noise (LDP codes, DP noise, noise ratios), so that "
+                                  "a noised run repeats byte for byte: simulation and in-process runs only (a node "
+                                  "with its own data, i.e. deployed, refuses a run that sets it); -1: unset, fresh OS "
+                                  "entropy at every release", low=-1, high=2**32 - 1)
+
+
+@dataclass(frozen=True)
 class NoConfig(ConfigView):
     """The view of a method without keys of its own."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from app.config import ConfigError, Param, RunConfig, Schema, SecAggConfig, SharedConfig
+from app.config import ConfigError, NoiseConfig, Param, RunConfig, Schema, SecAggConfig, SharedConfig
 from app.data.datasets import check_dataset_value
 from app.data.params import DATA_PARAMS, data_keys_read
 from app.data import memory
@@ -70,15 +70,16 @@ def get(name: str) -> Entry:
 
 
 def core_params() -> list[Param]:
-    """Keys every method shares, as :class:`app.config.SharedConfig` and
-    :class:`app.config.SecAggConfig` declare them (secure aggregation's after ``transport``), with
+    """Keys every method shares, as :class:`app.config.SharedConfig`, :class:`app.config.SecAggConfig`
+    and :class:`app.config.NoiseConfig` declare them (secure aggregation's and the noise seed after
+    ``transport``), with
     what only the layers above app.config know: the strategy names, the partitioners, the reply
     polling modes and the dataset check."""
     supplied = {"strategy": {"choices": tuple(STRATEGIES)}, "dataset": {"check": check_dataset},
                 "partitioner": {"choices": ("auto",) + tuple(PARTITIONERS)}, "transport": {"choices": POLL_MODES}}
     shared = [replace(p, **supplied.get(p.key, {})) for p in SharedConfig.params()]
     at = [p.key for p in shared].index("transport") + 1
-    return [*shared[:at], *SecAggConfig.params(), *shared[at:]]
+    return [*shared[:at], *SecAggConfig.params(), *NoiseConfig.params(), *shared[at:]]
 
 
 @lru_cache(maxsize=1)

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import hashlib
 import math
+import zlib
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Callable, ClassVar, Generic
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
-from app.config import ConfigView, NoConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
+from app.config import ConfigView, NoConfig, NoiseConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
 from app.data import parties
+from app.data.memory import is_memory
 from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
@@ -36,6 +38,16 @@ from app.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_TH
 from clients.steps import StepGuard
 
 Reply = tuple[dict, dict]  # (arrays, values) of a reply
+#: ``context.state`` record of how many noise draws this node made per action (``privacy.noise-seed``)
+NOISE_DRAWS = "noise-draws"
+
+
+def holds_own_data(node_config) -> bool:
+    """Whether a node brings its own data (a shard file, or a party's data on disk): a deployed
+    member, whose noise never derives from anything the server sends. A simulated node builds its
+    partition of the run's dataset; an in-process party's piece lives in the caller's process."""
+    data = str(node_config.get(parties.DATA_KEY) or "")
+    return bool(node_config.get("shard")) or (bool(data) and not is_memory(data))
 
 
 def answers(action: str, *, train: bool = False) -> Callable:
@@ -63,6 +75,7 @@ class ClusteringClient(Generic[ViewT]):
         self.cfg: ViewT = self.settings.of(config)
         self.shared = SharedConfig.of(config)
         self.secagg = SecAggConfig.of(config)
+        self.noise_seed = NoiseConfig.of(config).noise_seed
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,6 +111,7 @@ class ClusteringClient(Generic[ViewT]):
             (every step refused); the ClientApp answers with a refusal naming the rule.
         """
         self.policy.refuse_unmet()
+        self._refuse_seeded_noise()
         arrays, values = unpack(content)
         relayed = {k[len(SECAGG_PEER):]: v for k, v in values.items() if k.startswith(SECAGG_PEER)}
         values = {k: v for k, v in values.items() if not k.startswith(SECAGG_PEER)}
@@ -207,6 +221,28 @@ class ClusteringClient(Generic[ViewT]):
             if out:
                 parties.write_party_labels(str(out), self.context.run_id, s.keys, labels, item)
         return {}, {"received": int(labels.size)}
+
+    # -- privacy noise -------------------------------------------------------
+    def noise(self, action: str) -> np.random.Generator:
+        """The generator of one draw of this node's privacy noise for ``action`` (call it once per
+        release): fresh OS entropy; with ``privacy.noise-seed`` (a simulated or in-process node only,
+        :meth:`_refuse_seeded_noise`) a stream seeded by it, this partition, the action and how
+        many draws of it this node made, so that the run repeats byte for byte."""
+        if self.noise_seed < 0:
+            return np.random.default_rng()
+        drawn = self.context.state.config_records.get(NOISE_DRAWS, ConfigRecord())
+        count = int(drawn.get(action, 0))
+        drawn[action] = count + 1
+        self.context.state[NOISE_DRAWS] = drawn
+        return np.random.default_rng([self.noise_seed, self.shard.client_id, zlib.crc32(action.encode()), count])
+
+    def _refuse_seeded_noise(self) -> None:
+        """A node with its own data refuses every step of a run that names a noise seed: the server,
+        which sends the run-config, must not know (or choose) the noise that protects the data."""
+        if self.noise_seed >= 0 and holds_own_data(self.context.node_config):
+            raise PrivacyRefusal("noise-seed", f"privacy.noise-seed={self.noise_seed}: this node holds its own data "
+                                               "and draws its privacy noise from OS entropy only; valid: a run "
+                                               "without privacy.noise-seed (simulation and in-process runs only)")
 
     # -- this node's privacy policy (app.privacy.policy) ----------------------
     @cached_property

@@ -134,7 +134,8 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         reply_values = {} if dp else {"val_modularity": score, "val_edges": edges, "losses": losses}
         if self.cfg.mode != "federated":
             return {}, reply_values  # isolated / centralised: the weights never leave
-        upload = proto.dp_update(received, state.weights, self._mechanism) if dp else state.weights
+        upload = proto.dp_update(received, state.weights, self._mechanism, self.noise("dmon_train")) if dp \
+            else state.weights
         if "secagg_tag" in values:
             vector = float(values["factor"]) * proto.flatten(upload)
             return {"weights": self.masked(vector, values)}, reply_values

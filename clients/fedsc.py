@@ -32,9 +32,9 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
 
     def features(self) -> np.ndarray:
         """This client's (filtered, perturbed) sample rows, computed once per run
-        (``fedsc.data-noise`` from fresh OS entropy)."""
+        (``fedsc.data-noise`` from :meth:`noise`: fresh OS entropy unless a simulated run sets a seed)."""
         if "fedsc" not in self.context.state.array_records:
-            self.save("fedsc", x=proto.client_features(self.shard, self.cfg, np.random.default_rng()))
+            self.save("fedsc", x=proto.client_features(self.shard, self.cfg, self.noise("fedsc_data")))
         return self.load("fedsc")["x"]
 
     def hello_figures(self, values) -> dict:
@@ -71,11 +71,11 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
         x = self.features()
         _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if dp:
-            z_p = dp.apply(z_p, np.random.default_rng())
+            z_p = dp.apply(z_p, self.noise(proto.FEDSC_ROUND))
             update = z_p.ravel()  # the objective value is not protected: left out
         else:
             noise = self.cfg.noise_z
-            z_p = proto.perturb(z_p, noise, np.random.default_rng())
+            z_p = proto.perturb(z_p, noise, self.noise(proto.FEDSC_ROUND))
             # the objective would go up un-noised beside the noised Z_p: left out then
             update = z_p.ravel() if noise > 0 else np.concatenate([z_p.ravel(), [f]])
         if "secagg_tag" in values:  # an honest server declares at least this client's update_bound
@@ -95,9 +95,9 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
     def _final(self, arrays, values, dp) -> dict:
         c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if dp:  # rows of c.T are the samples' columns c_i: clip each, add noise
-            c = dp.apply(c.T, np.random.default_rng()).T
+            c = dp.apply(c.T, self.noise(proto.FEDSC_FINAL)).T
         else:
-            c = proto.perturb(c, self.cfg.noise_c, np.random.default_rng())
+            c = proto.perturb(c, self.cfg.noise_c, self.noise(proto.FEDSC_FINAL))
         return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}
 
     def _budget(self, which: str) -> int | None:
@@ -114,7 +114,7 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
         that would spend more than half this client's own ``fedsc.dp-epsilon`` over the uploads
         it covers (:meth:`_budget`, at half its delta: the split the server makes), or leaves
         the noise out, is refused: the server must not be able to lower the noise. Noise from
-        fresh OS entropy, which the server cannot predict."""
+        fresh OS entropy, which the server cannot predict (:meth:`noise`)."""
         releases = self._budget(which)
         key = f"dp_nm_{which}"
         if key not in values:

@@ -95,7 +95,7 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
     def _upload(self, action: str, arrays, values, name: str, compute, sensitivity: float, *,
                 masked_by_run: bool, floor: float, row_images: bool = True) -> tuple[dict, dict]:
         """Upload ``compute()`` as array ``name``: plus Gaussian noise of std ``noise_std`` (fresh
-        OS entropy: the server must not be able to predict it), masked under secure
+        OS entropy, :meth:`noise`: the server must not be able to predict it), masked under secure
         aggregation (declared bound at least ``floor``), one release in this node's ledger
         (:meth:`release`; a re-sent request gets the same draw). Refused: a noise multiplier
         ``noise_std / sensitivity`` (the edge sensitivity this client computes itself from
@@ -114,7 +114,7 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
         def reply() -> dict:
             out = compute()
             if std > 0:
-                out = out + np.random.default_rng().normal(0.0, std, size=out.shape)
+                out = out + self.noise(action).normal(0.0, std, size=out.shape)
             if "secagg_tag" in values:
                 return {name: self.masked(out, values, floor=floor)}
             return {name: out.astype(str(values.get("wire_dtype", "float64")))}

@@ -13,7 +13,8 @@ in every strategy here). Never an adjacency or feature matrix.
 Privacy noise (the LDP codes, DP-SGD's sampling and noise, DP-FedAvg's noise)
 is drawn from fresh OS entropy at every release, never from the run's seed:
 the server knows the seed and could otherwise replay the noise and remove it.
-Runs with noise are therefore not bit-for-bit repeatable. A ``gw_embed``
+A simulated or in-process run repeats bit for bit with ``privacy.noise-seed``
+(:meth:`clients.base.ClusteringClient.noise`), which a deployed node refuses. A ``gw_embed``
 request the server sends again (its reply timed out, ``retries`` > 0) gets the
 codes of the first draw back (kept in ``context.state``): the same output, no
 second release for the server to average.
@@ -27,7 +28,6 @@ another one, and under training DP (``gw-ldp.dp`` not none) it refuses
 from __future__ import annotations
 
 import math
-import secrets
 from collections import OrderedDict
 
 import numpy as np
@@ -129,7 +129,7 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         epochs, lr = int(values["epochs"]), float(values["lr"])
         if dp == "sgd":  # sampling and noise from OS entropy (see the module docstring)
             proto.dp_sgd_train(model, batch, labels, train, self._task(), epochs, lr, cfg.dp_clip, cfg.dp_noise,
-                               cfg.dp_sample_rate, secrets.randbits(63))
+                               cfg.dp_sample_rate, int(self.noise("fit").integers(2**63)))
         else:
             seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
             loss = proto.local_train(model, batch, labels, train, self._task(), epochs, lr, seed,
@@ -138,7 +138,7 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         reply = {"num_examples": int(train.size)}
         if dp == "client":
             new = proto.privatise_update(start, new, proto.trainable_names(model), proto.training_mechanism(cfg),
-                                         np.random.default_rng())
+                                         self.noise("fit"))
         elif dp == "none":
             reply["loss"] = loss  # not sent under DP: it is not covered by the noise
         return proto.weights_message(new), reply
@@ -167,7 +167,7 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         """This client's ``gw_embed`` upload: node embeddings of every local graph, LDP-encoded below inf."""
         batch, labels, split = self._local()
         model = self._model(arrays)
-        rng = np.random.default_rng()  # OS entropy: a fresh draw at every release
+        rng = self.noise(proto.GW_EMBED)  # a fresh draw at every release
         rows = []
         for h in proto.node_embeddings(model, batch, str(values["layer"])):
             if math.isinf(eps):

@@ -20,7 +20,7 @@ import pytest
 
 
 from app import registry
-from app.config import ConfigView, SecAggConfig, SharedConfig
+from app.config import ConfigView, NoiseConfig, SecAggConfig, SharedConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 50
@@ -172,10 +172,11 @@ def test_every_field_of_every_view_is_a_declared_key_of_its_kind():
     assert not problems, "; ".join(problems)
 
 
-def test_the_shared_view_covers_every_shared_key_but_secure_aggregation_s():
+def test_the_shared_view_covers_every_shared_key_but_secure_aggregation_s_and_the_noise_seed():
     shared = set(SharedConfig.keys())
     core = {p.key for p in registry.core_params()}
-    assert core - shared == set(SecAggConfig.keys())
+    assert core - shared == set(SecAggConfig.keys()) | set(NoiseConfig.keys()) == {*SecAggConfig.keys(),
+                                                                                  "privacy.noise-seed"}
     assert [f.name for f in dataclasses.fields(SecAggConfig)] == ["scale", "bound"]
 
 
