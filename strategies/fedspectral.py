@@ -334,7 +334,7 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         Regularised (``regularise=on``, or ``auto`` once the unregularised solve shows a (k+1)-th
         eigenvalue 1: more components than clusters), the operator is ``M_tau``."""
         d, deg_noise = self._global_degrees(session)
-        auto = self.cfg.regularise == "auto"
+        auto = self.cfg.regularise == "auto" and self.k < self.n  # k = N: every node its own cluster
         tau = self._tau(d) if self.cfg.regularise == "on" else 0.0
         result, solver, measure = self._solve(session, d, deg_noise, tau, self.k + 1 if auto else self.k, auto)
         rounds, history = result.rounds, list(result.history)

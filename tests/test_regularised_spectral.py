@@ -131,3 +131,10 @@ def test_fedspectral_baseline_regularises_each_clients_graph_like_its_reference(
     adj, labels = graph(FRAGMENTED).adj, np.load(tmp_path / "labels.npy")
     tau = regularisation(adj, 4, "auto")
     assert tau > 0 and ari(labels, spectral_graph(adj, 4, 0, tau=tau)) == 1.0 > ari(labels, spectral_graph(adj, 4, 0))
+
+
+def test_auto_with_as_many_clusters_as_nodes_asks_for_no_extra_eigenvector(tmp_path):
+    """k = N leaves no (k+1)-th eigenvalue to test: the run stays unregularised instead of asking for N+1 vectors."""
+    result = run_experiment("fedspectral-plus", "karate", 2, {"num-clusters": 34, "reference": False}, tmp_path)
+    assert not result["metrics"]["regularised"] and result["metrics"]["tau"] == 0.0
+    assert np.load(tmp_path / "labels.npy").shape == (34,)
