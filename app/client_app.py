@@ -25,8 +25,9 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from app import registry  # noqa: E402
 from app.config import ConfigError, RunConfig, SharedConfig  # noqa: E402
-from app.data.datasets import dataset_label  # noqa: E402
+from app.data.datasets import dataset_label, is_builtin  # noqa: E402
 from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa: E402
+from app.data.memory import is_memory  # noqa: E402
 from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard, taken  # noqa: E402
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
@@ -122,21 +123,46 @@ def node_shard(config: RunConfig, node_config: Mapping[str, Any], state: RecordD
                           f"dataset={config['dataset']!r}",
                           public=f"node config '{DATA_KEY}', rule 'with dataset {PARTIES} only'")
     if node_config.get("shard"):
-        # refuses a shard cut from another dataset or by another partitioner
-        return load_shard_file(str(node_config["shard"]), dataset=dataset_label(shared.dataset),
+        # refuses a shard cut from another dataset or by another partitioner; the run's dataset by its
+        # name alone: a run-config path is never looked at on a member's disk
+        return load_shard_file(str(node_config["shard"]), dataset=dataset_label(shared.dataset, disk=False),
                                partitioner=shared.partitioner)
+    return run_data_shard(config, node_config)
+
+
+#: what the server hears when a node cannot read the data the run names by path, whatever the cause
+RUN_PATH_UNREADABLE = "the run's dataset could not be read on this node (its log says why)"
+
+
+def run_data_shard(config: RunConfig, node_config: Mapping[str, Any]) -> Shard:
+    """The partition ``partition-id`` of the run's own dataset (a node that names no data of its own:
+    simulation). Where the run names files (a dataset path, ``data-root``, ``data.node-table``),
+    any failure to read them reaches the server as :data:`RUN_PATH_UNREADABLE`, the same whatever
+    lies at those paths."""
+    dataset, values = SharedConfig.of(config).dataset, config.as_dict()
+    names_files = values["data-root"] or values["data.node-table"] or not (is_builtin(dataset) or is_memory(dataset))
+    try:
+        with disclosing(lambda err: f"split refused: {err}"):  # the run's dataset and split: the server's choice
+            return _partition_of_run_data(config, node_config)
+    except Exception as err:
+        if not names_files:
+            raise
+        raise ConfigError(f"{type(err).__name__}: {err}", public=RUN_PATH_UNREADABLE) from err
+
+
+def _partition_of_run_data(config: RunConfig, node_config: Mapping[str, Any]) -> Shard:
+    shared = SharedConfig.of(config)
     values = config.as_dict()
-    with disclosing(lambda err: f"split refused: {err}"):  # the run's dataset and split: the server's choice
-        return client_shard(
-            dataset=shared.dataset,
-            partitioner=shared.partitioner,
-            partition_id=int(node_config["partition-id"]),
-            num_partitions=int(node_config["num-partitions"]),
-            seed=shared.seed,
-            data_root=data_root(config),
-            dataset_kwargs=dataset_kwargs(values),
-            partition_kwargs=partition_kwargs(shared.partitioner, values),
-        )
+    return client_shard(
+        dataset=shared.dataset,
+        partitioner=shared.partitioner,
+        partition_id=int(node_config["partition-id"]),
+        num_partitions=int(node_config["num-partitions"]),
+        seed=shared.seed,
+        data_root=data_root(config),
+        dataset_kwargs=dataset_kwargs(values),
+        partition_kwargs=partition_kwargs(shared.partitioner, values),
+    )
 
 
 def process_started_at() -> float:
@@ -181,8 +207,8 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
             return reply
 
         def handle(message: Message, context: Context) -> Message:
-            with disclosing(lambda err: f"run config refused: {err}"):  # the server's own values
-                config = registry.validate({**context.run_config, **overrides})
+            with disclosing(lambda err: f"run config refused: {err}"):  # the server's own values, by name only
+                config = registry.validate({**context.run_config, **overrides}, disk=False)
             shared = SharedConfig.of(config)
             client_cls = registry.get(shared.strategy).client
             if action == HELLO and shared.dataset == PARTIES and PARTY_STATE not in context.state.config_records:

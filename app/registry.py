@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from app.config import ConfigError, NoiseConfig, Param, RunConfig, Schema, SecAggConfig, SharedConfig
-from app.data.datasets import check_dataset_value
+from app.data.datasets import DATASETS, check_dataset_value, is_builtin
 from app.data.params import DATA_PARAMS, data_keys_read
 from app.data import memory
 from app.data.parties import PARTIES
@@ -62,6 +62,17 @@ def check_dataset(dataset: str) -> None:
     check_dataset_value(dataset)
 
 
+def check_dataset_name(dataset: str) -> None:
+    """The ``dataset`` value as a member checks a run-config it received: by its spelling alone, never
+    by what lies at a path on the member's disk (a refusal that did would tell the server whether a
+    file exists there). A path passes; an empty value is a one-line ConfigError."""
+    if dataset == PARTIES or memory.is_memory(dataset) or is_builtin(dataset):
+        return
+    if not dataset:
+        raise ConfigError(f"invalid value '' for 'dataset'; valid: a built-in dataset ({', '.join(DATASETS)}), "
+                          f"'{PARTIES}', or a path")
+
+
 def get(name: str) -> Entry:
     """The registered entry for ``name``, or a one-line ConfigError."""
     if name not in STRATEGIES:
@@ -69,23 +80,24 @@ def get(name: str) -> Entry:
     return STRATEGIES[name]
 
 
-def core_params() -> list[Param]:
+def core_params(disk: bool = True) -> list[Param]:
     """Keys every method shares, as :class:`app.config.SharedConfig`, :class:`app.config.SecAggConfig`
     and :class:`app.config.NoiseConfig` declare them (secure aggregation's and the noise seed after
     ``transport``), with
     what only the layers above app.config know: the strategy names, the partitioners, the reply
-    polling modes and the dataset check."""
-    supplied = {"strategy": {"choices": tuple(STRATEGIES)}, "dataset": {"check": check_dataset},
+    polling modes and the dataset check (``disk`` False: :func:`check_dataset_name`)."""
+    supplied = {"strategy": {"choices": tuple(STRATEGIES)},
+                "dataset": {"check": check_dataset if disk else check_dataset_name},
                 "partitioner": {"choices": ("auto",) + tuple(PARTITIONERS)}, "transport": {"choices": POLL_MODES}}
     shared = [replace(p, **supplied.get(p.key, {})) for p in SharedConfig.params()]
     at = [p.key for p in shared].index("transport") + 1
     return [*shared[:at], *SecAggConfig.params(), *NoiseConfig.params(), *shared[at:]]
 
 
-@lru_cache(maxsize=1)
-def schema() -> Schema:
+@lru_cache(maxsize=2)
+def schema(disk: bool = True) -> Schema:
     s = Schema()
-    s.add(core_params())
+    s.add(core_params(disk))
     s.add(DATA_PARAMS)
     for entry in STRATEGIES.values():
         s.add(entry.strategy.params)
@@ -124,9 +136,10 @@ def unused_keys(config: RunConfig, keys) -> list[str]:
     return [k for k in keys if k not in read]
 
 
-def validate(raw: Mapping[str, Any]) -> RunConfig:
-    """Typed, complete, checked config; ``partitioner=auto`` resolved."""
-    config = schema().validate(raw)
+def validate(raw: Mapping[str, Any], disk: bool = True) -> RunConfig:
+    """Typed, complete, checked config; ``partitioner=auto`` resolved. ``disk`` False: as a member
+    checks the run-config a server sent, without looking at its own disk (:func:`check_dataset_name`)."""
+    config = schema(disk).validate(raw)
     strategy = get(SharedConfig.of(config).strategy).strategy
     strategy.check(config)
     values = config.as_dict()

@@ -124,10 +124,10 @@ def is_builtin(dataset: str) -> bool:
     return dataset in DATASETS
 
 
-def dataset_label(dataset: str) -> str:
+def dataset_label(dataset: str, disk: bool = True) -> str:
     """The name data loaded from ``dataset`` carries: a built-in's name, a path's file name without
-    its format suffix (:func:`app.data.formats.dataset_name`)."""
-    return dataset if is_builtin(dataset) else dataset_name(dataset)
+    its format suffix (:func:`app.data.formats.dataset_name`; ``disk`` False: from its spelling)."""
+    return dataset if is_builtin(dataset) else dataset_name(dataset, disk)
 
 
 def check_dataset_value(dataset: str) -> None:

@@ -60,12 +60,13 @@ _EDGE_FILES = ("edges.csv", "edges.tsv", "edges.txt", "edges.csv.gz", "edges.tsv
 _NODE_FILES = ("nodes.csv", "nodes.tsv")
 
 
-def dataset_name(path: str | os.PathLike) -> str:
+def dataset_name(path: str | os.PathLike, disk: bool = True) -> str:
     """The name of the data in ``path``: the file name without its format suffix (and ``.gz``); a
-    directory's name."""
+    directory's name. ``disk`` False: from the spelling alone (a known format suffix is taken off
+    whatever lies there)."""
     p = Path(path)
     name = p.name
-    if not p.is_dir():
+    if not (disk and p.is_dir()):
         for suffix in (".gz", text_suffix(p)):
             if name.lower().endswith(suffix) and (suffix == ".gz" or suffix in _SUFFIXES):
                 name = name[: -len(suffix)]
