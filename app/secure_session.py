@@ -30,8 +30,9 @@ from app.privacy.secagg import (
 )
 from app.privacy.secagg_recovery import SEALED_SHARE_BYTES, SHARE_BYTES, inbox, recover_sum, recovery_threshold
 from app.transport import pack, unpack
-from app.wire import (HELLO, SECAGG_AGREE, SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_PEER, SECAGG_SETUP, SECAGG_SHARES,
-                      SECAGG_THRESHOLD, SECAGG_UNMASK, ArraySpec, ProtocolError, ReplySpec, ValueSpec)
+from app.wire import (HELLO, KEY_ENDORSEMENT, SECAGG_AGREE, SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_INBOX,
+                      SECAGG_PARTICIPANTS, SECAGG_PEER, SECAGG_SETUP, SECAGG_SHARES, SECAGG_SIGNED, SECAGG_THRESHOLD,
+                      SECAGG_UNMASK, SURVIVOR_SIGNATURE, ArraySpec, ProtocolError, ReplySpec, ValueSpec)
 
 
 @contextmanager
@@ -62,17 +63,23 @@ class SecureAggregation:
         """
         if self._secagg_ready:
             return
-        keys, step = self._hello_keys, HELLO
-        if not keys:
+        advertised, step = self._hello_keys, HELLO
+        if not advertised:
             replies = self.broadcast(SECAGG_SETUP, pack(values={"session_id": self._secagg_session_id()}),
-                                     ReplySpec(values=("public_key",)))
-            keys, step = {self.partition_of(n): unpack(c)[1]["public_key"] for n, c in replies.items()}, SECAGG_SETUP
+                                     ReplySpec(values=("public_key", KEY_ENDORSEMENT)))
+            advertised = {self.partition_of(n): (v["public_key"], v[KEY_ENDORSEMENT])
+                          for n, v in ((n, unpack(c)[1]) for n, c in replies.items())}
+            step = SECAGG_SETUP
         with _stops_the_run(f"step '{step}'"):  # a key not 32 bytes, or another party's, names the party
-            relayed = pack_id_bytes(relay_public_keys(keys, expected_parties=range(len(self.clients))))
+            relayed = pack_id_bytes(relay_public_keys({p: key for p, (key, _) in advertised.items()},
+                                                      expected_parties=range(len(self.clients))))
+        endorsements = {SECAGG_ENDORSED + str(p): bytes(e) for p, (_, e) in advertised.items()}
+        self._endorsed = any(endorsements.values())
         if step == HELLO:
-            self._peer_keys = {SECAGG_PEER + party: key for party, key in relayed.items()}
+            self._peer_keys = {**{SECAGG_PEER + party: key for party, key in relayed.items()}, **endorsements}
         else:
-            self.broadcast(SECAGG_AGREE, pack(values=relayed), ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
+            self.broadcast(SECAGG_AGREE, pack(values={**relayed, **endorsements}),
+                           ReplySpec(numbers={"peers": ValueSpec(whole=True, low=1)}))
         self.ledger.add_mechanism(
             "secure-aggregation",
             protects="every upload marked masked: the server sees only the sum over the clients that mask "
@@ -82,7 +89,8 @@ class SecureAggregation:
                             "(the upload's dtype, uint32 or uint64, says which)",
                     "scale": SecAggConfig.of(self.config).scale,
                     "finer_scale": "kcagc and fedspectral-plus's degree sum mask at the finest power-of-two scale "
-                                   "their ring allows, never coarser than scale (the message values give it)"},
+                                   "their ring allows, never coarser than scale (the message values give it)",
+                    "endorsed_keys": self._endorsed},
             guarantee=GUARANTEE_SECAGG,
         )
         self._recovered: list[dict] = []  # the recoverable sums that went on without a party
@@ -199,6 +207,8 @@ class SecureAggregation:
         size = next(iter(uploads.values())).size
         request = {**{k: values[k] for k in ("secagg_tag", "secagg_scale", "secagg_bound", "secagg_parties")},
                    "secagg_survivors": survivors, "secagg_dropped": dropped, "secagg_size": size}
+        if self._endorsed:  # members with identity keys: every survivor signs the split first
+            request.update(self._survivor_signatures(replies, request))
         rows = {p: a[SECAGG_SHARES] for p, a in arrays.items()}
         contents = {n: pack({SECAGG_INBOX: inbox(rows, self.partition_of(n), survivors)}, request) for n in replies}
         spec = ReplySpec(arrays={"self_shares": ArraySpec(shape=(len(survivors), SHARE_BYTES), kind="u"),
@@ -211,6 +221,19 @@ class SecureAggregation:
             total = recover_sum(uploads, participants, encoder, responses, threshold, tag)
         self._record_recovery(tag, survivors, dropped)
         return total
+
+    def _survivor_signatures(self, replies: Mapping[int, RecordDict], request: dict) -> dict:
+        """The consistency round (:mod:`app.privacy.roster`): each survivor signs the split of
+        ``request``; every signature, as ``secagg_signed.<party>`` values for the unmask request. A
+        survivor that does not sign stops the sum (its peers would refuse to unmask without it)."""
+        told = {k: request[k] for k in ("secagg_tag", "secagg_survivors", "secagg_dropped")}
+        answers = self.exchange(SECAGG_CONSISTENCY, {n: pack(values=told) for n in replies},
+                                ReplySpec(values=(SURVIVOR_SIGNATURE,)), require_all=False)
+        signed = {self.partition_of(n): unpack(c)[1][SURVIVOR_SIGNATURE] for n, c in answers.items()}
+        missing = set(request["secagg_survivors"]) - set(signed)
+        if missing:
+            raise SecAggDropoutError(missing, f"every survivor of {request['secagg_tag']!r} signs its survivor set")
+        return {SECAGG_SIGNED + str(p): bytes(signature) for p, signature in signed.items()}
 
     def _record_recovery(self, tag: str, survivors: list[int], dropped: list[int]) -> None:
         """The privacy ledger's entry for sums that survive dropouts, with every sum that went on

@@ -29,7 +29,7 @@ from app.progress import Convergence, Progress
 from app.secure_session import SecureAggregation
 from app.transport import (LEFT, NO_REPLY, NOT_RECEIVED, NOT_RECEIVED_RESENDS, CommStats, Exchange, describe, exchange,
                            pack, unpack)
-from app.wire import HELLO, SECAGG_SESSION, ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from app.wire import HELLO, KEY_ENDORSEMENT, SECAGG_SESSION, ArraySpec, ProtocolError, ReplySpec, ValueSpec
 
 HELLO_SPEC = ReplySpec(values=("dataset", "partitioner", "shard_cut"),
                        numbers={"partition_id": ValueSpec(whole=True, low=0),
@@ -123,7 +123,7 @@ class ServerSession(SecureAggregation):
         self.clients: list[ClientInfo] = []
         self._round = 0
         self._secagg_ready = False
-        self._hello_keys: dict[int, bytes] = {}  # partition id -> public key, when hello carried them
+        self._hello_keys: dict[int, tuple] = {}  # partition id -> (public key, endorsement), when hello carried them
         self._peer_keys: dict[str, bytes] = {}  # relayed with the next step, then cleared
         self._order: dict[int, int] = {}
         self.dropped: dict[int, dict] = {}
@@ -161,7 +161,7 @@ class ServerSession(SecureAggregation):
         asked = ask(want)
         extra = {SECAGG_SESSION: self._secagg_session_id()} if asked.secure else {}
         values = [{**v, **asked.values, **extra} for v in values]
-        spec = ReplySpec(values=spec.values + (("public_key",) if asked.secure else ()),
+        spec = ReplySpec(values=spec.values + (("public_key", KEY_ENDORSEMENT) if asked.secure else ()),
                          numbers={**spec.numbers, **asked.reply.numbers}, arrays=asked.reply.arrays,
                          same_length=asked.reply.same_length)
         contents = {n: pack(values=v) for n, v in zip(nodes, values)}
@@ -177,7 +177,8 @@ class ServerSession(SecureAggregation):
                 )
             clients.append(ClientInfo(node, int(values["partition_id"]), values, arrays))
         clients.sort(key=lambda c: c.partition_id)
-        self._hello_keys = {c.partition_id: c.summary.pop("public_key") for c in clients if "public_key" in c.summary}
+        self._hello_keys = {c.partition_id: (c.summary.pop("public_key"), c.summary.pop(KEY_ENDORSEMENT))
+                            for c in clients if "public_key" in c.summary}
         ids = [c.partition_id for c in clients]
         if ids != list(range(want)):
             raise ProtocolError(f"partition ids {ids} are not 0..{want - 1} exactly once")
@@ -283,6 +284,7 @@ class ServerSession(SecureAggregation):
         for node, content in replies.items():
             _, values = unpack(content)
             values.pop("public_key", None)
+            values.pop(KEY_ENDORSEMENT, None)
             if values != first[node]:
                 changed = sorted(k for k in set(values) | set(first[node]) if values.get(k) != first[node].get(k))
                 self.dropped[node]["reason"] = f"came back with a different shard ({', '.join(changed)} changed)"

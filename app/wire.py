@@ -35,6 +35,17 @@ SECAGG_PARTICIPANTS = "secagg_participants"
 SECAGG_SHARES = "secagg_shares"
 SECAGG_UNMASK = "secagg_unmask"
 SECAGG_INBOX = "secagg_inbox"
+#: A member's endorsement of the key it advertises (:mod:`app.privacy.roster`): a value of its hello
+#: or ``secagg_setup`` reply (empty bytes from a node without an identity key), relayed with the keys
+#: as ``secagg_endorsed.<party>``.
+KEY_ENDORSEMENT = "key_endorsement"
+SECAGG_ENDORSED = "secagg_endorsed."
+#: The consistency round before ``secagg_unmask`` (members with identity keys): each survivor signs
+#: the survivor set it is told (``survivor_signature``); the unmask request relays every survivor's
+#: signature as ``secagg_signed.<party>``.
+SECAGG_CONSISTENCY = "secagg_consistency"
+SURVIVOR_SIGNATURE = "survivor_signature"
+SECAGG_SIGNED = "secagg_signed."
 
 
 class ProtocolError(FedGraphError, RuntimeError):

@@ -23,23 +23,29 @@ from typing import Callable, ClassVar, Generic
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
-from app.config import ConfigView, NoConfig, NoiseConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
+from app.config import ConfigError, ConfigView, NoConfig, NoiseConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
 from app.data import parties
 from app.data.memory import is_memory
 from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
+from app.privacy.roster import (CONSISTENCY_RULE, IDENTITY_KEY, ROSTER_KEY, check_consistency, check_endorsed,
+                                consistency_statement, endorse, key_statement, load_identity, load_roster, public_bytes)
 from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
 from app.privacy.releases import ReleaseRecord, dataset_key, record_dir
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
-from app.privacy.secagg_recovery import RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, unmask_response
+from app.privacy.secagg_recovery import (RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, told_split,
+                                         unmask_response)
 from app.transport import pack, unpack
-from app.wire import HELLO, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
+from app.wire import HELLO, KEY_ENDORSEMENT, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
 from app.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_THRESHOLD, SECAGG_UNMASK
+from app.wire import SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_SIGNED, SURVIVOR_SIGNATURE
 from clients.steps import StepGuard
 
 Reply = tuple[dict, dict]  # (arrays, values) of a reply
 #: ``context.state`` record of how many noise draws this node made per action (``privacy.noise-seed``)
 NOISE_DRAWS = "noise-draws"
+#: the state record of the peers' identity keys (party order), kept by a node with a roster
+MEMBERS_RECORD = "secagg-members"
 
 
 def holds_own_data(node_config) -> bool:
@@ -114,7 +120,8 @@ class ClusteringClient(Generic[ViewT]):
         self._refuse_seeded_noise()
         arrays, values = unpack(content)
         relayed = {k[len(SECAGG_PEER):]: v for k, v in values.items() if k.startswith(SECAGG_PEER)}
-        values = {k: v for k, v in values.items() if not k.startswith(SECAGG_PEER)}
+        endorsed = {k: v for k, v in values.items() if k.startswith(SECAGG_ENDORSED)}
+        values = {k: v for k, v in values.items() if not k.startswith((SECAGG_PEER, SECAGG_ENDORSED))}
         digest = request_digest(arrays, values)
         self._handled = (arrays, values, digest)  # hashed once: a large block costs a pass over its bytes
         kept = self.steps_answered.kept(action, digest)
@@ -124,7 +131,7 @@ class ClusteringClient(Generic[ViewT]):
         if fresh:
             self.steps_answered.check(action, digest, values)
         if relayed and fresh:  # the peers' keys ride on the first step after hello: agree on the seeds first
-            self.on_secagg_agree({}, relayed)
+            self._agree({**relayed, **endorsed}, HELLO)
         method, _ = self._steps[action]
         reply_arrays, reply_values = getattr(self, method)(arrays, values)
         if SECAGG_THRESHOLD in values:  # a recoverable masked upload: its sealed shares go with it
@@ -194,7 +201,7 @@ class ClusteringClient(Generic[ViewT]):
         summary.update(self.hello_figures(values))
         if SECAGG_SESSION in values:  # a secure run: this party's key pair now, saving a round
             self.policy.check_group(s.num_clients)
-            summary["public_key"] = self.on_secagg_setup({}, {"session_id": values[SECAGG_SESSION]})[1]["public_key"]
+            summary.update(self.on_secagg_setup({}, {"session_id": values[SECAGG_SESSION]}, step=HELLO)[1])
         return self.hello_arrays(values), summary
 
     def hello_figures(self, values) -> dict:
@@ -261,26 +268,100 @@ class ClusteringClient(Generic[ViewT]):
 
     # -- secure aggregation (see app.privacy.secagg) -------------------------
     @answers(SECAGG_SETUP)
-    def on_secagg_setup(self, arrays, values) -> Reply:
-        """Create this party's X25519 key pair; upload the public key only."""
-        party = SecAggParty.generate(self.shard.client_id, str(values["session_id"]))
+    def on_secagg_setup(self, arrays, values, step: str = SECAGG_SETUP) -> Reply:
+        """Create this party's X25519 key pair; upload the public key and, on a node with an
+        identity key, the key's endorsement for ``step`` (:mod:`app.privacy.roster`; else empty)."""
+        session = str(values["session_id"])
+        party = SecAggParty.generate(self.shard.client_id, session)
         self._save_party(party)
-        return {}, {"public_key": party.public_key_bytes()}
+        key = party.public_key_bytes()
+        identity = self.membership[0]
+        statement = key_statement(self.context.run_id, session, step, party.party_id, self.shard.num_clients, key)
+        return {}, {"public_key": key, KEY_ENDORSEMENT: b"" if identity is None else endorse(identity, statement)}
 
     @answers(SECAGG_AGREE)
     def on_secagg_agree(self, arrays, values) -> Reply:
         """Derive the pairwise mask seeds from the relayed public keys: those of every
-        other client of the run (``num_partitions`` of the shard), no fewer."""
+        other client of the run (``num_partitions`` of the shard), no fewer; on a node with a
+        roster, each endorsed by a different member (:mod:`app.privacy.roster`)."""
+        return self._agree(values, SECAGG_SETUP)
+
+    def _agree(self, values, step: str) -> Reply:
         party = self._load_party()
-        keys = unpack_id_bytes(values)
+        keys = unpack_id_bytes({k: v for k, v in values.items() if not k.startswith(SECAGG_ENDORSED)})
         everyone = set(range(self.shard.num_clients))
         if set(keys) != everyone:
             raise PrivacyRefusal("masking-group", f"keys relayed for parties {sorted(keys)}; this client masks only "
                                                   f"with every client of the run, {sorted(everyone)}")
+        self._check_endorsed(party, keys, values, step)
         self.policy.check_group(len(everyone))
         party.agree(keys)
         self._save_party(party)
         return {}, {"peers": len(party.peers)}
+
+    # -- the member roster (app.privacy.roster) -------------------------------
+    @cached_property
+    def membership(self) -> tuple:
+        """(identity key, roster) of this node (its node config's ``identity-key`` and ``roster``),
+        each None where it sets none; a roster needs the identity key, which must be in it."""
+        config = self.context.node_config
+        identity = load_identity(str(config[IDENTITY_KEY])) if config.get(IDENTITY_KEY) else None
+        roster = load_roster(str(config[ROSTER_KEY])) if config.get(ROSTER_KEY) else None
+        if roster is not None and (identity is None or roster.name_of(public_bytes(identity)) is None):
+            raise ConfigError(f"node config '{ROSTER_KEY}' without this node's own '{IDENTITY_KEY}' in it",
+                              public=f"node config '{ROSTER_KEY}', rule 'lists this node's identity key'")
+        return identity, roster
+
+    def _check_endorsed(self, party: SecAggParty, keys: dict, values, step: str) -> None:
+        """On a node with a roster: every relayed key endorsed by a different roster member for this
+        run, session, step, party and parties (else refused, rule ``roster``); the identities kept for
+        the consistency round."""
+        identity, roster = self.membership
+        if roster is None:
+            return
+        session, parties = party.session_id.decode(), self.shard.num_clients
+        statements = {p: key_statement(self.context.run_id, session, step, p, parties, key)
+                      for p, key in keys.items()}
+        endorsements = {int(k[len(SECAGG_ENDORSED):]): v for k, v in values.items() if k.startswith(SECAGG_ENDORSED)}
+        found = check_endorsed(roster, party.party_id, public_bytes(identity), endorsements, statements)
+        self.save(MEMBERS_RECORD, identities=np.stack([np.frombuffer(found[p], dtype=np.uint8)
+                                                       for p in range(parties)]))
+
+    @answers(SECAGG_CONSISTENCY)
+    def on_secagg_consistency(self, arrays, values) -> Reply:
+        """The consistency round of a recoverable sum: this party's signature over the survivors and
+        dropped parties it is told (empty without an identity key); one split per tag."""
+        party = self._load_party()
+        tag = str(values["secagg_tag"])
+        split = self._told(party, tag, values)
+        held = party.recovery[tag]
+        if held.setdefault("signed", split) != split:
+            raise PrivacyRefusal(CONSISTENCY_RULE, f"tag {tag!r}: asked to sign a second survivor set")
+        self._save_party(party)
+        identity = self.membership[0]
+        statement = consistency_statement(self.context.run_id, party.session_id.decode(), tag, *split)
+        return {}, {SURVIVOR_SIGNATURE: b"" if identity is None else identity.sign(statement)}
+
+    @staticmethod
+    def _told(party: SecAggParty, tag: str, values) -> list[list[int]]:
+        """The split a consistency or unmask request names, once this party may answer it."""
+        try:
+            return told_split(party, tag, values["secagg_survivors"], values["secagg_dropped"])
+        except RecoveryRefused as err:  # a request this party must not answer: the run stops on it
+            raise PrivacyRefusal("secagg-unmask", str(err)) from None
+
+    def _check_consistency(self, party: SecAggParty, tag: str, split: list[list[int]], values) -> None:
+        """On a node with a roster: the split it signed, signed by every survivor (else refused,
+        rule ``secagg-consistency``), before any share leaves it."""
+        if self.membership[1] is None:
+            return
+        if party.recovery[tag].get("signed") != split:
+            raise PrivacyRefusal(CONSISTENCY_RULE, f"tag {tag!r}: an unmask request for a survivor set this party "
+                                                   "did not sign")
+        identities = {p: row.tobytes() for p, row in enumerate(self.load(MEMBERS_RECORD)["identities"])}
+        signatures = {int(k[len(SECAGG_SIGNED):]): v for k, v in values.items() if k.startswith(SECAGG_SIGNED)}
+        statement = consistency_statement(self.context.run_id, party.session_id.decode(), tag, *split)
+        check_consistency(identities, split[0], signatures, statement)
 
     def masked(self, array: np.ndarray, values, participants=None, floor: float | None = None) -> np.ndarray:
         """``array`` clipped to the declared bound, fixed-point encoded and pairwise masked
@@ -344,13 +425,15 @@ class ClusteringClient(Generic[ViewT]):
         (opened from the ``secagg_inbox`` rows sealed for it) and its pair masks with the dropped
         parties; never both for one party of a tag (:func:`app.privacy.secagg_recovery.unmask_response`)."""
         party = self._load_party()
-        survivors, dropped = [int(p) for p in values["secagg_survivors"]], [int(p) for p in values["secagg_dropped"]]
+        tag = str(values["secagg_tag"])
+        survivors, dropped = self._told(party, tag, values)
+        self._check_consistency(party, tag, [survivors, dropped], values)
         encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
         size = int(values["secagg_size"]) if dropped else 0
         try:
             shares, correction = unmask_response(
-                party, str(values["secagg_tag"]), survivors, dropped,
-                inbox_shares(arrays[SECAGG_INBOX], survivors, party.party_id), size, encoder)
+                party, tag, survivors, dropped, inbox_shares(arrays[SECAGG_INBOX], survivors, party.party_id), size,
+                encoder)
         except RecoveryRefused as err:  # a request this party must not answer: the run stops on it
             raise PrivacyRefusal("secagg-unmask", str(err)) from None
         self._save_party(party)  # the split answered for the tag

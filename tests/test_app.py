@@ -303,8 +303,8 @@ def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_pa
 
     honest = ClusteringClient.on_secagg_setup
 
-    def short_key(self, arrays, values):
-        out, vals = honest(self, arrays, values)
+    def short_key(self, arrays, values, **step):
+        out, vals = honest(self, arrays, values, **step)
         return out, ({**vals, "public_key": 32} if self.shard.client_id == 1 else vals)
 
     monkeypatch.setattr(ClusteringClient, "on_secagg_setup", short_key)

@@ -48,9 +48,11 @@ revealed at every sum. Rebuilding a dropped party's X25519 key would unmask
 every earlier sum of that party (its self-mask seeds of those tags are
 already known); the correction of one tag reveals that tag's masks only. The
 cost: after a dropout every survivor must answer the unmask round (without
-one, any ``t`` answers suffice).  Semi-honest server: an actively malicious
-server that tells parties different splits meets the per-tag rule above, but
-SecAgg's signed consistency round is not implemented.
+one, any ``t`` answers suffice).  A server that tells parties different splits
+meets the per-tag rule above and, between members with identity keys, SecAgg's
+signed consistency round (:mod:`app.privacy.roster`): every survivor signs the
+split it was told (:func:`told_split` first), and a member answers the unmask
+round only once every survivor's signature names the split it was told.
 """
 
 from __future__ import annotations
@@ -177,10 +179,8 @@ def unmask_response(party: SecAggParty, tag: str, survivors: Iterable[int], drop
     it), ``correction`` its signed pair masks with the ``dropped`` parties (length ``size``).
     Refuses (:class:`SecAggError`) a split other than one it answered before for ``tag``."""
     tag = str(tag)
-    held = party.recovery.get(tag)
-    if held is None:
-        raise SecAggError(f"party {party.party_id} made no recoverable upload under tag {tag!r}")
-    split = _checked_split(party.party_id, tag, held, survivors, dropped)
+    split = told_split(party, tag, survivors, dropped)
+    held = party.recovery[tag]
     out = {party.party_id: int(held["share"]).to_bytes(SHARE_BYTES, "little")}
     for u in split[0]:
         if u == party.party_id:
@@ -195,6 +195,16 @@ def unmask_response(party: SecAggParty, tag: str, survivors: Iterable[int], drop
     party.pair_masks(correction, tag, split[1])
     held["split"] = split
     return out, correction
+
+
+def told_split(party: SecAggParty, tag: str, survivors: Iterable[int], dropped: Iterable[int]) -> list[list[int]]:
+    """[survivors, dropped] of a request for ``tag`` this party may answer (:class:`RecoveryRefused`
+    otherwise): they split the tag's parties, name it a survivor, reach the threshold and agree
+    with any split it answered before for the tag."""
+    held = party.recovery.get(str(tag))
+    if held is None:
+        raise SecAggError(f"party {party.party_id} made no recoverable upload under tag {str(tag)!r}")
+    return _checked_split(party.party_id, str(tag), held, survivors, dropped)
 
 
 def _checked_split(me: int, tag: str, held: dict, survivors, dropped) -> list[list[int]]:
