@@ -16,7 +16,8 @@
   :data:`OBJECT_POLL_S` (doubling up to :data:`OBJECT_POLL_CAP_S`).
 
 A message is not lost to a failure Flower's own retries give up on: see
-:mod:`deploy.flower_resilience`.
+:mod:`deploy.flower_resilience`. The SuperNode runs only the app versions its trust file
+allows: see :mod:`deploy.app_versions`.
 
 The idle and reply waits go through the module's ``time`` name, replaced by a :class:`PollClock`
 that maps Flower's two waits onto these and passes any other sleep through.
@@ -63,6 +64,7 @@ from pathlib import Path
 from types import ModuleType
 
 from app.quiet import plain_console
+from deploy.app_versions import enforce as enforce_app_versions
 from deploy.flower_resilience import (Namespace, answer_what_is_not_received, push_until_stored, report_task_end,
                                       survive_error_statuses)
 
@@ -518,6 +520,7 @@ def _patch(role: str) -> None:
     elif role == "supernode":
         patch_supernode(module("flwr.supernode.start_client_internal"))
         survive_error_statuses(module("flwr.supernode.fleet_http_connection"))
+        enforce_app_versions(module("flwr.supernode.cli.flower_supernode"), module("flwr.supernode.start_client_internal"))
     else:
         wait_until_preloaded(patch_executor(module("flwr.supercore.superexec.executor.subprocess_executor")))
         wake_on_tasks(module("flwr.supercore.superexec.run_superexec"))

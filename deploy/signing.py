@@ -20,7 +20,9 @@ but no SuperNode that trusts only the federation's keys will execute it.
   writes ``<sha256>.json`` into a signatures directory: ``{key_id: {"signature": base64url, "signed_at": unix time}}``,
   one entry per signer (Flower's verification record format). The directory must be the
   signer's own and not writable by others (:func:`deploy.pki.open_directory`).
-* :func:`write_trusted_entities`: the ``--trusted-entities`` YAML for public keys.
+* :func:`write_trusted_entities`: the ``--trusted-entities`` YAML for public keys (and the member's
+  rules on which signed versions run, :mod:`deploy.app_versions`).
+* :func:`write_roster`: the members' roster (node config ``roster``) for their identity public keys.
 * :func:`verifications`: the records the gateway attaches to a FAB (none if unsigned).
 """
 
@@ -42,6 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from flwr.cli.build import build_fab_from_disk
 from flwr.supercore.primitives.asymmetric_ed25519 import create_message_to_sign, load_private_key, sign_message
 
+from deploy.app_versions import VERSIONS_KEY, AppVersions
 from deploy.pki import PRIVATE_MODE, PUBLIC_MODE, KeyFileError, create_file, open_directory, write_files
 
 #: Flower's SuperNode reads the records only when this entry is non-empty (Flower Hub sets it)
@@ -153,15 +156,32 @@ def sign_app(app_dir: Path, private_key: Path, signatures: Path) -> str:
     return digest
 
 
-def write_trusted_entities(public_keys: list[Path], path: Path) -> Path:
-    """The ``flower-supernode --trusted-entities`` file trusting exactly these keys. It decides which
-    code a SuperNode runs, so its folder is checked like a key directory
+def write_trusted_entities(public_keys: list[Path], path: Path, versions: AppVersions | None = None) -> Path:
+    """The ``flower-supernode --trusted-entities`` file trusting exactly these keys, and with
+    ``versions`` the member's rules on which signed versions run (:mod:`deploy.app_versions`). It
+    decides which code a SuperNode runs, so its folder is checked like a key directory
     (:func:`deploy.pki.open_directory`) and the file is replaced in one step, never through a symlink."""
-    entries = {}
-    for public in public_keys:
-        key = _load_public(Path(public))
-        entries[key_id(key)] = key.public_bytes(serialization.Encoding.OpenSSH,
-                                                serialization.PublicFormat.OpenSSH).decode("ascii")
+    keys = [_load_public(Path(public)) for public in public_keys]
+    entries = {key_id(key): _openssh(key) for key in keys}
+    return _write_yaml({**entries, VERSIONS_KEY: versions.as_entry()} if versions else entries, path)
+
+
+def write_roster(public_keys: list[Path], path: Path) -> Path:
+    """The federation's roster (node config ``roster``, :mod:`app.privacy.roster`): each member's
+    identity public key (``python -m deploy keygen --name NAME`` writes ``NAME.pub``) under its name,
+    the file name without ``.pub``. Written like the trusted entities (:func:`write_trusted_entities`)."""
+    entries = {Path(public).name.removesuffix(".pub"): _openssh(_load_public(Path(public))) for public in public_keys}
+    if len(entries) != len(public_keys) or len(set(entries.values())) != len(entries):
+        raise ValueError("a roster lists each member once, under one name, with a key of its own; got the keys "
+                         + ", ".join(str(p) for p in public_keys))
+    return _write_yaml(entries, path)
+
+
+def _openssh(key: ed25519.Ed25519PublicKey) -> str:
+    return key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode("ascii")
+
+
+def _write_yaml(entries: dict, path: Path) -> Path:
     path = Path(path)
     dir_fd = open_directory(path.parent, private=False)
     try:
