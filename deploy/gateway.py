@@ -46,43 +46,50 @@ federation made for it (:func:`deploy.signing.verifications`), which a SuperNode
 ``--trusted-entities`` checks before running anything; an unsigned FAB is refused there.
 
 Resource bounds, against a stranger who opens connections and sends little or
-nothing (a client is an IPv4 address or an IPv6 /64):
+nothing (a client is an IPv4 address or an IPv6 /64; :mod:`deploy.gateway_limits`):
 
-- connections: at most :data:`MAX_CONNECTIONS` (128) open, at most
-  :data:`MAX_CLIENT_CONNECTIONS` (16) from one client, counted from the TCP
-  accept, before TLS (a TLS connection holds asyncio's 256 KiB buffer); more
-  are closed unanswered at once. TLS must be set up within
+- connections: at most :data:`MAX_CONNECTIONS` (128) open, counted from the TCP
+  accept, before TLS (a TLS connection holds asyncio's 256 KiB buffer), and at
+  most :data:`MAX_CLIENT_CONNECTIONS` (16) from one client that no 200 has
+  answered yet (``--shared-address ADDRESS=N``: N times that for ADDRESS only).
+  A connection on which the SuperLink answered 200 is a registered SuperNode's:
+  it counts against no address and is never taken back. With every slot held,
+  a newcomer takes the slot of the oldest unanswered connection of the address
+  holding the most, when that holds more than one beyond the newcomer's;
+  otherwise it is closed unanswered. TLS must be set up within
   :data:`HANDSHAKE_TIMEOUT_S` (5 s), each request head must arrive within
   :data:`HEAD_TIMEOUT_S` (10 s). What closed connections leave in reference
   cycles is collected every :data:`COLLECT_EVERY` (128) closes, so memory
   stays bounded by the slots, not by how many connections come and go.
-- bodies: counted as their bytes arrive, not as announced: at most
-  :data:`BODY_BUDGET` (64 MiB) held at once, :data:`CLIENT_BODY_BUDGET`
-  (16 MiB) by one client (a SuperNode pushes two 6 MiB objects at once);
-  beyond: 503, which a SuperNode retries. A body arrives at
-  :data:`MIN_BODY_RATE` (64 KiB/s) or faster after a :data:`BODY_GRACE_S`
-  (10 s) start: having received n bytes, the gateway waits for more until
-  ``BODY_GRACE_S + n / MIN_BODY_RATE`` after the head, then closes the
-  connection; an answer is sent at that rate too. ``--nodes-per-address N``
-  (SuperNodes behind one address) gives that address N times the bounds.
-- log: at most :data:`LOG_LINES` lines a minute, one per refused or failed
-  request, each one line of at most :data:`LOG_LINE_CHARS` printable
+- bodies: up to :data:`SMALL` (16 KiB, every request but push-messages and
+  push-object) bounded by the connection slots alone, so that heartbeats and
+  pulls never wait on bodies. Larger ones only from a registered SuperNode (its
+  signed request headers verify under a key the SuperLink has answered 200,
+  :class:`deploy.gateway_limits.Members`), counted as their bytes arrive: at
+  most :data:`CLIENT_BODY_BUDGET` (16 MiB) by one node (it pushes two 6 MiB
+  objects at once), :data:`BODY_BUDGET` (64 MiB; ``--nodes N``: N nodes' worth)
+  in all; anyone else, or beyond: 503 ``busy; try again``, which a SuperNode
+  retries (no counter in it). A body must arrive whole within
+  ``BODY_GRACE_S + length / MIN_BODY_RATE`` (10 s plus 64 KiB/s of its announced
+  length) of its head, a deadline set once, and without a pause of
+  :data:`BODY_STALL_S` (10 s); an answer is sent at that rate too.
+- answers: the SuperLink's error details (its JSON) reach a registered SuperNode
+  only; others get the status and its phrase, as with the gateway's own 502 / 504.
+- log: at most :data:`~deploy.gateway_limits.LOG_LINES` lines a minute, one per refused or failed
+  request, each one line of at most :data:`~deploy.gateway_limits.LOG_LINE_CHARS` printable
   characters (client bytes escaped), never a traceback.
 
 ``python -m deploy gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9091 --ca pki/ca.crt
---cert pki/superlink.crt --key pki/superlink.key --signatures pki/signatures``
+--cert pki/superlink.crt --key pki/superlink.key --signatures pki/signatures --nodes 3``
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import ipaddress
 import logging
 import signal
 import ssl
-import time
-from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -97,6 +104,7 @@ from flwr.supercore.constant import (FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SI
 from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 from google.protobuf.message import DecodeError
 
+from deploy.gateway_limits import LogBudget, Members, Quota, Slot, Slots, client_of
 from deploy.redelivery import ACTIVATE, CONFIRM, PULL_MESSAGES, PUSH_MESSAGES, Activations, Deliveries
 from deploy.signing import verifications
 
@@ -154,11 +162,14 @@ COLLECT_EVERY = MAX_CONNECTIONS
 MAX_HEAD_BYTES = 16 * KIB
 HANDSHAKE_TIMEOUT_S = 5.0
 HEAD_TIMEOUT_S = 10.0
-#: a body or an answer may take BODY_GRACE_S plus its size at MIN_BODY_RATE (bytes a second)
-BODY_GRACE_S, MIN_BODY_RATE = 10.0, 64 * KIB
+#: a body or an answer may take BODY_GRACE_S plus its size at MIN_BODY_RATE (bytes a second); a body
+#: pausing BODY_STALL_S is cut off
+BODY_GRACE_S, MIN_BODY_RATE, BODY_STALL_S = 10.0, 64 * KIB, 10.0
 BODY_BUDGET = 64 * MIB
 #: a SuperNode pushes at most two objects at once (flwr's FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PUSHES)
 CLIENT_BODY_BUDGET = 16 * MIB
+#: the most SuperNodes ``--nodes`` budgets bodies for (each :data:`CLIENT_BODY_BUDGET`)
+MOST_NODES = 64
 #: the SuperNode's own client waits 30 s for an answer (flwr.supercore.protobuf.client)
 UPSTREAM_TIMEOUT_S = 30.0
 #: an unused SuperLink connection is closed here after this: the SuperLink closes one after 5 s, under a request
@@ -166,40 +177,11 @@ UPSTREAM_KEEPALIVE_S = 2.0
 #: after a refusal, what the client may still be sending is read and dropped (so that it sees the
 #: answer rather than a reset connection), up to this much
 LINGER_BYTES, LINGER_S = MIB, 2.0
-LOG_LINES, LOG_WINDOW_S, LOG_LINE_CHARS = 20, 60.0, 300
 _READ_SIZE = 64 * KIB
 #: failures of a forward that a SuperNode retries itself: the gateway tries once more first
 _TRANSPORT_RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 log = logging.getLogger("deploy.gateway")
-
-
-def one_line(text: str, limit: int = LOG_LINE_CHARS) -> str:
-    """``text`` as one line of at most ``limit`` characters: unprintable characters escaped
-    (``\\n``, ``\\x1b``), an overflow cut to ``...``."""
-    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
-    return line if len(line) <= limit and len(text) <= limit else line[:limit - 3] + "..."
-
-
-class LogBudget:
-    """At most ``lines`` log lines per ``window_s`` seconds, each :func:`one_line`; the number left
-    out is logged with the first line of a later window."""
-
-    def __init__(self, lines: int = LOG_LINES, window_s: float = LOG_WINDOW_S, clock=time.monotonic) -> None:
-        self.lines, self.window_s, self.clock = lines, window_s, clock
-        self.start, self.used, self.left_out = clock(), 0, 0
-
-    def __call__(self, message: str) -> None:
-        now = self.clock()
-        if now - self.start >= self.window_s:
-            if self.left_out:
-                log.warning("%d more lines left out in %g s", self.left_out, now - self.start)
-            self.start, self.used, self.left_out = now, 0, 0
-        if self.used < self.lines:
-            self.used += 1
-            log.warning("%s", one_line(message))
-        else:
-            self.left_out += 1
 
 
 def signed_fab(body: bytes, signatures: Path) -> bytes:
@@ -243,6 +225,17 @@ class BodiesFull(Exception):
     """The request bodies held (by everyone, or by this client) are at their budget."""
 
 
+#: the answer to a request whose body the gateway does not take now (no registered node's, or its
+#: node's budget held): nothing of the gateway's state, which the sender could measure itself against
+BUSY = "busy; try again"
+
+
+def _said(status: int) -> bytes:
+    """An answer's body that says its status and nothing else (the SuperLink's or the gateway's
+    details go to registered SuperNodes, or to the log)."""
+    return f"{status} {HTTPStatus(status).phrase}\n".encode()
+
+
 class BodyTooSlow(Exception):
     """A request body arrived slower than :data:`MIN_BODY_RATE`."""
 
@@ -252,42 +245,12 @@ def transfer_s(size: int) -> float:
     return BODY_GRACE_S + size / MIN_BODY_RATE
 
 
-def client_of(host: str) -> str:
-    """Whom a connection from ``host`` counts against: the IPv4 address (an IPv4-mapped IPv6 one
-    too), or the /64 of an IPv6 address, the block one host gets."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is None:
-            return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
-        address = address.ipv4_mapped
-    return str(address)
-
-
-class Quota:
-    """Up to ``total`` units held at once, up to ``per_client`` of them by one client."""
-
-    def __init__(self, total: int, per_client: int, unit: str) -> None:
-        self.total, self.per_client, self.unit = total, per_client, unit
-        self.held, self.by_client = 0, Counter()
-
-    def take(self, client: str, amount: int = 1) -> str | None:
-        """Hold ``amount`` more for ``client``; or, holding nothing, why not."""
-        if self.by_client[client] + amount > self.per_client:
-            return f"{client} holds {self.by_client[client]} {self.unit} (at most {self.per_client})"
-        if self.held + amount > self.total:
-            return f"{self.held} {self.unit} held (at most {self.total})"
-        self.held += amount
-        self.by_client[client] += amount
-        return None
-
-    def give_back(self, client: str, amount: int = 1) -> None:
-        self.held -= amount
-        self.by_client[client] -= amount
-        if not self.by_client[client]:
-            del self.by_client[client]
+def body_deadline(start: float, last: float, length: int) -> float:
+    """When a body announced ``length`` bytes long, its head read at ``start``, its latest bytes at
+    ``last``, is cut off unless whole: :func:`transfer_s` of its announced length after its head
+    (what it sent does not extend it), and :data:`BODY_STALL_S` after its latest bytes (a body sent
+    but for its last byte holds its budget no longer than that)."""
+    return min(start + transfer_s(length), last + BODY_STALL_S)
 
 
 async def _read_limited(response: httpx.Response, limit: int) -> bytes:
@@ -316,15 +279,17 @@ class FleetGateway:
 
     def __init__(self, superlink: str, ca_cert: Path, signatures: Path, tls: ssl.SSLContext, *,
                  max_connections: int = MAX_CONNECTIONS, max_client_connections: int = MAX_CLIENT_CONNECTIONS,
-                 body_budget: int = BODY_BUDGET, client_body_budget: int = CLIENT_BODY_BUDGET) -> None:
+                 body_budget: int = BODY_BUDGET, client_body_budget: int = CLIENT_BODY_BUDGET,
+                 shared: dict[str, int] | None = None) -> None:
         self.urls = {target: f"https://{superlink}{target.decode('ascii')}" for target in FLEET_ENDPOINTS}
         self.signatures, self.tls = Path(signatures), tls
         self.client = httpx.AsyncClient(
             verify=ssl.create_default_context(cafile=str(ca_cert)), timeout=UPSTREAM_TIMEOUT_S,
             limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=UPSTREAM_KEEPALIVE_S),
             follow_redirects=False, trust_env=False)  # trust_env: no proxy from the environment
-        self.connections = Quota(max_connections, max_client_connections, "connections")
-        self.bodies = Quota(body_budget, client_body_budget, "bytes of request bodies")
+        self.connections = Slots(max_connections, max_client_connections, shared)
+        self.bodies = Quota(body_budget, client_body_budget, "bytes of request bodies")  # by registered node
+        self.members = Members()
         self.tasks: set[asyncio.Task] = set()
         self.closed = 0
         self.note = LogBudget()
@@ -335,41 +300,41 @@ class FleetGateway:
         against the connection limits, or closed unanswered at once; then served by :meth:`handle`
         in a task of its own."""
         peer = (writer.get_extra_info("peername") or ("?",))[0]
-        client = client_of(peer)
-        if full := self.connections.take(client):
+        slot, full = self.connections.take(client_of(peer), writer.transport.abort)
+        if slot is None:
             self.note(f"closed a connection from {peer}: {full}")
             writer.transport.abort()
             return
-        task = asyncio.get_running_loop().create_task(self.handle(reader, writer, peer, client))
+        task = asyncio.get_running_loop().create_task(self.handle(reader, writer, peer, slot))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, client: str) -> None:
-        """Serve one connection, counted for ``client``, until it closes or fails; then give back its slot."""
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, slot: Slot) -> None:
+        """Serve one connection, holding ``slot``, until it closes or fails; then give back its slot."""
         try:
             # Before anything is read: this task's first step is queued as the connection is made,
             # before the event loop first polls the socket, so it runs before the transport's first
             # read; start_tls stops reading until TLS is in place, so no byte is read as plain text.
             await writer.start_tls(self.tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
         except OSError:  # no TLS, too slow, or gone: start_tls closed the connection
-            self._closed(client)
+            self._closed(slot)
             return
         try:
-            await self._serve_requests(reader, writer, peer, client)
+            await self._serve_requests(reader, writer, peer, slot)
         finally:
             await self._close(writer)
-            self._closed(client)
+            self._closed(slot)
 
-    def _closed(self, client: str) -> None:
-        self.connections.give_back(client)
+    def _closed(self, slot: Slot) -> None:
+        self.connections.give_back(slot)
         self.closed += 1
         if self.closed % COLLECT_EVERY == 0:
             gc.collect()
 
-    async def _serve_requests(self, reader, writer, peer: str, client: str) -> None:
+    async def _serve_requests(self, reader, writer, peer: str, slot: Slot) -> None:
         conn, served = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES), 0
         try:
-            while await self._exchange(conn, reader, writer, peer, client):
+            while await self._exchange(conn, reader, writer, peer, slot):
                 conn.start_next_cycle()
                 served += 1
         except BodyTooSlow:
@@ -394,7 +359,7 @@ class FleetGateway:
             pass
         writer.transport.abort()
 
-    async def _exchange(self, conn: h11.Connection, reader, writer, peer: str, client: str) -> bool:
+    async def _exchange(self, conn: h11.Connection, reader, writer, peer: str, slot: Slot) -> bool:
         """One request: refused, or forwarded and the SuperLink's answer sent back. True: the
         connection stays open for the next request."""
         try:
@@ -408,17 +373,28 @@ class FleetGateway:
         if problem := refusal(request):
             await self._refuse(conn, reader, writer, *problem, request.target, peer, request.method)
             return False
+        headers = dict(request.headers)
+        length = int(headers[b"content-length"])
+        holder = self.members.member(headers) if length > SMALL else None  # a larger body: a registered node's
         try:
-            body = await self._read_body(conn, reader, client, int(dict(request.headers)[b"content-length"]))
+            if length > SMALL and holder is None:
+                raise BodiesFull("a body over 16 KiB from no registered SuperNode")
+            body = await self._read_body(conn, reader, holder, length)
         except BodiesFull as full:
-            await self._refuse(conn, reader, writer, 503, f"busy: {full}; try again", request.target, peer,
-                               request.method)
+            await self._refuse(conn, reader, writer, 503, f"busy ({full})", request.target, peer, request.method,
+                               answer=BUSY)
             return False
         try:
-            status, headers, payload = await self._forward(request, body, peer)
+            status, reply_headers, payload = await self._forward(request, body, peer)
         finally:
-            self.bodies.give_back(client, len(body))
-        await self._send(conn, writer, _head(status, headers, payload, close=False), payload)
+            if holder is not None:
+                self.bodies.give_back(holder, len(body))
+        if status == 200:  # the SuperLink authenticated the node: its key and this connection are a member's
+            self.members.learn(headers)
+            self.connections.prove(slot)
+        elif self.members.member(headers) is None:  # error details for registered SuperNodes only
+            reply_headers, payload = [(b"content-type", b"text/plain; charset=utf-8")], _said(status)
+        await self._send(conn, writer, _head(status, reply_headers, payload, close=False), payload)
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
     @staticmethod
@@ -434,38 +410,42 @@ class FleetGateway:
                 conn.receive_data(data)
         return event if isinstance(event, h11.Request) else None
 
-    async def _read_body(self, conn: h11.Connection, reader, client: str, length: int) -> bytes:
-        """The body, exactly Content-Length bytes (h11 holds the request to it), each byte counted
-        against the body budgets as it arrives (the caller gives them back once the body is
-        forwarded; here, if it is not read whole). Raises BodiesFull beyond a budget, BodyTooSlow
-        when the rest does not arrive in time (:func:`transfer_s` of what has arrived)."""
+    async def _read_body(self, conn: h11.Connection, reader, holder: bytes | None, length: int) -> bytes:
+        """The body, exactly Content-Length bytes (h11 holds the request to it); a registered node's
+        (``holder``: its key) each byte counted against the body budgets as it arrives (the caller
+        gives them back once the body is forwarded; here, if it is not read whole). Raises
+        BodiesFull beyond a budget, BodyTooSlow past :func:`body_deadline`."""
         received = bytearray()
-        start = asyncio.get_running_loop().time()
+        clock = asyncio.get_running_loop().time
+        start = clock()
         try:
-            async with asyncio.timeout_at(start + transfer_s(0)) as deadline:
+            async with asyncio.timeout_at(body_deadline(start, start, length)) as deadline:
                 while not isinstance(event := conn.next_event(), h11.EndOfMessage):
                     if event is h11.NEED_DATA:  # h11 has passed on all it holds of the body
                         conn.receive_data(await reader.read(max(1, min(_READ_SIZE, length - len(received)))))
                     elif isinstance(event, h11.Data):
-                        if full := self.bodies.take(client, len(event.data)):
+                        if holder is not None and (full := self.bodies.take(holder, len(event.data))):
                             raise BodiesFull(full)
                         received += event.data
-                        deadline.reschedule(start + transfer_s(len(received)))
+                        deadline.reschedule(body_deadline(start, clock(), length))
                     else:
                         raise ConnectionResetError("the client closed the connection mid-request")
         except BaseException as err:
-            self.bodies.give_back(client, len(received))
+            if holder is not None:
+                self.bodies.give_back(holder, len(received))
             if isinstance(err, TimeoutError):
                 raise BodyTooSlow(f"{len(received)} bytes") from err
             raise
         return bytes(received)
 
     async def _refuse(self, conn, reader, writer, status: int, reason: str, target: bytes, peer: str,
-                      method: bytes = b"") -> None:
-        """Answer ``status`` with the reason, close the connection: the rest of what the client sent
-        (an unread body, a smuggled request) is never read as a request."""
+                      method: bytes = b"", answer: str | None = None) -> None:
+        """Answer ``status`` with the reason (``answer`` instead, where the reason is for the log
+        only), close the connection: the rest of what the client sent (an unread body, a smuggled
+        request) is never read as a request."""
         self.note(f"refused {status} {method.decode('latin-1')} {target[:100]!r} from {peer}: {reason}")
-        body = b"" if method == b"HEAD" else f"{status} {HTTPStatus(status).phrase}: {reason}\n".encode()
+        said = reason if answer is None else answer
+        body = b"" if method == b"HEAD" else f"{status} {HTTPStatus(status).phrase}: {said}\n".encode()
         headers = [(b"content-type", b"text/plain; charset=utf-8")] + ([(b"allow", b"POST")] if status == 405 else [])
         try:
             await self._send(conn, writer, _head(status, headers, body, close=True), body)
@@ -508,7 +488,7 @@ class FleetGateway:
         except (httpx.TransportError, ResponseTooLarge, DecodeError) as err:
             status, why = 502, f"the SuperLink could not be reached or answered badly ({type(err).__name__}: {err})"
         self.note(f"answered {status} to {request.target.decode('ascii')} from {peer}: {why}")
-        return status, [(b"content-type", b"text/plain; charset=utf-8")], f"{status} {why}\n".encode()
+        return status, [(b"content-type", b"text/plain; charset=utf-8")], _said(status)
 
     def _settled(self, request: h11.Request, body: bytes, status: int, headers: list,
                  payload: bytes) -> tuple[int, list, bytes]:
@@ -557,15 +537,20 @@ def _server_tls(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def shared_address_limits(nodes_per_address: int) -> dict[str, int]:
-    """The per-client bounds (and total body budget) for ``nodes_per_address`` SuperNodes behind one
-    address (one machine, a NAT): one's bounds that many times over, so their pushes do not wait."""
+def federation_limits(nodes: int = 1, shared: list[str] = ()) -> dict:
+    """The bounds for a federation of ``nodes`` SuperNodes, ``shared`` ``ADDRESS=N`` for an address N
+    of them share (one machine, a NAT): registered nodes' bodies budgeted for ``nodes`` pushing at
+    once (at least :data:`BODY_BUDGET`), and that address's unproven connections N times one's."""
     most = MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS
-    if not 1 <= nodes_per_address <= most:
-        raise SystemExit(f"error: --nodes-per-address {nodes_per_address}; valid: 1 to {most}")
-    return {"max_client_connections": nodes_per_address * MAX_CLIENT_CONNECTIONS,
-            "client_body_budget": nodes_per_address * CLIENT_BODY_BUDGET,
-            "body_budget": max(BODY_BUDGET, nodes_per_address * CLIENT_BODY_BUDGET)}
+    if not 1 <= nodes <= MOST_NODES:
+        raise SystemExit(f"error: --nodes {nodes}; valid: 1 to {MOST_NODES}")
+    by_address = {}
+    for item in shared:
+        address, _, count = item.rpartition("=")
+        if not address or not count.isdigit() or not 1 <= int(count) <= most:
+            raise SystemExit(f"error: --shared-address {item!r}; valid: ADDRESS=N, N from 1 to {most}")
+        by_address[client_of(address)] = int(count)
+    return {"body_budget": max(BODY_BUDGET, nodes * CLIENT_BODY_BUDGET), "shared": by_address}
 
 
 # asyncio with the h11 parser (httpx's), not uvicorn: uvicorn puts no deadline on a request head
@@ -589,11 +574,11 @@ async def _serve(listen: tuple[str, int], superlink: str, ca_cert: Path, signatu
 
 
 def serve(listen: str, superlink: str, ca_cert: Path, cert: Path, key: Path, signatures: Path,
-          nodes_per_address: int = 1) -> None:
-    """Run the gateway on ``listen`` (host:port) until SIGTERM / SIGINT; ``nodes_per_address``:
-    :func:`shared_address_limits`."""
+          nodes: int = 1, shared: list[str] = ()) -> None:
+    """Run the gateway on ``listen`` (host:port) until SIGTERM / SIGINT; ``nodes``, ``shared``:
+    :func:`federation_limits`."""
     _host_port(superlink, "--superlink")
-    limits = shared_address_limits(nodes_per_address)
+    limits = federation_limits(nodes, list(shared))
     logging.basicConfig(format="%(asctime)s %(message)s", level=logging.WARNING)  # httpx's per-request lines: no
     log.setLevel(logging.INFO)
     asyncio.run(_serve(_host_port(listen, "--listen"), superlink, ca_cert, signatures, _server_tls(cert, key), limits))

@@ -10,6 +10,7 @@ at another address from being served. Attackers connect from other loopback addr
 
 from __future__ import annotations
 
+import base64
 import http.client
 import os
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -28,8 +30,9 @@ from flwr.proto.fab_pb2 import GetFabResponse  # pylint: disable=no-name-in-modu
 
 from conftest import HANG_GUARD_S, wait_until
 from deploy.federation import REPO, free_port
-from deploy.gateway import (BODY_BUDGET, CLIENT_BODY_BUDGET, FLEET_ENDPOINTS, LOG_LINE_CHARS, LOG_LINES, LOG_WINDOW_S,
-                            MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS, READY, LogBudget, shared_address_limits)
+from deploy.gateway import (BODY_BUDGET, CLIENT_BODY_BUDGET, FLEET_ENDPOINTS, MAX_CLIENT_CONNECTIONS, MAX_CONNECTIONS,
+                            READY, SMALL, federation_limits)
+from deploy.gateway_limits import LOG_LINE_CHARS, LOG_LINES, LOG_WINDOW_S, LogBudget
 from deploy.pki import make_all
 from deploy.signing import VERIFIED_ENTRY, make_signing_key, sign_fab, verifications
 
@@ -108,9 +111,13 @@ class RecordingSuperLink:
         self.received: list[Received] = []
         self.status = 200
         self.body: bytes | None = None  # instead of the usual answer
+        #: the public keys (header values) it answers; None: every request, with a key or not
+        self.registered: set[str] | None = None
         self._server: _TLSServer | None = None
 
     def answer(self, target: bytes) -> tuple[int, bytes]:
+        if self.registered is not None and not self._authenticated(dict(self.received[-1].headers)):
+            return 401, b'{"detail":"Invalid SuperNode authentication"}'
         if self.body is not None:
             return self.status, self.body
         if target == b"/v1/fleet/get-fab":
@@ -120,6 +127,15 @@ class RecordingSuperLink:
             response.fab.verifications.update({"fpk_forged": "{}", VERIFIED_ENTRY: "Valid"})
             return self.status, response.SerializeToString()
         return self.status, b"answer to " + target
+
+    def _authenticated(self, headers) -> bool:
+        """As the SuperLink checks a request: a registered key that signed the request's timestamp."""
+        from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
+
+        key, stamp, signature = (headers.get(h) for h in ("flwr-public-key", "flwr-timestamp", "flwr-signature"))
+        if key not in self.registered or not stamp or not signature:
+            return False
+        return verify_signature(bytes_to_public_key(base64.b64decode(key)), stamp.encode(), base64.b64decode(signature))
 
     def start(self) -> None:
         self._server = _TLSServer(self.port, self.context, self)
@@ -148,20 +164,21 @@ class Gateway:
     ca: Path
     log: Path
     proc: subprocess.Popen
+    pki: Path
 
 
-def start_gateway(tmp: Path, pki: Path, superlink_port: int) -> Gateway:
-    """The gateway as ``python -m deploy gateway`` runs it, logging to ``tmp/gateway.log``."""
+def start_gateway(tmp: Path, pki: Path, superlink_port: int, *options: str) -> Gateway:
+    """The gateway as ``python -m deploy gateway`` runs it (with ``options``), logging to ``tmp/gateway.log``."""
     port, log = free_port(), tmp / "gateway.log"
     cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"127.0.0.1:{port}",
            "--superlink", f"127.0.0.1:{superlink_port}", "--ca", str(pki / "ca.crt"),
            "--cert", str(pki / "superlink.crt"), "--key", str(pki / "superlink.key"),
-           "--signatures", str(pki / "signatures")]
+           "--signatures", str(pki / "signatures"), *options]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     wait_until(lambda: READY in log.read_text() or proc.poll() is not None, "the gateway to start")
     assert proc.poll() is None, log.read_text()
-    return Gateway(port, pki / "ca.crt", log, proc)
+    return Gateway(port, pki / "ca.crt", log, proc, pki)
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +361,38 @@ def test_another_method_is_refused(federation, method):
 
 LEGIT_HEAD = [b"Host: 127.0.0.1", b"Accept: application/protobuf"]
 PROTOBUF_TYPE = b"Content-Type: application/protobuf"
+
+
+class SuperNode:
+    """A registered SuperNode's requests, signed as Flower's SuperNode signs them
+    (``flwr.supernode.node_auth_http_interceptor``: its public key, a timestamp and its ECDSA
+    signature over the timestamp), with the key ``pki/supernode-<i>``."""
+
+    def __init__(self, pki: Path, index: int = 0) -> None:
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+        self.key = load_ssh_private_key((pki / f"supernode-{index}").read_bytes(), None)
+        self.public = base64.b64encode(public_key_to_bytes(self.key.public_key()))
+
+    def headers(self, forged: bool = False) -> list[bytes]:
+        from flwr.supercore.date import now
+        from flwr.supercore.primitives.asymmetric import sign_message
+
+        stamp = now().isoformat().encode()
+        signature = sign_message(self.key, b"another time" if forged else stamp)
+        return [b"flwr-public-key: " + self.public, b"flwr-timestamp: " + stamp,
+                b"flwr-signature: " + base64.b64encode(signature)]
+
+    def request(self, target: bytes, body: bytes = b"\x08\x07", forged: bool = False) -> bytes:
+        return request(target, body=body, headers=LEGIT_HEAD + [PROTOBUF_TYPE, b"Content-Length: %d" % len(body)]
+                       + self.headers(forged))
+
+    def joined(self, gateway: Gateway) -> "SuperNode":
+        """After a heartbeat the SuperLink answered 200: the gateway knows the node's key."""
+        [answer] = exchange(gateway, self.request(b"/v1/fleet/send-node-heartbeat"))
+        assert answer.status == 200, _head(answer)
+        return self
 SMUGGLED = b"0\r\n\r\n" + request(b"/v1" + CONTROL)
 #: requests to a Fleet endpoint framed unlike Flower's, and the answer each gets
 FRAMING_ATTACKS = {
@@ -454,11 +503,12 @@ def test_an_oversized_body_is_refused_before_it_is_sent(federation):
 
 
 def test_a_body_within_the_limit_arrives_whole(federation):
-    gateway, upstream, _ = federation
+    gateway, upstream, pki = federation
     limit = FLEET_ENDPOINTS[b"/v1/fleet/push-object"].request_limit
     body = bytes(range(256)) * (limit // 256)
+    node = SuperNode(pki).joined(gateway)
     before = len(upstream.received)
-    [answer] = exchange(gateway, request(b"/v1/fleet/push-object", body=body, port=gateway.port))
+    [answer] = exchange(gateway, node.request(b"/v1/fleet/push-object", body=body))
     assert answer.status == 200, _head(answer)
     assert upstream.received[before].body == body
 
@@ -466,7 +516,7 @@ def test_a_body_within_the_limit_arrives_whole(federation):
 @pytest.fixture
 def stoppable(tmp_path):
     pki = tmp_path / "pki"
-    make_all(pki, 1)
+    make_all(pki, 2)
     upstream = RecordingSuperLink(pki)
     upstream.start()
     gateway = start_gateway(tmp_path, pki, upstream.port)
@@ -521,12 +571,12 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 @pytest.mark.integration
 def test_slow_and_surplus_connections_are_closed_and_the_log_stays_short(stoppable):
     """More TLS connections than the gateway takes, from more addresses than it takes at once, and
-    TCP connections that never start TLS, all silent: the surplus is closed before its TLS
-    handshake, the rest when their TLS handshake or request head is late; then a SuperNode's
-    request is served. Clients hanging up at any point leave no trace but budgeted one-line notes:
-    never a traceback."""
+    TCP connections that never start TLS, all silent: the gateway holds no more than its slots (a
+    newcomer takes the slot of the largest holder's oldest), each is closed when its TLS handshake
+    or request head is late or its slot taken; then a SuperNode's request is served. Clients
+    hanging up at any point leave no trace but budgeted one-line notes: never a traceback."""
     gateway, upstream = stoppable
-    started = time.monotonic()
+    started, files = time.monotonic(), _gateway_files(gateway)
     addresses = MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS + 2
     with connect(gateway, ATTACKER) as slow:  # TLS done, half a request head, then nothing
         slow.sendall(b"POST /v1/fleet/get-run HTTP/1.1\r\nHost: x\r\n")
@@ -534,7 +584,7 @@ def test_slow_and_surplus_connections_are_closed_and_the_log_stays_short(stoppab
         held = [sock for sock in tried if sock is not None]
         held += [tcp(gateway, attacker(i % addresses)) for i in range(40)]
         try:
-            assert len(held) - 40 < MAX_CONNECTIONS, len(held)
+            assert _gateway_files(gateway) <= files + MAX_CONNECTIONS + 4
             assert all(_closed_by_peer(sock) for sock in held)
         finally:
             for sock in held:
@@ -569,52 +619,91 @@ def _head_only(target: bytes, length: int) -> bytes:
 
 
 def _push_full_object(gateway: Gateway) -> Answer:
-    """A SuperNode (at 127.0.0.1) pushing an object of the largest size it sends."""
+    """A registered SuperNode (at 127.0.0.1) pushing an object of the largest size it sends."""
     body = b"\x07" * FLEET_ENDPOINTS[PUSH_OBJECT].request_limit
-    [answer] = exchange(gateway, request(PUSH_OBJECT, body=body, port=gateway.port))
+    [answer] = exchange(gateway, SuperNode(gateway.pki).request(PUSH_OBJECT, body=body))
     return answer
 
 
-@pytest.mark.integration
-def test_bodies_announced_but_not_sent_hold_no_budget(stoppable):
-    """Bodies announced at their endpoint's limit, the whole body budget's worth, one byte of each
-    sent: a SuperNode pushing a full object is served (the budget counts bytes received, not
-    announced); each trickle is cut off unanswered, noted as too slow."""
-    gateway, _ = stoppable
-    targets = [PUSH_OBJECT] * 10 + [PUSH_MESSAGES] * 4
-    assert sum(FLEET_ENDPOINTS[t].request_limit for t in targets) >= BODY_BUDGET
-    held = [connect(gateway, ATTACKER) for _ in targets]
+def _hold_body(gateway: Gateway, source: str) -> ssl.SSLSocket | None:
+    """The review's attack on one connection from ``source``: a head announcing the largest
+    push-object, then all of its body but the last byte at once (None: closed before TLS)."""
+    sock = try_connect(gateway, source)
+    if sock is not None:
+        limit = FLEET_ENDPOINTS[PUSH_OBJECT].request_limit
+        try:
+            sock.sendall(_head_only(PUSH_OBJECT, limit) + b"\0" * (limit - 1))
+        except (ConnectionError, ssl.SSLError, OSError):
+            pass  # refused mid-body
+    return sock
+
+
+def test_strangers_at_eight_addresses_holding_bodies_stall_no_supernode(stoppable):
+    """The review's attack from eight addresses, as many connections as each may open: a head
+    announcing the largest push-object, all of the body but its last byte at once. A body over
+    16 KiB is a registered SuperNode's alone: each is answered 503 with no counter in it and holds
+    nothing; a SuperNode's heartbeat and its largest push are answered 200 meanwhile (unless stopped,
+    the attack held the 64 MiB budget and every SuperNode request was answered 503)."""
+    gateway, upstream = stoppable
+    node = SuperNode(gateway.pki).joined(gateway)
+    with ThreadPoolExecutor(32) as pool:
+        tried = list(pool.map(lambda i: _hold_body(gateway, attacker(i % 8)), range(8 * MAX_CLIENT_CONNECTIONS)))
+    held = [sock for sock in tried if sock is not None]
     try:
-        for sock, target in zip(held, targets):
-            sock.sendall(_head_only(target, FLEET_ENDPOINTS[target].request_limit) + b"\0")
+        assert exchange(gateway, node.request(b"/v1/fleet/send-node-heartbeat"))[0].status == 200
         assert _push_full_object(gateway).status == 200
-        assert [read_answer(sock).status for sock in held] == [None] * len(held)
+        answers = [read_answer(sock) for sock in held]
     finally:
         for sock in held:
             sock.close()
-    assert "slower than" in gateway.log.read_text()
+    assert {a.status for a in answers} <= {503, None}, {a.status for a in answers}
+    assert {a.body for a in answers} <= {b"503 Service Unavailable: busy; try again\n", b""}
+    assert {dict(r.headers).get("flwr-public-key") for r in upstream.received} == {node.public.decode()}
 
 
-def test_an_address_holds_at_most_its_share_of_the_body_budget(stoppable):
-    """Bodies sent but for their last byte, more than the whole body budget's worth, from one
-    address: beyond its share it is answered 503; a SuperNode at another address pushing a full
-    object is served."""
-    gateway, _ = stoppable
+def test_a_copied_key_or_a_key_the_superlink_refused_holds_no_body(stoppable):
+    """A stranger sending a registered node's public key with a signature of its own making, or its
+    own key pair the SuperLink answers 401: its larger bodies are answered 503 unread."""
+    gateway, upstream = stoppable
+    node = SuperNode(gateway.pki).joined(gateway)
+    upstream.registered = {node.public.decode()}
+    stranger = SuperNode(gateway.pki, 1)
+    assert exchange(gateway, stranger.request(b"/v1/fleet/send-node-heartbeat"))[0].status == 401
+    body = b"\x07" * (SMALL + 1)
+    before = len(upstream.received)
+    for raw in (node.request(PUSH_OBJECT, body, forged=True), stranger.request(PUSH_OBJECT, body)):
+        assert exchange(gateway, raw)[0].status == 503
+    assert upstream.received[before:] == []
+    assert exchange(gateway, node.request(PUSH_OBJECT, body))[0].status == 200
+
+
+def test_superlink_error_details_reach_registered_supernodes_only(stoppable):
+    """The SuperLink's JSON error details go to a registered SuperNode; a stranger, with no key, its
+    own, or a copied one, gets the status and its phrase (they named the key's registration)."""
+    gateway, upstream = stoppable
+    node = SuperNode(gateway.pki).joined(gateway)
+    upstream.registered = {node.public.decode()}
+    detail = b'{"code":2004,"detail":"Failed to activate SuperNode."}'
+    for raw in (request(GET_RUN, port=gateway.port), SuperNode(gateway.pki, 1).request(GET_RUN),
+                node.request(GET_RUN, forged=True)):
+        [answer] = exchange(gateway, raw)
+        assert (answer.status, answer.body) == (401, b"401 Unauthorized\n"), _head(answer)
+    upstream.status, upstream.body = 412, detail
+    [answer] = exchange(gateway, node.request(b"/v1/fleet/activate-node"))
+    assert (answer.status, answer.body) == (412, detail), _head(answer)
+
+
+def test_a_body_stalling_after_a_burst_holds_its_budget_no_longer_than_a_pause():
+    """The deadline of a body is set once by its announced length, and a pause of BODY_STALL_S ends
+    it: the largest push-object sent but for its last byte at once is cut off BODY_STALL_S later,
+    not after the seconds its received bytes would buy at the least rate."""
+    from deploy.gateway import BODY_GRACE_S, BODY_STALL_S, MIN_BODY_RATE, body_deadline
+
     limit = FLEET_ENDPOINTS[PUSH_OBJECT].request_limit
-    held = [connect(gateway, ATTACKER) for _ in range(BODY_BUDGET // limit + 1)]
-    assert len(held) * (limit - 1) > BODY_BUDGET > CLIENT_BODY_BUDGET + limit
-    try:
-        for sock in held:
-            try:
-                sock.sendall(_head_only(PUSH_OBJECT, limit) + b"\0" * (limit - 1))
-            except (ConnectionError, ssl.SSLError):
-                pass  # refused mid-body
-        assert _push_full_object(gateway).status == 200
-    finally:
-        for sock in held:
-            sock.close()
-    wait_until(lambda: f"refused 503 POST {PUSH_OBJECT!r} from {ATTACKER}" in gateway.log.read_text(),
-               "the address's surplus to be refused")
+    assert body_deadline(0.0, 0.0, limit) == BODY_STALL_S  # a head and nothing else
+    assert body_deadline(0.0, 0.1, limit) == 0.1 + BODY_STALL_S < BODY_GRACE_S + (limit - 1) / MIN_BODY_RATE
+    whole = BODY_GRACE_S + limit / MIN_BODY_RATE
+    assert body_deadline(0.0, whole - 1, limit) == whole  # a steady trickle: the whole body's time, no more
 
 
 @pytest.mark.integration
@@ -748,16 +837,58 @@ def test_a_supernode_behind_the_gateway_reconnects_to_a_restarted_superlink(tmp_
     assert "Traceback" not in federation.log("gateway")
 
 
-def test_nodes_sharing_an_address_get_the_bounds_of_that_many_and_no_more():
-    """A local federation's SuperNodes all come from 127.0.0.1: each gets one node's bounds (the
-    pushes of four 5 MiB chunks at once must not wait on one node's 16 MiB); a stranger's address
-    still gets one node's, and the count itself is bounded."""
-    one, four = shared_address_limits(1), shared_address_limits(4)
-    assert one == {"max_client_connections": MAX_CLIENT_CONNECTIONS, "client_body_budget": CLIENT_BODY_BUDGET,
-                   "body_budget": BODY_BUDGET}
-    assert four["client_body_budget"] == 4 * CLIENT_BODY_BUDGET
-    assert four["max_client_connections"] == 4 * MAX_CLIENT_CONNECTIONS <= MAX_CONNECTIONS
-    assert four["body_budget"] >= four["client_body_budget"]
-    for bad in (0, -1, MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS + 1):
-        with pytest.raises(SystemExit, match=f"--nodes-per-address {bad}; valid: 1 to 8"):
-            shared_address_limits(bad)
+def test_a_shared_address_lifts_its_own_connection_limit_and_no_other():
+    """``--shared-address 127.0.0.1=4`` (four SuperNodes on one machine): that address may hold four
+    times one's unanswered connections, any other address one's; registered nodes' bodies are
+    budgeted for ``--nodes`` of them."""
+    from deploy.gateway_limits import Slots
+
+    limits = federation_limits(4, ["127.0.0.1=4"])
+    assert limits == {"body_budget": 4 * CLIENT_BODY_BUDGET, "shared": {"127.0.0.1": 4}}
+    slots = Slots(MAX_CONNECTIONS, MAX_CLIENT_CONNECTIONS, limits["shared"])
+    assert (slots.limit("127.0.0.1"), slots.limit(ATTACKER)) == (4 * MAX_CLIENT_CONNECTIONS, MAX_CLIENT_CONNECTIONS)
+    assert federation_limits(1)["body_budget"] == BODY_BUDGET
+    for bad in (["127.0.0.1"], ["127.0.0.1=0"], ["=2"], [f"127.0.0.1={MAX_CONNECTIONS // MAX_CLIENT_CONNECTIONS + 1}"]):
+        with pytest.raises(SystemExit, match="--shared-address .*; valid: ADDRESS=N, N from 1 to 8"):
+            federation_limits(1, bad)
+    with pytest.raises(SystemExit, match="--nodes 0; valid: 1 to"):
+        federation_limits(0)
+
+
+def test_addresses_filling_every_slot_give_one_up_to_a_newcomer_and_never_a_proven_one():
+    """Eight addresses holding sixteen connections each (every slot): a newcomer from another address
+    takes the oldest of the first largest holder's; an address as full as the others gets none, nor
+    does one one short of the largest. A proven connection (a 200 answered on it) counts against
+    no address and is never taken."""
+    from deploy.gateway_limits import Slots
+
+    slots, cut = Slots(MAX_CONNECTIONS, MAX_CLIENT_CONNECTIONS), []
+    held = {a: [slots.take(attacker(a), lambda a=a, i=i: cut.append((a, i)))[0] for i in range(16)] for a in range(8)}
+    assert slots.held == MAX_CONNECTIONS
+    node, why = slots.take("127.0.0.1", lambda: cut.append("node"))
+    assert node is not None and cut == [(0, 0)]
+    assert slots.take(attacker(0), lambda: None) == (None, f"{MAX_CONNECTIONS} connections held (at most 128)")
+    slots.prove(node)
+    assert "127.0.0.1" not in slots.unproven and slots.held == MAX_CONNECTIONS
+    for _ in range(200):  # newcomers from a ninth address: each takes one more from the largest holders
+        slots.take(attacker(8), lambda: None)
+    assert "node" not in cut and node.held
+    assert max(len(v) for v in slots.unproven.values()) - min(len(v) for v in slots.unproven.values()) <= 1
+    assert held[0][0].held is False
+
+
+@pytest.mark.integration
+def test_eight_addresses_holding_every_connection_leave_a_supernode_served(stoppable):
+    """Eight addresses open sixteen TLS connections each and send nothing: every slot is held. A
+    SuperNode connecting then takes the slot of one of them and is served (unless stopped, it was
+    closed before TLS until their heads were late, 10 s, again and again)."""
+    gateway, _ = stoppable
+    with ThreadPoolExecutor(32) as pool:
+        tried = list(pool.map(lambda i: try_connect(gateway, attacker(i % 8)), range(MAX_CONNECTIONS)))
+    held = [sock for sock in tried if sock is not None]
+    try:
+        assert len(held) == MAX_CONNECTIONS
+        assert _served(gateway)
+    finally:
+        for sock in held:
+            sock.close()
