@@ -28,7 +28,11 @@ the installed app, the bundle ``flwr run .`` builds in a checkout).
 ``stage --out DIR``: the installed app's files in ``DIR/app`` (what ``sign`` and ``run`` use).
 ``run [APP] --run-config ...``: submit a run, follow it, and exit non-zero naming why when it
 produced no result (see :mod:`deploy.submit` for the exit codes).
-``trust --out FILE KEY.pub ...``: a SuperNode's ``--trusted-entities`` file.
+``trust --out FILE KEY.pub ... [--min-version V] [--pin SHA256] [--revoke SHA256]``: a SuperNode's
+``--trusted-entities`` file, with the member's rules on which signed versions run
+(:mod:`deploy.app_versions`).
+``roster --out FILE NAME.pub ...``: the members' roster (node config ``roster``) from their identity
+keys (``keygen --name NAME``).
 ``gateway ...``: the Fleet gateway (see :mod:`deploy.gateway`).
 ``faults --listen HOST:PORT --upstream HOST:PORT ...``: a proxy adding latency, resets and
 failed answers (see :mod:`deploy.faults`).
@@ -60,11 +64,12 @@ from app.data.parties import PARTIES
 from app.errors import FedGraphError
 from app.result import summary_table
 from deploy import faults, submit, superlink
+from deploy.app_versions import app_versions
 from deploy.bundle import stage_app
 from deploy.federation import SUPERLINK_WAIT_S, LocalFederation, toml_value
 from deploy.netns import check_options, separate
 from deploy.pki import make_all
-from deploy.signing import make_signing_key, sign_app, write_trusted_entities
+from deploy.signing import make_signing_key, sign_app, write_roster, write_trusted_entities
 
 #: written next to the run's logs: seconds to start the federation (up to every SuperNode ready)
 #: and seconds of ``flwr run`` (submitting the app bundle to the result)
@@ -153,6 +158,7 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
         signing_key, signing_public = make_signing_key(pki)
         trusted = write_trusted_entities([signing_public], pki / "trusted-entities.yaml")
         sign_app(app_dir, signing_key, pki / "signatures")
+        node_configs = with_members(pki, node_configs)
         with LocalFederation(out, pki, network=network) as federation:
             federation.start_superlink()
             federation.start_gateway(pki / "signatures", nodes=len(node_configs))
@@ -176,6 +182,16 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
         raise RuntimeError(f"the deployed run wrote no result{_ended_processes(out, ended)}; see "
                            f"{out / 'flwr-run.log'}")
     return path
+
+
+def with_members(pki: Path, node_configs: list[str]) -> list[str]:
+    """The node configs with each node a member of the federation: an identity key of its own
+    (``member-<i>`` in the key directory ``pki``) and the roster of every member's public key
+    (:mod:`app.privacy.roster`), as each member would hold them on its own machine."""
+    keys = [make_signing_key(pki, f"member-{i}") for i in range(len(node_configs))]
+    roster = write_roster([public for _, public in keys], pki / "roster.yaml")
+    return [f"{config} identity-key={toml_value(str(private))} roster={toml_value(str(roster))}"
+            for config, (private, _) in zip(node_configs, keys)]
 
 
 def _text(output: bytes | str | None) -> str:
@@ -214,9 +230,12 @@ def _parser() -> argparse.ArgumentParser:
     gateway.add_argument("--cert", type=Path, required=True, help="certificate presented to SuperNodes")
     gateway.add_argument("--key", type=Path, required=True, help="its private key")
     gateway.add_argument("--signatures", type=Path, required=True, help="directory of app signatures")
-    gateway.add_argument("--nodes-per-address", type=int, default=1, metavar="N",
-                         help="SuperNodes behind one client address (several on one machine): the per-address "
-                              "connection and body bounds N times over (default 1)")
+    gateway.add_argument("--nodes", type=int, default=1, metavar="N",
+                         help="the federation's SuperNodes: their bodies are budgeted for N pushing at once "
+                              "(default 1: 64 MiB)")
+    gateway.add_argument("--shared-address", action="append", default=[], metavar="ADDRESS=N",
+                         help="N SuperNodes reach the gateway from ADDRESS (one machine, a NAT): that address, and "
+                              "no other, may open N times one's connections (repeatable)")
     faults.add_parser(sub)
     return parser
 
@@ -257,6 +276,13 @@ def _add_signing(sub) -> None:
     trust = sub.add_parser("trust", help="write a SuperNode's --trusted-entities file")
     trust.add_argument("--out", type=Path, required=True)
     trust.add_argument("public_keys", type=Path, nargs="+", metavar="KEY.pub")
+    trust.add_argument("--min-version", help="refuse app bundles of a lower version (their pyproject's)")
+    trust.add_argument("--pin", action="append", metavar="SHA256", help="run only these app bundles (repeatable)")
+    trust.add_argument("--revoke", action="append", default=[], metavar="SHA256",
+                       help="never run this app bundle (repeatable)")
+    roster = sub.add_parser("roster", help="write the members' roster (node config 'roster') from their identity keys")
+    roster.add_argument("--out", type=Path, required=True)
+    roster.add_argument("public_keys", type=Path, nargs="+", metavar="NAME.pub")
 
 
 def _add_run(sub) -> None:
@@ -294,11 +320,16 @@ def _run_command(args) -> None:
     elif args.command == "stage":
         print(f"the app's files: {stage_app(args.out)}")
     elif args.command == "trust":
-        print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out)}")
+        versions = (app_versions(args.min_version, args.pin, args.revoke)
+                    if args.min_version or args.pin or args.revoke else None)
+        print(f"trusted entities: {write_trusted_entities(args.public_keys, args.out, versions)}")
+    elif args.command == "roster":
+        print(f"roster: {write_roster(args.public_keys, args.out)}")
     elif args.command == "gateway":
         from deploy.gateway import serve
 
-        serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures, args.nodes_per_address)
+        serve(args.listen, args.superlink, args.ca, args.cert, args.key, args.signatures, args.nodes,
+              args.shared_address)
     elif args.command == "faults":
         faults.run(args)
     else:

@@ -188,15 +188,16 @@ class LocalFederation:
 
     def start_gateway(self, signatures: Path, timeout: float = 120.0, nodes: int = 1) -> None:
         """Start the Fleet gateway on its own port; SuperNodes started afterwards connect to it.
-        ``nodes``: the SuperNodes to come, which may reach it from one client address (loopback,
-        or a relay in front of it): the gateway gives that address the bounds of that many
-        (``--nodes-per-address``, at most 8)."""
+        ``nodes``: the SuperNodes to come (``--nodes``), which may reach it from its own address
+        (loopback, or a relay in front of it): the gateway gives that address, and only it, the
+        connections of that many (``--shared-address``, at most 8)."""
         port, host = free_port(), self.network.link_host if self.network else "127.0.0.1"
         cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"{host}:{port}",
                "--superlink", self.address, "--ca", str(self.pki / "ca.crt"),
                "--cert", str(self.pki / "superlink.crt"), "--key", str(self.pki / "superlink.key"),
                "--signatures", str(Path(signatures).resolve()),
-               "--nodes-per-address", str(max(1, min(nodes, 8)))]
+               "--nodes", str(max(1, min(nodes, gateway.MOST_NODES))),
+               "--shared-address", f"{host}={max(1, min(nodes, 8))}"]
         self._start_server("gateway", cmd, gateway.READY, "the Fleet gateway", timeout)
         self.fleet_address = f"{host}:{port}"
 
