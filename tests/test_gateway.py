@@ -638,24 +638,41 @@ def _hold_body(gateway: Gateway, source: str) -> ssl.SSLSocket | None:
     return sock
 
 
-def test_strangers_at_eight_addresses_holding_bodies_stall_no_supernode(stoppable):
-    """The review's attack from eight addresses, as many connections as each may open: a head
-    announcing the largest push-object, all of the body but its last byte at once. A body over
-    16 KiB is a registered SuperNode's alone: each is answered 503 with no counter in it and holds
-    nothing; a SuperNode's heartbeat and its largest push are answered 200 meanwhile (unless stopped,
-    the attack held the 64 MiB budget and every SuperNode request was answered 503)."""
-    gateway, upstream = stoppable
-    node = SuperNode(gateway.pki).joined(gateway)
-    with ThreadPoolExecutor(32) as pool:
-        tried = list(pool.map(lambda i: _hold_body(gateway, attacker(i % 8)), range(8 * MAX_CLIENT_CONNECTIONS)))
-    held = [sock for sock in tried if sock is not None]
+#: the options ``deploy local`` starts its gateway with for three SuperNodes on 127.0.0.1
+LOCAL_FEDERATION = ("--nodes", "3", "--shared-address", "127.0.0.1=3")
+
+
+@pytest.mark.parametrize("addresses, options", [(2, LOCAL_FEDERATION), (8, ())], ids=["2-local", "8"])
+def test_strangers_holding_bodies_stall_no_supernode(tmp_path, addresses, options):
+    """The review's attack, as many connections as each attacking address may open: a head
+    announcing the largest push-object, all of the body but its last byte at once (from two
+    addresses against a local federation's gateway, whose shared address is 127.0.0.1; from
+    eight against a plain one). A body over 16 KiB is a registered SuperNode's alone: each is
+    answered 503 with no counter in it and holds nothing; a SuperNode's heartbeat and its largest
+    push are answered 200 meanwhile (unless stopped, the attack held the 64 MiB budget and every
+    SuperNode request was answered 503: the run failed)."""
+    pki = tmp_path / "pki"
+    make_all(pki, 1)
+    upstream = RecordingSuperLink(pki)
+    upstream.start()
+    gateway = start_gateway(tmp_path, pki, upstream.port, *options)
     try:
-        assert exchange(gateway, node.request(b"/v1/fleet/send-node-heartbeat"))[0].status == 200
-        assert _push_full_object(gateway).status == 200
-        answers = [read_answer(sock) for sock in held]
+        node = SuperNode(gateway.pki).joined(gateway)
+        with ThreadPoolExecutor(32) as pool:
+            tried = list(pool.map(lambda i: _hold_body(gateway, attacker(i % addresses)),
+                                  range(addresses * MAX_CLIENT_CONNECTIONS)))
+        held = [sock for sock in tried if sock is not None]
+        try:
+            assert exchange(gateway, node.request(b"/v1/fleet/send-node-heartbeat"))[0].status == 200
+            assert _push_full_object(gateway).status == 200
+            answers = [read_answer(sock) for sock in held]
+        finally:
+            for sock in held:
+                sock.close()
     finally:
-        for sock in held:
-            sock.close()
+        gateway.proc.kill()
+        gateway.proc.wait()
+        upstream.stop()
     assert {a.status for a in answers} <= {503, None}, {a.status for a in answers}
     assert {a.body for a in answers} <= {b"503 Service Unavailable: busy; try again\n", b""}
     assert {dict(r.headers).get("flwr-public-key") for r in upstream.received} == {node.public.decode()}
