@@ -232,7 +232,8 @@ class SecureAggregation:
         signed = {self.partition_of(n): unpack(c)[1][SURVIVOR_SIGNATURE] for n, c in answers.items()}
         missing = set(request["secagg_survivors"]) - set(signed)
         if missing:
-            raise SecAggDropoutError(missing, f"every survivor of {request['secagg_tag']!r} signs its survivor set")
+            raise SecAggDropoutError(missing, f"no signature of the survivor set of {request['secagg_tag']!r}, which "
+                                              "every survivor must sign")
         return {SECAGG_SIGNED + str(p): bytes(signature) for p, signature in signed.items()}
 
     def _record_recovery(self, tag: str, survivors: list[int], dropped: list[int]) -> None:

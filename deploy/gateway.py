@@ -56,7 +56,9 @@ nothing (a client is an IPv4 address or an IPv6 /64; :mod:`deploy.gateway_limits
   it counts against no address and is never taken back. With every slot held,
   a newcomer takes the slot of the oldest unanswered connection of the address
   holding the most, when that holds more than one beyond the newcomer's;
-  otherwise it is closed unanswered. TLS must be set up within
+  otherwise it is closed unanswered. An address starts at most 4 TLS handshakes a
+  second (a burst of 16; ``--shared-address``: N times that): others are closed
+  before TLS, which costs next to nothing. TLS must be set up within
   :data:`HANDSHAKE_TIMEOUT_S` (5 s), each request head must arrive within
   :data:`HEAD_TIMEOUT_S` (10 s). What closed connections leave in reference
   cycles is collected every :data:`COLLECT_EVERY` (128) closes, so memory
@@ -104,7 +106,7 @@ from flwr.supercore.constant import (FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SI
 from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 from google.protobuf.message import DecodeError
 
-from deploy.gateway_limits import LogBudget, Members, Quota, Slot, Slots, client_of
+from deploy.gateway_limits import HANDSHAKES_PER_S, Arrivals, LogBudget, Members, Quota, Slot, Slots, client_of
 from deploy.redelivery import ACTIVATE, CONFIRM, PULL_MESSAGES, PUSH_MESSAGES, Activations, Deliveries
 from deploy.signing import verifications
 
@@ -290,6 +292,7 @@ class FleetGateway:
             limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=UPSTREAM_KEEPALIVE_S),
             follow_redirects=False, trust_env=False)  # trust_env: no proxy from the environment
         self.connections = Slots(max_connections, max_client_connections, shared)
+        self.arrivals = Arrivals(max_client_connections, shared=shared)
         self.bodies = Quota(body_budget, client_body_budget, "bytes of request bodies")  # by registered node
         self.members = Members()
         self.tasks: set[asyncio.Task] = set()
@@ -302,7 +305,12 @@ class FleetGateway:
         against the connection limits, or closed unanswered at once; then served by :meth:`handle`
         in a task of its own."""
         peer = (writer.get_extra_info("peername") or ("?",))[0]
-        slot, full = self.connections.take(client_of(peer), writer.transport.abort)
+        client = client_of(peer)
+        if not self.arrivals.admit(client):
+            self.note(f"closed a connection from {peer}: over {HANDSHAKES_PER_S:g} new connections a second")
+            writer.transport.abort()
+            return
+        slot, full = self.connections.take(client, writer.transport.abort)
         if slot is None:
             self.note(f"closed a connection from {peer}: {full}")
             writer.transport.abort()

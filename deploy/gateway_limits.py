@@ -15,6 +15,10 @@ node's requests: only a node whose key the SuperLink registered gets a 200 (``fl
   is held, a newcomer takes the slot of the oldest unproven connection of the address that holds
   the most unproven ones, if that address holds more than one beyond the newcomer's: addresses
   that fill the slots give them up to others;
+* :class:`Arrivals` lets each address start at most :data:`HANDSHAKES_PER_S` TLS handshakes a
+  second (a burst of its connection limit): a handshake costs the gateway a signature, a refusal
+  before it next to nothing, so addresses reconnecting as fast as they are answered cannot take its
+  CPU;
 * :class:`Quota` budgets the bodies of registered nodes' larger requests, by node key;
 * :class:`LogBudget` keeps the log to :data:`LOG_LINES` one-line notes a minute.
 """
@@ -37,6 +41,10 @@ from flwr.supercore.date import now
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
 
 LOG_LINES, LOG_WINDOW_S, LOG_LINE_CHARS = 20, 60.0, 300
+#: new connections (TLS handshakes) one address may start a second, on average
+HANDSHAKES_PER_S = 4.0
+#: addresses whose recent arrivals are remembered (the least recent forgotten first)
+KNOWN_ADDRESSES = 1 << 16
 #: the public keys of registered nodes remembered (the least recently answered forgotten first)
 KNOWN_KEYS = 4096
 log = logging.getLogger("deploy.gateway")
@@ -140,6 +148,27 @@ class Members:
             return key if verify_signature(public, stamp, base64.b64decode(signature, validate=True)) else None
         except (ValueError, TypeError, UnicodeError, binascii.Error):
             return None
+
+
+class Arrivals:
+    """New connections per client: a token bucket of ``burst`` (times ``shared[client]``), refilled at
+    ``rate`` a second (times the same), for at most :data:`KNOWN_ADDRESSES` clients."""
+
+    def __init__(self, burst: int, rate: float = HANDSHAKES_PER_S, shared: Mapping[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.rate, self.shared, self.clock = burst, rate, dict(shared or {}), clock
+        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def admit(self, client: str) -> bool:
+        """Whether a new connection from ``client`` may start its TLS handshake now."""
+        now, times = self.clock(), self.shared.get(client, 1)
+        tokens, since = self.buckets.pop(client, (self.burst * times, now))
+        tokens = min(self.burst * times, tokens + (now - since) * self.rate * times)
+        admitted = tokens >= 1
+        self.buckets[client] = (tokens - admitted, now)
+        if len(self.buckets) > KNOWN_ADDRESSES:
+            self.buckets.popitem(last=False)
+        return admitted
 
 
 @dataclass(eq=False)

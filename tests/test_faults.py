@@ -594,7 +594,7 @@ def test_a_deployed_run_through_resets_and_failures_loses_no_message(tmp_path):
     names = [f"supernode-{i}" for i in range(3)]
     with LocalFederation(out / "fed", out / "pki") as federation:
         federation.start_superlink()
-        federation.start_gateway(out / "pki" / "signatures")
+        federation.start_gateway(out / "pki" / "signatures", nodes=3)  # all three behind the proxy's address
         federation.start_fault_proxy(Faults(reset_share=0.06, fail_share=0.06, seed=5))
         federation.start_nodes([out / "shards" / f"client-{i}.npz" for i in range(3)])
         federation.wait_until_ready(names)

@@ -167,8 +167,15 @@ class Gateway:
     pki: Path
 
 
+#: the tests' own client address (their SuperNode, and the prober of the 4xx tests) opens many
+#: connections in quick succession: the gateway takes it for eight SuperNodes sharing it
+TESTS_ADDRESS = ("--shared-address", "127.0.0.1=8")
+
+
 def start_gateway(tmp: Path, pki: Path, superlink_port: int, *options: str) -> Gateway:
-    """The gateway as ``python -m deploy gateway`` runs it (with ``options``), logging to ``tmp/gateway.log``."""
+    """The gateway as ``python -m deploy gateway`` runs it (with ``options``, by default
+    :data:`TESTS_ADDRESS`), logging to ``tmp/gateway.log``."""
+    options = options or TESTS_ADDRESS
     port, log = free_port(), tmp / "gateway.log"
     cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"127.0.0.1:{port}",
            "--superlink", f"127.0.0.1:{superlink_port}", "--ca", str(pki / "ca.crt"),
@@ -626,7 +633,7 @@ def _push_full_object(gateway: Gateway) -> Answer:
 
 
 def _hold_body(gateway: Gateway, source: str) -> ssl.SSLSocket | None:
-    """The review's attack on one connection from ``source``: a head announcing the largest
+    """The body-holding attack on one connection from ``source``: a head announcing the largest
     push-object, then all of its body but the last byte at once (None: closed before TLS)."""
     sock = try_connect(gateway, source)
     if sock is not None:
@@ -644,7 +651,7 @@ LOCAL_FEDERATION = ("--nodes", "3", "--shared-address", "127.0.0.1=3")
 
 @pytest.mark.parametrize("addresses, options", [(2, LOCAL_FEDERATION), (8, ())], ids=["2-local", "8"])
 def test_strangers_holding_bodies_stall_no_supernode(tmp_path, addresses, options):
-    """The review's attack, as many connections as each attacking address may open: a head
+    """Bodies held, as many connections as each attacking address may open: a head
     announcing the largest push-object, all of the body but its last byte at once (from two
     addresses against a local federation's gateway, whose shared address is 127.0.0.1; from
     eight against a plain one). A body over 16 KiB is a registered SuperNode's alone: each is
@@ -909,3 +916,19 @@ def test_eight_addresses_holding_every_connection_leave_a_supernode_served(stopp
     finally:
         for sock in held:
             sock.close()
+
+
+def test_an_address_starts_a_burst_of_handshakes_then_four_a_second():
+    """Addresses reconnecting as soon as they are answered: each gets its connection limit's worth at
+    once, then HANDSHAKES_PER_S a second; a shared address N times that; the others' are untouched."""
+    from deploy.gateway_limits import HANDSHAKES_PER_S, Arrivals
+
+    now = [0.0]
+    arrivals = Arrivals(MAX_CLIENT_CONNECTIONS, shared={"127.0.0.1": 3}, clock=lambda: now[0])
+    assert sum(arrivals.admit(ATTACKER) for _ in range(100)) == MAX_CLIENT_CONNECTIONS
+    assert sum(arrivals.admit("127.0.0.1") for _ in range(100)) == 3 * MAX_CLIENT_CONNECTIONS
+    now[0] = 10.0
+    assert sum(arrivals.admit(ATTACKER) for _ in range(100)) == MAX_CLIENT_CONNECTIONS  # refilled, no more
+    now[0] += 1.0
+    assert sum(arrivals.admit(ATTACKER) for _ in range(100)) == HANDSHAKES_PER_S
+    assert arrivals.admit(attacker(1))
