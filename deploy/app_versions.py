@@ -31,13 +31,15 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from app.errors import FedGraphError
+
 #: the trust file's entry holding the rules (every other entry is a trusted key)
 VERSIONS_KEY = "app-versions"
 _FIELDS = ("minimum-version", "pinned", "revoked")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class AppVersionError(ValueError):
+class AppVersionError(FedGraphError, ValueError):
     """A trust file's app-version rules that cannot be read (one line)."""
 
 
