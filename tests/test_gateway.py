@@ -649,25 +649,23 @@ def _hold_body(gateway: Gateway, source: str) -> ssl.SSLSocket | None:
 LOCAL_FEDERATION = ("--nodes", "3", "--shared-address", "127.0.0.1=3")
 
 
-@pytest.mark.parametrize("addresses, options", [(2, LOCAL_FEDERATION), (8, ())], ids=["2-local", "8"])
-def test_strangers_holding_bodies_stall_no_supernode(tmp_path, addresses, options):
-    """Bodies held, as many connections as each attacking address may open: a head
-    announcing the largest push-object, all of the body but its last byte at once (from two
-    addresses against a local federation's gateway, whose shared address is 127.0.0.1; from
-    eight against a plain one). A body over 16 KiB is a registered SuperNode's alone: each is
-    answered 503 with no counter in it and holds nothing; a SuperNode's heartbeat and its largest
-    push are answered 200 meanwhile (unless stopped, the attack held the 64 MiB budget and every
-    SuperNode request was answered 503: the run failed)."""
+def test_strangers_holding_bodies_stall_no_supernode(tmp_path):
+    """Bodies held from eight addresses against a local federation's gateway (127.0.0.1 shared by
+    its three SuperNodes), as many connections as each address may open: a head announcing the
+    largest push-object, all of the body but its last byte at once. A body over 16 KiB is a
+    registered SuperNode's alone: each is answered 503 with no counter in it and holds nothing; a
+    SuperNode's heartbeat and its largest push are answered 200 meanwhile (unless stopped, two of
+    these addresses held the 64 MiB budget, every SuperNode request was answered 503, and the run
+    failed)."""
     pki = tmp_path / "pki"
     make_all(pki, 1)
     upstream = RecordingSuperLink(pki)
     upstream.start()
-    gateway = start_gateway(tmp_path, pki, upstream.port, *options)
+    gateway = start_gateway(tmp_path, pki, upstream.port, *LOCAL_FEDERATION)
     try:
         node = SuperNode(gateway.pki).joined(gateway)
         with ThreadPoolExecutor(32) as pool:
-            tried = list(pool.map(lambda i: _hold_body(gateway, attacker(i % addresses)),
-                                  range(addresses * MAX_CLIENT_CONNECTIONS)))
+            tried = list(pool.map(lambda i: _hold_body(gateway, attacker(i % 8)), range(8 * MAX_CLIENT_CONNECTIONS)))
         held = [sock for sock in tried if sock is not None]
         try:
             assert exchange(gateway, node.request(b"/v1/fleet/send-node-heartbeat"))[0].status == 200
@@ -685,9 +683,11 @@ def test_strangers_holding_bodies_stall_no_supernode(tmp_path, addresses, option
     assert {dict(r.headers).get("flwr-public-key") for r in upstream.received} == {node.public.decode()}
 
 
-def test_a_copied_key_or_a_key_the_superlink_refused_holds_no_body(stoppable):
+def test_a_stranger_gets_neither_a_registered_nodes_body_budget_nor_the_superlinks_details(stoppable):
     """A stranger sending a registered node's public key with a signature of its own making, or its
-    own key pair the SuperLink answers 401: its larger bodies are answered 503 unread."""
+    own key pair the SuperLink answers 401: its larger bodies are answered 503 unread. The
+    SuperLink's JSON error details go to a registered SuperNode; a stranger, with no key, its own,
+    or a copied one, gets the status and its phrase (they said what the SuperLink parsed)."""
     gateway, upstream = stoppable
     node = SuperNode(gateway.pki).joined(gateway)
     upstream.registered = {node.public.decode()}
@@ -699,17 +699,8 @@ def test_a_copied_key_or_a_key_the_superlink_refused_holds_no_body(stoppable):
         assert exchange(gateway, raw)[0].status == 503
     assert upstream.received[before:] == []
     assert exchange(gateway, node.request(PUSH_OBJECT, body))[0].status == 200
-
-
-def test_superlink_error_details_reach_registered_supernodes_only(stoppable):
-    """The SuperLink's JSON error details go to a registered SuperNode; a stranger, with no key, its
-    own, or a copied one, gets the status and its phrase (they named the key's registration)."""
-    gateway, upstream = stoppable
-    node = SuperNode(gateway.pki).joined(gateway)
-    upstream.registered = {node.public.decode()}
     detail = b'{"code":2004,"detail":"Failed to activate SuperNode."}'
-    for raw in (request(GET_RUN, port=gateway.port), SuperNode(gateway.pki, 1).request(GET_RUN),
-                node.request(GET_RUN, forged=True)):
+    for raw in (request(GET_RUN, port=gateway.port), stranger.request(GET_RUN), node.request(GET_RUN, forged=True)):
         [answer] = exchange(gateway, raw)
         assert (answer.status, answer.body) == (401, b"401 Unauthorized\n"), _head(answer)
     upstream.status, upstream.body = 412, detail
