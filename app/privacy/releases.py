@@ -126,10 +126,14 @@ class ReleaseRecord(JsonLines):
 #: and masking steps several share.
 COMMON_STEPS = {
     "hello": "once a run: the member's partition, counts (rows, graphs, edges, rows without an edge), its shard's "
-             "cut, its public key where masking is set up, and the method's hello figures",
+             "cut, its public key (and a member's signature of it) where masking is set up, and the method's hello "
+             "figures",
     "labels": "nothing of the member: the count of the labels the server sent",
-    "secagg_setup": "a fresh X25519 public key",
+    "secagg_setup": "a fresh X25519 public key and, from a member, its identity key's signature binding it to the "
+                    "run, session, step, party and parties",
     "secagg_agree": "the number of peers the member agreed seeds with",
+    "secagg_consistency": "a member's signature over the survivors and dropped parties it was told for a sum, once "
+                          "a sum",
     "secagg_unmask": "shares of the survivors' self masks or the pair masks with the dropped parties, never both for "
                      "one party of a sum",
     "boundary_shares": "the member's group-key share sealed for each peer (unreadable to the server)",
