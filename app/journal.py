@@ -25,8 +25,9 @@ from their own data and the replayed steps' requests, can resume this way (:func
 its first live step then carries, under keys starting with :data:`REPLAYED`, what the clients
 need to rebuild it (fedkmeans: the centres of every replayed Lloyd step, from which each client
 recomputes the sums it sent and so its ``min-rows`` audit). A step's digest leaves out those keys
-(a function of the requests already matched) and the peers' relayed public keys (added
-afterwards); its secure-aggregation tag is the step's number, the same in both runs.
+(a function of the requests already matched) and the peers' relayed public keys and their
+endorsements (added afterwards); its secure-aggregation tag is the step's number, the same in
+both runs.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from flwr.common.logger import log
 
 from app.config import ConfigError, RunConfig
 from app.transport import BUNDLE_KEY, VALUES, Exchange, bundle, describe, pack, reply_problem, unpack
-from app.wire import HELLO, SECAGG_AGREE, SECAGG_PEER, SECAGG_SETUP, SECAGG_THRESHOLD, SECAGG_UNMASK, ProtocolError
+from app.wire import (HELLO, SECAGG_AGREE, SECAGG_ENDORSED, SECAGG_PEER, SECAGG_SETUP, SECAGG_THRESHOLD, SECAGG_UNMASK,
+                      ProtocolError)
 
 if TYPE_CHECKING:
     from app.session import ClientInfo, ServerSession
@@ -155,12 +157,13 @@ def _sorted_bundle(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 def request_digest(action: str, category: str, requests: Mapping[int, RecordDict]) -> str:
     """SHA-256 of one step's requests (``requests``: partition id -> content): the action and, per
-    partition in order, its values (less the peers' relayed keys) and arrays (less both,
-    :data:`REPLAYED` ones)."""
+    partition in order, its values (less the peers' relayed keys and endorsements) and arrays
+    (less both, :data:`REPLAYED` ones)."""
     h = hashlib.sha256(json.dumps([action, category]).encode())
     for partition in sorted(requests):
         arrays, values = unpack(requests[partition])
-        own = {k: _jsonable(v) for k, v in values.items() if not k.startswith((SECAGG_PEER, REPLAYED))}
+        relayed = (SECAGG_PEER, SECAGG_ENDORSED, REPLAYED)
+        own = {k: _jsonable(v) for k, v in values.items() if not k.startswith(relayed)}
         arrays = {k: a for k, a in arrays.items() if not k.startswith(REPLAYED)}
         for part in (json.dumps([partition, own], sort_keys=True).encode(), _sorted_bundle(arrays)):
             h.update(len(part).to_bytes(8, "little") + part)

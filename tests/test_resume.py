@@ -16,7 +16,7 @@ from app.inprocess import InProcessGrid
 from app.protocols import fedkmeans as proto
 from app.run import main, run_experiment
 from app.transport import bundle, pack, unpack
-from app.wire import ProtocolError
+from app.wire import SECAGG_ENDORSED, SECAGG_PEER, ProtocolError
 
 #: a small graph, no centralised reference: runs of a few seconds
 SMALL = {"sbm.nodes": 240, "reference": False}
@@ -481,3 +481,14 @@ def test_replayed_centres_after_the_first_lloyd_statistics_are_refused():
     _, audit = lloyd_run(x, seeds, steps[:1])
     with pytest.raises(ValueError, match="after this client's first Lloyd statistics"):
         proto.replay_audit(x, np.stack(steps[1:]), (3, 2), 19, 5, audit)
+
+
+def test_a_steps_digest_leaves_out_the_relayed_keys_and_their_endorsements():
+    """A resumed secure run relays a new session's keys, endorsed anew: its steps still match."""
+    centres = {"centres": np.zeros((2, 2))}
+
+    def digest(k, key, endorsement):
+        values = {"k": k, f"{SECAGG_PEER}1": key, f"{SECAGG_ENDORSED}1": endorsement}
+        return J.request_digest(proto.KMEANS_STEP, "train", {0: pack(centres, values)})
+    assert digest(2, b"a" * 32, b"x" * 96) == digest(2, b"b" * 32, b"y" * 96)
+    assert digest(2, b"a" * 32, b"x" * 96) != digest(3, b"a" * 32, b"x" * 96)
