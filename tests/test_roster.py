@@ -23,7 +23,8 @@ from app.secure_session import SecureAggregation
 from app.server_app import run_server
 from app.session import PrivacyRefused, ServerSession
 from app.transport import pack, unpack
-from app.wire import SECAGG_INBOX, SECAGG_PEER, SECAGG_UNMASK, ProtocolError
+from app.wire import (SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_INBOX, SECAGG_PEER, SECAGG_SIGNED, SECAGG_UNMASK,
+                      SURVIVOR_SIGNATURE, ProtocolError)
 from clients.base import ClusteringClient
 
 CLIENTS = 3
@@ -33,7 +34,6 @@ RUN = {"strategy": "fedkmeans", "dataset": "sbm", "sbm.nodes": 60, "sbm.features
        "reference": False, "seed": 3, "num-rounds": 3}
 #: the same with dropout recovery (min-clients 2 of 3: a majority threshold of 2, one more round)
 RECOVERING = {**RUN, "min-clients": 2}
-ENDORSED = "secagg_endorsed."
 
 
 def identity(folder: Path, name: str) -> tuple[Path, str]:
@@ -132,10 +132,10 @@ class ServerKeys:
         for p, secret in self.secret.items():
             values[f"{SECAGG_PEER}{p}"] = secret.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
             if self.endorse == "none":
-                values.pop(f"{ENDORSED}{p}", None)
+                values.pop(f"{SECAGG_ENDORSED}{p}", None)
             elif self.endorse == "operator":
                 raw = self.identity.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-                values[f"{ENDORSED}{p}"] = raw + self.identity.sign(b"any statement")
+                values[f"{SECAGG_ENDORSED}{p}"] = raw + self.identity.sign(b"any statement")
         return values
 
     def unmask(self, upload: np.ndarray, victim_key: bytes, session: str, values: dict) -> np.ndarray:
@@ -180,7 +180,7 @@ def test_a_server_swapping_two_members_keys_stops_the_run_before_anything_is_mas
     members 1 and 2, relayed the true keys, masked with member 0's true key, which the server
     cannot remove: no sum is unmasked."""
     def swap(values: dict, session: str) -> dict:
-        for prefix in (SECAGG_PEER, ENDORSED):
+        for prefix in (SECAGG_PEER, SECAGG_ENDORSED):
             values[f"{prefix}1"], values[f"{prefix}2"] = values.get(f"{prefix}2"), values.get(f"{prefix}1")
         return {k: v for k, v in values.items() if v is not None}
 
@@ -234,15 +234,11 @@ def split_requests(session, replies, values, told: dict[int, tuple[list, list]])
 def ask_to_unmask(session, replies, requests: dict[int, dict]) -> dict[int, dict]:
     """The attacker's unmask round with ``requests`` (after the consistency round, where the protocol
     has one: each node signs its own split, every signature relayed to every node): the answers."""
-    from app import wire
-
-    if hasattr(wire, "SECAGG_CONSISTENCY"):
-        told = {n: {k: r[k] for k in ("secagg_tag", "secagg_survivors", "secagg_dropped")} for n, r in requests.items()}
-        signed = session.exchange(wire.SECAGG_CONSISTENCY, {n: pack(values=v) for n, v in told.items()},
-                                  require_all=False)
-        signatures = {f"{wire.SECAGG_SIGNED}{session.partition_of(n)}": unpack(c)[1][wire.SURVIVOR_SIGNATURE]
-                      for n, c in signed.items()}
-        requests = {n: {**r, **signatures} for n, r in requests.items()}
+    told = {n: {k: r[k] for k in ("secagg_tag", "secagg_survivors", "secagg_dropped")} for n, r in requests.items()}
+    signed = session.exchange(SECAGG_CONSISTENCY, {n: pack(values=v) for n, v in told.items()}, require_all=False)
+    signatures = {f"{SECAGG_SIGNED}{session.partition_of(n)}": unpack(c)[1][SURVIVOR_SIGNATURE]
+                  for n, c in signed.items()}
+    requests = {n: {**r, **signatures} for n, r in requests.items()}
     rows = {session.partition_of(n): unpack(c)[0]["secagg_shares"] for n, c in replies.items()}
     contents = {}
     for node, request in requests.items():
