@@ -16,7 +16,7 @@ from app.data.shards import _remember
 from app.protocols import fedkmeans as proto
 from app.protocols.boundary import PADDED_ROWS
 from app.privacy.policy import PrivacyRefusal
-from clients.base import ClusteringClient, Reply, answers
+from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.boundary import BoundaryClient
 
 #: (shard, filtered rows) per (shard, filter order), computed once per process and not kept in
@@ -28,7 +28,7 @@ _KEPT_FEATURES = 64  # an in-process run keeps every client in one process
 AUDIT = "fedkmeans-audit"
 #: ``context.state`` record of the rows filtered over the whole graph so far (``rows`` after ``hops`` hops)
 FILTERED = "fedkmeans-filtered"
-#: ``context.state`` record of the last Lloyd step this client answered: its centres and the counts it sent
+#: ``context.state`` record, per start, of the last Lloyd step that advanced it: its centres' digest, the counts sent
 LAST_STEP = "fedkmeans-last-step"
 
 
@@ -58,13 +58,21 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             raise PrivacyRefusal("protocol-order", "centres before the seeds that fix the run's number of clusters")
         return k
 
-    def _centres(self, centres: np.ndarray, step: str) -> np.ndarray:
-        """The server's ``centres`` when they are centres of this run (:func:`app.protocols.fedkmeans.centres_problem`),
-        else refused (rule ``server-input``)."""
-        problem = proto.centres_problem(centres, self._k(), self.features().shape[1])
+    def _centres(self, centres: np.ndarray, step: str, starts: int | None = None) -> np.ndarray:
+        """The server's ``centres`` when they are centres of this run (with ``starts``, that many blocks:
+        :func:`app.protocols.fedkmeans.centres_problem`), else refused (rule ``server-input``)."""
+        problem = proto.centres_problem(centres, self._k(), self.features().shape[1], starts)
         if problem:
             raise PrivacyRefusal("server-input", f"'{step}' sent {problem}")
         return centres
+
+    def _starts(self, starts: np.ndarray | None) -> np.ndarray:
+        """The starts a Lloyd step advances when they are starts of this run (at most its
+        ``fedkmeans.restarts``), else refused (rule ``server-input``)."""
+        problem = "no starts" if starts is None else proto.starts_problem(starts, self.cfg.restarts)
+        if problem:
+            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_STEP}' sent {problem}")
+        return np.asarray(starts, dtype=np.int64)
 
     def features(self) -> np.ndarray:
         """This client's (filtered) feature rows: filtered over the whole graph (kept in state), or
@@ -100,13 +108,13 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
                                              "any centre of them would be a statistic of fewer")
 
     def seeds(self, values) -> dict[str, np.ndarray]:
-        """This client's local k-means++ centres (``values``: ``k``, the run's num-clusters, and ``seed``)
+        """This client's local k-means centres (best of ``fedkmeans.restarts`` k-means++ runs; ``values``: ``k``, the run's num-clusters, and ``seed``)
         and their sizes, each centre the mean of at least this node's ``min-rows`` rows. Their sums join
         the audit of every sum sent of these rows in earlier runs (:func:`app.protocols.fedkmeans.released_seeds`:
         local clusters that would determine a row with those go out as the ones sent before)."""
         self._check_rows()
         x, min_rows, k = self.features(), int(self.policy["min-rows"]), self._k(int(values["k"]))
-        centres, counts, labels = proto.local_seeds(x, k, int(values["seed"]), min_rows)
+        centres, counts, labels = proto.local_seeds(x, k, int(values["seed"]), min_rows, self.cfg.restarts)
         if min_rows > 1:
             with self.release_record.locked():
                 earlier = self._earlier_audit(len(x))
@@ -130,13 +138,15 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             kept["basis"] = proto.Audit.empty(rows).basis
         return kept
 
-    def _audit(self) -> proto.Audit:
-        """This run's audit; its basis the one the release record keeps when the node has one (the
-        row sets sent in every run, this one included)."""
+    def _audit(self) -> proto.StartAudits:
+        """This run's audit over every start; its basis the one the release record keeps when the node
+        has one (the row sets sent in every run, this one included)."""
         audit = self.load(AUDIT)
         if self.release_record.directory is not None:
             audit["basis"] = self._earlier_audit(len(audit["basis"]))["basis"]
-        return proto.Audit(**audit)
+        if "labels" not in audit:  # before the first Lloyd statistics: the seeds' basis
+            return proto.StartAudits.starting(audit["basis"], self.cfg.restarts, self._k())
+        return proto.StartAudits(**audit)
 
     # -- the filter over the whole graph ------------------------------------------------------
     @answers(proto.KMEANS_FILTER)
@@ -191,30 +201,67 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
 
     @answers(proto.KMEANS_STEP)
     def on_kmeans_step(self, arrays, values) -> Reply:
-        """Per-cluster sums, counts, rows withheld and inertia; above ``min-rows`` 1 only the clusters this
-        node's audit of every sum it has sent lets go out (:func:`app.protocols.fedkmeans.release`).
-        A resumed run's first live step also carries the centres of the steps replayed from its
+        """Per start it advances (``starts``, one block of ``centres`` each): per-cluster sums, counts,
+        rows withheld and inertia; above ``min-rows`` 1 only the clusters this node's audit of every
+        sum it has sent, with any start, lets go out (:func:`app.protocols.fedkmeans.start_statistics`).
+        A resumed run's first live step also carries the blocks of the steps replayed from its
         journal: the audit first takes in the sums they give (:func:`app.protocols.fedkmeans.replay_audit`,
         which can only make it stricter)."""
         min_rows = int(self.policy["min-rows"])
-        centres = self._centres(arrays["centres"], proto.KMEANS_STEP)
+        starts = self._starts(arrays.get("starts"))
+        centres = self._centres(arrays["centres"], proto.KMEANS_STEP, len(starts))
         self.require_masking(proto.KMEANS_STEP, values, needed_by_run=self.cfg.secure)
+        replayed = self._replayed(arrays, centres.shape[1:])
         with self.release_record.locked():
-            audit = self._audit() if min_rows > 1 else None
-            if proto.REPLAYED_CENTRES in arrays:
-                audit = proto.replay_audit(self.features(), arrays[proto.REPLAYED_CENTRES], centres.shape,
-                                           self.shared.num_rounds - 1, min_rows, audit)
-            sums, counts, withheld, inertia, audit = proto.lloyd_statistics(self.features(), centres, min_rows, audit)
-            if audit is not None:
-                self._keep(audit)
-        self.save(LAST_STEP, centres=centres, counts=counts)
-        stats = proto.join_statistics(sums, counts, withheld, inertia)
+            audits = self._audit() if min_rows > 1 else None
+            if replayed is not None:
+                audits = proto.replay_audit(self.features(), *replayed, min_rows, audits)
+            stats, counts, audits = proto.start_statistics(self.features(), centres, starts, min_rows, audits)
+            if audits is not None:
+                self._keep(audits)
+        self._record_step(starts, centres, counts, replayed)
         if "secagg_tag" in values:  # an honest server declares at least this client's rows x secagg.bound
             floor = proto.statistics_bound(len(self.shard.node_ids), self.secagg.bound)
             stats = self.masked(stats, values, floor=floor)
         return {"stats": stats}, {}
 
-    def _keep(self, audit: proto.Audit, seed_labels: np.ndarray | None = None) -> None:
+    def _replayed(self, arrays, shape: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+        """The blocks and starts of a resumed run's replayed Lloyd steps in ``arrays``, checked
+        (:func:`app.protocols.fedkmeans.check_replayed`); only before this client's first live Lloyd step."""
+        if proto.REPLAYED_CENTRES not in arrays:
+            return None
+        if LAST_STEP in self.context.state.array_records:
+            raise ValueError(f"{proto.REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the "
+                             "first live step of a resumed run only")
+        restarts = self.cfg.restarts
+        replayed, starts = arrays[proto.REPLAYED_CENTRES], arrays.get(proto.REPLAYED_STARTS, np.zeros(0))
+        proto.check_replayed(replayed, starts, shape, restarts, (self.shared.num_rounds - 1) * restarts)
+        return replayed, np.asarray(starts, dtype=np.int64)
+
+    def _record_step(self, starts: np.ndarray, centres: np.ndarray, counts: np.ndarray,
+                     replayed: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Keep, per start, the digest of the centres of the last Lloyd step that advanced it (a live one,
+        or one a resumed run replayed before this client's first live step: with no counts of its own)
+        and the counts this client sent then."""
+        last = self._last_steps(replayed, centres.shape[1])
+        for start, block, sent in zip(starts, centres, counts):
+            last["digests"][start], last["counts"][start], last["answered"][start] = _digest(block), sent, True
+        self.save(LAST_STEP, **last)
+
+    def _last_steps(self, replayed: tuple[np.ndarray, np.ndarray] | None, k: int) -> dict[str, np.ndarray]:
+        """Per start (``fedkmeans.restarts``): the digest of the centres of the last Lloyd step that
+        advanced it, the counts this client sent then and whether one did (kept in state; before the
+        first live step, the ``replayed`` blocks, with no counts of its own)."""
+        if LAST_STEP in self.context.state.array_records:
+            return self.load(LAST_STEP)
+        restarts = self.cfg.restarts
+        last = {"digests": np.zeros((restarts, 32), dtype=np.uint8), "counts": np.zeros((restarts, k)),
+                "answered": np.zeros(restarts, dtype=bool)}
+        for block, start in zip(*replayed) if replayed is not None else ():  # in step order: a start's last wins
+            last["digests"][start], last["answered"][start] = _digest(block), True
+        return last
+
+    def _keep(self, audit: proto.Audit | proto.StartAudits, seed_labels: np.ndarray | None = None) -> None:
         """Keep ``audit`` for this run, and its basis in the node's release record for every later run
         on these rows (with the local clusters sent, ``seed_labels``); under the record's lock."""
         self.save(AUDIT, **{name: value for name, value in vars(audit).items() if value is not None})
@@ -227,10 +274,11 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
 
     @answers(proto.KMEANS_ASSIGN)
     def on_kmeans_assign(self, arrays, values) -> Reply:
-        """The labels of this client's rows under the final centres, which it derives from the last
-        Lloyd step it answered and the summed statistics the server returns
-        (:func:`app.protocols.fedkmeans.final_centres`); anything else refused (rule ``server-input``)."""
-        last, own = self._last_step(arrays)
+        """The labels of this client's rows under the final centres of the chosen ``start``, which it
+        derives from the last Lloyd step that advanced that start and the summed statistics the
+        server returns (:func:`app.protocols.fedkmeans.final_centres`); anything else refused (rule
+        ``server-input``)."""
+        last, own = self._last_step(arrays, values)
         centres = proto.final_centres(last, own, arrays.get("stats", np.zeros(0)))
         if isinstance(centres, str):
             raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent {centres}")
@@ -238,18 +286,23 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         self.save("labels", labels=labels)
         return {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels.astype(np.int64)}, {}
 
-    def _last_step(self, arrays) -> tuple[np.ndarray, np.ndarray]:
-        """The centres of the last Lloyd step this client answered, which the request's ``centres`` must
-        be, and the counts it sent then. A resumed run whose Lloyd steps the journal replayed (none
-        reached this client) carries their centres instead: the last of them, with no counts of its own."""
+    def _last_step(self, arrays, values) -> tuple[np.ndarray, np.ndarray]:
+        """The centres of the last Lloyd step that advanced the request's ``start``, which the request's
+        ``centres`` must be, and the counts this client sent then. A resumed run whose Lloyd steps the
+        journal replayed (none reached this client) carries their blocks instead: the last of that start,
+        with no counts of its own."""
         sent = self._centres(arrays["centres"], proto.KMEANS_ASSIGN)
-        if LAST_STEP in self.context.state.array_records:
-            kept = self.load(LAST_STEP)
-            last, own = kept["centres"], kept["counts"]
-        else:
-            replayed = arrays.get(proto.REPLAYED_CENTRES, np.zeros((0, *sent.shape)))
-            last, own = (replayed[-1] if len(replayed) else None), np.zeros(len(sent))
-        if last is None or not np.array_equal(last, sent):
+        start = int(values.get("start", -1))
+        if not 0 <= start < self.cfg.restarts:
+            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent start {start}; valid: 0.."
+                                                 f"{self.cfg.restarts - 1} (fedkmeans.restarts)")
+        last = self._last_steps(self._replayed(arrays, sent.shape), len(sent))
+        if not last["answered"][start] or not np.array_equal(last["digests"][start], _digest(sent)):
             raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent centres that are not those of the "
-                                                 "last Lloyd step this client answered")
-        return last, own
+                                                 f"last Lloyd step of start {start} this client answered")
+        return sent, last["counts"][start]
+
+
+def _digest(centres: np.ndarray) -> np.ndarray:
+    """SHA-256 of one start's centres (a client keeps this, not the centres, between steps)."""
+    return request_digest({"centres": np.asarray(centres, dtype=np.float64)}, {})

@@ -8,37 +8,47 @@ A plain baseline every other method can be compared with. Wire protocol
    a smaller local cluster joins its nearest one; a node holding fewer rows
    refuses) and their sizes ``counts``, which add up to the rows the client
    announced in hello. Coarse data summaries, sent in clear.
-2. ``kmeans_step`` x num-rounds (down: ``centres``) -> up: ``stats``, the
+2. ``kmeans_step`` x num-rounds (down: ``starts``, the starts it advances, and
+   their ``centres``, starts x k x f) -> up: ``stats``, per start the
    per-cluster sums (k x f), counts (k), the rows withheld and the inertia in
-   one vector. Under a node's ``min-rows`` above 1 a new assignment goes out
+   one vector (starts x (k f + k + 2)). ``fedkmeans.restarts`` starts (10, as
+   scikit-learn's ``n_init``) begin from the merged local centres (start 0:
+   their weighted k-means; the others: weighted k-means++ seeds of them); a
+   start whose centres move no more than ``fedkmeans.tol`` drops out of the
+   messages, so R starts cost R times one start's bytes per round at most.
+   Under a node's ``min-rows`` above 1 a new assignment goes out
    only when every cluster's rows pass the node's audit of every sum it has
    sent: at least ``min-rows`` rows, and no row of the node determined by any
    combination of those sums (differencing across rounds included); else the
-   node sends its last statistics again (in the first round: the clusters
-   that pass, the others withheld with sum and count 0, their rows counted
-   apart, the inertia over the rows sent). Whatever centres the server sends,
-   it reads no row this way (:func:`app.protocols.fedkmeans.release`). Stops
-   early when no centre
-   moves more than ``fedkmeans.tol``. With ``fedkmeans.secure`` the vector is
+   node sends its last statistics again (in a start's first round: the
+   clusters that pass, the others withheld with sum and count 0, their rows
+   counted apart, the inertia over the rows sent). One audit covers every
+   start: whatever centres the server sends, with however many starts, it
+   reads no row this way (:func:`app.protocols.fedkmeans.release`). Stops
+   early when no centre of any start moves more than ``fedkmeans.tol``. With
+   ``fedkmeans.secure`` the vectors are
    pairwise-masked (secure aggregation, set up once with two extra rounds) and
    the server learns only the sum over clients. The sizes and withheld rows
    must add up to the client's rows (secure: all rows) and the inertia be
    >= 0, else the run stops naming the client. Rows held by
    two clients (``partition.overlap`` > 0) would count twice: refused.
-   A resumed run's first live step also carries ``replayed_centres``, the
-   centres of every step replayed from the journal (which no client saw), so
-   that each client's audit takes in the sums it sent in them first.
-3. ``kmeans_assign`` (down: the last step's ``centres`` and its summed
-   statistics ``stats``) -> up: ``node_ids`` and ``labels`` of the client's
-   rows under the final centres, which the client derives itself (the last
-   step's centres moved by ``stats``); for evaluation only, labels stay on the
-   client as well. A client refuses centres that are not those of the last
-   step it answered and a total whose counts do not hold its own (rule
+   A resumed run's first live step also carries ``replayed_centres`` and
+   ``replayed_starts``, the blocks of every step replayed from the journal
+   (which no client saw) and their starts, so that each client's audit takes
+   in the sums it sent in them first.
+3. ``kmeans_assign`` (down: the ``start`` of least inertia per row sent, read
+   from the (secure) sums, its last step's ``centres`` and summed statistics
+   ``stats``) -> up: ``node_ids`` and ``labels`` of the client's rows under the
+   final centres, which the client derives itself (that start's last centres
+   moved by ``stats``); for evaluation only, labels stay on the client as
+   well. A client refuses centres that are not those of the last step of that
+   start it answered and a total whose counts do not hold its own (rule
    ``server-input``), and answers once per run.
 
-Every step's centres are exactly ``num-clusters`` finite rows of the clients' width (rule
-``server-input``), hello comes first and once, ``kmeans_step`` at most ``num-rounds`` times
-(rules ``protocol-order``, ``protocol-count``; :mod:`clients.steps`).
+Every step's centres are exactly ``num-clusters`` finite rows of the clients' width per start, its
+starts at most ``fedkmeans.restarts`` distinct indices below it (rule ``server-input``), hello comes
+first and once, ``kmeans_step`` at most ``num-rounds`` times (rules ``protocol-order``,
+``protocol-count``; :mod:`clients.steps`).
 
 On a node split with boundary edges (``partition.boundary``), several clients and
 ``filter-order`` > 0, the filter runs over the whole graph, so that every client's rows are
@@ -78,12 +88,13 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     """Federated Lloyd k-means, the baseline the other methods can be compared with. Each client
     holds some rows (the nodes of a graph, optionally smoothed first by an AGC low-pass filter over
     its own subgraph, or samples). The server merges the clients' local k-means++ centres into k
-    starting centres; then every round each client sends its per-cluster sums, counts and inertia
-    (optionally under secure aggregation, so the server sees only their sum over the clients) and
-    the server moves the centres. Finally the clients send their rows' labels for evaluation.
+    starting centres of each of ``fedkmeans.restarts`` starts; then every round each client sends, per
+    start, its per-cluster sums, counts and inertia (optionally under secure aggregation, so the server
+    sees only their sum over the clients) and the server moves the centres; the start of least inertia
+    wins. Finally the clients send their rows' labels for evaluation.
     On a node split with boundary edges the filter runs over the whole graph (padded secure sums
     over each node's neighbours, one round per order), and the local centres come after it.
-    Centralised reference: k-means on the pooled (filtered) features."""
+    Centralised reference: k-means on the pooled (filtered) features, with as many restarts."""
 
     name = "fedkmeans"
     summary = "federated Lloyd k-means on rows split over clients (baseline)"
@@ -194,7 +205,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     def _initial_centres(self, session: ServerSession, rows: dict[int, int], local: dict[int, dict],
                          step: str) -> np.ndarray:
         """Step 1: every client's local k-means++ centres and sizes (with ``step``, hello or
-        ``kmeans_init``), merged into k centres."""
+        ``kmeans_init``), merged into the k centres of every start (restarts x k x f)."""
         k, seed = self.shared.num_clusters, self.shared.seed
         for node, a in local.items():
             self._check_counts(session, node, step, a["counts"], rows[node], at_most=k)
@@ -207,60 +218,93 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}
         if len(set(widths.values())) != 1:
             raise ProtocolError(f"clients disagree on the feature dimension (client: width): {widths}")
-        return proto.merge_seeds(np.vstack([a["centres"] for a in local.values()]),
-                                 np.concatenate([a["counts"] for a in local.values()]), k, seed)
+        return proto.starting_centres(np.vstack([a["centres"] for a in local.values()]),
+                                      np.concatenate([a["counts"] for a in local.values()]), k, seed, self.cfg.restarts)
 
     def _lloyd_rounds(self, session: ServerSession, rows: dict[int, int],
-                      centres: np.ndarray) -> tuple[dict[str, np.ndarray], list[dict]]:
-        """Step 2: Lloyd rounds on the (secure) sums of the clients' statistics, until no centre
-        moves more than ``fedkmeans.tol`` or ``num-rounds``. Returns the last step's centres and
-        summed statistics, from which each client derives the final centres (with the centres of
+                      centres: np.ndarray) -> tuple[dict, list[dict]]:
+        """Step 2: Lloyd rounds of every start (``centres``: restarts x k x f) on the (secure) sums of the
+        clients' statistics, each round advancing the starts whose centres still move more than
+        ``fedkmeans.tol``, until none does or ``num-rounds``. Returns the best start, its last centres
+        and summed statistics, from which each client derives the final centres (with the blocks of
         steps a resumed run replayed, which reached no client), and the history."""
-        k, secure, rounds = self.shared.num_clusters, self.cfg.secure, self.shared.num_rounds
-        spec = proto.step_reply(centres.size + k + 2, secure)
-        bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
-        history, shifts, replayed = [], Convergence(self.cfg.tol), []
-        for round_ in range(1, rounds + 1):
-            values = session.secagg_values("stats", bound, recover=self.tolerates_dropouts) if secure else {}
-            request = {"centres": centres, **({proto.REPLAYED_CENTRES: np.stack(replayed)} if replayed else {})}
-            replies = session.broadcast(proto.KMEANS_STEP, pack(request, values),
-                                        session.secure_reply(spec, values), require_all=not session.recovers(values))
+        k = self.shared.num_clusters
+        running, shifts, history, replayed = np.arange(len(centres)), Convergence(self.cfg.tol), [], []
+        last_centres, last_stats = centres.copy(), np.zeros((len(centres), centres[0].size + k + 2))
+        for round_ in range(1, self.shared.num_rounds + 1):
+            totals = self._lloyd_step(session, rows, running, centres[running], replayed)
             # a step replayed from a resumed run's journal reached no client: the next live one tells them
-            replayed = [*replayed, centres] if last_step_replayed(session) else []
-            total = self._statistics_total(session, rows, replies, values)
-            sums, counts, withheld, inertia = proto.split_statistics(total, k)
-            new = proto.update_centres(centres, sums, counts)
-            shift = float(np.abs(new - centres).max())
-            last = {"centres": centres, "stats": total}
-            centres = new
-            history.append({"round": round_, "inertia": inertia, "shift": shift, "withheld": round(withheld)})
-            shifts.measures.append(shift)
-            session.round_done(round_, rounds, converging=shifts, inertia=inertia)
-            if shift <= self.cfg.tol:
+            replayed = [*replayed, (running, centres[running])] if last_step_replayed(session) else []
+            last_centres[running], last_stats[running] = centres[running], totals
+            new = np.stack([proto.update_centres(centres[start], *proto.split_statistics(total, k)[:2])
+                            for start, total in zip(running, totals)])
+            moved = np.abs(new - centres[running]).max(axis=(1, 2))
+            centres[running] = new
+            history.append(self._round_done(session, round_, last_stats, moved, shifts))
+            running = running[moved > self.cfg.tol]
+            if not len(running):
                 break
-        return {**last, **({proto.REPLAYED_CENTRES: np.stack(replayed)} if replayed else {})}, history
+        best = history[-1]["best"]
+        step = {"centres": last_centres[best], "stats": last_stats[best], "start": best}
+        return {**step, **(self._replayed_arrays(replayed) if replayed else {})}, history
+
+    def _round_done(self, session: ServerSession, round_: int, last_stats: np.ndarray, moved: np.ndarray,
+                    shifts: Convergence) -> dict:
+        """A Lloyd round's history entry (the best start so far, its inertia and withheld rows, how many
+        starts the round advanced and the largest shift among them), reported as the round's progress."""
+        best = proto.best_start(last_stats, self.shared.num_clusters)
+        _, _, withheld, inertia = proto.split_statistics(last_stats[best], self.shared.num_clusters)
+        shifts.measures.append(float(moved.max()))
+        session.round_done(round_, self.shared.num_rounds, converging=shifts, inertia=inertia)
+        return {"round": round_, "inertia": inertia, "shift": float(moved.max()), "withheld": round(withheld),
+                "starts": int(len(moved)), "best": best}
+
+    def _lloyd_step(self, session: ServerSession, rows: dict[int, int], starts: np.ndarray, centres: np.ndarray,
+                    replayed: list) -> np.ndarray:
+        """One ``kmeans_step``: down ``starts`` and their ``centres`` (starts x k x f; a resumed run's first
+        live step also the blocks of the steps it replayed) -> up each client's ``stats`` (starts x size);
+        returns their sum per start (starts x size), checked."""
+        size = centres[0].size + self.shared.num_clusters + 2
+        secure = self.cfg.secure
+        bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
+        values = session.secagg_values("stats", bound, recover=self.tolerates_dropouts) if secure else {}
+        request = {"starts": starts, "centres": centres, **(self._replayed_arrays(replayed) if replayed else {})}
+        replies = session.broadcast(proto.KMEANS_STEP, pack(request, values),
+                                    session.secure_reply(proto.step_reply(len(starts), size, secure), values),
+                                    require_all=not session.recovers(values))
+        return self._statistics_total(session, rows, replies, values)
+
+    @staticmethod
+    def _replayed_arrays(replayed: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The blocks of the replayed steps, in step order, and the start of each."""
+        return {proto.REPLAYED_CENTRES: np.concatenate([centres for _, centres in replayed]),
+                proto.REPLAYED_STARTS: np.concatenate([starts for starts, _ in replayed])}
 
     def _statistics_total(self, session: ServerSession, rows: dict[int, int], replies: dict,
                           values: dict) -> np.ndarray:
-        """The sum of the clients' statistics vectors, each (or, secure, the sum) checked first."""
+        """The sum of the clients' statistics, per start (each client's vector, or, secure, the sum,
+        checked first)."""
         k = self.shared.num_clusters
         if self.cfg.secure:
             total = session.secure_sum(replies, "stats", values)
-            _, counts, withheld, inertia = proto.split_statistics(total, k)
-            self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows[n] for n in replies), inertia,
-                               withheld)
+            for start_total in total:
+                _, counts, withheld, inertia = proto.split_statistics(start_total, k)
+                self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows[n] for n in replies), inertia,
+                                   withheld)
             return total
         stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
         for node, s in stats.items():
-            _, counts, withheld, inertia = proto.split_statistics(s, k)
-            self._check_counts(session, node, proto.KMEANS_STEP, counts, rows[node], inertia, withheld)
+            for start_stats in s:
+                _, counts, withheld, inertia = proto.split_statistics(start_stats, k)
+                self._check_counts(session, node, proto.KMEANS_STEP, counts, rows[node], inertia, withheld)
         return sum(stats.values())
 
     def _final_labels(self, session: ServerSession, rows: dict[int, int],
-                      last: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Step 3: every client's row ids and labels under the final centres, which each client
-        derives from the last step's centres and summed statistics (``last``)."""
-        final = session.broadcast(proto.KMEANS_ASSIGN, pack(last),
+                      last: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3: every client's row ids and labels under the final centres of the best start, which
+        each client derives from that start's last centres and summed statistics (``last``)."""
+        arrays = {name: value for name, value in last.items() if name != "start"}
+        final = session.broadcast(proto.KMEANS_ASSIGN, pack(arrays, {"start": int(last["start"])}),
                                   proto.assign_reply(self.shared.num_clusters))
         replies = {node: unpack(content)[0] for node, content in final.items()}
         ids_of = {node: session.positions(proto.KMEANS_ASSIGN, node, r["node_ids"]) for node, r in replies.items()}
@@ -294,12 +338,13 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
             raise ProtocolError(f"step '{step}': {who} sent {problem}{hint}")
 
     def reference(self, data: GraphData) -> np.ndarray:
-        """Centralised k-means (k-means++, 10 restarts) on the pooled, filtered features."""
+        """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled, filtered features."""
         x = proto.local_features(data.x, data.adj, self.cfg.filter_order)
-        return kmeans(x, self.shared.num_clusters, seed=self.shared.seed)
+        return kmeans(x, self.shared.num_clusters, seed=self.shared.seed, n_init=self.cfg.restarts)
 
     def reference_method(self) -> str:
         order = self.cfg.filter_order
         features = f"features AGC-filtered {order} times" if order else "features (unfiltered: filter-order 0)"
-        return f"centralised k-means (k-means++, 10 restarts) on the pooled {features}, {self._k_and_seed()}"
+        return (f"centralised k-means (k-means++, {self.cfg.restarts} restarts) on the pooled {features}, "
+                f"{self._k_and_seed()}")
 

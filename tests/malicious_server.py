@@ -220,9 +220,7 @@ def _views(read: Read, capture: Capture, k: int) -> list[tuple[str, np.ndarray]]
         views += [("row", a), ("column", a.T)]
     elif a.ndim == 1:
         views.append(("whole", a[None, :]))
-    if read.name == "stats" and a.ndim == 1 and k > 0 and (a.size - k - 1) % k == 0:
-        f = (a.size - k - 1) // k
-        sums, counts = a[:k * f].reshape(k, f), a[k * f:k * f + k]
+    for sums, counts in _statistics(read, a, k):
         seen = counts > 0.5
         views += [("sum", sums), ("mean", sums[seen] / counts[seen, None])]
     if read.name == "update" and a.ndim == 1:
@@ -232,6 +230,16 @@ def _views(read: Read, capture: Capture, k: int) -> list[tuple[str, np.ndarray]]
             average = a[:d * m].reshape(d, m) / (len(capture.clients) if read.kind == "sum" else 1)
             views.append(("Z_p row" if read.kind != "sum" else "average Z row", average))
     return views
+
+
+def _statistics(read: Read, a: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """fedkmeans' Lloyd statistics (``stats``: one vector, or one per start) as (sums, counts) per
+    start (:func:`app.protocols.fedkmeans.split_statistics`); none for any other array."""
+    from app.protocols.fedkmeans import split_statistics
+
+    if read.name != "stats" or k < 1 or a.ndim not in (1, 2) or not a.size or (a.shape[-1] - k - 2) % k:
+        return []
+    return [split_statistics(row, k)[:2] for row in a.reshape(-1, a.shape[-1])]
 
 
 def counted_statistics(capture: Capture, k: int) -> list[tuple[Read, int]]:
@@ -246,9 +254,8 @@ def counted_statistics(capture: Capture, k: int) -> list[tuple[Read, int]]:
         counts = None
         if read.name == "counts":
             counts = a
-        elif read.name == "stats" and k > 0 and a.ndim == 1 and (a.size - k - 1) % k == 0:
-            f = (a.size - k - 1) // k
-            counts = a[k * f:k * f + k]
+        elif _statistics(read, a, k):
+            counts = np.concatenate([c for _, c in _statistics(read, a, k)])
         elif read.name == "moments" and a.size:
             counts = a.ravel()[:1]
         if counts is not None:

@@ -54,7 +54,8 @@ def test_fedkmeans_inprocess_result_has_stable_schema(out_dir):
 
 def test_fedkmeans_one_client_equals_centralised_lloyd(out_dir):
     rounds = 8
-    result = run_experiment("fedkmeans", "sbm", 1, {"num-rounds": rounds, "fedkmeans.tol": 0.0}, out_dir)
+    result = run_experiment("fedkmeans", "sbm", 1, {"num-rounds": rounds, "fedkmeans.tol": 0.0,
+                                                    "fedkmeans.restarts": 1}, out_dir)
     data = load_dataset("sbm", seed=0)
     x = np.asarray(data.x, dtype=np.float64)
     k = result["config"]["num-clusters"]
@@ -64,6 +65,20 @@ def test_fedkmeans_one_client_equals_centralised_lloyd(out_dir):
     labels = np.load(out_dir / "labels.npy")
     assert ari(lloyd.labels_, labels) == 1.0
     assert result["history"][-1]["inertia"] == pytest.approx(lloyd.inertia_, rel=1e-6)
+
+
+def test_fedkmeans_one_client_with_restarts_is_centralised_kmeans_with_as_many(out_dir):
+    """One client, R starts: the labels and inertia of scikit-learn's k-means with ``n_init`` R at the
+    run's seed (the centralised reference), which one start does not reach on this data."""
+    restarts = 4
+    result = run_experiment("fedkmeans", "sbm", 1, {"fedkmeans.restarts": restarts}, out_dir)
+    x = np.asarray(load_dataset("sbm", seed=0).x, dtype=np.float64)
+    k = result["config"]["num-clusters"]
+    best, one = (KMeans(k, init="k-means++", n_init=n, random_state=0).fit(x) for n in (restarts, 1))
+    assert one.inertia_ > best.inertia_ * (1 + 1e-6)  # the restarts matter here
+    assert ari(best.labels_, np.load(out_dir / "labels.npy")) == 1.0
+    assert result["history"][-1]["inertia"] == pytest.approx(best.inertia_, rel=1e-9)
+    assert result["reference"]["agreement"]["ari"] == 1.0
 
 
 def test_federated_clustering_recovers_planted_blocks(out_dir):
@@ -102,7 +117,8 @@ def test_bad_config_inside_the_run_writes_nothing(out_dir):
         ("hello", lambda o: {**o, "counts": o["counts"] * 1e9}, r"cluster sizes summing to 5e\+11, not its 500 rows"),
         ("hello", lambda o: {"centres": np.vstack([o["centres"]] * 2), "counts": np.concatenate([o["counts"]] * 2)},
          r"6 local centres for k=3"),
-        ("kmeans_step", lambda o: {"stats": np.concatenate([o["stats"][:-1], [-1e9]])}, r"a negative inertia -1e\+09"),
+        ("kmeans_step", lambda o: {"stats": np.column_stack([o["stats"][:, :-1], np.full(len(o["stats"]), -1e9)])},
+         r"a negative inertia -1e\+09"),
         ("kmeans_step", lambda o: {"stats": o["stats"] * 2}, r"cluster sizes summing to 1000, not its 500 rows"),
     ],
     ids=["inflated-sizes", "too-many-centres", "negative-inertia", "doubled-statistics"],

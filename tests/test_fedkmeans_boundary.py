@@ -32,7 +32,7 @@ def sbm(seed: int = 0):
 
 
 def run(out_dir, clients: int, order: int, **extra) -> tuple[InProcessGrid, dict]:
-    raw = {**SBM, "strategy": "fedkmeans", "dataset": "sbm", "num-clients": clients,
+    raw = {**SBM, "strategy": "fedkmeans", "dataset": "sbm", "num-clients": clients, "fedkmeans.restarts": 1,
            "fedkmeans.filter-order": order, "out-dir": str(out_dir), **extra}
     grid = InProcessGrid(build_client_app(raw), clients, record=True)
     return grid, run_server(grid, raw)
@@ -54,7 +54,7 @@ def client_rows(grid: InProcessGrid) -> dict[int, tuple[np.ndarray, dict]]:
 
 def protocol_labels(parts: list[np.ndarray], k: int, seed: int, rounds: int, tol: float,
                     min_rows: int) -> list[np.ndarray]:
-    """The fedkmeans protocol's math on one machine: each part's local seeds, merged, Lloyd sums
+    """The fedkmeans protocol's math on one machine, one start: each part's local seeds, merged, Lloyd sums
     over the parts (in partition order, as the server adds them), each part's final labels."""
     seeds = [proto.local_seeds(x, k, seed, min_rows) for x in parts]
     audits = [proto.Audit.of_seeds(labels, len(c), min_rows) if min_rows > 1 else None for c, _, labels in seeds]

@@ -135,6 +135,22 @@ def test_fewer_local_centres_than_clusters_split_the_heaviest():
         proto.merge_seeds(np.empty((0, 2)), np.empty(0), 2, seed=0)
 
 
+def test_the_starts_begin_at_the_merged_seeds_then_differ_and_the_least_inertia_per_row_sent_wins():
+    rng = np.random.default_rng(0)
+    centres, weights = rng.normal(size=(12, 3)), rng.integers(5, 40, size=12).astype(float)
+    starts = proto.starting_centres(centres, weights, 3, seed=0, restarts=4)
+    assert starts.shape == (4, 3, 3)
+    np.testing.assert_array_equal(starts[0], proto.merge_seeds(centres, weights, 3, seed=0))
+    assert len({s.tobytes() for s in starts}) == 4
+    np.testing.assert_array_equal(starts, proto.starting_centres(centres, weights, 3, seed=0, restarts=4))
+    sums = np.zeros((2, 3))
+    # start 1 has the smaller inertia but withheld half its rows: per row sent, start 2 is better
+    totals = np.stack([proto.join_statistics(sums, np.array(c, float), w, i) for c, w, i in
+                       [([10, 10, 10], 0, 90.0), ([5, 5, 5], 15, 60.0), ([10, 10, 10], 0, 75.0)]])
+    assert proto.best_start(totals, 3) == 2
+    assert proto.best_start(totals[[0, 0]], 3) == 0  # the first of equals
+
+
 # -- the policy ------------------------------------------------------------------------------
 def test_the_rule_applies_to_every_registered_strategy():
     from app.privacy.policy import EVERY
@@ -209,14 +225,16 @@ def sweep(session, rows: dict[int, int], f: int, rng) -> dict[int, list[np.ndarr
 
     u = rng.normal(size=f)
     u /= np.linalg.norm(u)
-    spec = proto.step_reply(2 * f + 2 + 2, False)
+    spec = proto.step_reply(1, 2 * f + 2 + 2, False)
     readings: dict[float, dict] = {}
 
     def read(theta: float) -> dict[int, tuple]:
         if theta not in readings:
             centres = np.stack([(theta - 1.0) * u, (theta + 1.0) * u])
-            replies = session.broadcast(proto.KMEANS_STEP, pack({"centres": centres}), spec)
-            readings[theta] = {node: proto.split_statistics(unpack(c)[0]["stats"], 2) for node, c in replies.items()}
+            replies = session.broadcast(proto.KMEANS_STEP, pack({"starts": np.array([0]), "centres": centres[None]}),
+                                        spec)
+            readings[theta] = {node: proto.split_statistics(unpack(c)[0]["stats"][0], 2)
+                               for node, c in replies.items()}
         return readings[theta]
 
     total = {node: s[0][1] for node, s in read(-1e6).items()}  # every row on the upper side
@@ -260,7 +278,7 @@ def test_a_differencing_server_takes_no_row_from_fedkmeans_under_the_default_pol
         """The sweep is over (the run has nothing more to show)."""
 
     def attack(self, session, rows, centres):
-        taken.update(sweep(session, rows, centres.shape[1], rng))
+        taken.update(sweep(session, rows, centres.shape[2], rng))
         raise Swept
 
     step = FedKMeansClient.on_kmeans_step

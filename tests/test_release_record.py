@@ -24,7 +24,7 @@ from rogue_server import Member, shard_files
 ROOT = Path(__file__).resolve().parents[1]
 DATA = {"sbm.nodes": 60, "sbm.features": 4, "sbm.blocks": 3, "sbm.p-in": 0.3, "sbm.p-out": 0.02}
 RUN = {"dataset": "sbm", "partitioner": "node-random", "num-clients": 3, "seed": 0, "reference": False,
-       "strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 3, **DATA}
+       "strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 3, "fedkmeans.restarts": 2, **DATA}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,11 @@ def member(shard, tmp_path):
     copy = tmp_path / shard.name
     copy.write_bytes(shard.read_bytes())
     return lambda node_config=None, **raw: Member({**RUN, **raw}, {"shard": str(copy), **(node_config or {})})
+
+
+def step(centres: np.ndarray, starts=(0,)) -> dict[str, np.ndarray]:
+    """A ``kmeans_step`` request advancing ``starts`` (one start: ``centres`` k x f)."""
+    return {"starts": np.asarray(starts, dtype=np.int64), "centres": centres.reshape(len(starts), *centres.shape[-2:])}
 
 
 def test_the_record_keeps_lines_per_dataset_and_arrays_without_pickle(tmp_path):
@@ -64,7 +69,7 @@ def test_a_request_sent_again_gets_its_first_reply_and_no_second_line(member):
     m = member()
     hello = m.send("hello", values={"k": 2, "seed": 0})
     centres = hello.arrays["centres"][:2]
-    first, again = (m.send(proto.KMEANS_STEP, {"centres": centres}) for _ in range(2))
+    first, again = (m.send(proto.KMEANS_STEP, step(centres)) for _ in range(2))
     np.testing.assert_array_equal(first.arrays["stats"], again.arrays["stats"])
     assert m.send("hello", values={"k": 2, "seed": 0}).values == hello.values
     record = next(Path(m.node_config["shard"]).parent.glob("*.releases"))
@@ -74,32 +79,36 @@ def test_a_request_sent_again_gets_its_first_reply_and_no_second_line(member):
 
 def test_each_step_at_most_as_often_as_the_run_needs_and_a_restarted_node_continues(member):
     m = member()
-    assert m.send(proto.KMEANS_STEP, {"centres": np.zeros((2, 4))}).refused == "protocol-order"
+    assert m.send(proto.KMEANS_STEP, step(np.zeros((2, 4)))).refused == "protocol-order"
     assert m.send("hello", values={"k": 2, "seed": 0}).answered
     assert m.send("hello", values={"k": 2, "seed": 1}).refused == "protocol-order"
     for i in range(3):
-        assert m.send(proto.KMEANS_STEP, {"centres": np.full((2, 4), float(i))}).answered
-    assert m.send(proto.KMEANS_STEP, {"centres": np.full((2, 4), 9.0)}).refused == "protocol-count"
+        assert m.send(proto.KMEANS_STEP, step(np.full((2, 4), float(i)))).answered
+    assert m.send(proto.KMEANS_STEP, step(np.full((2, 4), 9.0))).refused == "protocol-count"
     m.restart()  # the same run, a fresh context: the record says what was answered
     assert m.send("hello", values={"k": 2, "seed": 1}).refused == "protocol-order"
     assert m.send("hello", values={"k": 2, "seed": 0}).answered
-    assert m.send(proto.KMEANS_STEP, {"centres": np.full((2, 4), 8.0)}).refused == "protocol-count"
+    assert m.send(proto.KMEANS_STEP, step(np.full((2, 4), 8.0))).refused == "protocol-count"
 
 
 def test_the_final_centres_follow_from_the_last_step_and_a_total_holding_the_members_counts(member):
     m = member()
     m.send("hello", values={"k": 2, "seed": 0})
     centres = np.array([[-1.0, 0, 0, 0], [1.0, 0, 0, 0]])
-    stats = m.send(proto.KMEANS_STEP, {"centres": centres}).arrays["stats"]
-    assert m.send(proto.KMEANS_ASSIGN, {"centres": centres + 1, "stats": stats}).refused == "server-input"
-    short = stats.copy()
+    other = centres[::-1].copy()
+    stats = m.send(proto.KMEANS_STEP, step(np.stack([centres, other]), starts=[0, 1])).arrays["stats"]
+    assign = lambda c, total, start=0: m.send(proto.KMEANS_ASSIGN, {"centres": c, "stats": total}, {"start": start})
+    assert assign(centres + 1, stats[0]).refused == "server-input"
+    assert assign(centres, stats[0], start=1).refused == "server-input"  # another start's centres
+    assert assign(other, stats[1], start=2).refused == "server-input"  # a start beyond fedkmeans.restarts
+    short = stats[0].copy()
     short[8] -= 1  # fewer rows in cluster 0 than this member sent alone
-    assert m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": short}).refused == "server-input"
-    labels = m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": stats}).arrays["labels"]
-    sums, counts, _, _ = proto.split_statistics(stats, 2)
+    assert assign(centres, short).refused == "server-input"
+    labels = assign(centres, stats[0]).arrays["labels"]
+    sums, counts, _, _ = proto.split_statistics(stats[0], 2)
     expected = proto.assign(m.features(), proto.update_centres(centres, sums, counts))[0]
     np.testing.assert_array_equal(labels, expected)
-    assert m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": stats * 2}).refused == "protocol-count"
+    assert assign(other, stats[1], start=1).refused == "protocol-count"
 
 
 def test_label_releases_caps_a_datasets_label_replies_over_runs(member):
@@ -108,8 +117,8 @@ def test_label_releases_caps_a_datasets_label_replies_over_runs(member):
         m.new_run()
         m.send("hello", values={"k": 2, "seed": 0})
         centres = np.array([[-1.0, 0, 0, 0], [1.0, 0, 0, 0]])
-        stats = m.send(proto.KMEANS_STEP, {"centres": centres}).arrays["stats"]
-        reply = m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": stats})
+        stats = m.send(proto.KMEANS_STEP, step(centres)).arrays["stats"]
+        reply = m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": stats[0]}, {"start": 0})
         assert reply.answered if run == 0 else reply.refused == "label-releases"
 
 

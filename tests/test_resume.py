@@ -148,11 +148,12 @@ def test_a_resumed_fedkmeans_client_withholds_what_the_uninterrupted_one_withhel
     assert len(sent) == 2 * 3 + 3 and len(live) == 3
     for arrays in live:
         assert np.array_equal(arrays["centres"], sent[3]["centres"])
-        assert np.array_equal(arrays[proto.REPLAYED_CENTRES], sent[0]["centres"][None])
+        assert np.array_equal(arrays[proto.REPLAYED_CENTRES], sent[0]["centres"])  # every start's block
+        assert np.array_equal(arrays[proto.REPLAYED_STARTS], sent[0]["starts"])
     if secure:
         return
     # a client whose audit started afresh lets out what the uninterrupted run withheld
-    monkeypatch.setattr(proto, "replay_audit", lambda x, replayed, shape, most, min_rows, audit: audit)
+    monkeypatch.setattr(proto, "replay_audit", lambda x, replayed, starts, min_rows, audits: audits)
     fresh = run_experiment("fedkmeans", "sbm", 3, {**overrides, "resume": True}, tmp_path / "fresh",
                            node_configs=STRICT_NODES)
     assert fresh["history"][1]["withheld"] != full["history"][1]["withheld"]
@@ -395,42 +396,51 @@ def test_a_deployed_run_whose_supernode_died_resumes_with_the_uninterrupted_labe
 
 
 # -- the audit rebuilt from replayed centres, on a client's rows (no Flower) -----------------------
-def client_rows(seed: int = 4, min_rows: int = 5):
-    """Three groups of 14 rows, the audit after their local seeds (min-rows ``min_rows``), and three
-    steps of centres near the groups' (that with seed 4 make the third step withhold)."""
+RESTARTS = 2
+
+
+def client_rows(seed: int = 3, min_rows: int = 5):
+    """Three groups of 14 rows, the audit of two starts after their local seeds (min-rows ``min_rows``),
+    and three steps of centres near the groups' for both starts (that with seed 3 make the third
+    step withhold)."""
     rng = np.random.default_rng(seed)
     x = np.vstack([rng.normal(c, 0.8, size=(14, 2)) for c in ((0, 0), (3, 0), (0, 3))])
     _, _, seed_labels = proto.local_seeds(x, 3, 0, min_rows)
     audit = proto.Audit.of_seeds(seed_labels, int(seed_labels.max()) + 1, min_rows)
-    steps = [np.array([[0, 0], [3, 0], [0, 3.0]]) + rng.normal(0, 0.7, size=(3, 2)) for _ in range(3)]
-    return x, audit, steps
+    audits = proto.StartAudits.starting(audit.basis, RESTARTS, 3)
+    steps = [np.array([[0, 0], [3, 0], [0, 3.0]]) + rng.normal(0, 0.7, size=(RESTARTS, 3, 2)) for _ in range(3)]
+    return x, audits, steps
 
 
-def lloyd_run(x, audit, steps, min_rows: int = 5):
-    """Every step's statistics (sums, counts, withheld, inertia) and the audit after them."""
+def lloyd_run(x, audits, steps, min_rows: int = 5):
+    """Every step's statistics (starts x size) and the audit after them."""
     out = []
     for centres in steps:
-        *stats, audit = proto.lloyd_statistics(x, centres, min_rows, audit)
+        stats, _, audits = proto.start_statistics(x, centres, np.arange(len(centres)), min_rows, audits)
         out.append(stats)
-    return out, audit
+    return out, audits
 
 
-def same_audit(a: proto.Audit, b: proto.Audit) -> bool:
+def same_audit(a: proto.StartAudits, b: proto.StartAudits) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("basis", "labels", "sent"))
+
+
+def replayed_blocks(steps) -> tuple[np.ndarray, np.ndarray]:
+    """The blocks of ``steps`` as a resumed run's first live step carries them, and their starts."""
+    return np.concatenate(steps), np.concatenate([np.arange(len(c)) for c in steps])
 
 
 def test_an_audit_rebuilt_from_the_replayed_centres_is_the_uninterrupted_one():
     x, seeds, steps = client_rows()
     uninterrupted, after = lloyd_run(x, seeds, steps)
-    rebuilt = proto.replay_audit(x, np.stack(steps[:2]), (3, 2), 19, 5, seeds)
+    rebuilt = proto.replay_audit(x, *replayed_blocks(steps[:2]), 5, seeds)
     resumed, resumed_after = lloyd_run(x, rebuilt, steps[2:])
-    assert uninterrupted[2][2] > 0  # the live step withholds rows
-    for mine, theirs in zip(resumed[0], uninterrupted[2]):
-        assert np.array_equal(mine, theirs)
+    assert (uninterrupted[2][:, -2] > 0).any()  # the live step withholds rows
+    assert np.array_equal(resumed[0], uninterrupted[2])
     assert same_audit(resumed_after, after)
     fresh, _ = lloyd_run(x, seeds, steps[2:])  # without the rebuild another release goes out
-    assert not np.array_equal(fresh[0][1], uninterrupted[2][1])
-    assert proto.replay_audit(x, np.stack(steps[:2]), (3, 2), 19, 1, None) is None  # min-rows 1: no audit
+    assert not np.array_equal(fresh[0], uninterrupted[2])
+    assert proto.replay_audit(x, *replayed_blocks(steps[:2]), 1, None) is None  # min-rows 1: no audit
 
 
 def leverage(basis: np.ndarray) -> float:
@@ -444,35 +454,40 @@ def in_span(basis: np.ndarray, vectors: np.ndarray) -> bool:
 @pytest.mark.parametrize("attack", ["a row's neighbourhood", "every row in one cluster", "random far centres"])
 def test_replayed_centres_a_server_crafts_only_make_the_audit_stricter(attack):
     """The attacker's side: the server sends made-up replayed centres, then live centres that single
-    out each row in turn. The rebuilt audit spans at least the fresh one, and every set the client
-    sends after it lies in its span, which determines no row (every leverage below 1)."""
+    out each row in turn, one start a row apart from the other. The rebuilt audit spans at least the
+    fresh one, and every set the client sends after it, with either start, lies in its span, which
+    determines no row (every leverage below 1)."""
     x, seeds, _ = client_rows()
     rng = np.random.default_rng(1)
     far = np.full((2, 2), 1e3)
     crafted = {"a row's neighbourhood": [np.vstack([x[i], x.mean(0), far[0]]) for i in range(0, 42, 7)],
                "every row in one cluster": [np.vstack([x.mean(0), far])] * 3,
                "random far centres": [rng.normal(0, 50, size=(3, 2)) for _ in range(6)]}[attack]
-    audit = proto.replay_audit(x, np.stack(crafted), (3, 2), 19, 5, seeds)
-    assert in_span(audit.basis, seeds.basis) and leverage(audit.basis) < 1 - 1e-9
-    for i in range(len(x)):
-        _, counts, withheld, _, audit = proto.lloyd_statistics(x, np.vstack([x[i], x.mean(0), far[0]]), 5, audit)
-        sent = np.eye(3)[audit.labels][:, audit.sent]
-        assert in_span(audit.basis, sent) and leverage(audit.basis) < 1 - 1e-9
-        assert counts.sum() + withheld == len(x) and (counts[counts > 0] >= 5).all()
+    audits = proto.replay_audit(x, np.stack(crafted), np.arange(len(crafted)) % RESTARTS, 5, seeds)
+    assert in_span(audits.basis, seeds.basis) and leverage(audits.basis) < 1 - 1e-9
+    for i in range(len(x) - 1):
+        probes = np.stack([np.vstack([x[i], x.mean(0), far[0]]), np.vstack([x[i + 1], x.mean(0), far[0]])])
+        stats, counts, audits = proto.start_statistics(x, probes, np.arange(RESTARTS), 5, audits)
+        for start in range(RESTARTS):
+            sent = np.eye(3)[audits.labels[start]][:, audits.sent[start]]
+            assert in_span(audits.basis, sent) and leverage(audits.basis) < 1 - 1e-9
+        assert (counts.sum(1) + stats[:, -2] == len(x)).all() and (counts[counts > 0] >= 5).all()
 
 
-@pytest.mark.parametrize("replayed,why", [
-    (np.zeros((2, 3)), r"shape \(2, 3\); valid: 1..19 steps of centres \(3, 2\)"),
-    (np.zeros((1, 4, 2)), r"shape \(1, 4, 2\)"),
-    (np.zeros((20, 3, 2)), r"shape \(20, 3, 2\); valid: 1..19"),
-    (np.zeros((0, 3, 2)), r"shape \(0, 3, 2\)"),
-    (np.full((1, 3, 2), np.nan), "not finite"),
-    (np.full((1, 3, 2), np.inf), "not finite"),
+@pytest.mark.parametrize("replayed,starts,why", [
+    (np.zeros((2, 3)), [0, 1], r"shape \(2, 3\); valid: 1..19 blocks of centres \(3, 2\)"),
+    (np.zeros((1, 4, 2)), [0], r"shape \(1, 4, 2\)"),
+    (np.zeros((20, 3, 2)), [0] * 20, r"shape \(20, 3, 2\); valid: 1..19"),
+    (np.zeros((0, 3, 2)), [], r"shape \(0, 3, 2\)"),
+    (np.full((1, 3, 2), np.nan), [0], "not finite"),
+    (np.full((1, 3, 2), np.inf), [0], "not finite"),
+    (np.zeros((2, 3, 2)), [0], r"replayed_starts of int64 \(1,\); valid: 2 starts in 0..1"),
+    (np.zeros((2, 3, 2)), [0, 2], r"replayed_starts of int64 \(2,\); valid: 2 starts in 0..1"),
+    (np.zeros((2, 3, 2)), [0.0, 1.0], r"replayed_starts of float64"),
 ])
-def test_malformed_replayed_centres_are_refused(replayed, why):
-    x, seeds, _ = client_rows()
+def test_malformed_replayed_centres_are_refused(replayed, starts, why):
     with pytest.raises(ValueError, match=why):
-        proto.replay_audit(x, replayed, (3, 2), 19, 5, seeds)
+        proto.check_replayed(replayed, np.asarray(starts), (3, 2), RESTARTS, 19)
 
 
 def test_replayed_centres_after_the_first_lloyd_statistics_are_refused():
@@ -480,7 +495,7 @@ def test_replayed_centres_after_the_first_lloyd_statistics_are_refused():
     x, seeds, steps = client_rows()
     _, audit = lloyd_run(x, seeds, steps[:1])
     with pytest.raises(ValueError, match="after this client's first Lloyd statistics"):
-        proto.replay_audit(x, np.stack(steps[1:]), (3, 2), 19, 5, audit)
+        proto.replay_audit(x, *replayed_blocks(steps[1:]), 5, audit)
 
 
 def test_a_steps_digest_leaves_out_the_relayed_keys_and_their_endorsements():

@@ -57,6 +57,11 @@ def pinned(estimate: np.ndarray, x: np.ndarray, tol: float) -> int:
 GRID = 4096
 
 
+def one_start(centres: np.ndarray, start: int = 0) -> dict[str, np.ndarray]:
+    """A ``kmeans_step`` request advancing the one start ``start`` to ``centres``."""
+    return {"starts": np.array([start]), "centres": centres[None]}
+
+
 def grid_centres(axis: int, shift: float, low=-12.0, high=12.0) -> tuple[np.ndarray, np.ndarray]:
     """``GRID`` centres on feature ``axis`` (the others 0), shifted by ``shift`` cells; their positions."""
     cell = (high - low) / GRID
@@ -91,16 +96,16 @@ def test_a_server_reads_no_row_through_fedkmeans_labels_of_its_centres(member):
 
     m.new_run({**RUN, "strategy": "fedkmeans", "num-clusters": GRID, "num-rounds": 20})
     assert m.send("hello", values={"k": GRID, "seed": 0}).answered
-    refused = m.send(proto.KMEANS_STEP, {"centres": np.zeros((5, FEATURES))}).refused
+    refused = m.send(proto.KMEANS_STEP, one_start(np.zeros((5, FEATURES)))).refused
     assert refused == "server-input"  # centres of another k than the run's
 
     def forged(centres):
-        step = m.send(proto.KMEANS_STEP, {"centres": centres})
+        step = m.send(proto.KMEANS_STEP, one_start(centres))
         if not step.answered:
             return step
-        _, counts, withheld, inertia = proto.split_statistics(step.arrays["stats"], GRID)
+        _, counts, withheld, inertia = proto.split_statistics(step.arrays["stats"][0], GRID)
         total = proto.join_statistics(centres * (counts + 1)[:, None], counts + 1, withheld, inertia)
-        return m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": total})
+        return m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": total}, {"start": 0})
 
     assert np.isnan(read_axis(forged, 0, len(x))).all()  # one label reply a run: one grid, half a read
 
@@ -134,44 +139,58 @@ def bisect_a_row(read, rows: int) -> list[np.ndarray]:
     return []
 
 
+def plane(u: np.ndarray, theta: float) -> np.ndarray:
+    """Two centres whose bisector is the plane ``u.x = theta``."""
+    return np.stack([(theta - 1.0) * u, (theta + 1.0) * u])
+
+
+def below_of(stats: np.ndarray, rows: int, seen: dict) -> tuple[int, np.ndarray] | None:
+    """The rows below a plane and their sum, from one start's statistics (the total less the upper
+    side when the lower is withheld; ``seen`` keeps the total once a reading gives it), None when
+    they do not follow."""
+    sums, counts, _, _ = proto.split_statistics(stats, 2)
+    if counts.sum() == rows or (counts[0] > 0 and counts[1] == 0):  # all sent, or the upper side withheld
+        below = (int(counts[0]), sums[0])
+    elif counts[1] > 0 and counts[0] == 0 and "total" in seen:
+        below = (int(rows - counts[1]), seen["total"] - sums[1])
+    else:
+        return None
+    if below[0] == 0:
+        seen["total"] = sums[1]
+    return below
+
+
 def below_reader(m: Member, u: np.ndarray, fresh, rows: int):
-    """``read(theta)``: two centres whose bisector is the plane ``u.x = theta``; ``fresh()`` before each
-    reading (a second hello, or a new run). The rows below and their sum (the total less the upper
-    side when the lower is withheld), None when the member sends nothing new."""
+    """``read(theta)``: the plane ``u.x = theta``; ``fresh()`` before each reading (a second hello, or a
+    new run: start 0 again; or another start of the run: its index). The rows below and their sum,
+    None when the member sends nothing new."""
     seen = {}
 
     def read(theta):
-        fresh()
-        centres = np.stack([(theta - 1.0) * u, (theta + 1.0) * u])
-        reply = m.send(proto.KMEANS_STEP, {"centres": centres})
-        if not reply.answered:
-            return None
-        sums, counts, _, _ = proto.split_statistics(reply.arrays["stats"], 2)
-        if counts.sum() == rows or (counts[0] > 0 and counts[1] == 0):  # all sent, or the upper side withheld
-            below = (int(counts[0]), sums[0])
-        elif counts[1] > 0 and counts[0] == 0 and "total" in seen:
-            below = (int(rows - counts[1]), seen["total"] - sums[1])
-        else:
-            return None
-        if below[0] == 0:
-            seen["total"] = sums[1]
-        return below
+        reply = m.send(proto.KMEANS_STEP, one_start(plane(u, theta), fresh() or 0))
+        return below_of(reply.arrays["stats"][0], rows, seen) if reply.answered else None
 
     return read
 
 
-@pytest.mark.parametrize("reset", ["second-hello", "new-run"])
-def test_differencing_takes_no_row_after_a_second_hello_or_in_a_new_run(member, reset):
+@pytest.mark.parametrize("reset", ["second-hello", "new-run", "new-start"])
+def test_differencing_takes_no_row_after_a_second_hello_in_a_new_run_or_start(member, reset):
     """Every reading after a hello that would start the member's audit anew (a second hello in the run,
-    or a new run); without the defences the difference of two readings is one row, exactly."""
-    raw = {"strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 1000, "fedkmeans.tol": 0.0}
+    or a new run), or with a start the member has not advanced yet (its first statistics); without
+    the defences the difference of two readings is one row, exactly."""
+    raw = {"strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 1000, "fedkmeans.tol": 0.0,
+           "fedkmeans.restarts": 1000}
     m = member(raw)
     x = m.features()
     u = np.random.default_rng(0).normal(size=FEATURES)
     u /= np.linalg.norm(u)
     seeds = iter(range(10_000))
+    if reset == "new-start":
+        m.send("hello", values={"k": 2, "seed": 0})
 
     def fresh():
+        if reset == "new-start":
+            return next(seeds)
         if reset == "new-run":
             m.new_run()
         m.send("hello", values={"k": 2, "seed": next(seeds)})  # another seed: a new request
@@ -181,6 +200,31 @@ def test_differencing_takes_no_row_after_a_second_hello_or_in_a_new_run(member, 
     assert not hits, f"{len(hits)} row(s) taken"
     if reset == "second-hello":
         assert m.send("hello", values={"k": 2, "seed": 10**6}).refused == "protocol-order"
+
+
+def test_differencing_takes_no_row_with_every_start_of_one_step(member):
+    """One Lloyd step whose starts put the plane between every two neighbouring rows (a server that knew
+    the rows could do no better): each start's below-set differs from the next one's by one row.
+    The starts share the member's audit, so no two of the sets it sends differ by one row."""
+    m = member({"strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 2, "fedkmeans.restarts": 1000})
+    x = m.features()
+    u = np.random.default_rng(0).normal(size=FEATURES)
+    u /= np.linalg.norm(u)
+    side = np.sort(x @ u)
+    thetas = np.concatenate([[side[0] - 1.0], (side[1:] + side[:-1]) / 2, [side[-1] + 1.0]])
+    m.send("hello", values={"k": 2, "seed": 0})
+    reply = m.send(proto.KMEANS_STEP, {"starts": np.arange(len(thetas)),
+                                       "centres": np.stack([plane(u, t) for t in thetas])})
+    assert reply.answered and reply.arrays["stats"].shape[0] == len(thetas)
+    seen, below = {}, {}
+    for theta, stats in zip(thetas, reply.arrays["stats"]):
+        below[theta] = below_of(stats, len(x), seen)
+    readings = [below[t] for t in thetas if below[t] is not None]
+    taken = [b[1] - a[1] for a in readings for b in readings if b[0] - a[0] == 1]
+    hits = [t for t in taken if np.isclose(x, t, rtol=1e-9, atol=1e-9).all(axis=1).any()]
+    assert not hits, f"{len(hits)} row(s) taken"
+    over = {"starts": np.arange(1001), "centres": np.zeros((1001, 2, FEATURES))}
+    assert m.send(proto.KMEANS_STEP, over).refused == "server-input"  # more starts than fedkmeans.restarts
 
 
 # -- fedavg-dmon: labels of weights the server picks ----------------------------------------------

@@ -149,10 +149,11 @@ SERVER_LEARNS: dict[str, dict[str, str]] = {
                  "earlier runs on these rows",
         "kmeans_init": "as hello's centres, of the rows filtered over the whole graph; once",
         "kmeans_filter": "nothing: padded, masked ring elements; filter-order times",
-        "kmeans_step": "for centres of its choice (num-clusters finite rows, at most num-rounds steps): per-cluster "
-                       "sums, counts and inertia (masked: their sum over the members), each over at least min-rows "
-                       "rows and none that determines a row with every sum sent of these rows in any run",
-        "kmeans_assign": "once a run: each row's cluster under the last step's centres moved by a total it states "
+        "kmeans_step": "for centres of its choice (per start, num-clusters finite rows; at most fedkmeans.restarts "
+                       "starts a step, at most num-rounds steps): per-cluster sums, counts and inertia (masked: their "
+                       "sum over the members), each over at least min-rows rows and none that determines a row with "
+                       "every sum sent of these rows, by any start, in any run",
+        "kmeans_assign": "once a run: each row's cluster under one start's last centres moved by a total it states "
                          "(holding the member's counts): log2(num-clusters) bits of each row",
     },
     "kcagc": {

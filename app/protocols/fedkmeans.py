@@ -12,6 +12,15 @@ its own rows and uploads its local centres with their sizes, each centre the
 mean of at least ``min-rows`` rows; the server runs weighted k-means on the
 union of local centres.
 
+Restarts (``restarts`` = R, scikit-learn's ``n_init``): R starts advance side by side, each a
+leading-axis block of the same messages (R x k x f down, R statistics vectors up, in one secure
+sum); a start whose centres no longer move drops out of the messages. Start 0 is the weighted
+k-means of the local centres, starts 1..R-1 weighted k-means++ seedings of them
+(:func:`starting_centres`); the start whose summed statistics give the least inertia per row
+sent wins (:func:`best_start`). With one client and ``min-rows`` 1 this is exactly scikit-learn's
+best of R Lloyd runs from those starts. A client's row audit covers every start's sums in one basis
+(:class:`StartAudits`): R starts give the server no set it could not have asked for in R rounds.
+
 Filter over the whole graph (a node split with boundary edges, several clients): the AGC
 filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2`` (``D~`` = whole-graph degree + 1) applied
 ``filter-order`` times needs, per hop, each node's sum over all its neighbours of
@@ -22,7 +31,7 @@ then computed on those rows (``kmeans_init``) instead of with hello.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -44,9 +53,11 @@ FILTER_HOPS = "filter_hops"
 #: the padded upload of a hop: ``B_c U_c`` (N x f, masked and padded)
 NEIGHBOURS = "neighbours"
 #: with a resumed run's first live ``kmeans_step``: the centres of every Lloyd step replayed from the
-#: journal (r x k x f, in step order; :func:`replay_audit`); the ``replayed_`` prefix keeps it out of
+#: journal (p x k x f: each step's blocks, one per start it advanced, in step order; :func:`replay_audit`); the ``replayed_`` prefix keeps it out of
 #: the step's journal digest (:data:`app.journal.REPLAYED`)
 REPLAYED_CENTRES = "replayed_centres"
+#: beside it: the start of each replayed block (p)
+REPLAYED_STARTS = "replayed_starts"
 
 #: the arrays a client adds to its hello reply (or its ``kmeans_init`` reply, after the filter over the
 #: whole graph): its local k-means++ centres and their sizes
@@ -54,9 +65,10 @@ INIT_REPLY = ReplySpec(arrays={"centres": ArraySpec((None, None)), "counts": Arr
                        same_length=("centres", "counts"))
 
 
-def step_reply(size: int, secure: bool) -> ReplySpec:
-    """``stats``: sums, counts and inertia in one vector of ``size``; masked integers when ``secure``."""
-    return ReplySpec(arrays={"stats": ArraySpec((size,), kind="u" if secure else "f", masked=secure)})
+def step_reply(starts: int, size: int, secure: bool) -> ReplySpec:
+    """``stats``: per start, sums, counts and inertia in one vector of ``size`` (starts x size);
+    masked integers when ``secure``."""
+    return ReplySpec(arrays={"stats": ArraySpec((starts, size), kind="u" if secure else "f", masked=secure)})
 
 
 def assign_reply(k: int) -> ReplySpec:
@@ -73,6 +85,8 @@ class FedKMeansConfig(ConfigView):
     prefix: ClassVar[str] = "fedkmeans"
     filter_order: int = setting(0, "AGC low-pass filter order applied first (over the whole graph with "
                                 "partition.boundary)", low=0, high=1000, primary=True)
+    restarts: int = setting(10, "k-means starts advanced side by side in the same messages (scikit-learn's n_init; "
+                            "the centralised reference's restarts); the least inertia wins", low=1, high=1000)
     tol: float = setting(1e-6, "stop when no centre moves more than this", low=0.0)
     secure: bool = setting(False, "secure aggregation of the per-round statistics")
 
@@ -108,16 +122,28 @@ def hop_bound(total: int, value_bound: float) -> float:
     return max(int(total) - 1, 1) * float(value_bound)
 
 
-def centres_problem(centres: np.ndarray, k: int, width: int) -> str | None:
+def centres_problem(centres: np.ndarray, k: int, width: int, starts: int | None = None) -> str | None:
     """Why server-sent ``centres`` are not centres of this run (None: they are): exactly ``k``
-    (its num-clusters) finite centres of the client's feature ``width``. Checked before any
-    statistic or label is computed from them: k-means of the run's k, never a grid of probes.
-    (Several starts advanced in one message are a leading axis of such blocks, each checked so.)"""
+    (its num-clusters) finite centres of the client's feature ``width``; with ``starts``, that many
+    such blocks on a leading axis (one per start of a Lloyd step), each checked so. Checked before
+    any statistic or label is computed from them: k-means of the run's k, never a grid of probes."""
     centres = np.asarray(centres)
-    if centres.dtype.kind != "f" or centres.shape != (k, width):
-        return f"centres of {centres.dtype} {centres.shape}; valid: float ({k}, {width}), the run's num-clusters"
+    shape = (k, width) if starts is None else (starts, k, width)
+    if centres.dtype.kind != "f" or centres.shape != shape:
+        return f"centres of {centres.dtype} {centres.shape}; valid: float {shape}, the run's num-clusters"
     if not np.isfinite(centres).all():
         return "centres that are not finite"
+    return None
+
+
+def starts_problem(starts: np.ndarray, restarts: int) -> str | None:
+    """Why the server's ``starts`` (the starts a Lloyd step advances) are not starts of this run
+    (None: they are): 1..``restarts`` distinct indices in ``0..restarts-1``, increasing."""
+    starts = np.asarray(starts)
+    if starts.dtype.kind not in "iu" or starts.ndim != 1 or not 1 <= len(starts) <= restarts:
+        return f"starts of {starts.dtype} {starts.shape}; valid: 1..{restarts} integers (fedkmeans.restarts)"
+    if starts.min() < 0 or starts.max() >= restarts or (np.diff(starts) <= 0).any():
+        return f"starts {starts.tolist()}; valid: increasing indices in 0..{restarts - 1} (fedkmeans.restarts)"
     return None
 
 
@@ -171,6 +197,53 @@ class Audit:
         return cls(_admitted(np.zeros((len(labels), 0)), labels, k, min_rows)[0])
 
 
+@dataclass(frozen=True)
+class StartAudits:
+    """What a client has sent of its rows over every start of a run: one ``basis`` for them all (a
+    row set the server read with any start is known to it whichever start it comes with, so the
+    sets of R starts are audited as if sent in R rounds), and per start its last assignment
+    ``labels`` (restarts x rows; -1 before the start's first statistics) and clusters ``sent``
+    (restarts x k)."""
+
+    basis: np.ndarray
+    labels: np.ndarray
+    sent: np.ndarray
+
+    @classmethod
+    def starting(cls, basis: np.ndarray, restarts: int, k: int) -> StartAudits:
+        """Before the first Lloyd statistics: the row sets ``basis`` spans (the seeds, earlier runs)."""
+        return cls(basis, np.full((restarts, len(basis)), -1, dtype=np.int64), np.zeros((restarts, k), dtype=bool))
+
+    def of(self, start: int) -> Audit:
+        """Start ``start``'s view: the shared basis, its last assignment and clusters sent."""
+        if (self.labels[start] < 0).all():
+            return Audit(self.basis)
+        return Audit(self.basis, self.labels[start], self.sent[start])
+
+    def started(self) -> bool:
+        """Whether any start has sent Lloyd statistics."""
+        return bool((self.labels >= 0).any())
+
+
+def start_statistics(x: np.ndarray, centres: np.ndarray, starts: np.ndarray, min_rows: int = 1,
+                     audits: StartAudits | None = None) -> tuple[np.ndarray, np.ndarray, StartAudits | None]:
+    """Client step for the ``starts`` a Lloyd step advances (``centres``: one k x f block each):
+    each start's :func:`lloyd_statistics`, joined (:func:`join_statistics`; starts x (k f + k + 2)),
+    its counts (starts x k) and the audit after them all. The starts go through one audit in turn
+    (above ``min-rows`` 1): each start's sets join the basis the starts before it left."""
+    audits = None if audits is None else StartAudits(audits.basis, audits.labels.copy(), audits.sent.copy())
+    stats, counts = [], []
+    for start, block in zip(np.asarray(starts, dtype=np.int64), centres):
+        sums, n, withheld, inertia, audit = lloyd_statistics(x, block, min_rows, None if audits is None else
+                                                             audits.of(start))
+        if audit is not None:
+            audits.labels[start], audits.sent[start] = audit.labels, audit.sent
+            audits = replace(audits, basis=audit.basis)
+        stats.append(join_statistics(sums, n, withheld, inertia))
+        counts.append(n)
+    return np.stack(stats), np.stack(counts), audits
+
+
 def lloyd_statistics(x: np.ndarray, centres: np.ndarray, min_rows: int = 1,
                      audit: Audit | None = None) -> tuple[np.ndarray, np.ndarray, float, float, Audit | None]:
     """Client step: per-cluster sums (k x f), counts (k,), the rows withheld, the inertia of the
@@ -193,32 +266,41 @@ def lloyd_statistics(x: np.ndarray, centres: np.ndarray, min_rows: int = 1,
     return sums, counts, withheld, float(d2), audit
 
 
-def replay_audit(x: np.ndarray, replayed: np.ndarray, centres_shape: tuple, most: int, min_rows: int,
-                 audit: Audit | None) -> Audit | None:
+def check_replayed(replayed: np.ndarray, starts: np.ndarray, centres_shape: tuple, restarts: int, most: int) -> None:
+    """A resumed run's replayed Lloyd steps as the server sends them, or a ValueError: ``replayed``
+    (p x k x f), the blocks of every replayed step in step order (each step's starts in increasing
+    order), at most ``most``, finite; ``starts`` (p), the start of each block, in ``0..restarts-1``."""
+    starts = np.asarray(starts)
+    if replayed.ndim != 3 or replayed.shape[1:] != tuple(centres_shape) or not 0 < len(replayed) <= most:
+        raise ValueError(f"{REPLAYED_CENTRES} of shape {replayed.shape}; valid: 1..{most} blocks of centres "
+                         f"{tuple(centres_shape)}")
+    if not np.isfinite(replayed).all():
+        raise ValueError(f"{REPLAYED_CENTRES} holds values that are not finite")
+    if starts.dtype.kind not in "iu" or starts.shape != (len(replayed),) or starts.min() < 0 \
+            or starts.max() >= restarts:
+        raise ValueError(f"{REPLAYED_STARTS} of {starts.dtype} {starts.shape}; valid: {len(replayed)} starts in "
+                         f"0..{restarts - 1}")
+
+
+def replay_audit(x: np.ndarray, replayed: np.ndarray, starts: np.ndarray, min_rows: int,
+                 audits: StartAudits | None) -> StartAudits | None:
     """The audit of a resumed run's fresh client after the Lloyd steps it never saw: the journal
     replayed them (their replies recorded in the interrupted run), so it answers its first live
-    step only after recomputing, from its own rows ``x``, the statistics of every replayed step's
-    centres (``replayed``, r x k x f in step order, at most ``most``) and recording them.
+    step only after recomputing, from its own rows ``x``, the statistics of every replayed block
+    (``replayed`` and ``starts`` as :func:`check_replayed` admits them) and recording them.
 
     Safe whatever centres a server sends: each replayed assignment only adds row sets to what the
     audit believes was released (its basis grows; a set goes in only if :func:`admit` lets it), so
     the audit is never looser than the fresh one the client starts with (the audit a new run's
     client has), and every statistic :func:`release` sends after it lies in the span of a basis
     that holds all this client has sent in this run. With the honest server's centres (its own
-    requests, deterministic) these are the sums the interrupted client sent, computed as it did:
-    the uninterrupted run's audit exactly, so the same clusters are withheld. Only before this
-    client's first Lloyd statistics (a ValueError otherwise, as for a malformed ``replayed``)."""
-    if replayed.ndim != 3 or replayed.shape[1:] != tuple(centres_shape) or not 0 < len(replayed) <= most:
-        raise ValueError(f"{REPLAYED_CENTRES} of shape {replayed.shape}; valid: 1..{most} steps of centres "
-                         f"{tuple(centres_shape)}")
-    if not np.isfinite(replayed).all():
-        raise ValueError(f"{REPLAYED_CENTRES} holds values that are not finite")
-    if audit is not None and audit.labels is not None:
+    requests, deterministic) these are the sums the interrupted client sent, computed as it did,
+    start after start: the uninterrupted run's audit exactly, so the same clusters are withheld.
+    Only before this client's first Lloyd statistics (a ValueError otherwise)."""
+    if audits is not None and audits.started():
         raise ValueError(f"{REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the first "
                          "live step of a resumed run only")
-    for centres in replayed if audit is not None else ():
-        audit = lloyd_statistics(x, centres, min_rows, audit)[4]
-    return audit
+    return None if audits is None else start_statistics(x, replayed, starts, min_rows, audits)[2]
 
 
 def released_seeds(labels: np.ndarray, k: int, min_rows: int, basis: np.ndarray,
@@ -336,18 +418,21 @@ def update_centres(centres: np.ndarray, sums: np.ndarray, counts: np.ndarray) ->
     return new
 
 
-def local_seeds(x: np.ndarray, k: int, seed: int, min_rows: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def local_seeds(x: np.ndarray, k: int, seed: int, min_rows: int = 1,
+                restarts: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Client init: centres of the local rows, their sizes and each row's centre, each centre the
-    mean of at least ``min_rows`` rows. k-means++ finds ``min(k, rows // min_rows)`` clusters; then, smallest first, a cluster of
-    fewer than ``min_rows`` rows gives its rows to the nearest remaining centre, whose mean follows.
-    With ``min_rows`` 1 these are the local k-means++ centres (a one-row cluster's centre is the row)."""
+    mean of at least ``min_rows`` rows. k-means (k-means++, the best of ``restarts`` runs: the
+    centralised reference's ``n_init``) finds ``min(k, rows // min_rows)`` clusters; then, smallest
+    first, a cluster of fewer than ``min_rows`` rows gives its rows to the nearest remaining centre,
+    whose mean follows. With ``min_rows`` 1 these are the local k-means centres (a one-row cluster's
+    centre is the row): with one client, the centralised reference's own clusters."""
     # imported here: a deployed ClientApp process, started for every message, imports this module
     from sklearn.cluster import KMeans
 
     k_local = min(k, len(x) // max(min_rows, 1))
     if k_local < 1:
         raise ValueError(f"{len(x)} rows cannot give a centre of at least {min_rows} rows")
-    labels = KMeans(k_local, init="k-means++", n_init=1, random_state=seed).fit(x).labels_
+    labels = KMeans(k_local, init="k-means++", n_init=restarts, random_state=seed).fit(x).labels_
     kept = np.arange(k_local)
     while True:
         sizes = np.bincount(labels, minlength=k_local)[kept]
@@ -379,6 +464,36 @@ def merge_seeds(centres: np.ndarray, weights: np.ndarray, k: int, seed: int) -> 
 
     km = KMeans(k, init="k-means++", n_init=10, random_state=seed)
     return km.fit(centres, sample_weight=weights).cluster_centers_
+
+
+def starting_centres(centres: np.ndarray, weights: np.ndarray, k: int, seed: int, restarts: int) -> np.ndarray:
+    """Server init of ``restarts`` starts (restarts x k x f) from the union of local centres: start 0
+    :func:`merge_seeds`, start r >= 1 weighted k-means++ seeds of the local centres drawn at
+    ``(seed, r)`` (:func:`sklearn.cluster.kmeans_plusplus`), as scikit-learn seeds each of its
+    ``n_init`` runs on the rows, here on their k-FED summary. Fewer local centres than k: each
+    start splits the heaviest with its own random offsets."""
+    from sklearn.cluster import kmeans_plusplus
+
+    first = merge_seeds(centres, weights, k, seed)
+    starts = [first]
+    for r in range(1, restarts):
+        state = int(np.random.SeedSequence([int(seed), r]).generate_state(1)[0])
+        if len(centres) < k:
+            starts.append(_split_heaviest(centres, weights, k, state))
+        else:
+            starts.append(kmeans_plusplus(centres, k, sample_weight=weights, random_state=state)[0])
+    return np.stack(starts).astype(np.float64)
+
+
+def best_start(totals: np.ndarray, k: int) -> int:
+    """The start whose summed statistics (``totals``, one row a start) give the least inertia per row
+    sent (the inertia counts the rows sent only, so a start whose clients withheld more rows would
+    look better by its plain sum; with every row sent, the least inertia); the first of equals."""
+    def per_row(total: np.ndarray) -> float:
+        _, counts, _, inertia = split_statistics(total, k)
+        return inertia / max(float(counts.sum()), 1.0)
+
+    return int(np.argmin([per_row(t) for t in totals]))
 
 
 def _split_heaviest(centres: np.ndarray, weights: np.ndarray, k: int, seed: int) -> np.ndarray:
