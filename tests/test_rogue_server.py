@@ -179,7 +179,7 @@ def test_differencing_takes_no_row_after_a_second_hello_in_a_new_run_or_start(me
     or a new run), or with a start the member has not advanced yet (its first statistics); without
     the defences the difference of two readings is one row, exactly."""
     raw = {"strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 1000, "fedkmeans.tol": 0.0,
-           "fedkmeans.restarts": 1000}
+           "fedkmeans.restarts": READINGS + 2 if reset == "new-start" else 1}  # a start for every reading
     m = member(raw)
     x = m.features()
     u = np.random.default_rng(0).normal(size=FEATURES)
@@ -206,7 +206,8 @@ def test_differencing_takes_no_row_with_every_start_of_one_step(member):
     """One Lloyd step whose starts put the plane between every two neighbouring rows (a server that knew
     the rows could do no better): each start's below-set differs from the next one's by one row.
     The starts share the member's audit, so no two of the sets it sends differ by one row."""
-    m = member({"strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 2, "fedkmeans.restarts": 1000})
+    starts = NODES + 1  # more than a member's rows
+    m = member({"strategy": "fedkmeans", "num-clusters": 2, "num-rounds": 2, "fedkmeans.restarts": starts})
     x = m.features()
     u = np.random.default_rng(0).normal(size=FEATURES)
     u /= np.linalg.norm(u)
@@ -223,7 +224,7 @@ def test_differencing_takes_no_row_with_every_start_of_one_step(member):
     taken = [b[1] - a[1] for a in readings for b in readings if b[0] - a[0] == 1]
     hits = [t for t in taken if np.isclose(x, t, rtol=1e-9, atol=1e-9).all(axis=1).any()]
     assert not hits, f"{len(hits)} row(s) taken"
-    over = {"starts": np.arange(1001), "centres": np.zeros((1001, 2, FEATURES))}
+    over = {"starts": np.arange(starts + 1), "centres": np.zeros((starts + 1, 2, FEATURES))}
     assert m.send(proto.KMEANS_STEP, over).refused == "server-input"  # more starts than fedkmeans.restarts
 
 
