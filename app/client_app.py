@@ -32,6 +32,7 @@ from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_no
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
 from app.disclosure import disclosing, log_failure, party_failure  # noqa: E402
+from app.engine import pick_up_on_push_in_simulation  # noqa: E402
 from app.privacy.policy import PrivacyRefusal  # noqa: E402
 from app.result import unwritable  # noqa: E402
 from app.transport import refusal, unpack  # noqa: E402
@@ -228,4 +229,5 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
 
 app = build_client_app()
+pick_up_on_push_in_simulation()  # flwr run's simulation process loads this module before its runtime starts
 LOADED_AT = time.time()

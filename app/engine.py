@@ -15,10 +15,24 @@ minutes. Here:
   has failed, every grid call raises :class:`EngineStopped`, so the ServerApp thread
   ends at its next call instead of at its timeout; the engine's failure is raised as
   one :class:`EngineError` once that thread has ended.
+
+Flower's simulation runtime hands a pushed message to its ClientApp on a 0.1 s tick
+(``vce_api.add_messages_to_queue`` looks for new messages, then waits 0.1 s), so every
+step waits 50 ms on average before any client starts, and the ServerApp, polling for
+the replies, waits again. :func:`pick_up_on_push` makes it event-driven within one
+process: Flower's in-memory LinkState signals every message and reply it stores
+(:data:`MESSAGES_STORED`, :data:`REPLIES_STORED`), the runtime's pick-up waits for the
+first signal (Flower's 0.1 s stays the longest wait), and a :class:`WatchedGrid` over
+Flower's in-memory grid offers the reply signal to :func:`app.transport.exchange`, which
+then pulls as soon as a reply is stored. :func:`simulate` (``python -m app.run``,
+:func:`app.api.cluster`) applies it before the engine starts; under ``flwr run`` the
+simulation process applies it when it loads the ClientApp (:mod:`app.client_app`), which
+Flower does before it starts the runtime's threads.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Callable, Iterable
@@ -30,6 +44,10 @@ from app import quiet
 from app.errors import FedGraphError
 
 RAY_START_ATTEMPTS = 2
+#: the longest the simulation runtime's pick-up waits for a stored message (Flower's tick)
+PICKUP_WAIT_S = 0.1
+#: the module whose pick-up :func:`pick_up_on_push` replaces
+VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
 SERVER_STOP_S = 300.0  # bound on the wait for the ServerApp thread after a failure; it ends at its next grid call
 
 
@@ -50,12 +68,95 @@ class EngineStopped(FedGraphError, RuntimeError):
     """Raised in the ServerApp thread by a grid call once the engine has failed."""
 
 
+class StoreSignal:
+    """Counts the messages stored in Flower's in-memory LinkState of this process and wakes
+    whoever waits for the next one (:meth:`wait_past` a :meth:`mark` taken before looking)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._count = 0
+
+    def mark(self) -> int:
+        with self._condition:
+            return self._count
+
+    def stored(self) -> None:
+        with self._condition:
+            self._count += 1
+            self._condition.notify_all()
+
+    def wait_past(self, mark: int, timeout: float) -> bool:
+        """Wait until a message is stored after ``mark`` (True), at most ``timeout`` seconds."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._count != mark, timeout)
+
+
+MESSAGES_STORED, REPLIES_STORED = StoreSignal(), StoreSignal()
+
+
+def _signalling(store, signal: StoreSignal):
+    """``store`` (a LinkState's store-message method) followed by ``signal.stored()``."""
+    def stored(self, message):
+        try:
+            return store(self, message)
+        finally:
+            signal.stored()
+
+    stored.signals = signal
+    return stored
+
+
+def add_messages_to_queue(state, queue, nodes_mapping, f_stop: threading.Event) -> None:
+    """Flower's ``vce_api.add_messages_to_queue`` (each node's next undelivered message into the
+    workers' queue until ``f_stop``), looking again as soon as a message is stored, or after
+    :data:`PICKUP_WAIT_S`, instead of every 0.1 s."""
+    while not f_stop.is_set():
+        mark, found = MESSAGES_STORED.mark(), False
+        for node_id in nodes_mapping:
+            for message in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(message)
+                found = True
+        if not found:
+            MESSAGES_STORED.wait_past(mark, PICKUP_WAIT_S)
+
+
+def pick_up_on_push() -> None:
+    """Make Flower's simulation runtime in this process hand each message to its ClientApp when
+    it is stored, and signal stored replies (module docstring). Idempotent."""
+    from flwr.server.superlink.fleet.vce import vce_api
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+
+    if vce_api.add_messages_to_queue is add_messages_to_queue:
+        return
+    InMemoryLinkState.store_message_ins = _signalling(InMemoryLinkState.store_message_ins, MESSAGES_STORED)
+    InMemoryLinkState.store_message_res = _signalling(InMemoryLinkState.store_message_res, REPLIES_STORED)
+    vce_api.add_messages_to_queue = add_messages_to_queue
+
+
+def pick_up_on_push_in_simulation() -> None:
+    """:func:`pick_up_on_push` in a process that runs Flower's simulation runtime (one that has
+    imported it: ``flwr run``'s simulation process loads the ClientApp before it starts the
+    runtime's threads); nothing elsewhere (a SuperNode's ClientApp)."""
+    if VCE_API in sys.modules:
+        pick_up_on_push()
+
+
+def _picks_up_on_push(grid: Grid) -> bool:
+    """``grid`` is Flower's in-memory grid of a runtime changed by :func:`pick_up_on_push` (its
+    LinkState signals the replies it stores)."""
+    store = getattr(type(getattr(grid, "state", None)), "store_message_res", None)
+    return getattr(store, "signals", None) is REPLIES_STORED
+
+
 class WatchedGrid(Grid):
-    """``grid`` whose calls raise :class:`EngineStopped` once ``stopped`` is set."""
+    """``grid`` whose calls raise :class:`EngineStopped` once ``stopped`` is set. Over Flower's
+    in-memory grid of a runtime changed by :func:`pick_up_on_push`, :attr:`replies_stored` is
+    the signal of stored replies (else None), on which :func:`app.transport.exchange` waits."""
 
     def __init__(self, grid: Grid, stopped: threading.Event) -> None:
         self._grid = grid
         self._stopped = stopped
+        self.replies_stored = REPLIES_STORED if _picks_up_on_push(grid) else None
 
     def _check(self) -> None:
         if self._stopped.is_set():
@@ -148,6 +249,7 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
 
     config = backend_config()
     watch = EngineWatch()
+    pick_up_on_push()
     start_ray(config)
     try:
         run_simulation(server_app=server_app_for(watch), client_app=client_app, num_supernodes=num_supernodes,

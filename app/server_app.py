@@ -305,7 +305,7 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            run_server(grid if watch is None else watch.grid(grid), {**context.run_config, **overrides})
+            run_server((watch or EngineWatch()).grid(grid), {**context.run_config, **overrides})
         except Exception as err:
             if errors is None:
                 if isinstance(err, FedGraphError):

@@ -265,7 +265,10 @@ def _push_and_poll(
     """Push, then pull until every reply is in or ``deadline`` passes.
 
     The sleep between empty polls starts at 2 ms and doubles up to 50 ms;
-    any reply resets it, since the others are usually close behind. About
+    any reply resets it, since the others are usually close behind. A grid that
+    signals stored replies (``grid.replies_stored``, :class:`app.engine.StoreSignal`:
+    Flower's simulation runtime under :func:`app.engine.pick_up_on_push`) is pulled
+    again as soon as a reply is stored instead, at the latest after 50 ms. About
     once a second the grid's node list is checked: a destination that has
     left the federation will not answer, so it is given up at once instead
     of at the deadline. Returns the replies, the nodes that left and the
@@ -282,7 +285,9 @@ def _push_and_poll(
     gone: set[int] = set()
     delay = POLL_START_S
     next_liveness = time.perf_counter() + LIVENESS_EVERY_S
+    signal = getattr(grid, "replies_stored", None)
     while pending:
+        mark = signal.mark() if signal is not None else None
         got = list(grid.pull_messages(pending))
         received.extend(got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
@@ -295,7 +300,10 @@ def _push_and_poll(
             next_liveness = now + LIVENESS_EVERY_S
         if not pending or now > deadline:
             break
-        if got:
+        if signal is not None:
+            if not got:
+                signal.wait_past(mark, POLL_MAX_S)
+        elif got:
             delay = POLL_START_S
         else:
             time.sleep(delay)

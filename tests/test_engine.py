@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import subprocess
 import sys
 import threading
 import textwrap
 
+import numpy as np
 import pytest
-from flwr.app import RecordDict
+from flwr.app import Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.server.superlink.fleet.vce.backend.backend import Backend
+from flwr.server.superlink.fleet.vce.metrics import VceMetrics
 
+from app import engine, transport
 from app.client_app import build_client_app
-from app.engine import EngineStopped, WatchedGrid
+from app.engine import EngineStopped, EngineWatch, WatchedGrid
 from app.inprocess import InProcessGrid
 from app.run import main, run_experiment
 from app.server_app import run_server
+from app.wire import ArraySpec, ReplySpec
 from tests.conftest import REPO
 
 HANG_GUARD_S = 900  # minutes-scale: only a hang exceeds it (Ray can need minutes to start on a busy machine)
@@ -125,3 +133,121 @@ def test_a_ray_start_that_fails_once_is_retried_and_the_run_completes(monkeypatc
     result = run_experiment("fedkmeans", "karate", 2, {"num-rounds": 2}, tmp_path / "out", engine="simulation")
     assert len(attempts) == 2 and (tmp_path / "out" / "result.json").exists()
     assert result["num_clients"] == 2
+
+
+VCE_API = importlib.import_module(engine.VCE_API)
+
+
+class InThreadBackend(Backend):
+    """Flower's backend interface, running the ClientApp in the worker's thread (Ray's actors do
+    the same in processes of their own)."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.app_fn = None
+
+    def build(self, app_fn) -> None:
+        self.app_fn = app_fn
+
+    @property
+    def num_workers(self) -> int:
+        return 2
+
+    def is_worker_idle(self) -> bool:
+        return True
+
+    def terminate(self) -> None:
+        pass
+
+    def process_message(self, message, context):
+        return self.app_fn()(message=message, context=context), context
+
+
+def test_the_runtimes_pick_up_is_flowers_loop_with_its_wait_replaced():
+    """What :func:`app.engine.pick_up_on_push` replaces is Flower's: the runtime starts its pick-up
+    thread by the module's name, which looks for each node's next message, then waits 0.1 s."""
+    source = inspect.getsource(VCE_API)
+    assert "target=add_messages_to_queue," in inspect.getsource(VCE_API.run_api)
+    assert "state.get_message_ins(node_id=node_id, limit=1)" in source and "f_stop.wait(0.1)" in source
+    assert engine.PICKUP_WAIT_S == 0.1
+    assert list(inspect.signature(engine.add_messages_to_queue).parameters) == ["state", "queue", "nodes_mapping",
+                                                                              "f_stop"]
+    grid = inspect.getsource(importlib.import_module("flwr.superlink.grid.inmemory_grid"))
+    assert "self.state.store_message_ins(msg)" in grid and "self.state.get_message_res(" in grid
+
+
+def test_flowers_runtime_hands_each_message_over_when_pushed_and_the_server_pulls_each_reply_when_stored(
+        monkeypatch):
+    """Flower's simulation runtime (its threads, the ClientApp run in the worker's thread instead of a
+    Ray actor) under :func:`app.engine.pick_up_on_push`, with both of its fallback waits an hour:
+    every step completes, so each message was picked up when stored and each reply pulled when
+    stored, neither on a timer."""
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.superlink.grid import InMemoryGrid
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    monkeypatch.setattr(engine, "PICKUP_WAIT_S", 3600.0)
+    monkeypatch.setattr(transport, "POLL_MAX_S", 3600.0)
+    monkeypatch.setattr(transport, "POLL_START_S", 3600.0)
+    engine.pick_up_on_push()
+    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+    run = Run.create_empty(run_id=7)  # registered as flwr.simulation's _main_loop does
+    run.primary_task_id, run.federation_id = 8, NOOP_FEDERATION_ID
+    factory.state().run_ids[run.run_id] = RunRecord(run=run)
+    factory.state().task_store[run.primary_task_id] = Task(task_id=run.primary_task_id, run_id=run.run_id)
+    for name, value in (("_task_id", 1), ("_run_id", run.run_id), ("_node_id", SUPERLINK_NODE_ID)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    nodes = VCE_API._register_nodes(2, factory)
+    stores = VCE_API._register_node_info_stores(nodes, run)
+    client = ClientApp()
+
+    @client.query("echo")
+    def echo(message, context):
+        return Message(transport.pack({"x": transport.unpack(message.content)[0]["x"] + 1}), reply_to=message)
+
+    stop = threading.Event()
+    runtime = threading.Thread(target=VCE_API.run_api, args=(lambda: client, InThreadBackend, nodes, factory, stores,
+                                                             stop, VceMetrics()), daemon=True)
+    runtime.start()
+    grid = InMemoryGrid(factory)
+    grid.set_run(run)
+    watched = EngineWatch().grid(grid)
+    assert watched.replies_stored is engine.REPLIES_STORED
+    spec = ReplySpec(arrays={"x": ArraySpec((3,))})
+    try:
+        for step in range(20):
+            messages = [Message(transport.pack({"x": np.full(3, float(step))}), dst_node_id=node,
+                                message_type="query.echo", group_id=str(step)) for node in nodes]
+            outcome = transport.exchange(watched, messages, spec, timeout=HANG_GUARD_S, stats=transport.CommStats())
+            assert outcome.rejected == {}
+            assert all(np.array_equal(transport.unpack(c)[0]["x"], np.full(3, step + 1.0))
+                       for c in outcome.replies.values())
+    finally:
+        stop.set()
+        engine.MESSAGES_STORED.stored()  # the pick-up sees the stop at its next look (here: no tick to wait for)
+        runtime.join(HANG_GUARD_S)
+    assert not runtime.is_alive()
+
+
+def test_a_grid_of_another_kind_offers_no_reply_signal():
+    engine.pick_up_on_push()
+    assert EngineWatch().grid(InProcessGrid(build_client_app(), 2)).replies_stored is None
+
+
+def test_only_a_process_running_flowers_simulation_runtime_is_changed(monkeypatch):
+    calls = []
+    monkeypatch.setattr(engine, "pick_up_on_push", lambda: calls.append(1))
+    monkeypatch.delitem(sys.modules, engine.VCE_API)
+    engine.pick_up_on_push_in_simulation()
+    assert calls == []
+    monkeypatch.setitem(sys.modules, engine.VCE_API, VCE_API)
+    engine.pick_up_on_push_in_simulation()
+    assert calls == [1]
