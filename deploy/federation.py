@@ -34,7 +34,7 @@ import psutil
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
 from deploy import faults as fault_proxy
-from deploy import flower_shim, gateway
+from deploy import app_processes, flower_shim, gateway
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -223,18 +223,12 @@ class LocalFederation:
             time.sleep(0.2)
 
     def register(self, *public_keys: Path) -> None:
-        """Register SuperNode public keys (only registered SuperNodes may join), all at once."""
-        procs = {key: subprocess.Popen(self._inside("flwr", [str(BIN / "flwr"), "supernode", "register", str(key),
-                                                             CONNECTION]),
-                                       env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for key in public_keys}
-        failed = []
-        for key, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=120)
-            if proc.returncode != 0 or "registered successfully" not in stdout:
-                failed.append(f"registering {key} failed:\n{stdout}\n{stderr}")
-        if failed:
-            raise RuntimeError("\n".join(failed))
+        """Register SuperNode public keys (only registered SuperNodes may join) with Flower's ``flwr
+        supernode register``, all in one process (:mod:`deploy.registration`)."""
+        cmd = [sys.executable, "-m", "deploy.registration", CONNECTION, *(str(key) for key in public_keys)]
+        proc = subprocess.run(self._inside("flwr", cmd), env=self.env, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 or proc.stdout.count("registered successfully") != len(public_keys):
+            raise RuntimeError(f"registering {len(public_keys)} SuperNode keys failed:\n{proc.stdout}\n{proc.stderr}")
 
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
                         root_certificates: Path | None = None, node_config: str | None = None,
@@ -302,9 +296,9 @@ class LocalFederation:
 
     def wait_until_ready(self, names: list[str], timeout: float = 300.0) -> None:
         """Return once every SuperNode of ``names`` has joined the federation and, with the shim
-        on, its SuperExec's ClientApp runtime is preloaded (:data:`deploy.flower_shim.PRELOADED`):
+        on, its SuperExec's ClientApp runtime is preloaded (:data:`deploy.app_processes.PRELOADED`):
         a long-lived SuperNode is in that state when a run comes."""
-        wanted = [_JOINED] + ([flower_shim.PRELOADED] if flower_shim.enabled(self.env) else [])
+        wanted = [_JOINED] + ([app_processes.PRELOADED] if flower_shim.enabled(self.env) else [])
         deadline = time.monotonic() + timeout
         for name in names:
             while not all(line in self.log(name) for line in wanted):

@@ -59,3 +59,21 @@ def test_a_run_without_result_names_what_ended_mid_run(tmp_path):
     assert _ended_processes(tmp_path, {"supernode-1": -9}) == (
         f": these processes ended mid-run: supernode-1 (exit code -9, log {tmp_path / 'supernode-1.log'})")
     assert _ended_processes(tmp_path, {}) == ""
+
+
+def test_a_key_flower_does_not_register_is_named_with_why_and_the_others_are_still_tried(monkeypatch, capsys):
+    from deploy import registration
+
+    tried, answers = [], iter(["Public key file 'a.pub' does not exist.", None])
+    monkeypatch.setattr(registration, "register", lambda connection, key: tried.append((connection, key))
+                        or next(answers))
+    assert registration.main(["fedgraph", "a.pub", "b.pub"]) == 1
+    assert tried == [("fedgraph", "a.pub"), ("fedgraph", "b.pub")]
+    assert capsys.readouterr().out == f"{registration.NOT_REGISTERED}: a.pub (Public key file 'a.pub' does not exist.)\n"
+
+
+def test_flowers_own_cli_refuses_a_missing_key_file_in_one_line(tmp_path):
+    from deploy import registration
+
+    assert registration.register("fedgraph", str(tmp_path / "none.pub")) == (
+        f"ClickException: Public key file '{tmp_path / 'none.pub'}' does not exist.")

@@ -16,7 +16,7 @@ import types
 import pytest
 
 from conftest import HANG_GUARD_S
-from deploy import flower_resilience, flower_shim
+from deploy import app_processes, flower_resilience, flower_shim
 from deploy.federation import BIN, flower_command
 
 SUPERNODE = importlib.import_module("flwr.supernode.start_client_internal")
@@ -48,10 +48,10 @@ def test_the_patched_names_and_waits_are_the_pinned_flowers():
     assert TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] == "flwr-clientapp"
     assert TASK_TYPE_TO_COMMAND[TaskType.SERVER_APP] == "flwr-serverapp"
     assert "fab_hash" in inspect.signature(EXECUTOR.ExecutionSpec).parameters
-    for name in flower_shim.PRELOAD:
+    for name in app_processes.PRELOAD:
         importlib.import_module(name)
     # Flower's wait for a message part not there yet, called without its own backoff arguments
-    assert PULL_INITIAL_BACKOFF == flower_shim.FLOWER_OBJECT_POLL_S
+    assert PULL_INITIAL_BACKOFF == app_processes.FLOWER_OBJECT_POLL_S
     assert "pull_objects(\n                obj_ids_to_pull,\n                pull_object_fn=" in inspect.getsource(
         SUPERNODE._pull_and_store_message)
     assert "backoff" not in inspect.getsource(GRID.HttpGrid.pull_messages)
@@ -145,7 +145,7 @@ def test_patched_supernode_polls_soon_after_a_message_and_starts_the_shims_super
     assert module.calls == ["push", [sys.executable, "-m", "deploy.flower_shim", "superexec", "--insecure",
                                      "--runtime-api-address", "127.0.0.1:9094"], ["something-else", "--x"]]
     assert module.subprocess.DEVNULL == -3  # the rest of the module is unchanged
-    assert module.pull_objects([], None)["initial_backoff"] == flower_shim.OBJECT_POLL_S
+    assert module.pull_objects([], None)["initial_backoff"] == app_processes.OBJECT_POLL_S
     superexec = module.started_with[0]
     assert superexec["env"][flower_shim.TASK_POLL_SETTING] == str(flower_shim.TASK_POLL_S)
     assert superexec["pass_fds"] == (int(superexec["env"][flower_shim.TASK_PIPE_SETTING]),)
@@ -210,7 +210,7 @@ def assert_forks_flowers_entry_point(module, command: str) -> None:
 @pytest.mark.deployment
 def test_a_forked_clientapp_runs_flowers_flwr_clientapp_entry_point():
     module = fake_executor()
-    flower_shim.patch_executor(module)
+    app_processes.patch_executor(module)
     assert module.SubprocessExecutor().launch(types.SimpleNamespace(fab_hash="ab12")) == "ab12"
     assert_forks_flowers_entry_point(module, "flwr-clientapp")
 
@@ -237,21 +237,21 @@ def test_the_superlink_starts_its_superexec_through_the_shim():
 @pytest.mark.deployment
 def test_a_forked_serverapp_runs_flowers_flwr_serverapp_entry_point():
     module = fake_executor()
-    flower_shim.fork_serverapps(module, multiprocessing.get_context("spawn"))
+    app_processes.fork_serverapps(module, multiprocessing.get_context("spawn"))
     assert_forks_flowers_entry_point(module, "flwr-serverapp")
-    for name in flower_shim.PRELOAD_SERVERAPP:
+    for name in app_processes.PRELOAD_SERVERAPP:
         importlib.import_module(name)
 
 
 def test_a_message_part_not_there_yet_is_asked_for_again_soon():
     calls = []
-    pull = flower_shim.short_object_polls(lambda ids, fn, **kw: calls.append(kw))
+    pull = app_processes.short_object_polls(lambda ids, fn, **kw: calls.append(kw))
     pull(["a"], None)
-    assert calls == [{"initial_backoff": flower_shim.OBJECT_POLL_S, "backoff_cap": flower_shim.OBJECT_POLL_CAP_S,
+    assert calls == [{"initial_backoff": app_processes.OBJECT_POLL_S, "backoff_cap": app_processes.OBJECT_POLL_CAP_S,
                       "max_tries_per_object": None}]  # Flower's time limit stays; its count of tries would not
     grid = types.SimpleNamespace(pull_objects=lambda ids, fn, **kw: kw)
-    flower_shim.patch_serverapp(grid)
-    assert grid.pull_objects([], None)["initial_backoff"] == flower_shim.OBJECT_POLL_S < 1
+    app_processes.patch_serverapp(grid)
+    assert grid.pull_objects([], None)["initial_backoff"] == app_processes.OBJECT_POLL_S < 1
 
 
 def install_toy_app(home, fab_hash):
@@ -273,23 +273,23 @@ def test_the_installed_bundle_is_found_by_its_hash_and_not_unpacked_again(tmp_pa
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     content = b"the bundle's bytes"
     fab_hash = hashlib.sha256(content).hexdigest()
-    assert flower_shim.installed_app_dir(fab_hash) is None and flower_shim.installed_app_dir(None) is None
+    assert app_processes.installed_app_dir(fab_hash) is None and app_processes.installed_app_dir(None) is None
     app_dir = install_toy_app(tmp_path, fab_hash)
-    assert flower_shim.installed_app_dir(fab_hash) == app_dir
+    assert app_processes.installed_app_dir(fab_hash) == app_dir
     installs = []
-    install = flower_shim.install_known_fab(fab_hash, app_dir, lambda fab, **kw: installs.append(fab) or "flower's")
+    install = app_processes.install_known_fab(fab_hash, app_dir, lambda fab, **kw: installs.append(fab) or "flower's")
     assert install(content, skip_prompt=True) == app_dir and installs == []
     assert install(b"another bundle", skip_prompt=True) == "flower's" and installs == [b"another bundle"]
     (tmp_path / "apps" / f"someone.other.2.0.0.{fab_hash[:8]}").mkdir()
     (tmp_path / "apps" / f"someone.other.2.0.0.{fab_hash[:8]}" / "pyproject.toml").write_text("")
-    assert flower_shim.installed_app_dir(fab_hash) is None  # two bundles share the prefix: ask Flower
+    assert app_processes.installed_app_dir(fab_hash) is None  # two bundles share the prefix: ask Flower
 
 
 @pytest.mark.deployment
 def test_clientapps_of_an_installed_bundle_fork_from_one_process_that_loaded_it(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     fab_hash = hashlib.sha256(b"toy").hexdigest()
-    forkers = flower_shim.AppForkers(multiprocessing.get_context("spawn"))  # its stdout: this test's
+    forkers = app_processes.AppForkers(multiprocessing.get_context("spawn"))  # its stdout: this test's
     assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)  # not installed: a cold start
     app_dir = install_toy_app(tmp_path, fab_hash)
     for _ in range(2):
@@ -310,25 +310,54 @@ def test_a_bundle_the_forker_cannot_load_starts_cold(tmp_path, monkeypatch, capf
     fab_hash = hashlib.sha256(b"broken").hexdigest()
     app_dir = install_toy_app(tmp_path, fab_hash)
     (app_dir / "toyapp.py").write_text("raise ImportError('no such thing')\n")
-    forkers = flower_shim.AppForkers(multiprocessing.get_context("spawn"))  # its stdout: this test's
+    forkers = app_processes.AppForkers(multiprocessing.get_context("spawn"))  # its stdout: this test's
     assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)
     assert "starts every ClientApp cold: ImportError: no such thing" in capfd.readouterr().err
     assert not forkers.submit(fab_hash, ["flwr-clientapp", "--help"], False)  # and is not loaded again
 
 
+def test_a_forker_imports_the_slow_packages_its_clientapps_imported(monkeypatch):
+    """A ClientApp reports the modules of the packages in LEARNED it imported (two levels), the
+    forker imports them before its next fork; nothing else is reported."""
+    monkeypatch.setattr(app_processes, "LEARNED", ("xml",))  # a package standing in for torch
+    for name in [n for n in sys.modules if n == "xml" or n.startswith("xml.")]:
+        monkeypatch.delitem(sys.modules, name)
+    learned, reports = os.pipe()
+    os.set_blocking(learned, False)
+    os.set_blocking(reports, False)
+    loaded = set(sys.modules)
+    importlib.import_module("xml.dom.minidom")
+    importlib.import_module("colorsys")
+    assert app_processes.learned_modules(loaded) == ["xml", "xml.dom"]
+    app_processes.report_learned(reports, loaded)
+    app_processes.report_learned(reports, loaded)  # a second ClientApp: the same names
+    for name in [n for n in sys.modules if n == "xml" or n.startswith("xml.")]:
+        monkeypatch.delitem(sys.modules, name)
+    app_processes.import_learned(learned)
+    assert "xml.dom" in sys.modules and "xml.dom.minidom" not in sys.modules
+    app_processes.import_learned(learned)  # nothing more to read: returns at once
+    os.close(learned)
+    os.close(reports)
+
+
+def test_what_is_preloaded_leaves_the_slow_packages_to_the_runs_that_import_them():
+    for preload in (app_processes.PRELOAD, app_processes.PRELOAD_SERVERAPP):
+        assert not {name.split(".")[0] for name in preload} & set(app_processes.LEARNED)
+
+
 def test_the_superexec_says_when_its_fork_server_is_ready(capfd):
-    flower_shim.wait_until_preloaded(multiprocessing.get_context("spawn"))
-    assert capfd.readouterr().err.endswith(flower_shim.PRELOADED + "\n")
+    app_processes.wait_until_preloaded(multiprocessing.get_context("spawn"))
+    assert capfd.readouterr().err.endswith(app_processes.PRELOADED + "\n")
 
 
 @pytest.mark.deployment
 def test_a_superexec_keeps_the_forkers_of_its_latest_bundles_only(tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
-    monkeypatch.setattr(flower_shim, "KEPT_FORKERS", 2)
+    monkeypatch.setattr(app_processes, "KEPT_FORKERS", 2)
     hashes = [hashlib.sha256(b"version %d" % v).hexdigest() for v in range(3)]
     for fab_hash in hashes:
         install_toy_app(tmp_path, fab_hash)
-    forkers = flower_shim.AppForkers(multiprocessing.get_context("spawn"))
+    forkers = app_processes.AppForkers(multiprocessing.get_context("spawn"))
     started = []
     for fab_hash in hashes:
         assert forkers.submit(fab_hash, ["flwr-clientapp", "--help"], True)
