@@ -34,7 +34,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, ErrorCode
 from flwr.serverapp import Grid
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, no_object_id_recompute
 
 from app.wire import ReplySpec
 
@@ -220,7 +220,15 @@ class CommStats:
 
 def message_bytes(message: Message) -> int:
     """Size of ``message`` as Flower's object store would hold it."""
-    return sum(len(obj.deflate()) for obj in get_all_nested_objects(message).values())
+    return messages_bytes([message])
+
+
+def messages_bytes(messages: Sequence[Message]) -> int:
+    """The summed :func:`message_bytes` of ``messages``, every object's ID computed once: Flower
+    recomputes a record's ID (its deflated bytes, hashed) on every access, so that counting one
+    message with an inline bundle hashed the bundle several times over."""
+    with no_object_id_recompute():
+        return sum(len(obj.deflate()) for message in messages for obj in get_all_nested_objects(message).values())
 
 
 @dataclass
@@ -334,7 +342,7 @@ def exchange(
     valid replies are returned in ``replies``.
     """
     start = time.perf_counter()
-    down = sum(message_bytes(m) for m in messages)
+    down = messages_bytes(messages)
     gone: set[int] = set()
     undelivered: set[int] = set()
     if poll == "flower":

@@ -15,8 +15,8 @@ from app import registry, transport
 from app.inprocess import InProcessGrid
 from app.session import ServerSession
 from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
-from app.transport import (BUNDLE, BUNDLE_KEY, BUNDLE_STYPE, INLINE_BUNDLE_MAX_BYTES, message_bytes, pack,
-                           reply_problem, unpack)
+from app.transport import (BUNDLE, BUNDLE_KEY, BUNDLE_STYPE, INLINE_BUNDLE_MAX_BYTES, message_bytes, messages_bytes,
+                           pack, reply_problem, unpack)
 from conftest import HANG_GUARD_S
 
 N = 50
@@ -419,6 +419,19 @@ def test_message_bytes_grows_by_exactly_the_extra_payload():
     large = Message(pack({"a": np.arange(3000.0)}), dst_node_id=5, message_type="query.x", group_id="1")
     extra = message_bytes(large) - message_bytes(small)
     assert 2000 * 8 <= extra <= 2000 * 8 + 8  # payload plus a longer length prefix
+
+
+@pytest.mark.parametrize("rows", [1000, INLINE_BUNDLE_MAX_BYTES // 8 + 1000])  # inline, and an array in chunks
+def test_message_bytes_are_what_flowers_objects_deflate_to(rows):
+    """The count is Flower's own: each distinct object of the message deflated, once; a batch of
+    messages sharing their content counts it once per message."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    content = pack({"a": np.arange(rows, dtype=np.float64)})
+    messages = [Message(content, dst_node_id=n, message_type="query.x", group_id="1") for n in (5, 6)]
+    flowers = [sum(len(obj.deflate()) for obj in get_all_nested_objects(m).values()) for m in messages]
+    assert [message_bytes(m) for m in messages] == flowers
+    assert messages_bytes(messages) == sum(flowers) > 2 * rows * 8
 
 
 def test_uploads_reach_the_ledger_with_shapes():
