@@ -10,7 +10,10 @@ minutes. Here:
 * Ray is started before the engine, with the engine's own settings (Flower's
   ``RayBackend`` starts it; the engine then finds it running), and a start that fails is
   tried once more after ``ray.shutdown()``: a node that timed out during start-up on a
-  busy machine usually starts the second time.
+  busy machine usually starts the second time. Ray stays up after a run that did not fail
+  (Flower's engine ends it after every run), and the next run of the process uses it
+  again while the environment is the same: :func:`app.api.cluster` called again, a test
+  suite.
 * The ServerApp talks to its clients through a :class:`WatchedGrid`: once the engine
   has failed, every grid call raises :class:`EngineStopped`, so the ServerApp thread
   ends at its next call instead of at its timeout; the engine's failure is raised as
@@ -32,6 +35,7 @@ Flower does before it starts the runtime's threads.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -211,22 +215,60 @@ class EngineWatch:
         return WatchedGrid(grid, self.stopped)
 
 
+class _Ray:
+    """The Ray this module started and keeps between runs of this process: the environment its
+    processes started with (a new actor inherits Ray's, not this process's), None when none runs."""
+
+    environment: dict | None = None
+
+
 def start_ray(config: dict) -> None:
     """Start Ray as the engine would (Flower's ``RayBackend`` with ``config``), trying once more
-    after a failed start; EngineError naming the failure when both fail."""
+    after a failed start; EngineError naming the failure when both fail. A Ray this function
+    started for an earlier run of this process is used again when the environment is unchanged
+    (ten seconds and more of start-up saved per run), else ended and started afresh."""
     import ray
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
+    if ray.is_initialized() and _Ray.environment == dict(os.environ):
+        return
+    stop_ray()
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
             RayBackend(config)  # starts Ray; the engine's own backend finds it running
+            _Ray.environment = dict(os.environ)  # Flower's start sets PYTHONPATH: after it
             return
         except Exception as err:  # Ray raises bare Exceptions, e.g. "node timed out during startup"
-            ray.shutdown()  # processes a failed start left behind
+            stop_ray()  # processes a failed start left behind
             if attempt == RAY_START_ATTEMPTS:
                 raise EngineError(f"Ray did not start ({RAY_START_ATTEMPTS} attempts): {cause(err)}; no result "
                                   "was written; try again when the machine is less busy, or use --engine "
                                   "inprocess") from err
+
+
+def stop_ray() -> None:
+    """End Ray (whoever started it) and forget the one kept."""
+    import ray
+
+    ray.shutdown()
+    _Ray.environment = None
+
+
+def keep_ray_between_runs() -> None:
+    """Make Flower's ``RayBackend.terminate``, called at the end of every simulation, end the
+    run's actors and leave Ray running (Flower's also ends Ray) for :func:`start_ray` to use
+    again; Ray ends itself when the process exits. Idempotent."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if getattr(RayBackend.terminate, "keeps_ray", False):
+        return
+
+    def terminate(self) -> None:
+        if self.pool:
+            self.pool.terminate_all_actors()
+
+    terminate.keeps_ray = True
+    RayBackend.terminate = terminate
 
 
 def cause(err: BaseException) -> str:
@@ -244,12 +286,12 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
     the engine while the ServerApp still runs stops the ServerApp (see :class:`WatchedGrid`)
     and raises EngineError with the engine's reason, once the ServerApp thread has ended.
     """
-    import ray
     from flwr.simulation import run_simulation
 
     config = backend_config()
     watch = EngineWatch()
     pick_up_on_push()
+    keep_ray_between_runs()
     start_ray(config)
     try:
         run_simulation(server_app=server_app_for(watch), client_app=client_app, num_supernodes=num_supernodes,
@@ -257,9 +299,8 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
     except Exception as err:
         if watch.server_done.is_set():  # the ServerApp ended first: its own error
             raise
+        stop_ray()  # a failed engine: the next run starts Ray afresh
         watch.stopped.set()
         ended = watch.server_done.wait(SERVER_STOP_S)
         raise EngineError(f"the simulation engine failed: {cause(err)}; no result was written"
                           + ("" if ended else f"; the ServerApp did not stop within {SERVER_STOP_S:g} s")) from err
-    finally:
-        ray.shutdown()

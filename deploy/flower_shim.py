@@ -27,18 +27,26 @@ the SuperNode has made one (the SuperNode writes a byte into a pipe the
 SuperExec waits on; Flower polls every 1 s, and each poll is an HTTP request
 that costs both processes CPU) and otherwise every :data:`TASK_POLL_S`, and
 which starts each ``flwr-clientapp`` as a fork of a process that imported it
-once (:mod:`deploy.app_processes`). With ``FEDGRAPH_TIMING=1`` each message also leaves two ``fedgraph-timing``
-lines in the SuperNode's log (wall-clock seconds when it was pulled and its
-reply pushed), which ``benchmarks/deployment.py`` reads.
+once (:mod:`deploy.app_processes`). With ``FEDGRAPH_TIMING=1`` each message
+also leaves two ``fedgraph-timing`` lines in the SuperNode's log (wall-clock
+seconds when it was pulled and its reply pushed), which
+``benchmarks/deployment.py`` reads.
 
-``deploy.federation`` starts SuperNodes this way unless the environment sets
-``FEDGRAPH_FLOWER_SHIM=0`` (then: plain ``flower-supernode``). No Flower code is
+``python -m deploy.flower_shim superlink ARGS`` runs ``flower-superlink ARGS``
+whose SuperExec (``superlink-superexec``) asks for a run's ServerApp task as
+soon as the SuperLink has created the run (:func:`patch_superlink`) and forks
+each ServerApp from a process that imported its runtime once.
+
+``deploy.federation`` starts SuperNodes and the SuperLink this way unless the
+environment sets ``FEDGRAPH_FLOWER_SHIM=0`` (then: plain ``flower-supernode``,
+``flower-superlink``). No Flower code is
 copied; ``tests/test_flower_shim.py`` checks that the names and waits patched
 here are those of the installed Flower.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -135,25 +143,41 @@ def patch_supernode(module: ModuleType) -> PollClock:
         clock.active()
         _timing("pushed")
 
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
+    tasks = TaskPipe()
     pull_objects = short_object_polls(module.pull_objects)
 
     def pull_objects_once_the_superexec_knows(*args, **kwargs):
         # Flower calls this right after creating the message's task: the ClientApp starts while it runs
-        try:
-            os.write(write_end, b"t")
-        except BlockingIOError:  # the pipe is full of wake-ups the SuperExec has not read yet
-            pass
+        tasks.wake()
         return pull_objects(*args, **kwargs)
 
     module.time = clock
     module.pull_objects = pull_objects_once_the_superexec_knows
     module._pull_and_store_message = pull_and_store_message
     module._push_messages = push_messages
-    _through_shim(module, "flower-superexec", "superexec", pass_fds=(read_end,),
-                  env={**os.environ, TASK_PIPE_SETTING: str(read_end), TASK_POLL_SETTING: str(TASK_POLL_S)})
+    tasks.start_superexec(module, "superexec")
     return clock
+
+
+class TaskPipe:
+    """The pipe by which a SuperNode or the SuperLink tells the SuperExec it starts that a task
+    exists (:func:`wake_on_tasks`)."""
+
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.write_end, False)
+
+    def wake(self) -> None:
+        try:
+            os.write(self.write_end, b"t")
+        except BlockingIOError:  # the pipe is full of wake-ups the SuperExec has not read yet
+            pass
+
+    def start_superexec(self, module: ModuleType, role: str) -> None:
+        """Make ``module`` start its SuperExec through this shim as ``role``, reading this pipe,
+        asking for tasks every :data:`TASK_POLL_S` besides."""
+        _through_shim(module, "flower-superexec", role, pass_fds=(self.read_end,),
+                      env={**os.environ, TASK_PIPE_SETTING: str(self.read_end), TASK_POLL_SETTING: str(TASK_POLL_S)})
 
 
 def command(role: str) -> list[str]:
@@ -176,8 +200,8 @@ def _through_shim(module: ModuleType, flower_command: str, role: str, **popen_kw
 
 def wake_on_tasks(module: ModuleType, environ=os.environ) -> None:
     """Make ``module`` (``flwr.supercore.superexec.run_superexec``), a SuperExec's main loop,
-    end its wait between task polls as soon as its SuperNode writes into the pipe named by
-    :data:`TASK_PIPE_SETTING`; without that setting, or once the SuperNode closed the pipe,
+    end its wait between task polls as soon as its SuperNode (or SuperLink) writes into the pipe
+    named by :data:`TASK_PIPE_SETTING`; without that setting, or once the writer closed the pipe,
     it waits as Flower does."""
     if TASK_PIPE_SETTING not in environ:
         return
@@ -186,16 +210,39 @@ def wake_on_tasks(module: ModuleType, environ=os.environ) -> None:
 
     def sleep(seconds: float) -> None:
         if select.select([read_end], [], [], seconds)[0]:
-            if not os.read(read_end, 4096):  # the SuperNode is gone: Flower's own wait from now on
+            if not os.read(read_end, 4096):  # the writer is gone: Flower's own wait from now on
                 module.time = time
 
     module.time = Namespace(time, sleep=sleep)
 
 
-def patch_superlink(module: ModuleType) -> None:
+def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) -> None:
     """Make ``module`` (``flwr.superlink.cli.flower_superlink``) start its SuperExec through
-    this shim (role ``superlink-superexec``), which forks each ServerApp (:func:`fork_serverapps`)."""
-    _through_shim(module, "flower-superexec", "superlink-superexec")
+    this shim (role ``superlink-superexec``), which forks each ServerApp (:func:`fork_serverapps`)
+    and asks for a run's ServerApp task as soon as the SuperLink's LinkState (each class of
+    ``states``, default Flower's in-memory and SQL ones) has created the run (Flower's SuperExec
+    asks every 1 s, and every 0.1 s in :mod:`deploy.federation`: each an HTTP request through the
+    SuperLink's middlewares)."""
+    if states is None:
+        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+        from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+        states = (InMemoryLinkState, SqlLinkState)
+    tasks = TaskPipe()
+    for state in states:
+        state.create_run = _then(state.create_run, tasks.wake)
+    tasks.start_superexec(module, "superlink-superexec")
+
+
+def _then(method, after):
+    """``method`` followed by ``after()``."""
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        result = method(*args, **kwargs)
+        after()
+        return result
+
+    return call
 
 
 ROLES = ("supernode", "superexec", "superlink", "superlink-superexec", "serverapp")
@@ -213,6 +260,7 @@ def _patch(role: str) -> None:
         patch_superlink(module("flwr.superlink.cli.flower_superlink"))
     elif role == "superlink-superexec":
         wait_until_preloaded(fork_serverapps(module("flwr.supercore.superexec.executor.subprocess_executor")))
+        wake_on_tasks(module("flwr.supercore.superexec.run_superexec"))
     elif role == "serverapp":
         patch_serverapp(module("flwr.superlink.grid.http_grid"))
     elif role == "supernode":

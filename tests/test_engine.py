@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -36,6 +37,7 @@ def test_a_ray_start_that_fails_twice_ends_the_run_with_one_line(monkeypatch, ca
     import ray
 
     attempts = []
+    engine.stop_ray()  # not one an earlier test left running
 
     def failing_init(*args, **kwargs):
         attempts.append(kwargs)
@@ -122,6 +124,7 @@ def test_a_ray_start_that_fails_once_is_retried_and_the_run_completes(monkeypatc
     import ray
 
     real_init, attempts = ray.init, []
+    engine.stop_ray()  # not one an earlier test left running
 
     def init_failing_once(*args, **kwargs):
         attempts.append(kwargs)
@@ -133,6 +136,47 @@ def test_a_ray_start_that_fails_once_is_retried_and_the_run_completes(monkeypatc
     result = run_experiment("fedkmeans", "karate", 2, {"num-rounds": 2}, tmp_path / "out", engine="simulation")
     assert len(attempts) == 2 and (tmp_path / "out" / "result.json").exists()
     assert result["num_clients"] == 2
+
+
+def test_a_ray_started_for_a_run_serves_the_next_while_the_environment_is_the_same(monkeypatch):
+    """Flower's backend ends Ray after every run; kept here, a second run in the process starts no
+    Ray, and one whose environment changed (new actors inherit Ray's) starts it afresh."""
+    import ray
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    running, started = [False], []
+
+    class Starting:
+        def __init__(self, config):
+            started.append(config)
+            running[0] = True
+
+    monkeypatch.setattr(raybackend, "RayBackend", Starting)
+    monkeypatch.setattr(ray, "is_initialized", lambda: running[0])
+    monkeypatch.setattr(ray, "shutdown", lambda: running.__setitem__(0, False))
+    monkeypatch.setattr(engine._Ray, "environment", None)
+    engine.start_ray({"run": 1})
+    engine.start_ray({"run": 2})
+    assert started == [{"run": 1}] and running[0]
+    monkeypatch.setenv("FEDGRAPH_DATA_ROOT", "/elsewhere")
+    engine.start_ray({"run": 3})
+    assert started == [{"run": 1}, {"run": 3}]
+    engine.stop_ray()
+    assert not running[0] and engine._Ray.environment is None
+
+
+def test_flowers_backend_ends_the_runs_actors_and_leaves_ray_running(monkeypatch):
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    # Flower's terminate ends the actors, then Ray
+    assert "self.pool.terminate_all_actors()\n        ray.shutdown()" in inspect.getsource(raybackend)
+    monkeypatch.setattr(raybackend.RayBackend, "terminate", raybackend.RayBackend.terminate)
+    engine.keep_ray_between_runs()
+    ended = []
+    backend = object.__new__(raybackend.RayBackend)
+    backend.pool = types.SimpleNamespace(terminate_all_actors=lambda: ended.append("actors"))
+    backend.terminate()
+    assert ended == ["actors"]
 
 
 VCE_API = importlib.import_module(engine.VCE_API)

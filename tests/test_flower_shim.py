@@ -223,15 +223,33 @@ def test_the_setting_switches_the_shim_off():
     assert flower_shim.main(["bogus"]) == 2
 
 
-def test_the_superlink_starts_its_superexec_through_the_shim():
+def test_the_superlink_starts_its_superexec_through_the_shim_and_wakes_it_when_a_run_is_created():
     started = []
     module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: started.append((a, kw))))
-    flower_shim.patch_superlink(module)
+
+    class State:
+        def create_run(self, name):
+            return f"run {name}"
+
+    flower_shim.patch_superlink(module, (State,))
     module.subprocess.Popen(["flower-superexec", "--insecure"], start_new_session=True)
     module.subprocess.Popen(["other"])
     shim = [sys.executable, "-m", "deploy.flower_shim"]
-    assert started == [(([*shim, "superlink-superexec", "--insecure"],), {"start_new_session": True}),
-                       ((["other"],), {})]
+    (args, kwargs), other = started
+    assert args == ([*shim, "superlink-superexec", "--insecure"],) and other == ((["other"],), {})
+    assert kwargs["start_new_session"] and kwargs["env"][flower_shim.TASK_POLL_SETTING] == str(flower_shim.TASK_POLL_S)
+    read_end = int(kwargs["env"][flower_shim.TASK_PIPE_SETTING])
+    assert kwargs["pass_fds"] == (read_end,)
+    os.set_blocking(read_end, False)
+    with pytest.raises(BlockingIOError):
+        os.read(read_end, 16)  # nothing yet
+    assert State().create_run("x") == "run x"
+    assert os.read(read_end, 16) == b"t"  # the SuperExec's wait ends
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    for state in (InMemoryLinkState, SqlLinkState):  # Flower's run, its primary (ServerApp) task made with it
+        assert "primary_task_id" in inspect.getsource(state.create_run)
 
 
 @pytest.mark.deployment
