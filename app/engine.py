@@ -13,7 +13,8 @@ minutes. Here:
   busy machine usually starts the second time. Ray stays up after a run that did not fail
   (Flower's engine ends it after every run), and the next run of the process uses it
   again while the environment is the same: :func:`app.api.cluster` called again, a test
-  suite.
+  suite. Each of Ray's worker processes imports the ClientApp's modules as it starts
+  (:func:`preload_worker`), so a simulated client's first message does not wait for them.
 * The ServerApp talks to its clients through a :class:`WatchedGrid`: once the engine
   has failed, every grid call raises :class:`EngineStopped`, so the ServerApp thread
   ends at its next call instead of at its timeout; the engine's failure is raised as
@@ -35,6 +36,7 @@ Flower does before it starts the runtime's threads.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -50,6 +52,10 @@ from app.errors import FedGraphError
 RAY_START_ATTEMPTS = 2
 #: the longest the simulation runtime's pick-up waits for a stored message (Flower's tick)
 PICKUP_WAIT_S = 0.1
+#: imported by each of Ray's worker processes as it starts (:func:`preload_worker`): the ClientApp's
+#: modules and what every method uses (not the GNN methods' torch: an actor imports it once)
+WORKER_PRELOAD = ("app.client_app", "numpy", "scipy.sparse.linalg", "scipy.linalg", "sklearn.cluster")
+PRELOAD_HOOK = "app.engine.preload_worker"
 #: the module whose pick-up :func:`pick_up_on_push` replaces
 VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
 SERVER_STOP_S = 300.0  # bound on the wait for the ServerApp thread after a failure; it ends at its next grid call
@@ -234,6 +240,8 @@ def start_ray(config: dict) -> None:
         return
     stop_ray()
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        init = ray.init
+        ray.init = _preloading_workers(init)
         try:
             RayBackend(config)  # starts Ray; the engine's own backend finds it running
             _Ray.environment = dict(os.environ)  # Flower's start sets PYTHONPATH: after it
@@ -244,6 +252,28 @@ def start_ray(config: dict) -> None:
                 raise EngineError(f"Ray did not start ({RAY_START_ATTEMPTS} attempts): {cause(err)}; no result "
                                   "was written; try again when the machine is less busy, or use --engine "
                                   "inprocess") from err
+        finally:
+            ray.init = init
+
+
+def _preloading_workers(init):
+    """``ray.init`` (``init``) with :func:`preload_worker` as every worker process's setup hook."""
+    def ray_init(*args, runtime_env=None, **kwargs):
+        return init(*args, runtime_env={**(runtime_env or {}), "worker_process_setup_hook": PRELOAD_HOOK}, **kwargs)
+
+    return ray_init
+
+
+def preload_worker() -> None:
+    """Import :data:`WORKER_PRELOAD` in a Ray worker process as it starts (Ray's
+    ``worker_process_setup_hook``): a simulated client's first message then runs as the in-process
+    engine's does, with the ClientApp's modules loaded. A module that fails to import here fails
+    in the ClientApp that needs it, with its own error."""
+    for name in WORKER_PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
 
 
 def stop_ray() -> None:

@@ -295,3 +295,19 @@ def test_only_a_process_running_flowers_simulation_runtime_is_changed(monkeypatc
     monkeypatch.setitem(sys.modules, engine.VCE_API, VCE_API)
     engine.pick_up_on_push_in_simulation()
     assert calls == [1]
+
+
+def test_each_ray_worker_imports_the_clientapps_modules_as_it_starts(monkeypatch):
+    """Ray's setup hook names a function that exists and imports what it lists; an import that
+    fails there is left to the ClientApp that needs it."""
+    seen = {}
+    init = engine._preloading_workers(lambda *args, **kwargs: seen.update(kwargs))
+    init(runtime_env={"env_vars": {"PYTHONPATH": "x"}}, logging_level="WARNING")
+    assert seen == {"runtime_env": {"env_vars": {"PYTHONPATH": "x"}, "worker_process_setup_hook": engine.PRELOAD_HOOK},
+                    "logging_level": "WARNING"}
+    module, _, name = engine.PRELOAD_HOOK.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is engine.preload_worker
+    monkeypatch.setattr(engine, "WORKER_PRELOAD", ("colorsys", "no_such_module_here"))
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    engine.preload_worker()
+    assert "colorsys" in sys.modules
