@@ -24,6 +24,7 @@ functions of each role. Renders the profile section of ``docs/results/transport.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -215,7 +216,105 @@ def main() -> None:
         key = (row["label"], row["nodes"], row["supernodes"])
         rows = [r for r in rows if (r["label"], r["nodes"], r["supernodes"]) != key] + [row]
         out.write_text(json.dumps({"measure": MEASURE, "rows": rows}, indent=2) + "\n")
+    import transport  # its page holds this section
+
+    print(f"written {transport.page()}")
 
 
 if __name__ == "__main__":
     main()
+
+
+def _supernodes(values: dict[str, float]) -> float:
+    return sum(v for k, v in values.items() if k.startswith("supernode-"))
+
+
+def _groups(row: dict) -> dict[str, float]:
+    """CPU seconds of the role groups a page shows: SuperNodes summed."""
+    cpu = row["cpu_s"]
+    return {"in-process run": cpu[INPROCESS], "SuperLink with its ServerApp": cpu.get(SUPERLINK, 0.0),
+            "gateway": cpu.get(GATEWAY, 0.0), f"{row['supernodes']} SuperNodes with their ClientApps": _supernodes(cpu),
+            "set-up (keys, registration)": cpu.get(SET_UP, 0.0), "deployed, all processes": row["deployed_cpu_s"]}
+
+
+def _kinds(row: dict) -> list[tuple[str, float]]:
+    """CPU seconds by process: the SuperLink's, the gateway's and the SuperNodes' (summed)."""
+    kinds = row["cpu_by_kind"]
+    link, nodes = kinds.get(SUPERLINK, {}), collections.Counter()
+    for role, values in kinds.items():
+        if role.startswith("supernode-"):
+            nodes.update({("SuperNode" if k == role else k): v for k, v in values.items()})
+    names = {"superlink": "SuperLink (its HTTP server)", "SuperExec": "its SuperExec", "fork server": "its fork server",
+             "forked apps": "the ServerApp", "resource tracker": "its resource tracker"}
+    out = [(f"SuperLink host: {names.get(k, k)}", v) for k, v in link.items()]
+    out += [("SuperLink host: gateway", row["cpu_s"].get(GATEWAY, 0.0))]
+    node_names = {"SuperNode": "SuperNodes", "SuperExec": "their SuperExecs", "fork server": "their fork servers",
+                  "forked apps": "the ClientApps", "resource tracker": "their resource trackers"}
+    out += [(f"SuperNodes: {node_names.get(k, k)}", v) for k, v in nodes.items()]
+    return out
+
+
+def _native_table(row: dict) -> tuple[list[str], list[list[str]]]:
+    native = row["native"]
+    merged: dict[str, collections.Counter] = {}
+    for role, split in native.items():
+        name = "SuperNodes" if role.startswith("supernode-") else role
+        merged.setdefault(name, collections.Counter()).update(split)
+    columns = [name for name, _ in profiling.NATIVE] + ["other native code"]
+    body = []
+    for name, counter in merged.items():
+        total = max(sum(counter.values()), 1)
+        body.append([name, f"{total:,}", *(f"{100 * counter.get(c, 0) / total:.0f}" for c in columns)])
+    return ["role", "samples", *columns], body
+
+
+def section(rows: list[dict]) -> str:
+    """The transport page's section on where a deployed run's CPU goes (markdown)."""
+    from pages import paragraph, table
+
+    if not rows:
+        return ""
+    size = max(r["nodes"] for r in rows)
+    rows = [r for r in rows if r["nodes"] == size]
+    labels = [r["label"] for r in rows]
+    groups = {label: _groups(r) for label, r in zip(labels, rows)}
+    cpu_rows = [[name, *(f"{groups[label][name]:.0f}" for label in labels),
+                 *(f"{groups[label][name] / r['gigabytes']:.1f}" for label, r in zip(labels, rows))]
+                for name in groups[labels[-1]]]
+    head = ["CPU seconds", *labels, *(f"per GB, {label}" for label in labels)]
+    summary = [[label, f"{r['inprocess_protocol_s']:.0f} / {r['deployed_protocol_s']:.0f}",
+                f"{r['deployed_protocol_s'] / r['inprocess_protocol_s']:.2f}",
+                f"{r['deployed_wall_s'] / r['inprocess_wall_s']:.2f}", f"{r['cpu_ratio']:.2f}",
+                f"{r['superlink_host_mb_per_cpu_s']:.0f}", f"{r['federation_start_s']:.0f}", r["load_average"],
+                "yes" if r["same_labels"] else "no"] for label, r in zip(labels, rows)]
+    last = rows[-1]
+    header, native_rows = _native_table(last)
+    python = []
+    for role, profile in last["python"].items():
+        if role.startswith("supernode-") and role != "supernode-0":
+            continue
+        busy = max(profile["busy"], 1)
+        python.append([role, "; ".join(f"{f.split(' (')[0]} {100 * n / busy:.0f}%" for f, n in profile["top"][:5])])
+    return "\n\n".join([
+        "## Where a deployed run's CPU goes",
+        paragraph(f"`{MEASURE}`: `fedspectral-plus` exact on the {size:,}-node planted partition, "
+                  f"{last['supernodes']} SuperNodes, {last['gigabytes']:.2f} GB moved in {last['messages']} messages, "
+                  "run in-process and deployed (TLS SuperLink, Fleet gateway, authenticated SuperNodes) one after "
+                  "the other on this machine's "
+                  f"{last['cores']} cores. Each process runs in the control group of its role, so the kernel counts "
+                  "its CPU seconds, the short-lived ClientApps included. The columns are checkouts measured with the "
+                  "same command; the load average (other users of the machine) is beside each."),
+        table(["checkout", "protocol s in-process / deployed", "ratio", "end to end ratio", "CPU ratio",
+               "SuperLink host MB per CPU s", "federation start s", "load", "same labels"], summary),
+        table(head, cpu_rows),
+        paragraph(f"By process ({labels[-1]}): the long-lived processes' own CPU seconds (sampled every "
+                  f"{profiling.CENSUS_S} s), the ClientApps' and the ServerApp's the rest of their group's."),
+        table(["process", "CPU s"], [[name, f"{v:.1f}"] for name, v in _kinds(last)]),
+        paragraph(f"Which machine code ran (`perf record -a` at {PERF_HZ} Hz, on-CPU samples only, % of each "
+                  "role's samples): the Python interpreter is per-request and per-object work; OpenSSL (hashing, "
+                  "TLS), the C library (copies) and the kernel (sockets) grow with the bytes."),
+        table(header, native_rows),
+        paragraph("The busiest Python functions (py-spy, own samples, % of each role's samples whose innermost "
+                  "line is not a wait):"),
+        table(["role", "functions"], python),
+    ])

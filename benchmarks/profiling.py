@@ -34,8 +34,8 @@ import psutil
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
 CENSUS_S = 0.25
 #: a Python line that waits (a sample whose innermost line is one is idle, not CPU)
-WAITS = re.compile(r"\b(sleep|wait|wait_for|select|poll|recv|recv_into|read|readinto|_recv_bytes|get|acquire|join|"
-                   r"accept|readline|run_until_complete|run_forever|_run_once)\(")
+WAITS = re.compile(r"(?<![A-Za-z0-9])_*(sleep|wait|wait_for|select|poll|recv|recv_into|read|readinto|recv_bytes|get|"
+                   r"acquire|join|accept|readline|run_until_complete|run_forever|run_once)\(")
 #: machine code by library (the first pattern matching the library's file name)
 NATIVE = (
     ("Python interpreter", r"libpython|python3\.\d+$"),

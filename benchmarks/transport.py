@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 APP_DIR = HERE / "transport_app"
 sys.path.insert(0, str(APP_DIR))
 
-from pages import figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
+import deployment_profile  # noqa: E402
+from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
 ENGINES = {"run_simulation": "`run_simulation` (in-process)",
            "flwr_run": "`flwr run`, local SuperLink (simulation runtime)"}
@@ -39,7 +40,9 @@ def in_process(rounds: int, clients: int) -> dict:
     from flwr.simulation import run_simulation
 
     import echo_app
+    from app.engine import pick_up_on_push
 
+    pick_up_on_push()  # as app.engine.simulate does
     out = Path(tempfile.mkdtemp()) / "transport.json"
     server = echo_app.ServerApp()
 
@@ -56,25 +59,31 @@ def in_process(rounds: int, clients: int) -> dict:
 
 
 def under_flwr_run(rounds: int, clients: int) -> dict:
-    """``flwr run`` with a private FLWR_HOME, so a fresh local SuperLink starts."""
+    """``flwr run`` against a local SuperLink of a private FLWR_HOME on a free port (started with
+    ``deploy.superlink``, as ``flwr run`` would start it, and stopped after: that process only)."""
+    from deploy.federation import free_port
+    from deploy.superlink import PORT_VARIABLE, Local, start, stop
+
     home = Path(tempfile.mkdtemp(prefix="flwr-home-"))
-    out = home / "transport.json"
+    out, port = home / "transport.json", free_port()
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+           PORT_VARIABLE: str(port), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     cmd = ["flwr", "run", str(APP_DIR), "--stream",
            "--federation-config", f"num-supernodes={clients}",
            "--run-config", f"rounds={rounds} clients={clients} out='{out}'"]
-    start = time.perf_counter()
+    local = Local(home, port)
+    os.environ.update(FLWR_HOME=str(home), **{PORT_VARIABLE: str(port)})  # the SuperLink's environment too
+    start(local)
+    started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if not out.exists():
             raise RuntimeError(f"flwr run wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         report = json.loads(out.read_text())
-        report["wall_s"] = time.perf_counter() - start
+        report["wall_s"] = time.perf_counter() - started
         return report
     finally:
-        subprocess.run(["pkill", "-f", f"FLWR_HOME={home}"], check=False)
-        subprocess.run(["pkill", "-f", "flower-superlink.*--simulation"], check=False)
+        stop(local)
 
 
 def page() -> Path:
@@ -109,7 +118,11 @@ def page() -> Path:
                   "so no server-side poll goes below that in either engine. A deployed round (SuperLink, "
                   "SuperNodes as processes) is measured on the [deployment](deployment.md) page."),
     ])
-    return write_page("transport", "Transport: round latency", body, "python benchmarks/transport.py --report")
+    profile = RESULTS_DIR / deployment_profile.RESULTS
+    if profile.exists():
+        body += "\n\n" + deployment_profile.section(json.loads(profile.read_text())["rows"])
+    return write_page("transport", "Transport: round latency and where a deployed run's CPU goes", body,
+                      "python benchmarks/transport.py --report")
 
 
 def main() -> None:

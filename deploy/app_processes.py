@@ -23,6 +23,7 @@ strategy needs once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -72,9 +73,36 @@ def short_object_polls(pull):
 
 def patch_clientapp(module: ModuleType) -> None:
     """Make ``module`` (``flwr.supernode.runtime.run_clientapp``) poll for its message's parts
-    with :func:`short_object_polls` and report its task's end with :func:`report_task_end`."""
+    with :func:`short_object_polls`, hash each object of its reply once (:func:`hash_reply_once`)
+    and report its task's end with :func:`report_task_end`."""
     module.pull_and_inflate_object_from_tree = short_object_polls(module.pull_and_inflate_object_from_tree)
+    hash_reply_once(module, importlib.import_module("flwr.supercore.inflatable.inflatable_object"))
     report_task_end(module, importlib.import_module("flwr.supercore.exit.exit"))
+
+
+def hash_reply_once(module: ModuleType, inflatable: ModuleType) -> None:
+    """Make ``module``'s ``push_message`` (``run_clientapp``) compute each object ID of the reply
+    once. Flower's computes the reply's ID (every record deflated and hashed) outside its
+    ``no_object_id_recompute`` context, then all IDs again inside it, and an array's chunks,
+    made anew on every access, twice: a reply's bytes were hashed two to three times. Here the
+    whole push runs in one such context, which Flower's own context inside joins
+    (``inflatable``: ``flwr.supercore.inflatable.inflatable_object``)."""
+    push, own_context = module.push_message, module.no_object_id_recompute
+
+    @contextlib.contextmanager
+    def joined():
+        if inflatable._is_recompute_enabled():
+            with own_context():
+                yield
+        else:  # inside the push's context: keep the IDs computed so far
+            yield
+
+    def push_message(*args, **kwargs):
+        with own_context():
+            return push(*args, **kwargs)
+
+    module.no_object_id_recompute = joined
+    module.push_message = push_message
 
 
 def patch_serverapp(module: ModuleType) -> None:

@@ -363,6 +363,47 @@ def test_what_is_preloaded_leaves_the_slow_packages_to_the_runs_that_import_them
         assert not {name.split(".")[0] for name in preload} & set(app_processes.LEARNED)
 
 
+@pytest.mark.parametrize("rows", [600_000, 1_600_000])  # an inline bundle (4.8 MB), an array in chunks (12.8 MB)
+def test_a_clientapp_hashes_each_byte_of_its_reply_once(monkeypatch, rows):
+    """Flower's push_message hashes a reply's bytes two to three times; changed, once, and every
+    object the SuperNode asks for is pushed with the content Flower's own push sends."""
+    import numpy as np
+    from flwr.app import Message
+    from flwr.supercore.inflatable import inflatable_object
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from app.transport import pack
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    hashed, real = [], inflatable_object.get_object_id
+    monkeypatch.setattr(inflatable_object, "get_object_id", lambda content: hashed.append(len(content)) or real(content))
+
+    def push_with(module):
+        pushed = {}
+        client = types.SimpleNamespace(PushObject=None, PushMessages=lambda request: types.SimpleNamespace(
+            session_id="s", objects_to_push=[tree.object_id for tree in
+                                             inflatable_object.iterate_object_tree(request.message_object_trees[0])]))
+        monkeypatch.setattr(module, "make_push_object_fn_protobuf",
+                            lambda *args, **kwargs: lambda object_id, content: pushed.update({object_id: content}))
+        request = Message(pack({}), dst_node_id=2, message_type="query.x", group_id="1")
+        reply = Message(pack({"x": np.arange(rows, dtype=np.float64)}), reply_to=request)
+        hashed.clear()
+        module.push_message(client, reply, types.SimpleNamespace(node_id=2, run_id=1))
+        return pushed, sum(hashed)
+
+    flowers, flowers_hashed = push_with(CLIENTAPP)
+    for name in ("push_message", "no_object_id_recompute"):  # Flower's again after the test
+        monkeypatch.setattr(CLIENTAPP, name, getattr(CLIENTAPP, name))
+    app_processes.hash_reply_once(CLIENTAPP, inflatable_object)
+    ours, ours_hashed = push_with(CLIENTAPP)
+    def records(pushed):  # the message object itself differs (each reply is made at its own time)
+        return {k: v for k, v in pushed.items() if not v.startswith(b"Message ")}
+
+    assert records(ours) == records(flowers) and len(records(ours)) >= 2 and len(ours) == len(flowers)
+    assert ours_hashed < rows * 8 * 1.01 < 1.9 * rows * 8 < flowers_hashed
+
+
 def test_the_superexec_says_when_its_fork_server_is_ready(capfd):
     app_processes.wait_until_preloaded(multiprocessing.get_context("spawn"))
     assert capfd.readouterr().err.endswith(app_processes.PRELOADED + "\n")

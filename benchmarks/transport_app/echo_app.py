@@ -15,14 +15,15 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from app.wire import ArraySpec, ReplySpec
-
+from app.engine import EngineWatch, pick_up_on_push_in_simulation
 from app.transport import CommStats, exchange, pack, unpack
+from app.wire import ArraySpec, ReplySpec
 
 SPEC = ReplySpec(arrays={"x": ArraySpec((8,))})
 
 server = ServerApp()
 client = ClientApp()
+pick_up_on_push_in_simulation()  # under flwr run: as the project's ClientApp does (app.client_app)
 
 
 @client.query("echo")
@@ -41,6 +42,7 @@ def one_round(grid: Grid, nodes: list[int], mode: str, stats: CommStats, round_:
 
 
 def run(grid: Grid, rounds: int, clients: int) -> dict:
+    grid = EngineWatch().grid(grid)  # as the project's ServerApp does: replies pulled when stored
     while len(list(grid.get_node_ids())) < clients:
         time.sleep(0.05)
     nodes = sorted(grid.get_node_ids())[:clients]
