@@ -89,6 +89,7 @@ class Measured:
         self.stop_recording()
         self.census.stop()
         cpu = self.groups.cpu_s()
+        (self.work / "pid-roles.json").write_text(json.dumps(self.census.pid_roles))
         return {"cpu_s": cpu, "cpu_by_kind": self.census.by_kind(cpu),
                 "native": profiling.native_split(self.work / "perf.data", self.census.pid_roles),
                 "python": {role: profiling.busy_functions(self.work / f"{role}.pyspy") for role in self.spies}}

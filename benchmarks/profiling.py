@@ -197,15 +197,15 @@ def native_split(data: Path, pid_roles: dict[int, str]) -> dict[str, dict[str, i
     """``perf`` samples of ``data`` by role (through ``pid_roles``) and library group (:data:`NATIVE`)."""
     if not data.exists():
         return {}
-    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "pid,dso"], capture_output=True, text=True)
+    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "pid,ip,dso"], capture_output=True, text=True)
     split: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for line in script.stdout.splitlines():
-        parts = line.split(None, 1)
-        if not parts or not parts[0].isdigit():
+    for line in script.stdout.splitlines():  # "  PID  IP (library path)"
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].isdigit():
             continue
         role = pid_roles.get(int(parts[0]))
         if role is not None:
-            split[role][_library(parts[1] if len(parts) > 1 else "")] += 1
+            split[role][_library(parts[2] if len(parts) > 2 else "")] += 1
     return {role: dict(counter.most_common()) for role, counter in split.items()}
 
 
