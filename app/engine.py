@@ -161,12 +161,14 @@ def _picks_up_on_push(grid: Grid) -> bool:
 class WatchedGrid(Grid):
     """``grid`` whose calls raise :class:`EngineStopped` once ``stopped`` is set. Over Flower's
     in-memory grid of a runtime changed by :func:`pick_up_on_push`, :attr:`replies_stored` is
-    the signal of stored replies (else None), on which :func:`app.transport.exchange` waits."""
+    the signal of stored replies, on which :func:`app.transport.exchange` waits; over another grid,
+    that grid's own ``replies_stored`` if it has one (a deployed ServerApp's, where its SuperLink
+    signals replies: :mod:`deploy.flower_shim`), else None."""
 
     def __init__(self, grid: Grid, stopped: threading.Event) -> None:
         self._grid = grid
         self._stopped = stopped
-        self.replies_stored = REPLIES_STORED if _picks_up_on_push(grid) else None
+        self.replies_stored = REPLIES_STORED if _picks_up_on_push(grid) else getattr(grid, "replies_stored", None)
 
     def _check(self) -> None:
         if self._stopped.is_set():

@@ -274,9 +274,10 @@ def _push_and_poll(
 
     The sleep between empty polls starts at 2 ms and doubles up to 50 ms;
     any reply resets it, since the others are usually close behind. A grid that
-    signals stored replies (``grid.replies_stored``, :class:`app.engine.StoreSignal`:
-    Flower's simulation runtime under :func:`app.engine.pick_up_on_push`) is pulled
-    again as soon as a reply is stored instead, at the latest after 50 ms. About
+    signals stored replies (``grid.replies_stored``, with ``mark()`` and ``wait_past(mark,
+    timeout)``: Flower's simulation runtime under :func:`app.engine.pick_up_on_push`, a
+    deployed ServerApp whose SuperLink signals them, :mod:`deploy.flower_shim`) is pulled
+    again as soon as a reply is stored instead, and at least once a second. About
     once a second the grid's node list is checked: a destination that has
     left the federation will not answer, so it is given up at once instead
     of at the deadline. Returns the replies, the nodes that left and the
@@ -310,7 +311,7 @@ def _push_and_poll(
             break
         if signal is not None:
             if not got:
-                signal.wait_past(mark, POLL_MAX_S)
+                signal.wait_past(mark, min(LIVENESS_EVERY_S, max(deadline - now, 0.0)))
         elif got:
             delay = POLL_START_S
         else:

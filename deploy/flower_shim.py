@@ -58,8 +58,8 @@ from pathlib import Path
 from types import ModuleType
 
 from app.quiet import plain_console
-from deploy.app_processes import (fork_serverapps, patch_executor, patch_serverapp, short_object_polls,
-                                   wait_until_preloaded)
+from deploy.app_processes import (REPLY_SIGNALS_SETTING, fork_serverapps, patch_executor, patch_serverapp,
+                                   short_object_polls, signal_reply, wait_until_preloaded)
 from deploy.app_versions import enforce as enforce_app_versions
 from deploy.flower_resilience import Namespace, answer_what_is_not_received, push_until_stored, survive_error_statuses
 
@@ -173,11 +173,12 @@ class TaskPipe:
         except BlockingIOError:  # the pipe is full of wake-ups the SuperExec has not read yet
             pass
 
-    def start_superexec(self, module: ModuleType, role: str) -> None:
+    def start_superexec(self, module: ModuleType, role: str, **environ: str) -> None:
         """Make ``module`` start its SuperExec through this shim as ``role``, reading this pipe,
-        asking for tasks every :data:`TASK_POLL_S` besides."""
+        asking for tasks every :data:`TASK_POLL_S` besides, ``environ`` added to its environment."""
         _through_shim(module, "flower-superexec", role, pass_fds=(self.read_end,),
-                      env={**os.environ, TASK_PIPE_SETTING: str(self.read_end), TASK_POLL_SETTING: str(TASK_POLL_S)})
+                      env={**os.environ, TASK_PIPE_SETTING: str(self.read_end), TASK_POLL_SETTING: str(TASK_POLL_S),
+                           **environ})
 
 
 def command(role: str) -> list[str]:
@@ -222,16 +223,41 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
     and asks for a run's ServerApp task as soon as the SuperLink's LinkState (each class of
     ``states``, default Flower's in-memory and SQL ones) has created the run (Flower's SuperExec
     asks every 1 s, and every 0.1 s in :mod:`deploy.federation`: each an HTTP request through the
-    SuperLink's middlewares)."""
+    SuperLink's middlewares); and tells a run's ServerApp each time the LinkState stores a reply of
+    the run (:class:`deploy.app_processes.ReplySignal`; Flower's ServerApp polls for replies)."""
     if states is None:
         from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
         from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
 
         states = (InMemoryLinkState, SqlLinkState)
-    tasks = TaskPipe()
+    tasks, signals = TaskPipe(), reply_signals_dir()
     for state in states:
         state.create_run = _then(state.create_run, tasks.wake)
-    tasks.start_superexec(module, "superlink-superexec")
+        state.store_message_res = _signalling_replies(state.store_message_res, signals)
+    tasks.start_superexec(module, "superlink-superexec", **{REPLY_SIGNALS_SETTING: str(signals)})
+
+
+def reply_signals_dir() -> Path:
+    """This SuperLink's directory of its ServerApps' reply FIFOs (:class:`ReplySignal`), only
+    its owner's: ``$FLWR_HOME/reply-signals/<pid>``."""
+    from flwr.common.config import get_flwr_home
+
+    directory = get_flwr_home() / "reply-signals" / str(os.getpid())
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return directory
+
+
+def _signalling_replies(store, directory: Path):
+    """A LinkState's ``store_message_res`` (``store``) that signals each stored reply to its
+    run's ServerApp (:func:`signal_reply`)."""
+    @functools.wraps(store)
+    def store_message_res(self, message):
+        stored = store(self, message)
+        if stored is not None:
+            signal_reply(directory, message.metadata.run_id)
+        return stored
+
+    return store_message_res
 
 
 def _then(method, after):

@@ -241,6 +241,7 @@ def test_flowers_runtime_hands_each_message_over_when_pushed_and_the_server_pull
     monkeypatch.setattr(engine, "PICKUP_WAIT_S", 3600.0)
     monkeypatch.setattr(transport, "POLL_MAX_S", 3600.0)
     monkeypatch.setattr(transport, "POLL_START_S", 3600.0)
+    monkeypatch.setattr(transport, "LIVENESS_EVERY_S", 3600.0)
     engine.pick_up_on_push()
     factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
     run = Run.create_empty(run_id=7)  # registered as flwr.simulation's _main_loop does

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -223,13 +224,17 @@ def test_the_setting_switches_the_shim_off():
     assert flower_shim.main(["bogus"]) == 2
 
 
-def test_the_superlink_starts_its_superexec_through_the_shim_and_wakes_it_when_a_run_is_created():
+def test_the_superlink_starts_its_superexec_through_the_shim_and_wakes_it_when_a_run_is_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     started = []
     module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: started.append((a, kw))))
 
     class State:
         def create_run(self, name):
             return f"run {name}"
+
+        def store_message_res(self, message):
+            return None
 
     flower_shim.patch_superlink(module, (State,))
     module.subprocess.Popen(["flower-superexec", "--insecure"], start_new_session=True)
@@ -270,6 +275,45 @@ def test_a_message_part_not_there_yet_is_asked_for_again_soon():
     grid = types.SimpleNamespace(pull_objects=lambda ids, fn, **kw: kw)
     app_processes.patch_serverapp(grid)
     assert grid.pull_objects([], None)["initial_backoff"] == app_processes.OBJECT_POLL_S < 1
+
+
+def test_a_serverapp_hears_of_each_reply_its_superlink_stores_for_its_run(tmp_path, monkeypatch):
+    """The SuperLink signals every reply its LinkState stores to the FIFO of the reply's run; the
+    ServerApp's grid waits on it instead of polling; a run without a FIFO is nobody's concern."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: kw))
+
+    class State:
+        def create_run(self, name):
+            return name
+
+        def store_message_res(self, message):
+            return None if message.metadata.run_id == 0 else "stored"
+
+    flower_shim.patch_superlink(module, (State,))
+    environ = module.subprocess.Popen(["flower-superexec"])["env"]  # what the SuperExec, its ServerApps get
+    directory = Path(environ[app_processes.REPLY_SIGNALS_SETTING])
+    assert directory.parent == tmp_path / "reply-signals" and directory.stat().st_mode & 0o777 == 0o700
+    http_grid = types.SimpleNamespace(pull_objects=print, HttpGrid=type("HttpGrid", (), {"_run": None}))
+    app_processes.patch_serverapp(http_grid, environ)
+    grid = http_grid.HttpGrid()
+    assert grid.replies_stored is None  # before Flower sets the run
+    grid._run = types.SimpleNamespace(run_id=7)
+    signal = grid.replies_stored
+    assert signal is grid.replies_stored and (directory / "7").is_fifo()
+
+    def reply(run_id):
+        return types.SimpleNamespace(metadata=types.SimpleNamespace(run_id=run_id))
+
+    mark = signal.mark()
+    for other in (8, 0):  # another run's reply; a reply the LinkState did not store
+        State().store_message_res(reply(other))
+        assert not signal.wait_past(mark, 0)
+    assert State().store_message_res(reply(7)) == "stored"
+    assert signal.wait_past(mark, HANG_GUARD_S) and not signal.wait_past(signal.mark(), 0)
+    app_processes.ReplySignal.remove_made()
+    assert not (directory / "7").exists()
+    State().store_message_res(reply(7))  # its ServerApp gone: nothing to tell
 
 
 def install_toy_app(home, fab_hash):
