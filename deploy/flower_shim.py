@@ -77,6 +77,10 @@ REPLY_POLL_S = 0.01
 TASK_PIPE_SETTING = "FEDGRAPH_TASK_PIPE"
 TASK_POLL_SETTING = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 TASK_POLL_S = 1.0
+#: seconds the SuperLink keeps an idle HTTP connection open (uvicorn's ``timeout_keep_alive``): longer
+#: than its clients keep one (the gateway :data:`deploy.gateway.UPSTREAM_KEEPALIVE_S`, httpx 5 s), so
+#: that a client never sends on a connection the SuperLink is closing
+SUPERLINK_KEEPALIVE_S = 75
 #: with this environment variable set to 1, the SuperNode and the ClientApp log when each
 #: message passed each stage (lines starting with TIMING)
 TIMING_SETTING = "FEDGRAPH_TIMING"
@@ -223,14 +227,18 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
     and asks for a run's ServerApp task as soon as the SuperLink's LinkState (each class of
     ``states``, default Flower's in-memory and SQL ones) has created the run (Flower's SuperExec
     asks every 1 s, and every 0.1 s in :mod:`deploy.federation`: each an HTTP request through the
-    SuperLink's middlewares); and tells a run's ServerApp each time the LinkState stores a reply of
-    the run (:class:`deploy.app_processes.ReplySignal`; Flower's ServerApp polls for replies)."""
+    SuperLink's middlewares); tells a run's ServerApp each time the LinkState stores a reply of
+    the run (:class:`deploy.app_processes.ReplySignal`; Flower's ServerApp polls for replies); and
+    keeps an idle connection open :data:`SUPERLINK_KEEPALIVE_S` (uvicorn's 5 s: the gateway
+    reconnected, with a TLS handshake on both sides, for most of a SuperNode's polls)."""
     if states is None:
         from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
         from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
 
         states = (InMemoryLinkState, SqlLinkState)
     tasks, signals = TaskPipe(), reply_signals_dir()
+    module.uvicorn = Namespace(module.uvicorn, run=functools.partial(module.uvicorn.run,
+                                                                     timeout_keep_alive=SUPERLINK_KEEPALIVE_S))
     for state in states:
         state.create_run = _then(state.create_run, tasks.wake)
         state.store_message_res = _signalling_replies(state.store_message_res, signals)

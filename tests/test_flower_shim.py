@@ -227,7 +227,8 @@ def test_the_setting_switches_the_shim_off():
 def test_the_superlink_starts_its_superexec_through_the_shim_and_wakes_it_when_a_run_is_created(tmp_path, monkeypatch):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
     started = []
-    module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: started.append((a, kw))))
+    module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: started.append((a, kw))),
+                                   uvicorn=types.SimpleNamespace(run=lambda **kwargs: kwargs))
 
     class State:
         def create_run(self, name):
@@ -250,6 +251,13 @@ def test_the_superlink_starts_its_superexec_through_the_shim_and_wakes_it_when_a
         os.read(read_end, 16)  # nothing yet
     assert State().create_run("x") == "run x"
     assert os.read(read_end, 16) == b"t"  # the SuperExec's wait ends
+    # an idle connection kept longer than its clients keep it: they close it, never the SuperLink under them
+    assert module.uvicorn.run(port=1) == {"port": 1, "timeout_keep_alive": flower_shim.SUPERLINK_KEEPALIVE_S}
+    from deploy.gateway import UPSTREAM_KEEPALIVE_S
+
+    assert UPSTREAM_KEEPALIVE_S < flower_shim.SUPERLINK_KEEPALIVE_S
+    source = inspect.getsource(SUPERLINK._run_superlink_http_api)
+    assert SUPERLINK.uvicorn.run is not None and "uvicorn.run(" in source and "timeout_keep_alive" not in source
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
 
@@ -281,7 +289,8 @@ def test_a_serverapp_hears_of_each_reply_its_superlink_stores_for_its_run(tmp_pa
     """The SuperLink signals every reply its LinkState stores to the FIFO of the reply's run; the
     ServerApp's grid waits on it instead of polling; a run without a FIFO is nobody's concern."""
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
-    module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: kw))
+    module = types.SimpleNamespace(subprocess=types.SimpleNamespace(Popen=lambda *a, **kw: kw),
+                                   uvicorn=types.SimpleNamespace(run=print))
 
     class State:
         def create_run(self, name):
