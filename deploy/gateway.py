@@ -30,10 +30,7 @@ Failures, so that no message is lost to a transient one:
   on a new connection, then answered 502 (504 on a timeout), which a SuperNode
   retries (``flwr.supercore.retry.http_retry``) until the SuperLink is back. A
   connection to the SuperLink unused for :data:`UPSTREAM_KEEPALIVE_S` is closed
-  here, before the SuperLink closes it under a request (one started through
-  :mod:`deploy.flower_shim` keeps it :data:`deploy.flower_shim.SUPERLINK_KEEPALIVE_S`;
-  one closed by a SuperLink that keeps them less, Flower's 5 s, is seen closed
-  before it is used, and one closed meanwhile is the failure above);
+  here, before the SuperLink does under a request (:data:`deploy.flower_shim.SUPERLINK_KEEPALIVE_S`);
 - a message whose pull-messages answer never reached its SuperNode is delivered
   again (:class:`deploy.redelivery.Deliveries`: the SuperLink would not send
   it twice); an activate-node repeated because its answer was lost gets the
@@ -177,8 +174,7 @@ CLIENT_BODY_BUDGET = 16 * MIB
 MOST_NODES = 64
 #: the SuperNode's own client waits 30 s for an answer (flwr.supercore.protobuf.client)
 UPSTREAM_TIMEOUT_S = 30.0
-#: an unused SuperLink connection is closed here after this, before the SuperLink does (each new one costs
-#: both a TLS handshake, and a SuperNode that polls every 3 s would reach the SuperLink on a new one each time)
+#: an unused SuperLink connection is closed here after this, before the SuperLink does (a new one: 2 TLS handshakes)
 UPSTREAM_KEEPALIVE_S = 60.0
 #: after a refusal, what the client may still be sending is read and dropped (so that it sees the
 #: answer rather than a reset connection), up to this much
