@@ -27,6 +27,7 @@ APP_DIR = HERE / "transport_app"
 sys.path.insert(0, str(APP_DIR))
 
 import deployment_profile  # noqa: E402
+import flower_costs  # noqa: E402
 from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
 ENGINES = {"run_simulation": "`run_simulation` (in-process)",
@@ -121,6 +122,9 @@ def page() -> Path:
     profile = RESULTS_DIR / deployment_profile.RESULTS
     if profile.exists():
         body += "\n\n" + deployment_profile.section(json.loads(profile.read_text())["rows"])
+    costs = RESULTS_DIR / flower_costs.RESULTS
+    if costs.exists():
+        body += "\n\n" + flower_costs.section(json.loads(costs.read_text()))
     return write_page("transport", "Transport: round latency and where a deployed run's CPU goes", body,
                       "python benchmarks/transport.py --report")
 
