@@ -35,7 +35,7 @@ from app.config import ConfigError
 from app.data import memory
 from app.data.params import dataset_kwargs
 from app.data.parties import PARTIES, SHARED_NODES, family
-from app.result import LABELS_FILE, RESULT_FILE
+from app.result import LABELS_FILE, REFERENCE_LABELS_FILE, REPORT_FILE, RESULT_FILE
 
 #: Run-config keys given by :func:`cluster`'s own arguments.
 ARGUMENT_KEYS = {"strategy": "strategy", "dataset": "data", "num-clients": "num_clients", "out-dir": "out_dir"}
@@ -52,6 +52,9 @@ class Result:
         The strategy that ran.
     labels : ndarray of int64, shape (n_items,)
         ``labels[i]`` is the cluster of the item ``ids[i]``; -1: the method gave it none.
+    reference_labels : ndarray of int64, shape (n_items,), or None
+        The centralised method's cluster of each item on the pooled data (None where it did not
+        run: ``reference=false``, pre-split pieces, a method without a counterpart).
     ids : ndarray, shape (n_items,)
         The items' IDs: the user's node IDs, graph IDs for graph collections, or ``0..n-1``
         for k-hop subgraphs (numbered in centre order).
@@ -73,6 +76,8 @@ class Result:
         What the data readers repaired or noticed (isolated nodes, dropped self-loops).
     path : Path or None
         The result.json written (None without ``out_dir``).
+    report : Path or None
+        The run's page, report.html, beside it (None without ``out_dir``).
     result : dict
         The whole of result.json.
     """
@@ -92,13 +97,17 @@ class Result:
     notes: list[str] = field(default_factory=list)
     path: Path | None = None
     result: dict = field(default_factory=dict, repr=False)
+    reference_labels: np.ndarray | None = None
+    report: Path | None = None
 
     def labels_frame(self):
-        """A pandas DataFrame of (``party``,) ``node`` (or ``graph``) and ``cluster``, one row per item."""
+        """A pandas DataFrame of (``party``,) ``node`` (or ``graph``), ``cluster`` and, where the
+        centralised method ran, ``centralised``: one row per item, as labels.csv."""
         import pandas as pd
 
         columns = {} if self.parties is None else {"party": self.parties}
-        return pd.DataFrame({**columns, self.item: self.ids, "cluster": self.labels})
+        centralised = {} if self.reference_labels is None else {"centralised": self.reference_labels}
+        return pd.DataFrame({**columns, self.item: self.ids, "cluster": self.labels, **centralised})
 
 
 def run_config(config: Mapping[str, Any] | None, keywords: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,7 +129,8 @@ def run_config(config: Mapping[str, Any] | None, keywords: Mapping[str, Any]) ->
 
 
 def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapping[str, Any] | None = None,
-            engine: str = "inprocess", out_dir: str | os.PathLike | None = None, **keywords) -> Result:
+            engine: str = "inprocess", out_dir: str | os.PathLike | None = None, quiet: bool = False,
+            **keywords) -> Result:
     """Run ``strategy`` on ``data`` and return its :class:`Result`.
 
     Parameters
@@ -143,8 +153,13 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     engine : {"inprocess", "simulation"}
         ``simulation`` (Flower's engine) reads ``data`` from a path only.
     out_dir : path, optional
-        Where result.json, labels.npy and labels.csv go (pre-split: each party's labels.csv
-        in ``party-<i>/run-<run id>/``); None: nowhere, the Result holds everything.
+        Where result.json, labels.npy, labels.csv and the run's page report.html go (pre-split:
+        each party's labels.csv and page in ``party-<i>/run-<run id>/``); None: nowhere, the
+        Result holds everything.
+    quiet : bool
+        Show nothing while it runs: no progress and no summary (warnings and errors still show;
+        the Result holds the summary's figures). Default False: the progress and the summary
+        that ``python -m app.run`` shows.
     **keywords
         Simple run-config keys as keywords (``seed=3``, ``num_rounds=5``, ``num_clusters=4``).
 
@@ -162,11 +177,17 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
         The run stopped: a client's reply was refused, a client left, a privacy policy refused
         a step; the message names the client and why.
     """
-    from app.data.formats import as_graph
-    from app.quiet import plain_console
-    from app.run import ENGINES
+    from app.quiet import plain_console, silenced
 
     plain_console()  # the run's log lines without colour codes where they go to a file
+    with silenced(quiet):
+        return _cluster(strategy, data, num_clients, config, engine, out_dir, keywords)
+
+
+def _cluster(strategy: str, data, num_clients: int | None, config, engine: str, out_dir, keywords) -> Result:
+    """:func:`cluster`, its output already silenced or not."""
+    from app.data.formats import as_graph
+    from app.run import ENGINES
 
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; valid choices: " + ", ".join(ENGINES))
@@ -231,7 +252,8 @@ def _presplit(strategy: str, pieces: list, raw: dict, out_dir) -> Result:
 
 
 def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=None) -> tuple[dict, np.ndarray]:
-    """Run it; return result.json's content and the labels (written to ``out_dir``; without one,
+    """Run it; return result.json's content (with ``reference_labels``, the centralised method's or
+    None, and ``report``, the page's path) and the labels (written to ``out_dir``; without one,
     kept in memory, or on Flower's simulation engine, which hands them over in files, in a
     temporary directory removed afterwards)."""
     from app.run import run_experiment
@@ -241,6 +263,9 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
     def read(run: Path) -> tuple[dict, np.ndarray]:
         result = json.loads((run / RESULT_FILE).read_text())
         result["notes"] = notes  # the readers' notes (a party's stay out of result.json)
+        reference = run / REFERENCE_LABELS_FILE
+        result["reference_labels"] = np.load(reference) if reference.exists() else None
+        result["report"] = str(run / REPORT_FILE) if (run / REPORT_FILE).exists() else None
         return result, np.load(run / LABELS_FILE)
 
     def run(out: Path) -> Path:
@@ -259,15 +284,19 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
         result["path"] = str(path)
         return result, labels
     with tempfile.TemporaryDirectory(prefix="fedgraph-") as tmp:
-        return read(run(Path(tmp) / "run").parent)
+        result, labels = read(run(Path(tmp) / "run").parent)
+        return {**result, "report": None}, labels  # the temporary folder is gone
 
 
 def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndarray | None,
             item: str | None = None) -> Result:
     item = item or ("graph" if result["config"]["partitioner"] == "graph-dirichlet" else "node")
     path = Path(result["path"]) if result.get("path") else None
+    reference = result.pop("reference_labels", None)
+    report = result.pop("report", None)
     return Result(strategy=result["strategy"], labels=np.asarray(labels, dtype=np.int64), ids=np.asarray(keys),
                   item=item, parties=parties, metrics=result["metrics"], reference=result["reference"],
                   timing=result["timing"], communication=result["communication"], privacy=result["privacy"],
                   history=result["history"], config=result["config"], notes=result["notes"], path=path,
-                  result=result)
+                  result=result, reference_labels=None if reference is None else np.asarray(reference, dtype=np.int64),
+                  report=Path(report) if report else None)

@@ -29,6 +29,7 @@ FLOWER_NOTICES = ("DEPRECATED FEATURE: The `run_simulation` function is deprecat
 RAY_WARNINGS = ("Tip: In future versions of Ray, Ray will no longer override accelerator",)
 
 _verbose = False
+_silent = False
 
 
 def set_verbose(verbose: bool) -> None:
@@ -61,6 +62,32 @@ def plain_console(stream=None) -> None:
 
 def verbose() -> bool:
     return _verbose
+
+
+def silent() -> bool:
+    """Whether this process's runs show nothing (:func:`silenced`): no progress, no summary."""
+    return _silent
+
+
+@contextmanager
+def silenced(on: bool = True) -> Iterator[None]:
+    """Within it (``on``), a run shows no progress and logs no summary: Flower's logger and the
+    app's party logger let warnings and errors through only. ``app.cluster(..., quiet=True)``."""
+    global _silent
+    if not on:
+        yield
+        return
+    loggers = [FLOWER_LOGGER, logging.getLogger("fedgraph")]
+    levels = [lg.level for lg in loggers]
+    before, _silent = _silent, True
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        _silent = before
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 class _DropNotices(logging.Filter):

@@ -5,9 +5,11 @@ Stable top-level keys (other tools read them): ``strategy``, ``dataset``,
 ``communication``, ``privacy``; plus ``history`` (per-round records),
 ``rejected`` (client replies the transport refused) and ``notes`` (what the
 data reader repaired or found, e.g. self-loops dropped). Beside it,
-``labels.npy`` (the cluster of every item, in row order) and ``labels.csv``
-(the same with the user's node or graph IDs: columns ``node,cluster`` or
-``graph,cluster``; -1 where no client returned a label).
+``labels.npy`` (the cluster of every item, in row order), ``reference_labels.npy``
+(the centralised method's, where it ran) and ``labels.csv`` (the same with the
+user's node or graph IDs: columns ``node,cluster[,centralised]`` or
+``graph,cluster[,centralised]``; -1 where no client returned a label), and the
+run's page ``report.html`` (:mod:`app.report`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from app.data import memory
 RESULT_FILE = "result.json"
 LABELS_FILE = "labels.npy"
 LABELS_CSV = "labels.csv"
+REFERENCE_LABELS_FILE = "reference_labels.npy"
+REPORT_FILE = "report.html"  # the run's page (app.report)
 
 
 def default_out_dir(strategy: str, dataset: str) -> Path:
@@ -96,11 +100,13 @@ def jsonable(value):
 
 
 def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = None,
-                 keys: np.ndarray | None = None, key_column: str = "node") -> Path:
-    """Write ``out_dir/result.json`` (and ``labels.npy`` and ``labels.csv``); never replace a result.json.
+                 keys: np.ndarray | None = None, key_column: str = "node", reference: np.ndarray | None = None) -> Path:
+    """Write ``out_dir/result.json`` (and ``labels.npy`` and ``labels.csv``; with ``reference``, the
+    centralised method's labels, ``reference_labels.npy`` too); never replace a result.json.
 
     ``labels.csv`` pairs each label with its item's ID: ``keys`` (the user's node or graph IDs,
-    default ``0..len(labels)-1``) in a column named ``key_column``. Every file is written to a
+    default ``0..len(labels)-1``) in a column named ``key_column``, and the centralised label in
+    column ``centralised`` (with ``reference``), so the two compare item by item. Every file is written to a
     temporary file first and the JSON is put in place first, by a hard link that fails if the
     name is taken, so a ``result.json`` on disk always belongs to a finished run and a run never
     overwrites another's. If another run's result.json is there (one that appeared while this run
@@ -115,6 +121,9 @@ def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = 
         if labels is not None:
             files[LABELS_FILE] = _temporary(out, ".npy", lambda f: np.save(f, np.asarray(labels)))
             table = labels_table(labels, keys, key_column)
+            if reference is not None:
+                files[REFERENCE_LABELS_FILE] = _temporary(out, ".npy", lambda f: np.save(f, np.asarray(reference)))
+                table["centralised"] = np.asarray(reference)
             files[LABELS_CSV] = _temporary(out, ".csv", lambda f: table.to_csv(f, index=False))
         if _publish(files, out):
             return out / RESULT_FILE
@@ -164,29 +173,27 @@ def _publish(files: dict[str, Path], directory: Path) -> bool:
         os.link(files[RESULT_FILE], directory / RESULT_FILE)
     except FileExistsError:
         return False
-    for name in (LABELS_FILE, LABELS_CSV):
+    for name in (LABELS_FILE, REFERENCE_LABELS_FILE, LABELS_CSV):
         if name in files:
             os.replace(files[name], directory / name)
     return True
 
 
+#: the quality metrics of the summary: against the ground truth, else of the graph
+LABEL_METRICS, GRAPH_METRICS = ("acc", "f1", "nmi", "ari"), ("modularity", "conductance")
+
+
 def summary_table(result: dict) -> str:
-    """A short plain-text summary: federated vs centralised metrics, how close they are (see
-    :mod:`app.quality`), the paper's figure, cost and what the privacy guarantee covers."""
-    metrics = result.get("metrics", {})
-    reference = result.get("reference", {}) or {}
-    names = [k for k in ("acc", "f1", "nmi", "ari", "modularity", "conductance") if k in metrics]
-    dataset = memory.described(str(result["dataset"]))
-    lines = [
-        f"{result['strategy']} on {dataset} with {result['num_clients']} clients",
-        f"{'metric':<30}{'federated':>10}{'centralised':>13}",
-    ]
-    for name in names:
-        ref = reference.get(name)
-        ref_s = f"{ref:>13.4f}" if isinstance(ref, (int, float)) else f"{'-':>13}"
-        lines.append(f"{name:<30}{metrics[name]:>10.4f}{ref_s}")
-    for name, value in (reference.get("agreement") or {}).items():
-        lines.append(f"{'agreement ' + name:<30}{value:>10.4f}  (federated vs centralised labels)")
+    """A short plain-text summary a reader cannot misread: the clustering's quality (against the
+    ground truth, else the graph's modularity and conductance) federated beside centralised, the
+    agreement of the two clusterings, the verdict with what it compares (see :mod:`app.quality`),
+    the paper's figure, cost and what the privacy guarantee covers. A section with nothing to
+    show is left out."""
+    dataset = result.get("dataset_name") or memory.described(str(result["dataset"]))
+    partitioner = (result.get("config") or {}).get("partitioner")
+    lines = [f"{result['strategy']} on {dataset} with {result['num_clients']} clients"
+             + (f" (split '{partitioner}')" if partitioner else "")]
+    lines += _metric_lines(result.get("metrics", {}), result.get("reference") or {})
     lines += _quality_lines(result)
     t, c = result["timing"], result["communication"]
     lines.append(
@@ -198,13 +205,39 @@ def summary_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _metric_lines(metrics: dict, reference: dict) -> list[str]:
+    """The quality table (federated, centralised) and the agreement table, each only when it has rows."""
+    names = [k for k in LABEL_METRICS if k in metrics]
+    what = "quality against the ground truth"
+    if not names:
+        names, what = [k for k in GRAPH_METRICS if k in metrics], "quality of the graph's cut (no ground truth)"
+    lines = []
+    if names:
+        lines.append(f"{what:<34}{'federated':>10}{'centralised':>13}")
+        for name in names + [k for k in GRAPH_METRICS if k in metrics and k not in names]:
+            ref = reference.get(name)
+            ref_s = f"{ref:>13.4f}" if isinstance(ref, (int, float)) else f"{'-':>13}"
+            lines.append(f"  {name:<32}{metrics[name]:>10.4f}{ref_s}")
+    agreement = reference.get("agreement") or {}
+    if agreement:
+        lines.append("agreement of the federated and the centralised clusters (1: the same clustering)")
+        lines += [f"  {name:<32}{value:>10.4f}" for name, value in agreement.items()]
+    if "cluster_sizes" in metrics:
+        lines.append(f"cluster sizes: {', '.join(map(str, metrics['cluster_sizes']))} (of {metrics.get('items')} "
+                     "items; the server holds no pooled data or ground truth to score them against)")
+    return lines
+
+
 def _quality_lines(result: dict) -> list[str]:
     reference, quality = result.get("reference") or {}, result.get("quality") or {}
     lines = []
     if reference.get("method"):
-        lines.append(f"reference: {reference['method']}")
+        lines.append(f"centralised method: {reference['method']}")
     if quality.get("summary"):
-        lines.append(f"verdict: {quality['summary']}")
+        compares = ("federated vs centralised clusters, not vs the ground truth"
+                    if quality.get("verdict") else "nothing to compare")
+        lines.append(f"verdict ({compares}): {quality['summary']}")
+        lines += _method_fit(result.get("metrics", {}), reference)
     paper = quality.get("paper")
     if paper:
         run = paper["run"]
@@ -216,6 +249,20 @@ def _quality_lines(result: dict) -> list[str]:
         lines.append(line)
     lines += [f"note: {note}" for note in quality.get("notes", [])]
     return lines
+
+
+def _method_fit(metrics: dict, reference: dict) -> list[str]:
+    """Where the run matches the ground truth poorly, whether the method or the federation is the
+    cause: the centralised method's own figure says it."""
+    acc, ref_acc = metrics.get("acc"), reference.get("acc")
+    if not isinstance(acc, (int, float)) or acc >= 0.9:
+        return []
+    if isinstance(ref_acc, (int, float)) and acc >= ref_acc - 0.02:
+        return [f"quality: ACC {acc:.3f} against the ground truth, and the centralised method's is {ref_acc:.3f}: "
+                "the method, not the federation, limits it on this data; another may fit it better (python -m "
+                "app.run compare runs them all; describe says which methods suit which data)"]
+    return [f"quality: ACC {acc:.3f} against the ground truth"
+            + (f", the centralised method's {ref_acc:.3f}" if isinstance(ref_acc, (int, float)) else "")]
 
 
 def _upload_list(uploads: list[dict]) -> str:

@@ -23,7 +23,7 @@ from app.data.datasets import dataset_label, is_builtin
 from app.data.params import data_root, dataset_kwargs
 from app.data.parties import PARTIES
 from app.journal import JOURNAL, MANIFEST
-from app.result import RESULT_FILE, check_out_dir, default_out_dir
+from app.result import REPORT_FILE, RESULT_FILE, check_out_dir, default_out_dir
 from app.wire import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
@@ -106,7 +106,8 @@ def _run(engine: str, raw: dict, num_clients: int, node_configs=None, write: boo
         from app.inprocess import InProcessGrid
         from app.server_app import run_server
 
-        return run_server(InProcessGrid(build_client_app(raw), num_clients, node_configs), raw, write=write)
+        return run_server(InProcessGrid(build_client_app(raw), num_clients, node_configs), raw, write=write,
+                          announce=False)
 
     from app.client_app import build_client_app
     from app.engine import simulate
@@ -115,13 +116,15 @@ def _run(engine: str, raw: dict, num_clients: int, node_configs=None, write: boo
     path = Path(raw["out-dir"]) / RESULT_FILE  # none before the run (check_out_dir), nor another's after it
     errors: list[Exception] = []
     with quiet.simulation_engine():
-        simulate(lambda watch: build_server_app(raw, errors, watch), build_client_app(raw), num_clients)
+        simulate(lambda watch: build_server_app(raw, errors, watch, announce=False), build_client_app(raw), num_clients)
     if errors:
         raise errors[0]
     if not path.exists():
         raise ProtocolError(f"the simulation finished without writing {path}; see the log above")
     result = json.loads(path.read_text())
     result["path"] = str(path)
+    report = path.parent / REPORT_FILE
+    result["report"] = str(report) if report.exists() else None
     return result
 
 
@@ -201,7 +204,8 @@ def _resumed_out(resume: str, out: str | None, overrides: dict) -> str:
     return resume
 
 
-COMMANDS = "list (strategies and datasets), describe [STRATEGY] (its keys); none: run"
+COMMANDS = ("list (strategies and datasets), describe [STRATEGY] (its keys), compare --dataset D (every strategy "
+            "that fits D: python -m app.run compare --help); none: run")
 
 
 def _parser() -> ArgumentParser:
@@ -247,6 +251,11 @@ def _explain(parser: ArgumentParser, args, overrides: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        from app.comparison import main as compare
+
+        return compare(argv[1:])
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -277,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"result: {result['path']}")
+    print(f"report: {result['report']}" if result.get("report") else "report: none (see the warning above)")
     return 0
 
 

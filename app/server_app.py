@@ -24,6 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from app import registry
 from app.config import ConfigError, RunConfig, SharedConfig
+from app.data import memory
 from app.data.datasets import DataProfile, dataset_label
 from app.data.params import data_root, dataset_kwargs
 from app.data.evaluation import load_evaluation
@@ -79,24 +80,25 @@ def _side_by_side(protocol_s: float, rounds: list[dict]) -> dict:
     return {"parallel_s": protocol_s - sum(r["client_sum_s"] - r["client_max_s"] for r in rounds)}
 
 
-def _reference(strategy, data, labels: np.ndarray, score) -> dict:
+def _reference(strategy, data, labels: np.ndarray, score) -> tuple[dict, np.ndarray | None]:
     """The ``reference`` section: the centralised method (``method``) on the pooled data, its
     metrics (``score``) and its ``agreement`` with ``labels``; ``skipped`` with the reason when
-    it is not computed (``reference=false``, an eval-file without the pooled data)."""
+    it is not computed (``reference=false``, an eval-file without the pooled data). Also its
+    labels (None where it did not run)."""
     reference: dict = {"method": strategy.reference_method()}
     if not strategy.shared.reference:
-        return {**reference, "skipped": "reference=false"}
+        return {**reference, "skipped": "reference=false"}, None
     if data.meta.get("evaluation") == "labels-only":
         return {**reference, "skipped": "the eval-file holds labels only (no pooled data to run it on); "
-                                        "python -m app.data.prepare --eval-contents full writes the pooled data"}
+                                        "python -m app.data.prepare --eval-contents full writes the pooled data"}, None
     started = time.perf_counter()
     ref_labels = strategy.reference(data)
     if ref_labels is None:
-        return {**reference, "skipped": f"strategy '{strategy.name}' has no centralised counterpart"}
-    ref_labels = np.asarray(ref_labels)
+        return {**reference, "skipped": f"strategy '{strategy.name}' has no centralised counterpart"}, None
+    ref_labels = np.asarray(ref_labels, dtype=np.int64)
     known = labels >= 0
     return {**reference, **score(ref_labels), "time_s": time.perf_counter() - started,
-            "agreement": agreement(ref_labels[known], labels[known])}
+            "agreement": agreement(ref_labels[known], labels[known])}, ref_labels
 
 
 def deliver_labels(session: ServerSession, labels: np.ndarray) -> None:
@@ -111,7 +113,7 @@ def deliver_labels(session: ServerSession, labels: np.ndarray) -> None:
                      require_all=False)
 
 
-def parties_outcome(strategy, labels: np.ndarray, metrics: dict) -> tuple[np.ndarray, dict, dict]:
+def parties_outcome(strategy, labels: np.ndarray, metrics: dict) -> tuple[np.ndarray, dict, dict, None]:
     """Labels, metrics and reference of a run on the parties' own data, which the server cannot
     score: the strategy's own metrics and the cluster sizes."""
     known = labels[labels >= 0]
@@ -119,12 +121,13 @@ def parties_outcome(strategy, labels: np.ndarray, metrics: dict) -> tuple[np.nda
     scores = {**metrics, "cluster_sizes": [int(v) for v in sizes], "items": int(labels.size),
               "coverage": float(known.size / labels.size) if labels.size else 0.0}
     return labels, scores, {"method": strategy.reference_method(),
-                            "skipped": f"dataset '{PARTIES}': the server holds no pooled data and no ground truth"}
+                            "skipped": f"dataset '{PARTIES}': the server holds no pooled data and no ground truth"}, None
 
 
-def evaluate_output(strategy, output, data, num_items: int) -> tuple[np.ndarray, dict, dict]:
+def evaluate_output(strategy, output, data, num_items: int) -> tuple[np.ndarray, dict, dict, np.ndarray | None]:
     """The labels of ``output`` laid out over the data's items, their metrics against the data's
-    labels and graph (or the strategy's ``truth``), and the centralised reference beside them."""
+    labels and graph (or the strategy's ``truth``), the centralised reference beside them and its
+    labels (None where it did not run)."""
     if output.truth is not None:
         labels = np.asarray(output.labels, dtype=np.int64)
         score = lambda predicted: evaluate(predicted, y_true=output.truth)  # noqa: E731
@@ -132,15 +135,16 @@ def evaluate_output(strategy, output, data, num_items: int) -> tuple[np.ndarray,
         labels = output.dense_labels(num_items)
         score = lambda predicted: _score(predicted, data)  # noqa: E731
     metrics = {**score(labels), **output.metrics}
-    reference = _reference(strategy, data, labels, score)
+    reference, ref_labels = _reference(strategy, data, labels, score)
     if "agreement" in reference:
         metrics["cluster_similarity"] = reference["agreement"]["cluster_similarity"]
-    return labels, metrics, reference
+    return labels, metrics, reference, ref_labels
 
 
-def run_server(grid: Grid, raw_config: Mapping[str, Any], write: bool = True) -> dict:
+def run_server(grid: Grid, raw_config: Mapping[str, Any], write: bool = True, announce: bool = True) -> dict:
     """Run one experiment over ``grid``; return the result dict (also written; with ``write=False``
-    not, and holding the labels, ``labels``: :func:`app.run.run_experiment`)."""
+    not, and holding the labels, ``labels``: :func:`app.run.run_experiment`). The summary is
+    logged, with the paths written where ``announce`` (``python -m app.run`` prints them itself)."""
     started = time.perf_counter()
     config = registry.validate(raw_config)
     data = _checked_data(config)
@@ -162,11 +166,12 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any], write: bool = True) ->
     strategy = strategy_cls(config)
     setup_rounds = len(session.stats.rounds)
     output, party_labels, protocol_s = _run_protocol(strategy, session)
-    labels, metrics, reference = (parties_outcome(strategy, party_labels, output.metrics) if data is None
-                                  else evaluate_output(strategy, output, data, _num_items(data)))
+    labels, metrics, reference, ref_labels = (parties_outcome(strategy, party_labels, output.metrics) if data is None
+                                              else evaluate_output(strategy, output, data, _num_items(data)))
     result = {
         "strategy": shared.strategy,
         "dataset": shared.dataset,
+        "dataset_name": memory.described(shared.dataset),
         "num_clients": shared.num_clients,
         "config": {key: config[key] for key in registry.keys_read(config)},
         "metrics": metrics,
@@ -184,8 +189,8 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any], write: bool = True) ->
     }
     if not write:  # the labels stay in memory (app.api.cluster without out_dir)
         log(INFO, "%s", summary_table(result))
-        return {**result, "labels": labels}
-    result = _write(result, shared, labels, output, data)
+        return {**result, "labels": labels, "reference_labels": ref_labels}
+    result = _write(result, shared, (labels, ref_labels), output, data, announce)
     if journal:
         journal.finish()
     return result
@@ -251,9 +256,11 @@ def _timing(started: float, protocol_s: float, rounds: list[dict], setup_rounds:
     }
 
 
-def _write(result: dict, shared: SharedConfig, labels: np.ndarray, output, data) -> dict:
-    """Write ``result`` and ``labels`` to the run's out-dir (default: a fresh one under results/),
-    log the summary, and return ``result`` with its ``path``."""
+def _write(result: dict, shared: SharedConfig, labels: tuple[np.ndarray, np.ndarray | None], output, data,
+           announce: bool = True) -> dict:
+    """Write ``result`` and ``labels`` (the federated ones and the centralised method's, or None) to
+    the run's out-dir (default: a fresh one under results/) with the run's page, log the summary
+    (and, ``announce``, the paths), and return ``result`` with its ``path`` and ``report``."""
     out_dir = shared.out_dir or default_out_dir(shared.strategy, dataset_label(shared.dataset))
     # labels.csv names the user's IDs where the labels are the data's own items, else (k-hop subgraphs) the items';
     # on the parties' own data the server knows positions only (each party writes its IDs' labels itself)
@@ -263,12 +270,30 @@ def _write(result: dict, shared: SharedConfig, labels: np.ndarray, output, data)
         keys, column = data.keys, "graph" if isinstance(data, GraphCollection) else "node"
     else:
         keys, column = None, "item"
-    path = write_result(result, out_dir, labels, keys, column)
+    path = write_result(result, out_dir, labels[0], keys, column, reference=labels[1])
     result["path"] = str(path)
-    log(INFO, "%s\nresult written to %s", summary_table(result), path)  # its title line beside the level
+    result["report"] = _write_report(path.parent, data, labels[0], output, shared.seed)
+    written = f"\nresult: {path}" + (f"\nreport: {result['report']}" if result["report"] else "")
+    log(INFO, "%s%s", summary_table(result), written if announce else "")  # its title line beside the level
     return result
 
 
+def _write_report(run: Path, data, labels: np.ndarray, output, seed: int) -> str | None:
+    """The run's page (:mod:`app.report`) beside its result, and what it draws of the data; its path.
+    A page that cannot be written is a warning: the result is kept (``python -m app.report RUN``)."""
+    from app.report import build_view, write_report
+    from app.report.view import VIEW_FILE, dense_distances
+
+    try:
+        distances = None
+        if output.distances is not None:
+            distances = (output.distances if output.truth is not None
+                         else dense_distances(output.distances, output.ids, labels.size))
+        build_view(data, labels, output.truth, distances, seed).save(run / VIEW_FILE)
+        return str(write_report(run))
+    except Exception as err:  # the result is written: a page that fails must not lose it
+        log(WARNING, "warning: the run's page was not written (%s: %s); the result is kept", type(err).__name__, err)
+        return None
 
 
 class _ReportedInOneLine(logging.Filter):
@@ -289,7 +314,7 @@ class _ReportedInOneLine(logging.Filter):
 
 
 def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | None = None,
-                     watch: EngineWatch | None = None) -> ServerApp:
+                     watch: EngineWatch | None = None, announce: bool = True) -> ServerApp:
     """A ServerApp whose run-config is ``context.run_config`` updated by ``overrides``.
 
     ``errors``: a list that receives the exception that stopped the run (Flower's
@@ -298,14 +323,16 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
     error propagates, so that Flower marks the run as failed with its reason; a
     :class:`app.errors.FedGraphError` (its message says it all) is logged as the line
     ``python -m app.run`` prints, without Flower's traceback. ``watch`` (:func:`app.engine.simulate`): the grid it gives stops
-    the run once the engine has failed, and it is told when the ServerApp ends."""
+    the run once the engine has failed, and it is told when the ServerApp ends. ``announce``: the
+    summary logs the paths written (:func:`run_server`)."""
     overrides = dict(overrides or {})
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            run_server((watch or EngineWatch()).grid(grid), {**context.run_config, **overrides})
+            run_server((watch or EngineWatch()).grid(grid), {**context.run_config, **overrides},
+                       announce=announce)
         except Exception as err:
             if errors is None:
                 if isinstance(err, FedGraphError):

@@ -245,12 +245,13 @@ class ServerSession(SecureAggregation):
             if current != nodes:
                 nodes, stable_since = current, time.monotonic()
 
-    def round_done(self, done: int, total: int, converging: Convergence | None = None, capped: bool = False,
+    def round_done(self, done: int, total: int | None, converging: Convergence | None = None, capped: bool = False,
                    **headline: float | None) -> None:
-        """The strategy's round ``done`` of ``total`` is over; ``headline``: the one value that says
-        how it went (``inertia=...``, ``loss=...``; None: not known, e.g. under DP). ``total`` is an
-        upper bound with ``capped``, or with ``converging``: the measure the strategy stops on, from
-        which the progress line shows the rounds the run is expected to take."""
+        """The strategy's round ``done`` of ``total`` is over; ``headline``: the values that say how
+        it went (``inertia=...``, ``loss=...``; None: not known, e.g. under DP; their meaning in
+        :data:`app.progress.FIGURES`). ``total`` is an upper bound with ``capped``, or with
+        ``converging``: the measure the strategy stops on, from which the progress line shows the
+        rounds the run is expected to take; None: no bound worth showing."""
         self.progress.round(done, total, self.stats.bytes_up + self.stats.bytes_down, converging, capped, **headline)
 
     @property
@@ -349,6 +350,7 @@ class ServerSession(SecureAggregation):
             refused the step.
         """
         self._round += 1
+        self.progress.step(action)
         sent_at = time.time()
         step = self.journal.step(self, action, category, contents, expect) if self.journal else None
         result = step.replay if step and step.replay else self._relay_and_send(action, category, contents, expect)

@@ -38,6 +38,8 @@ class StrategyOutput:
     subgraphs); then only label metrics are computed, against it.
     ``metrics``: extra method-specific figures (e.g. classification accuracy).
     ``history``: per-round records (for metric-vs-round plots).
+    ``distances``: the pairwise distances between the items ``ids`` where the method computes
+    them (gw-ldp's Gromov-Wasserstein matrix); the run's page draws the items by them.
     """
 
     labels: np.ndarray
@@ -45,6 +47,7 @@ class StrategyOutput:
     truth: np.ndarray | None = None
     metrics: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    distances: np.ndarray | None = None
 
     def dense_labels(self, num_items: int) -> np.ndarray:
         """Labels indexed by item id, -1 where no client gave one; ids outside

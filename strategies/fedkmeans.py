@@ -255,7 +255,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         best = proto.best_start(last_stats, self.shared.num_clusters)
         _, _, withheld, inertia = proto.split_statistics(last_stats[best], self.shared.num_clusters)
         shifts.measures.append(float(moved.max()))
-        session.round_done(round_, self.shared.num_rounds, converging=shifts, inertia=inertia)
+        session.round_done(round_, self.shared.num_rounds, converging=shifts, inertia=inertia,
+                           withheld=round(withheld))
         return {"round": round_, "inertia": inertia, "shift": float(moved.max()), "withheld": round(withheld),
                 "starts": int(len(moved)), "best": best}
 

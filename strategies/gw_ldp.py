@@ -418,7 +418,8 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         and the ids the centres, for delivery."""
         labels = proto.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
         truth = uploads["eval_labels"] if self.shared.partitioner == "khop" else None
-        return StrategyOutput(labels=labels, ids=uploads["graph_ids"], truth=truth, metrics=metrics, history=history)
+        return StrategyOutput(labels=labels, ids=uploads["graph_ids"], truth=truth, metrics=metrics, history=history,
+                              distances=dist)
 
     def _record_privacy(self, session: ServerSession, uploads: dict, releases: int, pooled: bool,
                         dp: GaussianMechanism | None) -> None:

@@ -51,9 +51,6 @@ class ExactAGC:
         self.secure = len(session.clients) > 1
         self.rounds = 0  # message rounds of this mode (every kcagc_exact broadcast)
         self.products = 0
-        # at most: the norm round, per order tried an eigensolve and an intra round, the labels round
-        orders = AGC_MAX_ORDER if order is None else 1
-        self.max_rounds = 2 + orders * (exact.MAX_ROUNDS + int(order is None))
 
     def run(self) -> StrategyOutput:
         if self.secure:
@@ -118,14 +115,14 @@ class ExactAGC:
         total, _ = self._sum("product", order, {"block": y}, exact.product_bound(self.total, y), "p",
                              exact.product_reply(self.n, y.shape[1], self.secure))
         self.products += 1
-        self.session.round_done(self.rounds, self.max_rounds, capped=True)
+        self.session.round_done(self.rounds, None, order=order)
         return total / self.total
 
     def intra(self, order: int, labels: np.ndarray) -> float:
         """Stage ``intra``: the pooled intra-cluster distance of ``G^order X`` under ``labels``."""
         total, _ = self._sum("intra", order, {"labels": labels.astype(np.int64)}, exact.intra_bound(self.total),
                              "d", exact.intra_reply(self.secure))
-        self.session.round_done(self.rounds, self.max_rounds, capped=True, intra=float(total[0]))
+        self.session.round_done(self.rounds, None, order=order, intra=float(total[0]))
         return float(total[0])
 
     def record_ledger(self) -> None:

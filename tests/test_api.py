@@ -101,11 +101,13 @@ def test_the_result_holds_what_result_json_holds(sbm, tmp_path, monkeypatch):
     for key in ("metrics", "reference", "timing", "communication", "privacy", "history"):
         assert getattr(r, key) == r.result[key]
     frame = r.labels_frame()
-    assert list(frame.columns) == ["node", "cluster"] and frame["cluster"].tolist() == r.labels.tolist()
+    assert list(frame.columns) == ["node", "cluster", "centralised"] and frame["cluster"].tolist() == r.labels.tolist()
+    assert frame["centralised"].tolist() == r.reference_labels.tolist() and r.report is None
     written = cluster("fedkmeans", sbm, 2, out_dir=tmp_path / "out", **SMALL)
     assert json.loads(written.path.read_text())["metrics"] == written.metrics
     assert np.array_equal(written.labels, r.labels)
-    assert pd.read_csv(tmp_path / "out" / LABELS_CSV).equals(frame)
+    assert pd.read_csv(tmp_path / "out" / LABELS_CSV).equals(frame)  # the centralised labels beside the federated
+    assert written.report == tmp_path / "out" / "report.html" and written.report.is_file()
 
 
 PRESPLIT = {  # strategy, partitioner, run-config: split families whose pieces give the partitioner's split

@@ -291,7 +291,8 @@ def test_a_method_whose_clients_keep_state_is_refused_before_anything_is_sent(st
 
 def test_such_a_method_writes_no_journal(tmp_path):
     run_experiment("fedkmeans", "sbm", 2, {"num-rounds": 2, "fedkmeans.filter-order": 1}, tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["labels.csv", "labels.npy", "result.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "labels.csv", "labels.npy", "reference_labels.npy", "report-data.npz", "report.html", "result.json"]
 
 
 def test_a_new_run_into_an_interrupted_runs_directory_is_refused(cut):
