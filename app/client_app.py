@@ -36,7 +36,7 @@ from app.engine import pick_up_on_push_in_simulation  # noqa: E402
 from app.privacy.policy import PrivacyRefusal  # noqa: E402
 from app.result import unwritable  # noqa: E402
 from app.transport import refusal, unpack  # noqa: E402
-from app.wire import HELLO  # noqa: E402
+from app.wire import HELLO, LABELS  # noqa: E402
 
 PARTY_STATE = "party"
 #: with this environment variable set to 1 (``deploy.flower_shim.TIMING_SETTING``), every
@@ -166,6 +166,20 @@ def _partition_of_run_data(config: RunConfig, node_config: Mapping[str, Any]) ->
     )
 
 
+def keep_member_record(context: Context, action: str, request: RecordDict, reply: RecordDict,
+                       shared: SharedConfig) -> None:
+    """A party with an out-dir keeps what each reply carried; when its labels come (the run's last
+    step), it writes its own page beside its labels.csv (:mod:`app.report.member`)."""
+    from app.data.parties import family, run_dir
+    from app.report.member import record_sent, write_member_page
+
+    record_sent(context, action, reply)
+    if action == LABELS:
+        item = "graph" if family(shared.partitioner) == "graphs" else "node"
+        write_member_page(run_dir(context.node_config[OUT_KEY], context.run_id), context, shared.strategy,
+                          unpack(request)[0]["labels"], item)
+
+
 def process_started_at() -> float:
     """Wall-clock time this process started (Linux: its start in clock ticks since boot)."""
     with open("/proc/self/stat") as stat:
@@ -216,7 +230,10 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
                 join_parties(config, context, message.content)  # once: a second hello is the client's to refuse
             shard = node_shard(config, context.node_config, context.state)
             client = client_cls(shard, config, context)
-            return Message(client.handle(action, message.content), reply_to=message)
+            content = client.handle(action, message.content)
+            if shared.dataset == PARTIES and context.node_config.get(OUT_KEY):
+                keep_member_record(context, action, message.content, content, shared)
+            return Message(content, reply_to=message)
 
         handler.__name__ = f"on_{action}"
         return handler

@@ -317,6 +317,8 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
     An exception of the ServerApp itself propagates as the engine raises it. A failure of
     the engine while the ServerApp still runs stops the ServerApp (see :class:`WatchedGrid`)
     and raises EngineError with the engine's reason, once the ServerApp thread has ended.
+    Ctrl-C stops the ServerApp the same way (else its thread, which the interpreter waits for,
+    would wait out every step's timeout) and propagates once the thread has ended.
     """
     from flwr.simulation import run_simulation
 
@@ -328,6 +330,11 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
     try:
         run_simulation(server_app=server_app_for(watch), client_app=client_app, num_supernodes=num_supernodes,
                        backend_config=config)
+    except KeyboardInterrupt:
+        quiet.mute()  # what Flower's engine threads log of the actors stopped under them says nothing more
+        watch.stopped.set()
+        watch.server_done.wait(SERVER_STOP_S)
+        raise
     except Exception as err:
         if watch.server_done.is_set():  # the ServerApp ended first: its own error
             raise

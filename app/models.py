@@ -35,7 +35,11 @@ with BatchNorm) then two linear layers. Both give per-node class scores; their
 from __future__ import annotations
 
 import math
-from typing import Any
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -44,6 +48,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from app.clustering import as_features, check_k, check_seed, square_sparse
+
+#: the names PyG gives the modules it generates for a layer class (torch_geometric.template)
+GENERATED = ("_propagate", "_edge_updater")
+
+
+@contextmanager
+def generated_files_removed() -> Iterator[None]:
+    """PyG writes the code it generates for each message-passing layer class (its ``propagate``)
+    to a file of its own in the system's temporary folder when a process builds the first layer
+    of that class, loads it, and leaves the file there: hundreds gather over many runs. The
+    layers built inside this block leave none: the modules stay loaded, their files go."""
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        folder = Path(tempfile.gettempdir()).resolve()
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules.get(name), "__file__", None)
+            if file and name.endswith(GENERATED) and Path(file).resolve().parent == folder:
+                Path(file).unlink(missing_ok=True)
 
 __all__ = ["DMoNModel", "dmon_loss", "dmon_epochs", "adj_to_edge_index", "features_to_tensor", "train_dmon", "GCN",
            "GIN", "build_model"]
@@ -92,7 +116,8 @@ class DMoNModel(nn.Module):
 
         self.k = k
         self.dropout = dropout
-        self.conv = GCNConv(in_channels, hidden)
+        with generated_files_removed():
+            self.conv = GCNConv(in_channels, hidden)
         self.head = nn.Linear(hidden, k)
         self.reset_parameters()
 
@@ -221,8 +246,9 @@ class GCN(nn.Module):
         from torch_geometric.nn import GCNConv
 
         self.hidden = 16
-        self.conv1 = GCNConv(in_dim, self.hidden)
-        self.conv2 = GCNConv(self.hidden, num_classes)
+        with generated_files_removed():
+            self.conv1 = GCNConv(in_dim, self.hidden)
+            self.conv2 = GCNConv(self.hidden, num_classes)
 
     def embed(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return torch.relu(self.conv1(x, edge_index))
@@ -242,11 +268,12 @@ class GIN(nn.Module):
 
         self.hidden = hidden
         dims = [in_dim] + [hidden] * layers
-        self.convs = nn.ModuleList(
-            GINConv(nn.Sequential(nn.Linear(a, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
-                                  nn.Linear(hidden, hidden)))
-            for a in dims[:-1]
-        )
+        with generated_files_removed():
+            self.convs = nn.ModuleList(
+                GINConv(nn.Sequential(nn.Linear(a, hidden), nn.BatchNorm1d(hidden), nn.ReLU(),
+                                      nn.Linear(hidden, hidden)))
+                for a in dims[:-1]
+            )
         self.norms = nn.ModuleList(nn.BatchNorm1d(hidden) for _ in dims[:-1])
         self.lin1 = nn.Linear(hidden, hidden)
         self.lin2 = nn.Linear(hidden, num_classes)

@@ -64,6 +64,12 @@ def verbose() -> bool:
     return _verbose
 
 
+def mute() -> None:
+    """From now on this process logs nothing through Flower's logger (Ctrl-C: the engine's threads
+    report every actor stopped under them, a traceback each; the run says it was interrupted)."""
+    FLOWER_LOGGER.setLevel(logging.CRITICAL + 1)
+
+
 def silent() -> bool:
     """Whether this process's runs show nothing (:func:`silenced`): no progress, no summary."""
     return _silent

@@ -19,7 +19,7 @@ from app import quiet, registry
 from app.config import ArgumentParser, ConfigError, RunConfig, SharedConfig, parse_assignments
 from app.data import memory
 from app.errors import FedGraphError
-from app.data.datasets import dataset_label, is_builtin
+from app.data.datasets import absolute_dataset, dataset_label, is_builtin
 from app.data.params import data_root, dataset_kwargs
 from app.data.parties import PARTIES
 from app.journal import JOURNAL, MANIFEST
@@ -80,7 +80,7 @@ def run_experiment(
         if not given:  # the directory claimed for this run, left empty by a failed run
             with contextlib.suppress(OSError):
                 out.rmdir()
-        if note and not config["resume"] and (out / JOURNAL / MANIFEST).exists():
+        if note and (out / JOURNAL / MANIFEST).exists():
             note(f"the run's journal is in {out}: the same command with --resume {out} continues it")
         raise
 
@@ -92,7 +92,7 @@ def _validated_with_absolute_paths(raw: dict) -> RunConfig:
     dataset = raw["dataset"]
     if is_builtin(dataset) or dataset == PARTIES or memory.is_memory(dataset):
         return config
-    raw["dataset"] = str(Path(dataset).expanduser().resolve())
+    raw["dataset"] = absolute_dataset(dataset)
     node_table = config["data.node-table"]
     if node_table:
         raw["data.node-table"] = str(Path(node_table).expanduser().resolve())
@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # a value argparse or a reader refused
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line (the note above names the journal where the run keeps one)
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     print(f"result: {result['path']}")
     print(f"report: {result['report']}" if result.get("report") else "report: none (see the warning above)")
     return 0

@@ -31,7 +31,7 @@ from app.data.evaluation import load_evaluation
 from app.data.parties import PARTIES
 from app.data.shards import server_data
 from app.data.types import GraphCollection
-from app.engine import EngineWatch
+from app.engine import EngineStopped, EngineWatch
 from app.errors import FedGraphError
 from app.journal import Journal
 from app.metrics import agreement, evaluate
@@ -340,7 +340,7 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
                     FLOWER_LOGGER.addFilter(_ReportedInOneLine(err))
                 raise
             errors.append(err)  # the caller reports it once the engine is done
-            if not isinstance(err, ConfigError):
+            if not isinstance(err, (ConfigError, EngineStopped)):  # stopped: the caller knows why
                 raise  # the engine stops the clients too
         finally:
             if watch is not None:

@@ -60,6 +60,7 @@ from pathlib import Path
 from app import registry
 from app.config import ConfigError, parse_assignments
 from app.data import prepare
+from app.data.datasets import absolute_dataset
 from app.data.parties import PARTIES
 from app.errors import FedGraphError
 from app.result import summary_table
@@ -90,15 +91,19 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
     itself). ``netns``: every host in a network namespace
     of its own (:mod:`deploy.netns`), ``latency_ms`` added each way on every SuperNode's link."""
     out = out.resolve()
+    dataset = absolute_dataset(dataset)  # the ServerApp runs in another folder: a relative path would miss
     shards, result_dir, eval_file = out / "shards", out / "result", out / "eval.npz"
     run_config = {"strategy": strategy, "dataset": dataset, "partitioner": partitioner,
                   "num-clients": nodes, "eval-file": str(eval_file), "reference": True, "out-dir": str(result_dir)}
     for item in sets:
         key, _, value = item.partition("=")
         run_config[key] = value
+    if run_config.get("data.node-table"):
+        run_config["data.node-table"] = absolute_dataset(str(run_config["data.node-table"]))
     config = registry.validate(run_config)
     partitioner = run_config["partitioner"] = config["partitioner"]
-    data_sets = [s for s in sets if s.split("=", 1)[0].startswith(("sbm.", "circles.", "partition.", "khop."))]
+    data_sets = [f"{k}={v}" for k, v in run_config.items() if k.startswith(("sbm.", "circles.", "partition.", "khop.",
+                                                                           "data."))]
     prepare.run(["--dataset", dataset, "--partitioner", partitioner, "--num-clients", str(nodes),
                  "--out", str(shards), "--eval-file", str(eval_file), "--eval-graph",
                  "--eval-contents", "full" if config["reference"] else "labels-only",
@@ -366,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     except (FedGraphError, RuntimeError, OSError, ValueError) as err:  # RuntimeError, OSError: Flower's, the system's
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the federation's processes are stopped on the way out
+        resume = f"; python -m deploy local --resume {args.out or args.resume} continues a run that keeps a journal" \
+            if args.command == "local" else ""
+        print(f"error: interrupted (Ctrl-C){resume}", file=sys.stderr)
+        return 130
     return 0
 
 

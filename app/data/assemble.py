@@ -104,6 +104,53 @@ def one_line(what: str, valid: str, file: object = None):
                             rule="a file its format's parser reads") from None
 
 
+#: A compressed file may expand this many times, and any file to :data:`EXPANSION_FLOOR` bytes: more
+#: is refused before it is read (a compression bomb reads to gigabytes from kilobytes).
+MAX_EXPANSION = 100
+EXPANSION_FLOOR = 64 << 20
+#: The largest magnitude a feature or weight may have: squared distances and degree sums over many
+#: rows stay finite (1e308 passes as finite, its square overflows).
+MAX_MAGNITUDE = 1e150
+
+
+def _sizes(expanded: int, packed: int) -> str:
+    return (f"expands to {expanded / 1e6:.0f} MB, {expanded // max(packed, 1):,} times its "
+            f"{packed / 1e3:.0f} kB on disk")
+
+
+def check_expansion(path: Path) -> None:
+    """A ``.gz`` file or a zip archive (``.npz``, ``.pt``) that expands more than :data:`MAX_EXPANSION`
+    times and past :data:`EXPANSION_FLOOR` bytes is refused, one line naming the sizes (a ``.gz`` is
+    counted as it inflates, up to the limit; a zip member by its declared size, which reading it
+    enforces)."""
+    import gzip
+    import zipfile
+
+    path = Path(path)
+    packed = path.stat().st_size
+    limit = max(EXPANSION_FLOOR, MAX_EXPANSION * packed)
+    valid = (f"a file that expands at most {MAX_EXPANSION} times (or to {EXPANSION_FLOOR >> 20} MiB): a compression "
+             "bomb, or data to store uncompressed (or sparse)")
+    if path.name.lower().endswith(".gz"):
+        expanded = 0
+        try:
+            with gzip.open(path, "rb") as f:
+                while expanded <= limit and (chunk := f.read(1 << 20)):
+                    expanded += len(chunk)
+        except (OSError, EOFError):  # not gzip, or truncated: the reader names it
+            return
+        if expanded > limit:
+            raise DataFileError(f"{path}: expands past {limit / 1e6:.0f} MB, over {limit // max(packed, 1):,} times "
+                                f"its {packed / 1e3:.0f} kB on disk; valid: {valid}", file=path,
+                                rule=f"expands at most {MAX_EXPANSION} times")
+    elif zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.file_size > max(EXPANSION_FLOOR, MAX_EXPANSION * info.compress_size):
+                    raise DataFileError(f"{path}: member {info.filename!r} {_sizes(info.file_size, info.compress_size)}"
+                                        f"; valid: {valid}", file=path, rule=f"expands at most {MAX_EXPANSION} times")
+
+
 def show(value) -> str:
     """A node ID or label as the user wrote it (strings quoted)."""
     return repr(value.item() if isinstance(value, np.generic) else value)
@@ -413,7 +460,11 @@ def feature_matrix(x, n: int, source: Source, what: str) -> np.ndarray | sp.csr_
     if x.ndim != 2 or x.shape[0] != n:
         raise source.error(f"{what} of shape {x.shape}", f"{n} rows (one per node), one column per feature",
                            "one feature row per node")
-    if not np.isfinite(values).all():
-        row = np.argwhere(~np.isfinite(x.toarray() if sp.issparse(x) else x))[0]
-        raise source.error(f"{what} row {row[0]}, column {row[1]} is not a finite number", "finite features")
+    if not (np.abs(values) <= MAX_MAGNITUDE).all():
+        dense = x.toarray() if sp.issparse(x) else x
+        row = np.argwhere(~(np.abs(dense) <= MAX_MAGNITUDE))[0]
+        value = dense[row[0], row[1]]
+        problem = f"is {value!r}, out of range" if np.isfinite(value) else "is not a finite number"
+        raise source.error(f"{what} row {row[0]}, column {row[1]} {problem}",
+                           f"finite features of magnitude at most {MAX_MAGNITUDE:g}", "finite features in range")
     return x

@@ -150,6 +150,16 @@ def check_dataset_value(dataset: str) -> None:
                           f"or directory; {valid}")
 
 
+def absolute_dataset(dataset: str) -> str:
+    """``dataset`` as every process of a run reads it, whatever its working folder: a built-in name,
+    ``parties`` or in-memory data as given, a path made absolute."""
+    from .memory import is_memory
+
+    if is_builtin(dataset) or dataset == "parties" or is_memory(dataset) or not dataset:
+        return dataset
+    return os.path.abspath(os.path.expanduser(dataset))  # links left as they are (a loop is the reader's to name)
+
+
 def source_stamp(dataset: str, params: dict | None = None) -> tuple:
     """Sizes and modification times of the files a path dataset reads (empty for a built-in): a
     cache of loaded data is keyed by it, so a file changed in place is read again."""

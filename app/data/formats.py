@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .assemble import (SEPARATORS, DataFileError, Source, assemble, assemble_collection, describe, feature_matrix,
-                       one_line, text_suffix)
+from .assemble import (SEPARATORS, DataFileError, Source, assemble, assemble_collection, check_expansion, describe,
+                       feature_matrix, one_line, text_suffix)
 from .networkx_graph import from_networkx, is_networkx
 from .planetoid import find_planetoid, read_planetoid
 from .tu import find_tu, read_tu
@@ -58,6 +59,8 @@ MAT_LABELS = ("gnd", "y", "labels", "label", "group")
 _SUFFIXES = {**{s: "edge-list" for s in SEPARATORS}, ".npz": "npz", ".pt": "pyg", ".pth": "pyg", ".mat": "mat"}
 _EDGE_FILES = ("edges.csv", "edges.tsv", "edges.txt", "edges.csv.gz", "edges.tsv.gz", "edges.txt.gz")
 _NODE_FILES = ("nodes.csv", "nodes.tsv")
+#: the files a directory's layouts read by name
+PART_FILES = _EDGE_FILES + _NODE_FILES + ("graphs.csv",)
 
 
 def dataset_name(path: str | os.PathLike, disk: bool = True) -> str:
@@ -120,6 +123,10 @@ def read_graph(path: str | os.PathLike, *, name: str | None = None, node_table: 
         and what was expected.
     """
     path = Path(path)
+    for link in [path] + (sorted(p for p in path.iterdir() if p.name in PART_FILES) if path.is_dir() else []):
+        if link.is_symlink() and not link.exists():
+            raise DataFileError(f"{link}: a symbolic link that leads nowhere (a loop or a missing target); valid: a "
+                                "link to an existing file, or the file itself", file=link, rule="an existing file")
     if not path.exists():
         raise DataFileError(f"{path}: no such file or directory; valid: {FORMAT_HELP}",
                             file=path, rule="an existing file or directory")
@@ -135,6 +142,10 @@ def read_graph(path: str | os.PathLike, *, name: str | None = None, node_table: 
         raise DataFileError(f"{node_table}: no such file (data.node-table); valid: a node table file",
                             file=node_table, rule="an existing node table file")
     name = name or dataset_name(path)
+    for file in [path] if path.is_file() else [path / f for f in PART_FILES if (path / f).is_file()]:
+        check_expansion(file)
+    if node_table:
+        check_expansion(Path(node_table))
     with one_line(f"{path}: cannot be read as {kind}", FORMAT_HELP, path):
         return _read(path, kind, name, node_table, label_column, weighted, boundary)
 
@@ -264,6 +275,9 @@ def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
             except (zipfile.BadZipFile, OSError, EOFError) as err:
                 raise DataFileError(f"{path}: array {key!r} cannot be read ({describe(err)}); {valid}",
                                     file=path, rule="readable arrays") from None
+            if not isinstance(arrays[key], np.ndarray):  # a member other than an .npy: numpy hands its raw bytes
+                raise DataFileError(f"{path}: member {key!r} is not a numpy array (.npy); {valid}", file=path,
+                                    rule="numeric or string arrays")
     return arrays
 
 
@@ -386,7 +400,8 @@ def read_pyg(path: Path, name: str, weighted: bool = True) -> GraphData | GraphC
 
     Data, allowed = _pyg_classes()
     try:
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on a pickle protocol: the refusal below says it in one line
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(err))

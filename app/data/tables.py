@@ -21,6 +21,7 @@ Node IDs are integers when every ID in the file is one (compared as numbers:
 
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import re
@@ -31,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .assemble import INTEGER, SEPARATORS, DataFileError, Source, assemble, assemble_collection, id_array, show, text_suffix
+from .assemble import (INTEGER, MAX_MAGNITUDE, SEPARATORS, DataFileError, Source, assemble, assemble_collection, id_array,
+                       show, text_suffix)
 from .boundary import in_row_order, split_edges
 from .types import GraphCollection, GraphData
 
@@ -58,6 +60,15 @@ def _skipped(line: str, sep: str | None) -> bool:
 def _fields(line: str, sep: str | None) -> list[str]:
     content = line.rstrip("\r\n").split("#", 1)[0]
     return content.split() if sep is None else [f.strip() for f in content.split(sep)]
+
+
+def _written_fields(line: str, sep: str | None) -> list[str]:
+    """The fields of ``line`` as pandas reads them (quotes kept together, ``#`` starts a comment),
+    each as written."""
+    content = line.rstrip("\r\n").split("#", 1)[0]
+    if sep is None:
+        return content.split()
+    return next(csv.reader([content], delimiter=sep, skipinitialspace=True), [])
 
 
 @dataclass
@@ -92,15 +103,54 @@ class Table:
     def column(self, name: str) -> np.ndarray:
         return self.frame[name].to_numpy()
 
+    def written(self, rows: np.ndarray) -> dict[int, list[str]]:
+        """The fields of data rows ``rows`` as the file writes them (a scan of the file; empty
+        where the rows' lines are not known)."""
+        lines = self._lines
+        if lines is None:
+            return {}
+        wanted = {int(lines[r]): int(r) for r in rows}
+        found = {}
+        with _open(self.path) as f:
+            for number, line in enumerate(f, 1):
+                if number in wanted:
+                    found[wanted[number]] = _written_fields(line, self.sep)
+                    if len(found) == len(wanted):
+                        break
+        return found
+
+    def check_whole_rows(self) -> None:
+        """Every data row has as many fields as the header (or, without one, the first row): a row
+        with a field too many or too few is refused naming its line, not read with a value in the
+        wrong column (a label read as a feature) or a cell left empty."""
+        width, shape = len(self.frame.columns), "the header" if self.header else "the first row"
+        if not isinstance(self.frame.index, pd.RangeIndex):  # pandas made the surplus first field an index
+            raise self.error(f"{self.where(0)} has {width + 1} fields", f"{width} fields like {shape}",
+                             "as many fields a line as the header")
+        last = self.frame[self.frame.columns[-1]] if width else None
+        if last is None or pd.api.types.is_numeric_dtype(last):  # a short row leaves an empty text in the last column
+            return
+        suspects = np.flatnonzero(last.to_numpy(dtype=object) == "")
+        for row, fields in sorted(self.written(suspects).items()):
+            if len(fields) < width:
+                raise self.error(f"{self.where(row)} has {len(fields)} field{'s' * (len(fields) != 1)}",
+                                 f"{width} fields like {shape}", "as many fields a line as the header")
+
     def numbers(self, name: str, what: str) -> np.ndarray:
-        """Column ``name`` as float64, every value a finite number (else one line naming the cell)."""
+        """Column ``name`` as float64, every value a finite number of magnitude at most
+        :data:`MAX_MAGNITUDE` (else one line naming the cell as the file writes it)."""
         col = self.frame[name]
         values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(values))
+        with np.errstate(invalid="ignore"):
+            bad = np.flatnonzero(~(np.abs(values) <= MAX_MAGNITUDE))
         if bad.size:
-            cell = col.iloc[bad[0]]
-            raise self.error(f"{self.where(bad[0])}, column {name!r}: {str(cell)!r} is not a finite number",
-                             what)
+            row = int(bad[0])
+            position = list(self.frame.columns).index(name)
+            fields = self.written(np.array([row])).get(row, [])
+            cell = fields[position] if position < len(fields) else str(col.iloc[row])
+            problem = "is out of range" if np.isfinite(values[row]) else "is not a finite number"
+            raise self.error(f"{self.where(row)}, column {name!r}: {cell!r} {problem}",
+                             f"{what}, finite and of magnitude at most {MAX_MAGNITUDE:g}", what)
         return values
 
 
@@ -140,8 +190,9 @@ def read_table(path: Path, sep: str | None, names: list[str] | None, text_column
             found = _PARSER_LINE.search(str(err))
             if found:
                 want, line, saw = found.groups()
-                raise DataFileError(f"{path}: line {line} has {saw} fields; valid: {want} fields like the first "
-                                    "row", file=path, rule="as many fields a line as the first row") from None
+                shape = "the header" if names is None else "the first row"
+                raise DataFileError(f"{path}: line {line} has {saw} fields; valid: {want} fields like {shape}",
+                                    file=path, rule="as many fields a line as the first row") from None
             raise DataFileError(f"{path}: cannot be parsed ({str(err).strip().splitlines()[0]}); valid: a "
                                 "delimited text file", file=path, rule="a delimited text file") from None
         except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
@@ -154,7 +205,9 @@ def read_table(path: Path, sep: str | None, names: list[str] | None, text_column
     kinds = {frame[c].dtype.kind for c in ids}
     if kinds and kinds != {"i"} and any(frame[c].dtype.kind in "iuf" for c in ids):
         frame = parse(text_columns + tuple(ids))  # one ID column typed as numbers, another as text
-    return Table(path, sep, frame, names is None)
+    table = Table(path, sep, frame, names is None)
+    table.check_whole_rows()
+    return table
 
 
 def _missing_ids(table: Table, columns: list[str], valid: str, rule: str | None = None) -> None:
@@ -192,8 +245,9 @@ def _number(field: str) -> bool:
     return True
 
 
-def read_edges(path: Path, sep: str | None, collection: bool = False) -> Edges:
-    """The edge list in ``path`` (with a leading graph column when ``collection``)."""
+def read_edges(path: Path, sep: str | None, collection: bool = False, beside_nodes: bool = False) -> Edges:
+    """The edge list in ``path`` (with a leading graph column when ``collection``); one without a
+    row (empty, or a header only) only ``beside_nodes`` (a node table gives the nodes)."""
     line, fields = first_fields(path, sep)
     lead = ("graph",) if collection else ()
     shape = ("graph, " if collection else "") + "source, target[, weight]"
@@ -217,8 +271,9 @@ def read_edges(path: Path, sep: str | None, collection: bool = False) -> Edges:
         roles = {n: n for n in names}
     table = read_table(path, sep, names, (roles["graph"],) if collection else (),
                        (roles["source"], roles["target"]))
-    if table.frame.empty:
-        raise table.error("no edges", "one edge or more a line" + ("" if collection else ", or a node table"))
+    if table.frame.empty and not beside_nodes:
+        raise table.error("no edges", "one edge or more a line" + ("" if collection else
+                                                                   ", or a node table (nodes.csv, data.node-table)"))
     _missing_ids(table, [roles["source"], roles["target"]] + ([roles["graph"]] if collection else []),
                  f"{len(roles)} fields a line ({shape})")
     weight = None
@@ -316,8 +371,10 @@ def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_
     An edge naming an ID the node table does not list is an error, or with ``boundary`` (a
     party's piece of a node split) one of the graph's boundary edges (:mod:`app.data.boundary`).
     ``weighted=False`` reads every edge as weight 1."""
-    edges = None if path is None else read_edges(path, SEPARATORS[text_suffix(path)])
+    edges = None if path is None else read_edges(path, SEPARATORS[text_suffix(path)], beside_nodes=node_table is not None)
     nodes = None if node_table is None else read_nodes(node_table, node_sep, label_column, node_columns)
+    if edges is not None and edges.table.frame.empty:  # an edge list without a row beside a node table: no edges
+        edges = None
     source = edges.table.source if edges is not None else nodes.table.source
     weight = edges.weight if edges is not None and weighted else None
     outside = None
