@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from app.config import ArgumentParser, exit_code, parse_assignments
+from app.config import ArgumentParser, ConfigError, exit_code, parse_assignments
 
 from .boundary import count
 from .params import DATA_PARAMS, SEED
@@ -93,7 +93,7 @@ def check_party(path: str, values: Mapping[str, Any], options: Mapping[str, Any]
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m app.data.check", description=__doc__.splitlines()[0])
     p.add_argument("path", help="the party's data: a file or a directory")
-    p.add_argument("--partitioner", required=True, help="the run's split: one of " + ", ".join(FAMILY))
+    p.add_argument("--partitioner", default=None, help="the run's split (required): one of " + ", ".join(FAMILY))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="data run-config key, e.g. khop.hops=1 (repeatable)")
@@ -104,6 +104,9 @@ def _parser() -> ArgumentParser:
 
 def run(argv: list[str] | None = None) -> list[str]:
     args = _parser().parse_args(argv)
+    if args.partitioner is None:
+        raise ConfigError(f"{args.path}: which split is this party's data part of? valid: --partitioner with one of "
+                          + ", ".join(FAMILY) + " (the run's partitioner)")
     family(args.partitioner)
     values: dict[str, Any] = {**{p.key: p.default for p in DATA_PARAMS}, **parse_data_sets(args.set),
                               "partitioner": args.partitioner, "seed": SEED.coerce(args.seed)}

@@ -5,13 +5,14 @@ what party i would hold in the split (:mod:`app.data.parties`), in the layout
 :func:`app.data.formats.read_graph` reads from a directory, with the whole
 graph's node and graph IDs:
 
-* node split (``node-*``, ``sample*``): ``nodes.csv`` (``id``, feature columns
-  ``x<column>``, ``label``) of its nodes, ``edges.csv`` (``source``,
+* node split (``node-*``, ``sample*``): ``nodes.csv`` (``id``, the feature columns and the label
+  column, named as the data's node table names them, else ``x<column>`` and ``label``) of its
+  nodes, ``edges.csv`` (``source``,
   ``target``[, ``weight``]) of the edges among them and (``partition.boundary``)
   of its boundary edges, to the other end's ID;
 * ``edge``: ``nodes.csv`` with every node's ID (and features with
   ``partition.with-features``), ``edges.csv`` of its edges;
-* ``vertical``: ``nodes.csv`` with every node's ID and its feature columns,
+* ``vertical``: ``nodes.csv`` with every node's ID, its feature columns and the labels,
   ``edges.csv`` of the whole graph;
 * ``graph-dirichlet``: ``graphs.csv`` (``graph``, ``label``), ``edges.csv``
   (``graph``, ``source``, ``target``[, ``weight``]) and ``nodes.csv`` (``graph``,
@@ -19,8 +20,8 @@ graph's node and graph IDs:
 
 An edges file is left out where a party holds no edge (``nodes.csv`` then says
 which nodes it holds). A label column is written only where a party's labels
-hold two classes or more (the reader refuses one class); unknown labels are
-empty fields. ``khop`` parties hold nodes: cut them with a node partitioner.
+hold two classes or more (the reader refuses one class), with the labels as the
+data wrote them; unknown labels are empty fields. ``khop`` parties hold nodes: cut them with a node partitioner.
 """
 
 from __future__ import annotations
@@ -50,18 +51,27 @@ def _edges(adj: sp.csr_matrix, keys: np.ndarray, weighted: bool, lead: dict | No
     return pd.DataFrame(frame)
 
 
-def _features(x, columns: np.ndarray) -> dict:
+def _features(x, columns: np.ndarray, names: list[str] | None = None) -> dict:
+    """The feature columns ``columns`` of ``x``, named as the data names them (else ``x<column>``)."""
     if x is None:
         return {}
     dense = x.toarray() if sp.issparse(x) else np.asarray(x)
-    return {f"x{int(c)}": dense[:, i] for i, c in enumerate(columns)}
+    return {(names[int(c)] if names and int(c) < len(names) else f"x{int(c)}"): dense[:, i]
+            for i, c in enumerate(columns)}
 
 
-def _label_column(y) -> dict:
-    """``label`` for labels of two classes or more (unknown: empty), else nothing."""
+def _label_column(y, meta: dict | None = None) -> dict:
+    """The label column for labels of two classes or more (unknown: empty), named and valued as the
+    data's node table has them, else ``label`` and the class numbers; else nothing."""
     if y is None or np.unique(y[y >= 0]).size < 2:
         return {}
-    return {"label": pd.Series(y).astype("Int64").where(y >= 0)}
+    meta = meta or {}
+    names = meta.get("label_names")
+    column = meta.get("label_column") or "label"
+    if names is not None and len(names) > int(y.max()):
+        values = np.asarray(names, dtype=object)[np.clip(y, 0, None)]
+        return {column: pd.Series(values).where(y >= 0)}
+    return {column: pd.Series(y).astype("Int64").where(y >= 0)}
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
@@ -80,11 +90,15 @@ def write_party_folder(data: GraphData | GraphCollection, shard: Shard, folder: 
     if kind == "graphs":
         return _write_graphs(data, shard, folder, keys)
     rows = np.asarray(shard.node_ids, dtype=np.int64)
+    y = shard.y
     if kind == "vertical":
         columns = shard.feature_cols
+        y = data.y if y is None and data.y is not None else y  # every party holds every node: the labels too
     else:
         columns = np.arange(0 if shard.x is None else shard.x.shape[1])
-    nodes = {"id": keys[rows], **_features(shard.x, columns), **_label_column(shard.y)}
+    meta = data.meta
+    nodes = {meta.get("id_column") or "id": keys[rows], **_features(shard.x, columns, meta.get("feature_names")),
+             **_label_column(y if y is None or len(y) == len(rows) else y[rows], meta)}
     _write(pd.DataFrame(nodes), folder / "nodes.csv")
     written = ["nodes.csv"]
     if (shard.adj is not None and shard.adj.nnz) or shard.num_boundary:

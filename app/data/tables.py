@@ -312,6 +312,7 @@ class Nodes:
     labels: np.ndarray | None
     label_column: str | None
     graph: np.ndarray | None = None
+    feature_names: list[str] | None = None
 
 
 def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: list[str] | None = None,
@@ -357,7 +358,7 @@ def read_nodes(path: Path, sep: str | None, label_column: str = "label", names: 
                                               "data.label-column)") for c in features])
     labels = table.column(label).astype(str) if label else None
     graph = table.column(header[0]) if collection else None
-    return Nodes(table, table.column(id_name), x, labels, label, graph)
+    return Nodes(table, table.column(id_name), x, labels, label, graph, features)
 
 
 # --------------------------------------------------------------------------- one graph
@@ -396,8 +397,9 @@ def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_
             codes, keys = _edges_in_table(edges, nodes, codes, ends), nodes.ids
             src, dst = codes[:len(edges.src)], codes[len(edges.src):]
     meta = {"source": str(path if path is not None else node_table)}
-    if nodes is not None:
-        meta["node_table"] = str(node_table)
+    if nodes is not None:  # the table's own names, which python -m app.data.prepare --format files writes back
+        meta.update(node_table=str(node_table), id_column=str(nodes.table.frame.columns[0]),
+                    feature_names=nodes.feature_names, label_column=nodes.label_column)
     graph = assemble(name, len(keys), src, dst, source, keys=keys, weight=weight,
                      x=None if nodes is None else nodes.x, labels=None if nodes is None else nodes.labels,
                      labels_what=f"column {nodes.label_column!r}" if nodes is not None else "labels",
