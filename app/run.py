@@ -151,8 +151,8 @@ def _check_against_data(config, num_clients: int):
         check_evaluation(shared.eval_file, data)
     if shared.partitioner != "khop" and shared.num_clusters > items:
         classes = f"0 (its {data.num_classes} classes) or 1" if data.num_classes else "1"  # 0: only with labels
-        raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of "
-                          f"'{config['dataset']}'; valid: {classes} to {items}")
+        raise ConfigError(f"num-clusters={config['num-clusters']} exceeds the {items} {what} of dataset "
+                          f"{memory.shown(config['dataset'])}; valid: {classes} to {items}")
     return data
 
 

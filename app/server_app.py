@@ -220,8 +220,8 @@ def _with_cluster_count(config: RunConfig, data) -> dict:
     if values["num-clusters"] == 0:
         values["num-clusters"] = int(np.unique(data.y[data.y >= 0]).size) if data.y is not None else 0
         if values["num-clusters"] < 1:
-            raise ConfigError(f"dataset '{config['dataset']}' has no labels; valid: num-clusters >= 1 (the number "
-                              "of clusters to find)")
+            raise ConfigError(f"dataset {memory.shown(config['dataset'])} has no labels; valid: num-clusters >= 1 "
+                              "(the number of clusters to find)")
     return values
 
 

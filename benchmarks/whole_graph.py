@@ -259,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="*", default=[], help="datasets to run (default: all)")
     parser.add_argument("--report", action="store_true", help="only render the page from the JSON")
     args = parser.parse_args(argv)
+    known = {d for c in CASES for d in c.datasets}
+    methods = {c.method for c in CASES}
+    unknown = [d for d in args.datasets if d not in known] + [m for m in args.only if m not in methods]
+    if unknown:  # a name that selects nothing would run nothing and still exit 0
+        print(f"error: {unknown[0]!r} is none of this benchmark's datasets ({', '.join(sorted(known))}) or methods "
+              f"({', '.join(sorted(methods))}); valid: those names; your own data: python -m app.run compare "
+              "--dataset PATH", file=sys.stderr)
+        return 2
     path = RESULTS_DIR / RESULTS  # the committed JSON (a report into another directory still reads it)
     if args.report:
         if not path.is_file():

@@ -396,14 +396,14 @@ def test_a_cluster_count_on_unlabelled_data_never_suggests_the_number_of_classes
     edges.write_text("".join(f"{i},{i + 1}\n" for i in range(14)))
     with pytest.raises(ConfigError) as err:
         run_experiment("fedspectral", str(edges), 2, {"num-clusters": 50}, tmp_path / "r")
-    assert str(err.value) == f"num-clusters=50 exceeds the 15 nodes of '{edges}'; valid: 1 to 15"
+    assert str(err.value) == f"num-clusters=50 exceeds the 15 nodes of dataset '{edges}'; valid: 1 to 15"
 
 
 @pytest.mark.parametrize("strategy, dataset, clients, overrides, message", [
     ("fedkmeans", "karate", 35, {}, "cannot split 34 nodes of 'karate' over 35 clients; use at most 34 clients"),
     ("kcagc", "iris", 5, {}, "cannot split 4 feature columns of 'iris' over 5 clients"),
     ("fedspectral", "karate", 2, {"num-clusters": 35},
-     "num-clusters=35 exceeds the 34 nodes of 'karate'; valid: 0 (its 4 classes) or 1 to 34"),
+     "num-clusters=35 exceeds the 34 nodes of dataset 'karate'; valid: 0 (its 4 classes) or 1 to 34"),
 ])
 def test_a_split_or_cluster_count_the_data_does_not_allow_stops_before_any_client_runs(
         tmp_path, monkeypatch, strategy, dataset, clients, overrides, message):
