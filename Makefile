@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # where no local CPU wheel of torch 2.13.0 is configured (PyPI's default build pulls CUDA).
 TORCH_PIP_ARGS ?=
 
-.PHONY: install run test test-integration bench-transport
+.PHONY: install run test test-integration browser bench-transport
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,17 @@ test: install
 	$(PY) -m pytest -q
 
 # whole runs, deployments and server processes (the markers in pyproject.toml); CI runs both targets
-test-integration: install
+test-integration: install browser
 	$(PY) -m pytest -q -m 'integration and not slow'
+
+# headless Chromium (Debian's package), which the page test opens a run's report.html in; installed
+# where apt-get runs as root, else the test says it is skipped and why
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+	      chromium >/dev/null 2>&1; }; } || echo "no Chromium (apt-get install chromium): the page test is skipped"; }
 
 bench-transport: install
 	$(PY) benchmarks/transport.py

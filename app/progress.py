@@ -161,7 +161,7 @@ class Progress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rounds]}"),
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[rounds]}"),
                             TimeElapsedColumn(), TextColumn("{task.fields[figures]}"),
                             TextColumn("{task.fields[traffic]}"), console=Console(file=self.stream),
                             refresh_per_second=4, redirect_stdout=False, redirect_stderr=False)

@@ -63,7 +63,7 @@ from app.data import prepare
 from app.data.datasets import absolute_dataset
 from app.data.parties import PARTIES
 from app.errors import FedGraphError
-from app.result import summary_table
+from app.result import REPORT_FILE, summary_table
 from deploy import faults, submit, superlink
 from deploy.app_versions import app_versions
 from deploy.bundle import stage_app
@@ -347,6 +347,8 @@ def _run_command(args) -> None:
             path = run_local(args.nodes, args.strategy, args.dataset, args.partitioner, sets, out, **hosts)
         print(summary_table(json.loads(path.read_text())))
         print(f"result: {path}")
+        page = path.parent / REPORT_FILE
+        print(f"report: {page}" if page.exists() else "report: none (the server's log says why)")
 
 
 def _local_out(args) -> tuple[Path, list[str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import socket
 import threading
 import time
@@ -61,6 +62,25 @@ def run_labels(party_out: Path) -> Path:
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"
+
+
+#: the sections of every run's page, in order (app.report.page.render)
+PAGE_SECTIONS = ("The run", "The clusters", "Federated, centralised and the truth", "Rounds",
+                 "Privacy ledger: what left each client", "Notes", "Settings")
+
+
+def check_page(run_dir: Path, figures: int) -> str:
+    """The run's report.html beside its result.json: every section in order, ``figures`` images,
+    each an inline PNG, no script, no link out of the page, under 5 MB; its text."""
+    page = Path(run_dir) / "report.html"
+    html = page.read_text(encoding="utf-8")
+    found = re.findall(r"<h2>(.*?)</h2>", html)
+    assert tuple(h.replace("&#x27;", "'") for h in found) == PAGE_SECTIONS, found
+    sources = re.findall(r'(?:src|href)="([^"]*)"', html)
+    assert len(sources) == figures and all(s.startswith("data:image/png;base64,") for s in sources), len(sources)
+    assert "<script" not in html and page.stat().st_size < 5_000_000
+    assert (Path(run_dir) / "report-data.npz").is_file()
+    return html
 
 
 def shared_datasets_or_skip() -> Path:

@@ -22,7 +22,7 @@ from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
 from app.transport import unpack
-from conftest import patch_reply
+from conftest import check_page, patch_reply
 
 TOP_KEYS = {"strategy", "dataset", "num_clients", "config", "metrics", "reference", "timing",
             "communication", "privacy"}
@@ -50,6 +50,8 @@ def test_fedkmeans_inprocess_result_has_stable_schema(out_dir):
     uploads = {(u["action"], u["name"]) for u in on_disk["privacy"]["uploads"]}
     assert ("kmeans_step", "stats") in uploads and ("kmeans_assign", "labels") in uploads
     assert all(isinstance(u["client"], int) and 0 <= u["client"] < 4 for u in on_disk["privacy"]["uploads"])
+    html = check_page(out_dir, figures=3)  # 1000 nodes: a sample drawn, the cluster-level graph, the rounds
+    assert "1,000 items, 8,177 edges, 16 feature columns, 4 classes" in html and "inertia" in html
 
 
 def test_fedkmeans_one_client_equals_centralised_lloyd(out_dir):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 import warnings
@@ -47,7 +48,7 @@ def test_strategy_help_lists_exactly_the_keys_a_run_reads(strategy, capsys):
 def test_a_key_line_gives_type_default_range_and_marks_the_keys_that_matter(capsys):
     assert main(["describe", "fedkmeans"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    i = next(i for i, line in enumerate(lines) if "fedkmeans.filter-order" in line)
+    i = next(i for i, line in enumerate(lines) if line.split()[:2] == ["*", "fedkmeans.filter-order"])
     assert lines[i].split() == ["*", "fedkmeans.filter-order", "int", "0", "[0,", "1000]"]
     assert lines[i + 1].strip() == "AGC low-pass filter order applied first (over the whole graph with partition.boundary)"
     tol = next(line for line in lines if "fedkmeans.tol" in line)
@@ -69,7 +70,9 @@ def test_plain_help_and_list_name_every_strategy_and_dataset(capsys):
     assert "usage: python -m app.run" in help_text and listing in help_text
     for name in [*registry.STRATEGIES, *DATASETS]:
         assert f"\n  {name} " in listing
-    assert "cora              graph\n" in listing and "mutag             graph collection\n" in listing
+    assert "\n  cora              graph: 2,708 nodes, 5,278 edges, 1,433 features, 7 classes\n" in listing
+    assert "\n  mutag             graph collection: 188 graphs, 2 classes\n" in listing
+    assert "which data each suits, and why" in listing
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -115,33 +118,45 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_progress_updates_one_line_on_a_terminal():
+def on_screen(stream: io.StringIO) -> str:
+    """What a terminal shows of ``stream``'s output, without its control codes."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
+
+
+def test_progress_is_a_live_bar_on_a_terminal_each_figure_explained_once():
     stream = Terminal()
     progress = Progress(stream)
+    progress.step("kmeans_step")
     progress.round(1, 3, 1_500_000, inertia=12.5)
-    progress.round(2, 3, 3_000_000, inertia=None)
+    progress.round(2, 3, 3_000_000, inertia=None, withheld=4)
     progress.close()
-    parts = stream.getvalue().split("\r")
-    assert parts[0] == "" and parts[1].startswith("round 1/3 | ") and parts[1].endswith(" | inertia 12.5 | 1.5 MB\x1b[K")
-    assert parts[2].startswith("round 2/3 | ") and parts[2].endswith(" s | 3 MB\x1b[K\n")  # None: left out
+    text = on_screen(stream)
+    assert text.count("inertia: the k-means objective") == 1 and text.count("withheld: rows whose cluster") == 1
+    last = text.rstrip("\n").rsplit("\r", 1)[-1]  # the bar as it stays once the run ends
+    assert last.startswith("kmeans_step ") and last.endswith(" round 2/3 0:00:00 withheld 4 3 MB")
 
 
 def test_progress_line():
     assert progress_line(3, 20, 1.25, 524_288, {"loss": 0.123456789, "objective": None}) == (
         "round 3/20 | 1.2 s | loss 0.123457 | 0.524 MB")
+    assert progress_line(3, None, 1.25, 0, {"order": 2}, step="kcagc_exact") == (
+        "round 3 | kcagc_exact | 1.2 s | order 2 | 0 MB")
 
 
 def test_a_capped_run_shows_the_rounds_it_is_expected_to_take_or_at_most():
-    stream = Terminal()
+    def shown(*args, **kwargs) -> str:
+        stream = Terminal()
+        progress = Progress(stream)
+        progress.round(*args, **kwargs)
+        progress.close()
+        return on_screen(stream)
+
     residuals = Convergence(tol=1e-6, measures=[1e-1, 1e-2, 1e-3])  # a tenth each round: 3 more to 1e-6
-    Progress(stream).round(3, 2000, 0, converging=residuals)
-    assert stream.getvalue().startswith("\rround 3/~6 (at most 2000) | ")
-    stream = Terminal()
-    Progress(stream).round(3, 2000, 0, converging=Convergence(tol=1e-6, measures=[1e-2, 1e-1, 1.0]))  # rising
-    assert stream.getvalue().startswith("\rround 3 (at most 2000) | ")
-    stream = Terminal()
-    Progress(stream).round(5, 40, 0, capped=True)
-    assert stream.getvalue().startswith("\rround 5 (at most 40) | ")
+    assert " round 3/~6 (at most 2000) " in shown(3, 2000, 0, converging=residuals)
+    rising = Convergence(tol=1e-6, measures=[1e-2, 1e-1, 1.0])
+    assert " round 3 (at most 2000) " in shown(3, 2000, 0, converging=rising)
+    assert " round 5 (at most 40) " in shown(5, 40, 0, capped=True)
+    assert " round 7 " in shown(7, None, 0, order=2)  # no bound worth showing
 
 
 def test_expected_rounds_follow_the_rate_of_decrease_within_the_cap():

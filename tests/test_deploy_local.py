@@ -37,7 +37,7 @@ def test_deploy_local_prints_the_summary_with_the_reference_and_keeps_no_key_in_
     assert code == 0
     path = out / "result" / "result.json"
     result = json.loads(path.read_text())
-    assert printed.endswith(summary_table(result) + f"\nresult: {path}\n")
+    assert printed.endswith(summary_table(result) + f"\nresult: {path}\nreport: {path.parent / 'report.html'}\n")
     assert result["reference"]["method"].startswith("centralised k-means") and "agreement" in result["reference"]
     timing = json.loads((out / RUN_TIMING).read_text())
     assert timing["federation_start_s"] > 0 and timing["flwr_run_s"] > result["timing"]["total_s"]

@@ -20,6 +20,7 @@ from app.metrics import ari
 from app.protocols import fedavg_dmon as proto
 from app.run import run_experiment
 from clients.fedavg_dmon import FedAvgDMoNClient
+from conftest import check_page
 
 torch.set_num_threads(1)  # the clients run with one thread; bitwise comparisons need the same
 
@@ -170,6 +171,8 @@ def test_bad_weight_uploads_are_excluded_and_reported(out_dir, monkeypatch):
     assert "'head.bias' contains NaN" in reasons and "'conv.bias' has shape (63,)" in reasons
     # excluded from the average in round 1, then dropped by the session for the rest of the run
     assert [h["excluded"] for h in result["history"]] == [[1, 2], []]
+    html = check_page(out_dir, figures=3)  # the page names who was refused, and why
+    assert html.count("<td>rejected</td>") == 2 and "contains NaN" in html
     assert result["metrics"]["dropped_clients"] == [1, 2]
     assert [c["client"] for c in result["metrics"]["clients"]] == [0]
     assert np.isfinite(result["metrics"]["f1"]) and 0 < result["metrics"]["coverage"] < 1

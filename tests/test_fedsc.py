@@ -17,7 +17,7 @@ from app.protocols import fedsc as proto
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
-from conftest import LeavingGrid, patch_reply
+from conftest import LeavingGrid, check_page, patch_reply
 from app.wire import ProtocolError
 from app.transport import unpack
 from clients.fedsc import FedSCClient
@@ -179,6 +179,7 @@ def test_noise_free_factors_reveal_the_samples_and_factor_noise_hides_them():
 def test_flower_run_equals_the_in_memory_protocol_and_tracks_centralised_sc(out_dir):
     cfg = {"num-rounds": 20, "fedsc.landmarks": 30}
     result = run_experiment("fedsc", "iris", 4, cfg, out_dir)
+    assert "objective" in check_page(out_dir, figures=2)  # rows without edges: their embedding, the rounds
     _, shards, xs = iris_blocks(4)
     expected = proto.simulate(xs, 3, 0, rounds=20, landmarks=30)
     ids = np.concatenate([s.node_ids for s in shards])

@@ -21,7 +21,7 @@ from app.run import run_experiment
 from app.server_app import run_server
 from app.wire import ProtocolError
 from app.transport import pack, unpack
-from conftest import LeavingGrid, patch_reply
+from conftest import LeavingGrid, check_page, patch_reply
 
 SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}
 K = 4
@@ -285,6 +285,7 @@ def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir, s
 
 def test_exact_mode_with_overlapping_edges_equals_centralised(out_dir):
     result = run_experiment("fedspectral-plus", "sbm", 3, exact(**{"partition.replicas": 2}), out_dir)
+    check_page(out_dir, figures=2)  # 300 nodes drawn whole with their edges, the rounds
     assert result["reference"]["agreement"]["ari"] == 1.0
     degrees = [m for m in result["privacy"]["mechanisms"] if m["name"] == "fedspectral-plus:global-degrees"]
     assert degrees and degrees[0]["guarantee"].startswith("none")
@@ -381,6 +382,7 @@ def test_uploads_never_carry_the_edge_list(out_dir):
 
 def test_baseline_with_one_client_reproduces_centralised(out_dir):
     result = run_experiment("fedspectral", "sbm", 1, {**SBM, "num-clusters": K}, out_dir)
+    check_page(out_dir, figures=2)
     assert result["reference"]["agreement"]["ari"] == 1.0
     assert result["metrics"]["cluster_similarity"] == 1.0
 

@@ -22,7 +22,7 @@ from app.server_app import run_server
 from app.wire import ProtocolError
 from app.transport import unpack
 from clients.kcagc import KCAGCClient
-from conftest import patch_reply
+from conftest import check_page, patch_reply
 
 N = 240
 #: the paper's protocol (the default, kcagc.mode = exact, is tests/test_kcagc_exact.py's; kcagc-basic reads no mode)
@@ -215,6 +215,7 @@ def test_one_client_equals_local_agc_kmeans(out_dir, kind):
     assert ari(ref, labels) == 1.0
     assert result["reference"]["agreement"]["ari"] == 1.0  # the strategy's own centralised AGC, same filter
     assert result["metrics"]["virtual_nodes"] == [4]
+    check_page(out_dir, figures=2)  # 240 nodes drawn whole, the rounds
 
 
 def test_every_node_its_own_virtual_node_equals_basic(tmp_path):
@@ -251,6 +252,7 @@ def test_basic_at_the_default_adaptive_order_equals_centralised_kmeans(out_dir):
     distances lie far below secagg.scale's 2^-20; the secure sums must still decide as floats do."""
     q = 6
     result = run_experiment("kcagc-basic", "sbm", 2, {"kcagc.restarts": 1, "kcagc.iterations": q}, out_dir)
+    check_page(out_dir, figures=3)
     shards = partition(load_dataset("sbm", seed=0), "vertical", 2, seed=0)
     z = np.hstack([proto.embedding(s.x, s.adj, 4, None, 0, k_adaptive=4)[0] for s in shards])
     seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
