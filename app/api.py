@@ -27,7 +27,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from app.data import memory
 from app.data.params import dataset_kwargs
 from app.data.parties import PARTIES, SHARED_NODES, family
 from app.result import LABELS_FILE, REFERENCE_LABELS_FILE, REPORT_FILE, RESULT_FILE
+
+if TYPE_CHECKING:
+    from app.comparison import Comparison
 
 #: Run-config keys given by :func:`cluster`'s own arguments.
 ARGUMENT_KEYS = {"strategy": "strategy", "dataset": "data", "num-clients": "num_clients", "out-dir": "out_dir"}
@@ -300,3 +303,45 @@ def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndar
                   history=result["history"], config=result["config"], notes=result["notes"], path=path,
                   result=result, reference_labels=None if reference is None else np.asarray(reference, dtype=np.int64),
                   report=Path(report) if report else None)
+
+
+def compare(data, strategies: Sequence[str] | None = None, num_clients: int | None = None, *,
+            config: Mapping[str, Any] | None = None, out_dir: str | os.PathLike | None = None,
+            engine: str = "inprocess", quiet: bool = True, note: Callable[[str], None] | None = None,
+            **keywords) -> Comparison:
+    """Run every strategy that fits ``data`` (or ``strategies``) on it; the :class:`app.comparison.Comparison`.
+
+    Parameters
+    ----------
+    data : str or graph-like
+        A built-in dataset's name or a path (as ``--dataset``), or anything :func:`cluster` takes.
+    strategies : sequence of str, optional
+        The strategies to run (default: every one that fits the data).
+    num_clients : int, optional
+        Clients to split the data over (default 3).
+    config, **keywords
+        Run-config keys for every run (``num_clusters=3``, ``{"kcagc.mode": "paper"}``); a key of
+        one strategy applies to that strategy only.
+    out_dir : path, optional
+        Where each run's folder (``<strategy>/``, with its page) and ``compare.html`` go; None: nowhere.
+    engine : {"inprocess", "simulation"}
+        As for :func:`cluster`.
+    quiet : bool
+        Leave out each run's progress and summary (default); ``note`` hears one line as each
+        strategy starts and ends.
+
+    Returns
+    -------
+    Comparison
+        One row per strategy (``rows``, ``frame()``, ``table()``) and the page's ``path``.
+
+    Raises
+    ------
+    app.config.ConfigError
+        A strategy that does not exist, data that cannot be read, a bad key; one line.
+    """
+    from app.comparison import compare_runs
+    from app.run import run_experiment
+
+    return compare_runs(run_experiment, data, strategies, num_clients, run_config(config, keywords), out_dir, engine,
+                        quiet, note)

@@ -4,7 +4,7 @@
 
     python -m app.run compare --dataset mygraph --num-clients 3 --out results/compare-mygraph
 
-    from app import compare
+    from app import compare  # app.api.compare: this module's compare_runs with app.run's runs
     table = compare("mygraph", num_clients=3, out_dir="results/compare-mygraph")
     table.frame()            # pandas: one row per strategy
 
@@ -112,52 +112,27 @@ def row_of(strategy: str, partitioner: str, result: dict, out: Path | None) -> d
     return row
 
 
-def compare(data, strategies: Sequence[str] | None = None, num_clients: int | None = None, *,
-            config: Mapping[str, Any] | None = None, out_dir: str | os.PathLike | None = None,
-            engine: str = "inprocess", quiet: bool = True, note=None, **keywords) -> Comparison:
-    """Run every strategy that fits ``data`` (or ``strategies``) on it; the :class:`Comparison`.
-
-    Parameters
-    ----------
-    data : str or graph-like
-        A built-in dataset name or a path (as ``--dataset``), or anything :func:`app.cluster` takes.
-    strategies : sequence of str, optional
-        The strategies to run (default: all that fit the data).
-    num_clients : int, optional
-        Clients to split the data over (default 3).
-    config, **keywords
-        Run-config keys for every run (``num_clusters=3``, ``{"kcagc.mode": "paper"}``); a key of one
-        strategy applies to that strategy only.
-    out_dir : path, optional
-        Where each run's folder (``<strategy>/``) and the page ``compare.html`` go; None: nowhere.
-    engine : {"inprocess", "simulation"}
-        As for :func:`app.cluster`.
-    quiet : bool
-        Leave out each run's summary and progress (default); ``note`` (a callable) hears one line as
-        each strategy starts and ends.
-
-    Raises
-    ------
-    app.config.ConfigError
-        A strategy named that does not exist, data that cannot be read, a bad key.
-    """
-    from app.api import run_config
+def compare_runs(run, data, strategies: Sequence[str] | None, num_clients: int | None, overrides: Mapping[str, Any],
+                 out_dir: str | os.PathLike | None = None, engine: str = "inprocess", quiet: bool = True,
+                 note=None) -> Comparison:
+    """Run every strategy that fits ``data`` (or ``strategies``) with ``run`` (:func:`app.run.run_experiment`);
+    the :class:`Comparison` (:func:`app.api.compare` documents the arguments)."""
     from app.data.formats import as_graph
     from app.data.params import data_root, dataset_kwargs
     from app.data.shards import server_data
 
-    overrides = run_config(config, keywords)
     names = list(strategies) if strategies else list(registry.STRATEGIES)
     for name in names:
         registry.get(name)  # a one-line error for an unknown name
-    dataset, registered = _dataset_name(data, overrides, as_graph)
+    dataset, registered = _dataset_name(data, dict(overrides), as_graph)
     try:
         config0 = registry.validate({**overrides, "strategy": names[0], "dataset": dataset})
         pooled = server_data(dataset, data_root(config0), config0["seed"], dataset_kwargs(config0.as_dict()))
         out = Path(out_dir).resolve() if out_dir is not None else None
         comparison = Comparison(memory.described(dataset))
         for name in names:
-            comparison.rows.append(_one(name, dataset, pooled, overrides, num_clients, out, engine, quiet, note))
+            comparison.rows.append(_one(run, name, dataset, pooled, dict(overrides), num_clients, out, engine, quiet,
+                                        note))
     finally:
         if registered:
             memory.forget(dataset)
@@ -175,11 +150,10 @@ def _dataset_name(data, overrides: dict, as_graph) -> tuple[str, bool]:
     return memory.register(as_graph(data, **options)), True
 
 
-def _one(name: str, dataset: str, pooled, overrides: dict, num_clients: int | None, out: Path | None, engine: str,
-         quiet: bool, note) -> dict:
-    """One strategy's row: run, refused (does not fit) or stopped."""
+def _one(run, name: str, dataset: str, pooled, overrides: dict, num_clients: int | None, out: Path | None,
+         engine: str, quiet: bool, note) -> dict:
+    """One strategy's row: run (with ``run``), refused (does not fit) or stopped."""
     from app import quiet as silence
-    from app.run import run_experiment
 
     try:
         partitioner = fitting_partitioner(name, dataset, pooled, overrides)
@@ -194,8 +168,8 @@ def _one(name: str, dataset: str, pooled, overrides: dict, num_clients: int | No
     started = time.perf_counter()
     try:
         with silence.silenced(quiet):
-            result = run_experiment(name, dataset, num_clients or DEFAULT_NUM_CLIENTS,
-                                    {**own, "partitioner": partitioner}, run_out, engine, write=run_out is not None)
+            result = run(name, dataset, num_clients or DEFAULT_NUM_CLIENTS, {**own, "partitioner": partitioner},
+                         run_out, engine, write=run_out is not None)
     except FedGraphError as err:
         row = {"strategy": name, "partitioner": partitioner, "status": "stopped", "reason": str(err)}
     else:
@@ -230,8 +204,9 @@ def _parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
-    """``python -m app.run compare ...``: exit code 0, or 2 with one line for a bad option."""
+def main(argv: list[str], run) -> int:
+    """``python -m app.run compare ...`` with ``run`` (:func:`app.run.run_experiment`): exit code 0, or 2
+    with one line for a bad option."""
     from app.data.datasets import dataset_label
     from app.result import default_out_dir
 
@@ -239,9 +214,9 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
         strategies = [s.strip() for s in args.strategies.split(",") if s.strip()] if args.strategies else None
         out = args.out or default_out_dir("compare", dataset_label(args.dataset))
-        comparison = compare(args.dataset, strategies, args.num_clients, config=parse_assignments(args.set),
-                             out_dir=out, engine=args.engine, quiet=not args.verbose,
-                             note=lambda line: print(line, file=sys.stderr, flush=True))
+        comparison = compare_runs(run, args.dataset, strategies, args.num_clients, parse_assignments(args.set), out,
+                                  args.engine, quiet=not args.verbose,
+                                  note=lambda line: print(line, file=sys.stderr, flush=True))
     except FedGraphError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

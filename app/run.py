@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["compare"]:
         from app.comparison import main as compare
 
-        return compare(argv[1:])
+        return compare(argv[1:], run_experiment)
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ IMAGES_JS = ("JSON.stringify(Array.from(document.images).map(i => ({alt: i.alt, 
              "width: i.naturalWidth, height: i.naturalHeight})))")
 HEADINGS_JS = "JSON.stringify(Array.from(document.querySelectorAll('h1, h2')).map(h => h.textContent))"
 HEIGHT_JS = "Math.ceil(document.documentElement.scrollHeight)"
+#: the browser's file descriptors 3 and 4 from the two given (copied first: either may be 3 or 4), then the browser
+TRAMPOLINE = ("import os, sys; a, b = os.dup(int(sys.argv[1])), os.dup(int(sys.argv[2])); os.dup2(a, 3); "
+              "os.dup2(b, 4); os.set_inheritable(3, True); os.set_inheritable(4, True); "
+              "os.execvp(sys.argv[3], sys.argv[3:])")
 
 
 def find_browser() -> str | None:
@@ -52,18 +57,13 @@ class _Pipe:
     def __init__(self, browser: str, profile: str) -> None:
         to_child, self._out = os.pipe()
         self._in, from_child = os.pipe()
-        os.set_inheritable(to_child, True)
-        os.set_inheritable(from_child, True)
         args = [browser, "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
-                "--no-first-run", "--no-default-browser-check", f"--user-data-dir={profile}", "about:blank"]
-
-        def fds() -> None:  # the child's 3 and 4 are the pipe's ends (through spare numbers: either may be 3 or 4)
-            spare = [os.dup(to_child), os.dup(from_child)]
-            os.dup2(spare[0], 3)
-            os.dup2(spare[1], 4)
-
-        # close_fds=False: subprocess would close 3 and 4 after fds() has made them
-        self.process = subprocess.Popen(args, preexec_fn=fds, close_fds=False, stdout=subprocess.DEVNULL,
+                "--disable-dev-shm-usage", "--hide-scrollbars", "--no-first-run", "--no-default-browser-check",
+                f"--user-data-dir={profile}", "about:blank"]
+        # the pipe's ends become the browser's 3 and 4 in a small trampoline, not in a preexec_fn (unsafe in a
+        # process with threads, as a test process running the app has)
+        self.process = subprocess.Popen([sys.executable, "-c", TRAMPOLINE, str(to_child), str(from_child), *args],
+                                        pass_fds=(to_child, from_child), stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         os.close(to_child)
         os.close(from_child)
@@ -114,20 +114,21 @@ class _Pipe:
             os.close(self._out)
 
 
-def open_page(path: Path, width: int = 1200, browser: str | None = None) -> Page:
-    """Load ``path`` (a local file) in a fresh headless Chromium ``width`` pixels wide; the :class:`Page`."""
+def open_page(path: Path, width: int = 1200, browser: str | None = None, height: int | None = None) -> Page:
+    """Load ``path`` (a local file) in a fresh headless Chromium ``width`` pixels wide; the :class:`Page`
+    (its screenshot of the whole page, or of its top ``height`` pixels)."""
     browser = browser or find_browser()
     if browser is None:
         raise FileNotFoundError("no Chromium found (" + ", ".join(BROWSERS) + ")")
     with tempfile.TemporaryDirectory(prefix="fedgraph-browser-") as profile:
         pipe = _Pipe(browser, profile)
         try:
-            return _visit(pipe, Path(path).resolve().as_uri(), width)
+            return _visit(pipe, Path(path).resolve().as_uri(), width, height)
         finally:
             pipe.close()
 
 
-def _visit(pipe: _Pipe, url: str, width: int) -> Page:
+def _visit(pipe: _Pipe, url: str, width: int, shown: int | None = None) -> Page:
     target = pipe.command("Target.createTarget", {"url": "about:blank"})["targetId"]
     session = pipe.command("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
     for domain in ("Page", "Runtime", "Log", "Network"):
@@ -143,7 +144,7 @@ def _visit(pipe: _Pipe, url: str, width: int) -> Page:
                             session)["result"]["value"]
 
     page = Page(images=json.loads(evaluate(IMAGES_JS)), headings=json.loads(evaluate(HEADINGS_JS)))
-    height = int(evaluate(HEIGHT_JS))
+    height = shown or int(evaluate(HEIGHT_JS))
     pipe.command("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
                                                         "mobile": False}, session)
     shot = pipe.command("Page.captureScreenshot", {"format": "png"}, session)

@@ -5,7 +5,7 @@ attached to an e-mail as well as from the run's folder, and stay small for a gra
 a PNG of a capped drawing is a few tens of kB whatever the data, and needs no script to show
 (docs/running.md says more). Each function takes plain arrays and returns the image's bytes.
 
-Colours: the federated clusters take the colours of matplotlib's ``tab20`` in order; another
+Colours: the federated clusters take the colours of matplotlib's ``tab10`` (``tab20`` past ten) in order; another
 labelling drawn beside them (the centralised method's, the ground truth) is matched to them
 first (Hungarian matching on their overlap), so that a cluster and its counterpart share a
 colour. Items without a label (-1) are grey.
@@ -63,9 +63,10 @@ def matched(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
 
 
 def colours(labels: np.ndarray) -> np.ndarray:
-    """An RGBA row per label: ``tab20`` by cluster number (repeating past 20), grey for -1."""
+    """An RGBA row per label: ``tab10`` by cluster number up to 10 clusters, else ``tab20`` (repeating
+    past 20), grey for -1."""
     plt = pyplot()
-    palette = np.asarray(plt.get_cmap("tab20").colors)
+    palette = np.asarray(plt.get_cmap("tab10" if labels.size == 0 or labels.max() < 10 else "tab20").colors)
     out = np.empty((labels.size, 4))
     out[:, :3] = palette[np.clip(labels, 0, None) % len(palette)]
     out[:, 3] = 1.0

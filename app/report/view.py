@@ -154,9 +154,10 @@ def _sampled(data: GraphData, labels: np.ndarray, truth, seed: int) -> View:
                                                             if graph else "features")
     else:
         rows, placed = _neighbour_shares(data.adj, labels, sample), "share of each node's edges into each cluster"
-    meta = {"layout": f"{sample.size} of {labels.size} items (every cluster kept), placed by the first two "
-                      f"principal components of their {placed}", "items": int(labels.size),
-            "drawn": int(sample.size)}
+    drawn = f"{sample.size} of {labels.size} items (every cluster kept)" if sample.size < labels.size else \
+        f"all {labels.size} items"
+    meta = {"layout": f"{drawn}, placed by the first two principal components of their {placed}",
+            "items": int(labels.size), "drawn": int(sample.size)}
     view = View("sample", truth=truth, sample=sample, xy=principal_plane(rows, seed), meta=meta)
     if graph:
         view.cluster_edges = cluster_edges(data.adj, labels)
@@ -227,8 +228,9 @@ def _collection(labels: np.ndarray, truth, distances: np.ndarray, seed: int) -> 
     sample = sample_items(labels, SAMPLE_GRAPHS, seed)
     xy = classical_scaling(distances[np.ix_(sample, sample)])
     return View("collection", truth=truth, sample=sample, xy=xy,
-                meta={"layout": f"{sample.size} of {labels.size} graphs placed by classical multidimensional "
-                                "scaling of the method's distances between them", "items": int(labels.size),
+                meta={"layout": (f"{sample.size} of {labels.size} graphs" if sample.size < labels.size else
+                                 f"all {labels.size} graphs") + " placed by classical multidimensional scaling of "
+                                "the method's distances between them", "items": int(labels.size),
                       "drawn": int(sample.size)})
 
 
