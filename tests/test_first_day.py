@@ -99,13 +99,14 @@ def test_ctrl_c_is_one_line_and_names_the_resume_command(tmp_path, monkeypatch, 
 
 
 def test_building_the_gnns_leaves_no_generated_module_in_the_temporary_folder(monkeypatch):
+    """PyG generates a layer class's module once per process: whichever test built it first, its file is gone."""
     from app.models import GCN, GIN, GENERATED, DMoNModel
 
-    for name in [n for n in sys.modules if n.endswith(GENERATED)]:  # as in a fresh process: PyG generates them again
+    for name in [n for n in sys.modules if n.endswith(GENERATED)]:  # where PyG would generate them again
         monkeypatch.delitem(sys.modules, name)
     GCN(3, 2), GIN(3, 2), DMoNModel(3, 2)
     generated = [m.__file__ for n, m in sys.modules.items() if n.endswith(GENERATED)]
-    assert len(generated) == 2 and not any(Path(f).exists() for f in generated)  # GCNConv's and GINConv's: loaded
+    assert generated and not any(Path(f).exists() for f in generated)  # loaded, their files removed
 
 
 def test_deploy_local_takes_a_relative_path(mygraph, tmp_path, monkeypatch):

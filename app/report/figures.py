@@ -52,8 +52,7 @@ def matched(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
     if not known.any():
         return other
     k_ref, k_other = int(reference.max()) + 1, int(other.max()) + 1
-    table = np.zeros((k_other, k_ref), dtype=np.int64)
-    np.add.at(table, (other[known], reference[known]), 1)
+    table = np.bincount(other[known] * k_ref + reference[known], minlength=k_other * k_ref).reshape(k_other, k_ref)
     rows, cols = linear_sum_assignment(table, maximize=True)
     lut = np.full(k_other, -1, dtype=np.int64)
     lut[rows] = cols

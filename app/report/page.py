@@ -182,9 +182,8 @@ def contingency_counts(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """How many items have each (row label, column label) pair, items without a label left out."""
     known = (rows >= 0) & (cols >= 0)
     r, c = rows[known], cols[known]
-    table = np.zeros((int(r.max()) + 1 if r.size else 1, int(c.max()) + 1 if c.size else 1), dtype=np.int64)
-    np.add.at(table, (r, c), 1)
-    return table
+    shape = (int(r.max()) + 1 if r.size else 1, int(c.max()) + 1 if c.size else 1)
+    return np.bincount(r * shape[1] + c, minlength=shape[0] * shape[1]).reshape(shape)
 
 
 def column_order(table: np.ndarray) -> np.ndarray:

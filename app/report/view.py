@@ -56,8 +56,11 @@ class View:
     meta: dict = field(default_factory=dict)
 
     def save(self, path: Path) -> Path:
-        """Write the view to ``path`` (an ``.npz``; ``meta`` as one JSON text)."""
+        """Write the view to ``path`` (an ``.npz``; ``meta`` as one JSON text; labels in the narrowest
+        integer type that holds them)."""
         arrays = {name: getattr(self, name) for name in ARRAYS if getattr(self, name) is not None}
+        if self.truth is not None and self.truth.size:
+            arrays["truth"] = self.truth.astype(np.min_scalar_type(-max(int(self.truth.max()), 1)))
         with open(path, "wb") as f:
             np.savez_compressed(f, meta=np.array(json.dumps({**self.meta, "kind": self.kind})), **arrays)
         return path
@@ -67,6 +70,8 @@ class View:
         with np.load(path, allow_pickle=False) as stored:
             meta = json.loads(str(stored["meta"]))
             arrays = {name: stored[name] for name in ARRAYS if name in stored.files}
+        if "truth" in arrays:
+            arrays["truth"] = arrays["truth"].astype(np.int64)
         return cls(kind=meta.pop("kind"), meta=meta, **arrays)
 
 
@@ -202,14 +207,17 @@ def principal_plane(rows: np.ndarray, seed: int) -> np.ndarray:
 
 
 def cluster_edges(adj: sp.csr_matrix, labels: np.ndarray) -> np.ndarray:
-    """The k x k edge weight between clusters (each undirected edge once; an edge inside a
-    cluster on the diagonal); items without a label (-1) left out."""
+    """The k x k edge weight between clusters (each undirected edge once, in the upper triangle; an
+    edge inside a cluster on the diagonal); items without a label (-1) left out. One pass over the
+    stored entries (each edge is stored both ways: between clusters it counts once each way, inside
+    one twice on the diagonal)."""
     k = int(labels.max()) + 1 if labels.size else 0
-    upper = sp.triu(adj, k=1, format="coo")
-    a, b = labels[upper.row], labels[upper.col]
-    known = (a >= 0) & (b >= 0)
-    low, high = np.minimum(a[known], b[known]), np.maximum(a[known], b[known])
-    return np.bincount(low * k + high, weights=upper.data[known], minlength=k * k).reshape(k, k)
+    adj = sp.csr_matrix(adj)
+    code = np.where(labels >= 0, labels, k).astype(np.int32)  # the unlabelled as cluster k, dropped below
+    pairs = np.repeat(code * (k + 1), np.diff(adj.indptr)) + code[adj.indices]
+    weights = None if adj.nnz and (adj.data == 1.0).all() else adj.data
+    both = np.bincount(pairs, weights=weights, minlength=(k + 1) ** 2).reshape(k + 1, k + 1)[:k, :k].astype(float)
+    return np.triu(both, 1) + np.diag(np.diag(both) / 2)
 
 
 def dense_distances(distances: np.ndarray, ids: np.ndarray | None, num_items: int) -> np.ndarray:
