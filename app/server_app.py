@@ -272,13 +272,13 @@ def _write(result: dict, shared: SharedConfig, labels: tuple[np.ndarray, np.ndar
         keys, column = None, "item"
     path = write_result(result, out_dir, labels[0], keys, column, reference=labels[1])
     result["path"] = str(path)
-    result["report"] = _write_report(path.parent, data, labels[0], output, shared.seed)
+    result["report"] = _write_report(path.parent, data, labels[0], output, shared)
     written = f"\nresult: {path}" + (f"\nreport: {result['report']}" if result["report"] else "")
     log(INFO, "%s%s", summary_table(result), written if announce else "")  # its title line beside the level
     return result
 
 
-def _write_report(run: Path, data, labels: np.ndarray, output, seed: int) -> str | None:
+def _write_report(run: Path, data, labels: np.ndarray, output, shared: SharedConfig) -> str | None:
     """The run's page (:mod:`app.report`) beside its result, and what it draws of the data; its path.
     A page that cannot be written is a warning: the result is kept (``python -m app.report RUN``)."""
     from app.report import build_view, write_report
@@ -289,8 +289,8 @@ def _write_report(run: Path, data, labels: np.ndarray, output, seed: int) -> str
         if output.distances is not None:
             distances = (output.distances if output.truth is not None
                          else dense_distances(output.distances, output.ids, labels.size))
-        build_view(data, labels, output.truth, distances, seed).save(run / VIEW_FILE)
-        return str(write_report(run))
+        build_view(data, labels, output.truth, distances, shared.seed).save(run / VIEW_FILE)
+        return str(write_report(run, registry.get(shared.strategy).strategy.summary))
     except Exception as err:  # the result is written: a page that fails must not lose it
         log(WARNING, "warning: the run's page was not written (%s: %s); the result is kept", type(err).__name__, err)
         return None

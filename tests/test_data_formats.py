@@ -179,8 +179,9 @@ def test_runs_are_bit_identical_across_formats(strategy, files, tmp_path):
 def test_labels_csv_maps_back_to_the_users_ids(files, parts, tmp_path):
     result, labels = _run(files["csv"], "fedkmeans", tmp_path / "r", **{"data.node-table": str(files["nodes"])})
     table = pd.read_csv(tmp_path / "r" / "labels.csv", dtype={"node": str})
-    assert list(table.columns) == ["node", "cluster"]
+    assert list(table.columns) == ["node", "cluster", "centralised"]  # the centralised labels item by item
     assert table["node"].tolist() == sorted(parts[0]) and np.array_equal(table["cluster"], labels)
+    assert np.array_equal(table["centralised"], np.load(tmp_path / "r" / "reference_labels.npy"))
     ids, _, _, truth = parts
     cluster_of = dict(zip(table["node"], table["cluster"]))
     assert len({cluster_of[k] for k, t in zip(ids, truth) if t == "red"}) == 1  # one community, one cluster
@@ -333,10 +334,11 @@ NODES = "id,f1,label\na,1,x\nb,2,y\nc,3,x\n"
     ({"g.csv": "a,b,1\nb,c,inf\n"}, {},
      "{d}/g.csv: line 2, column 'weight': 'inf' is not a finite number; valid: numeric edge weights"),
     ({"g.csv": "a,b,1\nb,c,-2\n"}, {},
-     "{d}/g.csv: line 2 has weight -2; valid: finite weights > 0 (leave a missing edge out)"),
+     "{d}/g.csv: line 2, column 'weight': '-2' is not above 0 (leave a missing edge out); valid: numeric edge "
+     "weights, finite, above 0"),
     ({"g.csv": "source,target\n"}, {}, "{d}/g.csv: no edges; valid: one edge or more a line, or a node table"),
     ({"g.csv": "a,b\nb,c,1,2\n"}, {}, "{d}/g.csv: line 2 has 4 fields; valid: 2 fields like the first row"),
-    ({"g.csv": "a,b\nc\n"}, {}, "{d}/g.csv: line 2 has no target ID; valid: 2 fields a line (source, target[, weight])"),
+    ({"g.csv": "a,b\nc\n"}, {}, "{d}/g.csv: line 2 has 1 field; valid: 2 fields like the first row"),
     ({"g.csv": "a,b\nb,c\n", "n.csv": "id,label\na,x\nb,x\nc,x\n"}, {"node_table": "n.csv"},
      "{d}/n.csv: column 'label' has one class ('x'); valid: two classes or more, or no labels (then set num-clusters)"),
     ({"g.csv": "a,b\nb,c\n", "n.csv": "id,f1\na,1\nb,2\na,3\nc,4\n"}, {"node_table": "n.csv"},

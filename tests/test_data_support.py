@@ -45,8 +45,10 @@ def graph_files(tmp_path):
                                          "them; valid: a dataset with edges, e.g. karate, sbm, cora"),
     ("fedspectral", "edgeless.npz", "dataset '{d}/edgeless.npz' has no edges; strategy 'fedspectral' needs them; "
                                     "valid: a dataset with edges, e.g. karate, sbm, cora"),
-    ("kcagc", "nan.npz", "{d}/nan.npz: x row 3, column 2 is not a finite number; valid: finite features"),
-    ("fedkmeans", "nan.npz", "{d}/nan.npz: x row 3, column 2 is not a finite number; valid: finite features"),
+    ("kcagc", "nan.npz", "{d}/nan.npz: x row 3, column 2 is not a finite number; valid: finite features of magnitude at "
+                           "most 1e+150"),
+    ("fedkmeans", "nan.npz", "{d}/nan.npz: x row 3, column 2 is not a finite number; valid: finite features of magnitude at "
+                           "most 1e+150"),
 ])
 def test_data_the_method_cannot_use_is_one_line_before_the_run(graph_files, strategy, file, message, tmp_path):
     with pytest.raises(ConfigError) as err:

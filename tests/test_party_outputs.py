@@ -48,7 +48,7 @@ def test_two_runs_keep_both_label_files_and_the_first_unchanged(pieces, tmp_path
     assert sorted(p.name for p in party.iterdir()) == sorted([f"run-{first.run_id}", f"run-{stranger.run_id}"])
     assert mine.read_bytes() == kept and os.stat(mine).st_mtime_ns == stamp
     assert pd.read_csv(theirs)["cluster"].max() == 1 and pd.read_csv(mine)["cluster"].max() == 2
-    assert [p.name for p in mine.parent.iterdir()] == [LABELS_CSV]  # no temporary file left
+    assert sorted(p.name for p in mine.parent.iterdir()) == [LABELS_CSV, "report.html"]  # its page; no temporary file
 
 
 @pytest.mark.parametrize("run_id", HOSTILE_RUN_IDS)

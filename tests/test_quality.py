@@ -77,15 +77,18 @@ def test_a_run_names_its_reference_and_says_how_close_it_is(tmp_path):
     assert on_disk["quality"]["verdict"] == "close" and on_disk["reference"]["agreement"]["ari"] >= CLOSE_ARI
     assert on_disk["quality"]["clusters_found"] == 4 and on_disk["quality"]["paper"] is None
     table = summary_table(result)
-    assert f"reference: {on_disk['reference']['method']}" in table
-    assert f"verdict: {on_disk['quality']['summary']}" in table
-    assert summary_table({**result, "dataset": "memory:0123"}).startswith("fedkmeans on data given in memory with 3")
+    assert f"centralised method: {on_disk['reference']['method']}" in table
+    assert (f"verdict (federated vs centralised clusters, not vs the ground truth): {on_disk['quality']['summary']}"
+            in table)
+    assert "quality against the ground truth" in table and "agreement of the federated and the centralised" in table
+    unnamed = {k: v for k, v in result.items() if k != "dataset_name"}
+    assert summary_table({**unnamed, "dataset": "memory:0123"}).startswith("fedkmeans on data given in memory with 3")
 
 
 def test_a_reference_not_computed_is_named_with_the_reason(tmp_path):
     off = run_experiment("fedkmeans", "karate", 2, {"reference": False, "num-rounds": 2}, tmp_path / "off")
     assert set(off["reference"]) == {"method", "skipped"} and off["reference"]["skipped"] == "reference=false"
-    assert off["quality"]["verdict"] is None and "verdict: not compared" in summary_table(off)
+    assert off["quality"]["verdict"] is None and "verdict (nothing to compare): not compared" in summary_table(off)
     eval_file = write_evaluation(server_data("karate", None, 0), tmp_path / "eval.npz")
     labels_only = run_experiment("fedkmeans", "karate", 2, {"eval-file": str(eval_file), "num-rounds": 2},
                                  tmp_path / "labels-only")

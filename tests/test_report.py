@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app import cluster, compare
+from app import cluster, compare, registry
 from app.data.types import GraphCollection, GraphData
 from app.report import main as report_main
 from app.report.view import (PER_CLUSTER, SAMPLE, SMALL_GRAPH, View, build_view, classical_scaling, cluster_edges,
@@ -100,7 +100,8 @@ def test_the_page_is_written_again_from_the_runs_folder_alone(tmp_path, capsys):
     assert "verdict compares the federated clusters with the same method run centrally" in first
     assert re.search(r"ACC [\d.]+ \(centralised [\d.]+\).* against the ground truth", first)
     (out / "report.html").unlink()
-    assert report_main([str(out)]) == 0 and capsys.readouterr().out == f"report: {out / 'report.html'}\n"
+    summaries = {name: entry.strategy.summary for name, entry in registry.STRATEGIES.items()}  # as __main__ gives
+    assert report_main([str(out)], summaries) == 0 and capsys.readouterr().out == f"report: {out / 'report.html'}\n"
     assert check_page(out, figures=2) == first  # nothing in the page but what the folder holds
     assert report_main([str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: {str(tmp_path)!r} holds no result.json; valid: the folder of a " \

@@ -464,7 +464,7 @@ def feature_matrix(x, n: int, source: Source, what: str) -> np.ndarray | sp.csr_
         dense = x.toarray() if sp.issparse(x) else x
         row = np.argwhere(~(np.abs(dense) <= MAX_MAGNITUDE))[0]
         value = dense[row[0], row[1]]
-        problem = f"is {value!r}, out of range" if np.isfinite(value) else "is not a finite number"
+        problem = f"is {float(value):g}, out of range" if np.isfinite(value) else "is not a finite number"
         raise source.error(f"{what} row {row[0]}, column {row[1]} {problem}",
                            f"finite features of magnitude at most {MAX_MAGNITUDE:g}", "finite features in range")
     return x

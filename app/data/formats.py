@@ -259,7 +259,9 @@ def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         archive = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
-        raise DataFileError(f"{path}: not an .npz archive ({describe(err)}); {valid}",
+        what = ("neither a zip of .npy arrays nor one .npy array; a pickle is never read" if "pickled" in str(err)
+                else describe(err))
+        raise DataFileError(f"{path}: not an .npz archive ({what}); {valid}",
                             file=path, rule="an .npz archive") from None
     if not hasattr(archive, "files"):
         raise DataFileError(f"{path}: a single .npy array, not an .npz archive; {valid}",
@@ -405,7 +407,9 @@ def read_pyg(path: Path, name: str, weighted: bool = True) -> GraphData | GraphC
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(err))
-        detail = f"it refers to {found.group(1)}" if found else (str(err).strip().splitlines() or [""])[-1]
+        other = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(err))
+        detail = (f"it refers to {found.group(1)}" if found else
+                  f"a pickle of other Python objects: {other.group(1).strip()}" if other else "a pickle of other objects")
         raise DataFileError(f"{path} is not a PyG Data ({detail}, which weights-only loading refuses); valid: "
                             "torch.save of a torch_geometric Data or a list of Data",
                             file=path, rule="a torch.save of PyG Data only") from None

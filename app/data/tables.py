@@ -136,21 +136,25 @@ class Table:
                 raise self.error(f"{self.where(row)} has {len(fields)} field{'s' * (len(fields) != 1)}",
                                  f"{width} fields like {shape}", "as many fields a line as the header")
 
-    def numbers(self, name: str, what: str) -> np.ndarray:
+    def numbers(self, name: str, what: str, positive: bool = False) -> np.ndarray:
         """Column ``name`` as float64, every value a finite number of magnitude at most
-        :data:`MAX_MAGNITUDE` (else one line naming the cell as the file writes it)."""
+        :data:`MAX_MAGNITUDE` (``positive``: above 0 too), else one line naming the cell as the
+        file writes it."""
         col = self.frame[name]
         values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
         with np.errstate(invalid="ignore"):
-            bad = np.flatnonzero(~(np.abs(values) <= MAX_MAGNITUDE))
+            bad = np.flatnonzero(~(np.abs(values) <= MAX_MAGNITUDE) | (positive & ~(values > 0)))
         if bad.size:
             row = int(bad[0])
             position = list(self.frame.columns).index(name)
             fields = self.written(np.array([row])).get(row, [])
             cell = fields[position] if position < len(fields) else str(col.iloc[row])
-            problem = "is out of range" if np.isfinite(values[row]) else "is not a finite number"
-            raise self.error(f"{self.where(row)}, column {name!r}: {cell!r} {problem}",
-                             f"{what}, finite and of magnitude at most {MAX_MAGNITUDE:g}", what)
+            value = values[row]
+            problem = ("is not a finite number" if not np.isfinite(value) else "is out of range"
+                       if abs(value) > MAX_MAGNITUDE else "is not above 0 (leave a missing edge out)")
+            bounds = f"finite, above 0 and at most {MAX_MAGNITUDE:g}" if positive else \
+                f"finite and of magnitude at most {MAX_MAGNITUDE:g}"
+            raise self.error(f"{self.where(row)}, column {name!r}: {cell!r} {problem}", f"{what}, {bounds}", what)
         return values
 
 
@@ -216,7 +220,8 @@ def _missing_ids(table: Table, columns: list[str], valid: str, rule: str | None 
         if col.dtype.kind not in "iu":
             empty = np.flatnonzero(col.to_numpy(dtype=object) == "")
             if empty.size:
-                raise table.error(f"{table.where(empty[0])} has no {name} ID", valid, rule)
+                which = "" if name.lower() in ID_NAMES + GRAPH_NAMES else f"{name} "
+                raise table.error(f"{table.where(empty[0])} has no {which}ID", valid, rule)
 
 
 # --------------------------------------------------------------------------- edge lists
@@ -264,7 +269,8 @@ def read_edges(path: Path, sep: str | None, collection: bool = False, beside_nod
         names = None
     else:
         if len(fields) not in (0, 2, 3):
-            raise DataFileError(f"{path}: line {line} has {len(fields)} fields; valid: 2 (source, target) or 3 "
+            raise DataFileError(f"{path}: line {line} has {len(fields)} field{'s' * (len(fields) != 1)}; valid: 2 "
+                                "(source, target) or 3 "
                                 "(source, target, weight), or a header row naming the columns",
                                 file=path, rule="2 or 3 fields a line, or a header row")
         names = ["source", "target", "weight"][:max(len(fields), 2)]
@@ -278,7 +284,7 @@ def read_edges(path: Path, sep: str | None, collection: bool = False, beside_nod
                  f"{len(roles)} fields a line ({shape})")
     weight = None
     if "weight" in roles:
-        weight = table.numbers(roles["weight"], "numeric edge weights")
+        weight = table.numbers(roles["weight"], "numeric edge weights", positive=True)
     graph = table.column(roles["graph"]) if collection else None
     return Edges(table, table.column(roles["source"]), table.column(roles["target"]), weight, graph)
 

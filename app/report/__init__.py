@@ -55,9 +55,9 @@ def _result(run: Path) -> dict:
         raise ReportError(f"{str(path)!r} cannot be read ({err}); valid: the result.json a run wrote") from None
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report.html`` from the run's files (replacing an older page); its path."""
-    from app import registry
+def write_report(run_dir: str | Path, summary: str = "") -> Path:
+    """Write ``RUN_DIR/report.html`` from the run's files (replacing an older page); its path.
+    ``summary``: the strategy's one-line description (the entry points read it from the registry)."""
     from app.report.page import render
 
     run = Path(run_dir).resolve()
@@ -67,8 +67,6 @@ def write_report(run_dir: str | Path) -> Path:
     view = View.load(run / VIEW_FILE) if (run / VIEW_FILE).exists() else View("none", meta={
         "why": f"{VIEW_FILE} is missing from the run's folder"})
     result.setdefault("path", str(run / RESULT_FILE))
-    entry = registry.STRATEGIES.get(result.get("strategy"))
-    summary = entry.strategy.summary if entry else "a strategy this version does not know"
     text = render(result, labels, reference, view, summary)
     path = run / REPORT_FILE
     tmp = run / f".{REPORT_FILE}.tmp"
@@ -77,15 +75,17 @@ def write_report(run_dir: str | Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m app.report RUN_DIR [RUN_DIR ...]``: write each run's page again; print its path."""
+def main(argv: list[str] | None = None, summaries: dict[str, str] | None = None) -> int:
+    """``python -m app.report RUN_DIR [RUN_DIR ...]``: write each run's page again; print its path.
+    ``summaries``: each strategy's one-line description (:mod:`app.report.__main__` gives the registry's)."""
     args = sys.argv[1:] if argv is None else argv
     if not args or any(a in ("-h", "--help") for a in args):
         print("usage: python -m app.report RUN_DIR [RUN_DIR ...]\n\n" + (__doc__ or "").split("\n\n")[1])
         return 0 if args else 2
     try:
         for run in args:
-            print(f"report: {write_report(run)}")
+            strategy = _result(Path(run).resolve()).get("strategy", "") if Path(run).is_dir() else ""
+            print(f"report: {write_report(run, (summaries or {}).get(strategy, ''))}")
     except FedGraphError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

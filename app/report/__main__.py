@@ -2,6 +2,8 @@
 
 import sys
 
+from app import registry
 from app.report import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main(summaries={name: entry.strategy.summary for name, entry in registry.STRATEGIES.items()}))

@@ -75,7 +75,7 @@ def header(result: dict, view: View, summary: str) -> str:
     timing, comm = result["timing"], result["communication"]
     dropped = comm.get("dropped") or []
     rows = [
-        ("method", f"{result['strategy']}: {summary}"),
+        ("method", f"{result['strategy']}: {summary}" if summary else result["strategy"]),
         ("centralised counterpart", reference.get("method") or "none"),
         ("data", data_line(result, view)),
         ("split", f"partitioner '{result['config'].get('partitioner')}' over {result['num_clients']} clients"),
