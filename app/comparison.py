@@ -196,7 +196,8 @@ def _parser() -> ArgumentParser:
     parser.add_argument("--dataset", required=True, help="a built-in dataset or the path of your graph")
     parser.add_argument("--strategies", default=None, help="comma-separated names (default: every one that fits)")
     parser.add_argument("--num-clients", type=int, default=DEFAULT_NUM_CLIENTS)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a run-config key for every run")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a run-config key for every run")
     parser.add_argument("--out", default=None, help="folder for the runs and compare.html (default: "
                                                     "results/compare-<dataset>-<time>)")
     parser.add_argument("--engine", default="inprocess", help="inprocess (default) or simulation")

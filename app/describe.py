@@ -51,7 +51,8 @@ def dataset_kind(name: str) -> str:
     elif not profile.features:
         shape += ", no node features"
     shape += f", {classes} classes" if classes else ", no labels"
-    return shape + (" (sbm.* keys set its size)" if name == "sbm" else " (circles.samples)" if name == "circles" else "")
+    settings = {"sbm": " (sbm.* keys set its size)", "circles": " (circles.samples)"}
+    return shape + settings.get(name, "")
 
 
 def accepted_datasets(strategy: str) -> list[str]:
@@ -88,7 +89,7 @@ def suits(name: str) -> str:
         "fedspectral-plus": "a graph whose clusters are communities of edges (no features needed), split by edges "
                             "or nodes; its exact mode gives centralised spectral clustering's labels",
         "fedsc": "samples (or node features) in clusters of non-convex shape (kernel similarity, e.g. circles), "
-                 "split by rows; ignores the edges",
+                 "split by rows; it ignores the edges unless fedsc.filter-order > 0",
         "gw-ldp": "a collection of small graphs (molecules, ego networks) clustered as whole graphs by their "
                   "structure; on one graph, its k-hop subgraphs; slow on large graphs (pairwise "
                   "Gromov-Wasserstein)",

@@ -36,9 +36,12 @@ Flower does before it starts the runtime's threads.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable, Iterable
@@ -228,6 +231,9 @@ class _Ray:
     processes started with (a new actor inherits Ray's, not this process's), None when none runs."""
 
     environment: dict | None = None
+    #: the folder of its session files (logs, sockets), removed when it ends (Ray's default, /tmp/ray,
+    #: keeps every session)
+    temp_dir: str | None = None
 
 
 def start_ray(config: dict) -> None:
@@ -242,10 +248,12 @@ def start_ray(config: dict) -> None:
         return
     stop_ray()
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        _Ray.temp_dir = tempfile.mkdtemp(prefix="fedgraph-ray-")
+        own_folder = {**config, "init_args": {**config["init_args"], "_temp_dir": _Ray.temp_dir}}
         init = ray.init
         ray.init = _preloading_workers(init)
         try:
-            RayBackend(config)  # starts Ray; the engine's own backend finds it running
+            RayBackend(own_folder)  # starts Ray; the engine's own backend finds it running
             _Ray.environment = dict(os.environ)  # Flower's start sets PYTHONPATH: after it
             return
         except Exception as err:  # Ray raises bare Exceptions, e.g. "node timed out during startup"
@@ -279,11 +287,23 @@ def preload_worker() -> None:
 
 
 def stop_ray() -> None:
-    """End Ray (whoever started it) and forget the one kept."""
+    """End Ray (whoever started it), forget the one kept and remove its session files."""
     import ray
 
     ray.shutdown()
     _Ray.environment = None
+    if _Ray.temp_dir is not None:
+        shutil.rmtree(_Ray.temp_dir, ignore_errors=True)
+        _Ray.temp_dir = None
+
+
+def _stop_kept_ray() -> None:
+    """At exit: end the Ray kept between runs, if any, and remove its session files."""
+    if _Ray.temp_dir is not None:
+        stop_ray()
+
+
+atexit.register(_stop_kept_ray)
 
 
 def keep_ray_between_runs() -> None:
@@ -320,9 +340,9 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
     Ctrl-C stops the ServerApp the same way (else its thread, which the interpreter waits for,
     would wait out every step's timeout) and propagates once the thread has ended.
     """
+    config = backend_config()
     from flwr.simulation import run_simulation
 
-    config = backend_config()
     watch = EngineWatch()
     pick_up_on_push()
     keep_ray_between_runs()

@@ -29,15 +29,16 @@ from flwr.common.logger import log
 from app import quiet
 
 LOG_EVERY_S = 2.0
-#: What each figure a strategy reports per round means (the progress line and the run's page say it).
+#: What each figure a strategy reports per round means (the progress line and the run's page say it),
+#: in the order the page prefers to draw them.
 FIGURES = {
     "inertia": "the k-means objective: the summed squared distance of every row to its cluster's centre. Plain Lloyd "
                "rounds never raise it; fedkmeans sums it over the rows the clients sent this round: a client whose "
                "privacy audit holds a cluster back (withheld rows) or sends its last statistics again leaves rows "
                "out or counts them at older centres, so the sum can rise when they come in",
-    "shift": "the largest distance a centre moved this round; the run stops once it is at most the tolerance",
     "withheld": "rows whose cluster a client's privacy audit held back this round (too few rows, or a row the "
                 "sums would pin down); they join once their cluster passes",
+    "shift": "the largest distance a centre moved this round; the run stops once it is at most the tolerance",
     "residual": "the eigensolver's largest relative residual of the top Ritz pairs; the run stops at its tolerance",
     "ritz_k": "the k-th largest Ritz value: the eigenvalue estimate that sets the gap the clusters need",
     "basis": "the width of the eigensolver's Krylov basis",
@@ -161,8 +162,8 @@ class Progress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-            self._bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[rounds]}"),
-                            TimeElapsedColumn(), TextColumn("{task.fields[figures]}"),
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=24),
+                            TextColumn("{task.fields[rounds]}"), TimeElapsedColumn(), TextColumn("{task.fields[figures]}"),
                             TextColumn("{task.fields[traffic]}"), console=Console(file=self.stream),
                             refresh_per_second=4, redirect_stdout=False, redirect_stderr=False)
             self._task = self._bar.add_task(self.step_name, total=None, rounds="", figures="", traffic="")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.run import run_experiment
-from conftest import HANG_GUARD_S, REPO, RUN_GUARD_S, wait_until
+from conftest import check_page, HANG_GUARD_S, REPO, RUN_GUARD_S, wait_until
 from deploy.__main__ import run_local
 from deploy.federation import BIN, CONNECTION, LocalFederation
 from deploy.pki import make_all, make_node_keys
@@ -70,6 +70,8 @@ def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):
         assert signed == [r["action"] for r in deployed["timing"]["per_round"]].count("secagg_unmask") > 0
         ended = attack.counts["ended"]
         assert sum(ended.values()) > 0 and set(ended) <= {"503", "refused", "closed"}, ended
+    drawn = (tmp_path / "inprocess" / "report.html").read_text().count("<img ")
+    check_page(path.parent, figures=drawn)  # the deployed server's page draws what the in-process one does
 
 
 def connected(federation: LocalFederation, name: str) -> bool:

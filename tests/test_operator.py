@@ -210,11 +210,12 @@ def test_a_signed_run_exits_0_with_its_result(signed_federation, tmp_path):
     code, stdout, stderr = finished(deploy_run(federation, signed, {**config, "out-dir": str(out)}))
     assert code == COMPLETED, stderr[-3000:]
     run_id = int(stdout.split()[1])
-    assert stdout.startswith(f"run {run_id} submitted") and "result written to" in stdout  # the log, as it came
+    assert stdout.startswith(f"run {run_id} submitted") and f"result: {out / 'result.json'}" in stdout  # the log
+    assert f"report: {out / 'report.html'}" in stdout and (out / "report.html").is_file()  # the server's page
     assert stdout.rstrip().splitlines()[-1] == f"run {run_id} completed: result {out / 'result.json'} " \
                                                f"(log: {out / f'run-{run_id}.log'})"
     assert json.loads((out / "result.json").read_text())["strategy"] == "fedkmeans"
-    assert "result written to" in (out / f"run-{run_id}.log").read_text()
+    assert f"result: {out / 'result.json'}" in (out / f"run-{run_id}.log").read_text()
 
 
 @pytest.mark.deployment

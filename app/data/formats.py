@@ -408,8 +408,8 @@ def read_pyg(path: Path, name: str, weighted: bool = True) -> GraphData | GraphC
     except pickle.UnpicklingError as err:
         found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(err))
         other = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(err))
-        detail = (f"it refers to {found.group(1)}" if found else
-                  f"a pickle of other Python objects: {other.group(1).strip()}" if other else "a pickle of other objects")
+        detail = (f"it refers to {found.group(1)}" if found else f"a pickle of other Python objects: "
+                  f"{other.group(1).strip()}" if other else "a pickle of other objects")
         raise DataFileError(f"{path} is not a PyG Data ({detail}, which weights-only loading refuses); valid: "
                             "torch.save of a torch_geometric Data or a list of Data",
                             file=path, rule="a torch.save of PyG Data only") from None

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .assemble import (INTEGER, MAX_MAGNITUDE, SEPARATORS, DataFileError, Source, assemble, assemble_collection, id_array,
-                       show, text_suffix)
+from .assemble import (INTEGER, MAX_MAGNITUDE, SEPARATORS, DataFileError, Source, assemble, assemble_collection,
+                       id_array, show, text_suffix)
 from .boundary import in_row_order, split_edges
 from .types import GraphCollection, GraphData
 
@@ -378,7 +378,8 @@ def read_edge_list(path: Path, name: str, node_table: Path | None = None, label_
     An edge naming an ID the node table does not list is an error, or with ``boundary`` (a
     party's piece of a node split) one of the graph's boundary edges (:mod:`app.data.boundary`).
     ``weighted=False`` reads every edge as weight 1."""
-    edges = None if path is None else read_edges(path, SEPARATORS[text_suffix(path)], beside_nodes=node_table is not None)
+    edges = None if path is None else read_edges(path, SEPARATORS[text_suffix(path)],
+                                                 beside_nodes=node_table is not None)
     nodes = None if node_table is None else read_nodes(node_table, node_sep, label_column, node_columns)
     if edges is not None and edges.table.frame.empty:  # an edge list without a row beside a node table: no edges
         edges = None

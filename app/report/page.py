@@ -236,7 +236,8 @@ def history_series(history: Sequence[Mapping]) -> dict[str, list[tuple[float, fl
         for key, value in record.items():
             if key not in NOT_FIGURES and isinstance(value, (int, float)) and not isinstance(value, bool):
                 found.setdefault(key, []).append((float(at), float(value)))
-    names = sorted(found, key=lambda name: (name not in FIGURES, list(found).index(name)))
+    order = list(FIGURES) + list(found)
+    names = sorted(found, key=order.index)
     return {name: found[name] for name in names[:figures.MAX_SERIES] if len(found[name]) > 1}
 
 
