@@ -271,9 +271,9 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
         result["report"] = str(run / REPORT_FILE) if (run / REPORT_FILE).exists() else None
         return result, np.load(run / LABELS_FILE)
 
-    def run(out: Path) -> Path:
-        done = run_experiment(strategy, dataset, num_clients, raw, out, engine, note=notes.append,
-                              node_configs=node_configs)
+    def run(out: Path, page: dict | None = None) -> Path:
+        done = run_experiment(strategy, dataset, num_clients, {**raw, **(page or {})}, out, engine,
+                              note=notes.append, node_configs=node_configs)
         return Path(done["path"])
 
     if out_dir is None and engine == "inprocess":
@@ -286,9 +286,8 @@ def _execute(strategy, dataset, num_clients, raw, out_dir, engine, node_configs=
         result, labels = read(path.parent)
         result["path"] = str(path)
         return result, labels
-    with tempfile.TemporaryDirectory(prefix="fedgraph-") as tmp:
-        result, labels = read(run(Path(tmp) / "run").parent)
-        return {**result, "report": None}, labels  # the temporary folder is gone
+    with tempfile.TemporaryDirectory(prefix="fedgraph-") as tmp:  # no page: the folder is gone after the run
+        return read(run(Path(tmp) / "run", {"report": False}).parent)
 
 
 def _result(result: dict, labels: np.ndarray, keys: np.ndarray, parties: np.ndarray | None,

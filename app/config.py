@@ -299,6 +299,9 @@ class SharedConfig(ConfigView):
                                  "(simulation)")
     out_dir: str = setting("", "where result.json goes; empty = results/<strategy>-<dataset>-<time>")
     resume: bool = setting(False, "continue the interrupted run in out-dir from its journal (app.journal)")
+    report: bool = setting(True, "write the run's page, report.html, beside result.json (and what it draws of the "
+                                 "data, report-data.npz); false: result.json and the labels only, e.g. in a sweep "
+                                 "of many runs")
 
 
 @dataclass(frozen=True)

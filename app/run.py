@@ -289,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
     print(f"result: {result['path']}")
-    print(f"report: {result['report']}" if result.get("report") else "report: none (see the warning above)")
+    if result.get("report"):
+        print(f"report: {result['report']}")
+    elif result["config"].get("report", True):
+        print("report: none (see the warning above)")
     return 0
 
 

@@ -272,7 +272,7 @@ def _write(result: dict, shared: SharedConfig, labels: tuple[np.ndarray, np.ndar
         keys, column = None, "item"
     path = write_result(result, out_dir, labels[0], keys, column, reference=labels[1])
     result["path"] = str(path)
-    result["report"] = _write_report(path.parent, data, labels[0], output, shared)
+    result["report"] = _write_report(path.parent, data, labels[0], output, shared) if shared.report else None
     written = f"\nresult: {path}" + (f"\nreport: {result['report']}" if result["report"] else "")
     log(INFO, "%s%s", summary_table(result), written if announce else "")  # its title line beside the level
     return result
