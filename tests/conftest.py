@@ -64,6 +64,21 @@ def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "out"
 
 
+@pytest.fixture(autouse=True)
+def _pages_where_looked_at(request, monkeypatch):
+    """A run's page costs about a quarter of a second of plotting: a test marked ``shipped_defaults`` sees the
+    run-config's defaults as shipped (report=true: its runs write their page, as a user's do); the others,
+    which never look at a page, run with report=false unless they set it (a run in another process keeps the
+    shipped default)."""
+    if request.node.get_closest_marker("shipped_defaults") is None:
+        from dataclasses import replace
+
+        from app import registry
+
+        params = registry.schema().params
+        monkeypatch.setitem(params, "report", replace(params["report"], default=False))
+
+
 #: the sections of every run's page, in order (app.report.page.render)
 PAGE_SECTIONS = ("The run", "The clusters", "Federated, centralised and the truth", "Rounds",
                  "Privacy ledger: what left each client", "Notes", "Settings")

@@ -93,6 +93,7 @@ def test_without_out_dir_nothing_is_written_and_no_path_is_named(sbm, tmp_path, 
     assert np.array_equal(kept.labels, written.labels) and kept.metrics == written.metrics
 
 
+@pytest.mark.shipped_defaults
 def test_the_result_holds_what_result_json_holds(sbm, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = cluster("fedkmeans", sbm, 2, **SMALL)  # no out_dir: nothing written

@@ -38,6 +38,7 @@ def check_result_file(result: dict, out_dir) -> dict:
     return on_disk
 
 
+@pytest.mark.shipped_defaults
 def test_fedkmeans_inprocess_result_has_stable_schema(out_dir):
     result = run_experiment("fedkmeans", "sbm", 4, {"seed": 1}, out_dir)
     on_disk = check_result_file(result, out_dir)

@@ -166,6 +166,7 @@ def test_the_dataset_help_names_the_reserved_value_parties_and_the_layers_add_th
     assert params["transport"].choices == POLL_MODES
 
 
+@pytest.mark.shipped_defaults
 def test_pyproject_run_config_equals_schema_defaults():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     table = pyproject["tool"]["flwr"]["app"]["config"]

@@ -45,6 +45,7 @@ def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path
     assert not (tmp_path / "deployed").exists()
 
 
+@pytest.mark.shipped_defaults
 @pytest.mark.parametrize("strategy", [pytest.param("kcagc", marks=pytest.mark.slow),
                                       pytest.param("fedspectral-plus", marks=pytest.mark.slow), "fedkmeans"])
 def test_deployed_run_equals_the_in_process_run(strategy, tmp_path):

@@ -152,6 +152,7 @@ def test_federated_dmon_recovers_planted_blocks_and_reports_per_client(out_dir):
     assert iso["metrics"]["selected_round"] is None
 
 
+@pytest.mark.shipped_defaults
 def test_bad_weight_uploads_are_excluded_and_reported(out_dir, monkeypatch):
     honest = FedAvgDMoNClient.on_dmon_train
 

@@ -176,6 +176,7 @@ def test_noise_free_factors_reveal_the_samples_and_factor_noise_hides_them():
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.shipped_defaults
 def test_flower_run_equals_the_in_memory_protocol_and_tracks_centralised_sc(out_dir):
     cfg = {"num-rounds": 20, "fedsc.landmarks": 30}
     result = run_experiment("fedsc", "iris", 4, cfg, out_dir)

@@ -283,6 +283,7 @@ def test_one_client_exact_mode_equals_centralised_spectral_clustering(out_dir, s
     assert mech["protects"].startswith("nothing: one client")
 
 
+@pytest.mark.shipped_defaults
 def test_exact_mode_with_overlapping_edges_equals_centralised(out_dir):
     result = run_experiment("fedspectral-plus", "sbm", 3, exact(**{"partition.replicas": 2}), out_dir)
     check_page(out_dir, figures=2)  # 300 nodes drawn whole with their edges, the rounds
@@ -380,6 +381,7 @@ def test_uploads_never_carry_the_edge_list(out_dir):
         assert arrays["labels"].min() >= 0 and arrays["labels"].max() < K
 
 
+@pytest.mark.shipped_defaults
 def test_baseline_with_one_client_reproduces_centralised(out_dir):
     result = run_experiment("fedspectral", "sbm", 1, {**SBM, "num-clusters": K}, out_dir)
     check_page(out_dir, figures=2)

@@ -21,6 +21,8 @@ from app import cluster, describe
 from app.config import ConfigError
 from app.run import main as run_main
 
+pytestmark = pytest.mark.shipped_defaults  # these tests look at the runs' pages
+
 
 @pytest.fixture(scope="module")
 def mygraph(tmp_path_factory) -> Path:

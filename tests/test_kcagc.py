@@ -205,6 +205,7 @@ def test_filter_order_defaults_and_tree_levels():
 
 
 # --------------------------------------------------------------------------- end to end
+@pytest.mark.shipped_defaults
 @pytest.mark.parametrize("kind", ["agc", "spectral-norm"])
 def test_one_client_equals_local_agc_kmeans(out_dir, kind):
     result = run_experiment("kcagc", "sbm", 1, {**SBM, "kcagc.filter-order": 2, "kcagc.embedding": "svd",
@@ -247,6 +248,7 @@ def test_basic_equals_centralised_kmeans_on_the_concatenation(out_dir, kind):
     assert len(steps) == (4 - 1) + len(lloyd) == result["communication"]["secure_aggregations"]
 
 
+@pytest.mark.shipped_defaults
 def test_basic_at_the_default_adaptive_order_equals_centralised_kmeans(out_dir):
     """AGC's adaptive rule picks a high order on the SBM: nearly parallel rows whose squared
     distances lie far below secagg.scale's 2^-20; the secure sums must still decide as floats do."""

@@ -34,6 +34,7 @@ def files_under(root) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.shipped_defaults
 def test_two_runs_keep_both_label_files_and_the_first_unchanged(pieces, tmp_path):
     configs = register(pieces, tmp_path / "parties")
     first = InProcessGrid(build_client_app(RUN), 2, configs)

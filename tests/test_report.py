@@ -23,6 +23,8 @@ from app.report.view import (PER_CLUSTER, SAMPLE, SMALL_GRAPH, View, build_view,
 from app.run import run_experiment
 from conftest import check_page
 
+pytestmark = pytest.mark.shipped_defaults  # these tests look at the runs' pages
+
 
 def planted(n: int, k: int, features: int = 3, seed: int = 0) -> GraphData:
     """``k`` blocks of a ring-of-cliques-like graph: edges inside blocks, a few between."""

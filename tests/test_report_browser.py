@@ -18,7 +18,7 @@ import pytest
 from app.run import run_experiment
 from browser import find_browser, open_page
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.shipped_defaults]
 
 SECTIONS = ["The run", "The clusters", "Federated, centralised and the truth", "Rounds",
             "Privacy ledger: what left each client", "Notes", "Settings"]

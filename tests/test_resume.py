@@ -292,7 +292,7 @@ def test_a_method_whose_clients_keep_state_is_refused_before_anything_is_sent(st
 def test_such_a_method_writes_no_journal(tmp_path):
     run_experiment("fedkmeans", "sbm", 2, {"num-rounds": 2, "fedkmeans.filter-order": 1}, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "labels.csv", "labels.npy", "reference_labels.npy", "report-data.npz", "report.html", "result.json"]
+        "labels.csv", "labels.npy", "reference_labels.npy", "result.json"]  # no journal (and here report=false)
 
 
 def test_a_new_run_into_an_interrupted_runs_directory_is_refused(cut):
