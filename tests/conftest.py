@@ -71,12 +71,14 @@ def _pages_where_looked_at(request, monkeypatch):
     which never look at a page, run with report=false unless they set it (a run in another process keeps the
     shipped default)."""
     if request.node.get_closest_marker("shipped_defaults") is None:
-        from dataclasses import replace
+        from app.config import Schema
 
-        from app import registry
+        shipped = Schema.defaults
 
-        params = registry.schema().params
-        monkeypatch.setitem(params, "report", replace(params["report"], default=False))
+        def without_pages(schema: Schema) -> dict:
+            return {**shipped(schema), **({"report": False} if "report" in schema.params else {})}
+
+        monkeypatch.setattr(Schema, "defaults", without_pages)  # every schema, however registry caches them
 
 
 #: the sections of every run's page, in order (app.report.page.render)
