@@ -9,6 +9,7 @@ import sys
 import threading
 import textwrap
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,7 +141,8 @@ def test_a_ray_start_that_fails_once_is_retried_and_the_run_completes(monkeypatc
 
 def test_a_ray_started_for_a_run_serves_the_next_while_the_environment_is_the_same(monkeypatch):
     """Flower's backend ends Ray after every run; kept here, a second run in the process starts no
-    Ray, and one whose environment changed (new actors inherit Ray's) starts it afresh."""
+    Ray, and one whose environment changed (new actors inherit Ray's) starts it afresh. Each Ray keeps
+    its session files in a folder of its own, removed when it ends."""
     import ray
     from flwr.server.superlink.fleet.vce.backend import raybackend
 
@@ -155,14 +157,17 @@ def test_a_ray_started_for_a_run_serves_the_next_while_the_environment_is_the_sa
     monkeypatch.setattr(ray, "is_initialized", lambda: running[0])
     monkeypatch.setattr(ray, "shutdown", lambda: running.__setitem__(0, False))
     monkeypatch.setattr(engine._Ray, "environment", None)
-    engine.start_ray({"run": 1})
-    engine.start_ray({"run": 2})
-    assert started == [{"run": 1}] and running[0]
+    engine.start_ray({"run": 1, "init_args": {}})
+    engine.start_ray({"run": 2, "init_args": {}})
+    assert [c["run"] for c in started] == [1] and running[0]
+    first = Path(started[0]["init_args"]["_temp_dir"])
+    assert first.is_dir() and first.name.startswith("fedgraph-ray-")
     monkeypatch.setenv("FEDGRAPH_DATA_ROOT", "/elsewhere")
-    engine.start_ray({"run": 3})
-    assert started == [{"run": 1}, {"run": 3}]
+    engine.start_ray({"run": 3, "init_args": {}})
+    second = Path(started[1]["init_args"]["_temp_dir"])
+    assert [c["run"] for c in started] == [1, 3] and not first.exists() and second.is_dir()
     engine.stop_ray()
-    assert not running[0] and engine._Ray.environment is None
+    assert not running[0] and engine._Ray.environment is None and not second.exists()
 
 
 def test_flowers_backend_ends_the_runs_actors_and_leaves_ray_running(monkeypatch):
