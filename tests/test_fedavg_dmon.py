@@ -388,7 +388,10 @@ def test_run_simulation_fedavg_dmon_on_karate(out_dir):
     for noise in ("deprecated", "Warning", "ClientAppActor", "Traceback"):
         assert noise not in done.stderr, done.stderr
     own = [line for line in done.stderr.splitlines() if line.strip()]
-    assert "round 1/3 | " in own[0] and "INFO :      fedavg-dmon on karate with 2 clients" in own
+    assert own[0].endswith("val_modularity: the modularity of the model's clusters on held-out edges; the round "
+                           "with the highest is kept")  # a figure is explained the first time it shows
+    assert "round 1/3 | " in own[1]
+    assert "INFO :      fedavg-dmon on karate with 2 clients (split 'node-random')" in own  # the summary's title
     result = json.loads((out_dir / "result.json").read_text())
     assert result["num_clients"] == 2 and len(result["history"]) == 3
     assert result["communication"]["rejected"] == []
