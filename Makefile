@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 # where no local CPU wheel of torch 2.13.0 is configured (PyPI's default build pulls CUDA).
 TORCH_PIP_ARGS ?=
+# pytest-xdist worker processes: one a core for the unit tests; twice as many for the integration
+# tests, whose deployed runs mostly wait on their SuperLink's and SuperNodes' processes
+TEST_WORKERS ?= auto
+INTEGRATION_WORKERS ?= 4
 
 .PHONY: install run test test-integration browser bench-transport
 
@@ -22,11 +26,11 @@ run: install
 	$(PY) -m app.run
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # whole runs, deployments and server processes (the markers in pyproject.toml); CI runs both targets
 test-integration: install browser
-	$(PY) -m pytest -q -m 'integration and not slow'
+	$(PY) -m pytest -q -n $(INTEGRATION_WORKERS) --dist worksteal -m 'integration and not slow'
 
 # headless Chromium (Debian's package), which the page test opens a run's report.html in; installed
 # where apt-get runs as root, else the test says it is skipped and why
