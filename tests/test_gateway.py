@@ -655,11 +655,11 @@ def test_strangers_holding_bodies_stall_no_supernode(tmp_path):
     """Bodies held from two addresses against a local federation's gateway (127.0.0.1 shared by
     its three SuperNodes), as many connections as each address may open: a head announcing the
     largest push-object, all of the body but its last byte at once (eight addresses against a whole
-    deployed run: ``test_deployment.py`` and ``benchmarks/gateway_attack.py``). A body over 16 KiB is a
-    registered SuperNode's alone: each is answered 503 with no counter in it and holds nothing; a
-    SuperNode's heartbeat and its largest push are answered 200 meanwhile (unless stopped, two of
-    these addresses held the 64 MiB budget, every SuperNode request was answered 503, and the run
-    failed)."""
+    deployed run: ``test_deployment.py`` under ``-m slow`` and ``benchmarks/gateway_attack.py``). A
+    body over 16 KiB is a registered SuperNode's alone: each is answered 503 with no counter in it
+    and holds nothing; a SuperNode's heartbeat and its largest push are answered 200 meanwhile
+    (unless stopped, two of these addresses held the 64 MiB budget, every SuperNode request was
+    answered 503, and the run failed)."""
     pki = tmp_path / "pki"
     make_all(pki, 1)
     upstream = RecordingSuperLink(pki)
