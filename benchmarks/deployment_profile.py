@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import profiling  # noqa: E402
 from deployment_scale import settings  # noqa: E402
-from pages import RESULTS_DIR  # noqa: E402
+from pages import RESULTS_DIR, render_page_of  # noqa: E402
 
 MEASURE = "python benchmarks/deployment_profile.py"
 RESULTS = "deployment_profile.json"
@@ -217,9 +217,7 @@ def main() -> None:
         key = (row["label"], row["nodes"], row["supernodes"])
         rows = [r for r in rows if (r["label"], r["nodes"], r["supernodes"]) != key] + [row]
         out.write_text(json.dumps({"measure": MEASURE, "rows": rows}, indent=2) + "\n")
-    import transport  # its page holds this section
-
-    print(f"written {transport.page()}")
+    render_page_of("transport.py")  # its page holds this section
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from pages import RESULTS_DIR, paragraph, table  # noqa: E402
+from pages import RESULTS_DIR, paragraph, render_page_of, table  # noqa: E402
 
 MEASURE = "python benchmarks/flower_costs.py"
 RESULTS = "flower_costs.json"
@@ -240,9 +240,7 @@ def main() -> None:
         result = measure(args.requests, args.repeats)
         print(json.dumps(result, indent=2))
         (RESULTS_DIR / RESULTS).write_text(json.dumps({"measure": MEASURE, **result}, indent=2) + "\n")
-    import transport  # its page holds this section
-
-    print(f"written {transport.page()}")
+    render_page_of("transport.py")  # its page holds this section
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ embedded with :func:`figure`, so a forge's file browser shows them.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,3 +110,10 @@ def paragraph(text: str, width: int = 100) -> str:
     """``text`` as one markdown paragraph wrapped at ``width`` (never inside a word or a hyphenated
     name), so a page reads on a narrow screen and diffs line by line."""
     return textwrap.fill(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+
+def render_page_of(script: str) -> None:
+    """Render the page ``benchmarks/<script>`` writes (its ``--report``: from the committed JSON) in a
+    process of its own: a benchmark whose section stands on another script's page does not import
+    that script, which imports the section."""
+    subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / script), "--report"], check=True)
