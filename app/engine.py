@@ -32,11 +32,20 @@ then pulls as soon as a reply is stored. :func:`simulate` (``python -m app.run``
 :func:`app.api.cluster`) applies it before the engine starts; under ``flwr run`` the
 simulation process applies it when it loads the ClientApp (:mod:`app.client_app`), which
 Flower does before it starts the runtime's threads.
+
+Flower's Ray backend submits each message to an actor with the ClientApp's loader, which Ray
+pickles by value every time (the ClientApp with all its handlers: ~15 ms of the ServerApp's
+process per message), and Ray passes any object over 100 KiB (a client's context with its
+state) through its shared-memory store, ~10 ms each way. :func:`ray_backend_per_message` puts
+the loader in Ray's object store once per run (:class:`ShippedOnce`) and starts Ray with
+objects up to :data:`INLINE_OBJECT_BYTES` passed inline; :func:`speed_up_runtime` applies both
+changes with :func:`pick_up_on_push`, where that function is applied.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import shutil
@@ -61,6 +70,10 @@ WORKER_PRELOAD = ("app.client_app", "numpy", "scipy.sparse.linalg", "scipy.linal
 PRELOAD_HOOK = "app.engine.preload_worker"
 #: the module whose pick-up :func:`pick_up_on_push` replaces
 VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
+#: Ray passes an object up to this size inline, in the task's request or reply, instead of through its
+#: shared-memory object store (Ray's default is 100 KiB): a ClientApp's context and message travel
+#: with every simulated message, and the store costs them ~10 ms each way
+INLINE_OBJECT_BYTES = 2**20
 SERVER_STOP_S = 300.0  # bound on the wait for the ServerApp thread after a failure; it ends at its next grid call
 
 
@@ -146,12 +159,87 @@ def pick_up_on_push() -> None:
     vce_api.add_messages_to_queue = add_messages_to_queue
 
 
+class ShippedOnce:
+    """The ClientApp loader of Flower's Ray backend (``RayBackend.app_fn``), shipped to each actor once.
+
+    Flower submits every message to an actor as ``actor.run.remote(app_fn, message, cid, context)``,
+    so Ray pickles ``app_fn`` with the message each time, by value: a closure holding the
+    ClientApp with every handler, 20 KB and about 15 ms of the driver's CPU per message (under
+    the GIL the ServerApp and the runtime's threads wait for it). This loader is put in Ray's
+    object store once per run; what a message carries is its reference (:meth:`__reduce__`), and
+    an actor fetches the loader at its first message and keeps it (:data:`SHIPPED`).
+    """
+
+    def __init__(self, app_fn: Callable[[], object]) -> None:
+        import ray
+
+        self.app_fn = app_fn
+        self.ref = ray.put(app_fn)
+
+    def __reduce__(self):
+        return (functools.partial, (load_shipped, self.ref))
+
+    def __call__(self):
+        return self.app_fn()
+
+
+#: the ClientApp loaders this process (an actor) has fetched (:class:`ShippedOnce`), by reference
+SHIPPED: dict[bytes, Callable[[], object]] = {}
+
+
+def load_shipped(ref):
+    """The ClientApp of the loader behind ``ref``, which is fetched from Ray's object store the
+    first time (in the actor's task, not while Ray unpickles its arguments)."""
+    key = ref.binary()
+    if key not in SHIPPED:
+        import ray
+
+        SHIPPED[key] = ray.get(ref)
+    return SHIPPED[key]()
+
+
+def ray_system_config(given: dict | None = None) -> dict:
+    """Ray's system settings for the simulation: ``given`` with objects up to
+    :data:`INLINE_OBJECT_BYTES` passed inline (Ray's default is 100 KiB)."""
+    return {"max_direct_call_object_size": INLINE_OBJECT_BYTES, **(given or {})}
+
+
+def ray_backend_per_message() -> None:
+    """Make Flower's Ray backend in this process ship the ClientApp loader to its actors once per
+    run (:class:`ShippedOnce`) instead of with every message, and start Ray with
+    :func:`ray_system_config`. Idempotent."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    if getattr(RayBackend.build, "ships_once", False):
+        return
+    build, init_ray = RayBackend.build, RayBackend.init_ray
+
+    def build_shipping_once(self, app_fn) -> None:
+        build(self, app_fn)
+        self.app_fn = ShippedOnce(app_fn)
+
+    def init_ray_inlining(self, backend_config) -> None:
+        init_args = dict(backend_config.get(self.init_args_key) or {})
+        init_args["_system_config"] = ray_system_config(init_args.get("_system_config"))
+        init_ray(self, {**backend_config, self.init_args_key: init_args})
+
+    build_shipping_once.ships_once = True
+    RayBackend.build, RayBackend.init_ray = build_shipping_once, init_ray_inlining
+
+
+def speed_up_runtime() -> None:
+    """Flower's simulation runtime in this process, at the pace of its messages:
+    :func:`pick_up_on_push` and :func:`ray_backend_per_message`."""
+    pick_up_on_push()
+    ray_backend_per_message()
+
+
 def pick_up_on_push_in_simulation() -> None:
-    """:func:`pick_up_on_push` in a process that runs Flower's simulation runtime (one that has
+    """:func:`speed_up_runtime` in a process that runs Flower's simulation runtime (one that has
     imported it: ``flwr run``'s simulation process loads the ClientApp before it starts the
     runtime's threads); nothing elsewhere (a SuperNode's ClientApp)."""
     if VCE_API in sys.modules:
-        pick_up_on_push()
+        speed_up_runtime()
 
 
 def _picks_up_on_push(grid: Grid) -> bool:
@@ -344,7 +432,7 @@ def simulate(server_app_for: Callable[[EngineWatch], ServerApp], client_app, num
     from flwr.simulation import run_simulation
 
     watch = EngineWatch()
-    pick_up_on_push()
+    speed_up_runtime()
     keep_ray_between_runs()
     start_ray(config)
     try:

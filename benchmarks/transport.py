@@ -41,9 +41,9 @@ def in_process(rounds: int, clients: int) -> dict:
     from flwr.simulation import run_simulation
 
     import echo_app
-    from app.engine import pick_up_on_push
+    from app.engine import speed_up_runtime
 
-    pick_up_on_push()  # as app.engine.simulate does
+    speed_up_runtime()  # as app.engine.simulate does
     out = Path(tempfile.mkdtemp()) / "transport.json"
     server = echo_app.ServerApp()
 

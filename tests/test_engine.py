@@ -294,7 +294,7 @@ def test_a_grid_of_another_kind_offers_no_reply_signal():
 
 def test_only_a_process_running_flowers_simulation_runtime_is_changed(monkeypatch):
     calls = []
-    monkeypatch.setattr(engine, "pick_up_on_push", lambda: calls.append(1))
+    monkeypatch.setattr(engine, "speed_up_runtime", lambda: calls.append(1))
     monkeypatch.delitem(sys.modules, engine.VCE_API)
     engine.pick_up_on_push_in_simulation()
     assert calls == []
@@ -317,3 +317,75 @@ def test_each_ray_worker_imports_the_clientapps_modules_as_it_starts(monkeypatch
     monkeypatch.delitem(sys.modules, "colorsys", raising=False)
     engine.preload_worker()
     assert "colorsys" in sys.modules
+
+
+class FakeRef:
+    """An object reference of Ray's, as far as :class:`app.engine.ShippedOnce` uses one."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def binary(self) -> bytes:
+        return self.key
+
+
+def test_flowers_ray_backend_ships_its_app_loader_with_every_message():
+    """What :func:`app.engine.ray_backend_per_message` changes is Flower's: each message is submitted
+    to an actor with the backend's ``app_fn``, which ``build`` sets, and Ray starts in ``init_ray``
+    with the backend config's ``init_args``."""
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    source = inspect.getsource(raybackend)  # the module's: a test before may have changed the class
+    assert "a.run.remote(a_fn, mssg, cid, state)" in source
+    assert "(self.app_fn, message, str(partition_id), context)" in source
+    assert "self.app_fn = app_fn" in source and "ray.init(" in source
+
+
+def test_the_app_loader_travels_as_a_reference_and_each_actor_fetches_it_once(monkeypatch):
+    import pickle
+
+    import ray
+    from ray import cloudpickle
+
+    client = build_client_app({"strategy": "kcagc"})
+    stored, fetched = {}, []
+
+    def put(value):
+        stored[b"ref-1"] = cloudpickle.dumps(value)
+        return FakeRef(b"ref-1")
+
+    def get(ref):
+        fetched.append(ref.key)
+        return pickle.loads(stored[ref.key])
+
+    monkeypatch.setattr(ray, "put", put)
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(engine, "SHIPPED", {})
+    shipped = engine.ShippedOnce(lambda: client)
+    assert shipped() is client  # the driver calls its own loader
+    wire = cloudpickle.dumps(shipped)
+    assert len(wire) < len(stored[b"ref-1"]) / 10  # a reference, not the ClientApp's handlers
+    in_actor = [pickle.loads(wire) for _ in range(3)]  # three messages to one actor
+    apps = [loader() for loader in in_actor]
+    assert fetched == [b"ref-1"] and all(isinstance(a, ClientApp) for a in apps) and apps[0] is apps[2]
+
+
+def test_ray_starts_passing_small_objects_inline_and_keeps_given_settings(monkeypatch):
+    import ray
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    monkeypatch.setattr(RayBackend, "build", RayBackend.build)
+    monkeypatch.setattr(RayBackend, "init_ray", RayBackend.init_ray)
+    engine.ray_backend_per_message()
+    engine.ray_backend_per_message()  # idempotent: one wrapper
+    started = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.append(kwargs))
+    backend = object.__new__(RayBackend)
+    backend.init_args_key = "init_args"
+    backend.init_ray({"init_args": {"num_cpus": 2, "_system_config": {"object_spilling_threshold": 0.9}}})
+    backend.init_ray({})
+    assert [s["_system_config"] for s in started] == [
+        {"max_direct_call_object_size": engine.INLINE_OBJECT_BYTES, "object_spilling_threshold": 0.9},
+        {"max_direct_call_object_size": engine.INLINE_OBJECT_BYTES}]
+    assert started[0]["num_cpus"] == 2
