@@ -28,6 +28,7 @@ sys.path.insert(0, str(APP_DIR))
 
 import deployment_profile  # noqa: E402
 import flower_costs  # noqa: E402
+import simulation_steps  # noqa: E402
 from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
 ENGINES = {"run_simulation": "`run_simulation` (in-process)",
@@ -119,6 +120,9 @@ def page() -> Path:
                   "so no server-side poll goes below that in either engine. A deployed round (SuperLink, "
                   "SuperNodes as processes) is measured on the [deployment](deployment.md) page."),
     ])
+    steps = RESULTS_DIR / simulation_steps.RESULTS
+    if steps.exists():
+        body += "\n\n" + simulation_steps.section(json.loads(steps.read_text()))
     profile = RESULTS_DIR / deployment_profile.RESULTS
     if profile.exists():
         body += "\n\n" + deployment_profile.section(json.loads(profile.read_text())["rows"])
