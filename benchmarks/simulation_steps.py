@@ -94,19 +94,65 @@ def _ids(message) -> dict:
 
 
 def worker_hook() -> None:
-    """Ray's setup hook in a traced run: the project's own, then the actor's ClientApp timed."""
+    """Ray's setup hook in a traced run: the project's own, then the actor's ClientApp timed
+    (and under :data:`RESIDENT` the actor's side of :func:`resident_contexts`)."""
     import app.engine
     from flwr.clientapp.client_app import ClientApp
     from flwr.simulation.ray_transport.ray_actor import VirtualClientEngineActor
 
     app.engine.preload_worker()
+    if os.environ.get(RESIDENT) == "1":
+        _keep_contexts(VirtualClientEngineActor)
     _timed(VirtualClientEngineActor, "run", "actor", lambda self, fn, message, cid, context: _ids(message))
     _timed(ClientApp, "__call__", "clientapp", lambda self, message, context: _ids(message))
 
 
-def trace() -> dict:
+#: with this variable 1, a traced run keeps each node's context in its actor (:func:`resident_contexts`)
+RESIDENT = "FEDGRAPH_RESIDENT_CONTEXTS"
+
+
+def _keep_contexts(actor_class) -> None:
+    """The actor keeps the context of the first message of each node (``cid``) and answers with
+    the context's state left out; later messages' (stateless) contexts are ignored."""
+    from flwr.app import Context, RecordDict
+
+    run, kept = actor_class.run, {}
+
+    def run_keeping(self, app_fn, message, cid, context):
+        context = kept.setdefault(cid, context)
+        cid, reply, context = run(self, app_fn, message, cid, context)
+        return cid, reply, Context(context.run_id, context.node_id, context.node_config, RecordDict(),
+                                   context.run_config)
+
+    actor_class.run = run_keeping
+
+
+def resident_contexts() -> None:
+    """A local patch of Flower's simulation runtime, for the measurement only: each node's messages
+    go to one actor (``BasicActorPool.submit``, as many actors as nodes), which keeps the node's
+    context (:func:`_keep_contexts`), so a context crosses to an actor once per run, not twice per
+    message."""
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool
+
+    os.environ[RESIDENT] = "1"
+    submit = BasicActorPool.submit
+
+    def submit_to_the_nodes_actor(self, actor_fn, job):
+        owner = getattr(self, "owners", {}).get(job[2])
+        if owner in self.pool:  # the node's actor, idle: first in line
+            self.pool.remove(owner)
+            self.pool.append(owner)
+        future = submit(self, actor_fn, job)
+        self.owners = {**getattr(self, "owners", {}), job[2]: self._future_to_actor[future]}
+        return future
+
+    BasicActorPool.submit = submit_to_the_nodes_actor
+
+
+def trace(resident: bool = False) -> dict:
     """One simulated run of :data:`RUN` with every hop timed (module docstring): per-hop medians
-    (ms) over the messages after the first step, and the run's step seconds."""
+    (ms) over the messages after the first step, and the run's step seconds (``resident``: under
+    :func:`resident_contexts`)."""
     import app.engine
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
@@ -118,6 +164,8 @@ def trace() -> dict:
     os.environ[TRACE_DIR] = folder
     os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     app.engine.PRELOAD_HOOK = f"{Path(__file__).stem}.worker_hook"
+    if resident:
+        resident_contexts()
     _timed(InMemoryLinkState, "store_message_ins", "store_ins", lambda self, m: _ids(m))
     _timed(InMemoryLinkState, "store_message_res", "store_res", lambda self, m: _ids(m))
     _timed(RayBackend, "process_message", "process", lambda self, m, c: _ids(m))
@@ -126,9 +174,11 @@ def trace() -> dict:
     out = Path(folder) / "out"
     if main(["--engine", "simulation", *RUN, "--out", str(out)]) != 0:
         raise RuntimeError("the traced run failed")
-    steps = json.loads((out / "result.json").read_text())["timing"]["per_round_s"]
+    result = json.loads((out / "result.json").read_text())
+    steps, acc = result["timing"]["per_round_s"], result["metrics"]["acc"]
     events = [json.loads(line) for f in Path(folder).glob("*.jsonl") for line in f.read_text().splitlines()]
-    return {"hops_ms": hops(events, first_step_messages=4), "steps_s": steps, "load": os.getloadavg()[0]}
+    return {"hops_ms": hops(events, first_step_messages=4), "steps_s": steps, "acc": acc,
+            "resident": resident, "load": os.getloadavg()[0]}
 
 
 def hops(events: list[dict], first_step_messages: int) -> dict:
@@ -163,12 +213,13 @@ def collect(lines: list[dict]) -> dict:
     """Medians per checkout and engine, and the simulated-to-in-process ratios of runs taken in turn."""
     checkouts: dict[str, dict] = {}
     for line in lines:
-        checkouts.setdefault(line["label"], {"runs": {e: [] for e in ENGINES}, "trace": None})
-        if "hops_ms" in line:
-            checkouts[line["label"]]["trace"] = line
-        else:
-            checkouts[line["label"]]["runs"][line["engine"]].append(line)
+        entry = checkouts.setdefault(line["label"], {"runs": {e: [] for e in ENGINES}, "traces": []})
+        (entry["traces"] if "hops_ms" in line else entry["runs"][line["engine"]]).append(line)
     for entry in checkouts.values():
+        traces = entry.pop("traces")
+        entry["trace"] = {"runs": len(traces), "load": statistics.median(t["load"] for t in traces),
+                          "hops_ms": {hop: statistics.median(t["hops_ms"][hop] for t in traces) for hop in HOPS}
+                          } if traces else None
         runs = entry["runs"]
         entry["median"] = {e: {"protocol_s": statistics.median(r["protocol_s"] for r in runs[e]),
                                "first_step_s": statistics.median(r["steps_s"][0] for r in runs[e]),
@@ -192,26 +243,41 @@ def section(result: dict) -> str:
     traced = [label for label in labels if checkouts[label]["trace"]]
     hop_rows = [[text, *(f"{checkouts[label]['trace']['hops_ms'][hop]:.1f}" for label in traced)]
                 for hop, text in HOPS.items()]
+    hop_rows.append(["traced runs (load)", *(f"{checkouts[label]['trace']['runs']} ({checkouts[label]['trace']['load']:.0f})"
+                                             for label in traced)])
     return "\n\n".join([
         "## A simulated run's steps",
         paragraph(f"`python -m app.run --engine ENGINE {' '.join(RUN)}`, each engine and checkout in turn "
                   f"(`{result['measure']}`), on this machine's 2 cores shared with other users (load beside each). "
-                  "Medians over the runs: protocol seconds, the first step (the clients' local clustering), "
-                  "and the median step after the first."),
+                  "Medians over the runs: protocol seconds, the first step (the clients' local clustering; "
+                  "in-process it also imports their libraries, which a Ray worker imports as it starts), and "
+                  "the median step after the first."),
         table(["checkout", "engine", "protocol s", "first step s", "later step ms", "load"], rows),
         paragraph("Simulated step over in-process step, runs taken in turn (median of the pairs' ratios; "
                   "target 2):"),
         table(["checkout", "later step ratio", "pairs"], ratios),
-        paragraph("Where a simulated message's time goes (`--trace`: one run, median ms over the "
-                  "messages after the first step; wall clock, so waits for a busy CPU count):"),
+        paragraph("Where a simulated message's time goes (`python benchmarks/simulation_steps.py --trace`: "
+                  "median ms over the messages after the first step, median over the traced runs; wall clock, "
+                  "so waits for a busy CPU count, and the CPU rows are the steadier figures):"),
         table(["hop", *traced], hop_rows),
         paragraph("Flower's Ray backend submits every message as `actor.run.remote(app_fn, message, cid, "
-                  "context)`; Ray pickled `app_fn`, a closure over the ClientApp with all its handlers (20 KB), "
-                  "by value each time, and passed the context (with the client's state, 190 KB here) through "
-                  "its shared-memory object store, which costs ~10 ms each way below 1 MB. The runtime shim "
-                  "(`app.engine.ray_backend_per_message`) ships the loader once per run and has Ray pass "
-                  "objects up to 1 MiB inline. The context's round trip itself stays: Flower keeps a "
-                  "client's context in the ServerApp's process and any actor may serve any node."),
+                  "context)` (`flwr/server/superlink/fleet/vce/backend/raybackend.py`, `process_message`). Ray "
+                  "pickled `app_fn`, a closure over the ClientApp with all its handlers (20 KB), by value each "
+                  "time, and passed the context (with the client's state, 190 KB here) through its "
+                  "shared-memory object store, which costs ~10 ms each way below 1 MB. The runtime shim "
+                  "(`app.engine.ray_backend_per_message`) puts the loader in Ray's object store once per run "
+                  "(each actor fetches it at its first message) and starts Ray with objects up to 1 MiB passed "
+                  "inline."),
+        paragraph("What only Flower can cut: the context's round trip. Flower keeps every node's context in "
+                  "the ServerApp's process (`vce_api.py`, `worker`: `DeprecatedRunInfoStore`), ships it to "
+                  "whichever actor is idle with each message and takes it back with the reply "
+                  "(`flwr/simulation/ray_transport/ray_actor.py`, `VirtualClientEngineActor.run`): twice the "
+                  "client's state per message, however little changed. The `resident` column is a local patch "
+                  "(`--trace --resident-contexts`, for the measurement only): each node's messages go to one "
+                  "actor, which keeps the node's context, so it crosses once per run. Proposal: actors that "
+                  "keep the contexts of the nodes they serve (a context moves only when its node moves to "
+                  "another actor), and the ClientApp loader given to an actor when it is created, not with "
+                  "each message."),
     ])
 
 
@@ -219,6 +285,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--once", choices=ENGINES)
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--resident-contexts", action="store_true", help="--trace under a local patch of Flower's "
+                        "runtime: each node's context kept in its actor")
     parser.add_argument("--label", default="checkout")
     parser.add_argument("--log", type=Path)
     parser.add_argument("--collect", type=Path, help="a log of --once and --trace lines")
@@ -226,7 +294,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only render the page from the JSON file")
     args = parser.parse_args()
     if args.once or args.trace:
-        line = {"label": args.label, **(trace() if args.trace else once(args.once))}
+        line = {"label": args.label, **(trace(args.resident_contexts) if args.trace else once(args.once))}
         with open(args.log, "a") as log:
             log.write(json.dumps(line) + "\n")
         print(json.dumps(line))

@@ -292,3 +292,35 @@ def test_app_strategies_clients_and_deploy_load_matplotlib_only_to_draw():
     assert int(count) > 50 and leaked.strip() == "[]"
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert any(d.startswith("matplotlib") for d in project["dependencies"])
+
+
+def test_simulation_steps_splits_a_message_into_its_hops_and_pairs_the_engines_runs():
+    """benchmarks/simulation_steps.py: each message's events (ServerApp's store, the runtime's
+    submit, the actor, the reply's store) give its hops; the first messages are left out; the
+    simulated-to-in-process ratio is taken run by run."""
+    import simulation_steps as steps
+
+    def events(mid: str, t: float, th: str) -> list[dict]:
+        return [{"k": "store_ins", "mid": mid, "reply_to": "", "t0": t, "t": t + 0.001, "th": "server", "cpu": 0},
+                {"k": "process", "mid": mid, "reply_to": "", "t0": t + 0.002, "t": t + 0.030, "th": th, "cpu": 0},
+                {"k": "submit", "mid": mid, "reply_to": "", "t0": t + 0.002, "t": t + 0.005, "th": th, "cpu": 0.001},
+                {"k": "actor", "mid": mid, "reply_to": "", "t0": t + 0.006, "t": t + 0.020, "th": "a", "cpu": 0},
+                {"k": "clientapp", "mid": mid, "reply_to": "", "t0": t + 0.008, "t": t + 0.018, "th": "a",
+                 "cpu": 0.004},
+                {"k": "fetch", "t0": t + 0.005, "t": t + 0.025, "th": th, "cpu": 0},
+                {"k": "store_res", "mid": "r" + mid, "reply_to": mid, "t0": t + 0.031, "t": t + 0.032,
+                 "th": "injector", "cpu": 0}]
+
+    hops = steps.hops([e for i in range(3) for e in events(str(i), float(i), f"w{i % 2}")], first_step_messages=1)
+    assert hops["messages"] == 2
+    expected = {"push": 1, "pick_up": 1, "submit": 3, "submit_cpu": 1, "to_actor": 3, "clientapp": 10,
+                "clientapp_cpu": 4, "back": 7, "store": 7, "total": 32}
+    assert {k: round(v, 6) for k, v in hops.items() if k != "messages"} == expected
+    run = {"label": "x", "protocol_s": 1.0, "load": 1.0}
+    lines = [{**run, "engine": "simulation", "steps_s": [0.5, 0.02, 0.04, 0.03]},
+             {**run, "engine": "inprocess", "steps_s": [3.0, 0.01, 0.01, 0.01]},
+             {**run, "engine": "simulation", "steps_s": [0.5, 0.05, 0.05, 0.05]},
+             {**run, "engine": "inprocess", "steps_s": [3.0, 0.02, 0.02, 0.02]}]
+    collected = steps.collect(lines)["x"]
+    assert collected["pairs"] == 2 and collected["step_ratio"] == pytest.approx(2.75)  # median of 3.0 and 2.5
+    assert collected["median"]["simulation"]["later_step_ms"] == pytest.approx(40.0) and collected["trace"] is None
