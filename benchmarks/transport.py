@@ -114,11 +114,12 @@ def page() -> Path:
         figure(bars, "median steady-state round per engine and polling mode"),
         paragraph(f"Target: a steady-state round under {TARGET_S} s: "
                   + ("met" if worst < TARGET_S else "not met") + f" (slowest median {worst:.3f} s). "
-                  "Both modes sit on the same floor of about 0.1 s: the simulation engine picks up new "
-                  "messages from its LinkState every 0.1 s (`vce_api.add_messages_to_queue`) and the "
-                  "in-memory grid's `send_and_receive` polls every 0.1 s (`InMemoryGrid.pull_interval`), "
-                  "so no server-side poll goes below that in either engine. A deployed round (SuperLink, "
-                  "SuperNodes as processes) is measured on the [deployment](deployment.md) page."),
+                  "The back-off poll pulls a reply when the runtime stores it, and the runtime hands each "
+                  "message to its ClientApp when it is stored (`app.engine.pick_up_on_push`; Flower's runtime "
+                  "looks every 0.1 s, `vce_api.add_messages_to_queue`); Flower's `send_and_receive` polls "
+                  "every 0.1 s (`InMemoryGrid.pull_interval`), so its rounds stay near 0.1 s. The first round "
+                  "includes starting Ray's actors. A deployed round (SuperLink, SuperNodes as processes) is "
+                  "measured on the [deployment](deployment.md) page."),
     ])
     steps = RESULTS_DIR / simulation_steps.RESULTS
     if steps.exists():
