@@ -94,6 +94,27 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def mean_spread(values: list[float], digits: int = 1, scale: float = 1.0) -> str:
+    """``mean ± std`` of ``values`` times ``scale`` (sample standard deviation over seeds; the value
+    alone for one run, ``-`` for none)."""
+    xs = [scale * v for v in values if v is not None]
+    if not xs:
+        return "-"
+    mean = sum(xs) / len(xs)
+    if len(xs) == 1:
+        return f"{mean:.{digits}f}"
+    std = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def seed_list(seeds: list[int]) -> str:
+    """Seeds as a reader scans them: ``0-2`` for a run of consecutive seeds, else ``0, 3, 7``."""
+    ordered = sorted(set(seeds))
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(str(s) for s in ordered)
+
+
 def write_scoreboard_rows(method: str, rows: list[ScoreRow]) -> Path:
     """Keep ``method``'s scoreboard rows (``benchmarks/results/scoreboard_<method>.json``)."""
     path = RESULTS_DIR / f"scoreboard_{method}.json"

@@ -112,3 +112,13 @@ def test_committed_report_reads_on_a_phone_and_its_links_resolve():
         assert broken_links(page) == [], page.name
         if page.name != "README.md":
             assert re.search(r"^Regenerate: `python benchmarks/\S+\.py", text, re.M), page.name
+
+
+def test_seed_figures_give_mean_and_sample_std_and_name_the_seeds():
+    assert pages.mean_spread([0.5, 0.6, 0.7], 1, 100) == "60.0 ± 10.0"  # sample std (n - 1)
+    assert pages.mean_spread([0.5], 2, 100) == "50.00"  # one run: no spread to give
+    assert pages.mean_spread([None, 0.25, 0.75], 2) == "0.50 ± 0.35"
+    assert pages.mean_spread([]) == "-"
+    assert pages.seed_list([2, 0, 1]) == "0-2"
+    assert pages.seed_list([0, 1]) == "0, 1"
+    assert pages.seed_list([0, 3, 7, 3]) == "0, 3, 7"
