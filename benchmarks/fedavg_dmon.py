@@ -95,14 +95,15 @@ def run_one(suite: str, dataset: str, mode: str, clients: int, overlap: float, s
                  "partition.overlap": overlap, "partition.boundary": False}
     if suite == "dp":  # under DP no validation score leaves a client: every row keeps the last weights
         overrides["fedavg-dmon.select"] = "last"
-    if eps > 0:
-        overrides.update({"fedavg-dmon.dp-clip": clip, "fedavg-dmon.dp-epsilon": eps})
+    if eps > 0:  # the DP noise drawn from the run's seed (privacy.noise-seed): a row repeats
+        overrides.update({"fedavg-dmon.dp-clip": clip, "fedavg-dmon.dp-epsilon": eps, "privacy.noise-seed": seed})
     out = fresh_dir(run_dir(suite, dataset, mode, clients, overlap, seed, rounds, eps))
     t0, c0 = time.perf_counter(), time.process_time()
     res = run_experiment("fedavg-dmon", dataset, clients, overrides, out, engine="inprocess")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return make_record(res, suite, dataset, mode, clients, overlap, seed, rounds, eps, clip, wall, cpu,
-                       os.getloadavg()[0])
+    rec = make_record(res, suite, dataset, mode, clients, overlap, seed, rounds, eps, clip, wall, cpu,
+                      os.getloadavg()[0])
+    return {**rec, "noise_seed": seed if eps > 0 else None}
 
 
 def make_record(res: dict, suite: str, dataset: str, mode: str, clients: int, overlap: float, seed: int,
@@ -338,6 +339,15 @@ def dp_table(runs: list[dict]) -> tuple[str, list]:
     return "\n".join(lines), rows
 
 
+def _noise(runs: list[dict]) -> str:
+    """Where the DP rows' noise came from: each run's seed (the rows repeat) or fresh OS entropy."""
+    noised = [r for r in runs if r["suite"] == "dp" and r["eps"] > 0]
+    if noised and all(r.get("noise_seed") is not None for r in noised):
+        return "each noised run draws its noise from its seed (`privacy.noise-seed` = seed), so every row repeats."
+    return ("the noise is fresh at every run (OS entropy), so a re-run moves the rows; `--suites dp --force` "
+            "measures them with `privacy.noise-seed` = seed, which repeats.")
+
+
 def central_check(runs: list[dict]) -> str:
     cen = [r for r in runs if r["suite"] == "figures" and r["mode"] == "centralised" and r["dataset"] == "cora"]
     if not cen:
@@ -489,7 +499,7 @@ def render(db: dict) -> str:
         parts += ["## DP-FedAvg", "", pages.paragraph(
             "Client-level: clip and Gaussian noise, epsilon from the Opacus RDP accountant (replace adjacency). "
             "Under DP a client sends only its noised weights, so every row, no DP included, keeps the last "
-            "weights (`fedavg-dmon.select = last`)."), "", dp_md, "",
+            "weights (`fedavg-dmon.select = last`). Mean ± std over the seeds listed; " + _noise(runs)), "", dp_md, "",
             pages.figure(pages.image_path("fedavg_dmon_dp.png"), "F1 against epsilon"), ""]
     if SELECTION_JSON.exists():
         parts += selection_table(json.loads(SELECTION_JSON.read_text()))
@@ -553,7 +563,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dp-rounds", type=int, default=100)
     ap.add_argument("--dp-clients", type=int, default=5)
     ap.add_argument("--dp-clip", type=float, default=0.5)
-    ap.add_argument("--dp-seeds", default="0", type=config_list("seed"))
+    ap.add_argument("--dp-seeds", default="0,1,2", type=config_list("seed"),
+                    help="seeds of the DP rows; each also seeds the run's DP noise (privacy.noise-seed)")
     ap.add_argument("--epsilons", default="0,1,10,100,1000,10000", type=config_list("fedavg-dmon.dp-epsilon"),
                     help="fedavg-dmon.dp-epsilon values (0 = no DP)")
     ap.add_argument("--force", action="store_true", help="re-run figures/dp runs that already have a record")

@@ -85,12 +85,15 @@ IRIS_DP_SIGMA = 2.5
 #: The parts of the run, each skippable with ``--skip``.
 PARTS = ("table", "grid", "dp", "errors", "attack")
 #: The data noise of the k-means and SC references (``reference_noise`` in fedsc.json): the clients
-#: draw theirs from OS entropy, which the server cannot replay, so the references draw their own.
-REFERENCE_NOISE = "their own draw (the clients draw from OS entropy)"
+#: draw theirs from ``privacy.noise-seed`` (the run's seed), which the references do not read.
+REFERENCE_NOISE = "their own draw (the clients draw theirs from `privacy.noise-seed` = the run's seed)"
 
 
 def run(dataset: str, seed: int, **overrides) -> dict:
-    cfg = {"seed": seed, "fedsc.landmarks": LANDMARKS[dataset], "fedsc.mass": proto.AUTHORS_MASS, **overrides}
+    """One in-process run; its privacy noise (data, factor or DP noise) drawn from ``privacy.noise-seed`` =
+    ``seed``, so that every figure repeats (a run without noise draws none)."""
+    cfg = {"seed": seed, "privacy.noise-seed": seed, "fedsc.landmarks": LANDMARKS[dataset],
+           "fedsc.mass": proto.AUTHORS_MASS, **overrides}
     with tempfile.TemporaryDirectory() as tmp:
         return run_experiment("fedsc", dataset, CLIENTS, cfg, Path(tmp) / "out")
 
@@ -112,8 +115,10 @@ def mean_std(values) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------
-def accuracy_table(seeds: int, digits_seeds: int) -> list[dict]:
+def accuracy_table(seeds: int, digits_seeds: int, kept: list[dict] = ()) -> list[dict]:
+    """The accuracy cells; a noise-free cell found in ``kept`` (rows of an earlier table) is kept, not run."""
     rows = []
+    kept_rows = {(r["dataset"], r["noise"]): r for r in kept if r["noise"] == 0.0}
     cells = [(ds, nz) for ds in ("iris", "circles", "digits") for nz in NOISE]
     # variants: digits with d from the federated spectral-mass rule; Iris with S = 40 rounds
     # graph mode: Cora nodes split at random, features low-pass filtered on each client's subgraph
@@ -121,6 +126,9 @@ def accuracy_table(seeds: int, digits_seeds: int) -> list[dict]:
     variants = {"digits-rule": {"fedsc.landmarks": 0}, "iris-S40": {"num-rounds": 40},
                 "cora-graph": {"partitioner": "node-random", "fedsc.filter-order": 9}}
     for ds, noise in cells:
+        if (ds, noise) in kept_rows:
+            rows.append(kept_rows[ds, noise])
+            continue
         dataset = ds.split("-")[0]
         extra = variants.get(ds, {})
         n_seeds = digits_seeds if dataset in ("digits", "cora") else seeds
@@ -304,6 +312,19 @@ IRIS_TOLERANCE = 1.0
 COST_TARGET_S = 10.0
 
 
+def _noise(summary: dict, part: str) -> str:
+    """Where a part's noise came from: the run's seed (it repeats) or fresh OS entropy (it does not)."""
+    if summary.get("noise_seeded", {}).get(part):
+        return "the noise drawn from the run's seed (`privacy.noise-seed`), so every figure repeats"
+    return "the noise fresh at every run (OS entropy), so a re-run moves the figures (`--noised` seeds it)"
+
+
+def _acc(row: dict) -> str:
+    """FedSC's ACC % of an accuracy cell: the seed mean, ± the std over seeds where the run draws noise."""
+    accs = [r["fedsc_acc"] for r in row["runs"]]
+    return pages.mean_spread(accs, 2, 100) if row["noise"] > 0 else pct(row["fedsc_acc"][0])
+
+
 def markdown(summary: dict) -> str:
     """The FedSC page's body from ``fedsc.json``."""
     lines = [pages.paragraph(
@@ -314,7 +335,9 @@ def markdown(summary: dict) -> str:
         "at random, features AGC-filtered 9 times on each client's own subgraph, d = 100. k-means and SC (the "
         "run's centralised reference: exact kernel, same sigma and kNN rule) run on the pooled samples with data "
         f"noise of the same size, {summary['reference_noise']}. Paper values exist for Iris only (COIL20, MNIST "
-        "and CIFAR10 are not available offline). ACC %, mean over seeds (std in the JSON)."), "",
+        "and CIFAR10 are not available offline). ACC %, mean over the seeds listed; for noised runs mean ± std, "
+        + _noise(summary, "table")
+        + (f" (noised runs: `{summary['noised_command']}`)" if summary.get("noised_command") else "") + "."), "",
         "## Accuracy", "",
         "| data | noise | seeds | k-means paper / ours | SC paper / ours | FedSC paper / ours / diff | "
         "FedSC - SC (ours) | NMI FedSC / SC | d |",
@@ -322,10 +345,11 @@ def markdown(summary: dict) -> str:
     for r in summary["table"]:
         p = r["paper"] or {}
         diff = "—" if not p else f"{100 * (r['fedsc_acc'][0] - p['fedsc']):+.2f}"
+        ours = _acc(r)
         lines.append(
-            f"| {r['dataset']} | {r['noise']:g} sigma | {len(r['runs'])} | {pct(p.get('kmeans'))} / "
-            f"{pct(r['kmeans_acc'][0])} | {pct(p.get('sc'))} / {pct(r['sc_acc'][0])} | {pct(p.get('fedsc'))} / "
-            f"{pct(r['fedsc_acc'][0])} / {diff} | {100 * (r['fedsc_acc'][0] - r['sc_acc'][0]):+.2f} | "
+            f"| {r['dataset']} | {r['noise']:g} sigma | {pages.seed_list([x['seed'] for x in r['runs']])} | "
+            f"{pct(p.get('kmeans'))} / {pct(r['kmeans_acc'][0])} | {pct(p.get('sc'))} / {pct(r['sc_acc'][0])} | "
+            f"{pct(p.get('fedsc'))} / {ours} / {diff} | {100 * (r['fedsc_acc'][0] - r['sc_acc'][0]):+.2f} | "
             f"{pct(r['fedsc_nmi'][0])} / {pct(r['sc_nmi'][0])} | {r['landmarks']} |")
     cost = summary.get("cost")
     if cost:
@@ -338,15 +362,15 @@ def markdown(summary: dict) -> str:
     if summary.get("grid"):
         alphas = sorted({c["alpha_z"] for c in summary["grid"]})
         lines += ["", "## Perturbed factors", "", pages.paragraph(
-            f"Digits, ACC %, {len(summary['grid'][0]['runs'])} seeds; a cell reads paper / ours, the paper's "
-            "values are COIL20's (layout only)."), "",
+            f"Digits, ACC %, mean ± std over seeds {pages.seed_list(list(range(len(summary['grid'][0]['runs']))))}; "
+            f"{_noise(summary, 'grid')}; a cell reads paper / ours, the paper's values are COIL20's (layout only)."), "",
             "| alpha_z \\ alpha_c | " + " | ".join(f"{a:g}" for a in alphas) + " |", "|---|" + "---|" * len(alphas)]
         for az in alphas:
             cells = []
             for ac in alphas:
                 c = next(c for c in summary["grid"] if c["alpha_z"] == az and c["alpha_c"] == ac)
                 paper = PAPER_GRID.get(az, (None,) * 4)[ALPHAS.index(ac)] if ac in ALPHAS else None
-                cells.append(f"{pct(paper)} / {pct(c['acc'][0])}")
+                cells.append(f"{pct(paper)} / {pages.mean_spread(c['runs'], 1, 100)}")
             lines.append(f"| {az:g} | " + " | ".join(cells) + " |")
         lines += ["", pages.figure(pages.image_path("fedsc_factor_noise.png"), "ACC with perturbed factors")]
     if summary.get("dp"):
@@ -357,12 +381,12 @@ def markdown(summary: dict) -> str:
                "kernel width estimated from un-noised client statistics, outside the accounted epsilon")
         lines += ["", "## Calibrated variant (DP)", "", pages.paragraph(
             "Iris: Z_p clipped to 50 per client-array, c_i to 5 per sample, Gaussian noise with half the budget "
-            f"each; epsilon from the Opacus RDP accountant, delta = 1e-5; {how}"
+            f"each; epsilon from the Opacus RDP accountant, delta = 1e-5; {_noise(summary, 'dp')}; {how}"
             + (f"; `{summary['dp_command']}`" if summary.get("dp_command") else "") + "."), "",
-            "| target epsilon | accountant epsilon | ACC % |", "|---|---|---|"]
+            "| target epsilon | accountant epsilon | seeds | ACC % |", "|---|---|---|---|"]
         for c in summary["dp"]:
-            lines.append(f"| {c['target_epsilon']:g} | {c['reported_epsilon']:.3f} | {pct(c['acc'][0])} "
-                         f"± {100 * c['acc'][1]:.2f} |")
+            lines.append(f"| {c['target_epsilon']:g} | {c['reported_epsilon']:.3f} | "
+                         f"{pages.seed_list(list(range(len(c['runs']))))} | {pages.mean_spread(c['runs'], 2, 100)} |")
         lines += ["", pages.figure(pages.image_path("fedsc_dp.png"), "Iris ACC against epsilon")]
     if summary.get("errors"):
         lines += ["", "## Reconstruction error", "", pages.paragraph(
@@ -400,7 +424,8 @@ def score_rows(summary: dict) -> list[pages.ScoreRow]:
         met = ours >= paper - IRIS_TOLERANCE
         rows.append(pages.ScoreRow(
             method="fedsc", dataset=f"{r['dataset']}, noise {r['noise']:g} sigma", metric="ACC %",
-            paper=f"{paper:.2f}", ours=f"{ours:.2f}", reference=f"{pct(r['sc_acc'][0])} (SC)",
+            paper=f"{paper:.2f}", ours=f"{_acc(r)} (seeds {pages.seed_list([x['seed'] for x in r['runs']])})",
+            reference=f"{pct(r['sc_acc'][0])} (SC)",
             time=f"{np.mean([x['protocol_s'] for x in r['runs']]):.2f} s",
             traffic=f"{np.mean([x['bytes_up'] for x in r['runs']]) / 1e6:.2f} MB up", epsilon="-",
             verdict="met" if met else "not met", why=f"target: within {IRIS_TOLERANCE:g} point of the paper's FedSC",
@@ -443,26 +468,30 @@ def main(argv=None) -> int:
     ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=seeds, default=10, help="seeds for Iris and circles")
     ap.add_argument("--digits-seeds", type=seeds, default=3, help="seeds for digits in the accuracy table")
-    ap.add_argument("--grid-seeds", type=seeds, default=2, help="seeds per factor-noise cell (digits)")
+    ap.add_argument("--grid-seeds", type=seeds, default=3, help="seeds per factor-noise cell (digits)")
     ap.add_argument("--dp-seeds", type=seeds, default=3, help="seeds per epsilon (Iris)")
     ap.add_argument("--skip", default="", type=list_arg(choices=PARTS, empty_ok=True),
                     help="comma-separated parts to skip: " + ",".join(PARTS))
     ap.add_argument("--keep", action="store_true",
                     help="parts in --skip keep their figures from benchmarks/results/fedsc.json (the header keeps "
                          "naming the accuracy table's run; a re-run DP curve names its own)")
+    ap.add_argument("--noised", action="store_true",
+                    help="re-run only what draws privacy noise (the accuracy cells with data noise, the DP curve, "
+                         "the factor grid), keeping every other figure from benchmarks/results/fedsc.json")
     ap.add_argument("--report", action="store_true",
                     help="only re-render docs/results/fedsc.md and its plots from benchmarks/results/fedsc.json")
     args = ap.parse_args(argv)
     if args.report:
         print(write_report(json.loads((RESULTS / "fedsc.json").read_text())))
         return 0
-    skip = set(args.skip)
+    skip = set(args.skip) | ({"errors", "attack"} if args.noised else set())
     started = time.time()
     command = "python benchmarks/fedsc.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    old = json.loads((RESULTS / "fedsc.json").read_text()) if args.keep else {}
+    old = json.loads((RESULTS / "fedsc.json").read_text()) if args.keep or args.noised else {}
     summary = {"command": command, "clients": CLIENTS, "landmarks": LANDMARKS, "reference_noise": REFERENCE_NOISE}
-    summary["table"] = old.get("table", []) if "table" in skip else accuracy_table(args.seeds, args.digits_seeds)
-    summary["cost"] = old.get("cost") if "table" in skip else cost_of(summary["table"])
+    summary["table"] = old.get("table", []) if "table" in skip else accuracy_table(
+        args.seeds, args.digits_seeds, old.get("table", []) if args.noised else [])
+    summary["cost"] = old.get("cost") if "table" in skip or args.noised else cost_of(summary["table"])
     summary["errors"] = old.get("errors", {}) if "errors" in skip else error_curves()
     summary["attack"] = old.get("attack", []) if "attack" in skip else attack()
     summary["dp"] = old.get("dp", []) if "dp" in skip else dp_curve(args.dp_seeds)
@@ -479,6 +508,10 @@ def main(argv=None) -> int:
             summary.update({k: old[k] for k in kept if k in old})
         if "dp" not in skip and "table" in skip:  # the DP curve names its own run
             summary["dp_command"] = command
+    # which noised parts drew their noise from privacy.noise-seed (the rest: fresh OS entropy)
+    summary["noise_seeded"] = {**old.get("noise_seeded", {}), **{p: True for p in ("table", "dp", "grid") if p not in skip}}
+    if args.noised:  # the noise-free figures keep naming the run that measured them
+        summary.update(command=old.get("command", command), noised_command=command, dp_command=command)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for row in summary["table"]:
         for r in row["runs"]:

@@ -232,12 +232,13 @@ def privacy(seeds: list[int], quick: bool) -> dict:
                             ("paper", {})):
             for nm in [0.0, *multipliers]:
                 for seed in seeds:
-                    over = {**extra, "fedspectral-plus.noise-multiplier": nm, "seed": seed}
+                    over = {**extra, "fedspectral-plus.noise-multiplier": nm, "seed": seed,
+                            **({"privacy.noise-seed": seed} if nm > 0 else {})}  # noise drawn from the seed
                     rec = run("fedspectral-plus", dataset, 5, over, f"privacy-{mode}-{dataset}-nm{nm}-s{seed}")
                     rec.pop("per_round")
                     rec.update({"mode": mode, "noise_multiplier": nm, "seed": seed})
                     rows.append(rec)
-    payload = {"seeds": seeds, "rows": rows, "delta": 1e-5,
+    payload = {"seeds": seeds, "rows": rows, "delta": 1e-5, "noise_seeded": True,
                "generated_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _save("privacy", payload)
     _plot_privacy(payload)
@@ -246,12 +247,13 @@ def privacy(seeds: list[int], quick: bool) -> dict:
 
 def _seed_means(rows: list[dict], by: tuple[str, ...], fields: tuple[str, ...]) -> list[dict]:
     """One dict per distinct value of the ``by`` keys (first-seen order): those keys,
-    ``seeds`` (rows in the group), the group's first row under ``first``, and the
-    mean of each of ``fields``."""
+    ``seeds`` (rows in the group), the group's first row under ``first``, each of ``fields``'
+    values under ``values`` and its mean under its name."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r[k] for k in by), []).append(r)
     return [{**dict(zip(by, key)), "seeds": len(recs), "first": recs[0],
+             "values": {f: [x[f] for x in recs] for f in fields},
              **{f: sum(x[f] for x in recs) / len(recs) for f in fields}} for key, recs in groups.items()]
 
 
@@ -557,15 +559,18 @@ def _page_cost(k: dict) -> list[str]:
 
 def _page_privacy(pv: dict) -> list[str]:
     lines = ["## Edge-level DP", "", pages.paragraph(
-        f"`python benchmarks/fedspectral.py privacy`: seeds {pv['seeds']}; every client adds Gaussian noise to "
-        "each upload, calibrated to one edge; epsilon from Opacus' RDP accountant over all releases, delta "
-        f"{pv['delta']:g}."), "",
+        f"`python benchmarks/fedspectral.py privacy --seeds 3`: mean ± std over seeds {pages.seed_list(pv['seeds'])}, "
+        + ("each drawing its noise from its seed (`privacy.noise-seed`), so every row repeats" if pv.get("noise_seeded")
+           else "the noise fresh at every run (OS entropy), so a re-run moves the rows")
+        + "; every client adds Gaussian noise to each upload, calibrated to one edge; epsilon from Opacus' RDP "
+        f"accountant over all releases, delta {pv['delta']:g}."), "",
         "| dataset | mode | noise multiplier | rounds | epsilon | clusterSimilarity | ARI vs centralised |",
         "|---|---|---:|---:|---:|---:|---:|"]
     for r in _privacy_summary(pv):
         lines.append(f"| {r['dataset']} | {r['mode']} | {r['noise_multiplier']:g} | {r['rounds']} | "
                      f"{_f(r['epsilon'], 1) if r['epsilon'] else '∞ (no noise)'} | "
-                     f"{_pct(r['cluster_similarity'])} | {_f(r['ari_vs_central'])} |")
+                     f"{pages.mean_spread(r['values']['cluster_similarity'], 2, 100)} | "
+                     f"{pages.mean_spread(r['values']['ari_vs_central'], 3)} |")
     _plot_privacy(pv)
     return lines + ["", pages.figure(pages.image_path("fedspectral_privacy.png"), "ARI against epsilon"), ""]
 
