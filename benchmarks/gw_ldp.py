@@ -1187,7 +1187,7 @@ def main() -> int:
                     help="part dp: training-DP mode:noise-multiplier pairs")
     ap.add_argument("--sweep", default="1,10,100", type=config_list("gw-ldp.epsilon", empty_ok=True),
                     help="extra MUTAG GIN epsilons per graph")
-    ap.add_argument("--noise-seeds", default="0,1,2", type=config_list("privacy.noise-seed"),
+    ap.add_argument("--noise-seeds", default="0,1,2", type=list_arg(int, low=0),
                     help="part seeds: the seeds of the noised rows (each also their noise seed)")
     ap.add_argument("--fresh", action="store_true", help="ignore stored results")
     ap.add_argument("--models", default="gin,gcn", type=list_arg(choices=proto.MODELS, empty_ok=True),
