@@ -338,8 +338,9 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         tau = self._tau(d) if self.cfg.regularise == "on" else 0.0
         result, solver, measure = self._solve(session, d, deg_noise, tau, self.k + 1 if auto else self.k, auto)
         rounds, history = result.rounds, list(result.history)
-        if auto and (result.stop == "settled"
-                     or plus.more_components_than(result.values, self.k, result.history[-1][measure])):
+        # an unconverged solve's last measure bounds no eigenvalue: only a Ritz value at 1 itself shows a component
+        error = result.history[-1][measure] if result.converged and result.history else None
+        if auto and (result.stop == "settled" or plus.more_components_than(result.values, self.k, error)):
             tau = self._tau(d)
             result, solver, measure = self._solve(session, d, deg_noise, tau, self.k, used=rounds)
             rounds, history = rounds + result.rounds, history + result.history

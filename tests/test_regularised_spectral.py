@@ -138,3 +138,16 @@ def test_auto_with_as_many_clusters_as_nodes_asks_for_no_extra_eigenvector(tmp_p
     result = run_experiment("fedspectral-plus", "karate", 2, {"num-clusters": 34, "reference": False}, tmp_path)
     assert not result["metrics"]["regularised"] and result["metrics"]["tau"] == 0.0
     assert np.load(tmp_path / "labels.npy").shape == (34,)
+
+
+def test_auto_does_not_take_an_unconverged_solve_for_extra_components(tmp_path):
+    """A connected graph with four tight communities, k = 2 and a round budget the solver cannot converge
+    in: the (k+1)-th Ritz value is near 1 but no component is extra, so the run stays unregularised
+    like its reference (the solver's unconverged error says nothing about an eigenvalue being 1)."""
+    tight = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.2, "sbm.p-out": 0.001, "sbm.features": 0}
+    assert components_with_edges(graph(tight).adj) == 1
+    over = {**tight, "num-clusters": 2, "fedspectral-plus.mode": "exact", "fedspectral-plus.solver": "chebyshev",
+            "fedspectral-plus.rounds": 10, "fedspectral-plus.tol": 0.0}
+    result = run_experiment("fedspectral-plus", "sbm", 2, over, tmp_path)
+    assert result["metrics"]["stop"] == "max-rounds" and not result["metrics"]["converged"]
+    assert not result["metrics"]["regularised"] and result["metrics"]["tau"] == 0.0
