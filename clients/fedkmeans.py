@@ -84,8 +84,10 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
                 raise ValueError(f"the filter over the whole graph has run {int(kept['hops'][0])} of its {order} hops")
             return kept["rows"]
         # the entry holds the shard, so its id cannot be reused while cached
-        return _remember(_FEATURES, (id(self.shard), order),
-                         lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, order)),
+        key = (id(self.shard), order, self.cfg.dims, self.shared.seed)
+        return _remember(_FEATURES, key,
+                         lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, self.cfg,
+                                                                   self.shared.seed)),
                          _KEPT_FEATURES)[1]
 
     def hello_arrays(self, values) -> dict[str, np.ndarray]:
@@ -180,10 +182,10 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             raise ValueError(f"a request that takes the filter to {hops} hop(s) after {done}, "
                              + ("with" if PADDED_ROWS in arrays else "without") + " a padded sum's rows")
         if not hops:
-            features = proto.local_features(self.shard.x, None, 0)
+            features = proto.projected(self.shard.x, self.cfg, self.shared.seed)
             self._check_bound(features, float(values["secagg_bound"]))
             return features
-        before = kept["rows"] if done else proto.local_features(self.shard.x, None, 0)
+        before = kept["rows"] if done else proto.projected(self.shard.x, self.cfg, self.shared.seed)
         rows = proto.filter_hop(before, self.unpadded(arrays[PADDED_ROWS], values), self.whole_degrees)
         self.save(FILTERED, hops=np.array([hops]), rows=rows)
         return rows

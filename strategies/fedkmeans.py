@@ -55,9 +55,12 @@ On a node split with boundary edges (``partition.boundary``), several clients an
 its nodes' rows of the centralised filtered features. Hello then carries the clients' public
 keys and no centres; the boundary links are set up (three rounds, :mod:`strategies.links`);
 then ``kmeans_filter`` x filter-order (down: ``hop`` and, from hop 2 on, the client's rows of
-the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x f masked
+the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x w masked
 ring elements whose sum the server cannot read) and ``kmeans_init`` (down: the last sum's rows,
 k, seed -> up: step 1's centres and counts, of the filtered rows); then steps 2 and 3.
+With ``filter-order`` > 0 every client's rows (everywhere above) are its features times the
+projection drawn from the run's seed when they are wider than ``fedkmeans.dims`` (w = dims, else
+w = f; :func:`app.protocols.fedkmeans.projected`).
 """
 
 from __future__ import annotations
@@ -339,13 +342,16 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
             raise ProtocolError(f"step '{step}': {who} sent {problem}{hint}")
 
     def reference(self, data: GraphData) -> np.ndarray:
-        """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled, filtered features."""
-        x = proto.local_features(data.x, data.adj, self.cfg.filter_order)
+        """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled features, projected
+        and filtered as the clients do (:func:`app.protocols.fedkmeans.local_features`)."""
+        x = proto.local_features(data.x, data.adj, self.cfg, self.shared.seed)
         return kmeans(x, self.shared.num_clusters, seed=self.shared.seed, n_init=self.cfg.restarts)
 
     def reference_method(self) -> str:
-        order = self.cfg.filter_order
+        order, dims = self.cfg.filter_order, self.cfg.dims
         features = f"features AGC-filtered {order} times" if order else "features (unfiltered: filter-order 0)"
+        if order and dims:
+            features += f" (first projected onto {dims} seeded Gaussian directions where wider)"
         return (f"centralised k-means (k-means++, {self.cfg.restarts} restarts) on the pooled {features}, "
                 f"{self._k_and_seed()}")
 

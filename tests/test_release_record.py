@@ -139,5 +139,8 @@ def test_a_runs_result_says_what_a_malicious_server_learns_from_each_of_its_step
     raw = {**RUN, "dataset": "sbm", "partitioner": "node-random", "out-dir": str(tmp_path / "run")}
     result = run_server(InProcessGrid(build_client_app(raw), 3), raw)
     learns = result["privacy"]["malicious_server"]
-    assert set(learns) == {"hello", "kmeans_step", "kmeans_assign"}
+    # the default filter runs over the whole graph: the linking steps, its hops and the seeds after them
+    assert set(learns) == {"hello", "boundary_shares", "boundary_tags", "boundary_links", "kmeans_filter",
+                           "kmeans_init", "kmeans_step", "kmeans_assign"}
     assert learns["kmeans_assign"] == server_learns("fedkmeans")["kmeans_assign"]
+    assert learns["kmeans_filter"] == server_learns("fedkmeans")["kmeans_filter"]
