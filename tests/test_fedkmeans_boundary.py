@@ -205,6 +205,38 @@ def test_a_hop_out_of_order_is_refused(out_dir, monkeypatch):
         run(out_dir, 3, 3)
 
 
+def _labels(grid: InProcessGrid) -> dict[int, np.ndarray]:
+    return {grid.contexts[n].node_config["partition-id"]: state.array_records["labels"]["labels"].numpy()
+            for n, (_, state) in client_rows(grid).items()}
+
+
+def test_a_graph_without_edges_is_not_filtered(out_dir):
+    """No party holds an edge (iris on a node split with boundary edges), as hello tells the server:
+    no links and no hops; ``kmeans_init`` asks for the seeds of the features as they are (0 hops, not
+    projected), and the labels are exactly filter-order 0's."""
+    raw = {"strategy": "fedkmeans", "dataset": "iris", "num-clients": 3, "fedkmeans.dims": 2}
+    runs = {}
+    for order in (4, 0):
+        config = {**raw, "fedkmeans.filter-order": order, "out-dir": str(out_dir / str(order))}
+        grid = InProcessGrid(build_client_app(config), 3, record=True)
+        runs[order] = grid, run_server(grid, config)
+    grid, result = runs[4]
+    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+    assert [unpack(m.content)[1]["hops"] for m in requests(grid, proto.KMEANS_INIT)] == [0, 0, 0]
+    assert all(unpack(r.content)[0]["centres"].shape[1] == 4 for r in replies(grid, proto.KMEANS_INIT))
+    plain = _labels(runs[0][0])
+    assert len(plain) == 3 and all(np.array_equal(a, plain[c]) for c, a in _labels(grid).items())
+    assert result["reference"]["agreement"]["ari"] == runs[0][1]["reference"]["agreement"]["ari"]
+
+
+def test_a_party_holding_an_edge_refuses_seeds_without_the_filter(out_dir, monkeypatch):
+    """A server that skips the filter (every hello said no edge, but this party holds one) gets a
+    refusal of ``kmeans_init`` with 0 hops, not the seeds of unfiltered rows."""
+    monkeypatch.setattr(FedKMeansClient, "hello_figures", lambda self, values: {proto.HAS_EDGES: 0})
+    with pytest.raises(ProtocolError, match="kmeans_init.*ValueError"):
+        run(out_dir, 3, 2)
+
+
 # --------------------------------------------------------------------------- shared projection
 DIMS = 4  # narrower than the F = 8 features: every party projects its rows first
 

@@ -54,9 +54,13 @@ KMEANS_ASSIGN = "kmeans_assign"
 KMEANS_FILTER = "kmeans_filter"
 #: after the last hop: its sum's rows down, the local seeds of the filtered rows up (INIT_REPLY)
 KMEANS_INIT = "kmeans_init"
-#: the hello value saying that the filter runs over the whole graph in this many hops (the seeds
-#: then come with ``kmeans_init``, not with hello)
+#: the hello value saying that the filter may run over the whole graph in this many hops (the seeds
+#: then come with ``kmeans_init``, not with hello; its ``hops`` value says how many ran: these, or 0
+#: where no party holds an edge)
 FILTER_HOPS = "filter_hops"
+#: with ``filter_hops``, the hello figure saying whether the party holds an edge (1) or not (0): one of
+#: its own or one to a node another party holds
+HAS_EDGES = "has_edges"
 #: the padded upload of a hop: ``B_c U_c`` (N x f, masked and padded)
 NEIGHBOURS = "neighbours"
 #: with a resumed run's first live ``kmeans_step``: the centres of every Lloyd step replayed from the
@@ -109,19 +113,20 @@ def shared_projection(width: int, dims: int, seed: int) -> np.ndarray:
     return rng.standard_normal((width, dims)) / np.sqrt(dims)
 
 
-def projected(x, cfg: "FedKMeansConfig", seed: int) -> np.ndarray:
-    """Dense float64 rows ``x``, times :func:`shared_projection` when a filter runs (``filter-order``
-    > 0) and they are wider than ``dims`` > 0; else as they are."""
+def projected(x, cfg: "FedKMeansConfig", seed: int, order: int | None = None) -> np.ndarray:
+    """Dense float64 rows ``x``, times :func:`shared_projection` when a filter runs (``order``, by
+    default ``filter-order``, > 0) and they are wider than ``dims`` > 0; else as they are."""
     x = filtered_features(x, None, 0)
-    if cfg.filter_order > 0 and 0 < cfg.dims < x.shape[1]:
+    if (cfg.filter_order if order is None else order) > 0 and 0 < cfg.dims < x.shape[1]:
         return x @ shared_projection(x.shape[1], cfg.dims, seed)
     return x
 
 
-def local_features(x, adj, cfg: "FedKMeansConfig", seed: int) -> np.ndarray:
-    """A client's rows: its features (:func:`projected`), AGC-filtered ``filter-order`` times over its
-    own subgraph (unfiltered where it has no edges)."""
-    return filtered_features(projected(x, cfg, seed), adj, cfg.filter_order)
+def local_features(x, adj, cfg: "FedKMeansConfig", seed: int, order: int | None = None) -> np.ndarray:
+    """A client's rows: its features (:func:`projected`), AGC-filtered ``order`` (by default
+    ``filter-order``) times over its own subgraph (unfiltered where it has no edges)."""
+    order = cfg.filter_order if order is None else order
+    return filtered_features(projected(x, cfg, seed, order), adj, order)
 
 
 def scaled_rows(f: np.ndarray, degrees: np.ndarray) -> np.ndarray:
