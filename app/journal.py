@@ -99,9 +99,9 @@ def _fedkmeans(config: RunConfig) -> str | None:
     """Its clients' min-rows audit is rebuilt from the replayed steps' centres (clients/fedkmeans.py);
     the rows filtered over the whole graph come from padded sums that cannot be recomputed."""
     if _linked(config) and config["num-clients"] != 1 and config["fedkmeans.filter-order"] > 0:
-        return ("with fedkmeans.filter-order > 0 on a node split with partition.boundary=true its clients keep "
-                "their boundary links and the rows filtered over the whole graph (padded sums) between steps; "
-                "valid: fedkmeans.filter-order=0, partition.boundary=false or partitioner=sample")
+        return ("with fedkmeans.filter-order > 0 (the default) on a node split with partition.boundary=true its "
+                "clients keep their boundary links and the rows filtered over the whole graph (padded sums) between "
+                "steps; valid: fedkmeans.filter-order=0, partition.boundary=false or partitioner=sample")
     return None
 
 

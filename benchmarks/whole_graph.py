@@ -66,9 +66,11 @@ DROPPED = {**NODE, "partition.boundary": False}
 CASES = (
     Case("node", "fedspectral-plus", "fedspectral-plus, boundary edges", NODE,
          "the degree vector and the products A Y of its own blocks (sums over parties); not who holds which edge"),
-    Case("node", "fedkmeans", "fedkmeans, filter 4, boundary edges", {**NODE, "fedkmeans.filter-order": 4},
+    Case("node", "fedkmeans", "fedkmeans, filter 4, boundary edges",
+         {**NODE, "fedkmeans.filter-order": 4, "fedkmeans.dims": 0},  # the full features' filter
          "nothing of the filter (padded sums); then the per-cluster sums and counts in clear"),
-    Case("node", "fedkmeans", "fedkmeans, filter 4, cut edges dropped", {**DROPPED, "fedkmeans.filter-order": 4},
+    Case("node", "fedkmeans", "fedkmeans, filter 4, cut edges dropped",
+         {**DROPPED, "fedkmeans.filter-order": 4, "fedkmeans.dims": 0},
          "the per-cluster sums and counts"),
     Case("node", "fedavg-dmon", "fedavg-dmon, boundary edges", NODE,
          "nothing of the first layer or the cut-edge terms (padded sums); the trained weights",

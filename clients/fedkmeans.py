@@ -28,6 +28,8 @@ _KEPT_FEATURES = 64  # an in-process run keeps every client in one process
 AUDIT = "fedkmeans-audit"
 #: ``context.state`` record of the rows filtered over the whole graph so far (``rows`` after ``hops`` hops)
 FILTERED = "fedkmeans-filtered"
+#: ``context.state`` record that the filter did not run: no party holds an edge (``kmeans_init`` with hops 0)
+UNFILTERED = "fedkmeans-unfiltered"
 #: ``context.state`` record, per start, of the last Lloyd step that advanced it: its centres' digest, the counts sent
 LAST_STEP = "fedkmeans-last-step"
 
@@ -74,19 +76,36 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             raise PrivacyRefusal("server-input", f"'{proto.KMEANS_STEP}' sent {problem}")
         return np.asarray(starts, dtype=np.int64)
 
+    def _order(self) -> int:
+        """The filter order of this client's rows: ``filter-order``, or 0 where the filter over the whole
+        graph did not run (no party holds an edge: ``kmeans_init`` with hops 0)."""
+        return 0 if UNFILTERED in self.context.state.array_records else self.cfg.filter_order
+
     def features(self) -> np.ndarray:
         """This client's (filtered) feature rows: filtered over the whole graph (kept in state), or
         over its own subgraph (computed once per process)."""
-        order = self.cfg.filter_order
-        if FILTERED in self.context.state.array_records:
+        order = self._order()
+        if order and FILTERED in self.context.state.array_records:
             kept = self.load(FILTERED)
             if int(kept["hops"][0]) != order:
                 raise ValueError(f"the filter over the whole graph has run {int(kept['hops'][0])} of its {order} hops")
             return kept["rows"]
         # the entry holds the shard, so its id cannot be reused while cached
-        return _remember(_FEATURES, (id(self.shard), order),
-                         lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, order)),
+        key = (id(self.shard), order, self.cfg.dims, self.shared.seed)
+        return _remember(_FEATURES, key,
+                         lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, self.cfg,
+                                                                   self.shared.seed, order)),
                          _KEPT_FEATURES)[1]
+
+    def _holds_edges(self) -> bool:
+        """Whether this party holds an edge: one of its own, or one to a node another party holds."""
+        boundary = self.shard.boundary
+        return bool(self.shard.num_edges) or (boundary is not None and len(boundary) > 0)
+
+    def hello_figures(self, values) -> dict:
+        """Where the filter may run over the whole graph (``filter_hops``): whether this party holds an
+        edge, so that the server runs the filter only where the graph has one."""
+        return {proto.HAS_EDGES: int(self._holds_edges())} if proto.FILTER_HOPS in values else {}
 
     def hello_arrays(self, values) -> dict[str, np.ndarray]:
         """With hello: this client's local k-means++ centres and their sizes (:meth:`seeds`), unless the
@@ -128,7 +147,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         return {"centres": centres, "counts": counts}
 
     def _audit_name(self) -> str:
-        return f"fedkmeans-audit-filter{self.cfg.filter_order}"
+        return f"fedkmeans-audit-filter{self._order()}"
 
     def _earlier_audit(self, rows: int) -> dict[str, np.ndarray]:
         """The audit basis (and the local clusters last sent) of every run before on these rows, from
@@ -166,9 +185,22 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
 
     @answers(proto.KMEANS_INIT)
     def on_kmeans_init(self, arrays, values) -> Reply:
-        """Down: this party's rows of the last hop's padded sum, ``k`` and ``seed``. Up: the local
-        seeds of its rows filtered over the whole graph, as hello's (:meth:`seeds`)."""
-        self._filtered(arrays, values, self.cfg.filter_order)
+        """Down: ``hops``, this party's rows of the last hop's padded sum, ``k`` and ``seed``. Up: the
+        local seeds of its rows filtered over the whole graph, as hello's (:meth:`seeds`). With hops 0
+        (no party holds an edge: the filter is the identity) the seeds of its unfiltered features."""
+        hops = int(values.get("hops", -1))
+        if FILTERED not in self.context.state.array_records:
+            raise ValueError(f"'{proto.KMEANS_INIT}' in a run whose hello carried the seeds")
+        if hops not in (0, self.cfg.filter_order):
+            raise ValueError(f"'{proto.KMEANS_INIT}' after {hops} filter hop(s); valid: 0 or "
+                             f"{self.cfg.filter_order} (filter-order)")
+        if hops:
+            self._filtered(arrays, values, hops)
+        elif PADDED_ROWS in arrays or int(self.load(FILTERED)["hops"][0]) or self._holds_edges():
+            raise ValueError(f"'{proto.KMEANS_INIT}' without the filter, after a hop or for a party that "
+                             "holds an edge; valid: the filter's hops first where the graph has edges")
+        else:
+            self.save(UNFILTERED, hops=np.array([0]))
         return self.seeds(values), {}
 
     def _filtered(self, arrays, values, hops: int) -> np.ndarray:
@@ -180,10 +212,10 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             raise ValueError(f"a request that takes the filter to {hops} hop(s) after {done}, "
                              + ("with" if PADDED_ROWS in arrays else "without") + " a padded sum's rows")
         if not hops:
-            features = proto.local_features(self.shard.x, None, 0)
+            features = proto.projected(self.shard.x, self.cfg, self.shared.seed)
             self._check_bound(features, float(values["secagg_bound"]))
             return features
-        before = kept["rows"] if done else proto.local_features(self.shard.x, None, 0)
+        before = kept["rows"] if done else proto.projected(self.shard.x, self.cfg, self.shared.seed)
         rows = proto.filter_hop(before, self.unpadded(arrays[PADDED_ROWS], values), self.whole_degrees)
         self.save(FILTERED, hops=np.array([hops]), rows=rows)
         return rows

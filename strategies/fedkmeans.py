@@ -53,11 +53,17 @@ first and once, ``kmeans_step`` at most ``num-rounds`` times (rules ``protocol-o
 On a node split with boundary edges (``partition.boundary``), several clients and
 ``filter-order`` > 0, the filter runs over the whole graph, so that every client's rows are
 its nodes' rows of the centralised filtered features. Hello then carries the clients' public
-keys and no centres; the boundary links are set up (three rounds, :mod:`strategies.links`);
+keys, whether each holds an edge (``has_edges``) and no centres. Where none does, the filter
+is the identity: ``kmeans_init`` (hops 0) asks for the seeds of the features as they are, then
+steps 2 and 3. Else the boundary links are set up (three rounds, :mod:`strategies.links`);
 then ``kmeans_filter`` x filter-order (down: ``hop`` and, from hop 2 on, the client's rows of
-the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x f masked
-ring elements whose sum the server cannot read) and ``kmeans_init`` (down: the last sum's rows,
+the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x w masked
+ring elements whose sum the server cannot read) and ``kmeans_init`` (down: hops, the last sum's rows,
 k, seed -> up: step 1's centres and counts, of the filtered rows); then steps 2 and 3.
+Where the filter runs (``filter-order`` > 0; over the whole graph, only where a party holds an
+edge) every client's rows (everywhere above) are its features times the
+projection drawn from the run's seed when they are wider than ``fedkmeans.dims`` (w = dims, else
+w = f; :func:`app.protocols.fedkmeans.projected`).
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ from app.progress import Convergence
 from app.protocols import fedkmeans as proto
 from app.protocols.boundary import PADDED_ROWS
 from app.transport import pack, unpack
-from app.wire import HELLO, ProtocolError, ReplySpec
+from app.wire import HELLO, ProtocolError, ReplySpec, ValueSpec
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed, uses_boundary
 
@@ -104,6 +110,10 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     tolerates_dropouts = True  # Lloyd's sums over the clients that answered: their rows' centres
 
     settings = proto.FedKMeansConfig
+    #: the filter order of the run's rows, set by :meth:`run`: ``filter-order``, or 0 where the filter may
+    #: run over the whole graph and no party holds an edge (the reference filters as the run did)
+    order: int | None = None
+
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:
         """Step 1 rides on hello: k and the seed of every client's local k-means++."""
@@ -114,24 +124,25 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         return proto.INIT_REPLY
 
     @classmethod
-    def filters_whole_graph(cls, config: RunConfig, clients: int) -> bool:
-        """Whether the filter runs over the whole graph across the clients: a node split with
-        boundary edges, ``filter-order`` > 0 and more than one client (one holds the whole graph)."""
+    def may_filter_whole_graph(cls, config: RunConfig, clients: int) -> bool:
+        """Whether the filter may run over the whole graph across the clients (it does where a party
+        holds an edge, as hello tells): a node split with boundary edges, ``filter-order`` > 0 and more
+        than one client (one holds the whole graph)."""
         return clients > 1 and proto.FedKMeansConfig.of(config).filter_order > 0 and uses_boundary(config)
 
     @classmethod
     def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
-        """Hello carries the local centres, or, when the filter runs over the whole graph first, the
-        public keys only (the centres follow the filter, with ``kmeans_init``)."""
+        """Hello carries the local centres, or, where the filter may run over the whole graph first, the
+        public keys and whether each party holds an edge (the centres follow, with ``kmeans_init``)."""
         ask = super().hello_ask(config, clients)
-        if not cls.filters_whole_graph(config, clients):
+        if not cls.may_filter_whole_graph(config, clients):
             return ask
         return replace(ask, values={proto.FILTER_HOPS: proto.FedKMeansConfig.of(config).filter_order},
-                       reply=ReplySpec())
+                       reply=ReplySpec(numbers={proto.HAS_EDGES: ValueSpec(whole=True, low=0, high=1)}))
 
     @classmethod
     def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
-        return super().masks_uploads(config, clients) or cls.filters_whole_graph(config, clients)
+        return super().masks_uploads(config, clients) or cls.may_filter_whole_graph(config, clients)
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
@@ -142,13 +153,17 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
 
     def run(self, session: ServerSession) -> StrategyOutput:
         rows = announced_rows(session)
-        across = self.filters_whole_graph(session.config, len(session.clients))
-        if across:
+        may = self.may_filter_whole_graph(session.config, len(session.clients))
+        edges = may and any(int(c.summary[proto.HAS_EDGES]) for c in session.clients)
+        self.order = self.cfg.filter_order if edges or not may else 0
+        if edges:
             session.setup_secure_aggregation()
             seeds = self._filter_whole_graph(session, link_boundaries(session))
+        elif may:  # no party holds an edge: the filter is the identity, the features go unfiltered
+            seeds = self._seeds(session, {c.node_id: {} for c in session.clients}, {}, 0)
         else:
             seeds = {c.node_id: c.arrays for c in session.clients}
-        centres = self._initial_centres(session, rows, seeds, proto.KMEANS_INIT if across else HELLO)
+        centres = self._initial_centres(session, rows, seeds, proto.KMEANS_INIT if may else HELLO)
         if self.cfg.secure:
             session.setup_secure_aggregation()
         last, history = self._lloyd_rounds(session, rows, centres)
@@ -172,11 +187,17 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
                     padded_sum(session, replies, proto.NEIGHBOURS, values, links).items()}
             last = values
             session.round_done(hop, order + 1)
-        init = {"k": self.shared.num_clusters, "seed": self.shared.seed, **relayed(last)}
-        replies = session.exchange(proto.KMEANS_INIT, {node: pack(a, init) for node, a in back.items()},
-                                   proto.INIT_REPLY)
+        seeds = self._seeds(session, back, relayed(last), order)
         session.round_done(order + 1, order + 1)
         self._record_filter(session, links, order, bound)
+        return seeds
+
+    def _seeds(self, session: ServerSession, arrays: dict[int, dict], values: dict, hops: int) -> dict[int, dict]:
+        """``kmeans_init`` (down: each client's ``arrays`` and ``values``, ``hops``, k and seed): every client's
+        local centres and sizes of its rows filtered ``hops`` times over the whole graph."""
+        init = {**values, "hops": hops, "k": self.shared.num_clusters, "seed": self.shared.seed}
+        replies = session.exchange(proto.KMEANS_INIT, {node: pack(a, init) for node, a in arrays.items()},
+                                   proto.INIT_REPLY)
         return {node: unpack(content)[0] for node, content in replies.items()}
 
     @staticmethod
@@ -339,13 +360,20 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
             raise ProtocolError(f"step '{step}': {who} sent {problem}{hint}")
 
     def reference(self, data: GraphData) -> np.ndarray:
-        """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled, filtered features."""
-        x = proto.local_features(data.x, data.adj, self.cfg.filter_order)
+        """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled features, projected
+        and filtered as the clients do (:func:`app.protocols.fedkmeans.local_features`)."""
+        x = proto.local_features(data.x, data.adj, self.cfg, self.shared.seed, self._order())
         return kmeans(x, self.shared.num_clusters, seed=self.shared.seed, n_init=self.cfg.restarts)
 
+    def _order(self) -> int:
+        return self.cfg.filter_order if self.order is None else self.order
+
     def reference_method(self) -> str:
-        order = self.cfg.filter_order
-        features = f"features AGC-filtered {order} times" if order else "features (unfiltered: filter-order 0)"
+        order, dims = self._order(), self.cfg.dims
+        unfiltered = "filter-order 0" if not self.cfg.filter_order else "no party holds an edge"
+        features = f"features AGC-filtered {order} times" if order else f"features (unfiltered: {unfiltered})"
+        if order and dims:
+            features += f" (first projected onto {dims} seeded Gaussian directions where wider)"
         return (f"centralised k-means (k-means++, {self.cfg.restarts} restarts) on the pooled {features}, "
                 f"{self._k_and_seed()}")
 

@@ -46,8 +46,11 @@ def test_fedkmeans_inprocess_result_has_stable_schema(out_dir):
     assert {"acc", "nmi", "ari", "f1", "modularity", "conductance", "cluster_similarity"} <= set(on_disk["metrics"])
     assert {"acc", "nmi", "agreement"} <= set(on_disk["reference"])
     assert set(on_disk["reference"]["agreement"]) == {"ari", "nmi", "cluster_similarity"}
-    # one round per exchange after the handshake (which carries the initial centres): Lloyd steps + assign
-    assert on_disk["timing"]["rounds"] == len(on_disk["history"]) + 1
+    # the default filter's hops over the whole graph and the seeds after them, one round per Lloyd step, assign
+    actions = [r["action"] for r in on_disk["timing"]["per_round"]]
+    assert actions.count("kmeans_filter") == on_disk["config"]["fedkmeans.filter-order"] == 4
+    assert actions.count("kmeans_init") == 1 and actions.count("kmeans_step") == len(on_disk["history"])
+    assert actions[-1] == "kmeans_assign"
     uploads = {(u["action"], u["name"]) for u in on_disk["privacy"]["uploads"]}
     assert ("kmeans_step", "stats") in uploads and ("kmeans_assign", "labels") in uploads
     assert all(isinstance(u["client"], int) and 0 <= u["client"] < 4 for u in on_disk["privacy"]["uploads"])

@@ -49,8 +49,10 @@ def test_a_key_line_gives_type_default_range_and_marks_the_keys_that_matter(caps
     assert main(["describe", "fedkmeans"]) == 0
     lines = capsys.readouterr().out.splitlines()
     i = next(i for i, line in enumerate(lines) if line.split()[:2] == ["*", "fedkmeans.filter-order"])
-    assert lines[i].split() == ["*", "fedkmeans.filter-order", "int", "0", "[0,", "1000]"]
-    assert lines[i + 1].strip() == "AGC low-pass filter order applied first (over the whole graph with partition.boundary)"
+    assert lines[i].split() == ["*", "fedkmeans.filter-order", "int", "4", "[0,", "1000]"]
+    help_text = " ".join(line.strip() for line in lines[i + 1:i + 3])
+    assert help_text == ("AGC low-pass filter order applied first where the data has edges (over the whole graph "
+                         "with partition.boundary; 0: features only)")
     tol = next(line for line in lines if "fedkmeans.tol" in line)
     assert tol.split() == ["fedkmeans.tol", "float", "1e-06", "[0,", "inf)"]  # not marked
 

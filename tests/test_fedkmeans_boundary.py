@@ -151,7 +151,7 @@ def test_one_client_is_the_centralised_algorithm(out_dir):
     assert FILTERED not in state.array_records  # one client holds the whole graph: it filters it locally
     shard, = partition(data, "node-random", 1, seed=0)
     assert np.array_equal(shard.node_ids, ids)
-    x = proto.local_features(shard.x, shard.adj, order)
+    x = proto.local_features(shard.x, shard.adj, proto.FedKMeansConfig(filter_order=order), 0)
     assert np.abs(x - low_pass_filter(data.x, data.adj, order)[ids]).max() <= 1e-12
     expected, = protocol_labels([x], K, 0, 20, 1e-6, MIN_ROWS)
     assert np.array_equal(state.array_records["labels"]["labels"].numpy(), expected)
@@ -166,7 +166,7 @@ def test_without_boundary_edges_each_client_filters_its_own_subgraph(out_dir):
     assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
     assert all(unpack(r.content)[0]["centres"].shape[1] == F for r in replies(grid, "hello"))
     shards = partition(sbm(), "node-random", clients, seed=0, boundary=False)
-    parts = [proto.local_features(s.x, s.adj, order) for s in shards]
+    parts = [proto.local_features(s.x, s.adj, proto.FedKMeansConfig(filter_order=order), 0) for s in shards]
     expected = protocol_labels(parts, K, 0, 20, 1e-6, MIN_ROWS)
     by_partition = {grid.contexts[n].node_config["partition-id"]: (ids, state) for n, (ids, state) in
                     client_rows(grid).items()}
@@ -203,3 +203,80 @@ def test_a_hop_out_of_order_is_refused(out_dir, monkeypatch):
     monkeypatch.setattr(ServerSession, "exchange", skipping)
     with pytest.raises(ProtocolError, match="kmeans_filter.*ValueError"):
         run(out_dir, 3, 3)
+
+
+def _labels(grid: InProcessGrid) -> dict[int, np.ndarray]:
+    return {grid.contexts[n].node_config["partition-id"]: state.array_records["labels"]["labels"].numpy()
+            for n, (_, state) in client_rows(grid).items()}
+
+
+def test_a_graph_without_edges_is_not_filtered(out_dir):
+    """No party holds an edge (iris on a node split with boundary edges), as hello tells the server:
+    no links and no hops; ``kmeans_init`` asks for the seeds of the features as they are (0 hops, not
+    projected), and the labels are exactly filter-order 0's."""
+    raw = {"strategy": "fedkmeans", "dataset": "iris", "num-clients": 3, "fedkmeans.dims": 2}
+    runs = {}
+    for order in (4, 0):
+        config = {**raw, "fedkmeans.filter-order": order, "out-dir": str(out_dir / str(order))}
+        grid = InProcessGrid(build_client_app(config), 3, record=True)
+        runs[order] = grid, run_server(grid, config)
+    grid, result = runs[4]
+    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+    assert [unpack(m.content)[1]["hops"] for m in requests(grid, proto.KMEANS_INIT)] == [0, 0, 0]
+    assert all(unpack(r.content)[0]["centres"].shape[1] == 4 for r in replies(grid, proto.KMEANS_INIT))
+    plain = _labels(runs[0][0])
+    assert len(plain) == 3 and all(np.array_equal(a, plain[c]) for c, a in _labels(grid).items())
+    assert result["reference"]["agreement"]["ari"] == runs[0][1]["reference"]["agreement"]["ari"]
+
+
+def test_a_party_holding_an_edge_refuses_seeds_without_the_filter(out_dir, monkeypatch):
+    """A server that skips the filter (every hello said no edge, but this party holds one) gets a
+    refusal of ``kmeans_init`` with 0 hops, not the seeds of unfiltered rows."""
+    monkeypatch.setattr(FedKMeansClient, "hello_figures", lambda self, values: {proto.HAS_EDGES: 0})
+    with pytest.raises(ProtocolError, match="kmeans_init.*ValueError"):
+        run(out_dir, 3, 2)
+
+
+# --------------------------------------------------------------------------- shared projection
+DIMS = 4  # narrower than the F = 8 features: every party projects its rows first
+
+
+def test_one_client_with_the_shared_projection_is_the_centralised_reference(out_dir):
+    """One client: its rows are the pooled features times the seed's projection, filtered; its labels
+    are the protocol's on them, and exactly the centralised reference's (which projects the same)."""
+    order = 2
+    grid, result = run(out_dir, 1, order, **{"partitioner": "node-random", "fedkmeans.dims": DIMS})
+    (ids, state), = client_rows(grid).values()
+    data = sbm()
+    assert all(unpack(r.content)[0]["centres"].shape[1] == DIMS for r in replies(grid, "hello"))
+    projection = proto.shared_projection(F, DIMS, 0)
+    x = low_pass_filter(np.asarray(data.x, dtype=np.float64) @ projection, data.adj, order)[ids]
+    expected, = protocol_labels([x], K, 0, 20, 1e-6, MIN_ROWS)
+    assert np.array_equal(state.array_records["labels"]["labels"].numpy(), expected)
+    assert result["reference"]["agreement"]["ari"] == 1.0
+
+
+def test_the_filter_over_the_whole_graph_moves_the_projected_columns(out_dir):
+    """Three parties: each hop uploads N x dims, and every party's rows are its nodes' rows of the
+    centralised filter of the projected features (the reference's rows)."""
+    order, clients = 2, 3
+    grid, _ = run(out_dir, clients, order, **{"fedkmeans.dims": DIMS})
+    assert all(unpack(r.content)[0][proto.NEIGHBOURS].shape == (N, DIMS) for r in replies(grid, proto.KMEANS_FILTER))
+    data = sbm()
+    pooled = low_pass_filter(np.asarray(data.x, dtype=np.float64) @ proto.shared_projection(F, DIMS, 0),
+                             data.adj, order)
+    for ids, state in client_rows(grid).values():
+        assert np.abs(state.array_records[FILTERED]["rows"].numpy() - pooled[ids]).max() <= 1e-9
+    assert all(unpack(r.content)[0]["centres"].shape[1] == DIMS for r in replies(grid, proto.KMEANS_INIT))
+
+
+def test_the_projection_is_drawn_from_the_seed_alone():
+    """Every party draws the same matrix from the run's seed, another from another seed; with
+    filter-order 0 or features no wider than dims the rows are not projected."""
+    assert np.array_equal(proto.shared_projection(F, DIMS, 1), proto.shared_projection(F, DIMS, 1))
+    assert not np.array_equal(proto.shared_projection(F, DIMS, 1), proto.shared_projection(F, DIMS, 2))
+    x = np.arange(2.0 * F).reshape(2, F)
+    assert proto.projected(x, proto.FedKMeansConfig(dims=DIMS), 1).shape == (2, DIMS)
+    for cfg in (proto.FedKMeansConfig(dims=DIMS, filter_order=0), proto.FedKMeansConfig(dims=F),
+                proto.FedKMeansConfig(dims=0)):
+        assert np.array_equal(proto.projected(x, cfg, 1), x)

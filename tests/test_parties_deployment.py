@@ -22,7 +22,8 @@ pytestmark = pytest.mark.deployment
 
 SBM = ["--dataset", "sbm", "--set", "sbm.nodes=150", "--set", "sbm.features=6"]
 FAMILIES = {
-    "node": ("fedkmeans", "node-random", SBM, {"num-clusters": "4", "num-rounds": "5"}),
+    "node": ("fedkmeans", "node-random", SBM, {"num-clusters": "4", "num-rounds": "5",
+                                               "fedkmeans.filter-order": "0"}),  # the parties' files, not the filter
     "node-boundary": ("fedspectral-plus", "node-random", SBM, {"num-clusters": "4"}),
     "vertical": ("kcagc", "vertical", SBM, {"num-clusters": "4", "kcagc.iterations": "2", "kcagc.restarts": "1",
                                             "kcagc.local-restarts": "1", "kcagc.filter-order": "2"}),

@@ -136,8 +136,12 @@ def test_a_runs_result_says_what_a_malicious_server_learns_from_each_of_its_step
     from app.inprocess import InProcessGrid
     from app.server_app import run_server
 
-    raw = {**RUN, "dataset": "sbm", "partitioner": "node-random", "out-dir": str(tmp_path / "run")}
+    raw = {**RUN, "dataset": "sbm", "partitioner": "node-random", "fedkmeans.filter-order": 4,
+           "out-dir": str(tmp_path / "run")}
     result = run_server(InProcessGrid(build_client_app(raw), 3), raw)
     learns = result["privacy"]["malicious_server"]
-    assert set(learns) == {"hello", "kmeans_step", "kmeans_assign"}
+    # the filter runs over the whole graph: the linking steps, its hops and the seeds after them
+    assert set(learns) == {"hello", "boundary_shares", "boundary_tags", "boundary_links", "kmeans_filter",
+                           "kmeans_init", "kmeans_step", "kmeans_assign"}
     assert learns["kmeans_assign"] == server_learns("fedkmeans")["kmeans_assign"]
+    assert learns["kmeans_filter"] == server_learns("fedkmeans")["kmeans_filter"]

@@ -289,6 +289,16 @@ def test_a_method_whose_clients_keep_state_is_refused_before_anything_is_sent(st
     assert pushed == []
 
 
+@pytest.mark.shipped_defaults
+def test_a_default_fedkmeans_run_on_a_graph_is_refused_before_anything_is_sent(tmp_path, pushed):
+    """The shipped default filters over the whole graph on a node split: its clients keep the padded
+    sums' rows, so a resume is refused in one line naming the settings that resume."""
+    with pytest.raises(ConfigError, match=r"cannot resume.*filter-order > 0 \(the default\)") as caught:
+        run_experiment("fedkmeans", "sbm", 3, {"resume": True}, tmp_path / "out")
+    assert "valid: fedkmeans.filter-order=0" in str(caught.value) and "\n" not in str(caught.value)
+    assert pushed == []
+
+
 def test_such_a_method_writes_no_journal(tmp_path):
     run_experiment("fedkmeans", "sbm", 2, {"num-rounds": 2, "fedkmeans.filter-order": 1}, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [

@@ -146,9 +146,13 @@ COMMON_STEPS = {
 SERVER_LEARNS: dict[str, dict[str, str]] = {
     "fedkmeans": {
         "hello": "local centres, each the mean of at least min-rows rows, their sums audited with every sum of "
-                 "earlier runs on these rows",
-        "kmeans_init": "as hello's centres, of the rows filtered over the whole graph; once",
-        "kmeans_filter": "nothing: padded, masked ring elements; filter-order times",
+                 "earlier runs on these rows; where the filter may run over the whole graph, instead: whether the "
+                 "member holds an edge (its own or to another member's node)",
+        "kmeans_init": "as hello's centres, of the rows filtered over the whole graph (unfiltered where no member "
+                       "holds an edge); once",
+        "kmeans_filter": "nothing: padded, masked ring elements; filter-order times (of the rows times the "
+                         "projection drawn from the run's seed, `fedkmeans.dims` columns: a public, data-free matrix, "
+                         "so every sum of projected rows is a sum of the rows times it)",
         "kmeans_step": "for centres of its choice (per start, num-clusters finite rows; at most fedkmeans.restarts "
                        "starts a step, at most num-rounds steps): per-cluster sums, counts and inertia (masked: their "
                        "sum over the members), each over at least min-rows rows and none that determines a row with "

@@ -27,6 +27,13 @@ filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2`` (``D~`` = whole-graph degree + 1)
 ``U = D~^-1/2 F``; a padded sum (:mod:`app.protocols.boundary`) hands each party exactly its
 nodes' sums, and :func:`filter_hop` gives its rows of ``G F``. The local k-means++ seeds are
 then computed on those rows (``kmeans_init``) instead of with hello.
+
+Shared projection (``dims``, with a filter, features wider than it): every party first multiplies
+its rows by one f x ``dims`` Gaussian matrix ``R`` drawn from the run's seed (:func:`shared_projection`),
+so that the filter runs on ``X R`` and a hop moves ``dims`` columns, not f. The filter is linear in
+the columns (``G^t (X R) = (G^t X) R``), ``R`` is public and data-free, and every sum sent of ``X R``
+is a sum of ``X`` times ``R``: the projection releases nothing the unprojected rows' sums would not.
+The centralised reference projects with the same ``R``.
 """
 
 from __future__ import annotations
@@ -47,9 +54,13 @@ KMEANS_ASSIGN = "kmeans_assign"
 KMEANS_FILTER = "kmeans_filter"
 #: after the last hop: its sum's rows down, the local seeds of the filtered rows up (INIT_REPLY)
 KMEANS_INIT = "kmeans_init"
-#: the hello value saying that the filter runs over the whole graph in this many hops (the seeds
-#: then come with ``kmeans_init``, not with hello)
+#: the hello value saying that the filter may run over the whole graph in this many hops (the seeds
+#: then come with ``kmeans_init``, not with hello; its ``hops`` value says how many ran: these, or 0
+#: where no party holds an edge)
 FILTER_HOPS = "filter_hops"
+#: with ``filter_hops``, the hello figure saying whether the party holds an edge (1) or not (0): one of
+#: its own or one to a node another party holds
+HAS_EDGES = "has_edges"
 #: the padded upload of a hop: ``B_c U_c`` (N x f, masked and padded)
 NEIGHBOURS = "neighbours"
 #: with a resumed run's first live ``kmeans_step``: the centres of every Lloyd step replayed from the
@@ -83,17 +94,39 @@ class FedKMeansConfig(ConfigView):
     """The ``fedkmeans.*`` keys of :class:`strategies.fedkmeans.FedKMeans` and its client, declared here."""
 
     prefix: ClassVar[str] = "fedkmeans"
-    filter_order: int = setting(0, "AGC low-pass filter order applied first (over the whole graph with "
-                                "partition.boundary)", low=0, high=1000, primary=True)
+    filter_order: int = setting(4, "AGC low-pass filter order applied first where the data has edges (over the "
+                                "whole graph with partition.boundary; 0: features only)", low=0, high=1000, primary=True)
+    dims: int = setting(96, "with filter-order > 0, features wider than this are first multiplied by a Gaussian "
+                        "projection all parties draw from the run's seed, so a filter hop moves dims columns, not the "
+                        "features' f; 0: no projection", low=0, high=100000)
     restarts: int = setting(10, "k-means starts advanced side by side in the same messages (scikit-learn's n_init; "
                             "the centralised reference's restarts); the least inertia wins", low=1, high=1000)
     tol: float = setting(1e-6, "stop when no centre moves more than this", low=0.0)
     secure: bool = setting(False, "secure aggregation of the per-round statistics")
 
 
-def local_features(x, adj, filter_order: int) -> np.ndarray:
-    """A client's rows: its features, AGC-filtered ``filter_order`` times over its own subgraph."""
-    return filtered_features(x, adj, filter_order)
+def shared_projection(width: int, dims: int, seed: int) -> np.ndarray:
+    """``R`` (width x dims): i.i.d. N(0, 1/dims) entries from ``seed`` alone, so that every party and
+    the centralised reference draw the same matrix (Johnson-Lindenstrauss: squared distances kept
+    within 1 +- O(sqrt(1/dims)))."""
+    rng = np.random.default_rng([int(seed), int(width), int(dims)])
+    return rng.standard_normal((width, dims)) / np.sqrt(dims)
+
+
+def projected(x, cfg: "FedKMeansConfig", seed: int, order: int | None = None) -> np.ndarray:
+    """Dense float64 rows ``x``, times :func:`shared_projection` when a filter runs (``order``, by
+    default ``filter-order``, > 0) and they are wider than ``dims`` > 0; else as they are."""
+    x = filtered_features(x, None, 0)
+    if (cfg.filter_order if order is None else order) > 0 and 0 < cfg.dims < x.shape[1]:
+        return x @ shared_projection(x.shape[1], cfg.dims, seed)
+    return x
+
+
+def local_features(x, adj, cfg: "FedKMeansConfig", seed: int, order: int | None = None) -> np.ndarray:
+    """A client's rows: its features (:func:`projected`), AGC-filtered ``order`` (by default
+    ``filter-order``) times over its own subgraph (unfiltered where it has no edges)."""
+    order = cfg.filter_order if order is None else order
+    return filtered_features(projected(x, cfg, seed, order), adj, order)
 
 
 def scaled_rows(f: np.ndarray, degrees: np.ndarray) -> np.ndarray:
