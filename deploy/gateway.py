@@ -221,11 +221,11 @@ def refusal(request: h11.Request) -> tuple[int, str] | None:
     return None
 
 
-class ResponseTooLarge(Exception):
+class _ResponseTooLarge(Exception):
     """The SuperLink's answer is larger than the endpoint's limit."""
 
 
-class BodiesFull(Exception):
+class _BodiesFull(Exception):
     """The request bodies held (by everyone, or by this client) are at their budget."""
 
 
@@ -240,7 +240,7 @@ def _said(status: int) -> bytes:
     return f"{status} {HTTPStatus(status).phrase}\n".encode()
 
 
-class BodyTooSlow(Exception):
+class _BodyTooSlow(Exception):
     """A request body arrived slower than :data:`MIN_BODY_RATE`."""
 
 
@@ -260,12 +260,12 @@ def body_deadline(start: float, last: float, length: int) -> float:
 async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     declared = response.headers.get("content-length")
     if declared is not None and int(declared) > limit:
-        raise ResponseTooLarge(f"{declared} bytes announced, at most {limit}")
+        raise _ResponseTooLarge(f"{declared} bytes announced, at most {limit}")
     body = bytearray()
     async for chunk in response.aiter_raw():
         body += chunk
         if len(body) > limit:
-            raise ResponseTooLarge(f"over {limit} bytes")
+            raise _ResponseTooLarge(f"over {limit} bytes")
     return bytes(body)
 
 
@@ -347,7 +347,7 @@ class FleetGateway:
             while await self._exchange(conn, reader, writer, peer, slot):
                 conn.start_next_cycle()
                 served += 1
-        except BodyTooSlow:
+        except _BodyTooSlow:
             self.note(f"closed a connection from {peer}: a body slower than {MIN_BODY_RATE // KIB} KiB/s")
         except TimeoutError:
             idle = served and conn.their_state is h11.IDLE and not conn.trailing_data[0]
@@ -388,9 +388,9 @@ class FleetGateway:
         holder = self.members.member(headers) if length > SMALL else None  # a larger body: a registered node's
         try:
             if length > SMALL and holder is None:
-                raise BodiesFull("a body over 16 KiB from no registered SuperNode")
+                raise _BodiesFull("a body over 16 KiB from no registered SuperNode")
             body = await self._read_body(conn, reader, holder, length)
-        except BodiesFull as full:
+        except _BodiesFull as full:
             await self._refuse(conn, reader, writer, 503, f"busy ({full})", request.target, peer, request.method,
                                answer=BUSY, linger=BUSY_LINGER_BYTES)
             return False
@@ -424,7 +424,7 @@ class FleetGateway:
         """The body, exactly Content-Length bytes (h11 holds the request to it); a registered node's
         (``holder``: its key) each byte counted against the body budgets as it arrives (the caller
         gives them back once the body is forwarded; here, if it is not read whole). Raises
-        BodiesFull beyond a budget, BodyTooSlow past :func:`body_deadline`."""
+        _BodiesFull beyond a budget, _BodyTooSlow past :func:`body_deadline`."""
         received = bytearray()
         clock = asyncio.get_running_loop().time
         start = clock()
@@ -435,7 +435,7 @@ class FleetGateway:
                         conn.receive_data(await reader.read(max(1, min(_READ_SIZE, length - len(received)))))
                     elif isinstance(event, h11.Data):
                         if holder is not None and (full := self.bodies.take(holder, len(event.data))):
-                            raise BodiesFull(full)
+                            raise _BodiesFull(full)
                         received += event.data
                         deadline.reschedule(body_deadline(start, clock(), length))
                     else:
@@ -444,7 +444,7 @@ class FleetGateway:
             if holder is not None:
                 self.bodies.give_back(holder, len(received))
             if isinstance(err, TimeoutError):
-                raise BodyTooSlow(f"{len(received)} bytes") from err
+                raise _BodyTooSlow(f"{len(received)} bytes") from err
             raise
         return bytes(received)
 
@@ -495,7 +495,7 @@ class FleetGateway:
             return self._settled(request, body, status, reply_headers, payload)
         except httpx.TimeoutException as err:
             status, why = 504, f"no answer from the SuperLink within {UPSTREAM_TIMEOUT_S:g} s ({type(err).__name__})"
-        except (httpx.TransportError, ResponseTooLarge, DecodeError) as err:
+        except (httpx.TransportError, _ResponseTooLarge, DecodeError) as err:
             status, why = 502, f"the SuperLink could not be reached or answered badly ({type(err).__name__}: {err})"
         self.note(f"answered {status} to {request.target.decode('ascii')} from {peer}: {why}")
         return status, [(b"content-type", b"text/plain; charset=utf-8")], _said(status)

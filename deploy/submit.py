@@ -54,6 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.errors import FedGraphError
 from app.transport import LEFT, NO_REPLY
 from deploy.superlink import BIN
 
@@ -74,12 +75,14 @@ _EXCEPTION_PREFIX = "ServerApp failed with exception: "
 STREAM_ATTEMPTS = 3
 
 
-class NotSubmitted(Exception):
-    """The run was not submitted (``code``: :data:`BAD_INPUT` or :data:`NOT_SUBMITTED`)."""
+class NotSubmitted(FedGraphError):
+    """The run was not submitted (``code``, the exit code: :data:`BAD_INPUT` or :data:`NOT_SUBMITTED`)."""
+
+    exit_code = BAD_INPUT
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = self.exit_code = code
 
 
 @dataclass(frozen=True)
