@@ -19,6 +19,7 @@ from app.config import ConfigError
 from app.data.types import no_boundary
 from app.privacy.secagg import FixedPointEncoder
 from app.protocols import boundary as proto
+from app.wire import ProtocolError
 from clients.base import answers
 
 #: The state record of this party's links (kept for the run: its offset, N and the positions of
@@ -58,7 +59,7 @@ class BoundaryClient:
         me, parties = self.shard.client_id, self.shard.num_clients
         sealed = np.asarray(arrays["sealed"], dtype=np.uint8)
         if sealed.shape != (parties, proto.SEALED_BYTES):
-            raise ValueError(f"sealed shares of shape {sealed.shape}, expected {(parties, proto.SEALED_BYTES)}")
+            raise ProtocolError(f"sealed shares of shape {sealed.shape}, expected {(parties, proto.SEALED_BYTES)}")
         party = self._load_party() if parties > 1 else None
         own = self.load("boundary-share")["share"].tobytes()
         shares = [own if p == me else party.unseal(p, sealed[p].tobytes(), proto.share_label(p, me))
@@ -121,12 +122,12 @@ class BoundaryClient:
                                     values["padded.secagg_parties"])
         ring_rows = np.asarray(ring_rows)
         if ring_rows.dtype != encoder.dtype or ring_rows.shape[0] != self.shard.num_nodes:
-            raise ValueError(f"padded rows of {ring_rows.dtype} {ring_rows.shape}, expected {encoder.dtype} with "
-                             f"{self.shard.num_nodes} rows")
+            raise ProtocolError(f"padded rows of {ring_rows.dtype} {ring_rows.shape}, expected {encoder.dtype} with "
+                                f"{self.shard.num_nodes} rows")
         pad = self._load_party().pad(str(values["padded.secagg_tag"]), ring_rows.size, ring_rows.dtype)
         total = encoder.decode(proto.unpad_rows(ring_rows, pad))
         most = encoder.num_parties * encoder.max_q / encoder.scale
         if total.size and float(np.abs(total).max()) > most:
-            raise ValueError("a padded sum beyond the parties' declared bound: not this step's sum")
+            raise ProtocolError("a padded sum beyond the parties' declared bound: not this step's sum")
         return total
 

@@ -15,6 +15,7 @@ from app.privacy.policy import PrivacyRefusal
 from app.protocols import fedavg_dmon as proto
 from app.protocols import fedavg_dmon_boundary as bproto
 from app.protocols import fedavg_dmon_gradient as gproto
+from app.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.fedavg_dmon_boundary import DMoNBoundaryClient
 
@@ -65,7 +66,7 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         if "dmon_state" in self.context.state.array_records:
             return proto.LocalState.from_arrays(self.load("dmon_state"))
         if weights is None:
-            raise ValueError("first training round without initial weights")
+            raise ProtocolError("first training round without initial weights")
         kw = self._model_kw()
         return proto.start_state(weights, self.shared.seed, self.shard.client_id, k, kw["hidden"], kw["dropout"])
 

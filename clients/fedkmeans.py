@@ -16,6 +16,7 @@ from app.data.shards import _remember
 from app.protocols import fedkmeans as proto
 from app.protocols.boundary import PADDED_ROWS
 from app.privacy.policy import PrivacyRefusal
+from app.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.boundary import BoundaryClient
 
@@ -88,7 +89,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         if order and FILTERED in self.context.state.array_records:
             kept = self.load(FILTERED)
             if int(kept["hops"][0]) != order:
-                raise ValueError(f"the filter over the whole graph has run {int(kept['hops'][0])} of its {order} hops")
+                raise ProtocolError(f"the filter over the whole graph has run {int(kept['hops'][0])} of its {order} hops")
             return kept["rows"]
         # the entry holds the shard, so its id cannot be reused while cached
         key = (id(self.shard), order, self.cfg.dims, self.shared.seed)
@@ -114,8 +115,8 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         if not hops:
             return self.seeds(values)
         if hops != self.cfg.filter_order or self.shard.num_clients < 2:
-            raise ValueError(f"{proto.FILTER_HOPS}={hops} for filter-order {self.cfg.filter_order} and "
-                             f"{self.shard.num_clients} client(s)")
+            raise ProtocolError(f"{proto.FILTER_HOPS}={hops} for filter-order {self.cfg.filter_order} and "
+                                f"{self.shard.num_clients} client(s)")
         self._check_rows()
         self.save(FILTERED, hops=np.array([0]))
         return {}
@@ -174,7 +175,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         padded ``B_c U`` of this party's rows ``F`` filtered ``hop - 1`` times (``U = D~^-1/2 F``)."""
         hop = int(values["hop"])
         if not 1 <= hop <= self.cfg.filter_order:
-            raise ValueError(f"filter hop {hop}; valid: 1..{self.cfg.filter_order} (filter-order)")
+            raise ProtocolError(f"filter hop {hop}; valid: 1..{self.cfg.filter_order} (filter-order)")
         floor = proto.hop_bound(self.links.total, self.secagg.bound)
         if not float(values["secagg_bound"]) >= floor * (1 - 1e-12):
             raise PrivacyRefusal("secagg-bound", f"secagg_bound={float(values['secagg_bound']):.6g} for "
@@ -209,8 +210,8 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         kept = self.load(FILTERED)
         done = int(kept["hops"][0])
         if done != max(hops - 1, 0) or (PADDED_ROWS in arrays) != (hops > 0):
-            raise ValueError(f"a request that takes the filter to {hops} hop(s) after {done}, "
-                             + ("with" if PADDED_ROWS in arrays else "without") + " a padded sum's rows")
+            raise ProtocolError(f"a request that takes the filter to {hops} hop(s) after {done}, "
+                                + ("with" if PADDED_ROWS in arrays else "without") + " a padded sum's rows")
         if not hops:
             features = proto.projected(self.shard.x, self.cfg, self.shared.seed)
             self._check_bound(features, float(values["secagg_bound"]))
@@ -263,8 +264,8 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         if proto.REPLAYED_CENTRES not in arrays:
             return None
         if LAST_STEP in self.context.state.array_records:
-            raise ValueError(f"{proto.REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the "
-                             "first live step of a resumed run only")
+            raise ProtocolError(f"{proto.REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the "
+                                "first live step of a resumed run only")
         restarts = self.cfg.restarts
         replayed, starts = arrays[proto.REPLAYED_CENTRES], arrays.get(proto.REPLAYED_STARTS, np.zeros(0))
         proto.check_replayed(replayed, starts, shape, restarts, (self.shared.num_rounds - 1) * restarts)

@@ -10,6 +10,7 @@ import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
 from app.protocols.fedspectral import baseline, plus, wire
+from app.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers
 from clients.boundary import BoundaryClient
 
@@ -67,7 +68,7 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
         y = np.asarray(arrays["block"], dtype=np.float64)
         n = self.links.total if self.linked else self.shard.adj.shape[0]
         if y.ndim != 2 or y.shape[0] != n:
-            raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
+            raise ProtocolError(f"block has shape {y.shape}, expected ({n}, b)")
         return y
 
     def _own_rows(self, y: np.ndarray) -> np.ndarray:

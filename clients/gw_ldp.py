@@ -32,6 +32,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from app.config import ConfigError
 from app.privacy.policy import PrivacyRefusal
 from app.protocols import gw_ldp as proto
 from clients.base import ClusteringClient, Reply, answers
@@ -64,7 +65,7 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         else:
             s = self.shard
             if not s.graphs:
-                raise ValueError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
+                raise ConfigError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
             batch = proto.make_batch(s.graphs, degree_dim)
             labels = np.asarray(s.graph_y, dtype=np.int64)
             split = proto.split_items(len(s.graphs), seed, s.client_id, fold=fold)
@@ -102,8 +103,8 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         batch, labels, split = self._local()
         k = int(values["num_classes"])
         if labels.size and labels.max() >= k:
-            raise ValueError(f"graph label {labels.max()} needs at least {labels.max() + 1} classes, but "
-                             f"num-clusters={k}: the shared GNN has one output per class")
+            raise ConfigError(f"graph label {labels.max()} needs at least {labels.max() + 1} classes, but "
+                              f"num-clusters={k}: the shared GNN has one output per class")
         return {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
                 "train": int((split == proto.SPLIT_TRAIN).sum())}
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from app.config import ConfigError
 from app.protocols import kcagc as proto
 from app.protocols import kcagc_exact as exact
+from app.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers
 
 _FILTERED: dict[tuple[int, str], tuple] = {}
@@ -84,7 +86,7 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
             self.save("kcagc_z", z=z, scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
         state = self.load("kcagc_z")
         if not unscaled and not state["scaled"][0]:
-            raise ValueError(f"the {values['embedding']} embedding is used before its joint row norms arrived")
+            raise ProtocolError(f"the {values['embedding']} embedding is used before its joint row norms arrived")
         return state["z"]
 
     @answers(proto.KCAGC_JOINT)
@@ -99,7 +101,7 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
             return {"s": self._masked_if_several(proto.KCAGC_JOINT, (z ** 2).sum(1), values)}, {}
         state = self.load("kcagc_z")
         if state["scaled"][0]:
-            raise ValueError("the joint row norms arrived twice")
+            raise ProtocolError("the joint row norms arrived twice")
         beta = float(values["mix"]) if values["embedding"] == "projection-mixed-unit" else 0.0
         self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"], beta), scaled=np.array([1]))
         return {}, {"received": 1}
@@ -136,7 +138,7 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
             flat = centres.reshape(-1, centres.shape[2])  # (restart, centre) pairs, restart-major
             part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
-            raise ValueError(f"partial distances have {part.size} values, the server expects {size}")
+            raise ProtocolError(f"partial distances have {part.size} values, the server expects {size}")
         floor = proto.distance_bound(str(values["embedding"]), self.secagg.bound)
         return {"d": self._masked_if_several(proto.KCAGC_STEP, part.ravel(), values, floor=floor,
                                              participants=arrays["group"].astype(np.int64).tolist())}, {}
@@ -172,25 +174,25 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
         refused under a declared bound below the honest one for what this client holds."""
         stage, gain, n = str(values["stage"]), float(values["gain"]), self.shard.x.shape[0]
         if stage not in exact.STAGES:
-            raise ValueError(f"unknown kcagc_exact stage {stage!r}; valid choices: " + ", ".join(exact.STAGES))
+            raise ProtocolError(f"unknown kcagc_exact stage {stage!r}; valid choices: " + ", ".join(exact.STAGES))
         if not gain > 0:
-            raise ValueError(f"kcagc_exact gain must be > 0, got {gain}")
+            raise ProtocolError(f"kcagc_exact gain must be > 0, got {gain}")
         f, own = _filtered(self.shard, str(values["filter"]), int(values["order"]))
         if stage == "norm":
             floor = exact.norm_bound(n, self.secagg.bound)
             if own > floor:
-                raise ValueError(f"a feature row's squared norm exceeds secagg.bound={self.secagg.bound:g}; "
-                                 "valid: a secagg.bound above every row's squared norm")
+                raise ConfigError(f"a feature row's squared norm exceeds secagg.bound={self.secagg.bound:g}; "
+                                  "valid: a secagg.bound above every row's squared norm")
             name, part, extra = "s", np.array([own]), {"cols": int(f.shape[1])}
         elif stage == "product":
             y = np.asarray(arrays["block"], dtype=np.float64)
             if y.ndim != 2 or y.shape[0] != n:
-                raise ValueError(f"block has shape {y.shape}, expected ({n}, b)")
+                raise ProtocolError(f"block has shape {y.shape}, expected ({n}, b)")
             name, part, floor, extra = "p", exact.gram_product(f, y), exact.product_bound(own, y), {}
         else:
             labels = np.asarray(arrays["labels"], dtype=np.int64)
             if labels.shape != (n,):
-                raise ValueError(f"labels have shape {labels.shape}, expected ({n},)")
+                raise ProtocolError(f"labels have shape {labels.shape}, expected ({n},)")
             name, part, floor, extra = "d", np.array([exact.intra_part(f, labels)]), exact.intra_bound(own), {}
         upload = self._masked_if_several(exact.KCAGC_EXACT, gain * part, values, floor=gain * floor)
         return {name: upload}, extra

@@ -204,3 +204,23 @@ def test_a_request_without_masking_is_refused(out_dir):
     # every client answered with its refusal, none with its part in clear
     answers = [r for r in grid.pulled if r.metadata.message_type == "query.kcagc_exact"]
     assert [refused_rule(r.content) for r in answers] == ["secure-aggregation"] * 2
+
+
+class StageRewritingGrid(InProcessGrid):
+    """A server that asks every ``kcagc_exact`` request for a stage the protocol does not have."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for message in messages:
+            if message.metadata.message_type == "query.kcagc_exact":
+                arrays, values = unpack(message.content)
+                message.content = pack(arrays, {**values, "stage": "rows"})
+        return super().push_messages(messages)
+
+
+def test_a_request_for_an_unknown_stage_is_refused_as_a_protocol_error(out_dir):
+    """The client names the fault with the project's error type, not as a bug (a bare ValueError)."""
+    raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 2, "kcagc.filter-order": 2,
+           "out-dir": str(out_dir)}
+    with pytest.raises(ProtocolError, match=r"step 'kcagc_exact'.*ProtocolError in step 'kcagc_exact'"):
+        run_server(StageRewritingGrid(build_client_app(raw), 2), raw)
