@@ -28,7 +28,8 @@ from app.config import ConfigError, RunConfig, SharedConfig  # noqa: E402
 from app.data.datasets import dataset_label, is_builtin  # noqa: E402
 from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa: E402
 from app.data.memory import is_memory  # noqa: E402
-from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard, taken  # noqa: E402
+from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard  # noqa: E402
+from app.party_outputs import taken  # noqa: E402
 from app.data.shards import client_shard, load_shard_file  # noqa: E402
 from app.data.types import Shard  # noqa: E402
 from app.disclosure import disclosing, log_failure, party_failure  # noqa: E402
@@ -170,7 +171,8 @@ def keep_member_record(context: Context, action: str, request: RecordDict, reply
                        shared: SharedConfig) -> None:
     """A party with an out-dir keeps what each reply carried; when its labels come (the run's last
     step), it writes its own page beside its labels.csv (:mod:`app.report.member`)."""
-    from app.data.parties import family, run_dir
+    from app.data.parties import family
+    from app.party_outputs import run_dir
     from app.report.member import record_sent, write_member_page
 
     record_sent(context, action, reply)

@@ -125,7 +125,7 @@ def overview() -> str:
     return "\n".join(lines)
 
 
-def _default(p: Param) -> str:
+def default_text(p: Param) -> str:
     if p.kind is bool:
         return "true" if p.default else "false"
     if p.kind is str:
@@ -136,7 +136,7 @@ def _default(p: Param) -> str:
 def param_lines(p: Param, width: int) -> list[str]:
     """One key: ``* key  type  default  valid values`` (``*``: a key that matters most; valid values
     too long for the line go below it), then its meaning."""
-    head = f"  {'*' if p.primary else ' '} {p.key:<{width}}  {p.kind.__name__:<5}  {_default(p):<10}"
+    head = f"  {'*' if p.primary else ' '} {p.key:<{width}}  {p.kind.__name__:<5}  {default_text(p):<10}"
     valid = p.valid()
     if len(head) + 2 + len(valid) <= WIDTH:
         return [f"{head}  {valid}", _wrap(p.help, " " * 8)]

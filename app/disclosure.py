@@ -30,11 +30,7 @@ class PartyError(FedGraphError):
 
 
 def public_part(err: BaseException) -> str | None:
-    """What the server may know of ``err``: its ``public`` text, a privacy refusal's rule, else None."""
-    from app.privacy.policy import PrivacyRefusal  # not at import: app.data imports this module
-
-    if isinstance(err, PrivacyRefusal):
-        return f"{PrivacyRefusal.MARKER}, rule '{err.rule}'"
+    """What the server may know of ``err``: its ``public`` text (a privacy refusal's: its rule), else None."""
     public = getattr(err, "public", None)
     return str(public) if public else None
 

@@ -116,15 +116,15 @@ def write_result(result: dict, out_dir: str | Path, labels: np.ndarray | None = 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     text = (json.dumps(jsonable(result), indent=2) + "\n").encode()
-    files = {RESULT_FILE: _temporary(out, ".json", lambda f: f.write(text))}
+    files = {RESULT_FILE: temporary_file(out, ".json", lambda f: f.write(text))}
     try:
         if labels is not None:
-            files[LABELS_FILE] = _temporary(out, ".npy", lambda f: np.save(f, np.asarray(labels)))
+            files[LABELS_FILE] = temporary_file(out, ".npy", lambda f: np.save(f, np.asarray(labels)))
             table = labels_table(labels, keys, key_column)
             if reference is not None:
-                files[REFERENCE_LABELS_FILE] = _temporary(out, ".npy", lambda f: np.save(f, np.asarray(reference)))
+                files[REFERENCE_LABELS_FILE] = temporary_file(out, ".npy", lambda f: np.save(f, np.asarray(reference)))
                 table["centralised"] = np.asarray(reference)
-            files[LABELS_CSV] = _temporary(out, ".csv", lambda f: table.to_csv(f, index=False))
+            files[LABELS_CSV] = temporary_file(out, ".csv", lambda f: table.to_csv(f, index=False))
         if _publish(files, out):
             return out / RESULT_FILE
         kept = new_dir(out)
@@ -147,7 +147,7 @@ def labels_table(labels: np.ndarray, keys: np.ndarray | None = None, key_column:
     return pd.DataFrame({key_column: keys, "cluster": labels})
 
 
-def _temporary(directory: Path, suffix: str, write) -> Path:
+def temporary_file(directory: Path, suffix: str, write) -> Path:
     """A new hidden file in ``directory`` holding what ``write(file)`` writes, created with the
     mode an ordinary new file gets (0666 less the umask; ``mkstemp`` would make it 0600)."""
     while True:

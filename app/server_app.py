@@ -148,7 +148,7 @@ def run_server(grid: Grid, raw_config: Mapping[str, Any], write: bool = True, an
     started = time.perf_counter()
     config = registry.validate(raw_config)
     data = _checked_data(config)
-    values = _with_cluster_count(config, data)
+    values = with_cluster_count(config, data)
     out_dir = SharedConfig.of(config).out_dir
     if out_dir:
         check_out_dir(Path(out_dir))
@@ -213,7 +213,7 @@ def _num_items(data) -> int:
     return len(data.y) if isinstance(data, GraphCollection) else data.num_nodes
 
 
-def _with_cluster_count(config: RunConfig, data) -> dict:
+def with_cluster_count(config: RunConfig, data) -> dict:
     """The run-config's values, ``num-clusters = 0`` replaced by the number of classes in ``data``
     (a one-line ConfigError for data without labels)."""
     values = config.as_dict()
@@ -272,13 +272,13 @@ def _write(result: dict, shared: SharedConfig, labels: tuple[np.ndarray, np.ndar
         keys, column = None, "item"
     path = write_result(result, out_dir, labels[0], keys, column, reference=labels[1])
     result["path"] = str(path)
-    result["report"] = _write_report(path.parent, data, labels[0], output, shared) if shared.report else None
+    result["report"] = write_run_report(path.parent, data, labels[0], output, shared) if shared.report else None
     written = f"\nresult: {path}" + (f"\nreport: {result['report']}" if result["report"] else "")
     log(INFO, "%s%s", summary_table(result), written if announce else "")  # its title line beside the level
     return result
 
 
-def _write_report(run: Path, data, labels: np.ndarray, output, shared: SharedConfig) -> str | None:
+def write_run_report(run: Path, data, labels: np.ndarray, output, shared: SharedConfig) -> str | None:
     """The run's page (:mod:`app.report`) beside its result, and what it draws of the data; its path.
     A page that cannot be written is a warning: the result is kept (``python -m app.report RUN``)."""
     from app.report import build_view, write_report

@@ -125,7 +125,7 @@ def profile_deployed(nodes: int, supernodes: int, work: Path) -> dict:
     from deploy.federation import LocalFederation
 
     out, measured = work / "deployed", Measured(work)
-    inside, spawn, close = LocalFederation._inside, LocalFederation._spawn, LocalFederation.close
+    inside, spawn, close = LocalFederation.inside, LocalFederation.spawn, LocalFederation.close
 
     def grouped(self, name, cmd):
         return measured.command(role_of(name), inside(self, name, cmd))
@@ -140,7 +140,7 @@ def profile_deployed(nodes: int, supernodes: int, work: Path) -> dict:
         measured.stop_recording()
         close(self)
 
-    LocalFederation._inside, LocalFederation._spawn, LocalFederation.close = grouped, watched, closed
+    LocalFederation.inside, LocalFederation.spawn, LocalFederation.close = grouped, watched, closed
     try:
         start = time.perf_counter()
         path = run_local(supernodes, "fedspectral-plus", "sbm", "auto", settings(nodes), out)
@@ -148,7 +148,7 @@ def profile_deployed(nodes: int, supernodes: int, work: Path) -> dict:
                 "timing": json.loads((out / RUN_TIMING).read_text()), "result": json.loads(path.read_text()),
                 "labels": path.parent / "labels.npy"}
     finally:
-        LocalFederation._inside, LocalFederation._spawn, LocalFederation.close = inside, spawn, close
+        LocalFederation.inside, LocalFederation.spawn, LocalFederation.close = inside, spawn, close
         measured.close()
 
 

@@ -5,7 +5,7 @@
 One in-process run of the cheapest strategy that fits a planted-partition graph (fedkmeans, on
 rows with features) at each size, with its out-dir: the server writes the page when the run ends
 (what the page draws of the data, ``report-data.npz``, then ``report.html``). The script times
-that step inside the run (wall and CPU seconds, the server's ``_write_report``) and the whole run
+that step inside the run (wall and CPU seconds, the server's ``write_run_report``) and the whole run
 (``run_experiment``, data generation included), and reads the page's size. Targets: the page in
 under 10% of the run's time and under 5 MB. Writes ``benchmarks/results/report_scale.json`` and
 ``docs/results/report.md``; ``--report`` renders the page from the JSON alone. Timings are of a
@@ -48,7 +48,7 @@ def measure(nodes: int, strategy: str, clients: int) -> dict:
     from app.run import run_experiment
 
     timed: dict = {}
-    write_report = server._write_report
+    write_report = server.write_run_report
 
     def timing(*args, **kwargs):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -57,7 +57,7 @@ def measure(nodes: int, strategy: str, clients: int) -> dict:
         finally:
             timed.update(page_s=time.perf_counter() - wall, page_cpu_s=time.process_time() - cpu)
 
-    server._write_report = timing
+    server.write_run_report = timing
     out = Path(tempfile.mkdtemp(prefix="report-scale-")) / "run"
     try:
         wall, cpu = time.perf_counter(), time.process_time()
@@ -70,7 +70,7 @@ def measure(nodes: int, strategy: str, clients: int) -> dict:
                 "share": timed["page_s"] / run_s, "cpu_share": timed["page_cpu_s"] / run_cpu_s,
                 "acc": result["metrics"].get("acc"), "agreement": result["reference"]["agreement"]["ari"]}
     finally:
-        server._write_report = write_report
+        server.write_run_report = write_report
         shutil.rmtree(out.parent, ignore_errors=True)
 
 

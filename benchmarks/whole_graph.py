@@ -119,7 +119,7 @@ def reference_spread(case: Case, dataset: str, seed: int) -> float | None:
     from app import registry
     from app.config import RunConfig
     from app.metrics import agreement
-    from app.server_app import _with_cluster_count, evaluation_data
+    from app.server_app import with_cluster_count, evaluation_data
 
     name, keys, _ = DATASETS[dataset]
     config = registry.validate({"strategy": case.method, "dataset": name, "num-clients": CLIENTS, **keys,
@@ -127,7 +127,7 @@ def reference_spread(case: Case, dataset: str, seed: int) -> float | None:
     data = evaluation_data(config)  # the run's seed draws the planted graphs: keep it for the data
     labels = []
     for reference_seed in (seed, seed + 1):
-        values = {**_with_cluster_count(config, data), "seed": reference_seed}
+        values = {**with_cluster_count(config, data), "seed": reference_seed}
         labels.append(registry.get(case.method).strategy(RunConfig(values)).reference(data))
     return agreement(labels[0], labels[1])["ari"]
 

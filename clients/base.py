@@ -25,6 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from app.config import ConfigError, ConfigView, NoConfig, NoiseConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
 from app.data import parties
+from app.party_outputs import write_party_labels
 from app.data.memory import is_memory
 from app.data.types import Shard
 from app.privacy.budget import NodeLedger, composed_epsilon
@@ -226,7 +227,7 @@ class ClusteringClient(Generic[ViewT]):
             item = "graph" if parties.family(s.partitioner) == "graphs" else "node"
             out = self.context.node_config.get(parties.OUT_KEY)
             if out:
-                parties.write_party_labels(str(out), self.context.run_id, s.keys, labels, item)
+                write_party_labels(str(out), self.context.run_id, s.keys, labels, item)
         return {}, {"received": int(labels.size)}
 
     # -- privacy noise -------------------------------------------------------

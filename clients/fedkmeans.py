@@ -12,7 +12,7 @@ from logging import WARNING
 import numpy as np
 from flwr.common.logger import log
 
-from app.data.shards import _remember
+from app.data.shards import remember
 from app.protocols import fedkmeans as proto
 from app.protocols.boundary import PADDED_ROWS
 from app.privacy.policy import PrivacyRefusal
@@ -93,10 +93,10 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             return kept["rows"]
         # the entry holds the shard, so its id cannot be reused while cached
         key = (id(self.shard), order, self.cfg.dims, self.shared.seed)
-        return _remember(_FEATURES, key,
-                         lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, self.cfg,
-                                                                   self.shared.seed, order)),
-                         _KEPT_FEATURES)[1]
+        return remember(_FEATURES, key,
+                        lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, self.cfg,
+                                                                  self.shared.seed, order)),
+                        _KEPT_FEATURES)[1]
 
     def _holds_edges(self) -> bool:
         """Whether this party holds an edge: one of its own, or one to a node another party holds."""

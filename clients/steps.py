@@ -31,7 +31,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-from app.data.parties import run_number
+from app.party_outputs import run_number
 from app.privacy.policy import PrivacyRefusal
 from app.wire import HELLO
 

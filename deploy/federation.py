@@ -150,15 +150,15 @@ class LocalFederation:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     # -- processes --------------------------------------------------------------
-    def _spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None,
+    def spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None,
                append: bool = False) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "a" if append else "w")
-        proc = subprocess.Popen(self._inside(name, cmd), stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
+        proc = subprocess.Popen(self.inside(name, cmd), stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
                                 cwd=self.workdir, start_new_session=True)
         self.processes[name] = proc
         return proc
 
-    def _inside(self, name: str, cmd: list[str]) -> list[str]:
+    def inside(self, name: str, cmd: list[str]) -> list[str]:
         """``cmd`` as process ``name`` runs it: inside its namespace, with a :class:`deploy.netns.Network`."""
         return self.network.command(name, cmd) if self.network else cmd
 
@@ -179,7 +179,7 @@ class LocalFederation:
             cmd += ["--insecure"]
         if self.auth:
             cmd += ["--enable-supernode-auth"]
-        proc = self._spawn("superlink", cmd)
+        proc = self.spawn("superlink", cmd)
         deadline = time.monotonic() + timeout
         while "Uvicorn running" not in self.log("superlink"):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -215,7 +215,7 @@ class LocalFederation:
 
     def _start_server(self, name: str, cmd: list[str], ready: str, what: str, timeout: float) -> None:
         """Start process ``name`` and return once its log says ``ready``."""
-        proc = self._spawn(name, cmd)
+        proc = self.spawn(name, cmd)
         deadline = time.monotonic() + timeout
         while ready not in self.log(name):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -226,7 +226,7 @@ class LocalFederation:
         """Register SuperNode public keys (only registered SuperNodes may join) with Flower's ``flwr
         supernode register``, all in one process (:mod:`deploy.registration`)."""
         cmd = [sys.executable, "-m", "deploy.registration", CONNECTION, *(str(key) for key in public_keys)]
-        proc = subprocess.run(self._inside("flwr", cmd), env=self.env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(self.inside("flwr", cmd), env=self.env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 or proc.stdout.count("registered successfully") != len(public_keys):
             raise RuntimeError(f"registering {len(public_keys)} SuperNode keys failed:\n{proc.stdout}\n{proc.stderr}")
 
@@ -246,7 +246,7 @@ class LocalFederation:
         config = node_config if node_config is not None else f"shard='{Path(shard).resolve()}'"
         cmd += ["--node-config", config]
         self.commands[name] = cmd
-        return self._spawn(name, cmd)
+        return self.spawn(name, cmd)
 
     def restart_supernode(self, name: str, timeout: float = REJOIN_S + 60.0, first_wait_s: float = 2.0) -> int:
         """Start SuperNode ``name`` again with its command and key (after it was killed) and return once it
@@ -257,7 +257,7 @@ class LocalFederation:
         cmd, deadline, wait_s = self.commands[name], time.monotonic() + timeout, first_wait_s
         for attempt in itertools.count(1):
             start = len(self.log(name))
-            proc = self._spawn(name, cmd, append=True)
+            proc = self.spawn(name, cmd, append=True)
 
             def since() -> str:
                 return self.log(name)[start:]
@@ -312,7 +312,7 @@ class LocalFederation:
         """``flwr run APP <connection> --stream --run-config ...``; returns the finished process
         (``timeout``: seconds after which it is stopped, raising ``subprocess.TimeoutExpired``;
         None: no limit)."""
-        cmd = self._inside("flwr", [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
+        cmd = self.inside("flwr", [str(BIN / "flwr"), "run", str(app_dir), CONNECTION, "--stream",
                                     "--run-config", run_config_arg(run_config)])
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
 

@@ -27,7 +27,7 @@ def _cell(text: str) -> str:
 def generated(name: str) -> str:
     """The generated part of ``name``'s page, markers included."""
     from app import registry
-    from app.describe import _default
+    from app.describe import default_text
 
     cls = registry.get(name).strategy
     partitioners = ", ".join(f"`{p}`" + (" (default)" if i == 0 else "") for i, p in enumerate(cls.partitioners))
@@ -35,7 +35,7 @@ def generated(name: str) -> str:
              "| key | type | default | valid | meaning |", "|---|---|---|---|---|"]
     for p in (*cls.params, *cls.borrowed):
         key = f"`{p.key}`" + (" *" if p.primary else "")
-        lines.append(f"| {key} | {p.kind.__name__} | `{_default(p)}` | {_cell(p.valid())} | {_cell(p.help)} |")
+        lines.append(f"| {key} | {p.kind.__name__} | `{default_text(p)}` | {_cell(p.valid())} | {_cell(p.help)} |")
     lines += ["", f"`*`: the keys that matter most. The keys every strategy shares and those of the dataset and "
               f"partitioner: `python -m app.run describe {name}` ([running](../running.md#python--m-apprun))."]
     if cls.borrowed:

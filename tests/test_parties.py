@@ -15,8 +15,8 @@ from app.client_app import build_client_app
 from app.config import ConfigError
 from app.data import load_dataset, memory
 from app.result import LABELS_CSV
-from app.data.parties import (PARTIES, item_offsets, node_set_digest, party_shard, to_positions,
-                              write_party_labels)
+from app.data.parties import PARTIES, item_offsets, node_set_digest, party_shard, to_positions
+from app.party_outputs import write_party_labels
 from app.data.partition import partition
 from app.data.types import GraphCollection, GraphData
 from app.inprocess import InProcessGrid

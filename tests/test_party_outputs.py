@@ -11,7 +11,8 @@ import pytest
 
 from app.client_app import build_client_app
 from app.config import ConfigError
-from app.data.parties import PARTIES, run_dir, write_party_labels
+from app.data.parties import PARTIES
+from app.party_outputs import run_dir, write_party_labels
 from app.data import load_dataset
 from app.data.partition import partition
 from app.inprocess import InProcessGrid

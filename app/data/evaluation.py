@@ -23,7 +23,7 @@ import scipy.sparse as sp
 
 from app.config import ConfigError
 from app.data.fingerprint import data_hash
-from app.data.shards import _get_graphs, _get_matrix, _put_graphs, _put_matrix
+from app.data.shards import get_graphs, get_matrix, put_graphs, put_matrix
 from app.data.types import GraphCollection, GraphData
 
 CONTENTS = ("labels-only", "full")
@@ -43,15 +43,15 @@ def write_evaluation(data: GraphData | GraphCollection, path: str | Path, conten
     if isinstance(data, GraphCollection):
         arrays["y"] = np.asarray(data.y)
         if contents == "full":
-            header["graphs"] = _put_graphs(arrays, data.graphs)
+            header["graphs"] = put_graphs(arrays, data.graphs)
     else:
         if data.y is not None:
             arrays["y"] = np.asarray(data.y)
         header["num_nodes"] = data.num_nodes
         if contents == "full" or with_graph:
-            header["adj"] = _put_matrix(arrays, "adj", data.adj)
+            header["adj"] = put_matrix(arrays, "adj", data.adj)
         if contents == "full":
-            header["x"] = _put_matrix(arrays, "x", data.x)
+            header["x"] = put_matrix(arrays, "x", data.x)
     arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,11 +68,11 @@ def load_evaluation(path: str | Path, dataset: str | None = None) -> GraphData |
         _check_name(path, header, dataset)
     meta = {"evaluation": header["contents"]}
     if header["collection"]:
-        graphs = _get_graphs(arrays, header["graphs"]) if "graphs" in header else []
+        graphs = get_graphs(arrays, header["graphs"]) if "graphs" in header else []
         return GraphCollection(header["name"], graphs, arrays["y"], meta=meta, graph_keys=arrays.get("keys"))
     n = int(header["num_nodes"])
-    adj = _get_matrix(arrays, "adj", header["adj"]) if "adj" in header else sp.csr_matrix((n, n))
-    x = _get_matrix(arrays, "x", header["x"]) if "x" in header else None
+    adj = get_matrix(arrays, "adj", header["adj"]) if "adj" in header else sp.csr_matrix((n, n))
+    x = get_matrix(arrays, "x", header["x"]) if "x" in header else None
     return GraphData(header["name"], sp.csr_matrix(adj, dtype=np.float64), x, arrays.get("y"), meta,
                      node_keys=arrays.get("keys"))
 

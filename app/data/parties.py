@@ -45,7 +45,6 @@ import numpy as np
 
 from app.config import ConfigError
 from app.disclosure import disclosing
-from app.result import LABELS_CSV
 
 from . import memory
 from .params import dataset_kwargs, partition_kwargs
@@ -195,7 +194,7 @@ def load_piece(spec: str, options: Mapping[str, Any] | None = None, boundary: bo
         return memory.lookup(spec)
     from .datasets import source_stamp
     from .formats import read_graph
-    from .shards import _remember
+    from .shards import remember
 
     path = Path(spec).expanduser()
     if not path.exists():
@@ -203,7 +202,7 @@ def load_piece(spec: str, options: Mapping[str, Any] | None = None, boundary: bo
                           "file or directory", public=f"node config '{DATA_KEY}', rule 'an existing file or directory'")
     key = (str(path.resolve()), source_stamp(str(path), dict(options or {})), tuple(sorted((options or {}).items())),
            boundary)
-    return _remember(_PIECES, key, lambda: read_graph(str(path), boundary=boundary, **dict(options or {})), _MAX_CACHED)
+    return remember(_PIECES, key, lambda: read_graph(str(path), boundary=boundary, **dict(options or {})), _MAX_CACHED)
 
 
 def reads_boundary(config_values: Mapping[str, Any]) -> bool:
@@ -227,7 +226,7 @@ def party_node_shard(config_values: Mapping[str, Any], node_config: Mapping[str,
     if node_config.get("shard"):
         raise ConfigError(f"dataset={PARTIES!r} reads node config '{DATA_KEY}', not 'shard'; valid: only "
                           f"{DATA_KEY}=PATH", public=f"node config 'shard', rule 'not with dataset {PARTIES}'")
-    from .shards import _remember
+    from .shards import remember
 
     options = read_options(node_config)
     partitioner, seed = str(config_values["partitioner"]), int(config_values["seed"])
@@ -236,7 +235,7 @@ def party_node_shard(config_values: Mapping[str, Any], node_config: Mapping[str,
     key = (id(piece), partitioner, int(partition_id), int(num_partitions), seed, tuple(sorted(params.items())))
     source = "in-memory piece" if memory.is_memory(spec) else f"{DATA_KEY}={spec!r}"
     # the entry holds the piece, so its id cannot be reused while cached
-    return _remember(_SHARDS, key, lambda: (piece, party_shard(piece, partitioner, partition_id, num_partitions,
+    return remember(_SHARDS, key, lambda: (piece, party_shard(piece, partitioner, partition_id, num_partitions,
                                                                seed=seed, params=params, source=source)),
                      _MAX_CACHED)[1]
 
@@ -291,70 +290,3 @@ def node_set_mismatch(partitioner: str, counts: Mapping[int, int], digests: Mapp
     same = " (equal counts, different IDs)" if len(set(counts.values())) == 1 else ""
     return (f"partitioner '{partitioner}' needs the same node IDs on every party, but the parties' node sets "
             f"differ{same}; node counts: {listed}")
-
-
-# --------------------------------------------------------------------------- labels back at the party
-
-
-#: A party's outputs of one run go to ``<out-dir>/run-<Flower's run id>/``: a later run, whoever
-#: started it, writes beside them, never over them.
-RUN_DIR_PREFIX = "run-"
-
-
-def run_dir(out_dir: str | os.PathLike, run_id: Any) -> Path:
-    """``out_dir/run-<run_id>``, the directory of one run's outputs; ``run_id`` is Flower's run id,
-    a whole number >= 0 written in decimal, so the directory is always a child of ``out_dir``
-    (a run id of another type, e.g. text with path characters, is a one-line ConfigError)."""
-    return Path(out_dir) / f"{RUN_DIR_PREFIX}{run_number(run_id)}"
-
-
-def run_number(run_id: Any) -> int:
-    """Flower's run id as a whole number >= 0, else a one-line ConfigError (the server hears the rule)."""
-    if isinstance(run_id, (bool, np.bool_)) or not isinstance(run_id, (int, np.integer)) or run_id < 0:
-        raise ConfigError(f"run id {run_id!r}; valid: Flower's run id, a whole number >= 0",
-                          public="run id, rule 'a whole number >= 0'")
-    return int(run_id)
-
-
-def taken(out_dir: str | os.PathLike, run_id: Any) -> Path | None:
-    """The labels.csv of run ``run_id`` in ``out_dir`` where one exists already, else None."""
-    path = run_dir(out_dir, run_id) / LABELS_CSV
-    return path if path.exists() or path.is_symlink() else None
-
-
-def write_party_labels(out_dir: str | os.PathLike, run_id: Any, keys: np.ndarray, labels: np.ndarray,
-                       item: str = "node") -> Path:
-    """Write ``out_dir/run-<run_id>/labels.csv`` (:func:`run_dir`): one row ``<item ID>,<cluster>``
-    per item, in row order (cluster -1: the method gave this item none, e.g. a node that is no
-    k-hop centre). Written to a temporary file in the run's directory and linked to its name, so a
-    reader never sees half a file and an existing labels.csv is never replaced: the same labels
-    again (a retried labels step) leave it as it is, other labels are a one-line ConfigError."""
-    from app.result import _temporary, labels_table
-
-    table = labels_table(np.asarray(labels, dtype=np.int64), np.asarray(keys), item)
-    out = run_dir(out_dir, run_id)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(out, ".csv", lambda f: table.to_csv(f, index=False))
-    try:
-        return _publish_once(tmp, out / LABELS_CSV)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _publish_once(tmp: Path, path: Path) -> Path:
-    """Give ``tmp`` the name ``path`` unless ``path`` exists (hard link: atomic and exclusive; a
-    file system without hard links: checked, then renamed). An existing ``path`` that holds the
-    same bytes is kept; one that differs is a ConfigError."""
-    try:
-        os.link(tmp, path)
-        return path
-    except FileExistsError:
-        pass
-    except OSError:  # no hard links here: the run's own directory, where only this run writes
-        if not (path.exists() or path.is_symlink()):
-            os.replace(tmp, path)
-            return path
-    if path.is_file() and not path.is_symlink() and path.read_bytes() == tmp.read_bytes():
-        return path
-    raise ConfigError(f"{str(path)!r} exists and holds other labels; valid: one labels.csv per run",
-                      public=f"node config '{OUT_KEY}', rule 'one labels.csv per run'")

@@ -87,7 +87,7 @@ def _file_sha256(path: Path) -> str:
 # --------------------------------------------------------------------------- (de)serialisation
 
 
-def _put_matrix(arrays: dict, name: str, m) -> Any:
+def put_matrix(arrays: dict, name: str, m) -> Any:
     """Store a dense/CSR matrix under ``name``; return its header description."""
     if m is None:
         return None
@@ -102,7 +102,7 @@ def _put_matrix(arrays: dict, name: str, m) -> Any:
     return {"kind": "dense"}
 
 
-def _get_matrix(arrays, name: str, desc):
+def get_matrix(arrays, name: str, desc):
     if desc is None:
         return None
     if desc["kind"] == "csr":
@@ -115,7 +115,7 @@ def _kind(m) -> str:
     return "none" if m is None else ("csr" if sp.issparse(m) else "dense")
 
 
-def _put_graphs(arrays: dict, graphs: list[GraphData]) -> dict:
+def put_graphs(arrays: dict, graphs: list[GraphData]) -> dict:
     """Concatenate a list of small graphs into flat arrays (exactly invertible)."""
     desc: dict[str, Any] = {"count": len(graphs), "names": [g.name for g in graphs],
                             "metas": [g.meta for g in graphs]}
@@ -145,7 +145,7 @@ def _put_graphs(arrays: dict, graphs: list[GraphData]) -> dict:
     return desc
 
 
-def _get_graphs(arrays, desc) -> list[GraphData]:
+def get_graphs(arrays, desc) -> list[GraphData]:
     count = desc["count"]
     if count == 0:
         return []
@@ -189,9 +189,9 @@ def shard_to_arrays(shard: Shard, extra_header: Mapping[str, Any] | None = None)
         "partitioner": shard.partitioner,
         "meta": shard.meta,
         "arrays": [f for f in _ARRAY_FIELDS if getattr(shard, f) is not None],
-        "adj": _put_matrix(arrays, "adj", shard.adj),
-        "x": _put_matrix(arrays, "x", shard.x),
-        "graphs": None if shard.graphs is None else _put_graphs(arrays, shard.graphs),
+        "adj": put_matrix(arrays, "adj", shard.adj),
+        "x": put_matrix(arrays, "x", shard.x),
+        "graphs": None if shard.graphs is None else put_graphs(arrays, shard.graphs),
         "boundary": shard.boundary is not None,
         **(extra_header or {}),
     }
@@ -228,8 +228,8 @@ def shard_from_arrays(arrays: Mapping[str, np.ndarray], where: str = "shard") ->
         shard = Shard(
             client_id=header["client_id"], num_clients=header["num_clients"], dataset=header["dataset"],
             partitioner=header["partitioner"], node_ids=body["node_ids"],
-            adj=_get_matrix(body, "adj", header["adj"]), x=_get_matrix(body, "x", header["x"]),
-            graphs=None if header["graphs"] is None else _get_graphs(body, header["graphs"]),
+            adj=get_matrix(body, "adj", header["adj"]), x=get_matrix(body, "x", header["x"]),
+            graphs=None if header["graphs"] is None else get_graphs(body, header["graphs"]),
             meta=header["meta"],
         )
         for f in header["arrays"]:
@@ -316,7 +316,7 @@ def load_shard_file(path: str | os.PathLike, *, dataset: str | None = None, part
         mst = man.stat() if (use_manifest and man.is_file()) else None
         key = (str(p.resolve()), st.st_size, st.st_mtime_ns, use_manifest,
                None if mst is None else (mst.st_size, mst.st_mtime_ns))
-        shard, info = _remember(_FILES, key, lambda: _read_shard_file(p, use_manifest), _MAX_FILES)
+        shard, info = remember(_FILES, key, lambda: _read_shard_file(p, use_manifest), _MAX_FILES)
     else:
         shard, info = _read_shard_file(p, use_manifest)
     _check_expected(p, shard, info, dataset, partitioner, num_clients, client_id, data_hash)
@@ -397,7 +397,7 @@ def _freeze(d: Mapping[str, Any] | None) -> tuple:
     return tuple(sorted((k, v) for k, v in (d or {}).items()))
 
 
-def _remember(cache: OrderedDict, key, make, max_entries: int = _MAX_ENTRIES):
+def remember(cache: OrderedDict, key, make, max_entries: int = _MAX_ENTRIES):
     with _LOCK:
         if key in cache:
             cache.move_to_end(key)
@@ -425,7 +425,7 @@ def server_data(dataset: str, data_root: str | None = None, seed: int = 0,
         return memory.lookup(dataset)
     root = resolve_data_root(data_root)
     key = (dataset, str(root), int(seed), _freeze(dataset_kwargs), source_stamp(dataset, dataset_kwargs))
-    return _remember(_DATA, key, lambda: load_dataset(dataset, data_root=root, seed=seed,
+    return remember(_DATA, key, lambda: load_dataset(dataset, data_root=root, seed=seed,
                                                       **dict(dataset_kwargs or {})))
 
 
@@ -454,4 +454,4 @@ def client_shard(dataset: str, partitioner: str, partition_id: int, num_partitio
         data = server_data(dataset, data_root, seed, dataset_kwargs)
         return partition(data, partitioner, int(num_partitions), seed=seed, **dict(partition_kwargs or {}))
 
-    return _remember(_PARTS, key, make)[int(partition_id)]
+    return remember(_PARTS, key, make)[int(partition_id)]

@@ -148,6 +148,11 @@ class PrivacyRefusal(FedGraphError):
         self.detail = detail
         super().__init__(f"{self.MARKER}, rule '{rule}': {detail}")
 
+    @property
+    def public(self) -> str:
+        """What the server hears of the refusal (:mod:`app.disclosure`): the rule, not the detail."""
+        return f"{self.MARKER}, rule '{self.rule}'"
+
 
 @dataclass(frozen=True)
 class StrategyPolicy:
