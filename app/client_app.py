@@ -11,38 +11,35 @@ between steps lives in ``context.state``.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-
-LOADING_AT = time.time()  # before the imports below: their cost is LOADED_AT - LOADING_AT
-
-import os  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
-from app import registry  # noqa: E402
-from app.config import ConfigError, RunConfig, SharedConfig  # noqa: E402
-from app.data.datasets import dataset_label, is_builtin  # noqa: E402
-from app.data.params import data_root, dataset_kwargs, partition_kwargs  # noqa: E402
-from app.data.memory import is_memory  # noqa: E402
-from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard  # noqa: E402
-from app.party_outputs import taken  # noqa: E402
-from app.data.shards import client_shard, load_shard_file  # noqa: E402
-from app.data.types import Shard  # noqa: E402
-from app.disclosure import disclosing, log_failure, party_failure  # noqa: E402
-from app.engine import pick_up_on_push_in_simulation  # noqa: E402
-from app.privacy.policy import PrivacyRefusal  # noqa: E402
-from app.result import unwritable  # noqa: E402
-from app.transport import refusal, unpack  # noqa: E402
-from app.wire import HELLO, LABELS  # noqa: E402
+from app import registry
+from app.config import ConfigError, RunConfig, SharedConfig
+from app.data.datasets import dataset_label, is_builtin
+from app.data.params import data_root, dataset_kwargs, partition_kwargs
+from app.data.memory import is_memory
+from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard
+from app.party_outputs import taken
+from app.data.shards import client_shard, load_shard_file
+from app.data.types import Shard
+from app.disclosure import disclosing, log_failure, party_failure
+from app.engine import pick_up_on_push_in_simulation
+from app.privacy.policy import PrivacyRefusal
+from app.result import unwritable
+from app.transport import refusal, unpack
+from app.wire import HELLO, LABELS
 
 PARTY_STATE = "party"
 #: with this environment variable set to 1 (``deploy.flower_shim.TIMING_SETTING``), every
-#: message leaves a line on stderr saying when its process started, loaded this module and ran
-#: the handler (wall-clock seconds; ``benchmarks/deployment.py`` reads them from the SuperNode log)
+#: message leaves a line on stderr saying when its process started and ran the handler
+#: (wall-clock seconds; ``benchmarks/deployment.py`` reads them from the SuperNode log)
 TIMING_SETTING = "FEDGRAPH_TIMING"
 
 
@@ -191,11 +188,10 @@ def process_started_at() -> float:
 
 
 def log_timing(action: str, entered: float) -> None:
-    """One line: when this process started, began and finished loading this module, entered
-    and left the handler of ``action``, and the CPU seconds it used so far."""
-    print(f"fedgraph-timing clientapp {action} started={process_started_at():.3f} loading={LOADING_AT:.6f} "
-          f"loaded={LOADED_AT:.6f} entered={entered:.6f} left={time.time():.6f} cpu={time.process_time():.3f}",
-          file=sys.stderr, flush=True)
+    """One line: when this process started, entered and left the handler of ``action``, and the
+    CPU seconds it used so far."""
+    print(f"fedgraph-timing clientapp {action} started={process_started_at():.3f} entered={entered:.6f} "
+          f"left={time.time():.6f} cpu={time.process_time():.3f}", file=sys.stderr, flush=True)
 
 
 def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
@@ -249,4 +245,3 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
 app = build_client_app()
 pick_up_on_push_in_simulation()  # flwr run's simulation process loads this module before its runtime starts
-LOADED_AT = time.time()

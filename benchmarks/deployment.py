@@ -21,8 +21,9 @@ second table splits the deployed rounds (after the handshake) into those
 stages, as medians over every node and round: SuperNode pick-up (server send
 to SuperNode pull done), ClientApp start (send to ClientApp process start),
 Flower runtime (process start to the handler, less the app's imports:
-connect, pull the message, install the app bundle), app imports (none for a
-ClientApp forked from the process that loaded the bundle), compute (the
+connect, pull the message, install the app bundle), app imports (timed here,
+a fresh process importing the ClientApp module; none for a ClientApp forked
+from the process that loaded the bundle), compute (the
 handler), reply (handler return to the SuperNode's push done), server pick-up
 (last push to the server's receipt); and the CPU seconds of one ClientApp
 process (what a message costs its node, however busy the machine). Writes
@@ -43,6 +44,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +53,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
 
 from app.run import run_experiment  # noqa: E402
 from deploy.__main__ import RUN_TIMING, run_local  # noqa: E402
@@ -83,8 +86,7 @@ CASES = {
 }
 STAGES = ("supernode_pickup", "clientapp_start", "flower_runtime", "app_imports", "compute", "reply",
           "server_pickup", "clientapp_cpu")
-_CLIENTAPP = re.compile(rf"{TIMING} clientapp (\S+) started=(\S+) loading=(\S+) loaded=(\S+) entered=(\S+) "
-                        r"left=(\S+) cpu=(\S+)")
+_CLIENTAPP = re.compile(rf"{TIMING} clientapp (\S+) started=(\S+) entered=(\S+) left=(\S+) cpu=(\S+)")
 _NODE = re.compile(rf"{TIMING} (pulled|pushed) (\S+)")
 
 
@@ -93,15 +95,25 @@ def node_messages(log: str) -> list[dict]:
     events = {"pulled": [], "pushed": []}
     for kind, at in _NODE.findall(log):
         events[kind].append(float(at))
-    apps = [dict(zip(("action", "started", "loading", "loaded", "entered", "left", "cpu"), (a, *map(float, rest))))
+    apps = [dict(zip(("action", "started", "entered", "left", "cpu"), (a, *map(float, rest))))
             for a, *rest in _CLIENTAPP.findall(log)]
     return [{**app, "pulled": pulled, "pushed": pushed}
             for app, pulled, pushed in zip(apps, events["pulled"], events["pushed"])]
 
 
-def round_stages(rounds: list[dict], logs: list[str]) -> dict[str, list[float]]:
+def app_import_s() -> float:
+    """Seconds a fresh process takes to import the ClientApp module (best of three), what a
+    ClientApp that is not forked from a process holding the app pays before its handler runs."""
+    code = "import time; t = time.perf_counter(); import app.client_app; print(time.perf_counter() - t)"
+    return min(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    cwd=REPO).stdout) for _ in range(3))
+
+
+def round_stages(rounds: list[dict], logs: list[str], imports: float = 0.0) -> dict[str, list[float]]:
     """Seconds of each stage (:data:`STAGES`) for every node and round of ``rounds``
-    (result.json ``timing.per_round``), matched to each node's messages by action, in order."""
+    (result.json ``timing.per_round``), matched to each node's messages by action, in order.
+    ``imports``: the app's import seconds of each ClientApp (:func:`app_import_s`; 0 where the
+    shim forks each ClientApp from a process that imported the app)."""
     stages = {name: [] for name in STAGES}
     pushes: dict[int, list[float]] = {}
     for log in logs:
@@ -114,8 +126,6 @@ def round_stages(rounds: list[dict], logs: list[str]) -> dict[str, list[float]]:
             sent = rounds[position]["sent_at"]
             stages["supernode_pickup"].append(message["pulled"] - sent)
             stages["clientapp_start"].append(message["started"] - sent)
-            # a ClientApp forked from its bundle's AppForker loaded the app before it started
-            imports = message["loaded"] - message["loading"] if message["loading"] >= message["started"] else 0.0
             stages["flower_runtime"].append(message["entered"] - message["started"] - imports)
             stages["app_imports"].append(imports)
             stages["compute"].append(message["left"] - message["entered"])
@@ -146,7 +156,7 @@ def run_case(strategy: str, dataset: str, sets: list[str], nodes: int, work: Pat
 
     same = bool(np.array_equal(np.load(path.parent / "labels.npy"), np.load(work / "simulated" / "labels.npy")))
     rounds = deployed["timing"]["per_round"]
-    stages = round_stages(rounds, logs)
+    stages = round_stages(rounds, logs, 0.0 if enabled() else app_import_s())
     run = json.loads((work / "deployed" / RUN_TIMING).read_text())
     return {
         "strategy": strategy, "dataset": dataset, "sets": sets, "nodes": nodes, "same_labels": same,
@@ -263,7 +273,8 @@ def page() -> Path:
                   "inside Flower's runtime for the message to land. SuperNode pick-up = server send to the "
                   "SuperNode's pull done; ClientApp start = send to the ClientApp process's start; Flower runtime "
                   "= process start to the handler, less app imports (Flower's runtime connects, pulls the message "
-                  "and installs the app bundle); app imports (none for a ClientApp forked from the process that "
+                  "and installs the app bundle); app imports (a fresh process importing the ClientApp module; none for "
+                  "a ClientApp forked from the process that "
                   "loaded the bundle); compute = the handler; reply = handler return to the SuperNode's push done; "
                   "server pick-up = the last node's push to the server's receipt; CPU per ClientApp = what one "
                   "message costs its node, however busy the machine."),
