@@ -61,7 +61,7 @@ def replay(dataset: str, clients: int, overlap: float, seed: int, mode: str, rou
     from app.data.datasets import load_dataset
     from app.data.partition import partition
     from app.metrics import macro_f1
-    from app.protocols import fedavg_dmon as proto
+    from app.protocols import fedavg_dmon
     from strategies.fedavg_dmon import P, FedAvgDMoN
 
     cfg = {p.key[len(P):]: p.default for p in FedAvgDMoN.params}
@@ -70,28 +70,28 @@ def replay(dataset: str, clients: int, overlap: float, seed: int, mode: str, rou
     k = int(data.y.max()) + 1
     local = []
     for s in partition(data, "node-random", clients, seed=seed, overlap=overlap):
-        train, val, _ = proto.split_adjacency(s.adj, np.asarray(s.node_ids), seed, cfg["val-fraction"],
+        train, val, _ = fedavg_dmon.split_adjacency(s.adj, np.asarray(s.node_ids), seed, cfg["val-fraction"],
                                               cfg["test-fraction"])
-        local.append((s, proto.make_graph(s.x, train, cfg["sparse-features"]), val, (train + val).tocsr()))
+        local.append((s, fedavg_dmon.make_graph(s.x, train, cfg["sparse-features"]), val, (train + val).tocsr()))
     model = {"hidden": cfg["hidden"], "dropout": cfg["dropout"]}
-    weights = proto.init_weights(local[0][1].x.shape[1], k, seed, **model)
-    states = [proto.start_state(weights, seed, i, k, **model) for i in range(clients)]
+    weights = fedavg_dmon.init_weights(local[0][1].x.shape[1], k, seed, **model)
+    states = [fedavg_dmon.start_state(weights, seed, i, k, **model) for i in range(clients)]
     out = {"f1": [], "val": [], "train+val": [],
            "edges": {"val": [int(v.nnz // 2) for *_, v, _ in local],
                      "train+val": [int(tv.nnz // 2) for *_, tv in local]}}
     for _ in range(rounds):
         start = [weights] * clients if mode == "federated" else [st.weights for st in states]
-        labels = [proto.assign(w, g, k, cfg["hidden"]) for w, (_, g, _, _) in zip(start, local)]
+        labels = [fedavg_dmon.assign(w, g, k, cfg["hidden"]) for w, (_, g, _, _) in zip(start, local)]
         out["f1"].append([macro_f1(s.y, lab) for lab, (s, *_) in zip(labels, local)])
-        out["val"].append([proto.validation_score(lab, v)[0] for lab, (_, _, v, _) in zip(labels, local)])
-        out["train+val"].append([proto.validation_score(lab, tv)[0] for lab, (*_, tv) in zip(labels, local)])
+        out["val"].append([fedavg_dmon.validation_score(lab, v)[0] for lab, (_, _, v, _) in zip(labels, local)])
+        out["train+val"].append([fedavg_dmon.validation_score(lab, tv)[0] for lab, (*_, tv) in zip(labels, local)])
         for i, (_, g, _, _) in enumerate(local):
-            states[i], _ = proto.local_train(
+            states[i], _ = fedavg_dmon.local_train(
                 states[i], g, k, cfg["local-epochs"], lr=cfg["lr"], collapse=cfg["collapse"],
                 weights=weights if mode == "federated" else None,
                 keep_optimizer=cfg["optimizer-state"] == "keep", **model)
         if mode == "federated":
-            weights = proto.fedavg([st.weights for st in states], [len(s.node_ids) for s, *_ in local])
+            weights = fedavg_dmon.fedavg([st.weights for st in states], [len(s.node_ids) for s, *_ in local])
     return out
 
 
@@ -102,7 +102,7 @@ def selected_f1(run: dict, mode: str, rule: str) -> float:
     if rule == "last":
         return float(f1[-1].mean())
     score = f1 if rule == "oracle" else np.asarray(run[rule])
-    if mode == "federated" and rule != "oracle":  # the server's rule: proto.combine_scores per round
+    if mode == "federated" and rule != "oracle":  # the server's rule: fedavg_dmon.combine_scores per round
         from app.protocols.fedavg_dmon import combine_scores
 
         combined = [combine_scores(row, run["edges"][rule]) for row in score]

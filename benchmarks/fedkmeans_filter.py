@@ -54,12 +54,12 @@ def centralised(dataset: str, seed: int) -> dict:
     from app.clustering import kmeans
     from app.data import load_dataset
     from app.metrics import accuracy
-    from app.protocols import fedkmeans as proto
+    from app.protocols import fedkmeans
 
     data = load_dataset(dataset, seed=seed)
     k, acc = int(np.max(data.y)) + 1, {}
-    for name, dims in (("all columns", 0), ("projected", proto.FedKMeansConfig().dims)):
-        rows = proto.local_features(data.x, data.adj, proto.FedKMeansConfig(dims=dims), seed)
+    for name, dims in (("all columns", 0), ("projected", fedkmeans.FedKMeansConfig().dims)):
+        rows = fedkmeans.local_features(data.x, data.adj, fedkmeans.FedKMeansConfig(dims=dims), seed)
         acc[name] = accuracy(data.y, kmeans(rows, k, seed=seed, n_init=10))
     return {"seed": seed, **acc}
 

@@ -49,7 +49,7 @@ from app.clustering import kmeans  # noqa: E402
 from app.data import load_dataset  # noqa: E402
 from app.data.partition import partition  # noqa: E402
 from app.metrics import evaluate  # noqa: E402
-from app.protocols import fedsc as proto  # noqa: E402
+from app.protocols import fedsc  # noqa: E402
 from app.registry import validate  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 from app.protocols.fedsc import pooled_features  # noqa: E402
@@ -195,14 +195,14 @@ def error_curves(rounds: int = 30) -> dict:
         xs = [np.asarray(s.x, dtype=np.float64) for s in shards]
         x = np.vstack(xs)
         errors: list[float] = []
-        sig = proto.combine_bandwidth(*zip(*(proto.local_distance_sum(b) for b in xs)))
-        kxx = proto.kernel(x, x, sig)
+        sig = fedsc.combine_bandwidth(*zip(*(fedsc.local_distance_sum(b) for b in xs)))
+        kxx = fedsc.kernel(x, x, sig)
         norm = np.linalg.norm(kxx)
 
         def track(r, z, cs):
-            errors.append(float(np.linalg.norm(kxx - proto.reconstruct(z, np.hstack(cs), sig)) / norm))
+            errors.append(float(np.linalg.norm(kxx - fedsc.reconstruct(z, np.hstack(cs), sig)) / norm))
 
-        out = proto.simulate(xs, data.num_classes, 0, rounds=rounds, landmarks=LANDMARKS[ds], mass=proto.AUTHORS_MASS,
+        out = fedsc.simulate(xs, data.num_classes, 0, rounds=rounds, landmarks=LANDMARKS[ds], mass=fedsc.AUTHORS_MASS,
                              callback=track)
         curves[ds] = {"error": errors, "objective": out["objective"], "landmarks": out["d"]}
         print(f"{ds}: reconstruction error round 1 {errors[0]:.4f}, round 10 {errors[9]:.4f}, "
@@ -224,13 +224,13 @@ def attack(alphas=ALPHAS) -> list[dict]:
         shards = partition(data, "sample", CLIENTS, seed=0)
         xs = [np.asarray(s.x, dtype=np.float64) for s in shards]
         x = np.vstack(xs)
-        out = proto.simulate(xs, data.num_classes, 0, rounds=20, landmarks=LANDMARKS[ds])
+        out = fedsc.simulate(xs, data.num_classes, 0, rounds=20, landmarks=LANDMARKS[ds])
         sizes = np.cumsum([0] + [len(b) for b in xs])
         guess = float(np.linalg.norm(x - x.mean(0)) / np.linalg.norm(x))
         for alpha in alphas:
             rng = np.random.default_rng(1)
             c = np.hstack([noise_ratio_perturb(out["c"][:, a:b], alpha, rng) for a, b in zip(sizes, sizes[1:])])
-            rec = proto.invert_coefficients(out["z"], c, out["sigma"])
+            rec = fedsc.invert_coefficients(out["z"], c, out["sigma"])
             err = float(np.linalg.norm(rec - x) / np.linalg.norm(x))
             rows.append({"dataset": ds, "alpha_c": alpha, "relative_error": err, "mean_guess": guess})
             print(f"attack {ds} alpha_c {alpha:.2f}: recovered samples, relative error {err:.3g} "

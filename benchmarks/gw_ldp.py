@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level ``benchmarks`` package
 
-from app.protocols import gw_ldp as proto  # noqa: E402
+from app.protocols import gw_ldp  # noqa: E402
 from app.config import ArgumentParser  # noqa: E402
 from harness import (config_list, existing_file, list_arg,  # noqa: E402
                        run_script, strategy_datasets, value_arg)
@@ -107,7 +107,7 @@ def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int 
 def fold_split(n: int, fold: int) -> np.ndarray:
     """The centralised baselines' split: the same ten-fold 7:2:1 scheme as the
     clients use (``gw-ldp.fold``), over the pooled collection."""
-    return proto.split_items(n, 0, 0, fold=fold)
+    return gw_ldp.split_items(n, 0, 0, fold=fold)
 
 
 def centralised_gw_a(dataset: str, folds: list[int], workers: int, alphas: list[float]) -> dict:
@@ -123,14 +123,14 @@ def centralised_gw_a(dataset: str, folds: list[int], workers: int, alphas: list[
     t0 = time.perf_counter()
     mats, stats = {}, {}
     for alpha in alphas:
-        spaces = [(proto.shortest_path_matrix(g.adj), None, proto.node_features(g, 2) if has_x else None)
+        spaces = [(gw_ldp.shortest_path_matrix(g.adj), None, gw_ldp.node_features(g, 2) if has_x else None)
                   for g in data.graphs]
-        mats[alpha] = proto.gw_matrix(spaces, workers, stats=stats, alpha=alpha)
+        mats[alpha] = gw_ldp.gw_matrix(spaces, workers, stats=stats, alpha=alpha)
     secs = time.perf_counter() - t0
     accs, picked = [], []
     for fold in folds:
         split = fold_split(len(data.graphs), fold)
-        res = {a: proto.svc_select(m, data.y, split) for a, m in mats.items()}
+        res = {a: gw_ldp.svc_select(m, data.y, split) for a, m in mats.items()}
         best = max(alphas, key=lambda a: res[a]["val_acc"])  # ties: first alpha
         accs.append(res[best]["test_acc"])
         picked.append(best)
@@ -427,11 +427,11 @@ def part_size_only(args, data: dict) -> None:
             rng = np.random.default_rng([0, width])
             spaces = []
             for g in graphs.graphs:
-                codes, _ = proto.encode_graph(np.full((g.num_nodes, width), 1.0 / width),
-                                              proto.graph_epsilon(g.num_nodes, 0.0), rng)
-                spaces.append(proto.embedding_space(codes.astype(np.float64), True, features=args.alpha < 1))
-            dist = proto.gw_matrix(spaces, args.workers, alpha=args.alpha)
-            accs = [proto.svc_select(dist, y, fold_split(len(y), f))["test_acc"] for f in range(args.folds)]
+                codes, _ = gw_ldp.encode_graph(np.full((g.num_nodes, width), 1.0 / width),
+                                              gw_ldp.graph_epsilon(g.num_nodes, 0.0), rng)
+                spaces.append(gw_ldp.embedding_space(codes.astype(np.float64), True, features=args.alpha < 1))
+            dist = gw_ldp.gw_matrix(spaces, args.workers, alpha=args.alpha)
+            accs = [gw_ldp.svc_select(dist, y, fold_split(len(y), f))["test_acc"] for f in range(args.folds)]
             out.setdefault(dataset, {})[str(width)] = accs
             print(f"  {dataset} information-free codes, h = {width}: svc {100 * np.mean(accs):.1f}", flush=True)
             save_json(data)
@@ -442,13 +442,13 @@ def central_gnn(kind: str, batch, y: np.ndarray, train: np.ndarray, epochs: int,
     from app.models import build_model
 
     model = build_model(kind, int(batch.x.shape[1]), classes, 0)
-    proto.local_train(model, batch, y, train, "graph", epochs, 0.01, 0)
+    gw_ldp.local_train(model, batch, y, train, "graph", epochs, 0.01, 0)
     return model
 
 
 def gnn_accuracy(model, batch, y: np.ndarray, mask) -> float:
     """The GNN's own graph-classification accuracy on the graphs ``mask``."""
-    return float((proto.predict_graphs(model, batch, "graph")[mask] == y[mask]).mean())
+    return float((gw_ldp.predict_graphs(model, batch, "graph")[mask] == y[mask]).mean())
 
 
 def part_features(args, data: dict) -> None:
@@ -461,22 +461,22 @@ def part_features(args, data: dict) -> None:
 
     graphs_data = load_dataset("mutag")
     graphs, y = graphs_data.graphs, np.asarray(graphs_data.y)
-    batch = proto.make_batch(graphs, 2)
-    atoms = [proto.node_features(g, 2).astype(np.float64) for g in graphs]
+    batch = gw_ldp.make_batch(graphs, 2)
+    atoms = [gw_ldp.node_features(g, 2).astype(np.float64) for g in graphs]
     out = data.setdefault("mutag_feature_term", {"epochs": args.central_epochs, "alpha": args.alpha, "runs": []})
     for fold in list(range(args.folds))[len(out["runs"]):]:
         split = fold_split(len(graphs), fold)
-        model = central_gnn("gin", batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN), args.central_epochs, 2)
-        run = {"fold": fold, "gnn": gnn_accuracy(model, batch, y, split == proto.SPLIT_TEST)}
-        plain = proto.node_embeddings(model, batch, "classes")
+        model = central_gnn("gin", batch, y, np.flatnonzero(split == gw_ldp.SPLIT_TRAIN), args.central_epochs, 2)
+        run = {"fold": fold, "gnn": gnn_accuracy(model, batch, y, split == gw_ldp.SPLIT_TEST)}
+        plain = gw_ldp.node_embeddings(model, batch, "classes")
         rng = np.random.default_rng([0, fold])
-        coded = [proto.encode_graph(h, proto.graph_epsilon(len(h), 0.0), rng)[0].astype(np.float64) for h in plain]
+        coded = [gw_ldp.encode_graph(h, gw_ldp.graph_epsilon(len(h), 0.0), rng)[0].astype(np.float64) for h in plain]
         for name, embs in (("H", plain), ("H*", coded)):
             for feat in ("embedding", "atoms"):
-                spaces = [(proto.intra_distance(h), np.full(len(h), 1.0 / len(h)), h if feat == "embedding" else x)
+                spaces = [(gw_ldp.intra_distance(h), np.full(len(h), 1.0 / len(h)), h if feat == "embedding" else x)
                           for h, x in zip(embs, atoms)]
-                dist = proto.gw_matrix(spaces, args.workers, alpha=args.alpha)
-                run[f"{name}|{feat}"] = proto.svc_select(dist, y, split)["test_acc"]
+                dist = gw_ldp.gw_matrix(spaces, args.workers, alpha=args.alpha)
+                run[f"{name}|{feat}"] = gw_ldp.svc_select(dist, y, split)["test_acc"]
         out["runs"].append(run)
         print(f"  MUTAG feature term fold {fold}: " + ", ".join(f"{k} {v:.3f}" for k, v in run.items()
                                                                if k != "fold"), flush=True)
@@ -495,14 +495,14 @@ def part_seen_labels(args, data: dict) -> None:
     for dataset in args.datasets:
         graphs_data = load_dataset(dataset)
         graphs, y = graphs_data.graphs, np.asarray(graphs_data.y)
-        batch = proto.make_batch(graphs, 64)  # gw-ldp.degree-dim's default (IMDB-B has no node features)
+        batch = gw_ldp.make_batch(graphs, 64)  # gw-ldp.degree-dim's default (IMDB-B has no node features)
         classes = int(y.max()) + 1
 
         def svc_accs(model, folds):
-            embs = proto.node_embeddings(model, batch, "hidden")
-            spaces = [(proto.intra_distance(h), np.full(len(h), 1.0 / len(h)), h) for h in embs]
-            dist = proto.gw_matrix(spaces, args.workers, alpha=args.alpha)
-            return [proto.svc_select(dist, y, fold_split(len(y), f))["test_acc"] for f in folds]
+            embs = gw_ldp.node_embeddings(model, batch, "hidden")
+            spaces = [(gw_ldp.intra_distance(h), np.full(len(h), 1.0 / len(h)), h) for h in embs]
+            dist = gw_ldp.gw_matrix(spaces, args.workers, alpha=args.alpha)
+            return [gw_ldp.svc_select(dist, y, fold_split(len(y), f))["test_acc"] for f in folds]
 
         for kind in args.models:
             row = out.setdefault(f"{kind}|{dataset}", {"epochs": args.central_epochs, "alpha": args.alpha,
@@ -516,9 +516,9 @@ def part_seen_labels(args, data: dict) -> None:
                 save_json(data)
             for fold in list(range(args.folds))[len(row["unseen"]):]:
                 split = fold_split(len(graphs), fold)
-                model = central_gnn(kind, batch, y, np.flatnonzero(split == proto.SPLIT_TRAIN),
+                model = central_gnn(kind, batch, y, np.flatnonzero(split == gw_ldp.SPLIT_TRAIN),
                                     args.central_epochs, classes)
-                gnn = gnn_accuracy(model, batch, y, split == proto.SPLIT_TEST)
+                gnn = gnn_accuracy(model, batch, y, split == gw_ldp.SPLIT_TEST)
                 row["unseen"].append({"fold": fold, "gnn": gnn, "svc_test_acc": svc_accs(model, [fold])[0]})
                 print(f"  {dataset} {kind} fold {fold} (test graphs unseen): gnn {gnn:.3f}, svc "
                       f"{row['unseen'][-1]['svc_test_acc']:.3f}", flush=True)
@@ -600,22 +600,22 @@ def part_timing(args, data: dict) -> None:
 
     t = data.setdefault("timing", {})
     mutag = load_dataset("mutag")
-    mats = [proto.shortest_path_matrix(g.adj) for g in mutag.graphs]
+    mats = [gw_ldp.shortest_path_matrix(g.adj) for g in mutag.graphs]
     for workers in (1, 2):
         t0 = time.perf_counter()
         stats: dict = {}
-        proto.gw_matrix(mats, workers, stats=stats)
+        gw_ldp.gw_matrix(mats, workers, stats=stats)
         t[f"mutag_sp_workers{workers}_s"] = time.perf_counter() - t0
         t["mutag_sp_stats"] = stats
         print(f"  MUTAG GW_A {stats}: {workers} worker(s) {t[f'mutag_sp_workers{workers}_s']:.1f}s", flush=True)
         save_json(data)
     rng = np.random.default_rng(0)
     # the GW_H* matrix as deployed: LDP codes (epsilon = 1/|V|) of softmax-like 2-class embeddings
-    codes = [proto.encode_graph(rng.dirichlet(np.ones(2), size=g.num_nodes), 1.0 / g.num_nodes, rng)[0]
+    codes = [gw_ldp.encode_graph(rng.dirichlet(np.ones(2), size=g.num_nodes), 1.0 / g.num_nodes, rng)[0]
              for g in mutag.graphs]
     t0 = time.perf_counter()
     stats = {}
-    proto.gw_matrix([proto.embedding_space(c) for c in codes], 2, stats=stats)
+    gw_ldp.gw_matrix([gw_ldp.embedding_space(c) for c in codes], 2, stats=stats)
     t["mutag_ldp_codes_workers2_s"] = time.perf_counter() - t0
     t["mutag_ldp_codes_stats"] = stats
     print(f"  MUTAG GW_H* (LDP codes) {stats}: 2 workers {t['mutag_ldp_codes_workers2_s']:.1f}s", flush=True)
@@ -627,12 +627,12 @@ def part_timing(args, data: dict) -> None:
         spaces = []
         for g in coll.graphs:
             h = rng.dirichlet(np.ones(2), size=g.num_nodes)
-            codes, _ = proto.encode_graph(h, 1.0 / g.num_nodes, rng)
-            spaces.append(proto.embedding_space(codes))
+            codes, _ = gw_ldp.encode_graph(h, 1.0 / g.num_nodes, rng)
+            spaces.append(gw_ldp.embedding_space(codes))
         sample = [tuple(rng.choice(n, 2, replace=False)) for _ in range(args.sample_pairs)]
         t0 = time.perf_counter()
         for i, j in sample:
-            proto.gw_pair(spaces[i][0], spaces[j][0], spaces[i][1], spaces[j][1])
+            gw_ldp.gw_pair(spaces[i][0], spaces[j][0], spaces[i][1], spaces[j][1])
         per = (time.perf_counter() - t0) / len(sample)
         total = n * (n - 1) // 2
         t[f"{name}_ldp_per_pair_ms"] = per * 1e3
@@ -797,7 +797,7 @@ def render_selection(sel: dict) -> list[str]:
         "SVC model selection",
         "`--parts selection,selection-cv`, Table 1's runs. `validated`: (C, gamma) picked on the validation "
         "graphs (every other table); `5-fold CV`: picked by cross-validation over train and validation graphs "
-        f"(`gw-ldp.svc-selection = cv`); `grid max`: the best test accuracy of the {len(proto.C_GRID) * len(proto.GAMMA_GRID)} "
+        f"(`gw-ldp.svc-selection = cv`); `grid max`: the best test accuracy of the {len(gw_ldp.C_GRID) * len(gw_ldp.GAMMA_GRID)} "
         "pairs, i.e. tuned on the test graphs (an optimistic bound).",
         ["row", "dataset", "validated", "5-fold CV", "grid max", "paper", "folds", "test graphs per fold"])
     for key, st in sel.items():
@@ -1160,7 +1160,7 @@ def main() -> int:
     ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="timing,table1,cluster", type=list_arg(choices=tuple(PARTS)))
     ap.add_argument("--datasets", default="mutag", type=list_arg(choices=strategy_datasets("gw-ldp")))
-    ap.add_argument("--folds", type=value_arg(int, low=1, high=proto.FOLDS), default=10,
+    ap.add_argument("--folds", type=value_arg(int, low=1, high=gw_ldp.FOLDS), default=10,
                     help="ten-fold 7:2:1 folds to run (0..folds-1)")
     ap.add_argument("--alpha", type=float, default=1.0, help="gw-ldp.alpha of the federated runs (1 = GW)")
     ap.add_argument("--alphas", default="0.25,0.5,0.75", type=config_list("gw-ldp.alpha"),
@@ -1176,7 +1176,7 @@ def main() -> int:
     ap.add_argument("--cluster-rounds", type=int, default=50)
     ap.add_argument("--centres", type=int, default=500)
     ap.add_argument("--cluster-alpha", type=float, default=1.0, help="part cluster: gw-ldp.alpha (1 = GW)")
-    ap.add_argument("--cluster-embedding", default="classes", choices=proto.EMBEDDING_LAYERS,
+    ap.add_argument("--cluster-embedding", default="classes", choices=gw_ldp.EMBEDDING_LAYERS,
                     help="part cluster: gw-ldp.embedding")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--sample-pairs", type=int, default=2000)
@@ -1190,7 +1190,7 @@ def main() -> int:
     ap.add_argument("--noise-seeds", default="0,1,2", type=list_arg(int, low=0),
                     help="part seeds: the seeds of the noised rows (each also their noise seed)")
     ap.add_argument("--fresh", action="store_true", help="ignore stored results")
-    ap.add_argument("--models", default="gin,gcn", type=list_arg(choices=proto.MODELS, empty_ok=True),
+    ap.add_argument("--models", default="gin,gcn", type=list_arg(choices=gw_ldp.MODELS, empty_ok=True),
                     help="GW_H rows of these models (empty: the GW_A baseline alone)")
     ap.add_argument("--variants", default="plain,ldp", type=list_arg(choices=tuple(VARIANTS.values())),
                     help="table1: GW_H (plain) and/or GW_H* (ldp) rows")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.data import load_dataset  # noqa: E402
-from app.protocols import gw_ldp as proto  # noqa: E402
+from app.protocols import gw_ldp  # noqa: E402
 
 JSON_PATH = ROOT / "benchmarks" / "results" / "gw_solver.json"
 
@@ -36,9 +36,9 @@ def spaces_of(name: str, rng: np.random.Generator) -> dict[str, list]:
     graphs = load_dataset(name).graphs
     paths = []
     for g in graphs:
-        c = proto.shortest_path_matrix(g.adj)
+        c = gw_ldp.shortest_path_matrix(g.adj)
         paths.append((c, np.full(c.shape[0], 1.0 / c.shape[0])))
-    codes = [proto.embedding_space(proto.encode_graph(rng.dirichlet(np.ones(2), size=g.num_nodes),
+    codes = [gw_ldp.embedding_space(gw_ldp.encode_graph(rng.dirichlet(np.ones(2), size=g.num_nodes),
                                                       1.0 / g.num_nodes, rng)[0]) for g in graphs]
     return {"shortest_paths": paths, "ldp_codes": codes}
 
@@ -47,13 +47,13 @@ def compare(spaces: list, pairs: list) -> dict:
     """Both solvers on every pair: CPU seconds each, their ratio, and how far the values differ."""
     i, j = pairs[0]
     for solver in ("pot", "cg"):  # first calls pay imports and backend set-up: not timed
-        proto.gw_pair(spaces[i][0], spaces[j][0], spaces[i][1], spaces[j][1], solver=solver)
+        gw_ldp.gw_pair(spaces[i][0], spaces[j][0], spaces[i][1], spaces[j][1], solver=solver)
     cpu = {"cg": 0.0, "pot": 0.0}
     values = {"cg": [], "pot": []}
     for i, j in pairs:
         for solver in ("pot", "cg"):
             t0 = time.process_time()
-            values[solver].append(proto.gw_pair(spaces[i][0], spaces[j][0], spaces[i][1], spaces[j][1],
+            values[solver].append(gw_ldp.gw_pair(spaces[i][0], spaces[j][0], spaces[i][1], spaces[j][1],
                                                 solver=solver))
             cpu[solver] += time.process_time() - t0
     cg, pot = np.array(values["cg"]), np.array(values["pot"])
@@ -67,12 +67,12 @@ def compare(spaces: list, pairs: list) -> dict:
 def whole_matrix() -> dict:
     """The GW_A matrix of MUTAG's first 100 graphs by both solvers with 1 and 2 workers (wall
     seconds on a shared machine; are all four equal?)."""
-    mats = [proto.shortest_path_matrix(g.adj) for g in load_dataset("mutag").graphs[:100]]
+    mats = [gw_ldp.shortest_path_matrix(g.adj) for g in load_dataset("mutag").graphs[:100]]
     out, first = {}, None
     for solver in ("pot", "cg"):
         for workers in (1, 2):
             t0 = time.perf_counter()
-            d = proto.gw_matrix(mats, workers, solver=solver)
+            d = gw_ldp.gw_matrix(mats, workers, solver=solver)
             out[f"{solver}_workers{workers}_s"] = time.perf_counter() - t0
             first = d if first is None else first
             out[f"{solver}_workers{workers}_equal"] = bool(np.array_equal(d, first))

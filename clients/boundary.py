@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from app.config import ConfigError
 from app.data.types import no_boundary
 from app.privacy.secagg import FixedPointEncoder
-from app.protocols import boundary as proto
+from app.protocols import boundary as boundary_protocol
 from app.wire import ProtocolError
 from clients.base import answers
 
@@ -35,41 +35,41 @@ def _refused(rule: str, detail: str) -> ConfigError:
 class BoundaryClient:
     """Mixin for a :class:`~clients.base.ClusteringClient` whose method uses boundary edges."""
 
-    @answers(proto.BOUNDARY_SHARES)
+    @answers(boundary_protocol.BOUNDARY_SHARES)
     def on_boundary_shares(self, arrays, values):
         """Draw this party's group-key share; up: it sealed for each peer (row q for party q)."""
         try:
-            proto.check_shard(self.shard)
+            boundary_protocol.check_shard(self.shard)
         except ValueError as err:
             raise _refused("every row owned by its client", str(err)) from None
         me, parties = self.shard.client_id, self.shard.num_clients
-        share = os.urandom(proto.SHARE_BYTES)
+        share = os.urandom(boundary_protocol.SHARE_BYTES)
         self.save("boundary-share", share=np.frombuffer(share, dtype=np.uint8))
-        sealed = np.zeros((parties, proto.SEALED_BYTES), dtype=np.uint8)
+        sealed = np.zeros((parties, boundary_protocol.SEALED_BYTES), dtype=np.uint8)
         party = self._load_party() if parties > 1 else None  # one client: nobody to seal for
         for q in range(parties):
             if q != me:
-                sealed[q] = np.frombuffer(party.seal(q, share, proto.share_label(me, q)), dtype=np.uint8)
+                sealed[q] = np.frombuffer(party.seal(q, share, boundary_protocol.share_label(me, q)), dtype=np.uint8)
         return {"sealed": sealed}, {}
 
-    @answers(proto.BOUNDARY_TAGS)
+    @answers(boundary_protocol.BOUNDARY_TAGS)
     def on_boundary_tags(self, arrays, values):
         """Down: every peer's share sealed for this party (row p from party p). Form the group key;
         up: the keyed tags of this party's node IDs in row order, and its row ids."""
         me, parties = self.shard.client_id, self.shard.num_clients
         sealed = np.asarray(arrays["sealed"], dtype=np.uint8)
-        if sealed.shape != (parties, proto.SEALED_BYTES):
-            raise ProtocolError(f"sealed shares of shape {sealed.shape}, expected {(parties, proto.SEALED_BYTES)}")
+        if sealed.shape != (parties, boundary_protocol.SEALED_BYTES):
+            raise ProtocolError(f"sealed shares of shape {sealed.shape}, expected {(parties, boundary_protocol.SEALED_BYTES)}")
         party = self._load_party() if parties > 1 else None
         own = self.load("boundary-share")["share"].tobytes()
-        shares = [own if p == me else party.unseal(p, sealed[p].tobytes(), proto.share_label(p, me))
+        shares = [own if p == me else party.unseal(p, sealed[p].tobytes(), boundary_protocol.share_label(p, me))
                   for p in range(parties)]
-        key = proto.group_key(shares)
+        key = boundary_protocol.group_key(shares)
         self.save("boundary-key", key=np.frombuffer(key, dtype=np.uint8))
-        return {"tags": proto.tags(key, self.shard.item_keys),
+        return {"tags": boundary_protocol.tags(key, self.shard.item_keys),
                 "ids": np.asarray(self.shard.node_ids, dtype=np.int64)}, {}
 
-    @answers(proto.BOUNDARY_LINKS)
+    @answers(boundary_protocol.BOUNDARY_LINKS)
     def on_boundary_links(self, arrays, values):
         """Down: the directory (every party's tags in position order) and this party's offset.
         Locate each boundary edge's other end and keep the positions; an edge to an ID no party
@@ -77,8 +77,8 @@ class BoundaryClient:
         key = self.load("boundary-key")["key"].tobytes()
         boundary = self.shard.boundary if self.shard.boundary is not None else no_boundary(self.shard.item_keys.dtype)
         try:
-            links = proto.link(arrays["directory"], boundary, key, int(values["offset"]),
-                               proto.tags(key, self.shard.item_keys))
+            links = boundary_protocol.link(arrays["directory"], boundary, key, int(values["offset"]),
+                               boundary_protocol.tags(key, self.shard.item_keys))
         except ValueError as err:
             where = self.context.node_config.get("data") or "this client's shard"
             raise _refused("boundary edges to nodes some party holds", f"{where}: {err}") from None
@@ -92,20 +92,20 @@ class BoundaryClient:
         return LINKS_RECORD in self.context.state.array_records
 
     @cached_property
-    def links(self) -> proto.Links:
+    def links(self) -> boundary_protocol.Links:
         """This party's links (after ``boundary_links``)."""
         kept = self.load(LINKS_RECORD)
-        return proto.Links(int(kept["offset"][0]), int(kept["total"][0]), kept["far"])
+        return boundary_protocol.Links(int(kept["offset"][0]), int(kept["total"][0]), kept["far"])
 
     @cached_property
     def column_block(self) -> sp.csr_matrix:
         """``B_c`` (N x n): this party's columns of the whole adjacency at positions."""
-        return proto.column_block(self.shard.adj, self.shard.boundary, self.links)
+        return boundary_protocol.column_block(self.shard.adj, self.shard.boundary, self.links)
 
     @cached_property
     def whole_degrees(self) -> np.ndarray:
         """This party's nodes' degrees in the whole graph (its edges and its boundary edges)."""
-        return proto.degrees(self.shard.adj, self.shard.boundary)
+        return boundary_protocol.degrees(self.shard.adj, self.shard.boundary)
 
     def padded(self, rows: np.ndarray, values) -> np.ndarray:
         """Up: ``B_c rows`` (N x f) encoded, pairwise masked and padded on this party's own rows
@@ -113,7 +113,7 @@ class BoundaryClient:
         product = self.column_block @ np.asarray(rows, dtype=np.float64).reshape(self.shard.num_nodes, -1)
         masked = self.masked(product, values)
         pad = self._load_party().pad(str(values["secagg_tag"]), masked[: self.shard.num_nodes].size, masked.dtype)
-        return proto.pad_rows(masked, pad, self.links)
+        return boundary_protocol.pad_rows(masked, pad, self.links)
 
     def unpadded(self, ring_rows: np.ndarray, values) -> np.ndarray:
         """This party's rows of a padded sum (``values``: that sum's ``secagg_values``, relayed under
@@ -125,7 +125,7 @@ class BoundaryClient:
             raise ProtocolError(f"padded rows of {ring_rows.dtype} {ring_rows.shape}, expected {encoder.dtype} with "
                                 f"{self.shard.num_nodes} rows")
         pad = self._load_party().pad(str(values["padded.secagg_tag"]), ring_rows.size, ring_rows.dtype)
-        total = encoder.decode(proto.unpad_rows(ring_rows, pad))
+        total = encoder.decode(boundary_protocol.unpad_rows(ring_rows, pad))
         most = encoder.num_parties * encoder.max_q / encoder.scale
         if total.size and float(np.abs(total).max()) > most:
             raise ProtocolError("a padded sum beyond the parties' declared bound: not this step's sum")

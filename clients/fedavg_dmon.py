@@ -12,9 +12,9 @@ from functools import cached_property
 import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
-from app.protocols import fedavg_dmon as proto
-from app.protocols import fedavg_dmon_boundary as bproto
-from app.protocols import fedavg_dmon_gradient as gproto
+from app.protocols import fedavg_dmon
+from app.protocols import fedavg_dmon_boundary
+from app.protocols import fedavg_dmon_gradient
 from app.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.fedavg_dmon_boundary import DMoNBoundaryClient
@@ -22,19 +22,19 @@ from clients.fedavg_dmon_boundary import DMoNBoundaryClient
 _GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
 
 
-class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConfig]):
+class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[fedavg_dmon.FedAvgDMoNConfig]):
     """Local DMoN training; on a linked node split the whole graph's layer and loss
     (:class:`clients.fedavg_dmon_boundary.DMoNBoundaryClient`)."""
 
-    settings = proto.FedAvgDMoNConfig
-    label_steps = (proto.DMON_ASSIGN,)
+    settings = fedavg_dmon.FedAvgDMoNConfig
+    label_steps = (fedavg_dmon.DMON_ASSIGN,)
 
     def step_limits(self) -> dict[str, int]:
         """Training rounds ``num-rounds`` (gradient mode: ``local-epochs`` server steps each, plus the
         final evaluation's spread), the features, the evaluation and the labels once."""
         rounds, steps = self.shared.num_rounds, self.shared.num_rounds * self.cfg.local_epochs
-        return {**super().step_limits(), proto.DMON_TRAIN: rounds, proto.DMON_EVAL: 1, proto.DMON_ASSIGN: 1,
-                bproto.DMON_FEATURES: 1, bproto.DMON_SPREAD: steps + 1, gproto.DMON_GRADIENT: steps}
+        return {**super().step_limits(), fedavg_dmon.DMON_TRAIN: rounds, fedavg_dmon.DMON_EVAL: 1, fedavg_dmon.DMON_ASSIGN: 1,
+                fedavg_dmon_boundary.DMON_FEATURES: 1, fedavg_dmon_boundary.DMON_SPREAD: steps + 1, fedavg_dmon_gradient.DMON_GRADIENT: steps}
 
     # -- helpers ---------------------------------------------------------------
     def handle(self, action, content):
@@ -52,8 +52,8 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         key = (id(s), s.dataset, s.partitioner, s.client_id, s.num_clients, seed, val, test, sparse)
         hit = _GRAPHS.get(key)
         if hit is None or hit[0] is not s:
-            train, vadj, tadj = proto.split_adjacency(s.adj, np.asarray(s.node_ids), seed, val, test)
-            hit = (s, proto.make_graph(s.x, train, sparse), vadj, tadj, train)
+            train, vadj, tadj = fedavg_dmon.split_adjacency(s.adj, np.asarray(s.node_ids), seed, val, test)
+            hit = (s, fedavg_dmon.make_graph(s.x, train, sparse), vadj, tadj, train)
             if len(_GRAPHS) > 64:
                 _GRAPHS.clear()
             _GRAPHS[key] = hit
@@ -64,11 +64,11 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
 
     def _state(self, k, weights):
         if "dmon_state" in self.context.state.array_records:
-            return proto.LocalState.from_arrays(self.load("dmon_state"))
+            return fedavg_dmon.LocalState.from_arrays(self.load("dmon_state"))
         if weights is None:
             raise ProtocolError("first training round without initial weights")
         kw = self._model_kw()
-        return proto.start_state(weights, self.shared.seed, self.shard.client_id, k, kw["hidden"], kw["dropout"])
+        return fedavg_dmon.start_state(weights, self.shared.seed, self.shard.client_id, k, kw["hidden"], kw["dropout"])
 
     def _dp(self) -> bool:
         """Client-level DP-FedAvg on (federated mode only, checked by the strategy)."""
@@ -79,12 +79,12 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
 
     def _score(self, weights, k):
         graph, vadj, _ = self.graph()
-        return proto.validation_score(proto.assign(weights, graph, k, self.cfg.hidden), vadj)
+        return fedavg_dmon.validation_score(fedavg_dmon.assign(weights, graph, k, self.cfg.hidden), vadj)
 
     def _keep_if_best(self, weights, score):
         best = self.load("dmon_best") if "dmon_best" in self.context.state.array_records else None
         if best is None or score > float(best["score"][0]):
-            self.save("dmon_best", score=np.array([score]), **{f"w/{n}": weights[n] for n in proto.PARAM_NAMES})
+            self.save("dmon_best", score=np.array([score]), **{f"w/{n}": weights[n] for n in fedavg_dmon.PARAM_NAMES})
 
     # -- steps -------------------------------------------------------------------
     def hello_figures(self, values) -> dict:
@@ -95,7 +95,7 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
             figures["magnitude"] = self.magnitude()
         return figures
 
-    @answers(proto.DMON_TRAIN, train=True)
+    @answers(fedavg_dmon.DMON_TRAIN, train=True)
     def on_dmon_train(self, arrays, values) -> Reply:
         """Train from the received weights; reply the weights (federated; noised under DP) and,
         without DP, the validation score of the received weights and the per-epoch losses.
@@ -103,20 +103,20 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         retraining, no second draw; :meth:`release`)."""
         federated = self.cfg.mode == "federated"
         mech = self._mechanism if self._dp() and federated else None
-        self.policy.check_noise(proto.DMON_TRAIN, mech and mech.noise_multiplier)
+        self.policy.check_noise(fedavg_dmon.DMON_TRAIN, mech and mech.noise_multiplier)
         if federated:
-            self.require_masking(proto.DMON_TRAIN, values, needed_by_run=self.cfg.secure)
+            self.require_masking(fedavg_dmon.DMON_TRAIN, values, needed_by_run=self.cfg.secure)
         if mech:
-            return self.release(proto.DMON_TRAIN, arrays, values, lambda: self._train(arrays, values)[0],
+            return self.release(fedavg_dmon.DMON_TRAIN, arrays, values, lambda: self._train(arrays, values)[0],
                                 multiplier=mech.effective_noise_multiplier)
-        with self.spending(proto.DMON_TRAIN, request_digest(arrays, values), None):
+        with self.spending(fedavg_dmon.DMON_TRAIN, request_digest(arrays, values), None):
             return self._train(arrays, values)
 
     def _train(self, arrays, values):
         if self.linked:
             return self.boundary_round(arrays, values)
         k = int(values["k"])
-        received = {n: arrays[n] for n in proto.PARAM_NAMES} if proto.PARAM_NAMES[0] in arrays else None
+        received = {n: arrays[n] for n in fedavg_dmon.PARAM_NAMES} if fedavg_dmon.PARAM_NAMES[0] in arrays else None
         state = self._state(k, received)
         start = received if received is not None else state.weights
         dp = self._dp()
@@ -125,7 +125,7 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
             if self._local_select():
                 self._keep_if_best(start, score)
         kw = self._model_kw()
-        state, losses = proto.local_train(
+        state, losses = fedavg_dmon.local_train(
             state, self.graph()[0], k, self.cfg.local_epochs, lr=self.cfg.lr, collapse=self.cfg.collapse,
             weights=received, keep_optimizer=self.cfg.optimizer_state == "keep", **kw,
         )
@@ -135,30 +135,30 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         reply_values = {} if dp else {"val_modularity": score, "val_edges": edges, "losses": losses}
         if self.cfg.mode != "federated":
             return {}, reply_values  # isolated / centralised: the weights never leave
-        upload = proto.dp_update(received, state.weights, self._mechanism, self.noise("dmon_train")) if dp \
+        upload = fedavg_dmon.dp_update(received, state.weights, self._mechanism, self.noise("dmon_train")) if dp \
             else state.weights
         if "secagg_tag" in values:
-            vector = float(values["factor"]) * proto.flatten(upload)
+            vector = float(values["factor"]) * fedavg_dmon.flatten(upload)
             return {"weights": self.masked(vector, values)}, reply_values
         return dict(upload), reply_values
 
     @cached_property
     def _mechanism(self):
         """The DP-FedAvg mechanism of this client's run config (calibrated once per message)."""
-        return proto.dp_mechanism(self.cfg, self.shared.num_rounds)
+        return fedavg_dmon.dp_mechanism(self.cfg, self.shared.num_rounds)
 
-    @answers(proto.DMON_EVAL)
+    @answers(fedavg_dmon.DMON_EVAL)
     def on_dmon_eval(self, arrays, values) -> Reply:
         """Validation score of the received weights; refused under DP (not covered by the noise)."""
         if self._dp():
             raise PrivacyRefusal("fedavg-dmon.dp-clip", "dmon_eval refused: with fedavg-dmon.dp-clip > 0 the "
                                                         "validation score is not sent (it is not covered by the DP noise)")
-        self.policy.check_noise(proto.DMON_EVAL, None)
+        self.policy.check_noise(fedavg_dmon.DMON_EVAL, None)
         if self.linked:
-            with self.spending(proto.DMON_EVAL, request_digest(arrays, values), None):
+            with self.spending(fedavg_dmon.DMON_EVAL, request_digest(arrays, values), None):
                 return self.boundary_eval(arrays, values)
-        with self.spending(proto.DMON_EVAL, request_digest(arrays, values), None):
-            score, edges = self._score({n: arrays[n] for n in proto.PARAM_NAMES}, int(values["k"]))
+        with self.spending(fedavg_dmon.DMON_EVAL, request_digest(arrays, values), None):
+            score, edges = self._score({n: arrays[n] for n in fedavg_dmon.PARAM_NAMES}, int(values["k"]))
         return {}, {"val_modularity": score, "val_edges": edges}
 
     def _assign_k(self, values) -> int:
@@ -167,24 +167,24 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         refused (rules ``server-input``, ``protocol-order``)."""
         k, own = int(values["k"]), self.shared.num_clusters
         if own and k != own:
-            raise PrivacyRefusal("server-input", f"'{proto.DMON_ASSIGN}' asked for k={k} classes; valid: "
+            raise PrivacyRefusal("server-input", f"'{fedavg_dmon.DMON_ASSIGN}' asked for k={k} classes; valid: "
                                                  f"num-clusters={own}")
-        trained = {proto.DMON_TRAIN, gproto.DMON_GRADIENT, bproto.DMON_SPREAD} & set(self.steps_answered.counts())
+        trained = {fedavg_dmon.DMON_TRAIN, fedavg_dmon_gradient.DMON_GRADIENT, fedavg_dmon_boundary.DMON_SPREAD} & set(self.steps_answered.counts())
         if self.cfg.mode == "federated" and not trained:
-            raise PrivacyRefusal("protocol-order", f"'{proto.DMON_ASSIGN}' before any training step of this run")
+            raise PrivacyRefusal("protocol-order", f"'{fedavg_dmon.DMON_ASSIGN}' before any training step of this run")
         return k
 
     def _check_model(self, weights: dict, features: int, k: int) -> None:
         """Weights of the model this client's run config defines (``hidden``, k classes, its features),
         finite; else refused (rule ``server-input``)."""
-        shapes = proto.param_shapes(features, k, self.cfg.hidden)
+        shapes = fedavg_dmon.param_shapes(features, k, self.cfg.hidden)
         for name, shape in shapes.items():
             w = np.asarray(weights.get(name, np.zeros(0)))
             if w.shape != tuple(shape) or w.dtype.kind != "f" or not np.isfinite(w).all():
-                raise PrivacyRefusal("server-input", f"'{proto.DMON_ASSIGN}' weight '{name}' of {w.dtype} {w.shape}; "
+                raise PrivacyRefusal("server-input", f"'{fedavg_dmon.DMON_ASSIGN}' weight '{name}' of {w.dtype} {w.shape}; "
                                                      f"valid: finite {tuple(shape)} (hidden={self.cfg.hidden}, k={k})")
 
-    @answers(proto.DMON_ASSIGN)
+    @answers(fedavg_dmon.DMON_ASSIGN)
     def on_dmon_assign(self, arrays, values) -> Reply:
         """Labels of this client's nodes and its own metrics: evaluation outputs, sent in clear and
         outside the DP guarantee (with ``dp-clip > 0`` too). The validation modularity of the
@@ -192,22 +192,22 @@ class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[proto.FedAvgDMoNConf
         k = self._assign_k(values)
         graph, vadj, tadj = self.graph()
         if self.linked:  # the whole graph's layer; the validation score is the server's
-            graph, score, weights = self.party_graph().layer, None, {n: arrays[n] for n in proto.PARAM_NAMES}
-        elif proto.PARAM_NAMES[0] in arrays:
-            weights = {n: arrays[n] for n in proto.PARAM_NAMES}
+            graph, score, weights = self.party_graph().layer, None, {n: arrays[n] for n in fedavg_dmon.PARAM_NAMES}
+        elif fedavg_dmon.PARAM_NAMES[0] in arrays:
+            weights = {n: arrays[n] for n in fedavg_dmon.PARAM_NAMES}
             score = None if self._dp() else self._score(weights, k)[0]
         else:  # isolated / centralised: this client's own model
-            weights = proto.LocalState.from_arrays(self.load("dmon_state")).weights
+            weights = fedavg_dmon.LocalState.from_arrays(self.load("dmon_state")).weights
             score, _ = self._score(weights, k)
             if self._local_select():
                 self._keep_if_best(weights, score)
                 best = self.load("dmon_best")
-                weights = {n: best[f"w/{n}"] for n in proto.PARAM_NAMES}
+                weights = {n: best[f"w/{n}"] for n in fedavg_dmon.PARAM_NAMES}
                 score = float(best["score"][0])
         self._check_model(weights, int(self.graph()[0].x.shape[1]), k)
-        labels = proto.assign(weights, graph, k, self.cfg.hidden)
+        labels = fedavg_dmon.assign(weights, graph, k, self.cfg.hidden)
         self.save("labels", labels=labels)
-        metrics = proto.client_metrics(labels, self.shard.y, tadj, self.shard.adj)
+        metrics = fedavg_dmon.client_metrics(labels, self.shard.y, tadj, self.shard.adj)
         owned = self.shard.owned if self.shard.owned is not None else np.ones(len(labels), bool)
         return (
             {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels,

@@ -13,7 +13,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from app.data.shards import remember
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.protocols.boundary import PADDED_ROWS
 from app.privacy.policy import PrivacyRefusal
 from app.wire import ProtocolError
@@ -35,15 +35,15 @@ UNFILTERED = "fedkmeans-unfiltered"
 LAST_STEP = "fedkmeans-last-step"
 
 
-class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
-    settings = proto.FedKMeansConfig
-    label_steps = (proto.KMEANS_ASSIGN,)
+class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig]):
+    settings = fedkmeans.FedKMeansConfig
+    label_steps = (fedkmeans.KMEANS_ASSIGN,)
 
     def step_limits(self) -> dict[str, int]:
         """Lloyd steps at most ``num-rounds``, the filter's hops ``filter-order``, the seeds after it
         and the final labels once."""
-        return {**super().step_limits(), proto.KMEANS_STEP: self.shared.num_rounds, proto.KMEANS_ASSIGN: 1,
-                proto.KMEANS_INIT: 1, proto.KMEANS_FILTER: self.cfg.filter_order}
+        return {**super().step_limits(), fedkmeans.KMEANS_STEP: self.shared.num_rounds, fedkmeans.KMEANS_ASSIGN: 1,
+                fedkmeans.KMEANS_INIT: 1, fedkmeans.KMEANS_FILTER: self.cfg.filter_order}
 
     def _k(self, asked: int | None = None) -> int:
         """The run's number of clusters: its num-clusters, or where that is 0 (the number of classes,
@@ -64,7 +64,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
     def _centres(self, centres: np.ndarray, step: str, starts: int | None = None) -> np.ndarray:
         """The server's ``centres`` when they are centres of this run (with ``starts``, that many blocks:
         :func:`app.protocols.fedkmeans.centres_problem`), else refused (rule ``server-input``)."""
-        problem = proto.centres_problem(centres, self._k(), self.features().shape[1], starts)
+        problem = fedkmeans.centres_problem(centres, self._k(), self.features().shape[1], starts)
         if problem:
             raise PrivacyRefusal("server-input", f"'{step}' sent {problem}")
         return centres
@@ -72,9 +72,9 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
     def _starts(self, starts: np.ndarray | None) -> np.ndarray:
         """The starts a Lloyd step advances when they are starts of this run (at most its
         ``fedkmeans.restarts``), else refused (rule ``server-input``)."""
-        problem = "no starts" if starts is None else proto.starts_problem(starts, self.cfg.restarts)
+        problem = "no starts" if starts is None else fedkmeans.starts_problem(starts, self.cfg.restarts)
         if problem:
-            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_STEP}' sent {problem}")
+            raise PrivacyRefusal("server-input", f"'{fedkmeans.KMEANS_STEP}' sent {problem}")
         return np.asarray(starts, dtype=np.int64)
 
     def _order(self) -> int:
@@ -94,7 +94,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         # the entry holds the shard, so its id cannot be reused while cached
         key = (id(self.shard), order, self.cfg.dims, self.shared.seed)
         return remember(_FEATURES, key,
-                        lambda: (self.shard, proto.local_features(self.shard.x, self.shard.adj, self.cfg,
+                        lambda: (self.shard, fedkmeans.local_features(self.shard.x, self.shard.adj, self.cfg,
                                                                   self.shared.seed, order)),
                         _KEPT_FEATURES)[1]
 
@@ -106,16 +106,16 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
     def hello_figures(self, values) -> dict:
         """Where the filter may run over the whole graph (``filter_hops``): whether this party holds an
         edge, so that the server runs the filter only where the graph has one."""
-        return {proto.HAS_EDGES: int(self._holds_edges())} if proto.FILTER_HOPS in values else {}
+        return {fedkmeans.HAS_EDGES: int(self._holds_edges())} if fedkmeans.FILTER_HOPS in values else {}
 
     def hello_arrays(self, values) -> dict[str, np.ndarray]:
         """With hello: this client's local k-means++ centres and their sizes (:meth:`seeds`), unless the
         filter runs over the whole graph first (``filter_hops``): then nothing, the seeds follow it."""
-        hops = int(values.get(proto.FILTER_HOPS, 0))
+        hops = int(values.get(fedkmeans.FILTER_HOPS, 0))
         if not hops:
             return self.seeds(values)
         if hops != self.cfg.filter_order or self.shard.num_clients < 2:
-            raise ProtocolError(f"{proto.FILTER_HOPS}={hops} for filter-order {self.cfg.filter_order} and "
+            raise ProtocolError(f"{fedkmeans.FILTER_HOPS}={hops} for filter-order {self.cfg.filter_order} and "
                                 f"{self.shard.num_clients} client(s)")
         self._check_rows()
         self.save(FILTERED, hops=np.array([0]))
@@ -134,17 +134,17 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         local clusters that would determine a row with those go out as the ones sent before)."""
         self._check_rows()
         x, min_rows, k = self.features(), int(self.policy["min-rows"]), self._k(int(values["k"]))
-        centres, counts, labels = proto.local_seeds(x, k, int(values["seed"]), min_rows, self.cfg.restarts)
+        centres, counts, labels = fedkmeans.local_seeds(x, k, int(values["seed"]), min_rows, self.cfg.restarts)
         if min_rows > 1:
             with self.release_record.locked():
                 earlier = self._earlier_audit(len(x))
-                chosen = proto.released_seeds(labels, k, min_rows, earlier["basis"], earlier.get("seed_labels"))
+                chosen = fedkmeans.released_seeds(labels, k, min_rows, earlier["basis"], earlier.get("seed_labels"))
                 if chosen is None:
                     raise PrivacyRefusal("min-rows", "every choice of local clusters would determine a row with the "
                                                      "sums this node sent of its rows in earlier runs")
                 labels, basis = chosen
-                self._keep(proto.Audit(basis), seed_labels=labels)
-            centres, counts = proto.seed_centres(x, labels)
+                self._keep(fedkmeans.Audit(basis), seed_labels=labels)
+            centres, counts = fedkmeans.seed_centres(x, labels)
         return {"centres": centres, "counts": counts}
 
     def _audit_name(self) -> str:
@@ -155,50 +155,50 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         this node's release record (an empty basis without one)."""
         kept = self.release_record.load_arrays(self._audit_name()) or {}
         if "basis" not in kept or kept["basis"].shape[0] != rows:
-            kept["basis"] = proto.Audit.empty(rows).basis
+            kept["basis"] = fedkmeans.Audit.empty(rows).basis
         return kept
 
-    def _audit(self) -> proto.StartAudits:
+    def _audit(self) -> fedkmeans.StartAudits:
         """This run's audit over every start; its basis the one the release record keeps when the node
         has one (the row sets sent in every run, this one included)."""
         audit = self.load(AUDIT)
         if self.release_record.directory is not None:
             audit["basis"] = self._earlier_audit(len(audit["basis"]))["basis"]
         if "labels" not in audit:  # before the first Lloyd statistics: the seeds' basis
-            return proto.StartAudits.starting(audit["basis"], self.cfg.restarts, self._k())
-        return proto.StartAudits(**audit)
+            return fedkmeans.StartAudits.starting(audit["basis"], self.cfg.restarts, self._k())
+        return fedkmeans.StartAudits(**audit)
 
     # -- the filter over the whole graph ------------------------------------------------------
-    @answers(proto.KMEANS_FILTER)
+    @answers(fedkmeans.KMEANS_FILTER)
     def on_kmeans_filter(self, arrays, values) -> Reply:
         """Hop ``hop`` (down: from hop 2 on, this party's rows of the last hop's padded sum). Up: the
         padded ``B_c U`` of this party's rows ``F`` filtered ``hop - 1`` times (``U = D~^-1/2 F``)."""
         hop = int(values["hop"])
         if not 1 <= hop <= self.cfg.filter_order:
             raise ProtocolError(f"filter hop {hop}; valid: 1..{self.cfg.filter_order} (filter-order)")
-        floor = proto.hop_bound(self.links.total, self.secagg.bound)
+        floor = fedkmeans.hop_bound(self.links.total, self.secagg.bound)
         if not float(values["secagg_bound"]) >= floor * (1 - 1e-12):
             raise PrivacyRefusal("secagg-bound", f"secagg_bound={float(values['secagg_bound']):.6g} for "
                                                  f"'{values['secagg_tag']}', below {floor:.6g}, the bound this step "
                                                  "declares honestly")
         rows = self._filtered(arrays, values, hop - 1)
-        return {proto.NEIGHBOURS: self.padded(proto.scaled_rows(rows, self.whole_degrees), values)}, {}
+        return {fedkmeans.NEIGHBOURS: self.padded(fedkmeans.scaled_rows(rows, self.whole_degrees), values)}, {}
 
-    @answers(proto.KMEANS_INIT)
+    @answers(fedkmeans.KMEANS_INIT)
     def on_kmeans_init(self, arrays, values) -> Reply:
         """Down: ``hops``, this party's rows of the last hop's padded sum, ``k`` and ``seed``. Up: the
         local seeds of its rows filtered over the whole graph, as hello's (:meth:`seeds`). With hops 0
         (no party holds an edge: the filter is the identity) the seeds of its unfiltered features."""
         hops = int(values.get("hops", -1))
         if FILTERED not in self.context.state.array_records:
-            raise ValueError(f"'{proto.KMEANS_INIT}' in a run whose hello carried the seeds")
+            raise ValueError(f"'{fedkmeans.KMEANS_INIT}' in a run whose hello carried the seeds")
         if hops not in (0, self.cfg.filter_order):
-            raise ValueError(f"'{proto.KMEANS_INIT}' after {hops} filter hop(s); valid: 0 or "
+            raise ValueError(f"'{fedkmeans.KMEANS_INIT}' after {hops} filter hop(s); valid: 0 or "
                              f"{self.cfg.filter_order} (filter-order)")
         if hops:
             self._filtered(arrays, values, hops)
         elif PADDED_ROWS in arrays or int(self.load(FILTERED)["hops"][0]) or self._holds_edges():
-            raise ValueError(f"'{proto.KMEANS_INIT}' without the filter, after a hop or for a party that "
+            raise ValueError(f"'{fedkmeans.KMEANS_INIT}' without the filter, after a hop or for a party that "
                              "holds an edge; valid: the filter's hops first where the graph has edges")
         else:
             self.save(UNFILTERED, hops=np.array([0]))
@@ -213,11 +213,11 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             raise ProtocolError(f"a request that takes the filter to {hops} hop(s) after {done}, "
                                 + ("with" if PADDED_ROWS in arrays else "without") + " a padded sum's rows")
         if not hops:
-            features = proto.projected(self.shard.x, self.cfg, self.shared.seed)
+            features = fedkmeans.projected(self.shard.x, self.cfg, self.shared.seed)
             self._check_bound(features, float(values["secagg_bound"]))
             return features
-        before = kept["rows"] if done else proto.projected(self.shard.x, self.cfg, self.shared.seed)
-        rows = proto.filter_hop(before, self.unpadded(arrays[PADDED_ROWS], values), self.whole_degrees)
+        before = kept["rows"] if done else fedkmeans.projected(self.shard.x, self.cfg, self.shared.seed)
+        rows = fedkmeans.filter_hop(before, self.unpadded(arrays[PADDED_ROWS], values), self.whole_degrees)
         self.save(FILTERED, hops=np.array([hops]), rows=rows)
         return rows
 
@@ -232,7 +232,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
                 "this party's filter uploads may be clipped (the filter then differs from the centralised one); "
                 "valid: a larger secagg.bound", self.secagg.bound, bound / self.secagg.bound)
 
-    @answers(proto.KMEANS_STEP)
+    @answers(fedkmeans.KMEANS_STEP)
     def on_kmeans_step(self, arrays, values) -> Reply:
         """Per start it advances (``starts``, one block of ``centres`` each): per-cluster sums, counts,
         rows withheld and inertia; above ``min-rows`` 1 only the clusters this node's audit of every
@@ -242,33 +242,33 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         which can only make it stricter)."""
         min_rows = int(self.policy["min-rows"])
         starts = self._starts(arrays.get("starts"))
-        centres = self._centres(arrays["centres"], proto.KMEANS_STEP, len(starts))
-        self.require_masking(proto.KMEANS_STEP, values, needed_by_run=self.cfg.secure)
+        centres = self._centres(arrays["centres"], fedkmeans.KMEANS_STEP, len(starts))
+        self.require_masking(fedkmeans.KMEANS_STEP, values, needed_by_run=self.cfg.secure)
         replayed = self._replayed(arrays, centres.shape[1:])
         with self.release_record.locked():
             audits = self._audit() if min_rows > 1 else None
             if replayed is not None:
-                audits = proto.replay_audit(self.features(), *replayed, min_rows, audits)
-            stats, counts, audits = proto.start_statistics(self.features(), centres, starts, min_rows, audits)
+                audits = fedkmeans.replay_audit(self.features(), *replayed, min_rows, audits)
+            stats, counts, audits = fedkmeans.start_statistics(self.features(), centres, starts, min_rows, audits)
             if audits is not None:
                 self._keep(audits)
         self._record_step(starts, centres, counts, replayed)
         if "secagg_tag" in values:  # an honest server declares at least this client's rows x secagg.bound
-            floor = proto.statistics_bound(len(self.shard.node_ids), self.secagg.bound)
+            floor = fedkmeans.statistics_bound(len(self.shard.node_ids), self.secagg.bound)
             stats = self.masked(stats, values, floor=floor)
         return {"stats": stats}, {}
 
     def _replayed(self, arrays, shape: tuple) -> tuple[np.ndarray, np.ndarray] | None:
         """The blocks and starts of a resumed run's replayed Lloyd steps in ``arrays``, checked
         (:func:`app.protocols.fedkmeans.check_replayed`); only before this client's first live Lloyd step."""
-        if proto.REPLAYED_CENTRES not in arrays:
+        if fedkmeans.REPLAYED_CENTRES not in arrays:
             return None
         if LAST_STEP in self.context.state.array_records:
-            raise ProtocolError(f"{proto.REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the "
+            raise ProtocolError(f"{fedkmeans.REPLAYED_CENTRES} after this client's first Lloyd statistics; valid: with the "
                                 "first live step of a resumed run only")
         restarts = self.cfg.restarts
-        replayed, starts = arrays[proto.REPLAYED_CENTRES], arrays.get(proto.REPLAYED_STARTS, np.zeros(0))
-        proto.check_replayed(replayed, starts, shape, restarts, (self.shared.num_rounds - 1) * restarts)
+        replayed, starts = arrays[fedkmeans.REPLAYED_CENTRES], arrays.get(fedkmeans.REPLAYED_STARTS, np.zeros(0))
+        fedkmeans.check_replayed(replayed, starts, shape, restarts, (self.shared.num_rounds - 1) * restarts)
         return replayed, np.asarray(starts, dtype=np.int64)
 
     def _record_step(self, starts: np.ndarray, centres: np.ndarray, counts: np.ndarray,
@@ -294,7 +294,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
             last["digests"][start], last["answered"][start] = _digest(block), True
         return last
 
-    def _keep(self, audit: proto.Audit | proto.StartAudits, seed_labels: np.ndarray | None = None) -> None:
+    def _keep(self, audit: fedkmeans.Audit | fedkmeans.StartAudits, seed_labels: np.ndarray | None = None) -> None:
         """Keep ``audit`` for this run, and its basis in the node's release record for every later run
         on these rows (with the local clusters sent, ``seed_labels``); under the record's lock."""
         self.save(AUDIT, **{name: value for name, value in vars(audit).items() if value is not None})
@@ -305,17 +305,17 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
                 kept["seed_labels"] = seed_labels
             record.save_arrays(self._audit_name(), **{**kept, "basis": audit.basis})
 
-    @answers(proto.KMEANS_ASSIGN)
+    @answers(fedkmeans.KMEANS_ASSIGN)
     def on_kmeans_assign(self, arrays, values) -> Reply:
         """The labels of this client's rows under the final centres of the chosen ``start``, which it
         derives from the last Lloyd step that advanced that start and the summed statistics the
         server returns (:func:`app.protocols.fedkmeans.final_centres`); anything else refused (rule
         ``server-input``)."""
         last, own = self._last_step(arrays, values)
-        centres = proto.final_centres(last, own, arrays.get("stats", np.zeros(0)))
+        centres = fedkmeans.final_centres(last, own, arrays.get("stats", np.zeros(0)))
         if isinstance(centres, str):
-            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent {centres}")
-        labels, _ = proto.assign(self.features(), centres)
+            raise PrivacyRefusal("server-input", f"'{fedkmeans.KMEANS_ASSIGN}' sent {centres}")
+        labels, _ = fedkmeans.assign(self.features(), centres)
         self.save("labels", labels=labels)
         return {"node_ids": np.asarray(self.shard.node_ids, dtype=np.int64), "labels": labels.astype(np.int64)}, {}
 
@@ -324,14 +324,14 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[proto.FedKMeansConfig]):
         ``centres`` must be, and the counts this client sent then. A resumed run whose Lloyd steps the
         journal replayed (none reached this client) carries their blocks instead: the last of that start,
         with no counts of its own."""
-        sent = self._centres(arrays["centres"], proto.KMEANS_ASSIGN)
+        sent = self._centres(arrays["centres"], fedkmeans.KMEANS_ASSIGN)
         start = int(values.get("start", -1))
         if not 0 <= start < self.cfg.restarts:
-            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent start {start}; valid: 0.."
+            raise PrivacyRefusal("server-input", f"'{fedkmeans.KMEANS_ASSIGN}' sent start {start}; valid: 0.."
                                                  f"{self.cfg.restarts - 1} (fedkmeans.restarts)")
         last = self._last_steps(self._replayed(arrays, sent.shape), len(sent))
         if not last["answered"][start] or not np.array_equal(last["digests"][start], _digest(sent)):
-            raise PrivacyRefusal("server-input", f"'{proto.KMEANS_ASSIGN}' sent centres that are not those of the "
+            raise PrivacyRefusal("server-input", f"'{fedkmeans.KMEANS_ASSIGN}' sent centres that are not those of the "
                                                  f"last Lloyd step of start {start} this client answered")
         return sent, last["counts"][start]
 

@@ -18,23 +18,23 @@ from __future__ import annotations
 import numpy as np
 
 from app.privacy.policy import PrivacyRefusal
-from app.protocols import fedsc as proto
+from app.protocols import fedsc
 from clients.base import ClusteringClient, Reply, answers, request_digest
 
 
-class FedSCClient(ClusteringClient[proto.FedSCConfig]):
-    settings = proto.FedSCConfig
+class FedSCClient(ClusteringClient[fedsc.FedSCConfig]):
+    settings = fedsc.FedSCConfig
 
     def step_limits(self) -> dict[str, int]:
         """Z_p every round (``num-rounds``), the landmark count and C_p once."""
-        return {**super().step_limits(), proto.FEDSC_ROUND: self.shared.num_rounds, proto.FEDSC_RANK: 1,
-                proto.FEDSC_FINAL: 1}
+        return {**super().step_limits(), fedsc.FEDSC_ROUND: self.shared.num_rounds, fedsc.FEDSC_RANK: 1,
+                fedsc.FEDSC_FINAL: 1}
 
     def features(self) -> np.ndarray:
         """This client's (filtered, perturbed) sample rows, computed once per run
         (``fedsc.data-noise`` from :meth:`noise`: fresh OS entropy unless a simulated run sets a seed)."""
         if "fedsc" not in self.context.state.array_records:
-            self.save("fedsc", x=proto.client_features(self.shard, self.cfg, self.noise("fedsc_data")))
+            self.save("fedsc", x=fedsc.client_features(self.shard, self.cfg, self.noise("fedsc_data")))
         return self.load("fedsc")["x"]
 
     def hello_figures(self, values) -> dict:
@@ -44,60 +44,60 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
         x = self.features()
         if not values["estimate"]:  # sigma is given: no statistic of the samples leaves
             return {"features": int(x.shape[1])}
-        self.policy.check_noise(proto.FEDSC_BANDWIDTH, None)
-        with self.spending(proto.FEDSC_BANDWIDTH, request_digest({}, values), None):
-            total, pairs = proto.local_distance_sum(x)
+        self.policy.check_noise(fedsc.FEDSC_BANDWIDTH, None)
+        with self.spending(fedsc.FEDSC_BANDWIDTH, request_digest({}, values), None):
+            total, pairs = fedsc.local_distance_sum(x)
         return {"features": int(x.shape[1]), "distance_sum": total, "pairs": pairs}
 
-    @answers(proto.FEDSC_RANK)
+    @answers(fedsc.FEDSC_RANK)
     def on_fedsc_rank(self, arrays, values) -> Reply:
         """The landmark count of the spectral-mass rule: an un-noised release."""
-        self.policy.check_noise(proto.FEDSC_RANK, None)
-        with self.spending(proto.FEDSC_RANK, request_digest(arrays, values), None):
-            d = proto.local_landmark_count(self.features(), float(values["sigma"]), float(values["mass"]))
+        self.policy.check_noise(fedsc.FEDSC_RANK, None)
+        with self.spending(fedsc.FEDSC_RANK, request_digest(arrays, values), None):
+            d = fedsc.local_landmark_count(self.features(), float(values["sigma"]), float(values["mass"]))
         return {}, {"landmarks": int(d)}
 
-    @answers(proto.FEDSC_ROUND)
+    @answers(fedsc.FEDSC_ROUND)
     def on_fedsc_round(self, arrays, values) -> Reply:
         """Z_p (and the objective unless noised) for the server's average: one release in this
         node's ledger (:meth:`release`; the same request re-sent gets it back)."""
         dp = self._dp_request(values, "z")
-        self.policy.check_noise(proto.FEDSC_ROUND, dp and dp.noise_multiplier)
-        self.require_masking(proto.FEDSC_ROUND, values, needed_by_run=self.cfg.secure)
-        return self.release(proto.FEDSC_ROUND, arrays, values, lambda: self._round(arrays, values, dp),
+        self.policy.check_noise(fedsc.FEDSC_ROUND, dp and dp.noise_multiplier)
+        self.require_masking(fedsc.FEDSC_ROUND, values, needed_by_run=self.cfg.secure)
+        return self.release(fedsc.FEDSC_ROUND, arrays, values, lambda: self._round(arrays, values, dp),
                             multiplier=dp and dp.effective_noise_multiplier, most=self._budget("z"))
 
     def _round(self, arrays, values, dp) -> dict:
         x = self.features()
-        _, z_p, f = proto.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
+        _, z_p, f = fedsc.client_round(x, arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if dp:
-            z_p = dp.apply(z_p, self.noise(proto.FEDSC_ROUND))
+            z_p = dp.apply(z_p, self.noise(fedsc.FEDSC_ROUND))
             update = z_p.ravel()  # the objective value is not protected: left out
         else:
             noise = self.cfg.noise_z
-            z_p = proto.perturb(z_p, noise, self.noise(proto.FEDSC_ROUND))
+            z_p = fedsc.perturb(z_p, noise, self.noise(fedsc.FEDSC_ROUND))
             # the objective would go up un-noised beside the noised Z_p: left out then
             update = z_p.ravel() if noise > 0 else np.concatenate([z_p.ravel(), [f]])
         if "secagg_tag" in values:  # an honest server declares at least this client's update_bound
-            update = self.masked(update, values, floor=proto.update_bound(len(x), self.secagg.bound))
+            update = self.masked(update, values, floor=fedsc.update_bound(len(x), self.secagg.bound))
         return {"update": update}
 
-    @answers(proto.FEDSC_FINAL)
+    @answers(fedsc.FEDSC_FINAL)
     def on_fedsc_final(self, arrays, values) -> Reply:
         """The coefficients C_p with this client's sample ids: one release in this node's
         ledger (:meth:`release`)."""
         dp = self._dp_request(values, "c")
-        self.policy.check_noise(proto.FEDSC_FINAL, dp and dp.noise_multiplier)
-        self.policy.check_row_images(proto.FEDSC_FINAL, dp and dp.noise_multiplier)
-        return self.release(proto.FEDSC_FINAL, arrays, values, lambda: self._final(arrays, values, dp),
+        self.policy.check_noise(fedsc.FEDSC_FINAL, dp and dp.noise_multiplier)
+        self.policy.check_row_images(fedsc.FEDSC_FINAL, dp and dp.noise_multiplier)
+        return self.release(fedsc.FEDSC_FINAL, arrays, values, lambda: self._final(arrays, values, dp),
                             multiplier=dp and dp.effective_noise_multiplier, most=self._budget("c"))
 
     def _final(self, arrays, values, dp) -> dict:
-        c = proto.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
+        c = fedsc.solve_coefficients(self.features(), arrays["z"], float(values["sigma"]), float(values["lambda"]))
         if dp:  # rows of c.T are the samples' columns c_i: clip each, add noise
-            c = dp.apply(c.T, self.noise(proto.FEDSC_FINAL)).T
+            c = dp.apply(c.T, self.noise(fedsc.FEDSC_FINAL)).T
         else:
-            c = proto.perturb(c, self.cfg.noise_c, self.noise(proto.FEDSC_FINAL))
+            c = fedsc.perturb(c, self.cfg.noise_c, self.noise(fedsc.FEDSC_FINAL))
         return {"c": c, "node_ids": np.asarray(self.shard.node_ids, dtype=np.int64)}
 
     def _budget(self, which: str) -> int | None:
@@ -123,7 +123,7 @@ class FedSCClient(ClusteringClient[proto.FedSCConfig]):
                                                          f"requested without noise; this client's fedsc.dp-epsilon is "
                                                          f"{self.cfg.dp_epsilon:g}")
             return None
-        mech = proto.dp_mechanism(self.cfg, which, float(values[key]))
+        mech = fedsc.dp_mechanism(self.cfg, which, float(values[key]))
         if releases is not None:  # the mechanism's own accountant serves this check only: the server accounts
             mech.step(releases)
             budget = self.cfg.dp_epsilon / 2

@@ -34,7 +34,7 @@ import numpy as np
 
 from app.config import ConfigError
 from app.privacy.policy import PrivacyRefusal
-from app.protocols import gw_ldp as proto
+from app.protocols import gw_ldp
 from clients.base import ClusteringClient, Reply, answers
 
 #: (shard, batch, labels, split) per shard and settings, the newest few kept
@@ -43,13 +43,13 @@ _CACHE: OrderedDict = OrderedDict()
 _CACHE_SIZE = 64
 
 
-class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
-    settings = proto.GWLDPConfig
+class GWLDPClient(ClusteringClient[gw_ldp.GWLDPConfig]):
+    settings = gw_ldp.GWLDPConfig
 
     def step_limits(self) -> dict[str, int]:
         """Training every round (``num-rounds``); the embeddings at most once a round."""
         rounds = self.shared.num_rounds
-        return {**super().step_limits(), proto.FIT: rounds, proto.GW_EMBED: rounds}
+        return {**super().step_limits(), gw_ldp.FIT: rounds, gw_ldp.GW_EMBED: rounds}
 
     # -- local data ----------------------------------------------------------
     def _task(self) -> str:
@@ -66,9 +66,9 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
             s = self.shard
             if not s.graphs:
                 raise ConfigError(f"client {s.client_id} holds no graphs (partitioner {s.partitioner})")
-            batch = proto.make_batch(s.graphs, degree_dim)
+            batch = gw_ldp.make_batch(s.graphs, degree_dim)
             labels = np.asarray(s.graph_y, dtype=np.int64)
-            split = proto.split_items(len(s.graphs), seed, s.client_id, fold=fold)
+            split = gw_ldp.split_items(len(s.graphs), seed, s.client_id, fold=fold)
             _CACHE[key] = (s, batch, labels, split)
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
@@ -76,23 +76,23 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
 
     def _train_graphs(self, labels: np.ndarray, split: np.ndarray) -> np.ndarray:
         """Indices of this client's labelled training graphs (what it trains on)."""
-        return np.flatnonzero((split == proto.SPLIT_TRAIN) & (labels >= 0))
+        return np.flatnonzero((split == gw_ldp.SPLIT_TRAIN) & (labels >= 0))
 
     def _model(self, arrays, num_classes: int | None = None):
         """The shared GNN with the message's weights ``w.<name>``."""
         from app.models import build_model
 
         batch, _, _ = self._local()
-        weights = proto.message_weights(arrays)
+        weights = gw_ldp.message_weights(arrays)
         if num_classes is None:
             num_classes = int(np.asarray(weights[_last_bias(weights)]).shape[0])
         model = build_model(self.cfg.model, int(batch.x.shape[1]), num_classes, 0)
-        proto.set_weights(model, weights)
+        gw_ldp.set_weights(model, weights)
         return model
 
     # -- steps ---------------------------------------------------------------
     def handle(self, action, content):
-        with proto.torch_threads(1):
+        with gw_ldp.torch_threads(1):
             return super().handle(action, content)
 
     def hello_figures(self, values) -> dict:
@@ -106,16 +106,16 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
             raise ConfigError(f"graph label {labels.max()} needs at least {labels.max() + 1} classes, but "
                               f"num-clusters={k}: the shared GNN has one output per class")
         return {"in_dim": int(batch.x.shape[1]), "graphs": int(batch.num_graphs),
-                "train": int((split == proto.SPLIT_TRAIN).sum())}
+                "train": int((split == gw_ldp.SPLIT_TRAIN).sum())}
 
-    @answers(proto.FIT, train=True)
+    @answers(gw_ldp.FIT, train=True)
     def on_fit(self, arrays, values) -> Reply:
         """Local training from the received weights; reply the new weights (under training DP
         noised, once per request: a re-sent request gets the first release back,
         :meth:`released_once`) and the number of training graphs."""
         if self.cfg.dp == "none":
             return self._fit(arrays, values)
-        weights = self.released_once(proto.FIT, arrays, values, lambda: self._fit(arrays, values)[0])[0]
+        weights = self.released_once(gw_ldp.FIT, arrays, values, lambda: self._fit(arrays, values)[0])[0]
         _, labels, split = self._local()
         return weights, {"num_examples": int(self._train_graphs(labels, split).size)}
 
@@ -124,27 +124,27 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
         received ones), ``num_examples`` and, without DP, the last ``loss``."""
         batch, labels, split = self._local()
         model = self._model(arrays)
-        start = proto.get_weights(model)
+        start = gw_ldp.get_weights(model)
         train = self._train_graphs(labels, split)
         dp, cfg = self.cfg.dp, self.cfg
         epochs, lr = int(values["epochs"]), float(values["lr"])
         if dp == "sgd":  # sampling and noise from OS entropy (see the module docstring)
-            proto.dp_sgd_train(model, batch, labels, train, self._task(), epochs, lr, cfg.dp_clip, cfg.dp_noise,
+            gw_ldp.dp_sgd_train(model, batch, labels, train, self._task(), epochs, lr, cfg.dp_clip, cfg.dp_noise,
                                cfg.dp_sample_rate, int(self.noise("fit").integers(2**63)))
         else:
             seed = int(values["seed"]) * 100_003 + int(values["round"]) * 1009 + self.shard.client_id
-            loss = proto.local_train(model, batch, labels, train, self._task(), epochs, lr, seed,
+            loss = gw_ldp.local_train(model, batch, labels, train, self._task(), epochs, lr, seed,
                                      freeze_norm=dp == "client")
-        new = proto.get_weights(model)
+        new = gw_ldp.get_weights(model)
         reply = {"num_examples": int(train.size)}
         if dp == "client":
-            new = proto.privatise_update(start, new, proto.trainable_names(model), proto.training_mechanism(cfg),
+            new = gw_ldp.privatise_update(start, new, gw_ldp.trainable_names(model), gw_ldp.training_mechanism(cfg),
                                          self.noise("fit"))
         elif dp == "none":
             reply["loss"] = loss  # not sent under DP: it is not covered by the noise
-        return proto.weights_message(new), reply
+        return gw_ldp.weights_message(new), reply
 
-    @answers(proto.GW_NORM)
+    @answers(gw_ldp.GW_NORM)
     def on_gw_norm(self, arrays, values) -> Reply:
         """Moments of one BatchNorm layer's input over this client's training-graph nodes."""
         if self.cfg.dp != "none":
@@ -152,29 +152,29 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
                                               "noise does not cover the BatchNorm moments it would upload; valid "
                                               "only with gw-ldp.dp='none'")
         batch, labels, split = self._local()
-        return {"moments": proto.norm_input_moments(self._model(arrays), batch, self._train_graphs(labels, split),
+        return {"moments": gw_ldp.norm_input_moments(self._model(arrays), batch, self._train_graphs(labels, split),
                                                     str(values["layer"]))}, {}
 
-    @answers(proto.GW_EMBED)
+    @answers(gw_ldp.GW_EMBED)
     def on_gw_embed(self, arrays, values) -> Reply:
         eps = self.cfg.epsilon
         if float(values["epsilon"]) != eps:
             raise PrivacyRefusal("gw-ldp.epsilon", f"gw_embed at epsilon={values['epsilon']!r} refused: this "
                                                    f"client's gw-ldp.epsilon is {eps:g} (0 = 1/|V|, inf = no LDP); "
                                                    "valid: only its own")
-        return self.released_once(proto.GW_EMBED, arrays, values, lambda: self._embeddings(arrays, values, eps))
+        return self.released_once(gw_ldp.GW_EMBED, arrays, values, lambda: self._embeddings(arrays, values, eps))
 
     def _embeddings(self, arrays, values, eps: float) -> dict:
         """This client's ``gw_embed`` upload: node embeddings of every local graph, LDP-encoded below inf."""
         batch, labels, split = self._local()
         model = self._model(arrays)
-        rng = self.noise(proto.GW_EMBED)  # a fresh draw at every release
+        rng = self.noise(gw_ldp.GW_EMBED)  # a fresh draw at every release
         rows = []
-        for h in proto.node_embeddings(model, batch, str(values["layer"])):
+        for h in gw_ldp.node_embeddings(model, batch, str(values["layer"])):
             if math.isinf(eps):
                 rows.append(h)
             else:
-                codes, _ = proto.encode_graph(h, proto.graph_epsilon(len(h), eps), rng)
+                codes, _ = gw_ldp.encode_graph(h, gw_ldp.graph_epsilon(len(h), eps), rng)
                 rows.append(codes)
         out = np.vstack(rows)
         return {
@@ -182,7 +182,7 @@ class GWLDPClient(ClusteringClient[proto.GWLDPConfig]):
             "sizes": np.diff(batch.offsets).astype(np.int64),
             "graph_ids": np.asarray(self.shard.graph_ids, dtype=np.int64),
             "split": split.astype(np.int8),
-            "labels": np.where(split == proto.SPLIT_TEST, -1, labels).astype(np.int64),
+            "labels": np.where(split == gw_ldp.SPLIT_TEST, -1, labels).astype(np.int64),
             "eval_labels": labels.astype(np.int64),
         }
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.config import ConfigError
-from app.protocols import kcagc as proto
+from app.protocols import kcagc
 from app.protocols import kcagc_exact as exact
 from app.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers
@@ -43,23 +43,23 @@ def _filtered(shard, kind: str, order: int) -> tuple[np.ndarray, float]:
     return hit[2], hit[3]
 
 
-class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
-    settings = proto.KCAGCConfig
-    label_steps = (proto.KCAGC_LOCAL,)
+class KCAGCClient(ClusteringClient[kcagc.KCAGCConfig]):
+    settings = kcagc.KCAGCConfig
+    label_steps = (kcagc.KCAGC_LOCAL,)
 
     def step_limits(self) -> dict[str, int]:
         """The local clustering once, the joint row norms' two stages once each."""
-        return {**super().step_limits(), proto.KCAGC_LOCAL: 1, proto.KCAGC_JOINT: 2}
+        return {**super().step_limits(), kcagc.KCAGC_LOCAL: 1, kcagc.KCAGC_JOINT: 2}
 
     def label_classes(self, action: str, values) -> int:
         """The local clustering's ``k_hat`` classes."""
-        return int(values["k_hat"]) if action == proto.KCAGC_LOCAL else 0
+        return int(values["k_hat"]) if action == kcagc.KCAGC_LOCAL else 0
 
     def masking_groups(self, parties: int) -> list[set[int]]:
         """All clients; with ``kcagc.tree`` (more than two clients) every internal node of
         :func:`app.protocols.kcagc.tree_groups`, none of which leaves a client alone."""
         if self.cfg.tree and parties > 2:
-            return [set(g) for level in proto.tree_groups(parties)[1:] for g in level]
+            return [set(g) for level in kcagc.tree_groups(parties)[1:] for g in level]
         return [set(range(parties))]
 
     def _masked_if_several(self, action: str, part: np.ndarray, values, **kwargs) -> np.ndarray:
@@ -79,17 +79,17 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
         state = self.context.state.array_records
         if "kcagc_z" not in state:
             kind = str(values["filter"])
-            order = proto.filter_order(self.shard.dataset, int(values["order"]), kind)
-            z, _ = proto.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
+            order = kcagc.filter_order(self.shard.dataset, int(values["order"]), kind)
+            z, _ = kcagc.embedding(self.shard.x, self.shard.adj, int(values["dim"]), order,
                                    int(values["seed"]), str(values["embedding"]), int(values["k"]), kind)
             z = z * np.sqrt(z.shape[0]) if str(values["embedding"]) == "svd" else z
-            self.save("kcagc_z", z=z, scaled=np.array([int(str(values["embedding"]) not in proto.JOINT_EMBEDDINGS)]))
+            self.save("kcagc_z", z=z, scaled=np.array([int(str(values["embedding"]) not in kcagc.JOINT_EMBEDDINGS)]))
         state = self.load("kcagc_z")
         if not unscaled and not state["scaled"][0]:
             raise ProtocolError(f"the {values['embedding']} embedding is used before its joint row norms arrived")
         return state["z"]
 
-    @answers(proto.KCAGC_JOINT)
+    @answers(kcagc.KCAGC_JOINT)
     def on_kcagc_joint(self, arrays, values) -> Reply:
         """The joint row scaling of ``projection-joint-unit`` / ``projection-mixed-unit``.
         ``stage="sum"``: this client's squared row norms (n), masked for the sum over
@@ -98,23 +98,23 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
         own-norm exponent ``mix`` for the mixed embedding, 0 for the joint one)."""
         z = self.features(values, unscaled=True)
         if values["stage"] == "sum":
-            return {"s": self._masked_if_several(proto.KCAGC_JOINT, (z ** 2).sum(1), values)}, {}
+            return {"s": self._masked_if_several(kcagc.KCAGC_JOINT, (z ** 2).sum(1), values)}, {}
         state = self.load("kcagc_z")
         if state["scaled"][0]:
             raise ProtocolError("the joint row norms arrived twice")
         beta = float(values["mix"]) if values["embedding"] == "projection-mixed-unit" else 0.0
-        self.save("kcagc_z", z=proto.joint_unit_rows(z, arrays["sq_norms"], beta), scaled=np.array([1]))
+        self.save("kcagc_z", z=kcagc.joint_unit_rows(z, arrays["sq_norms"], beta), scaled=np.array([1]))
         return {}, {"received": 1}
 
-    @answers(proto.KCAGC_LOCAL)
+    @answers(kcagc.KCAGC_LOCAL)
     def on_kcagc_local(self, arrays, values) -> Reply:
         """Protocol 1 on this client's columns: local cluster of every node (k_hat clusters), nothing else."""
         z = self.features(values)
-        labels = proto.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
+        labels = kcagc.local_clusters(z, int(values["k_hat"]), int(values["seed"]),
                                       n_init=self.cfg.local_restarts, pruned=self.cfg.prune)
         return {"labels": labels.astype(np.int64)}, {}
 
-    @answers(proto.KCAGC_STEP)
+    @answers(kcagc.KCAGC_STEP)
     def on_kcagc_step(self, arrays, values) -> Reply:
         """One secure-aggregation round of the weighted k-means on the virtual nodes.
 
@@ -132,15 +132,15 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
             return {"d": np.zeros(0, dtype=np.uint32)}, {}
         y, weights = self._virtual_nodes(arrays, values)
         if values["stage"] == "seed":
-            part = proto.seed_distances(y, arrays["index"])
+            part = kcagc.seed_distances(y, arrays["index"])
         else:
             centres = self._centres(y, weights, arrays)
             flat = centres.reshape(-1, centres.shape[2])  # (restart, centre) pairs, restart-major
-            part = proto.point_distances(y, flat[arrays["moved"].astype(np.int64)])
+            part = kcagc.point_distances(y, flat[arrays["moved"].astype(np.int64)])
         if part.size != size:
             raise ProtocolError(f"partial distances have {part.size} values, the server expects {size}")
-        floor = proto.distance_bound(str(values["embedding"]), self.secagg.bound)
-        return {"d": self._masked_if_several(proto.KCAGC_STEP, part.ravel(), values, floor=floor,
+        floor = kcagc.distance_bound(str(values["embedding"]), self.secagg.bound)
+        return {"d": self._masked_if_several(kcagc.KCAGC_STEP, part.ravel(), values, floor=floor,
                                              participants=arrays["group"].astype(np.int64).tolist())}, {}
 
     def _virtual_nodes(self, arrays, values) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +148,7 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
         on the first round of a level and kept for the level's other rounds."""
         if "members" in arrays:
             members = arrays["members"].astype(np.int64)
-            y = proto.virtual_block(self.features(values), members)
+            y = kcagc.virtual_block(self.features(values), members)
             self.save("kcagc_vn", y=y, weights=np.bincount(members).astype(np.float64))
         vn = self.load("kcagc_vn")
         return vn["y"], vn["weights"]
@@ -161,8 +161,8 @@ class KCAGCClient(ClusteringClient[proto.KCAGCConfig]):
             centres = y[arrays["seeds"].astype(np.int64)]
         else:
             centres = self.load("kcagc_centres")["c"].copy()
-            active = proto.moved_restarts(arrays["moved"], centres.shape[1])
-            centres[active] = proto.update_centres(y, weights, arrays["assign"].astype(np.int64), centres[active])
+            active = kcagc.moved_restarts(arrays["moved"], centres.shape[1])
+            centres[active] = kcagc.update_centres(y, weights, arrays["assign"].astype(np.int64), centres[active])
         self.save("kcagc_centres", c=centres)
         return centres
 

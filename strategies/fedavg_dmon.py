@@ -85,9 +85,9 @@ import numpy as np
 from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.types import GraphData
 from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
-from app.protocols import fedavg_dmon as proto
-from app.protocols import fedavg_dmon_boundary as bproto
-from app.protocols import fedavg_dmon_gradient as gproto
+from app.protocols import fedavg_dmon
+from app.protocols import fedavg_dmon_boundary
+from app.protocols import fedavg_dmon_gradient
 from app.transport import pack, unpack
 from app.wire import ProtocolError, ReplySpec
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
@@ -123,7 +123,7 @@ class _Best:
         self.weights, self.round = weights, rnd
 
 
-class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
+class FedAvgDMoN(ClusteringStrategy[fedavg_dmon.FedAvgDMoNConfig]):
     """Federated community detection (Leeney & McConville, 2023). Each client holds a subgraph of
     one graph and, on a node split with boundary edges (``partition.boundary=true``, the default),
     its nodes' edges to other clients' nodes: the clients then train on the whole graph's GCN layer
@@ -148,13 +148,13 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     needs_features = True
     tolerates_dropouts = True  # FedAvg of the weights of the clients that answered (not the whole-graph modes)
 
-    settings = proto.FedAvgDMoNConfig
+    settings = fedavg_dmon.FedAvgDMoNConfig
 
     @classmethod
     def hello_reply(cls, config: RunConfig) -> ReplySpec:
         """Each client's feature width (boundary mode: and the bound of its masked uploads)."""
-        extra = bproto.HELLO_MAGNITUDE if bproto.boundary_run(config) else {}
-        return ReplySpec(numbers={**proto.HELLO_NUMBERS, **extra})
+        extra = fedavg_dmon_boundary.HELLO_MAGNITUDE if fedavg_dmon_boundary.boundary_run(config) else {}
+        return ReplySpec(numbers={**fedavg_dmon.HELLO_NUMBERS, **extra})
 
     @classmethod
     def check_shards(cls, clients) -> list[str]:
@@ -170,7 +170,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     @staticmethod
     def boundary_mode(config: RunConfig) -> bool:
         """Federated on a node split with boundary edges: the parties train on the whole graph."""
-        return bproto.boundary_run(config)
+        return fedavg_dmon_boundary.boundary_run(config)
 
     @classmethod
     def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
@@ -179,7 +179,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
     @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
-        cfg = proto.FedAvgDMoNConfig.of(config)
+        cfg = fedavg_dmon.FedAvgDMoNConfig.of(config)
         clients = SharedConfig.of(config).num_clients
         if cfg.mode == "centralised" and clients > 1:
             raise ConfigError(f"fedavg-dmon.mode=centralised needs num-clients=1 (one client holding the whole "
@@ -205,7 +205,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
                               "valid choices: set val-fraction > 0 or select=last")
 
     @staticmethod
-    def _check_boundary(config: RunConfig, cfg: proto.FedAvgDMoNConfig) -> None:
+    def _check_boundary(config: RunConfig, cfg: fedavg_dmon.FedAvgDMoNConfig) -> None:
         """What boundary mode cannot take: copied nodes and client-level DP."""
         if float(config["partition.overlap"]) > 0:
             raise ConfigError(f"partition.overlap={config['partition.overlap']} with fedavg-dmon on a node split with "
@@ -227,15 +227,15 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
                               "connected")
         k = self.shared.num_clusters
         features, counts = self._sizes(session)
-        shapes = proto.param_shapes(features, k, self.cfg.hidden)
-        weights = proto.init_weights(features, k, self.shared.seed, self.cfg.hidden, self.cfg.dropout)
+        shapes = fedavg_dmon.param_shapes(features, k, self.cfg.hidden)
+        weights = fedavg_dmon.init_weights(features, k, self.shared.seed, self.cfg.hidden, self.cfg.dropout)
         mech = None
         if self.federated and self.cfg.dp_clip > 0:
-            mech = proto.dp_mechanism(self.cfg, self.shared.num_rounds)
+            mech = fedavg_dmon.dp_mechanism(self.cfg, self.shared.num_rounds)
             mech.record(session.ledger, "dp-fedavg", DP_PROTECTS, CLIENT_LEVEL)
         if self.federated and self.cfg.secure:
             session.setup_secure_aggregation()
-        if gproto.gradient_mode(session.config):
+        if fedavg_dmon_gradient.gradient_mode(session.config):
             best = _Best(weights)
             weights, history = GradientRounds(self, session, shapes, counts).run(weights, features, best)
         elif self.boundary_mode(session.config) and len(session.clients) > 1:
@@ -269,7 +269,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         combined validation score (without DP) and the new global weights (federated). Returns the
         last weights, the best-scored weights sent (federated) and the per-round history."""
         rounds, secure = self.shared.num_rounds, self.federated and self.cfg.secure
-        spec = proto.train_reply(shapes, self.cfg.local_epochs, self.federated, secure, mech is not None)
+        spec = fedavg_dmon.train_reply(shapes, self.cfg.local_epochs, self.federated, secure, mech is not None)
         best = _Best(weights)
         history = []
         for r in range(1, rounds + 1):
@@ -280,9 +280,9 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
                 best.offer(weights, score, r)  # score of W_r, the weights sent this round
             if secure:  # each weighed by N_c / N over the clients asked: the average over those that answered
                 answered = sum(counts[n] for n in replies)
-                weights = proto.unflatten(session.secure_sum(replies, "weights", values) * (sent / answered), shapes)
+                weights = fedavg_dmon.unflatten(session.secure_sum(replies, "weights", values) * (sent / answered), shapes)
             elif self.federated:
-                weights = proto.fedavg([unpack(replies[n])[0] for n in replies], [counts[n] for n in replies])
+                weights = fedavg_dmon.fedavg([unpack(replies[n])[0] for n in replies], [counts[n] for n in replies])
             if mech is not None:
                 mech.step()
             history.append({"round": r, "val_modularity": score, "loss": None if losses is None else losses[-1],
@@ -307,7 +307,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         contents = {node: pack(weights if send_weights else None,
                                {**values, "factor": counts[node] / total} if secure else values)
                     for node in session.node_ids}
-        replies = session.exchange(proto.DMON_TRAIN, contents, session.secure_reply(spec, values), category="train",
+        replies = session.exchange(fedavg_dmon.DMON_TRAIN, contents, session.secure_reply(spec, values), category="train",
                                    require_all=secure and not session.recovers(values))
         if not replies:
             raise ProtocolError(f"round {r}: no valid client reply")
@@ -318,7 +318,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         """The validation-edge-weighted mean validation modularity of the replies and their mean
         per-epoch losses."""
         vals = {n: unpack(v)[1] for n, v in replies.items()}
-        score = proto.combine_scores([vals[n]["val_modularity"] for n in replies],
+        score = fedavg_dmon.combine_scores([vals[n]["val_modularity"] for n in replies],
                                      [vals[n]["val_edges"] for n in replies])
         mean = np.mean([np.asarray(vals[n]["losses"], dtype=np.float64) for n in replies], axis=0)
         return score, [float(v) for v in mean]
@@ -331,11 +331,11 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         if self.cfg.select != "val-modularity":
             best.take(weights, final_round)
             return
-        ev = session.broadcast(proto.DMON_EVAL, pack(weights, {"k": self.shared.num_clusters}), proto.EVAL_REPLY,
+        ev = session.broadcast(fedavg_dmon.DMON_EVAL, pack(weights, {"k": self.shared.num_clusters}), fedavg_dmon.EVAL_REPLY,
                                require_all=False)
         if ev:
             vals = [unpack(v)[1] for v in ev.values()]
-            best.offer(weights, proto.combine_scores([v["val_modularity"] for v in vals],
+            best.offer(weights, fedavg_dmon.combine_scores([v["val_modularity"] for v in vals],
                                                      [v["val_edges"] for v in vals]), final_round)
 
     def _assign(self, session: ServerSession, best: _Best) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -343,14 +343,14 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         labels, owned flags and the client's own metrics. Returns the owned nodes' ids and labels and
         the run's metrics."""
         k = self.shared.num_clusters
-        out = session.broadcast(proto.DMON_ASSIGN, pack(best.weights if self.federated else None, {"k": k}),
-                                proto.assign_reply(k))
+        out = session.broadcast(fedavg_dmon.DMON_ASSIGN, pack(best.weights if self.federated else None, {"k": k}),
+                                fedavg_dmon.assign_reply(k))
         replies = {node: unpack(content) for node, content in out.items()}
-        ids_of = {node: session.positions(proto.DMON_ASSIGN, node, a["node_ids"]) for node, (a, _) in replies.items()}
-        check_item_ids(session, proto.DMON_ASSIGN, ids_of, exclusive=False, expected=announced_rows(session))
+        ids_of = {node: session.positions(fedavg_dmon.DMON_ASSIGN, node, a["node_ids"]) for node, (a, _) in replies.items()}
+        check_item_ids(session, fedavg_dmon.DMON_ASSIGN, ids_of, exclusive=False, expected=announced_rows(session))
         # every node is owned by one client (copies made by partition.overlap are not owned)
         owned = {node: a["owned"].astype(bool) for node, (a, _) in replies.items()}
-        check_item_ids(session, proto.DMON_ASSIGN, {node: ids_of[node][owned[node]] for node in replies},
+        check_item_ids(session, fedavg_dmon.DMON_ASSIGN, {node: ids_of[node][owned[node]] for node in replies},
                        exclusive=True)
         per_client = [{"client": session.partition_of(node), "num_nodes": int(arrays["node_ids"].size),
                        **{key: float(v) for key, v in vals.items()}} for node, (arrays, vals) in replies.items()]
@@ -371,7 +371,7 @@ class FedAvgDMoN(ClusteringStrategy[proto.FedAvgDMoNConfig]):
         from app.models import train_dmon
 
         c, seed = self.cfg, self.shared.seed
-        train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), seed, c.val_fraction,
+        train, _, _ = fedavg_dmon.split_adjacency(data.adj, np.arange(data.num_nodes), seed, c.val_fraction,
                                             c.test_fraction)
         labels, _ = train_dmon(data.x, train, self.shared.num_clusters, seed,
                                epochs=self.shared.num_rounds * c.local_epochs, lr=c.lr, dropout=c.dropout,

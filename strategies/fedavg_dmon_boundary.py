@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.protocols import boundary as links_proto
-from app.protocols import fedavg_dmon as proto
-from app.protocols import fedavg_dmon_boundary as bproto
+from app.protocols import boundary
+from app.protocols import fedavg_dmon
+from app.protocols import fedavg_dmon_boundary
 from app.protocols.fedavg_dmon_gradient import TRAIN_FLAG
 from app.transport import pack, unpack
 from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed
@@ -60,28 +60,28 @@ class BoundaryRounds:
 
     def features(self, width: int) -> tuple[dict, dict]:
         """Step 1: each party's rows of the padded ``A D~^-1/2 X`` (by node id) and the values to relay."""
-        values = self._values(bproto.FEATURES)
-        replies = self.session.broadcast(bproto.DMON_FEATURES, pack(None, values),
-                                         padded_spec(bproto.FEATURES, self.links, width))
-        return padded_sum(self.session, replies, bproto.FEATURES, values, self.links), values
+        values = self._values(fedavg_dmon_boundary.FEATURES)
+        replies = self.session.broadcast(fedavg_dmon_boundary.DMON_FEATURES, pack(None, values),
+                                         padded_spec(fedavg_dmon_boundary.FEATURES, self.links, width))
+        return padded_sum(self.session, replies, fedavg_dmon_boundary.FEATURES, values, self.links), values
 
     def spread(self, weights: dict, carried: tuple[dict, dict] | None, train: bool = False
                ) -> tuple[dict, dict, np.ndarray]:
         """Step 2 for ``weights`` (``carried``: step 1's rows and values, round 1; ``train``: ``S`` under
         the step's dropout mask, gradient mode). Returns each party's rows of the padded ``A [S | Y]``,
         their values and the summed vector."""
-        values, sums = self._values(bproto.SPREAD), self._values(bproto.SUMS)
-        down = {"k": self.k, **values, **{bproto.SUMS_VALUES + key: v for key, v in sums.items()},
+        values, sums = self._values(fedavg_dmon_boundary.SPREAD), self._values(fedavg_dmon_boundary.SUMS)
+        down = {"k": self.k, **values, **{fedavg_dmon_boundary.SUMS_VALUES + key: v for key, v in sums.items()},
                 **({TRAIN_FLAG: 1} if train else {})}
         contents = {}
         for node in self.session.node_ids:
             arrays = dict(weights)
             if carried is not None:
-                arrays[links_proto.PADDED_ROWS] = carried[0][node]
+                arrays[boundary.PADDED_ROWS] = carried[0][node]
             contents[node] = pack(arrays, {**down, **(relayed(carried[1]) if carried else {})})
-        replies = self.session.exchange(bproto.DMON_SPREAD, contents, bproto.spread_reply(self.links.total, self.k))
-        rows = padded_sum(self.session, replies, bproto.SPREAD, values, self.links)
-        return rows, values, self.session.secure_sum(replies, bproto.SUMS, sums)
+        replies = self.session.exchange(fedavg_dmon_boundary.DMON_SPREAD, contents, fedavg_dmon_boundary.spread_reply(self.links.total, self.k))
+        rows = padded_sum(self.session, replies, fedavg_dmon_boundary.SPREAD, values, self.links)
+        return rows, values, self.session.secure_sum(replies, fedavg_dmon_boundary.SUMS, sums)
 
     def train(self, r: int, rows: dict, values: dict, totals: np.ndarray) -> tuple[dict, float | None, list]:
         """Step 3: the new global weights, the validation modularity of ``W_r`` and the mean losses."""
@@ -91,25 +91,25 @@ class BoundaryRounds:
             wvalues = self.session.secagg_values("weights", self.strategy.secagg.bound)
             down.update(wvalues)
         total = float(sum(self.counts.values()))
-        contents = {node: pack({links_proto.PADDED_ROWS: rows[node], "totals": totals},
+        contents = {node: pack({boundary.PADDED_ROWS: rows[node], "totals": totals},
                                {**down, **({"factor": self.counts[node] / total} if secure else {})})
                     for node in self.session.node_ids}
-        spec = bproto.train_reply(self.shapes, self.cfg.local_epochs, secure, self.scored)
-        replies = self.session.exchange(proto.DMON_TRAIN, contents, spec, category="train")
+        spec = fedavg_dmon_boundary.train_reply(self.shapes, self.cfg.local_epochs, secure, self.scored)
+        replies = self.session.exchange(fedavg_dmon.DMON_TRAIN, contents, spec, category="train")
         vals = [unpack(c)[1] for c in replies.values()]
-        score = bproto.validation_modularity([v["val_intra"] for v in vals], totals, self.k) if self.scored else None
+        score = fedavg_dmon_boundary.validation_modularity([v["val_intra"] for v in vals], totals, self.k) if self.scored else None
         losses = [float(x) for x in np.mean([np.asarray(v["losses"], dtype=np.float64) for v in vals], axis=0)]
         if secure:
-            return proto.unflatten(self.session.secure_sum(replies, "weights", wvalues), self.shapes), score, losses
-        return proto.fedavg([unpack(replies[n])[0] for n in replies], [self.counts[n] for n in replies]), score, losses
+            return fedavg_dmon.unflatten(self.session.secure_sum(replies, "weights", wvalues), self.shapes), score, losses
+        return fedavg_dmon.fedavg([unpack(replies[n])[0] for n in replies], [self.counts[n] for n in replies]), score, losses
 
     def evaluate(self, weights: dict) -> float:
         """Step 4: the validation modularity of the final weights."""
         rows, values, totals = self.spread(weights, None)
-        contents = {node: pack({links_proto.PADDED_ROWS: rows[node]}, {"k": self.k, **relayed(values)})
+        contents = {node: pack({boundary.PADDED_ROWS: rows[node]}, {"k": self.k, **relayed(values)})
                     for node in self.session.node_ids}
-        replies = self.session.exchange(proto.DMON_EVAL, contents, bproto.EVAL_REPLY)
-        return bproto.validation_modularity([unpack(c)[1]["val_intra"] for c in replies.values()], totals, self.k)
+        replies = self.session.exchange(fedavg_dmon.DMON_EVAL, contents, fedavg_dmon_boundary.EVAL_REPLY)
+        return fedavg_dmon_boundary.validation_modularity([unpack(c)[1]["val_intra"] for c in replies.values()], totals, self.k)
 
     def run(self, weights: dict, width: int, best) -> tuple[dict, list[dict]]:
         """Steps 1-4 from the initial ``weights``; offers each round's weights to ``best``

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.protocols import boundary as links_proto
-from app.protocols import fedavg_dmon_boundary as bproto
-from app.protocols import fedavg_dmon_gradient as gproto
+from app.protocols import boundary
+from app.protocols import fedavg_dmon_boundary
+from app.protocols import fedavg_dmon_gradient
 from app.transport import pack, unpack
 from strategies.fedavg_dmon_boundary import BoundaryRounds
 from strategies.links import relayed
@@ -55,27 +55,27 @@ class GradientRounds:
         """Steps 1-2 for ``W_t`` with several parties: the summed gradient, the whole loss and
         (``scored``) the validation modularity of ``W_t``."""
         rows, values, totals = self.whole.spread(weights, carried, train=True)
-        gvalues = self.session.secagg_values(gproto.GRADIENT, self.whole.bound, finest=True)
+        gvalues = self.session.secagg_values(fedavg_dmon_gradient.GRADIENT, self.whole.bound, finest=True)
         down = {"k": self.k, **relayed(values), **gvalues, **({"score": 1} if scored else {})}
-        contents = {node: pack({links_proto.PADDED_ROWS: rows[node], "totals": totals}, down)
+        contents = {node: pack({boundary.PADDED_ROWS: rows[node], "totals": totals}, down)
                     for node in self.session.node_ids}
-        replies = self.session.exchange(gproto.DMON_GRADIENT, contents,
-                                        gproto.gradient_reply(self.shapes, True, scored), category="train")
-        summed = self.session.secure_sum(replies, gproto.GRADIENT, gvalues)
-        loss = gproto.whole_loss(float(summed[-2]), totals, self.k, self.n, self.cfg.collapse)
-        score = bproto.validation_modularity([float(summed[-1])], totals, self.k) if scored else None
+        replies = self.session.exchange(fedavg_dmon_gradient.DMON_GRADIENT, contents,
+                                        fedavg_dmon_gradient.gradient_reply(self.shapes, True, scored), category="train")
+        summed = self.session.secure_sum(replies, fedavg_dmon_gradient.GRADIENT, gvalues)
+        loss = fedavg_dmon_gradient.whole_loss(float(summed[-2]), totals, self.k, self.n, self.cfg.collapse)
+        score = fedavg_dmon_boundary.validation_modularity([float(summed[-1])], totals, self.k) if scored else None
         return summed[:-2], loss, score
 
     def _local_step(self, weights: dict, scored: bool) -> tuple[np.ndarray, float, float | None]:
         """Step 2 with one party: its gradient and loss at ``W_t`` (``scored``: its validation score)."""
         down = {"k": self.k, **({"score": 1} if scored else {})}
-        replies = self.session.exchange(gproto.DMON_GRADIENT,
+        replies = self.session.exchange(fedavg_dmon_gradient.DMON_GRADIENT,
                                         {node: pack(weights, down) for node in self.session.node_ids},
-                                        gproto.gradient_reply(self.shapes, False, scored), category="train")
+                                        fedavg_dmon_gradient.gradient_reply(self.shapes, False, scored), category="train")
         arrays, values = unpack(next(iter(replies.values())))
-        return np.asarray(arrays[gproto.GRADIENT], np.float64), float(values["loss"]), values.get("val_modularity")
+        return np.asarray(arrays[fedavg_dmon_gradient.GRADIENT], np.float64), float(values["loss"]), values.get("val_modularity")
 
-    def _round(self, r: int, adam: gproto.ServerAdam, weights: dict, carried, best) -> tuple[dict, dict]:
+    def _round(self, r: int, adam: fedavg_dmon_gradient.ServerAdam, weights: dict, carried, best) -> tuple[dict, dict]:
         """``local-epochs`` server steps from ``W_t``; the round's first ``W_t`` is offered to ``best``."""
         losses, score, largest = [], None, 0.0
         for e in range(self.cfg.local_epochs):
@@ -97,7 +97,7 @@ class GradientRounds:
         """All ``num-rounds x local-epochs`` steps from the initial ``weights``, then the final weights'
         selection; returns the final weights and the per-round history."""
         rounds, history = self.strategy.shared.num_rounds, []
-        adam = gproto.ServerAdam(weights, self.cfg.lr)
+        adam = fedavg_dmon_gradient.ServerAdam(weights, self.cfg.lr)
         carried = self.whole.features(width) if self.many else None
         for r in range(1, rounds + 1):
             weights, record = self._round(r, adam, weights, carried, best)

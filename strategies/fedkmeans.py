@@ -79,7 +79,7 @@ from app.data.types import GraphData
 from app.journal import last_step_replayed
 from app.privacy.ledger import GUARANTEE_SECAGG
 from app.progress import Convergence
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.protocols.boundary import PADDED_ROWS
 from app.transport import pack, unpack
 from app.wire import HELLO, ProtocolError, ReplySpec, ValueSpec
@@ -90,7 +90,7 @@ if TYPE_CHECKING:
     from app.session import HelloAsk, ServerSession
 
 
-class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
+class FedKMeans(ClusteringStrategy[fedkmeans.FedKMeansConfig]):
     """Federated Lloyd k-means, the baseline the other methods can be compared with. Each client
     holds some rows (the nodes of a graph, optionally smoothed first by an AGC low-pass filter over
     its own subgraph, or samples). The server merges the clients' local k-means++ centres into k
@@ -109,7 +109,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     needs_features = True
     tolerates_dropouts = True  # Lloyd's sums over the clients that answered: their rows' centres
 
-    settings = proto.FedKMeansConfig
+    settings = fedkmeans.FedKMeansConfig
     #: the filter order of the run's rows, set by :meth:`run`: ``filter-order``, or 0 where the filter may
     #: run over the whole graph and no party holds an edge (the reference filters as the run did)
     order: int | None = None
@@ -121,14 +121,14 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
 
     @classmethod
     def hello_reply(cls, config: RunConfig) -> ReplySpec:
-        return proto.INIT_REPLY
+        return fedkmeans.INIT_REPLY
 
     @classmethod
     def may_filter_whole_graph(cls, config: RunConfig, clients: int) -> bool:
         """Whether the filter may run over the whole graph across the clients (it does where a party
         holds an edge, as hello tells): a node split with boundary edges, ``filter-order`` > 0 and more
         than one client (one holds the whole graph)."""
-        return clients > 1 and proto.FedKMeansConfig.of(config).filter_order > 0 and uses_boundary(config)
+        return clients > 1 and fedkmeans.FedKMeansConfig.of(config).filter_order > 0 and uses_boundary(config)
 
     @classmethod
     def hello_ask(cls, config: RunConfig, clients: int) -> HelloAsk:
@@ -137,8 +137,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         ask = super().hello_ask(config, clients)
         if not cls.may_filter_whole_graph(config, clients):
             return ask
-        return replace(ask, values={proto.FILTER_HOPS: proto.FedKMeansConfig.of(config).filter_order},
-                       reply=ReplySpec(numbers={proto.HAS_EDGES: ValueSpec(whole=True, low=0, high=1)}))
+        return replace(ask, values={fedkmeans.FILTER_HOPS: fedkmeans.FedKMeansConfig.of(config).filter_order},
+                       reply=ReplySpec(numbers={fedkmeans.HAS_EDGES: ValueSpec(whole=True, low=0, high=1)}))
 
     @classmethod
     def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
@@ -154,7 +154,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     def run(self, session: ServerSession) -> StrategyOutput:
         rows = announced_rows(session)
         may = self.may_filter_whole_graph(session.config, len(session.clients))
-        edges = may and any(int(c.summary[proto.HAS_EDGES]) for c in session.clients)
+        edges = may and any(int(c.summary[fedkmeans.HAS_EDGES]) for c in session.clients)
         self.order = self.cfg.filter_order if edges or not may else 0
         if edges:
             session.setup_secure_aggregation()
@@ -163,7 +163,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
             seeds = self._seeds(session, {c.node_id: {} for c in session.clients}, {}, 0)
         else:
             seeds = {c.node_id: c.arrays for c in session.clients}
-        centres = self._initial_centres(session, rows, seeds, proto.KMEANS_INIT if may else HELLO)
+        centres = self._initial_centres(session, rows, seeds, fedkmeans.KMEANS_INIT if may else HELLO)
         if self.cfg.secure:
             session.setup_secure_aggregation()
         last, history = self._lloyd_rounds(session, rows, centres)
@@ -174,17 +174,17 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         """The filter hops over the whole graph, each a padded sum whose rows ride down with the next
         request, then ``kmeans_init``: every client's local centres and sizes of its filtered rows."""
         order = self.cfg.filter_order
-        bound = proto.hop_bound(links.total, self.secagg.bound)
-        spec = padded_spec(proto.NEIGHBOURS, links, None)
+        bound = fedkmeans.hop_bound(links.total, self.secagg.bound)
+        spec = padded_spec(fedkmeans.NEIGHBOURS, links, None)
         back: dict[int, dict] = {c.node_id: {} for c in session.clients}
         last: dict = {}
         for hop in range(1, order + 1):
-            values = session.secagg_values(f"{proto.NEIGHBOURS}-{hop}", bound, finest=True)
+            values = session.secagg_values(f"{fedkmeans.NEIGHBOURS}-{hop}", bound, finest=True)
             contents = {node: pack(arrays, {**relayed(last), **values, "hop": hop}) for node, arrays in back.items()}
-            replies = session.exchange(proto.KMEANS_FILTER, contents, spec)
+            replies = session.exchange(fedkmeans.KMEANS_FILTER, contents, spec)
             self._check_widths(session, replies)
             back = {node: {PADDED_ROWS: rows} for node, rows in
-                    padded_sum(session, replies, proto.NEIGHBOURS, values, links).items()}
+                    padded_sum(session, replies, fedkmeans.NEIGHBOURS, values, links).items()}
             last = values
             session.round_done(hop, order + 1)
         seeds = self._seeds(session, back, relayed(last), order)
@@ -196,16 +196,16 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         """``kmeans_init`` (down: each client's ``arrays`` and ``values``, ``hops``, k and seed): every client's
         local centres and sizes of its rows filtered ``hops`` times over the whole graph."""
         init = {**values, "hops": hops, "k": self.shared.num_clusters, "seed": self.shared.seed}
-        replies = session.exchange(proto.KMEANS_INIT, {node: pack(a, init) for node, a in arrays.items()},
-                                   proto.INIT_REPLY)
+        replies = session.exchange(fedkmeans.KMEANS_INIT, {node: pack(a, init) for node, a in arrays.items()},
+                                   fedkmeans.INIT_REPLY)
         return {node: unpack(content)[0] for node, content in replies.items()}
 
     @staticmethod
     def _check_widths(session: ServerSession, replies: dict) -> None:
         """Every client's hop upload has the same width (its feature dimension), or the ring sum has no meaning."""
-        widths = {session.partition_of(node): unpack(c)[0][proto.NEIGHBOURS].shape[1] for node, c in replies.items()}
+        widths = {session.partition_of(node): unpack(c)[0][fedkmeans.NEIGHBOURS].shape[1] for node, c in replies.items()}
         if len(set(widths.values())) != 1:
-            raise ProtocolError(f"step '{proto.KMEANS_FILTER}': clients disagree on the feature dimension "
+            raise ProtocolError(f"step '{fedkmeans.KMEANS_FILTER}': clients disagree on the feature dimension "
                                 f"(client: width): {widths}")
 
     @staticmethod
@@ -239,7 +239,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         widths = {session.partition_of(node): a["centres"].shape[1] for node, a in local.items()}
         if len(set(widths.values())) != 1:
             raise ProtocolError(f"clients disagree on the feature dimension (client: width): {widths}")
-        return proto.starting_centres(np.vstack([a["centres"] for a in local.values()]),
+        return fedkmeans.starting_centres(np.vstack([a["centres"] for a in local.values()]),
                                       np.concatenate([a["counts"] for a in local.values()]), k, seed, self.cfg.restarts)
 
     def _lloyd_rounds(self, session: ServerSession, rows: dict[int, int],
@@ -257,7 +257,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
             # a step replayed from a resumed run's journal reached no client: the next live one tells them
             replayed = [*replayed, (running, centres[running])] if last_step_replayed(session) else []
             last_centres[running], last_stats[running] = centres[running], totals
-            new = np.stack([proto.update_centres(centres[start], *proto.split_statistics(total, k)[:2])
+            new = np.stack([fedkmeans.update_centres(centres[start], *fedkmeans.split_statistics(total, k)[:2])
                             for start, total in zip(running, totals)])
             moved = np.abs(new - centres[running]).max(axis=(1, 2))
             centres[running] = new
@@ -273,8 +273,8 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
                     shifts: Convergence) -> dict:
         """A Lloyd round's history entry (the best start so far, its inertia and withheld rows, how many
         starts the round advanced and the largest shift among them), reported as the round's progress."""
-        best = proto.best_start(last_stats, self.shared.num_clusters)
-        _, _, withheld, inertia = proto.split_statistics(last_stats[best], self.shared.num_clusters)
+        best = fedkmeans.best_start(last_stats, self.shared.num_clusters)
+        _, _, withheld, inertia = fedkmeans.split_statistics(last_stats[best], self.shared.num_clusters)
         shifts.measures.append(float(moved.max()))
         session.round_done(round_, self.shared.num_rounds, converging=shifts, inertia=inertia,
                            withheld=round(withheld))
@@ -288,19 +288,19 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         returns their sum per start (starts x size), checked."""
         size = centres[0].size + self.shared.num_clusters + 2
         secure = self.cfg.secure
-        bound = proto.statistics_bound(max(rows.values()), self.secagg.bound)
+        bound = fedkmeans.statistics_bound(max(rows.values()), self.secagg.bound)
         values = session.secagg_values("stats", bound, recover=self.tolerates_dropouts) if secure else {}
         request = {"starts": starts, "centres": centres, **(self._replayed_arrays(replayed) if replayed else {})}
-        replies = session.broadcast(proto.KMEANS_STEP, pack(request, values),
-                                    session.secure_reply(proto.step_reply(len(starts), size, secure), values),
+        replies = session.broadcast(fedkmeans.KMEANS_STEP, pack(request, values),
+                                    session.secure_reply(fedkmeans.step_reply(len(starts), size, secure), values),
                                     require_all=not session.recovers(values))
         return self._statistics_total(session, rows, replies, values)
 
     @staticmethod
     def _replayed_arrays(replayed: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
         """The blocks of the replayed steps, in step order, and the start of each."""
-        return {proto.REPLAYED_CENTRES: np.concatenate([centres for _, centres in replayed]),
-                proto.REPLAYED_STARTS: np.concatenate([starts for starts, _ in replayed])}
+        return {fedkmeans.REPLAYED_CENTRES: np.concatenate([centres for _, centres in replayed]),
+                fedkmeans.REPLAYED_STARTS: np.concatenate([starts for starts, _ in replayed])}
 
     def _statistics_total(self, session: ServerSession, rows: dict[int, int], replies: dict,
                           values: dict) -> np.ndarray:
@@ -310,15 +310,15 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         if self.cfg.secure:
             total = session.secure_sum(replies, "stats", values)
             for start_total in total:
-                _, counts, withheld, inertia = proto.split_statistics(start_total, k)
-                self._check_counts(session, None, proto.KMEANS_STEP, counts, sum(rows[n] for n in replies), inertia,
+                _, counts, withheld, inertia = fedkmeans.split_statistics(start_total, k)
+                self._check_counts(session, None, fedkmeans.KMEANS_STEP, counts, sum(rows[n] for n in replies), inertia,
                                    withheld)
             return total
         stats = {node: unpack(content)[0]["stats"] for node, content in replies.items()}
         for node, s in stats.items():
             for start_stats in s:
-                _, counts, withheld, inertia = proto.split_statistics(start_stats, k)
-                self._check_counts(session, node, proto.KMEANS_STEP, counts, rows[node], inertia, withheld)
+                _, counts, withheld, inertia = fedkmeans.split_statistics(start_stats, k)
+                self._check_counts(session, node, fedkmeans.KMEANS_STEP, counts, rows[node], inertia, withheld)
         return sum(stats.values())
 
     def _final_labels(self, session: ServerSession, rows: dict[int, int],
@@ -326,11 +326,11 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
         """Step 3: every client's row ids and labels under the final centres of the best start, which
         each client derives from that start's last centres and summed statistics (``last``)."""
         arrays = {name: value for name, value in last.items() if name != "start"}
-        final = session.broadcast(proto.KMEANS_ASSIGN, pack(arrays, {"start": int(last["start"])}),
-                                  proto.assign_reply(self.shared.num_clusters))
+        final = session.broadcast(fedkmeans.KMEANS_ASSIGN, pack(arrays, {"start": int(last["start"])}),
+                                  fedkmeans.assign_reply(self.shared.num_clusters))
         replies = {node: unpack(content)[0] for node, content in final.items()}
-        ids_of = {node: session.positions(proto.KMEANS_ASSIGN, node, r["node_ids"]) for node, r in replies.items()}
-        check_item_ids(session, proto.KMEANS_ASSIGN, ids_of,
+        ids_of = {node: session.positions(fedkmeans.KMEANS_ASSIGN, node, r["node_ids"]) for node, r in replies.items()}
+        check_item_ids(session, fedkmeans.KMEANS_ASSIGN, ids_of,
                        exclusive=True, expected=rows)  # partition.overlap > 0 is refused: each row on one client
         return concat_int64(ids_of.values()), concat_int64(r["labels"] for r in replies.values())
 
@@ -362,7 +362,7 @@ class FedKMeans(ClusteringStrategy[proto.FedKMeansConfig]):
     def reference(self, data: GraphData) -> np.ndarray:
         """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled features, projected
         and filtered as the clients do (:func:`app.protocols.fedkmeans.local_features`)."""
-        x = proto.local_features(data.x, data.adj, self.cfg, self.shared.seed, self._order())
+        x = fedkmeans.local_features(data.x, data.adj, self.cfg, self.shared.seed, self._order())
         return kmeans(x, self.shared.num_clusters, seed=self.shared.seed, n_init=self.cfg.restarts)
 
     def _order(self) -> int:

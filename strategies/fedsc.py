@@ -67,7 +67,7 @@ import numpy as np
 
 from app.config import ConfigError, RunConfig
 from app.data.types import GraphData
-from app.protocols import fedsc as proto
+from app.protocols import fedsc
 from app.wire import LABELS, ProtocolError, ReplySpec
 from app.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from app.session import ServerSession
 
 
-class FedSC(ClusteringStrategy[proto.FedSCConfig]):
+class FedSC(ClusteringStrategy[fedsc.FedSCConfig]):
     """Federated spectral clustering by secure similarity reconstruction (Qiao, Ding & Fan, 2023).
     Each client holds some samples (or the features of some nodes of a graph). Together they
     factorise the Gaussian kernel's feature map with shared landmarks Z and private coefficients:
@@ -93,7 +93,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
     needs_features = True
     tolerates_dropouts = True  # Z is the average over the clients that answered
 
-    settings = proto.FedSCConfig
+    settings = fedsc.FedSCConfig
 
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:
@@ -102,20 +102,20 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
 
     @classmethod
     def hello_reply(cls, config: RunConfig) -> ReplySpec:
-        return proto.bandwidth_reply(_estimates_sigma(config))
+        return fedsc.bandwidth_reply(_estimates_sigma(config))
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
-        cfg = proto.FedSCConfig.of(config)
+        cfg = fedsc.FedSCConfig.of(config)
         if cfg.dp_epsilon > 0 and (cfg.noise_z > 0 or cfg.noise_c > 0):
             raise ConfigError(
                 "fedsc.dp-epsilon and fedsc.noise-z/noise-c are alternative noise variants; "
                 "valid choices: set either dp-epsilon or the noise ratios, not both"
             )
         sigma, landmarks = cfg.sigma, cfg.landmarks
-        if 0 < sigma < proto.SIGMA_RANGE[0]:
-            low, high = proto.SIGMA_RANGE
+        if 0 < sigma < fedsc.SIGMA_RANGE[0]:
+            low, high = fedsc.SIGMA_RANGE
             raise ConfigError(f"invalid value {sigma:g} for 'fedsc.sigma': 2 sigma^2 underflows to 0, the kernel "
                               f"is 0/0 at distance 0; valid: 0 (estimate) or a bandwidth in [{low:g}, {high:g}]")
         if cfg.dp_epsilon > 0 and not (sigma > 0 and landmarks > 0):
@@ -132,7 +132,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         self._record_noise(session)
         sigma, m = self._bandwidth(session)
         d = self._landmark_count(session, sigma)
-        z = proto.init_landmarks(d, m, self.shared.seed)
+        z = fedsc.init_landmarks(d, m, self.shared.seed)
         dp = self._dp_mechanisms(self.shared.num_rounds) if self.cfg.dp_epsilon > 0 else None
         if dp:
             self._record_dp(session, dp)
@@ -144,11 +144,11 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
             common.update(dp_nm_z=dp["z"].noise_multiplier, dp_nm_c=dp["c"].noise_multiplier)
         z, history = self._landmark_rounds(session, z, common, dp)
         blocks, ids = self._coefficients(session, z, common, dp)
-        affinity = proto.reconstruct(z, np.hstack([b["c"] for b in blocks.values()]), sigma)
+        affinity = fedsc.reconstruct(z, np.hstack([b["c"] for b in blocks.values()]), sigma)
         if not np.isfinite(affinity).all():
             raise ProtocolError("step 'fedsc_final': the reconstructed affinity C'K(Z,Z)C is not finite: an upload "
                                 "of Z_p or C_p is far out of range")
-        labels = proto.cluster_affinity(affinity, self.shared.num_clusters, self.shared.seed, self.cfg.n_init)
+        labels = fedsc.cluster_affinity(affinity, self.shared.num_clusters, self.shared.seed, self.cfg.n_init)
         self._send_labels(session, blocks, labels)
         return StrategyOutput(labels=labels, ids=ids, history=history, metrics={"sigma": sigma, "landmarks": d})
 
@@ -160,8 +160,8 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         d, m = z.shape
         secure, rounds = self.cfg.secure, self.shared.num_rounds
         noised = bool(dp) or self.cfg.noise_z > 0  # then the objective is not sent
-        spec = proto.round_reply(d * m + (0 if noised else 1), secure, noised)
-        bound = proto.update_bound(max(announced_rows(session).values()), self.secagg.bound)
+        spec = fedsc.round_reply(d * m + (0 if noised else 1), secure, noised)
+        bound = fedsc.update_bound(max(announced_rows(session).values()), self.secagg.bound)
         history = []
         for r in range(1, rounds + 1):
             values = dict(common, round=r)
@@ -170,7 +170,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
             # Without secure aggregation Z is a plain average over the clients
             # that answered, so a client that drops out is left out (its
             # samples then get no label); masks only cancel over everyone.
-            replies = session.broadcast(proto.FEDSC_ROUND, pack({"z": z}, values), session.secure_reply(spec, values),
+            replies = session.broadcast(fedsc.FEDSC_ROUND, pack({"z": z}, values), session.secure_reply(spec, values),
                                         require_all=secure and not session.recovers(values))
             if secure:
                 total = session.secure_sum(replies, "update", values)
@@ -194,16 +194,16 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         ``node_ids``. Returns the replies by node and the ids in the order of their columns."""
         rows = announced_rows(session)
         noised_c = bool(dp) or self.cfg.noise_c > 0
-        specs = {node: proto.final_reply(len(z), count, noised_c) for node, count in rows.items()}
-        final = session.broadcast(proto.FEDSC_FINAL, pack({"z": z}, common), specs, require_all=self.cfg.secure)
+        specs = {node: fedsc.final_reply(len(z), count, noised_c) for node, count in rows.items()}
+        final = session.broadcast(fedsc.FEDSC_FINAL, pack({"z": z}, common), specs, require_all=self.cfg.secure)
         if dp:
             dp["c"].step()
             self._record_dp(session, dp)  # refresh the release counts in the ledger
         blocks = {node: unpack(content)[0] for node, content in final.items()}
         # without partition.overlap every sample lives on one client: else a client's columns
         # would stand for another's samples and leave some unlabelled
-        ids_of = {node: session.positions(proto.FEDSC_FINAL, node, b["node_ids"]) for node, b in blocks.items()}
-        check_item_ids(session, proto.FEDSC_FINAL, ids_of,
+        ids_of = {node: session.positions(fedsc.FEDSC_FINAL, node, b["node_ids"]) for node, b in blocks.items()}
+        check_item_ids(session, fedsc.FEDSC_FINAL, ids_of,
                        exclusive=self.config["partition.overlap"] == 0, below=sum(rows.values()))
         return blocks, concat_int64(ids_of.values())
 
@@ -216,7 +216,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
             n_p = b["c"].shape[1]
             contents[node] = pack({"labels": labels[start:start + n_p]})
             start += n_p
-        session.exchange(LABELS, contents, proto.RECEIVED_REPLY)
+        session.exchange(LABELS, contents, fedsc.RECEIVED_REPLY)
 
     def _bandwidth(self, session: ServerSession) -> tuple[float, int]:
         """Step 1, with ``hello``: sigma (given, or from the clients' distance sums) and the
@@ -233,7 +233,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
                 raise ProtocolError(f"step 'hello': client {client.partition_id} reports {v['pairs']!r} pairs for "
                                     f"its {count} samples; expected {pairs}")
         try:
-            sigma = proto.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
+            sigma = fedsc.combine_bandwidth([v["distance_sum"] for v in vals], [v["pairs"] for v in vals])
         except ValueError as err:
             raise ConfigError(f"fedsc.sigma=0 cannot be estimated: {err}; set fedsc.sigma > 0") from None
         return sigma, features
@@ -255,8 +255,8 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
                               f"clients; valid: 0 (spectral-mass rule) to {sum(rows.values())}")
         if configured > 0:
             return configured
-        replies = session.broadcast(proto.FEDSC_RANK, pack(values={"sigma": sigma, "mass": self.cfg.mass}),
-                                    proto.RANK_REPLY)
+        replies = session.broadcast(fedsc.FEDSC_RANK, pack(values={"sigma": sigma, "mass": self.cfg.mass}),
+                                    fedsc.RANK_REPLY)
         counts = {}
         for node, content in replies.items():
             count = int(unpack(content)[1]["landmarks"])
@@ -264,7 +264,7 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
                 raise ProtocolError(f"client {session.partition_of(node)} (node {node}) sent landmarks={count}, "
                                     f"more than its {rows[node]} samples")
             counts[node] = count
-        return proto.combine_landmark_counts(counts.values())
+        return fedsc.combine_landmark_counts(counts.values())
 
     def _record_noise(self, session: ServerSession) -> None:
         from app.privacy.gaussian import record_noise_ratio
@@ -309,8 +309,8 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         ledger's ``clipped`` count stays 0 (the server does not learn it).
         """
         eps, delta = self.cfg.dp_epsilon / 2, self.cfg.dp_delta / 2
-        return {"z": proto.dp_mechanism(self.cfg, "z", _noise_multiplier(eps, delta, rounds)),
-                "c": proto.dp_mechanism(self.cfg, "c", _noise_multiplier(eps, delta, 1))}
+        return {"z": fedsc.dp_mechanism(self.cfg, "z", _noise_multiplier(eps, delta, rounds)),
+                "c": fedsc.dp_mechanism(self.cfg, "c", _noise_multiplier(eps, delta, 1))}
 
     # ----------------------------------------------------------------- reference
     def reference(self, data: GraphData) -> np.ndarray:
@@ -325,8 +325,8 @@ class FedSC(ClusteringStrategy[proto.FedSCConfig]):
         of the same perturbation, not the same perturbed data (and an
         estimated sigma is the estimate on the reference's draw).
         """
-        x, ids, sigma = proto.pooled_features(data, self.config)
-        labels = proto.centralised_sc(x, sigma, self.shared.num_clusters, self.shared.seed, self.cfg.n_init)
+        x, ids, sigma = fedsc.pooled_features(data, self.config)
+        labels = fedsc.centralised_sc(x, sigma, self.shared.num_clusters, self.shared.seed, self.cfg.n_init)
         out = np.full(data.num_nodes, -1, dtype=np.int64)
         out[ids[::-1]] = labels[::-1]  # first occurrence wins, as in StrategyOutput
         return out

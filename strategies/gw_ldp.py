@@ -118,7 +118,7 @@ from app.config import ConfigError, RunConfig, SharedConfig
 from app.data.types import GraphCollection, GraphData
 from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from app.privacy.ldp import LDPAccountant, default_m
-from app.protocols import gw_ldp as proto
+from app.protocols import gw_ldp
 from app.transport import pack, unpack
 from app.wire import ProtocolError, ReplySpec, whole_number
 from strategies.base import ClusteringStrategy, StrategyOutput
@@ -151,7 +151,7 @@ class _Embeddings:
     releases: int = 0
 
 
-class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
+class GWLDP(ClusteringStrategy[gw_ldp.GWLDPConfig]):
     """Graph classification and clustering with local differential privacy. Clients hold whole
     graphs (a share of a graph collection such as MUTAG, or k-hop subgraphs around nodes of one
     graph) and train a shared GNN by FedAvg (optionally with client-level DP-FedAvg or local
@@ -168,7 +168,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     partitioners = ("graph-dirichlet", "khop")
     refuses_weights = "takes integer node degrees and hop distances (it counts every edge as 1)"
 
-    settings = proto.GWLDPConfig
+    settings = gw_ldp.GWLDPConfig
 
     @classmethod
     def hello_values(cls, config: RunConfig) -> dict:
@@ -178,12 +178,12 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     @classmethod
     def hello_reply(cls, config: RunConfig) -> ReplySpec:
         """Each client's feature width and graph counts."""
-        return ReplySpec(numbers=proto.HELLO_NUMBERS)
+        return ReplySpec(numbers=gw_ldp.HELLO_NUMBERS)
 
     @classmethod
     def check(cls, config: RunConfig) -> None:
         super().check(config)
-        cfg = proto.GWLDPConfig.of(config)
+        cfg = gw_ldp.GWLDPConfig.of(config)
         if cfg.norm_statistics == "pooled" and cfg.dp != "none":
             raise ConfigError(f"invalid value 'pooled' for 'gw-ldp.norm-statistics' with gw-ldp.dp="
                               f"'{cfg.dp}': the activation moments it uploads are not covered by "
@@ -198,9 +198,9 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         in_dim = self._feature_width(described)
         model = build_model(self.cfg.model, in_dim, k, seed)
         pooled = self.cfg.norm_statistics != "averaged" and self.cfg.dp == "none"
-        layers = proto.norm_layers(model, in_dim) if pooled else []
-        emb = _Embeddings(proto.embedding_width(model, k, self.cfg.embedding), described)
-        dp = proto.training_mechanism(self.cfg)
+        layers = gw_ldp.norm_layers(model, in_dim) if pooled else []
+        emb = _Embeddings(gw_ldp.embedding_width(model, k, self.cfg.embedding), described)
+        dp = gw_ldp.training_mechanism(self.cfg)
         timing: dict[str, float] = {}
         t0 = time.perf_counter()
         weights, history = self._training_rounds(session, model, emb, layers, dp)
@@ -225,7 +225,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         every client, by client (``train <= graphs`` and both counts >= 1, else the run stops)."""
         described = {}
         for c in session.clients:
-            problem = proto.describe_problem(c.summary)
+            problem = gw_ldp.describe_problem(c.summary)
             if problem:
                 raise ProtocolError(f"client {c.partition_id}: malformed hello figures: {problem}")
             described[c.partition_id] = {name: int(c.summary[name]) for name in ("in_dim", "graphs", "train")}
@@ -246,16 +246,16 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         FedAvg of the replies. Every ``embed-every`` rounds before the last, an embedding release
         (steps 2b and 3). Returns the trained weights and the per-round history."""
         rounds, every = self.shared.num_rounds, self.cfg.embed_every
-        weights = proto.get_weights(model)
-        spec = proto.fit_reply({n: a.shape for n, a in weights.items()}, proto.trainable_names(model), self.cfg.dp)
+        weights = gw_ldp.get_weights(model)
+        spec = gw_ldp.fit_reply({n: a.shape for n, a in weights.items()}, gw_ldp.trainable_names(model), self.cfg.dp)
         limits = {n: (session.partition_of(n), emb.described[session.partition_of(n)]["train"])
                   for n in session.node_ids}
         history = []
         for rnd in range(1, rounds + 1):
-            content = pack(proto.weights_message(weights), {"epochs": self.cfg.local_epochs, "lr": self.cfg.lr,
+            content = pack(gw_ldp.weights_message(weights), {"epochs": self.cfg.local_epochs, "lr": self.cfg.lr,
                                                             "round": rnd, "seed": self.shared.seed})
             session.take_back()  # a client that left and came back trains W_r like any other
-            replies = session.broadcast(proto.FIT, content, spec, category="train", require_all=False)
+            replies = session.broadcast(gw_ldp.FIT, content, spec, category="train", require_all=False)
             weights, loss = self._aggregate(replies, weights, limits)
             if dp is not None:  # DP-FedAvg: one release per round; DP-SGD: local-epochs steps per round
                 dp.step(self.cfg.local_epochs if self.cfg.dp == "sgd" else 1)
@@ -318,19 +318,19 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         and the statistics are those of the clients that did."""
         for layer in layers:
             width = weights[f"{layer}.running_mean"].shape[0]
-            replies = session.broadcast(proto.GW_NORM, pack(proto.weights_message(weights), {"layer": layer}),
-                                        proto.norm_reply(width), require_all=False)
+            replies = session.broadcast(gw_ldp.GW_NORM, pack(gw_ldp.weights_message(weights), {"layer": layer}),
+                                        gw_ldp.norm_reply(width), require_all=False)
             moments = []
             for node, content in replies.items():
                 up = unpack(content)[0]["moments"]
-                problem = proto.moments_problem(up, width)
+                problem = gw_ldp.moments_problem(up, width)
                 if problem:
                     raise ProtocolError(f"client {session.partition_of(node)}: malformed BatchNorm moments for "
                                         f"'{layer}': {problem}")
                 moments.append(up)
             if not moments:
                 raise ProtocolError(f"no client answered the BatchNorm round for '{layer}'")
-            weights = proto.with_norm_statistics(weights, layer, *proto.pooled_norm_statistics(moments))
+            weights = gw_ldp.with_norm_statistics(weights, layer, *gw_ldp.pooled_norm_statistics(moments))
         return weights
 
     def _embed(self, session: ServerSession, weights: dict[str, np.ndarray], emb: _Embeddings, rnd: int) -> None:
@@ -341,21 +341,21 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         if any, stays in use)."""
         eps = self.cfg.epsilon
         replies = session.broadcast(
-            proto.GW_EMBED,
-            pack(proto.weights_message(weights), {"epsilon": eps, "layer": self.cfg.embedding, "round": rnd}),
-            proto.embed_reply(emb.width, not math.isinf(eps)), require_all=False,
+            gw_ldp.GW_EMBED,
+            pack(gw_ldp.weights_message(weights), {"epsilon": eps, "layer": self.cfg.embedding, "round": rnd}),
+            gw_ldp.embed_reply(emb.width, not math.isinf(eps)), require_all=False,
         )
         out = {}
         for node, content in replies.items():
             client = session.partition_of(node)
             arrays, _ = unpack(content)
-            problem = proto.embedding_upload_problem(arrays, emb.described[client]["graphs"],
+            problem = gw_ldp.embedding_upload_problem(arrays, emb.described[client]["graphs"],
                                                      self.shared.num_clusters, eps)
             if problem:
                 raise ProtocolError(f"client {client}: malformed embedding upload: {problem}")
             bounds = np.concatenate([[0], np.cumsum(arrays["sizes"].astype(np.int64))])
             up = {n: arrays[n].astype(np.int64) for n in ("sizes", "split", "labels", "eval_labels")}
-            up["graph_ids"] = session.positions(proto.GW_EMBED, node, arrays["graph_ids"])
+            up["graph_ids"] = session.positions(gw_ldp.GW_EMBED, node, arrays["graph_ids"])
             up["embeddings"] = [arrays["embeddings"][a:b].astype(np.float64) for a, b in zip(bounds[:-1], bounds[1:])]
             out[client] = up
         self._keep(emb.latest, rnd, out)
@@ -396,10 +396,10 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     def _gw_matrix(self, uploads: dict) -> tuple[np.ndarray, dict]:
         """The GW matrix between the uploaded graphs' embedding spaces and its figures."""
         alpha = self.cfg.alpha
-        spaces = [proto.embedding_space(h, self.cfg.merge_duplicates, features=alpha < 1)
+        spaces = [gw_ldp.embedding_space(h, self.cfg.merge_duplicates, features=alpha < 1)
                   for h in uploads["embeddings"]]
         stats: dict = {}
-        dist = proto.gw_matrix(spaces, self.cfg.workers, self.cfg.gw_max_iter, stats, alpha=alpha,
+        dist = gw_ldp.gw_matrix(spaces, self.cfg.workers, self.cfg.gw_max_iter, stats, alpha=alpha,
                                solver=self.cfg.gw_solver)
         n = len(spaces)
         return dist, {"gw_pairs": stats["pairs"], "gw_solved_pairs": stats["solved_pairs"],
@@ -416,7 +416,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
     def _output(self, dist: np.ndarray, uploads: dict, metrics: dict, history: list[dict]) -> StrategyOutput:
         """The graphs clustered on the GW matrix; with k-hop subgraphs the centres' labels are the truth
         and the ids the centres, for delivery."""
-        labels = proto.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
+        labels = gw_ldp.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
         truth = uploads["eval_labels"] if self.shared.partitioner == "khop" else None
         return StrategyOutput(labels=labels, ids=uploads["graph_ids"], truth=truth, metrics=metrics, history=history,
                               distances=dist)
@@ -447,7 +447,7 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
                                          {"epsilon_per_graph": "inf", "d": d},
                                          "none: no noise (epsilon = inf), embeddings uploaded in clear", None)
             return
-        per_graph = np.array([proto.graph_epsilon(int(n), eps) for n in sizes])
+        per_graph = np.array([gw_ldp.graph_epsilon(int(n), eps) for n in sizes])
         accountant = LDPAccountant(float(per_graph.max()))  # the worst-off graph, every release composed
         accountant.step(releases)
         session.ledger.add_mechanism(
@@ -484,14 +484,14 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         if not self.cfg.svc:
             return {}
         split = uploads["split"]
-        y = np.where(split == proto.SPLIT_TEST, uploads["eval_labels"], uploads["labels"])
-        problem = proto.svc_problem(y, split, self.cfg.svc_selection)
-        if problem or not ((split == proto.SPLIT_TEST) & (y >= 0)).any():
+        y = np.where(split == gw_ldp.SPLIT_TEST, uploads["eval_labels"], uploads["labels"])
+        problem = gw_ldp.svc_problem(y, split, self.cfg.svc_selection)
+        if problem or not ((split == gw_ldp.SPLIT_TEST) & (y >= 0)).any():
             return {"svc_skipped": problem or "no labelled test graphs"}
-        res = proto.svc_select(dist, y, split, self.cfg.svc_selection)
+        res = gw_ldp.svc_select(dist, y, split, self.cfg.svc_selection)
         return {"svc_selection": res["selection"], "svc_test_acc": res["test_acc"], "svc_val_acc": res["val_acc"],
                 "svc_C": res["C"], "svc_gamma": res["gamma"], "svc_test_acc_grid_max": res["test_acc_grid_max"],
-                "test_graphs": int(((split == proto.SPLIT_TEST) & (y >= 0)).sum())}
+                "test_graphs": int(((split == gw_ldp.SPLIT_TEST) & (y >= 0)).sum())}
 
     # ------------------------------------------------------------------ reference
     def reference(self, data: GraphData | GraphCollection) -> np.ndarray:
@@ -499,9 +499,9 @@ class GWLDP(ClusteringStrategy[proto.GWLDPConfig]):
         pooled graphs (same items and order as the federated run), clustered the
         same way."""
         graphs, _ = pooled_graphs(data, self.config)
-        mats = [proto.shortest_path_matrix(g.adj) for g in graphs]
-        dist = proto.gw_matrix(mats, self.cfg.workers, self.cfg.gw_max_iter, solver=self.cfg.gw_solver)
-        return proto.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
+        mats = [gw_ldp.shortest_path_matrix(g.adj) for g in graphs]
+        dist = gw_ldp.gw_matrix(mats, self.cfg.workers, self.cfg.gw_max_iter, solver=self.cfg.gw_solver)
+        return gw_ldp.cluster_gw(dist, self.shared.num_clusters, self.cfg.clustering, self.shared.seed)
 
     def reference_method(self) -> str:
         return ("centralised topology-only GW_A: Gromov-Wasserstein distances between the pooled graphs' "

@@ -100,7 +100,7 @@ import numpy as np
 
 from app.config import ConfigError, RunConfig
 from app.data.types import GraphData
-from app.protocols import kcagc as proto
+from app.protocols import kcagc
 from app.protocols import kcagc_exact as exact
 from app.wire import LABELS, ProtocolError
 from app.transport import pack, unpack
@@ -123,7 +123,7 @@ def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
                             "every client's part is >= 0, so an upload is malformed")
 
 
-class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
+class KCAGC(ClusteringStrategy[kcagc.KCAGCConfig]):
     """kCAGC, attributed graph clustering over vertically split features: every client holds all
     nodes and the graph but only its own block of feature columns.
 
@@ -151,7 +151,7 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
     partitioners = ("vertical",)
     needs_features = True
 
-    settings = proto.KCAGCConfig
+    settings = kcagc.KCAGCConfig
 
     @classmethod
     def masks_uploads(cls, config: RunConfig, clients: int) -> bool:
@@ -178,16 +178,16 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
         embed = self.embed_values(k)
         if len(session.clients) > 1:  # one client: its own sum, nothing to hide from anyone
             session.setup_secure_aggregation()
-        order = proto.filter_order(self.shared.dataset, embed["order"], embed["filter"])
+        order = kcagc.filter_order(self.shared.dataset, embed["order"], embed["filter"])
         metrics = {"aggregated_values": 0, "virtual_nodes": [], "lloyd_iterations": [],
                    "filter_order": ADAPTIVE_ORDER if order is None else order}
         history: list[dict] = []
-        if embed["embedding"] in proto.JOINT_EMBEDDINGS:
+        if embed["embedding"] in kcagc.JOINT_EMBEDDINGS:
             self.joint_norms(session, embed, n, metrics)
         kmeans = SecureKMeans(session, self.cfg, embed, self.secagg.bound, metrics, history,
                               np.random.default_rng([self.shared.seed, 10]))
         labels = self.cluster(session, n, k, kmeans)
-        session.broadcast(LABELS, pack({"labels": labels}), proto.RECEIVED_REPLY)
+        session.broadcast(LABELS, pack({"labels": labels}), kcagc.RECEIVED_REPLY)
         metrics["secure_aggregations"] = int(session.stats.secure_aggregations)
         return StrategyOutput(labels=labels, ids=np.arange(n), history=history, metrics=metrics)
 
@@ -199,7 +199,7 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
         kmeans.metrics["k_hat"] = k_hat
         num = len(session.clients)
         tree = self.cfg.tree and num > 2
-        levels = proto.tree_groups(num) if tree else [[[p] for p in range(num)], [list(range(num))]]
+        levels = kcagc.tree_groups(num) if tree else [[[p] for p in range(num)], [list(range(num))]]
         current = {tuple(g): local[g[0]] for g in levels[0]}  # group -> node labels
         summed_groups = []  # per level, the groups whose distances the server unmasks
         for depth, level in enumerate(levels[1:], start=1):
@@ -216,7 +216,7 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
     def local_clusters(self, session: ServerSession, n: int, k_hat: int, embed: dict) -> list[np.ndarray]:
         """Step 1, ``kcagc_local``: down k_hat and the embedding settings -> up every client's local
         cluster of each node (in reply order), each checked to lie in ``0..k_hat-1``."""
-        replies = session.broadcast(proto.KCAGC_LOCAL, pack(values={**embed, "k_hat": k_hat}), proto.local_reply(n))
+        replies = session.broadcast(kcagc.KCAGC_LOCAL, pack(values={**embed, "k_hat": k_hat}), kcagc.local_reply(n))
         local = []
         for node, content in replies.items():
             client_labels = unpack(content)[0]["labels"].astype(np.int64)
@@ -247,11 +247,11 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
         sends it back (stage ``scale``, down ``sq_norms``) so that each client scales its rows with it."""
         secure = len(session.clients) > 1
         values = session.secagg_values("joint", self.secagg.bound, finest=True) if secure else {}
-        replies = session.broadcast(proto.KCAGC_JOINT, pack(values={**values, **embed, "stage": "sum"}),
-                                    proto.masked_reply("s", n, secure))
+        replies = session.broadcast(kcagc.KCAGC_JOINT, pack(values={**values, **embed, "stage": "sum"}),
+                                    kcagc.masked_reply("s", n, secure))
         total = (session.secure_sum(replies, "s", values) if secure
                  else unpack(next(iter(replies.values())))[0]["s"])
-        _check_nonnegative(total, proto.KCAGC_JOINT, "summed squared row norm")
+        _check_nonnegative(total, kcagc.KCAGC_JOINT, "summed squared row norm")
         metrics["aggregated_values"] += n
         session.ledger.add_mechanism(
             "kcagc:joint-row-norms",
@@ -260,11 +260,11 @@ class KCAGC(ClusteringStrategy[proto.KCAGCConfig]):
                                 "server and to every client"},
             guarantee="none: the aggregate is revealed; a client learns the others' summed norms per node",
         )
-        session.broadcast(proto.KCAGC_JOINT, pack({"sq_norms": total}, {**embed, "stage": "scale"}),
-                          proto.RECEIVED_REPLY)
+        session.broadcast(kcagc.KCAGC_JOINT, pack({"sq_norms": total}, {**embed, "stage": "scale"}),
+                          kcagc.RECEIVED_REPLY)
 
     def _filter_order(self) -> int | None:
-        return proto.filter_order(self.shared.dataset, self.cfg.filter_order, self.cfg.filter)
+        return kcagc.filter_order(self.shared.dataset, self.cfg.filter_order, self.cfg.filter)
 
     def reference(self, data: GraphData) -> np.ndarray:
         """Centralised AGC on the pooled features (same filter and order, top-k singular vectors, k-means)."""
@@ -323,7 +323,7 @@ def level_jobs(level: list[list[int]], current: dict[tuple, np.ndarray], top: bo
         if len(children) == 1 and not top:
             passthrough[tuple(group)] = current[children[0]]
             continue
-        members, weights = proto.intersect([current[c] for c in children])
+        members, weights = kcagc.intersect([current[c] for c in children])
         jobs.append(Job(list(group), members, weights))
     return jobs, passthrough
 
@@ -332,12 +332,12 @@ class SecureKMeans:
     """Step 3: weighted k-means++ seeding and Lloyd on the virtual nodes of several jobs side by side
     (``kcagc.restarts`` restarts each), the server learning only each job's summed distances."""
 
-    def __init__(self, session: ServerSession, cfg: proto.KCAGCConfig, embed: dict, secagg_bound: float,
+    def __init__(self, session: ServerSession, cfg: kcagc.KCAGCConfig, embed: dict, secagg_bound: float,
                  metrics: dict, history: list[dict], rng: np.random.Generator) -> None:
         self.session, self.embed, self.metrics, self.history, self.rng = session, embed, metrics, history, rng
         self.restarts, self.iterations, self.prune = cfg.restarts, cfg.iterations, cfg.prune
         self.secure = len(session.clients) > 1
-        self.bound = proto.distance_bound(embed["embedding"], secagg_bound)
+        self.bound = kcagc.distance_bound(embed["embedding"], secagg_bound)
 
     def run(self, jobs: list[Job], kk: int, level: int) -> list[np.ndarray]:
         """Every job clustered into ``kk`` clusters (one tree level: k_hat below the root, k at the
@@ -362,13 +362,13 @@ class SecureKMeans:
         dist = [np.zeros((R, kk, len(job.weights))) for job in self.jobs]  # summed, centre-major
         seeds = [np.zeros((R, kk), dtype=np.int64) for _ in self.jobs]
         for j, job in enumerate(self.jobs):
-            seeds[j][:, 0] = proto.first_seeds(job.weights, R, self.rng)
+            seeds[j][:, 0] = kcagc.first_seeds(job.weights, R, self.rng)
         for c in range(1, kk):
             parts = self._round("seed", lambda j, c=c: {"index": seeds[j][:, c - 1]},
                                 [R * len(job.weights) for job in self.jobs])
             for j, job in enumerate(self.jobs):
                 dist[j][:, c - 1] = parts[j].reshape(R, len(job.weights))
-                seeds[j][:, c] = proto.seeding_step(dist[j][:, :c].min(axis=1), job.weights, self.rng)
+                seeds[j][:, c] = kcagc.seeding_step(dist[j][:, :c].min(axis=1), job.weights, self.rng)
         for j in range(len(self.jobs)):
             self.history.append({"level": self.level, "job": j, "stage": "seeds", "seeds": seeds[j].tolist()})
         return dist, seeds
@@ -390,7 +390,7 @@ class SecureKMeans:
             def lloyd_arrays(j, it=it):
                 # an assignment (-1..kk-1) goes in the smallest integer type holding -kk: int8 up to 128 clusters
                 centres = ({"seeds": seeds[j]} if it == 0 else
-                           {"assign": update[j][proto.moved_restarts(moved[j], kk)].astype(np.min_scalar_type(-kk))})
+                           {"assign": update[j][kcagc.moved_restarts(moved[j], kk)].astype(np.min_scalar_type(-kk))})
                 return {**centres, "moved": moved[j]}
 
             sizes = [len(moved[j]) * len(job.weights) for j, job in enumerate(jobs)]
@@ -417,9 +417,9 @@ class SecureKMeans:
         R, kk = self.restarts, self.kk
         dist.reshape(R * kk, -1)[moved] = part.reshape(len(moved), -1)
         by_node = dist.transpose(0, 2, 1)  # R x m x kk
-        assign, inertia = proto.assign(by_node, job.weights)
-        new = proto.prune(by_node) if self.prune and it == 0 else assign
-        moved = np.arange(R * kk) if it == 0 else proto.moved_centres(update, new, kk)
+        assign, inertia = kcagc.assign(by_node, job.weights)
+        new = kcagc.prune(by_node) if self.prune and it == 0 else assign
+        moved = np.arange(R * kk) if it == 0 else kcagc.moved_centres(update, new, kk)
         return assign, inertia, moved, new
 
     def _round(self, stage: str, arrays_of, sizes: list[int]) -> list[np.ndarray]:
@@ -437,7 +437,7 @@ class SecureKMeans:
         if self.secure:
             self.metrics["secagg_scale"] = values[0]["secagg_scale"]
         contents, expect = self._requests(stage, arrays_of, sizes, values)
-        replies = self.session.exchange(proto.KCAGC_STEP, contents, expect)
+        replies = self.session.exchange(kcagc.KCAGC_STEP, contents, expect)
         self.first = False
         return [self._job_sum(j, replies, sizes[j], values[j], stage) for j in range(len(self.jobs))]
 
@@ -457,7 +457,7 @@ class SecureKMeans:
             v = {**(values[j] if j >= 0 else {}), **self.embed, "stage": stage, "level": self.level,
                  "restarts": self.restarts, "size": size}
             contents[node] = pack(arrays, v)
-            expect[node] = proto.masked_reply("d", size, self.secure)
+            expect[node] = kcagc.masked_reply("d", size, self.secure)
         return contents, expect
 
     def _job_sum(self, j: int, replies: dict, size: int, values: dict, stage: str) -> np.ndarray:

@@ -16,7 +16,7 @@ from flwr.app import RecordDict
 from app.config import RunConfig
 from app.privacy.ledger import GUARANTEE_SECAGG
 from app.privacy.secagg import sum_masked
-from app.protocols import boundary as proto
+from app.protocols import boundary
 from app.session import ServerSession
 from app.transport import pack, unpack
 from app.wire import ArraySpec, ProtocolError, ReplySpec
@@ -40,7 +40,7 @@ class ServerLinks:
 
     def items(self, session: ServerSession) -> np.ndarray:
         """The server's item position of every link position (for labels laid out by link position)."""
-        return np.concatenate([session.positions(proto.BOUNDARY_TAGS, c.node_id, self.ids[c.partition_id])
+        return np.concatenate([session.positions(boundary.BOUNDARY_TAGS, c.node_id, self.ids[c.partition_id])
                                for c in session.clients])
 
 
@@ -48,17 +48,17 @@ def link_boundaries(session: ServerSession) -> ServerLinks:
     """The three linking steps (module docstring of :mod:`app.protocols.boundary`); needs the
     secure-aggregation key exchange done (:meth:`ServerSession.setup_secure_aggregation`)."""
     parties = len(session.clients)
-    sealed_spec = ReplySpec(arrays={"sealed": ArraySpec((parties, proto.SEALED_BYTES), "u")})
-    replies = session.broadcast(proto.BOUNDARY_SHARES, pack(), sealed_spec)
+    sealed_spec = ReplySpec(arrays={"sealed": ArraySpec((parties, boundary.SEALED_BYTES), "u")})
+    replies = session.broadcast(boundary.BOUNDARY_SHARES, pack(), sealed_spec)
     sealed = {session.partition_of(n): unpack(c)[0]["sealed"] for n, c in replies.items()}
     relay = {c.node_id: pack({"sealed": np.stack([sealed[p][c.partition_id] for p in range(parties)])})
              for c in session.clients}
-    replies = session.exchange(proto.BOUNDARY_TAGS, relay, proto.TAGS_REPLY)
+    replies = session.exchange(boundary.BOUNDARY_TAGS, relay, boundary.TAGS_REPLY)
     tags, ids = {}, {}
     for node, content in replies.items():
         arrays = unpack(content)[0]
         if arrays["tags"].shape[0] != arrays["ids"].shape[0]:
-            raise ProtocolError(f"step '{proto.BOUNDARY_TAGS}': client {session.partition_of(node)} sent "
+            raise ProtocolError(f"step '{boundary.BOUNDARY_TAGS}': client {session.partition_of(node)} sent "
                                 f"{arrays['tags'].shape[0]} tags for {arrays['ids'].shape[0]} rows")
         tags[session.partition_of(node)], ids[session.partition_of(node)] = arrays["tags"], arrays["ids"]
     counts = [int(tags[p].shape[0]) for p in range(parties)]
@@ -66,10 +66,10 @@ def link_boundaries(session: ServerSession) -> ServerLinks:
     directory = np.ascontiguousarray(np.concatenate([tags[p] for p in range(parties)]).astype(np.uint8))
     contents = {c.node_id: pack({"directory": directory}, {"offset": offsets[c.partition_id]})
                 for c in session.clients}
-    session.exchange(proto.BOUNDARY_LINKS, contents, proto.LINKS_REPLY)
+    session.exchange(boundary.BOUNDARY_LINKS, contents, boundary.LINKS_REPLY)
     session.ledger.add_mechanism(
         "boundary-links", "which node IDs the parties hold and which positions border which party",
-        {"positions": int(sum(counts)), "tag_bytes": proto.TAG_BYTES},
+        {"positions": int(sum(counts)), "tag_bytes": boundary.TAG_BYTES},
         "keyed tags (BLAKE2b under a group key the server cannot form): the server sees row counts and "
         "tags only; each party learns, for an ID it can name, whether and where some party holds it")
     return ServerLinks(offsets, counts, int(sum(counts)), [ids[p] for p in range(parties)])
@@ -92,7 +92,7 @@ def padded_sum(session: ServerSession, replies: dict[int, RecordDict], name: str
     session.ledger.add_mechanism(
         f"padded-sum:{name}", f"each client's {name} (its nodes' terms of sums over neighbours)",
         {"rows": links.total}, GUARANTEE_SECAGG + "; the sum itself is hidden by each owner's one-time pad")
-    return {c.node_id: proto.slice_rows(ring, links.offsets[c.partition_id], links.counts[c.partition_id])
+    return {c.node_id: boundary.slice_rows(ring, links.offsets[c.partition_id], links.counts[c.partition_id])
             for c in session.clients}
 
 

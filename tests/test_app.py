@@ -15,7 +15,7 @@ from sklearn.cluster import KMeans
 
 from app.data import load_dataset
 from app.metrics import ari
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.result import RESULT_FILE
 from app.client_app import build_client_app
 from app.inprocess import InProcessGrid
@@ -65,8 +65,8 @@ def test_fedkmeans_one_client_equals_centralised_lloyd(out_dir):
     data = load_dataset("sbm", seed=0)
     x = np.asarray(data.x, dtype=np.float64)
     k = result["config"]["num-clusters"]
-    centres, counts, _ = proto.local_seeds(x, k, 0)
-    init = proto.merge_seeds(centres, counts, k, 0)
+    centres, counts, _ = fedkmeans.local_seeds(x, k, 0)
+    init = fedkmeans.merge_seeds(centres, counts, k, 0)
     lloyd = KMeans(k, init=init, n_init=1, max_iter=rounds, tol=0.0, algorithm="lloyd").fit(x)
     labels = np.load(out_dir / "labels.npy")
     assert ari(lloyd.labels_, labels) == 1.0

@@ -20,7 +20,7 @@ from app.data.types import Boundary, GraphData
 from app.inprocess import InProcessGrid
 from app.client_app import build_client_app
 from app.privacy.secagg import FixedPointEncoder, SecAggParty, sum_masked
-from app.protocols import boundary as proto
+from app.protocols import boundary
 from app.server_app import run_server
 from app.transport import unpack
 
@@ -137,10 +137,10 @@ def test_data_check_counts_a_partys_boundary_edges(tmp_path):
 
 def _linked(sbm, clients=3):
     shards = partition(sbm, "node-random", clients, seed=4)
-    key = proto.group_key([bytes([c]) * proto.SHARE_BYTES for c in range(clients)])
-    directory = np.concatenate([proto.tags(key, s.node_ids) for s in shards])
+    key = boundary.group_key([bytes([c]) * boundary.SHARE_BYTES for c in range(clients)])
+    directory = np.concatenate([boundary.tags(key, s.node_ids) for s in shards])
     offsets = np.concatenate([[0], np.cumsum([s.num_nodes for s in shards])[:-1]])
-    links = [proto.link(directory, s.boundary, key, int(o), proto.tags(key, s.node_ids))
+    links = [boundary.link(directory, s.boundary, key, int(o), boundary.tags(key, s.node_ids))
              for s, o in zip(shards, offsets)]
     order = np.concatenate([s.node_ids for s in shards])  # position -> global node id
     return shards, links, order
@@ -148,21 +148,21 @@ def _linked(sbm, clients=3):
 
 def test_the_column_blocks_add_up_to_the_whole_adjacency(sbm):
     shards, links, order = _linked(sbm)
-    whole = sum(proto.column_block(s.adj, s.boundary, ln).toarray() @ np.eye(s.num_nodes, len(order), ln.offset)
+    whole = sum(boundary.column_block(s.adj, s.boundary, ln).toarray() @ np.eye(s.num_nodes, len(order), ln.offset)
                 for s, ln in zip(shards, links))
     assert np.array_equal(whole, sbm.adj[order][:, order].toarray())
     for s, ln in zip(shards, links):
-        assert np.array_equal(proto.degrees(s.adj, s.boundary), np.asarray(sbm.adj.sum(1)).ravel()[s.node_ids])
+        assert np.array_equal(boundary.degrees(s.adj, s.boundary), np.asarray(sbm.adj.sum(1)).ravel()[s.node_ids])
 
 
 def test_a_boundary_edge_to_an_id_no_party_holds_is_refused(sbm):
     shards, links, _ = _linked(sbm)
     s = shards[0]
-    key = proto.group_key([bytes([c]) * proto.SHARE_BYTES for c in range(3)])
-    directory = np.concatenate([proto.tags(key, t.node_ids) for t in shards])
+    key = boundary.group_key([bytes([c]) * boundary.SHARE_BYTES for c in range(3)])
+    directory = np.concatenate([boundary.tags(key, t.node_ids) for t in shards])
     stray = Boundary(np.array([0]), np.array([10**9]), np.array([1.0]))
     with pytest.raises(ValueError, match="1 boundary edge.*no party holds") as err:
-        proto.link(directory, stray, key, 0, proto.tags(key, s.node_ids))
+        boundary.link(directory, stray, key, 0, boundary.tags(key, s.node_ids))
     assert str(10**9) not in str(err.value)  # the message may travel: no ID in it
 
 
@@ -170,20 +170,20 @@ def test_a_party_refuses_a_directory_that_puts_its_rows_and_pad_elsewhere(sbm):
     """A server that told party 1 it starts where party 0 does would find party 1's own positions
     unpadded in the next padded sum: the other parties' terms for party 1's nodes, in clear."""
     shards, links, _ = _linked(sbm)
-    key = proto.group_key([bytes([c]) * proto.SHARE_BYTES for c in range(3)])
-    directory = np.concatenate([proto.tags(key, t.node_ids) for t in shards])
-    own = proto.tags(key, shards[1].node_ids)
+    key = boundary.group_key([bytes([c]) * boundary.SHARE_BYTES for c in range(3)])
+    directory = np.concatenate([boundary.tags(key, t.node_ids) for t in shards])
+    own = boundary.tags(key, shards[1].node_ids)
     with pytest.raises(ValueError, match="does not hold this party's rows at offset 0"):
-        proto.link(directory, shards[1].boundary, key, 0, own)
+        boundary.link(directory, shards[1].boundary, key, 0, own)
     doubled = np.concatenate([directory, own[:1]])
     with pytest.raises(ValueError, match="a tag twice"):
-        proto.link(doubled, shards[1].boundary, key, links[1].offset, own)
+        boundary.link(doubled, shards[1].boundary, key, links[1].offset, own)
 
 
 def test_tags_depend_on_the_group_key_and_read_an_id_as_text():
-    a, b = proto.group_key([b"\x01" * 32]), proto.group_key([b"\x02" * 32])
-    assert np.array_equal(proto.tags(a, np.array([7])), proto.tags(a, np.array(["7"])))
-    assert not np.array_equal(proto.tags(a, np.array([7])), proto.tags(b, np.array([7])))
+    a, b = boundary.group_key([b"\x01" * 32]), boundary.group_key([b"\x02" * 32])
+    assert np.array_equal(boundary.tags(a, np.array([7])), boundary.tags(a, np.array(["7"])))
+    assert not np.array_equal(boundary.tags(a, np.array([7])), boundary.tags(b, np.array([7])))
 
 
 def _parties(count):
@@ -202,14 +202,14 @@ def test_a_padded_sum_hands_each_owner_its_neighbour_sums_and_the_server_a_unifo
     encoder = FixedPointEncoder(2.0**20, 1e4, 3)
     uploads = []
     for s, ln, party in zip(shards, links, parties):
-        product = proto.column_block(s.adj, s.boundary, ln) @ h[s.node_ids]
+        product = boundary.column_block(s.adj, s.boundary, ln) @ h[s.node_ids]
         masked = party.mask(product, "hop", encoder)
-        uploads.append(proto.pad_rows(masked, party.pad("hop", s.num_nodes * 3, masked.dtype), ln))
+        uploads.append(boundary.pad_rows(masked, party.pad("hop", s.num_nodes * 3, masked.dtype), ln))
     ring = sum_masked(uploads)
     whole = sbm.adj @ h
     for s, ln, party in zip(shards, links, parties):
-        rows = proto.slice_rows(ring, ln.offset, s.num_nodes)
-        mine = encoder.decode(proto.unpad_rows(rows, party.pad("hop", rows.size, rows.dtype)))
+        rows = boundary.slice_rows(ring, ln.offset, s.num_nodes)
+        mine = encoder.decode(boundary.unpad_rows(rows, party.pad("hop", rows.size, rows.dtype)))
         assert np.allclose(mine, whole[s.node_ids], atol=1e-5)
         # what the server holds for these rows is the pad's, not the sum's: far beyond any honest sum
         assert np.abs(encoder.decode(rows)).max() > 100 * np.abs(whole).max()
@@ -218,12 +218,12 @@ def test_a_padded_sum_hands_each_owner_its_neighbour_sums_and_the_server_a_unifo
 
 def test_a_sealed_share_opens_only_for_its_receiver_and_use():
     a, b, c = _parties(3)
-    sealed = a.seal(1, b"\x07" * 32, proto.share_label(0, 1))
-    assert b.unseal(0, sealed, proto.share_label(0, 1)) == b"\x07" * 32
+    sealed = a.seal(1, b"\x07" * 32, boundary.share_label(0, 1))
+    assert b.unseal(0, sealed, boundary.share_label(0, 1)) == b"\x07" * 32
     with pytest.raises(Exception, match="authentication"):
-        c.unseal(0, sealed, proto.share_label(0, 1))
+        c.unseal(0, sealed, boundary.share_label(0, 1))
     with pytest.raises(Exception, match="authentication"):
-        b.unseal(0, sealed, proto.share_label(0, 2))
+        b.unseal(0, sealed, boundary.share_label(0, 2))
 
 
 # -- fedspectral-plus on node splits, end to end -------------------------------------------
@@ -244,8 +244,8 @@ def test_fedspectral_plus_on_a_node_split_gives_the_centralised_labels(tmp_path)
     for reply in grid.pulled:
         arrays = unpack(reply.content)[0]
         action = reply.metadata.message_type.split(".", 1)[1]
-        if action == proto.BOUNDARY_TAGS:
-            assert arrays["tags"].dtype == np.uint8 and arrays["tags"].shape[1] == proto.TAG_BYTES
+        if action == boundary.BOUNDARY_TAGS:
+            assert arrays["tags"].dtype == np.uint8 and arrays["tags"].shape[1] == boundary.TAG_BYTES
         if action in ("fedspectral_product", "fedspectral_degrees"):
             assert all(a.dtype.kind == "u" for a in arrays.values())
     uploads = {(u["action"], u["name"]): u for u in result["privacy"]["uploads"]}

@@ -17,7 +17,7 @@ from app.models import train_dmon
 from app.config import ConfigError
 from app.data import load_dataset
 from app.metrics import ari
-from app.protocols import fedavg_dmon as proto
+from app.protocols import fedavg_dmon
 from app.run import run_experiment
 from clients.fedavg_dmon import FedAvgDMoNClient
 from conftest import check_page
@@ -34,23 +34,23 @@ FAST = {"reference": False, "fedavg-dmon.lr": 1e-2, "partition.boundary": False}
 def test_edge_split_is_a_symmetric_disjoint_partition_restricted_consistently():
     data = load_dataset("karate")
     n = data.num_nodes
-    train, val, test = proto.split_adjacency(data.adj, np.arange(n), seed=4, val=0.1, test=0.2)
+    train, val, test = fedavg_dmon.split_adjacency(data.adj, np.arange(n), seed=4, val=0.1, test=0.2)
     assert (train + val + test - data.adj).nnz == 0
     for part in (train, val, test):
         assert (part - part.T).nnz == 0
     assert train.multiply(val).nnz == 0 and train.multiply(test).nnz == 0 and val.multiply(test).nnz == 0
     # a client's split is the restriction of the global split to its nodes
     ids = np.array([0, 2, 5, 7, 8, 13, 30, 32, 33])
-    local = proto.split_adjacency(data.adj[ids][:, ids], ids, seed=4, val=0.1, test=0.2)
+    local = fedavg_dmon.split_adjacency(data.adj[ids][:, ids], ids, seed=4, val=0.1, test=0.2)
     for glob, loc in zip((train, val, test), local):
         assert (glob[ids][:, ids] - loc).nnz == 0
     # proportions on a larger graph (the embedded SBM, so the test needs no data files)
     sbm = load_dataset("sbm")
-    parts = proto.split_adjacency(sbm.adj, np.arange(sbm.num_nodes), seed=0, val=0.1, test=0.2)
+    parts = fedavg_dmon.split_adjacency(sbm.adj, np.arange(sbm.num_nodes), seed=0, val=0.1, test=0.2)
     fractions = np.array([p.nnz for p in parts]) / sbm.adj.nnz
     assert fractions == pytest.approx([0.7, 0.1, 0.2], abs=0.02)
     with pytest.raises(ValueError, match="invalid edge split"):
-        proto.edge_split_codes(np.array([0]), np.array([1]), 0, 0.5, 0.5)
+        fedavg_dmon.edge_split_codes(np.array([0]), np.array([1]), 0, 0.5, 0.5)
 
 
 @pytest.mark.parametrize("clients", [2, 5])
@@ -68,46 +68,46 @@ def test_overlap_half_gives_each_client_the_authors_share_of_nodes(clients):
 
 def test_fedavg_weights_by_node_count_exactly():
     rng = np.random.default_rng(0)
-    shapes = proto.param_shapes(5, 3, 4)
+    shapes = fedavg_dmon.param_shapes(5, 3, 4)
     clients = [{n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()} for _ in range(3)]
     counts = [10, 30, 60]
-    avg = proto.fedavg(clients, counts)
-    for name in proto.PARAM_NAMES:
+    avg = fedavg_dmon.fedavg(clients, counts)
+    for name in fedavg_dmon.PARAM_NAMES:
         want = sum(c / 100 * w[name].astype(np.float64) for c, w in zip(counts, clients)).astype(np.float32)
         assert avg[name].dtype == np.float32 and np.array_equal(avg[name], want)
         assert not np.allclose(avg[name], np.mean([w[name] for w in clients], axis=0))  # not unweighted
     # one client, or identical clients: the weights come back bit for bit
-    assert all(np.array_equal(proto.fedavg([clients[0]], [7])[n], clients[0][n]) for n in shapes)
-    same = proto.fedavg([clients[1]] * 3, counts)
+    assert all(np.array_equal(fedavg_dmon.fedavg([clients[0]], [7])[n], clients[0][n]) for n in shapes)
+    same = fedavg_dmon.fedavg([clients[1]] * 3, counts)
     assert all(np.array_equal(same[n], clients[1][n]) for n in shapes)
     with pytest.raises(ValueError, match="node counts"):
-        proto.fedavg(clients[:2], [1, 0])
-    flat = proto.flatten(clients[0])
-    assert all(np.array_equal(proto.unflatten(flat, shapes)[n], clients[0][n]) for n in shapes)
+        fedavg_dmon.fedavg(clients[:2], [1, 0])
+    flat = fedavg_dmon.flatten(clients[0])
+    assert all(np.array_equal(fedavg_dmon.unflatten(flat, shapes)[n], clients[0][n]) for n in shapes)
 
 
 def test_local_rounds_equal_centralised_training_step_for_step():
     data = load_dataset("sbm", seed=2)
     k, seed, rounds, epochs = 4, 5, 4, 3
-    train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), seed, 0.1, 0.2)
+    train, _, _ = fedavg_dmon.split_adjacency(data.adj, np.arange(data.num_nodes), seed, 0.1, 0.2)
     labels, model = train_dmon(data.x, train, k, seed, epochs=rounds * epochs, sparse_features=True)
-    graph = proto.make_graph(data.x, train, sparse_features=True)
-    weights = proto.init_weights(data.x.shape[1], k, seed)
-    state = proto.start_state(weights, seed, 0, k, 64, 0.5)
+    graph = fedavg_dmon.make_graph(data.x, train, sparse_features=True)
+    weights = fedavg_dmon.init_weights(data.x.shape[1], k, seed)
+    state = fedavg_dmon.start_state(weights, seed, 0, k, 64, 0.5)
     losses = []
     for _ in range(rounds):
-        weights = proto.fedavg([state.weights], [data.num_nodes])
-        state, got = proto.local_train(state, graph, k, epochs, weights=weights)
+        weights = fedavg_dmon.fedavg([state.weights], [data.num_nodes])
+        state, got = fedavg_dmon.local_train(state, graph, k, epochs, weights=weights)
         losses += got
-    central = proto.get_weights(model)
-    assert all(np.array_equal(state.weights[n], central[n]) for n in proto.PARAM_NAMES)
+    central = fedavg_dmon.get_weights(model)
+    assert all(np.array_equal(state.weights[n], central[n]) for n in fedavg_dmon.PARAM_NAMES)
     assert losses == model.loss_history
-    assert np.array_equal(proto.assign(state.weights, graph, k), labels)
+    assert np.array_equal(fedavg_dmon.assign(state.weights, graph, k), labels)
     # resetting Adam every round is a different algorithm: the test can tell
-    state = proto.start_state(proto.init_weights(data.x.shape[1], k, seed), seed, 0, k, 64, 0.5)
+    state = fedavg_dmon.start_state(fedavg_dmon.init_weights(data.x.shape[1], k, seed), seed, 0, k, 64, 0.5)
     reset = []
     for _ in range(rounds):
-        state, got = proto.local_train(state, graph, k, epochs, keep_optimizer=False)
+        state, got = fedavg_dmon.local_train(state, graph, k, epochs, keep_optimizer=False)
         reset += got
     assert reset[:epochs] == model.loss_history[:epochs] and reset != model.loss_history
 
@@ -122,7 +122,7 @@ def test_one_client_federated_equals_centralised_dmon(out_dir, tmp_path):
     fed = run_experiment("fedavg-dmon", "sbm", 1, cfg, out_dir)
     cen = run_experiment("fedavg-dmon", "sbm", 1, {**cfg, "fedavg-dmon.mode": "centralised"}, tmp_path / "c")
     data = load_dataset("sbm", seed=seed)
-    train, _, _ = proto.split_adjacency(data.adj, np.arange(data.num_nodes), seed, 0.1, 0.2)
+    train, _, _ = fedavg_dmon.split_adjacency(data.adj, np.arange(data.num_nodes), seed, 0.1, 0.2)
     labels, model = train_dmon(data.x, train, fed["config"]["num-clusters"], seed, epochs=rounds * epochs,
                                lr=1e-2, sparse_features=True)
     assert [v for h in fed["history"] for v in h["losses"]] == model.loss_history
@@ -148,7 +148,7 @@ def test_federated_dmon_recovers_planted_blocks_and_reports_per_client(out_dir):
     iso = run_experiment("fedavg-dmon", "sbm", 3, {**FAST, "num-rounds": 3, "fedavg-dmon.mode": "isolated"},
                          out_dir.parent / "iso")
     names = {u["name"] for u in iso["privacy"]["uploads"] if u["action"] == "dmon_train"}
-    assert names and not names & set(proto.PARAM_NAMES)
+    assert names and not names & set(fedavg_dmon.PARAM_NAMES)
     assert iso["metrics"]["selected_round"] is None
 
 
@@ -188,13 +188,13 @@ def restart_run(out_dir, **changed_config):
 
     raw = {"strategy": "fedavg-dmon", "dataset": "sbm", "num-clients": 3, "num-rounds": 5, "min-clients": 2,
            "out-dir": str(out_dir), **FAST}
-    grid = RestartingGrid(build_client_app(raw), 3, leave_at=2, back_at=3, action=proto.DMON_TRAIN,
+    grid = RestartingGrid(build_client_app(raw), 3, leave_at=2, back_at=3, action=fedavg_dmon.DMON_TRAIN,
                           category="train", changed_config=changed_config)
     return run_server(grid, raw)
 
 
 def train_replies(result) -> list[int]:
-    return [r["replies"] for r in result["timing"]["per_round"] if r["action"] == proto.DMON_TRAIN]
+    return [r["replies"] for r in result["timing"]["per_round"] if r["action"] == fedavg_dmon.DMON_TRAIN]
 
 
 def test_a_client_whose_supernode_restarts_is_taken_back_into_the_run(out_dir):
@@ -305,7 +305,7 @@ def test_dp_sends_only_noised_weights_and_selects_the_last_round(out_dir):
     result = run_experiment("fedavg-dmon", "sbm", 2, cfg, out_dir)
     uploads = result["privacy"]["uploads"]
     train = [u for u in uploads if u["action"] == "dmon_train"]
-    assert {u["name"] for u in train} == set(proto.PARAM_NAMES)
+    assert {u["name"] for u in train} == set(fedavg_dmon.PARAM_NAMES)
     assert all(u["noised"] and u["count"] == rounds for u in train)
     assert not {u["action"] for u in uploads} & {"dmon_eval"}
     hello = {u["name"] for u in uploads if u["action"] == "hello"}
@@ -331,7 +331,7 @@ def test_client_and_server_build_one_dp_mechanism():
                                 "partition.boundary": False, "fedavg-dmon.dp-clip": 0.5, "fedavg-dmon.dp-epsilon": 6.0,
                                 "fedavg-dmon.select": "last"})
     client = FedAvgDMoNClient(None, config, None)._mechanism
-    server = proto.dp_mechanism(FedAvgDMoN(config).cfg, 4)
+    server = fedavg_dmon.dp_mechanism(FedAvgDMoN(config).cfg, 4)
     calibrated = calibrate_noise_multiplier(6.0, 1e-5, 4, adjacency="replace")
     assert client.noise_multiplier == server.noise_multiplier == calibrated
     assert (client.clip, client.adjacency) == (server.clip, server.adjacency) == (0.5, "replace")

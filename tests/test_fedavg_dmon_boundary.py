@@ -16,10 +16,10 @@ from app.data import load_dataset
 from app.data.partition import partition
 from app.inprocess import InProcessGrid
 from app.models import DMoNModel, adj_to_edge_index, dmon_loss
-from app.protocols import boundary as links_proto
-from app.protocols import fedavg_dmon as proto
-from app.protocols import fedavg_dmon_boundary as bproto
-from app.protocols import fedavg_dmon_gradient as gproto
+from app.protocols import boundary
+from app.protocols import fedavg_dmon
+from app.protocols import fedavg_dmon_boundary
+from app.protocols import fedavg_dmon_gradient
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
@@ -48,15 +48,15 @@ def parties(data, clients: int):
         position[s.node_ids] = off + np.arange(s.num_nodes)
     out = []
     for s, off in zip(shards, offsets):
-        links = links_proto.Links(int(off), data.num_nodes, position[s.boundary.keys])
-        train, vadj, _ = proto.split_adjacency(s.adj, s.node_ids, SEED, VAL, TEST)
-        codes = bproto.boundary_codes(s.boundary, s.item_keys, SEED, VAL, TEST)
-        out.append((s, train, bproto.cut(train, vadj, s.boundary, codes, links)))
+        links = boundary.Links(int(off), data.num_nodes, position[s.boundary.keys])
+        train, vadj, _ = fedavg_dmon.split_adjacency(s.adj, s.node_ids, SEED, VAL, TEST)
+        codes = fedavg_dmon_boundary.boundary_codes(s.boundary, s.item_keys, SEED, VAL, TEST)
+        out.append((s, train, fedavg_dmon_boundary.cut(train, vadj, s.boundary, codes, links)))
     return out, np.concatenate([s.node_ids for s in shards])
 
 
 def whole_train(data) -> sp.csr_matrix:
-    return proto.split_adjacency(data.adj, np.arange(data.num_nodes), SEED, VAL, TEST)[0]
+    return fedavg_dmon.split_adjacency(data.adj, np.arange(data.num_nodes), SEED, VAL, TEST)[0]
 
 
 # --------------------------------------------------------------------------- first layer
@@ -65,15 +65,15 @@ def test_padded_feature_sums_give_every_party_its_rows_of_the_whole_graphs_gcn_l
     A_hat X over the whole graph's training edges; the model on them with no edges (identity
     propagation) gives the centralised GCN layer's output."""
     data = sbm()
-    whole = proto.split_adjacency(data.adj, np.arange(N), SEED, VAL, TEST)[0]
-    expected = bproto.propagation(whole, data.x)
+    whole = fedavg_dmon.split_adjacency(data.adj, np.arange(N), SEED, VAL, TEST)[0]
+    expected = fedavg_dmon_boundary.propagation(whole, data.x)
     shares, order = parties(data, 3)
-    total = sum(c.train @ bproto.feature_share(s.x, c.degrees) for s, _, c in shares)
+    total = sum(c.train @ fedavg_dmon_boundary.feature_share(s.x, c.degrees) for s, _, c in shares)
     position = np.empty(N, np.int64)
     position[order] = np.arange(N)
     for s, _, c in shares:
         rows = total[position[s.node_ids]]  # the party's rows of the sum (as the server returns them)
-        np.testing.assert_allclose(bproto.propagated(rows, s.x, c.degrees), expected[s.node_ids], atol=1e-12)
+        np.testing.assert_allclose(fedavg_dmon_boundary.propagated(rows, s.x, c.degrees), expected[s.node_ids], atol=1e-12)
     torch.manual_seed(0)
     model = DMoNModel(F, K).double().eval()
     ei, ew = adj_to_edge_index(whole, dtype=torch.float64)
@@ -89,10 +89,10 @@ def test_the_parties_kept_features_are_the_centralised_rows_after_a_real_run(tmp
     config = raw(tmp_path, 3, **{"num-rounds": 1})
     grid = InProcessGrid(build_client_app(config), 3, record=True)
     run_server(grid, config)
-    expected = bproto.propagation(whole_train(sbm()), sbm().x)
+    expected = fedavg_dmon_boundary.propagation(whole_train(sbm()), sbm().x)
     seen = 0
     for reply in grid.pulled:
-        if reply.metadata.message_type == f"query.{proto.DMON_ASSIGN}":
+        if reply.metadata.message_type == f"query.{fedavg_dmon.DMON_ASSIGN}":
             ids = unpack(reply.content)[0]["node_ids"]
             state = grid.contexts[reply.metadata.src_node_id].state
             kept = state.array_records["dmon_propagated"]["p"].numpy()
@@ -125,16 +125,16 @@ def test_the_server_sees_only_masked_padded_uploads_and_sums(tmp_path):
         action = reply.metadata.message_type.split(".", 1)[1]
         for name, array in unpack(reply.content)[0].items():
             kinds.setdefault((action, name), set()).add(array.dtype.kind)
-    assert kinds[(bproto.DMON_FEATURES, bproto.FEATURES)] == {"u"}
-    assert kinds[(bproto.DMON_SPREAD, bproto.SPREAD)] == {"u"}
-    assert kinds[(bproto.DMON_SPREAD, bproto.SUMS)] == {"u"}
+    assert kinds[(fedavg_dmon_boundary.DMON_FEATURES, fedavg_dmon_boundary.FEATURES)] == {"u"}
+    assert kinds[(fedavg_dmon_boundary.DMON_SPREAD, fedavg_dmon_boundary.SPREAD)] == {"u"}
+    assert kinds[(fedavg_dmon_boundary.DMON_SPREAD, fedavg_dmon_boundary.SUMS)] == {"u"}
     # a padded upload is uniform: no column of it is the plain product (values far beyond any degree)
-    feats = [unpack(r.content)[0][bproto.FEATURES] for r in grid.pulled
-             if r.metadata.message_type == f"query.{bproto.DMON_FEATURES}"]
+    feats = [unpack(r.content)[0][fedavg_dmon_boundary.FEATURES] for r in grid.pulled
+             if r.metadata.message_type == f"query.{fedavg_dmon_boundary.DMON_FEATURES}"]
     assert all(f.dtype == np.uint64 and f.shape == (N, F) and (f > np.uint64(2**60)).mean() > 0.5 for f in feats)
     uploads = {(u["action"], u["name"]): u for u in result["privacy"]["uploads"]}
-    assert uploads[(bproto.DMON_FEATURES, bproto.FEATURES)]["masked"]
-    assert uploads[(bproto.DMON_SPREAD, bproto.SPREAD)]["masked"]
+    assert uploads[(fedavg_dmon_boundary.DMON_FEATURES, fedavg_dmon_boundary.FEATURES)]["masked"]
+    assert uploads[(fedavg_dmon_boundary.DMON_SPREAD, fedavg_dmon_boundary.SPREAD)]["masked"]
     assert result["metrics"]["selected_round"] in (1, 2, 3)
     assert result["quality"]["clusters_found"] >= 2
 
@@ -154,7 +154,7 @@ def test_the_parties_local_loss_gradients_add_up_to_the_whole_graph_loss_gradien
     grad_W L_c equals grad_W of the whole graph's DMoN loss."""
     data = sbm()
     whole = whole_train(data)
-    p = bproto.propagation(whole, data.x)
+    p = fedavg_dmon_boundary.propagation(whole, data.x)
     torch.manual_seed(1)
     model = DMoNModel(F, K, dropout=0.0).double()
     none = torch.zeros((2, 0), dtype=torch.long)
@@ -164,14 +164,14 @@ def test_the_parties_local_loss_gradients_add_up_to_the_whole_graph_loss_gradien
     s_np = s_all.detach().numpy()
     shares, _ = parties(data, 4)
     labels = s_np.argmax(axis=1)
-    totals = sum(bproto.party_sums(s_np[s.node_ids], labels[s.node_ids], c) for s, _, c in shares)
+    totals = sum(fedavg_dmon_boundary.party_sums(s_np[s.node_ids], labels[s.node_ids], c) for s, _, c in shares)
     grads = [torch.zeros_like(g) for g in expected]
     for s, train, c in shares:
         neighbour = (whole @ s_np)[s.node_ids]  # (A S)_c, what the padded sum hands the party
-        frozen = bproto.frozen_terms(neighbour, s_np[s.node_ids], train, c.degrees, totals, N)
-        g = bproto.party_graph(p[s.node_ids], train, c.degrees)
+        frozen = fedavg_dmon_boundary.frozen_terms(neighbour, s_np[s.node_ids], train, c.degrees, totals, N)
+        g = fedavg_dmon_boundary.party_graph(p[s.node_ids], train, c.degrees)
         g.x = torch.as_tensor(p[s.node_ids])
-        loss = bproto.party_loss(model(g.x, g.no_edges), g, frozen, 1.0)
+        loss = fedavg_dmon_boundary.party_loss(model(g.x, g.no_edges), g, frozen, 1.0)
         for acc, grad in zip(grads, torch.autograd.grad(loss, list(model.parameters()))):
             acc += grad
     for got, want in zip(grads, expected):
@@ -182,21 +182,21 @@ def test_validation_modularity_from_the_parties_counts_is_the_whole_graphs():
     from app.metrics import modularity
 
     data = sbm()
-    vadj = proto.split_adjacency(data.adj, np.arange(N), SEED, VAL, TEST)[1]
+    vadj = fedavg_dmon.split_adjacency(data.adj, np.arange(N), SEED, VAL, TEST)[1]
     labels = np.random.default_rng(0).integers(0, K, N)
     shares, _ = parties(data, 3)
     s = np.eye(K)[labels]
-    totals = sum(bproto.party_sums(s[sh.node_ids], labels[sh.node_ids], c) for sh, _, c in shares)
+    totals = sum(fedavg_dmon_boundary.party_sums(s[sh.node_ids], labels[sh.node_ids], c) for sh, _, c in shares)
     onehot_sums = vadj @ s
-    intras = [bproto.val_intra(labels[sh.node_ids], onehot_sums[sh.node_ids]) for sh, _, _ in shares]
-    assert bproto.validation_modularity(intras, totals, K) == pytest.approx(modularity(vadj, labels), abs=1e-12)
+    intras = [fedavg_dmon_boundary.val_intra(labels[sh.node_ids], onehot_sums[sh.node_ids]) for sh, _, _ in shares]
+    assert fedavg_dmon_boundary.validation_modularity(intras, totals, K) == pytest.approx(modularity(vadj, labels), abs=1e-12)
 
 
 # --------------------------------------------------------------------------- aggregate=gradient
 def _sent_weights(grid, action: str) -> dict:
     """The weights of the last ``action`` message pushed (the same to every client)."""
     sent = [m for m in grid.pushed if m.metadata.message_type.endswith("." + action)]
-    return {n: a for n, a in unpack(sent[-1].content)[0].items() if n in proto.PARAM_NAMES}
+    return {n: a for n, a in unpack(sent[-1].content)[0].items() if n in fedavg_dmon.PARAM_NAMES}
 
 
 def _centralised(steps: int, dropout: float):
@@ -217,7 +217,7 @@ def _gradient_run(tmp_path, clients: int, dropout: float):
 def _assigned_labels(grid) -> np.ndarray:
     labels = np.full(N, -1)
     for reply in grid.pulled:
-        if reply.metadata.message_type == f"query.{proto.DMON_ASSIGN}":
+        if reply.metadata.message_type == f"query.{fedavg_dmon.DMON_ASSIGN}":
             arrays = unpack(reply.content)[0]
             labels[arrays["node_ids"]] = arrays["labels"]
     return labels
@@ -228,7 +228,7 @@ def test_gradient_mode_with_one_party_takes_the_centralised_adam_steps_exactly(t
     steps the weights are bit for bit those of centralised training for as many epochs."""
     grid, result = _gradient_run(tmp_path, 1, 0.5)
     labels, model = _centralised(6, 0.5)
-    got = _sent_weights(grid, proto.DMON_ASSIGN)
+    got = _sent_weights(grid, fedavg_dmon.DMON_ASSIGN)
     for name, want in model.state_dict().items():
         assert np.array_equal(got[name], want.numpy()), name
     assert np.array_equal(_assigned_labels(grid), labels)
@@ -244,21 +244,21 @@ def test_gradient_mode_with_three_parties_is_centralised_training(tmp_path, drop
     sums are the centralised ones; every gradient upload it sees is a masked ring array."""
     grid, result = _gradient_run(tmp_path, 3, dropout)
     labels, model = _centralised(6, dropout)
-    got = _sent_weights(grid, proto.DMON_ASSIGN)
+    got = _sent_weights(grid, fedavg_dmon.DMON_ASSIGN)
     for name, want in model.state_dict().items():
         np.testing.assert_allclose(got[name], want.numpy(), atol=1e-6, rtol=0)
     assert np.array_equal(_assigned_labels(grid), labels)
     losses = [x for h in result["history"] for x in h["losses"]]
     np.testing.assert_allclose(losses, model.loss_history, atol=1e-6)
-    uploads = [unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == f"train.{gproto.DMON_GRADIENT}"]
+    uploads = [unpack(r.content)[0] for r in grid.pulled if r.metadata.message_type == f"train.{fedavg_dmon_gradient.DMON_GRADIENT}"]
     assert len(uploads) == 3 * 6
-    size = gproto.gradient_size(proto.param_shapes(F, K, 64)) + 2
-    assert all(set(u) == {gproto.GRADIENT} and u[gproto.GRADIENT].dtype.kind == "u"
-               and u[gproto.GRADIENT].shape == (size,) for u in uploads)
+    size = fedavg_dmon_gradient.gradient_size(fedavg_dmon.param_shapes(F, K, 64)) + 2
+    assert all(set(u) == {fedavg_dmon_gradient.GRADIENT} and u[fedavg_dmon_gradient.GRADIENT].dtype.kind == "u"
+               and u[fedavg_dmon_gradient.GRADIENT].shape == (size,) for u in uploads)
     ledger = {(u["action"], u["name"]): u for u in result["privacy"]["uploads"]}
-    assert ledger[(gproto.DMON_GRADIENT, gproto.GRADIENT)]["masked"]
+    assert ledger[(fedavg_dmon_gradient.DMON_GRADIENT, fedavg_dmon_gradient.GRADIENT)]["masked"]
     assert result["metrics"]["aggregate"] == "gradient"
-    assert not any(r.metadata.message_type == f"train.{proto.DMON_TRAIN}" for r in grid.pulled)
+    assert not any(r.metadata.message_type == f"train.{fedavg_dmon.DMON_TRAIN}" for r in grid.pulled)
 
 
 def test_the_aggregate_key_refuses_a_bad_value_in_one_line():

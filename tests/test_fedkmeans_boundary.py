@@ -15,7 +15,7 @@ from app.inprocess import InProcessGrid
 from app.privacy.policy import MIN_ROWS
 from app.privacy.secagg import FixedPointEncoder, sum_masked
 from app.protocols import boundary
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.protocols.boundary import PADDED_ROWS
 from app.server_app import run_server
 from app.session import PrivacyRefused, ServerSession
@@ -49,27 +49,27 @@ def requests(grid: InProcessGrid, action: str) -> list:
 def client_rows(grid: InProcessGrid) -> dict[int, tuple[np.ndarray, dict]]:
     """Each node's global row ids (its kmeans_assign reply) and its kept state."""
     return {r.metadata.src_node_id: (unpack(r.content)[0]["node_ids"], grid.contexts[r.metadata.src_node_id].state)
-            for r in replies(grid, proto.KMEANS_ASSIGN)}
+            for r in replies(grid, fedkmeans.KMEANS_ASSIGN)}
 
 
 def protocol_labels(parts: list[np.ndarray], k: int, seed: int, rounds: int, tol: float,
                     min_rows: int) -> list[np.ndarray]:
     """The fedkmeans protocol's math on one machine, one start: each part's local seeds, merged, Lloyd sums
     over the parts (in partition order, as the server adds them), each part's final labels."""
-    seeds = [proto.local_seeds(x, k, seed, min_rows) for x in parts]
-    audits = [proto.Audit.of_seeds(labels, len(c), min_rows) if min_rows > 1 else None for c, _, labels in seeds]
-    centres = proto.merge_seeds(np.vstack([s[0] for s in seeds]), np.concatenate([s[1] for s in seeds]), k, seed)
+    seeds = [fedkmeans.local_seeds(x, k, seed, min_rows) for x in parts]
+    audits = [fedkmeans.Audit.of_seeds(labels, len(c), min_rows) if min_rows > 1 else None for c, _, labels in seeds]
+    centres = fedkmeans.merge_seeds(np.vstack([s[0] for s in seeds]), np.concatenate([s[1] for s in seeds]), k, seed)
     for _ in range(rounds):
         total = 0
         for i, x in enumerate(parts):
-            sums, counts, withheld, inertia, audits[i] = proto.lloyd_statistics(x, centres, min_rows, audits[i])
-            total = total + proto.join_statistics(sums, counts, withheld, inertia)
-        sums, counts, _, _ = proto.split_statistics(total, k)
-        new = proto.update_centres(centres, sums, counts)
+            sums, counts, withheld, inertia, audits[i] = fedkmeans.lloyd_statistics(x, centres, min_rows, audits[i])
+            total = total + fedkmeans.join_statistics(sums, counts, withheld, inertia)
+        sums, counts, _, _ = fedkmeans.split_statistics(total, k)
+        new = fedkmeans.update_centres(centres, sums, counts)
         shift, centres = float(np.abs(new - centres).max()), new
         if shift <= tol:
             break
-    return [proto.assign(x, centres)[0] for x in parts]
+    return [fedkmeans.assign(x, centres)[0] for x in parts]
 
 
 # --------------------------------------------------------------------------- protocol math
@@ -87,10 +87,10 @@ def test_hops_over_column_blocks_give_the_pooled_filter():
     degrees = [boundary.degrees(s.adj, s.boundary) for s in shards]
     rows = [np.asarray(s.x, dtype=np.float64) for s in shards]
     for order in range(1, 5):
-        terms = [b @ proto.scaled_rows(f, d) for b, f, d in zip(blocks, rows, degrees)]
-        assert max(np.abs(t).max() for t in terms) <= proto.hop_bound(N, np.abs(data.x).max())
+        terms = [b @ fedkmeans.scaled_rows(f, d) for b, f, d in zip(blocks, rows, degrees)]
+        assert max(np.abs(t).max() for t in terms) <= fedkmeans.hop_bound(N, np.abs(data.x).max())
         total = sum(terms)
-        rows = [proto.filter_hop(f, total[offsets[c]:offsets[c + 1]], d) for c, (f, d) in enumerate(zip(rows, degrees))]
+        rows = [fedkmeans.filter_hop(f, total[offsets[c]:offsets[c + 1]], d) for c, (f, d) in enumerate(zip(rows, degrees))]
         pooled = low_pass_filter(data.x, data.adj, order)[order_of]
         assert np.abs(np.vstack(rows) - pooled).max() <= 1e-12 * np.abs(pooled).max()
 
@@ -110,15 +110,15 @@ def test_federated_filter_equals_the_centralised_filter_and_the_server_sees_padd
     assert result["reference"]["agreement"]["ari"] >= 0.99
     # hello carries no centres: the seeds come after the filter, with kmeans_init
     assert not any(unpack(r.content)[0] for r in replies(grid, "hello"))
-    assert len(replies(grid, proto.KMEANS_INIT)) == clients
+    assert len(replies(grid, fedkmeans.KMEANS_INIT)) == clients
     # one round per hop; the rows of hop t ride down with hop t + 1's request, the last with init
-    hops = {m.metadata.message_id: unpack(m.content) for m in requests(grid, proto.KMEANS_FILTER)}
+    hops = {m.metadata.message_id: unpack(m.content) for m in requests(grid, fedkmeans.KMEANS_FILTER)}
     assert sorted(int(v["hop"]) for _, v in hops.values()) == sorted(list(range(1, order + 1)) * clients)
     assert all((PADDED_ROWS in a) == (int(v["hop"]) > 1) for a, v in hops.values())
-    assert all(PADDED_ROWS in unpack(m.content)[0] for m in requests(grid, proto.KMEANS_INIT))
+    assert all(PADDED_ROWS in unpack(m.content)[0] for m in requests(grid, fedkmeans.KMEANS_INIT))
     # the server receives masked ring arrays (N x f) whose ring sum is padded: not A D~^-1/2 X
-    first = [r for r in replies(grid, proto.KMEANS_FILTER) if int(hops[r.metadata.reply_to_message_id][1]["hop"]) == 1]
-    uploads = [unpack(r.content)[0][proto.NEIGHBOURS] for r in first]
+    first = [r for r in replies(grid, fedkmeans.KMEANS_FILTER) if int(hops[r.metadata.reply_to_message_id][1]["hop"]) == 1]
+    uploads = [unpack(r.content)[0][fedkmeans.NEIGHBOURS] for r in first]
     assert len(uploads) == clients and all(u.dtype == np.uint64 and u.shape == (N, F) for u in uploads)
     values = next(v for _, v in hops.values() if int(v["hop"]) == 1)
     ring = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"]) \
@@ -126,11 +126,11 @@ def test_federated_filter_equals_the_centralised_filter_and_the_server_sees_padd
     partition_of = {n: grid.contexts[n].node_config["partition-id"] for n in kept}
     order_of = np.concatenate([kept[n][0] for n in sorted(kept, key=partition_of.get)])
     degrees = np.asarray(data.adj.sum(axis=1)).ravel()
-    plain = (data.adj @ proto.scaled_rows(np.asarray(data.x, dtype=np.float64), degrees))[order_of]
+    plain = (data.adj @ fedkmeans.scaled_rows(np.asarray(data.x, dtype=np.float64), degrees))[order_of]
     assert (np.abs(ring - plain) > 1.0).all()  # every entry padded, on every party's rows
     assert len(np.unique(np.concatenate(uploads).ravel() >> np.uint64(60))) == 16  # uniform-looking
     ledger = {m["name"]: m for m in result["privacy"]["mechanisms"]}
-    assert "fedkmeans:whole-graph-filter" in ledger and f"padded-sum:{proto.NEIGHBOURS}" in ledger
+    assert "fedkmeans:whole-graph-filter" in ledger and f"padded-sum:{fedkmeans.NEIGHBOURS}" in ledger
 
 
 @pytest.mark.parametrize("clients", [4, 5])
@@ -151,11 +151,11 @@ def test_one_client_is_the_centralised_algorithm(out_dir):
     assert FILTERED not in state.array_records  # one client holds the whole graph: it filters it locally
     shard, = partition(data, "node-random", 1, seed=0)
     assert np.array_equal(shard.node_ids, ids)
-    x = proto.local_features(shard.x, shard.adj, proto.FedKMeansConfig(filter_order=order), 0)
+    x = fedkmeans.local_features(shard.x, shard.adj, fedkmeans.FedKMeansConfig(filter_order=order), 0)
     assert np.abs(x - low_pass_filter(data.x, data.adj, order)[ids]).max() <= 1e-12
     expected, = protocol_labels([x], K, 0, 20, 1e-6, MIN_ROWS)
     assert np.array_equal(state.array_records["labels"]["labels"].numpy(), expected)
-    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+    assert not requests(grid, fedkmeans.KMEANS_FILTER) and not requests(grid, "boundary_shares")
 
 
 def test_without_boundary_edges_each_client_filters_its_own_subgraph(out_dir):
@@ -163,10 +163,10 @@ def test_without_boundary_edges_each_client_filters_its_own_subgraph(out_dir):
     hello, no links, nothing masked): labels are the protocol math's on the locally filtered rows."""
     order, clients = 2, 3
     grid, _ = run(out_dir, clients, order, **{"partition.boundary": False})
-    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+    assert not requests(grid, fedkmeans.KMEANS_FILTER) and not requests(grid, "boundary_shares")
     assert all(unpack(r.content)[0]["centres"].shape[1] == F for r in replies(grid, "hello"))
     shards = partition(sbm(), "node-random", clients, seed=0, boundary=False)
-    parts = [proto.local_features(s.x, s.adj, proto.FedKMeansConfig(filter_order=order), 0) for s in shards]
+    parts = [fedkmeans.local_features(s.x, s.adj, fedkmeans.FedKMeansConfig(filter_order=order), 0) for s in shards]
     expected = protocol_labels(parts, K, 0, 20, 1e-6, MIN_ROWS)
     by_partition = {grid.contexts[n].node_config["partition-id"]: (ids, state) for n, (ids, state) in
                     client_rows(grid).items()}
@@ -182,7 +182,7 @@ def test_a_hop_bound_below_the_honest_one_is_refused(out_dir, monkeypatch):
     honest = ServerSession.secagg_values
 
     def low(self, name, bound, finest=False):
-        return honest(self, name, bound / 1000 if name.startswith(proto.NEIGHBOURS) else bound, finest)
+        return honest(self, name, bound / 1000 if name.startswith(fedkmeans.NEIGHBOURS) else bound, finest)
 
     monkeypatch.setattr(ServerSession, "secagg_values", low)
     with pytest.raises(PrivacyRefused, match="secagg-bound"):
@@ -195,7 +195,7 @@ def test_a_hop_out_of_order_is_refused(out_dir, monkeypatch):
     honest = ServerSession.exchange
 
     def skipping(self, action, contents, expect=None, **kw):
-        if action == proto.KMEANS_FILTER:
+        if action == fedkmeans.KMEANS_FILTER:
             contents = {n: pack(a, {**v, "hop": int(v["hop"]) + 1}) for n, (a, v) in
                         ((n, unpack(c)) for n, c in contents.items())}
         return honest(self, action, contents, expect, **kw)
@@ -221,9 +221,9 @@ def test_a_graph_without_edges_is_not_filtered(out_dir):
         grid = InProcessGrid(build_client_app(config), 3, record=True)
         runs[order] = grid, run_server(grid, config)
     grid, result = runs[4]
-    assert not requests(grid, proto.KMEANS_FILTER) and not requests(grid, "boundary_shares")
-    assert [unpack(m.content)[1]["hops"] for m in requests(grid, proto.KMEANS_INIT)] == [0, 0, 0]
-    assert all(unpack(r.content)[0]["centres"].shape[1] == 4 for r in replies(grid, proto.KMEANS_INIT))
+    assert not requests(grid, fedkmeans.KMEANS_FILTER) and not requests(grid, "boundary_shares")
+    assert [unpack(m.content)[1]["hops"] for m in requests(grid, fedkmeans.KMEANS_INIT)] == [0, 0, 0]
+    assert all(unpack(r.content)[0]["centres"].shape[1] == 4 for r in replies(grid, fedkmeans.KMEANS_INIT))
     plain = _labels(runs[0][0])
     assert len(plain) == 3 and all(np.array_equal(a, plain[c]) for c, a in _labels(grid).items())
     assert result["reference"]["agreement"]["ari"] == runs[0][1]["reference"]["agreement"]["ari"]
@@ -232,7 +232,7 @@ def test_a_graph_without_edges_is_not_filtered(out_dir):
 def test_a_party_holding_an_edge_refuses_seeds_without_the_filter(out_dir, monkeypatch):
     """A server that skips the filter (every hello said no edge, but this party holds one) gets a
     refusal of ``kmeans_init`` with 0 hops, not the seeds of unfiltered rows."""
-    monkeypatch.setattr(FedKMeansClient, "hello_figures", lambda self, values: {proto.HAS_EDGES: 0})
+    monkeypatch.setattr(FedKMeansClient, "hello_figures", lambda self, values: {fedkmeans.HAS_EDGES: 0})
     with pytest.raises(ProtocolError, match="kmeans_init.*ValueError"):
         run(out_dir, 3, 2)
 
@@ -249,7 +249,7 @@ def test_one_client_with_the_shared_projection_is_the_centralised_reference(out_
     (ids, state), = client_rows(grid).values()
     data = sbm()
     assert all(unpack(r.content)[0]["centres"].shape[1] == DIMS for r in replies(grid, "hello"))
-    projection = proto.shared_projection(F, DIMS, 0)
+    projection = fedkmeans.shared_projection(F, DIMS, 0)
     x = low_pass_filter(np.asarray(data.x, dtype=np.float64) @ projection, data.adj, order)[ids]
     expected, = protocol_labels([x], K, 0, 20, 1e-6, MIN_ROWS)
     assert np.array_equal(state.array_records["labels"]["labels"].numpy(), expected)
@@ -261,22 +261,22 @@ def test_the_filter_over_the_whole_graph_moves_the_projected_columns(out_dir):
     centralised filter of the projected features (the reference's rows)."""
     order, clients = 2, 3
     grid, _ = run(out_dir, clients, order, **{"fedkmeans.dims": DIMS})
-    assert all(unpack(r.content)[0][proto.NEIGHBOURS].shape == (N, DIMS) for r in replies(grid, proto.KMEANS_FILTER))
+    assert all(unpack(r.content)[0][fedkmeans.NEIGHBOURS].shape == (N, DIMS) for r in replies(grid, fedkmeans.KMEANS_FILTER))
     data = sbm()
-    pooled = low_pass_filter(np.asarray(data.x, dtype=np.float64) @ proto.shared_projection(F, DIMS, 0),
+    pooled = low_pass_filter(np.asarray(data.x, dtype=np.float64) @ fedkmeans.shared_projection(F, DIMS, 0),
                              data.adj, order)
     for ids, state in client_rows(grid).values():
         assert np.abs(state.array_records[FILTERED]["rows"].numpy() - pooled[ids]).max() <= 1e-9
-    assert all(unpack(r.content)[0]["centres"].shape[1] == DIMS for r in replies(grid, proto.KMEANS_INIT))
+    assert all(unpack(r.content)[0]["centres"].shape[1] == DIMS for r in replies(grid, fedkmeans.KMEANS_INIT))
 
 
 def test_the_projection_is_drawn_from_the_seed_alone():
     """Every party draws the same matrix from the run's seed, another from another seed; with
     filter-order 0 or features no wider than dims the rows are not projected."""
-    assert np.array_equal(proto.shared_projection(F, DIMS, 1), proto.shared_projection(F, DIMS, 1))
-    assert not np.array_equal(proto.shared_projection(F, DIMS, 1), proto.shared_projection(F, DIMS, 2))
+    assert np.array_equal(fedkmeans.shared_projection(F, DIMS, 1), fedkmeans.shared_projection(F, DIMS, 1))
+    assert not np.array_equal(fedkmeans.shared_projection(F, DIMS, 1), fedkmeans.shared_projection(F, DIMS, 2))
     x = np.arange(2.0 * F).reshape(2, F)
-    assert proto.projected(x, proto.FedKMeansConfig(dims=DIMS), 1).shape == (2, DIMS)
-    for cfg in (proto.FedKMeansConfig(dims=DIMS, filter_order=0), proto.FedKMeansConfig(dims=F),
-                proto.FedKMeansConfig(dims=0)):
-        assert np.array_equal(proto.projected(x, cfg, 1), x)
+    assert fedkmeans.projected(x, fedkmeans.FedKMeansConfig(dims=DIMS), 1).shape == (2, DIMS)
+    for cfg in (fedkmeans.FedKMeansConfig(dims=DIMS, filter_order=0), fedkmeans.FedKMeansConfig(dims=F),
+                fedkmeans.FedKMeansConfig(dims=0)):
+        assert np.array_equal(fedkmeans.projected(x, cfg, 1), x)

@@ -13,7 +13,7 @@ from app.data import load_dataset
 from app.data.partition import partition
 from app.inprocess import InProcessGrid
 from app.metrics import ari
-from app.protocols import fedsc as proto
+from app.protocols import fedsc
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
@@ -26,8 +26,8 @@ from app.protocols.fedsc import pooled_features
 
 def reconstruction_error(x: np.ndarray, z: np.ndarray, c: np.ndarray, sigma: float) -> float:
     """``||K(X, X) - C' K(Z, Z) C||_F / ||K(X, X)||_F`` (needs the pooled data: a test's oracle)."""
-    k = proto.kernel(x, x, sigma)
-    return float(np.linalg.norm(k - proto.reconstruct(z, c, sigma)) / np.linalg.norm(k))
+    k = fedsc.kernel(x, x, sigma)
+    return float(np.linalg.norm(k - fedsc.reconstruct(z, c, sigma)) / np.linalg.norm(k))
 
 
 def iris_blocks(num_clients: int, seed: int = 0):
@@ -41,7 +41,7 @@ def iris_blocks(num_clients: int, seed: int = 0):
 
 def explicit_features(points: np.ndarray, sigma: float) -> np.ndarray:
     """Rows F with F F' = K(points, points) exactly (a finite feature map for these points)."""
-    k = proto.kernel(points, points, sigma)
+    k = fedsc.kernel(points, points, sigma)
     vals, vecs = np.linalg.eigh(k)
     return vecs * np.sqrt(np.clip(vals, 0.0, None))
 
@@ -56,11 +56,11 @@ def test_c_step_equals_direct_least_squares_in_feature_space():
     a = np.vstack([phi_z, math.sqrt(lam) * np.eye(5)])
     b = np.vstack([phi_x, np.zeros((5, 12))])
     direct = np.linalg.lstsq(a, b, rcond=None)[0]
-    c = proto.solve_coefficients(x, z, sigma, lam)
+    c = fedsc.solve_coefficients(x, z, sigma, lam)
     np.testing.assert_allclose(c, direct, rtol=1e-7, atol=1e-9)
     # and the objective is the feature-space residual
     explicit = 0.5 * np.linalg.norm(phi_x - phi_z @ c) ** 2 + 0.5 * lam * np.linalg.norm(c) ** 2
-    assert proto.objective(x, z, c, sigma, lam) == pytest.approx(explicit, rel=1e-8)
+    assert fedsc.objective(x, z, c, sigma, lam) == pytest.approx(explicit, rel=1e-8)
 
 
 def test_landmark_gradient_matches_finite_differences():
@@ -68,20 +68,20 @@ def test_landmark_gradient_matches_finite_differences():
     x, z = rng.normal(size=(15, 3)), rng.normal(size=(4, 3))
     sigma, lam = 0.9, 1e-3
     c = rng.normal(size=(4, 15))
-    grad, _, _ = proto.landmark_gradient(x, z, c, sigma)
+    grad, _, _ = fedsc.landmark_gradient(x, z, c, sigma)
     eps = 1e-6
     numeric = np.zeros_like(z)
     for idx in np.ndindex(*z.shape):
         zp, zm = z.copy(), z.copy()
         zp[idx] += eps
         zm[idx] -= eps
-        numeric[idx] = (proto.objective(x, zp, c, sigma, lam) - proto.objective(x, zm, c, sigma, lam)) / (2 * eps)
+        numeric[idx] = (fedsc.objective(x, zp, c, sigma, lam) - fedsc.objective(x, zm, c, sigma, lam)) / (2 * eps)
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
 
 
 def one_client_sigma(x: np.ndarray) -> float:
-    total, pairs = proto.local_distance_sum(x)
-    return proto.combine_bandwidth([total], [pairs])
+    total, pairs = fedsc.local_distance_sum(x)
+    return fedsc.combine_bandwidth([total], [pairs])
 
 
 def test_one_client_with_landmarks_at_the_data_reconstructs_the_kernel():
@@ -93,21 +93,21 @@ def test_one_client_with_landmarks_at_the_data_reconstructs_the_kernel():
     def track(round_, z, cs):
         errors.append(reconstruction_error(x, z, np.hstack(cs), sigma))
 
-    out = proto.simulate([x], 3, 0, rounds=3, z0=x.copy(), callback=track)
+    out = fedsc.simulate([x], 3, 0, rounds=3, z0=x.copy(), callback=track)
     assert out["d"] == len(x) and len(errors) == 3
     assert reconstruction_error(x, out["z"], out["c"], out["sigma"]) < 1e-3
     assert max(errors) < 1e-3
     # far from the data (random landmarks, few of them) it is not exact: the check can fail
-    rough = proto.simulate([x], 3, 0, rounds=1, landmarks=3)
+    rough = fedsc.simulate([x], 3, 0, rounds=1, landmarks=3)
     assert reconstruction_error(x, rough["z"], rough["c"], rough["sigma"]) > 1e-2
 
 
 def test_objective_decreases_every_round_with_one_client_and_overall_with_eight():
     data, _, xs = iris_blocks(8)
     x = np.asarray(data.x, dtype=np.float64)
-    one = proto.simulate([x], 3, 0, rounds=10, landmarks=20)["objective"]
+    one = fedsc.simulate([x], 3, 0, rounds=10, landmarks=20)["objective"]
     assert all(b < a for a, b in zip(one, one[1:])), one
-    eight = proto.simulate(xs, 3, 0, rounds=10, landmarks=20)["objective"]
+    eight = fedsc.simulate(xs, 3, 0, rounds=10, landmarks=20)["objective"]
     assert eight[-1] < 0.2 * eight[0]
 
 
@@ -117,9 +117,9 @@ def test_landmark_step_never_increases_the_local_objective():
     z = rng.normal(size=(6, 4))
     sigma = 2.0
     for _ in range(5):
-        c = proto.solve_coefficients(x, z, sigma)
-        new = proto.landmark_step(x, z, c, sigma)
-        assert proto.objective(x, new, c, sigma) <= proto.objective(x, z, c, sigma)
+        c = fedsc.solve_coefficients(x, z, sigma)
+        new = fedsc.landmark_step(x, z, c, sigma)
+        assert fedsc.objective(x, new, c, sigma) <= fedsc.objective(x, z, c, sigma)
         z = new
 
 
@@ -129,25 +129,25 @@ def test_bandwidth_of_one_client_is_the_mean_pairwise_distance():
     data, _, xs = iris_blocks(1)
     assert one_client_sigma(xs[0]) == pytest.approx(pdist(np.asarray(data.x)).mean(), rel=1e-12)
     with pytest.raises(ValueError, match="two samples"):
-        proto.combine_bandwidth([0.0], [0.0])
+        fedsc.combine_bandwidth([0.0], [0.0])
 
 
 def test_spectral_mass_rule():
     k = np.diag([5.0, 3.0, 1.0, 0.5, 0.5])  # mass 10
-    assert proto.mass_rank(k, 0.5) == 1
-    assert proto.mass_rank(k, 0.8) == 2
-    assert proto.mass_rank(k, 0.9) == 3
-    assert proto.mass_rank(k, 1.0) == 5
-    assert proto.combine_landmark_counts([3, 7, 5]) == 7
+    assert fedsc.mass_rank(k, 0.5) == 1
+    assert fedsc.mass_rank(k, 0.8) == 2
+    assert fedsc.mass_rank(k, 0.9) == 3
+    assert fedsc.mass_rank(k, 1.0) == 5
+    assert fedsc.combine_landmark_counts([3, 7, 5]) == 7
 
 
 def test_knn_affinity_matches_a_brute_force_construction():
     rng = np.random.default_rng(3)
     pts = rng.normal(size=(40, 2))
-    k_hat = proto.kernel(pts, pts, 1.0) + 0.01 * rng.normal(size=(40, 40))
+    k_hat = fedsc.kernel(pts, pts, 1.0) + 0.01 * rng.normal(size=(40, 40))
     k_hat = (k_hat + k_hat.T) / 2
-    w = proto.knn_affinity(k_hat).toarray()
-    q = proto.knn_count(40)
+    w = fedsc.knn_affinity(k_hat).toarray()
+    q = fedsc.knn_count(40)
     assert q == math.ceil(math.log(40))
     scaled = (k_hat - k_hat.min()) / (k_hat.max() - k_hat.min())
     brute = np.zeros_like(scaled)
@@ -165,12 +165,12 @@ def test_noise_free_factors_reveal_the_samples_and_factor_noise_hides_them():
 
     _, _, xs = iris_blocks(8)
     x = np.vstack(xs)
-    out = proto.simulate(xs, 3, 0, rounds=5, landmarks=20)
-    recovered = proto.invert_coefficients(out["z"], out["c"], out["sigma"])
+    out = fedsc.simulate(xs, 3, 0, rounds=5, landmarks=20)
+    recovered = fedsc.invert_coefficients(out["z"], out["c"], out["sigma"])
     np.testing.assert_allclose(recovered, x, atol=1e-8)
     noisy = noise_ratio_perturb(out["c"], 0.15, np.random.default_rng(0))
     guess = np.linalg.norm(x - x.mean(0))  # error of guessing every sample as the mean
-    assert np.linalg.norm(proto.invert_coefficients(out["z"], noisy, out["sigma"]) - x) > guess
+    assert np.linalg.norm(fedsc.invert_coefficients(out["z"], noisy, out["sigma"]) - x) > guess
 
 
 # --------------------------------------------------------------------------- end to end
@@ -182,7 +182,7 @@ def test_flower_run_equals_the_in_memory_protocol_and_tracks_centralised_sc(out_
     result = run_experiment("fedsc", "iris", 4, cfg, out_dir)
     assert "objective" in check_page(out_dir, figures=2)  # rows without edges: their embedding, the rounds
     _, shards, xs = iris_blocks(4)
-    expected = proto.simulate(xs, 3, 0, rounds=20, landmarks=30)
+    expected = fedsc.simulate(xs, 3, 0, rounds=20, landmarks=30)
     ids = np.concatenate([s.node_ids for s in shards])
     labels = np.load(out_dir / "labels.npy")
     assert np.array_equal(labels[ids], expected["labels"])
@@ -359,9 +359,9 @@ def test_the_typed_view_reads_every_fedsc_key_lambda_included():
     from app.registry import get
 
     config = validate({"strategy": "fedsc", "fedsc.lambda": 0.25, "fedsc.n-init": 3})
-    cfg = proto.FedSCConfig.of(config)
+    cfg = fedsc.FedSCConfig.of(config)
     assert (cfg.lambda_, cfg.n_init) == (0.25, 3)
-    assert proto.FedSCConfig.keys() == {p.key: p.kind for p in get("fedsc").strategy.params}
+    assert fedsc.FedSCConfig.keys() == {p.key: p.kind for p in get("fedsc").strategy.params}
 
 
 def test_bad_config_is_one_line_naming_the_value():
@@ -482,7 +482,7 @@ def test_run_simulation_smoke(out_dir):
     assert result["num_clients"] == 2 and len(result["history"]) == 2
     # Ray actors run the same client code: identical to the in-memory protocol
     _, shards, xs = iris_blocks(2)
-    expected = proto.simulate(xs, 3, 0, rounds=2, landmarks=10)
+    expected = fedsc.simulate(xs, 3, 0, rounds=2, landmarks=10)
     ids = np.concatenate([s.node_ids for s in shards])
     assert np.array_equal(np.load(out_dir / "labels.npy")[ids], expected["labels"])
     assert [h["objective"] for h in result["history"]] == pytest.approx(expected["objective"], rel=1e-9)

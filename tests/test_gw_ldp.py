@@ -16,7 +16,7 @@ from app.inprocess import InProcessGrid
 from app.models import build_model
 from app.privacy.ldp import default_m, multibit_probabilities
 from app.privacy.policy import PrivacyRefusal
-from app.protocols import gw_ldp as proto
+from app.protocols import gw_ldp
 from app.run import run_experiment
 from app.server_app import run_server
 from app.wire import ProtocolError
@@ -37,8 +37,8 @@ def random_graph(rng, n, p=0.3):
 
 def test_gw_matrix_is_symmetric_zero_diagonal_and_equals_pot_directly():
     rng = np.random.default_rng(0)
-    mats = [proto.shortest_path_matrix(random_graph(rng, int(n))) for n in rng.integers(5, 12, 9)]
-    d = proto.gw_matrix(mats, workers=1)
+    mats = [gw_ldp.shortest_path_matrix(random_graph(rng, int(n))) for n in rng.integers(5, 12, 9)]
+    d = gw_ldp.gw_matrix(mats, workers=1)
     assert d.shape == (9, 9)
     assert np.array_equal(d, d.T) and np.all(np.diag(d) == 0)
     for i, j in [(0, 1), (2, 7), (3, 8)]:
@@ -48,15 +48,15 @@ def test_gw_matrix_is_symmetric_zero_diagonal_and_equals_pot_directly():
     # the process pool gives the same matrix
     many = mats * 8  # 72 items, identical spaces are deduplicated: still 36 distinct pairs solved
     stats = {}
-    big = proto.gw_matrix(many, workers=2, stats=stats)
+    big = gw_ldp.gw_matrix(many, workers=2, stats=stats)
     assert stats == {"pairs": 72 * 71 // 2, "distinct_spaces": 9, "solved_pairs": 36}
     assert np.allclose(big[:9, :9], d) and np.allclose(big[9:18, :9], d)
 
 
 def test_gw_pool_matches_sequential_on_many_distinct_pairs():
     rng = np.random.default_rng(5)
-    mats = [proto.intra_distance(rng.random((int(n), 3))) for n in rng.integers(3, 7, 30)]  # 435 pairs
-    assert np.array_equal(proto.gw_matrix(mats, workers=2), proto.gw_matrix(mats, workers=1))
+    mats = [gw_ldp.intra_distance(rng.random((int(n), 3))) for n in rng.integers(3, 7, 30)]  # 435 pairs
+    assert np.array_equal(gw_ldp.gw_matrix(mats, workers=2), gw_ldp.gw_matrix(mats, workers=1))
 
 
 def random_tree(rng, n):
@@ -75,14 +75,14 @@ def test_isomorphic_graphs_have_gw_near_zero():
     for _ in range(20):
         a = random_tree(rng, 10)
         perm = rng.permutation(10)
-        iso.append(proto.gw_pair(proto.shortest_path_matrix(a), proto.shortest_path_matrix(a[perm][:, perm])))
-        other.append(proto.gw_pair(proto.shortest_path_matrix(a), proto.shortest_path_matrix(random_tree(rng, 10))))
+        iso.append(gw_ldp.gw_pair(gw_ldp.shortest_path_matrix(a), gw_ldp.shortest_path_matrix(a[perm][:, perm])))
+        other.append(gw_ldp.gw_pair(gw_ldp.shortest_path_matrix(a), gw_ldp.shortest_path_matrix(random_tree(rng, 10))))
     assert np.median(iso) < 1e-9 and np.mean(np.abs(iso) < 1e-9) >= 0.5
     assert np.mean(iso) < 0.5 * np.mean(other)
     # embeddings: a node permutation gives the same metric-measure space, GW exactly 0
     h = rng.random((12, 2))
-    d = proto.gw_matrix([proto.embedding_space(h), proto.embedding_space(h[rng.permutation(12)]),
-                         proto.embedding_space(rng.random((12, 2)))], workers=1)
+    d = gw_ldp.gw_matrix([gw_ldp.embedding_space(h), gw_ldp.embedding_space(h[rng.permutation(12)]),
+                         gw_ldp.embedding_space(rng.random((12, 2)))], workers=1)
     assert d[0, 1] == 0.0 and d[0, 2] > 1e-6
 
 
@@ -91,48 +91,48 @@ def test_merging_duplicate_rows_keeps_the_gw_value():
     for _ in range(10):
         h1 = rng.random((3, 2))[rng.integers(0, 3, 15)]
         h2 = rng.random((4, 2))[rng.integers(0, 4, 11)]
-        plain = proto.gw_pair(proto.intra_distance(h1), proto.intra_distance(h2))
-        c1, w1 = proto.embedding_space(h1)
-        c2, w2 = proto.embedding_space(h2)
+        plain = gw_ldp.gw_pair(gw_ldp.intra_distance(h1), gw_ldp.intra_distance(h2))
+        c1, w1 = gw_ldp.embedding_space(h1)
+        c2, w2 = gw_ldp.embedding_space(h2)
         assert len(w1) <= 3 and w1.sum() == pytest.approx(1.0)
-        assert proto.gw_pair(c1, c2, w1, w2) == pytest.approx(plain, abs=1e-7)
+        assert gw_ldp.gw_pair(c1, c2, w1, w2) == pytest.approx(plain, abs=1e-7)
 
 
 def test_fused_gw_equals_pot_and_sees_what_plain_gw_cannot():
     rng = np.random.default_rng(8)
     h1 = rng.dirichlet(np.ones(2), size=9)
     h2 = rng.dirichlet(np.ones(2), size=7)
-    c1, w1, x1 = proto.embedding_space(h1, merge=False, features=True)
-    c2, w2, x2 = proto.embedding_space(h2, merge=False, features=True)
+    c1, w1, x1 = gw_ldp.embedding_space(h1, merge=False, features=True)
+    c2, w2, x2 = gw_ldp.embedding_space(h2, merge=False, features=True)
     want = ot.gromov.fused_gromov_wasserstein2(ot.dist(h1, h2), c1, c2, ot.unif(9), ot.unif(7), "square_loss",
                                                alpha=0.5)
-    assert proto.gw_pair(c1, c2, w1, w2, x1=x1, x2=x2, alpha=0.5) == pytest.approx(want, abs=1e-12)
+    assert gw_ldp.gw_pair(c1, c2, w1, w2, x1=x1, x2=x2, alpha=0.5) == pytest.approx(want, abs=1e-12)
     # swapping the two softmax classes is an isometry: GW 0, fused GW not
     swapped = h1[:, ::-1]
-    d_gw = proto.gw_matrix([proto.embedding_space(h1, features=True), proto.embedding_space(swapped, features=True)],
+    d_gw = gw_ldp.gw_matrix([gw_ldp.embedding_space(h1, features=True), gw_ldp.embedding_space(swapped, features=True)],
                            workers=1)
-    d_fgw = proto.gw_matrix([proto.embedding_space(h1, features=True), proto.embedding_space(swapped, features=True)],
+    d_fgw = gw_ldp.gw_matrix([gw_ldp.embedding_space(h1, features=True), gw_ldp.embedding_space(swapped, features=True)],
                             workers=1, alpha=0.5)
     assert d_gw[0, 1] == pytest.approx(0.0, abs=1e-12) and d_fgw[0, 1] > 1e-3
     # merged duplicate rows keep the fused value too; the pool gives the sequential matrix
     hs = [rng.random((3, 2))[rng.integers(0, 3, int(n))] for n in rng.integers(5, 12, 24)]  # 276 pairs
-    merged = proto.gw_matrix([proto.embedding_space(h, features=True) for h in hs], workers=2, alpha=0.5)
-    plain = proto.gw_matrix([proto.embedding_space(h, merge=False, features=True) for h in hs], workers=1,
+    merged = gw_ldp.gw_matrix([gw_ldp.embedding_space(h, features=True) for h in hs], workers=2, alpha=0.5)
+    plain = gw_ldp.gw_matrix([gw_ldp.embedding_space(h, merge=False, features=True) for h in hs], workers=1,
                             alpha=0.5)
     assert np.allclose(merged, plain, atol=1e-7)
     with pytest.raises(ValueError, match="features"):
-        proto.gw_matrix([c1, c2], workers=1, alpha=0.5)
+        gw_ldp.gw_matrix([c1, c2], workers=1, alpha=0.5)
 
 
 def test_ten_fold_splits_test_every_item_once_in_7_2_1_shape():
     n = 57
-    splits = np.stack([proto.split_items(n, 3, 1, fold=f) for f in range(proto.FOLDS)])
-    assert np.all((splits == proto.SPLIT_TEST).sum(0) == 1)  # every item tested exactly once
-    assert np.all((splits == proto.SPLIT_VAL).sum(0) == 2)
+    splits = np.stack([gw_ldp.split_items(n, 3, 1, fold=f) for f in range(gw_ldp.FOLDS)])
+    assert np.all((splits == gw_ldp.SPLIT_TEST).sum(0) == 1)  # every item tested exactly once
+    assert np.all((splits == gw_ldp.SPLIT_VAL).sum(0) == 2)
     counts = np.stack([np.bincount(s, minlength=3) for s in splits])
     assert counts[:, 2].min() >= 5 and counts[:, 2].max() <= 6 and counts[:, 1].min() >= 11
     with pytest.raises(ValueError, match="0..9"):
-        proto.split_items(n, 3, 1, fold=10)
+        gw_ldp.split_items(n, 3, 1, fold=10)
 
 
 def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
@@ -145,12 +145,12 @@ def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "pool.py"
     script.write_text(
         "import sys, numpy as np\n"
-        f"sys.path.insert(0, {str(proto.__file__.rsplit('/app/', 1)[0])!r})\n"
-        "from app.protocols import gw_ldp as proto\n"
+        f"sys.path.insert(0, {str(gw_ldp.__file__.rsplit('/app/', 1)[0])!r})\n"
+        "from app.protocols import gw_ldp\n"
         "rng = np.random.default_rng(0)\n"
-        "mats = [proto.intra_distance(rng.random((30, 3))) for _ in range(400)]\n"
+        "mats = [gw_ldp.intra_distance(rng.random((30, 3))) for _ in range(400)]\n"
         "print('start', flush=True)\n"
-        "proto.gw_matrix(mats, workers=2)\n")
+        "gw_ldp.gw_matrix(mats, workers=2)\n")
     def alive(pids: list[int]) -> list[int]:
         """Those of ``pids`` still running (a zombie has ended)."""
         out = []
@@ -184,7 +184,7 @@ def test_ldp_encoder_range_sparsity_and_probabilities_match_algorithm_1():
     n, d = 40, 6
     h = rng.dirichlet(np.ones(d), size=n)
     for eps_g in (1.0 / n, 0.5, 30.0):
-        codes, stats = proto.encode_graph(h, eps_g, rng)
+        codes, stats = gw_ldp.encode_graph(h, eps_g, rng)
         m = default_m(eps_g, d)
         assert codes.dtype == np.int8 and codes.shape == (n, d)
         assert set(np.unique(codes)) <= {-1, 0, 1}
@@ -197,7 +197,7 @@ def test_ldp_encoder_range_sparsity_and_probabilities_match_algorithm_1():
     h = np.array([[0.9, 0.1, 0.5, 0.0], [0.2, 0.8, 0.5, 1.0]])
     m = default_m(eps_g, 4)
     assert m == 2
-    draws = np.stack([proto.encode_graph(h, eps_g, rng)[0] for _ in range(8000)]).astype(float)
+    draws = np.stack([gw_ldp.encode_graph(h, eps_g, rng)[0] for _ in range(8000)]).astype(float)
     sampled = (draws != 0).mean(0)
     assert np.allclose(sampled, m / 4, atol=0.02)
     p_plus = (draws == 1).sum(0) / np.maximum((draws != 0).sum(0), 1)
@@ -210,13 +210,13 @@ def test_ldp_encoder_range_sparsity_and_probabilities_match_algorithm_1():
 def test_epsilon_inf_reproduces_the_plain_embedding_matrix():
     rng = np.random.default_rng(4)
     hs = [rng.dirichlet(np.ones(3), size=int(n)) for n in rng.integers(4, 9, 6)]
-    coded = [proto.encode_graph(h, math.inf, rng)[0] for h in hs]
+    coded = [gw_ldp.encode_graph(h, math.inf, rng)[0] for h in hs]
     assert all(np.array_equal(c, h) for c, h in zip(coded, hs))
-    plain = proto.gw_matrix([proto.intra_distance(h) for h in hs], workers=1)
-    assert np.allclose(proto.gw_matrix([proto.embedding_space(c) for c in coded], workers=1), plain, atol=1e-7)
-    assert proto.graph_epsilon(20, 0.0) == pytest.approx(1 / 20) and proto.graph_epsilon(20, 0.3) == 0.3
+    plain = gw_ldp.gw_matrix([gw_ldp.intra_distance(h) for h in hs], workers=1)
+    assert np.allclose(gw_ldp.gw_matrix([gw_ldp.embedding_space(c) for c in coded], workers=1), plain, atol=1e-7)
+    assert gw_ldp.graph_epsilon(20, 0.0) == pytest.approx(1 / 20) and gw_ldp.graph_epsilon(20, 0.3) == 0.3
     with pytest.raises(ValueError, match="epsilon"):
-        proto.graph_epsilon(5, -1.0)
+        gw_ldp.graph_epsilon(5, -1.0)
 
 
 # --------------------------------------------------------------------------- FedAvg, SVC, clustering
@@ -228,7 +228,7 @@ def test_training_dp_mechanism_is_the_runs_choice_for_client_and_server():
     def mechanism(dp):
         config = registry.validate({"strategy": "gw-ldp", "dataset": "mutag", "gw-ldp.dp": dp,
                                     "gw-ldp.dp-clip": 0.5, "gw-ldp.dp-noise": 1.5, "gw-ldp.dp-sample-rate": 0.25})
-        return proto.training_mechanism(proto.GWLDPConfig.of(config))
+        return gw_ldp.training_mechanism(gw_ldp.GWLDPConfig.of(config))
 
     assert mechanism("none") is None
     client, sgd = mechanism("client"), mechanism("sgd")
@@ -241,9 +241,9 @@ def test_training_dp_mechanism_is_the_runs_choice_for_client_and_server():
 def test_fedavg_weights_by_sample_count():
     a = {"w": np.array([1.0, 2.0], np.float32)}
     b = {"w": np.array([3.0, 6.0], np.float32)}
-    assert np.allclose(proto.fedavg([a, b], [1, 3])["w"], [2.5, 5.0])
+    assert np.allclose(gw_ldp.fedavg([a, b], [1, 3])["w"], [2.5, 5.0])
     with pytest.raises(ValueError, match="total sample count is 0"):
-        proto.fedavg([a], [0])
+        gw_ldp.fedavg([a], [0])
     # the strategy aggregates with Flower's aggregate_arrayrecords: same result
     from app import registry
     from app.transport import pack
@@ -266,8 +266,8 @@ def test_fedavg_weights_by_sample_count():
 
 
 def test_malformed_describe_replies_are_named():
-    assert proto.describe_problem({"in_dim": 7, "graphs": 10, "train": 7}) is None
-    assert proto.describe_problem({"in_dim": 7.0, "graphs": 10, "train": 0}) is None  # whole-number floats
+    assert gw_ldp.describe_problem({"in_dim": 7, "graphs": 10, "train": 7}) is None
+    assert gw_ldp.describe_problem({"in_dim": 7.0, "graphs": 10, "train": 0}) is None  # whole-number floats
     cases = [({"in_dim": -1}, "in_dim=-1; valid: a whole number >= 1"),
              ({"in_dim": 3703.9}, "in_dim=3703.9; valid: a whole number >= 1"),  # not truncated to 3703
              ({"graphs": "ten"}, "graphs='ten'; valid: a whole number >= 1"),
@@ -277,7 +277,7 @@ def test_malformed_describe_replies_are_named():
              ({"train": 11}, "train=11; valid: a whole number from 0 to its 10 graphs"),
              ({"train": True}, "train=True; valid")]
     for change, message in cases:
-        assert proto.describe_problem({"in_dim": 7, "graphs": 10, "train": 7, **change}).startswith(message)
+        assert gw_ldp.describe_problem({"in_dim": 7, "graphs": 10, "train": 7, **change}).startswith(message)
 
 
 def test_duplicate_graph_ids_across_clients_name_both_clients():
@@ -305,21 +305,21 @@ def test_local_training_reduces_the_loss_for_both_models():
         a = random_graph(rng, 8, 0.7 if dense else 0.15)
         graphs.append(GraphData(name="g", adj=a, x=None, y=None, meta={}))
         y.append(int(dense))
-    batch = proto.make_batch(graphs, degree_dim=8)
+    batch = gw_ldp.make_batch(graphs, degree_dim=8)
     y = np.array(y)
-    for kind in proto.MODELS:
+    for kind in gw_ldp.MODELS:
         model = build_model(kind, 8, 2, seed=0)
-        with proto.torch_threads(1):
-            first = proto.local_train(model, batch, y, np.arange(24), "graph", 1, 0.01, 0)
-            last = proto.local_train(model, batch, y, np.arange(24), "graph", 25, 0.01, 0)
+        with gw_ldp.torch_threads(1):
+            first = gw_ldp.local_train(model, batch, y, np.arange(24), "graph", 1, 0.01, 0)
+            last = gw_ldp.local_train(model, batch, y, np.arange(24), "graph", 25, 0.01, 0)
         assert last < first
         for layer, width in (("classes", 2), ("hidden", {"gcn": 16, "gin": 64}[kind])):
-            h = proto.node_embeddings(model, batch, layer)
-            assert proto.embedding_width(model, 2, layer) == width
+            h = gw_ldp.node_embeddings(model, batch, layer)
+            assert gw_ldp.embedding_width(model, 2, layer) == width
             assert len(h) == 24 and all(x.shape == (8, width) for x in h)
             assert all(np.allclose(x.sum(1), 1.0) and x.min() >= 0 for x in h)
         with pytest.raises(ValueError, match="valid choices: classes, hidden"):
-            proto.node_embeddings(model, batch, "logits")
+            gw_ldp.node_embeddings(model, batch, "logits")
 
 
 def test_unknown_labels_take_no_part_in_the_svc():
@@ -327,25 +327,25 @@ def test_unknown_labels_take_no_part_in_the_svc():
     y = np.repeat([0, 1], 30)
     pts = rng.normal(size=(60, 2)) * 0.3 + np.array([[0, 0], [3, 0]])[y]
     dist = np.linalg.norm(pts[:, None] - pts[None], axis=2) ** 2
-    split = proto.split_items(60, 0, 0)
+    split = gw_ldp.split_items(60, 0, 0)
     unknown = y.copy()
-    unknown[np.flatnonzero(split == proto.SPLIT_TRAIN)[:5]] = -1
-    unknown[np.flatnonzero(split == proto.SPLIT_TEST)[:2]] = -1
+    unknown[np.flatnonzero(split == gw_ldp.SPLIT_TRAIN)[:5]] = -1
+    unknown[np.flatnonzero(split == gw_ldp.SPLIT_TEST)[:2]] = -1
     keep = unknown >= 0  # the labelled items decide; the kernel's median scale still sees every item
-    res, alone = proto.svc_select(dist, unknown, split), proto.svc_select(dist[np.ix_(keep, keep)], y[keep], split[keep])
+    res, alone = gw_ldp.svc_select(dist, unknown, split), gw_ldp.svc_select(dist[np.ix_(keep, keep)], y[keep], split[keep])
     assert res["test_acc"] == alone["test_acc"] == 1.0 and (res["C"], res["gamma"]) == (alone["C"], alone["gamma"])
     assert np.array_equal(res["predictions"][keep], alone["predictions"])
-    assert proto.svc_problem(unknown, np.where(split == proto.SPLIT_VAL, proto.SPLIT_TRAIN, split),
+    assert gw_ldp.svc_problem(unknown, np.where(split == gw_ldp.SPLIT_VAL, gw_ldp.SPLIT_TRAIN, split),
                              "validation").startswith("no labelled validation graphs")
     with pytest.raises(ValueError, match="no labelled validation graphs"):
-        proto.svc_select(dist, np.where(split == proto.SPLIT_VAL, -1, y), split)
+        gw_ldp.svc_select(dist, np.where(split == gw_ldp.SPLIT_VAL, -1, y), split)
 
 
 def test_malformed_embedding_uploads_are_named():
     good = {"embeddings": np.array([[1, 0], [0, -1], [-1, 0]], np.int8), "sizes": np.array([2, 1]),
             "graph_ids": np.array([4, 9]), "split": np.array([0, 2]), "labels": np.array([1, -1]),
             "eval_labels": np.array([1, 0])}
-    assert proto.embedding_upload_problem(good, 2, 2, epsilon=0.0) is None  # 1/|V|: m = 1 per row
+    assert gw_ldp.embedding_upload_problem(good, 2, 2, epsilon=0.0) is None  # 1/|V|: m = 1 per row
     bad = {
         "graphs it described": ({}, 3),
         "LDP codes outside": ({"embeddings": good["embeddings"] * 100}, 2),
@@ -358,31 +358,31 @@ def test_malformed_embedding_uploads_are_named():
         "'split' has shape": ({"split": np.array([0])}, 2),
     }
     for message, (change, graphs) in bad.items():
-        assert message in proto.embedding_upload_problem({**good, **change}, graphs, 2, epsilon=0.0)
+        assert message in gw_ldp.embedding_upload_problem({**good, **change}, graphs, 2, epsilon=0.0)
     # four sizes of 2^62 + 1 or more: each >= 1, and their int64 sum wraps around onto the 4 rows
     # (np.repeat over them crashed the server process)
     four = {"embeddings": np.array([[1, 0]] * 4, np.int8), "sizes": np.ones(4, np.int64) + 2**62,
             "graph_ids": np.arange(4), "split": np.zeros(4, np.int64), "labels": np.ones(4, np.int64),
             "eval_labels": np.ones(4, np.int64)}
-    assert "(each from 1 to 4 expected)" in proto.embedding_upload_problem(four, 4, 2, epsilon=0.0)
+    assert "(each from 1 to 4 expected)" in gw_ldp.embedding_upload_problem(four, 4, 2, epsilon=0.0)
     # Algorithm 1 samples exactly m coordinates per row: an all-zero row (nothing released, yet recorded
     # as noised) or a row with more non-zeros is no code of the mechanism
     codes = good["embeddings"]
     for rows, row in (([[1, 0], [0, 0], [-1, 0]], 1), ([[1, 0], [0, -1], [1, 1]], 2)):
-        assert proto.embedding_upload_problem({**good, "embeddings": np.array(rows, np.int8)}, 2, 2, 0.0) == (
+        assert gw_ldp.embedding_upload_problem({**good, "embeddings": np.array(rows, np.int8)}, 2, 2, 0.0) == (
             f"graph {good['graph_ids'][row // 2]}: LDP code row {row} has {np.count_nonzero(rows[row])} non-zeros, "
             "Algorithm 1 gives exactly m=1")
     # at epsilon 10 every graph gets m = min(d, floor(10 / 2.18)) = 2: the m = 1 codes (e.g. a raw one-hot) fail
-    assert default_m(proto.graph_epsilon(2, 10.0), 2) == 2
+    assert default_m(gw_ldp.graph_epsilon(2, 10.0), 2) == 2
     assert "graph 4: LDP code row 0 has 1 non-zeros, Algorithm 1 gives exactly m=2" == \
-        proto.embedding_upload_problem(good, 2, 2, epsilon=10.0)
-    assert proto.embedding_upload_problem({**good, "embeddings": np.where(codes == 0, 1, codes)}, 2, 2, 10.0) is None
+        gw_ldp.embedding_upload_problem(good, 2, 2, epsilon=10.0)
+    assert gw_ldp.embedding_upload_problem({**good, "embeddings": np.where(codes == 0, 1, codes)}, 2, 2, 10.0) is None
     # without LDP: softmax rows, entries >= 0 summing to 1 (float32 softmax rounding allowed)
     floats = {**good, "embeddings": np.array([[0.2, 0.8], [1.0, 0.0], [0.5, 0.5 + 1e-6]])}
-    assert proto.embedding_upload_problem(floats, 2, 2, epsilon=math.inf) is None
+    assert gw_ldp.embedding_upload_problem(floats, 2, 2, epsilon=math.inf) is None
     for row, rows in ((2, [[0.2, 0.8], [1.0, 0.0], [0.5, np.nan]]), (1, [[0.2, 0.8], [0.0, 0.0], [0.5, 0.5]]),
                       (0, [[-0.2, 1.2], [1.0, 0.0], [0.5, 0.5]]), (2, [[0.2, 0.8], [1.0, 0.0], [0.5, np.inf]])):
-        problem = proto.embedding_upload_problem({**good, "embeddings": np.array(rows)}, 2, 2, epsilon=math.inf)
+        problem = gw_ldp.embedding_upload_problem({**good, "embeddings": np.array(rows)}, 2, 2, epsilon=math.inf)
         assert problem.startswith(f"graph {good['graph_ids'][row // 2]}: embedding row {row} is not a softmax row")
 
 
@@ -391,25 +391,25 @@ def test_svc_and_kmedoids_recover_separable_groups():
     y = np.repeat([0, 1, 2], 20)
     pts = rng.normal(size=(60, 2)) * 0.1 + np.array([[0, 0], [5, 0], [0, 5]])[y]
     dist = np.linalg.norm(pts[:, None] - pts[None], axis=2) ** 2
-    split = proto.split_items(60, 0, 0)
+    split = gw_ldp.split_items(60, 0, 0)
     assert np.bincount(split).tolist() == [42, 12, 6]
-    res = proto.svc_select(dist, y, split)
+    res = gw_ldp.svc_select(dist, y, split)
     assert res["test_acc"] == 1.0 and res["val_acc"] == 1.0 and res["test_acc_grid_max"] == 1.0
     # labels unrelated to the geometry: the grid maximum is the best test accuracy of any grid point
     from sklearn.svm import SVC
 
     noisy = np.random.default_rng(1).integers(0, 2, 60)
-    res = proto.svc_select(dist, noisy, split, c_grid=(0.1, 10.0), gamma_grid=(0.5, 8.0))
-    tr, te = split == proto.SPLIT_TRAIN, split == proto.SPLIT_TEST
-    kernels = [np.exp(-g * proto.normalise(dist)) for g in (0.5, 8.0)]
+    res = gw_ldp.svc_select(dist, noisy, split, c_grid=(0.1, 10.0), gamma_grid=(0.5, 8.0))
+    tr, te = split == gw_ldp.SPLIT_TRAIN, split == gw_ldp.SPLIT_TEST
+    kernels = [np.exp(-g * gw_ldp.normalise(dist)) for g in (0.5, 8.0)]
     accs = [(SVC(C=c, kernel="precomputed").fit(k[np.ix_(tr, tr)], noisy[tr]).predict(k[np.ix_(te, tr)])
              == noisy[te]).mean() for k in kernels for c in (0.1, 10.0)]
     assert res["test_acc_grid_max"] == max(accs) >= res["test_acc"]
     # cv: the grid point with the best 5-fold score over train + validation, refitted on both
     from sklearn.model_selection import StratifiedKFold
 
-    cv = proto.svc_select(dist, noisy, split, "cv", c_grid=(0.1, 10.0), gamma_grid=(0.5, 8.0))
-    pool = np.flatnonzero(split != proto.SPLIT_TEST)
+    cv = gw_ldp.svc_select(dist, noisy, split, "cv", c_grid=(0.1, 10.0), gamma_grid=(0.5, 8.0))
+    pool = np.flatnonzero(split != gw_ldp.SPLIT_TEST)
     folds = list(StratifiedKFold(5, shuffle=True, random_state=0).split(pool, noisy[pool]))
     scores = [np.mean([(SVC(C=c, kernel="precomputed").fit(k[np.ix_(pool[a], pool[a])], noisy[pool[a]])
                         .predict(k[np.ix_(pool[b], pool[a])]) == noisy[pool[b]]).mean() for a, b in folds])
@@ -419,17 +419,17 @@ def test_svc_and_kmedoids_recover_separable_groups():
     expected = SVC(C=c, kernel="precomputed").fit(k[np.ix_(pool, pool)], noisy[pool]).predict(k[:, pool])
     assert cv["val_acc"] == scores[pick] and np.array_equal(cv["predictions"], expected)
     assert cv["test_acc"] == (expected[te] == noisy[te]).mean()
-    assert proto.svc_select(dist, y, split, "cv")["test_acc"] == 1.0
+    assert gw_ldp.svc_select(dist, y, split, "cv")["test_acc"] == 1.0
     with pytest.raises(ValueError, match="selection='test'; valid choices: validation, cv"):
-        proto.svc_select(dist, y, split, "test")
+        gw_ldp.svc_select(dist, y, split, "test")
     with pytest.raises(ValueError, match="too few train/validation graphs per class"):
-        proto.svc_select(dist, np.isin(np.arange(60), np.flatnonzero(split == 0)[:3]).astype(int), split, "cv")
+        gw_ldp.svc_select(dist, np.isin(np.arange(60), np.flatnonzero(split == 0)[:3]).astype(int), split, "cv")
     from app.metrics import ari
 
-    assert ari(y, proto.kmedoids(dist, 3, seed=0)) == 1.0
-    assert ari(y, proto.cluster_gw(dist, 3, "spectral", seed=0)) == 1.0
+    assert ari(y, gw_ldp.kmedoids(dist, 3, seed=0)) == 1.0
+    assert ari(y, gw_ldp.cluster_gw(dist, 3, "spectral", seed=0)) == 1.0
     with pytest.raises(ValueError, match="valid choices"):
-        proto.cluster_gw(dist, 3, "kmeans", 0)
+        gw_ldp.cluster_gw(dist, 3, "kmeans", 0)
 
 
 # --------------------------------------------------------------------------- end to end
@@ -462,11 +462,11 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
         part = next(i for i in range(3) if np.array_equal(
             node_shard(config, {"partition-id": i, "num-partitions": 3}).graph_ids, arrays["graph_ids"]))
         shard = node_shard(config, {"partition-id": part, "num-partitions": 3})
-        batch = proto.make_batch(shard.graphs, 64)
+        batch = gw_ldp.make_batch(shard.graphs, 64)
         model = build_model("gcn", batch.x.shape[1], 6, 0)
-        proto.set_weights(model, weights)
+        gw_ldp.set_weights(model, weights)
         assert arrays["embeddings"].shape[1] == 6
-        assert np.allclose(np.vstack(proto.node_embeddings(model, batch, "classes")), arrays["embeddings"])
+        assert np.allclose(np.vstack(gw_ldp.node_embeddings(model, batch, "classes")), arrays["embeddings"])
     mech = {x["name"]: x for x in result["privacy"]["mechanisms"]}
     assert mech["ldp:multibit-embeddings"]["guarantee"].startswith("none")
 
@@ -481,7 +481,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     grid = InProcessGrid(build_client_app(raw), 4, record=True)
     result = run_server(grid, raw)
     data = load_dataset("mutag")
-    model_shapes = {f"w.{k}": v.shape for k, v in proto.get_weights(build_model("gin", 7, 2, 0)).items()}
+    model_shapes = {f"w.{k}": v.shape for k, v in gw_ldp.get_weights(build_model("gin", 7, 2, 0)).items()}
     names = set()
     for reply in grid.pulled:  # every upload: model weights of the model's shapes, or 1-D / n x h arrays
         arrays, _ = unpack(reply.content)
@@ -504,7 +504,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     assert np.all((codes != 0).sum(1) == 1)  # m = 1 at epsilon = 1/|V|
     labels = np.concatenate([a["labels"] for a in embed])
     split = np.concatenate([a["split"] for a in embed])
-    assert np.all(labels[split == proto.SPLIT_TEST] == -1) and np.all(labels[split != proto.SPLIT_TEST] >= 0)
+    assert np.all(labels[split == gw_ldp.SPLIT_TEST] == -1) and np.all(labels[split != gw_ldp.SPLIT_TEST] >= 0)
     mechs = {x["name"]: x for x in result["privacy"]["mechanisms"]}
     mech = mechs["ldp:multibit-embeddings"]
     smallest = min(g.num_nodes for g in data.graphs)
@@ -521,7 +521,7 @@ def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     assert len(uploads) == 4 and all(u["noised"] for u in uploads)
     assert result["metrics"]["gw_pairs"] == 188 * 187 // 2
     # an accuracy over exactly the test graphs: a whole number of them right
-    right = result["metrics"]["svc_test_acc"] * np.sum(split == proto.SPLIT_TEST)
+    right = result["metrics"]["svc_test_acc"] * np.sum(split == gw_ldp.SPLIT_TEST)
     assert right == pytest.approx(round(right)) and result["metrics"]["svc_selection"] == "cv"
 
 
@@ -578,7 +578,7 @@ def _client(raw: dict, partition: int = 0):
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     client = GWLDPClient(shard, config, context)
     batch = client._local()[0]
-    weights = proto.get_weights(build_model(config["gw-ldp.model"], int(batch.x.shape[1]), 2, 0))
+    weights = gw_ldp.get_weights(build_model(config["gw-ldp.model"], int(batch.x.shape[1]), 2, 0))
     return client, {f"w.{k}": v for k, v in weights.items()}
 
 
@@ -738,21 +738,21 @@ def _trained_gin_and_client_batches(clients: int):
               for _ in range(60)]
     y = np.arange(60) % 2
     model = build_model("gin", 8, 2, seed=0)
-    with proto.torch_threads(1):
-        proto.local_train(model, proto.make_batch(graphs, 8), y, np.arange(60), "graph", 5, 0.01, 0)
+    with gw_ldp.torch_threads(1):
+        gw_ldp.local_train(model, gw_ldp.make_batch(graphs, 8), y, np.arange(60), "graph", 5, 0.01, 0)
     cuts = np.array_split(np.arange(60), clients)
-    return model, graphs, [proto.make_batch([graphs[i] for i in c], 8) for c in cuts]
+    return model, graphs, [gw_ldp.make_batch([graphs[i] for i in c], 8) for c in cuts]
 
 
 def _pool(model, batches, select) -> dict:
     """The strategy's rounds without Flower: per BatchNorm layer in forward order, every
     client's moments of its selected graphs, summed into the layer's new statistics."""
-    weights = proto.get_weights(model)
-    for layer in proto.norm_layers(model, 8):
-        proto.set_weights(model, weights)
-        moments = [proto.norm_input_moments(model, b, s, layer) for b, s in zip(batches, select)]
-        assert all(proto.moments_problem(m, 64) is None for m in moments)
-        weights = proto.with_norm_statistics(weights, layer, *proto.pooled_norm_statistics(moments))
+    weights = gw_ldp.get_weights(model)
+    for layer in gw_ldp.norm_layers(model, 8):
+        gw_ldp.set_weights(model, weights)
+        moments = [gw_ldp.norm_input_moments(model, b, s, layer) for b, s in zip(batches, select)]
+        assert all(gw_ldp.moments_problem(m, 64) is None for m in moments)
+        weights = gw_ldp.with_norm_statistics(weights, layer, *gw_ldp.pooled_norm_statistics(moments))
     return weights
 
 
@@ -762,12 +762,12 @@ def test_pooled_batchnorm_statistics_equal_one_pass_over_every_clients_graphs():
     import torch
 
     model, graphs, parts = _trained_gin_and_client_batches(3)
-    layers = proto.norm_layers(model, 8)
+    layers = gw_ldp.norm_layers(model, 8)
     assert len(layers) == 10 and layers[:2] == ["convs.0.nn.1", "norms.0"]  # forward order, not registration
-    assert proto.norm_layers(build_model("gcn", 8, 2, 0), 8) == []
-    with proto.torch_threads(1):
+    assert gw_ldp.norm_layers(build_model("gcn", 8, 2, 0), 8) == []
+    with gw_ldp.torch_threads(1):
         three = _pool(copy.deepcopy(model), parts, [np.arange(b.num_graphs) for b in parts])
-        one = _pool(copy.deepcopy(model), [proto.make_batch(graphs, 8)], [np.arange(60)])
+        one = _pool(copy.deepcopy(model), [gw_ldp.make_batch(graphs, 8)], [np.arange(60)])
         # the split over clients does not matter: same statistics as one client holding every graph
         assert all(np.allclose(three[k], one[k], rtol=1e-5, atol=1e-6) for k in one)
         # a client's graphs outside ``select`` take no part
@@ -782,11 +782,11 @@ def test_pooled_batchnorm_statistics_equal_one_pass_over_every_clients_graphs():
             if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
                 mod.reset_running_stats()
                 mod.momentum = None
-        full = proto.make_batch(graphs, 8)
+        full = gw_ldp.make_batch(graphs, 8)
         ref.train()
         with torch.no_grad():
             ref(full.x, full.edge_index)
-        want = proto.get_weights(ref)
+        want = gw_ldp.get_weights(ref)
     first = [k for k in want if k.startswith("convs.0.nn.1.running")]
     assert all(np.allclose(three[k], want[k], rtol=1e-5, atol=1e-6) for k in first)
     nodes = full.x.shape[0]
@@ -806,23 +806,23 @@ def test_pooled_batchnorm_statistics_equal_one_pass_over_every_clients_graphs():
         m.train()
         with torch.no_grad():
             m(b.x, b.edge_index)
-        averaged[b.num_graphs] = proto.get_weights(m)
-    avg = proto.fedavg(list(averaged.values()), list(averaged))
+        averaged[b.num_graphs] = gw_ldp.get_weights(m)
+    avg = gw_ldp.fedavg(list(averaged.values()), list(averaged))
     assert max(off(avg, k) for k in rest) > 40 / nodes
 
 
 def test_malformed_batchnorm_moments_are_named():
     ok = np.concatenate([[4.0], [2.0, -2.0], [2.0, 1.0]])
-    assert proto.moments_problem(ok, 2) is None
-    assert proto.moments_problem(np.zeros(5), 2) is None  # a client without training graphs
+    assert gw_ldp.moments_problem(ok, 2) is None
+    assert gw_ldp.moments_problem(np.zeros(5), 2) is None  # a client without training graphs
     cases = {"shape": np.zeros(4), "finite": np.array([4.0, np.nan, 0, 1, 1]),
              "whole number": np.array([2.5, 0, 0, 1, 1]), "whole number >= 0": np.array([-1.0, 0, 0, 1, 1]),
              "squared sums": np.array([4.0, 4.0, 0, 3.9, 0]), "zero nodes": np.array([0.0, 1.0, 0, 1, 0])}
     for words, bad in cases.items():
-        assert words in proto.moments_problem(bad, 2)
-    assert "not finite floats" in proto.moments_problem(np.zeros(5, dtype=np.int64), 2)
+        assert words in gw_ldp.moments_problem(bad, 2)
+    assert "not finite floats" in gw_ldp.moments_problem(np.zeros(5, dtype=np.int64), 2)
     with pytest.raises(ValueError, match="at least 2 nodes, the clients hold 1"):
-        proto.pooled_norm_statistics([np.array([1.0, 3.0, 9.0])])
+        gw_ldp.pooled_norm_statistics([np.array([1.0, 3.0, 9.0])])
 
 
 @pytest.mark.integration
@@ -860,37 +860,37 @@ def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone
 
     rng = np.random.default_rng(4)
     graphs = [GraphData(name="g", adj=random_graph(rng, 7, 0.5), x=None, y=None, meta={}) for _ in range(10)]
-    batch = proto.make_batch(graphs, degree_dim=7)
+    batch = gw_ldp.make_batch(graphs, degree_dim=7)
     y = np.arange(10) % 2
     model = build_model("gin", 7, 2, seed=0)
-    start = proto.get_weights(model)
-    with proto.torch_threads(1):
-        proto.local_train(model, batch, y, np.arange(10), "graph", 5, 0.05, 0, freeze_norm=True)
-    new = proto.get_weights(model)
-    trainable = proto.trainable_names(model)
+    start = gw_ldp.get_weights(model)
+    with gw_ldp.torch_threads(1):
+        gw_ldp.local_train(model, batch, y, np.arange(10), "graph", 5, 0.05, 0, freeze_norm=True)
+    new = gw_ldp.get_weights(model)
+    trainable = gw_ldp.trainable_names(model)
     stats = [k for k in start if k not in trainable]
     assert stats and all(np.array_equal(start[k], new[k]) for k in stats)  # frozen by local training
     # no noise: the update of the trainable weights is clipped to L2 0.1, statistics come back as sent
-    quiet = proto.privatise_update(start, new, trainable, GaussianMechanism(0.1, 1e-12, delta=1e-5),
+    quiet = gw_ldp.privatise_update(start, new, trainable, GaussianMechanism(0.1, 1e-12, delta=1e-5),
                                    np.random.default_rng(0))
     step = np.concatenate([(quiet[k] - start[k]).ravel() for k in trainable])
     assert 0.099 < np.linalg.norm(step) <= 0.1 + 1e-6
     # heavy noise (GIN's BatchNorm variance would turn negative if it were noised): finite, statistics intact
-    noisy = proto.privatise_update(start, new, trainable, GaussianMechanism(1.0, 8.0, delta=1e-5),
+    noisy = gw_ldp.privatise_update(start, new, trainable, GaussianMechanism(1.0, 8.0, delta=1e-5),
                                    np.random.default_rng(0))
     assert all(np.isfinite(v).all() for v in noisy.values())
     assert all(np.array_equal(noisy[k], start[k]) for k in stats)
-    proto.set_weights(model, noisy)
-    assert all(np.isfinite(h).all() for h in proto.node_embeddings(model, batch, "hidden"))
+    gw_ldp.set_weights(model, noisy)
+    assert all(np.isfinite(h).all() for h in gw_ldp.node_embeddings(model, batch, "hidden"))
     # a diverged model is reported as such, not clipped into a NaN upload
     weight = sorted(trainable)[0]
     with pytest.raises(ValueError, match="diverged"):
-        proto.privatise_update(start, {**new, weight: new[weight] * np.nan}, trainable,
+        gw_ldp.privatise_update(start, {**new, weight: new[weight] * np.nan}, trainable,
                                GaussianMechanism(1.0, 1.0, delta=1e-5), np.random.default_rng(0))
     # a statistic that changed during DP training would leave unprotected: refused
     moved = {**new, stats[0]: new[stats[0]] + 1.0}
     with pytest.raises(ValueError, match=stats[0]):
-        proto.privatise_update(start, moved, trainable, GaussianMechanism(1.0, 1.0, delta=1e-5),
+        gw_ldp.privatise_update(start, moved, trainable, GaussianMechanism(1.0, 1.0, delta=1e-5),
                                np.random.default_rng(0))
 
 
@@ -904,15 +904,15 @@ def test_local_dp_sgd_clips_per_graph_and_its_epsilon_is_opacus_rdp(out_dir):
     # weights by at most lr per coordinate (Adam) and the result is reproducible
     rng = np.random.default_rng(9)
     graphs = [GraphData(name="g", adj=random_graph(rng, 6, 0.5), x=None, y=None, meta={}) for _ in range(8)]
-    batch = proto.make_batch(graphs, degree_dim=6)
+    batch = gw_ldp.make_batch(graphs, degree_dim=6)
     y = np.arange(8) % 2
     runs = []
     for _ in range(2):
         model = build_model("gin", 6, 2, seed=0)
-        before = proto.get_weights(model)
-        with proto.torch_threads(1):
-            assert proto.dp_sgd_train(model, batch, y, np.arange(8), "graph", 1, 0.01, 1e-3, 1e-9, 1.0, 3) == 1
-        after = proto.get_weights(model)
+        before = gw_ldp.get_weights(model)
+        with gw_ldp.torch_threads(1):
+            assert gw_ldp.dp_sgd_train(model, batch, y, np.arange(8), "graph", 1, 0.01, 1e-3, 1e-9, 1.0, 3) == 1
+        after = gw_ldp.get_weights(model)
         runs.append(after)
         assert max(np.abs(after[k] - before[k]).max() for k in before) <= 0.01 + 1e-6
         bn = [k for k in before if "running" in k]
@@ -977,9 +977,9 @@ def test_a_client_whose_supernode_restarts_is_taken_back_into_training(out_dir, 
 
     raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 3, "num-rounds": 4, "min-clients": 2,
            "gw-ldp.svc": False, "reference": False, "out-dir": str(out_dir)}
-    grid = RestartingGrid(build_client_app(raw), 3, leave_at=2, back_at=3, action=proto.FIT, category="train")
+    grid = RestartingGrid(build_client_app(raw), 3, leave_at=2, back_at=3, action=gw_ldp.FIT, category="train")
     result = run_server(grid, raw)
-    fits = [r["replies"] for r in result["timing"]["per_round"] if r["action"] == proto.FIT]
+    fits = [r["replies"] for r in result["timing"]["per_round"] if r["action"] == gw_ldp.FIT]
     assert fits == [3, 2, 2, 3]  # gone in round 2, back during round 3's request, trains again from round 4
     assert [r["client"] for r in result["communication"]["rejoined"]] == [2]
     m = result["metrics"]

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from app.protocols import gw_ldp as proto
+from app.protocols import gw_ldp
 from app.protocols.gw_ldp.solver import cg_discrepancy
 
 
@@ -28,24 +28,24 @@ def test_the_conditional_gradient_gives_pots_values_bit_for_bit(alpha):
     with threadpool_limits(limits=1):
         for _ in range(15):
             n, m = (int(v) for v in rng.integers(6, 30, size=2))
-            c1, c2 = (proto.shortest_path_matrix(random_graph(rng, k)) for k in (n, m))
+            c1, c2 = (gw_ldp.shortest_path_matrix(random_graph(rng, k)) for k in (n, m))
             p, q = np.full(n, 1 / n), rng.dirichlet(np.ones(m))
             if alpha < 1:
                 x1, x2 = np.eye(3)[rng.integers(3, size=n)], np.eye(3)[rng.integers(3, size=m)]
                 cost = ot.dist(x1, x2)
                 pot = ot.gromov.fused_gromov_wasserstein2(cost, c1, c2, p, q, "square_loss", symmetric=True,
                                                           alpha=alpha, max_iter=10_000)
-                assert proto.gw_pair(c1, c2, p, q, x1=x1, x2=x2, alpha=alpha) == float(pot)
+                assert gw_ldp.gw_pair(c1, c2, p, q, x1=x1, x2=x2, alpha=alpha) == float(pot)
             else:
                 pot = ot.gromov.gromov_wasserstein2(c1, c2, p, q, "square_loss", symmetric=True, max_iter=10_000)
                 assert cg_discrepancy(c1, c2, p, q) == float(pot)
-                assert proto.gw_pair(c1, c2, p, q, solver="pot") == float(pot)
+                assert gw_ldp.gw_pair(c1, c2, p, q, solver="pot") == float(pot)
 
 
 def test_a_capped_iteration_and_an_unknown_solver():
     rng = np.random.default_rng(4)
-    c1, c2 = (proto.shortest_path_matrix(random_graph(rng, k)) for k in (12, 15))
+    c1, c2 = (gw_ldp.shortest_path_matrix(random_graph(rng, k)) for k in (12, 15))
     capped = ot.gromov.gromov_wasserstein2(c1, c2, symmetric=True, max_iter=1)
-    assert proto.gw_pair(c1, c2, max_iter=1) == pytest.approx(float(capped), rel=1e-12)
+    assert gw_ldp.gw_pair(c1, c2, max_iter=1) == pytest.approx(float(capped), rel=1e-12)
     with pytest.raises(ValueError, match="unknown GW solver 'sinkhorn'; valid choices: cg, pot"):
-        proto.gw_pair(c1, c2, solver="sinkhorn")
+        gw_ldp.gw_pair(c1, c2, solver="sinkhorn")

@@ -14,7 +14,7 @@ from app.data.partition import partition
 from app.inprocess import InProcessGrid
 from app.metrics import ari
 from app.privacy.secagg import FixedPointEncoder, unmask_sum
-from app.protocols import kcagc as proto
+from app.protocols import kcagc
 from app.result import RESULT_FILE
 from app.run import main as run_main
 from app.run import run_experiment
@@ -35,10 +35,10 @@ def lloyd_reference(z: np.ndarray, weights: np.ndarray, init: np.ndarray, iterat
     when the assignment repeats; returns the last assignment. What the secure
     protocol computes, in one place."""
     centres = init[None].copy()
-    labels, _ = proto.assign(proto.partial_distances(z, centres), weights)
+    labels, _ = kcagc.assign(kcagc.partial_distances(z, centres), weights)
     for _ in range(iterations):
-        centres = proto.update_centres(z, weights, labels, centres)
-        new, _ = proto.assign(proto.partial_distances(z, centres), weights)
+        centres = kcagc.update_centres(z, weights, labels, centres)
+        new, _ = kcagc.assign(kcagc.partial_distances(z, centres), weights)
         if np.array_equal(new, labels):
             break
         labels = new
@@ -50,7 +50,7 @@ def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4,
     """What each client computes locally (the same call the client makes; default embedding)."""
     data = load_dataset("sbm", seed=seed, nodes=N, features=12, blocks=4, signal=3.0)
     shards = partition(data, "vertical", num_clients, seed=seed)
-    return [proto.embedding(s.x, s.adj, dim, order, seed, kind, k_adaptive=4, filter_kind=filter_kind)[0]
+    return [kcagc.embedding(s.x, s.adj, dim, order, seed, kind, k_adaptive=4, filter_kind=filter_kind)[0]
             for s in shards]
 
 
@@ -58,7 +58,7 @@ def client_embeddings(num_clients: int, order: int, seed: int = 0, dim: int = 4,
 def test_intersections_are_the_virtual_nodes():
     a = np.array([0, 0, 1, 1, 2, 2, 0])
     b = np.array([1, 1, 1, 0, 0, 0, 0])
-    members, weights = proto.intersect([a, b])
+    members, weights = kcagc.intersect([a, b])
     pairs = {(x, y) for x, y in zip(a, b)}
     assert len(weights) == len(pairs) and weights.sum() == len(a)
     for i in range(len(a)):
@@ -68,18 +68,18 @@ def test_intersections_are_the_virtual_nodes():
     # every party receives ``members``: renaming another party's clusters must not change them,
     # else the IDs' order would give that party's labels away
     for relabel in ([2, 0, 1], [1, 2, 0]):
-        renamed, renamed_weights = proto.intersect([a, np.array(relabel)[b]])
+        renamed, renamed_weights = kcagc.intersect([a, np.array(relabel)[b]])
         assert np.array_equal(renamed, members) and np.array_equal(renamed_weights, weights)
     assert np.array_equal(members, [0, 0, 1, 2, 3, 3, 4])  # numbered by smallest member
     with pytest.raises(ValueError, match="different numbers of nodes"):
-        proto.intersect([a, b[:-1]])
+        kcagc.intersect([a, b[:-1]])
 
 
 def test_partial_distances_add_up_over_column_blocks():
     rng = np.random.default_rng(0)
     y, c = rng.normal(size=(30, 7)), rng.normal(size=(2, 5, 7))
-    full = proto.partial_distances(y, c)
-    split = proto.partial_distances(y[:, :3], c[:, :, :3]) + proto.partial_distances(y[:, 3:], c[:, :, 3:])
+    full = kcagc.partial_distances(y, c)
+    split = kcagc.partial_distances(y[:, :3], c[:, :, :3]) + kcagc.partial_distances(y[:, 3:], c[:, :, 3:])
     assert np.allclose(full, split)
     brute = ((y[None, :, None, :] - c[:, None, :, :]) ** 2).sum(-1)
     assert np.allclose(full, brute)
@@ -92,16 +92,16 @@ def test_unit_row_distances_stay_within_the_bound_that_picks_the_small_ring():
     z[1] = -z[0]  # an antipodal pair: the extreme squared distance 4
     members = rng.integers(0, 40, 400)
     members[:2] = [0, 1]
-    y = proto.virtual_block(z, np.unique(members, return_inverse=True)[1])
-    d = np.concatenate([proto.point_distances(z, z).ravel(), proto.point_distances(y, z).ravel()])
-    assert d.max() == pytest.approx(4.0) and d.max() <= proto.UNIT_ROW_DISTANCE_BOUND
-    assert proto.distance_bound("projection-unit", 1e6) == proto.distance_bound("normalized", 1e6) \
-        == proto.UNIT_ROW_DISTANCE_BOUND
-    assert proto.distance_bound("projection-unit", 2.0) == 2.0  # a tighter configured bound is kept
+    y = kcagc.virtual_block(z, np.unique(members, return_inverse=True)[1])
+    d = np.concatenate([kcagc.point_distances(z, z).ravel(), kcagc.point_distances(y, z).ravel()])
+    assert d.max() == pytest.approx(4.0) and d.max() <= kcagc.UNIT_ROW_DISTANCE_BOUND
+    assert kcagc.distance_bound("projection-unit", 1e6) == kcagc.distance_bound("normalized", 1e6) \
+        == kcagc.UNIT_ROW_DISTANCE_BOUND
+    assert kcagc.distance_bound("projection-unit", 2.0) == 2.0  # a tighter configured bound is kept
     for kind in ("projection", "svd", "filtered", "projection-joint-unit"):
-        assert proto.distance_bound(kind, 1e6) == 1e6
-    assert FixedPointEncoder(2.0**20, proto.UNIT_ROW_DISTANCE_BOUND, 511).dtype == np.uint32
-    assert FixedPointEncoder(2.0**20, proto.UNIT_ROW_DISTANCE_BOUND, 512).dtype == np.uint64
+        assert kcagc.distance_bound(kind, 1e6) == 1e6
+    assert FixedPointEncoder(2.0**20, kcagc.UNIT_ROW_DISTANCE_BOUND, 511).dtype == np.uint32
+    assert FixedPointEncoder(2.0**20, kcagc.UNIT_ROW_DISTANCE_BOUND, 512).dtype == np.uint64
 
 
 def test_weighted_lloyd_on_virtual_nodes_equals_sklearn_from_the_same_centres():
@@ -122,7 +122,7 @@ def test_moved_centres_are_those_whose_member_set_changed():
     after[2] = before[2]  # a restart that has converged
     expected = [r * kk + j for r in range(4) for j in range(kk)
                 if not np.array_equal(before[r] == j, after[r] == j)]
-    got = proto.moved_centres(before, after, kk)
+    got = kcagc.moved_centres(before, after, kk)
     assert got.tolist() == expected and len(expected) > 0 and not any(i // kk == 2 for i in expected)
 
 
@@ -131,77 +131,77 @@ def test_embeddings_of_the_filtered_block():
     from app.graph_filters import agc_embedding, low_pass_filter
 
     f = low_pass_filter(data.x, data.adj, 2)
-    u = proto.embedding(data.x, data.adj, 4, 2, 0, "svd")[0]  # 12 columns: exact SVD of the dense block
+    u = kcagc.embedding(data.x, data.adj, 4, 2, 0, "svd")[0]  # 12 columns: exact SVD of the dense block
     ref = agc_embedding(data.x, data.adj, 4, 2, 0)  # Lanczos SVD: same subspace, columns up to sign
     assert np.allclose(np.abs(u.T @ ref), np.eye(4), atol=1e-6)
-    rows = proto.embedding(data.x, data.adj, 4, 2, 0, "normalized")[0]
+    rows = kcagc.embedding(data.x, data.adj, 4, 2, 0, "normalized")[0]
     assert np.allclose(np.linalg.norm(rows, axis=1), 1.0) and np.allclose(rows * np.linalg.norm(u, axis=1)[:, None], u)
     # projection: same pairwise distances as the filtered rows projected on their top-4 right singular vectors
-    p = proto.embedding(data.x, data.adj, 4, 2, 0, "projection")[0]
+    p = kcagc.embedding(data.x, data.adj, 4, 2, 0, "projection")[0]
     v = np.linalg.svd(f, full_matrices=False)[2][:4].T
     assert np.allclose(p @ p.T, (f @ v) @ (f @ v).T, rtol=1e-6, atol=1e-6 * np.abs(p).max() ** 2)
     # projection-unit (the default): the projection's rows scaled to unit length
-    q = proto.embedding(data.x, data.adj, 4, 2, 0)[0]
+    q = kcagc.embedding(data.x, data.adj, 4, 2, 0)[0]
     assert np.allclose(np.linalg.norm(q, axis=1), 1.0) and np.allclose(q * np.linalg.norm(p, axis=1)[:, None], p)
     with pytest.raises(ValueError, match="valid choices: normalized, svd, projection, projection-unit, filtered, "
                                          "projection-joint-unit, projection-mixed-unit"):
-        proto.embedding(data.x, data.adj, 4, 2, 0, "pca")
+        kcagc.embedding(data.x, data.adj, 4, 2, 0, "pca")
 
 
 def test_joint_unit_rows_give_the_concatenation_unit_rows():
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
     shards = partition(data, "vertical", 3, seed=0)
-    parts = [proto.embedding(s.x, s.adj, 4, 2, 0, "projection-joint-unit")[0] for s in shards]
-    assert np.array_equal(parts[0], proto.embedding(shards[0].x, shards[0].adj, 4, 2, 0, "projection")[0])
+    parts = [kcagc.embedding(s.x, s.adj, 4, 2, 0, "projection-joint-unit")[0] for s in shards]
+    assert np.array_equal(parts[0], kcagc.embedding(shards[0].x, shards[0].adj, 4, 2, 0, "projection")[0])
     parts[1][:5] = 0.0  # a node with nothing on one party keeps its other parties' share
     parts = [np.vstack([p, np.zeros((1, p.shape[1]))]) for p in parts]  # ... and one with nothing anywhere
     total = sum((p ** 2).sum(1) for p in parts)
-    joint = np.hstack([proto.joint_unit_rows(p, total) for p in parts])
+    joint = np.hstack([kcagc.joint_unit_rows(p, total) for p in parts])
     assert np.allclose(np.linalg.norm(joint[:-1], axis=1), 1.0) and not joint[-1].any()
     assert np.allclose(joint[:-1], np.hstack(parts)[:-1] / np.sqrt(total[:-1])[:, None])
     with pytest.raises(ValueError, match=f"joint squared norms must be {N + 1} finite values"):
-        proto.joint_unit_rows(parts[0], np.append(total[:-1], np.nan))
+        kcagc.joint_unit_rows(parts[0], np.append(total[:-1], np.nan))
 
 
 def test_mixed_rows_lie_between_own_and_joint_unit_rows():
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
     shards = partition(data, "vertical", 3, seed=0)
-    parts = [proto.embedding(s.x, s.adj, 4, 2, 0, "projection-mixed-unit")[0] for s in shards]
-    assert np.array_equal(parts[0], proto.embedding(shards[0].x, shards[0].adj, 4, 2, 0, "projection")[0])
+    parts = [kcagc.embedding(s.x, s.adj, 4, 2, 0, "projection-mixed-unit")[0] for s in shards]
+    assert np.array_equal(parts[0], kcagc.embedding(shards[0].x, shards[0].adj, 4, 2, 0, "projection")[0])
     parts[1][:5] = 0.0  # a zero row on one party stays zero there
     total = sum((p ** 2).sum(1) for p in parts)
-    own = [proto.embedding(s.x, s.adj, 4, 2, 0, "projection-unit")[0] for s in shards]
+    own = [kcagc.embedding(s.x, s.adj, 4, 2, 0, "projection-unit")[0] for s in shards]
     for p, unit in zip(parts, own):
         # beta = 1: the party's own unit rows; beta = 0: the joint scaling, bit for bit
-        assert np.allclose(proto.joint_unit_rows(p, total, 1.0)[5:], unit[5:])
-        assert np.array_equal(proto.joint_unit_rows(p, total, 0.0), proto.joint_unit_rows(p, total))
+        assert np.allclose(kcagc.joint_unit_rows(p, total, 1.0)[5:], unit[5:])
+        assert np.array_equal(kcagc.joint_unit_rows(p, total, 0.0), kcagc.joint_unit_rows(p, total))
         # beta = 1/2: a block's squared length is its share of the node's joint norm
-        half = proto.joint_unit_rows(p, total, 0.5)
+        half = kcagc.joint_unit_rows(p, total, 0.5)
         assert np.allclose((half ** 2).sum(1), np.linalg.norm(p, axis=1) / np.sqrt(total))
-    assert not proto.joint_unit_rows(parts[1], total, 0.5)[:5].any()
+    assert not kcagc.joint_unit_rows(parts[1], total, 0.5)[:5].any()
     with pytest.raises(ValueError, match=r"own_exponent=1.5 is outside \[0, 1\]"):
-        proto.joint_unit_rows(parts[0], total, 1.5)
+        kcagc.joint_unit_rows(parts[0], total, 1.5)
 
 
 def test_pruning_rule_keeps_only_confident_points():
     d = np.array([[1.0, 9.0, 20.0], [1.0, 8.0, 20.0], [5.0, 0.5, 100.0]])
-    assert proto.prune(d).tolist() == [0, -1, 1]
+    assert kcagc.prune(d).tolist() == [0, -1, 1]
     y = np.array([[0.0], [2.0], [10.0]])
-    c = proto.update_centres(y, np.ones(3), np.array([[0, -1, 1]]), np.array([[[7.0], [7.0]]]))
+    c = kcagc.update_centres(y, np.ones(3), np.array([[0, -1, 1]]), np.array([[[7.0], [7.0]]]))
     assert c[0, :, 0].tolist() == [0.0, 10.0]  # the unconfident point 2.0 is left out
 
 
 def test_filter_order_defaults_and_tree_levels():
-    assert proto.filter_order("cora", 0) == 9 and proto.filter_order("wiki", 0) == 2
-    assert proto.filter_order("sbm", 0) is None and proto.filter_order("cora", -1) is None
-    assert proto.filter_order("cora", 3) == 3
-    assert proto.filter_order("citeseer", 0, "spectral-norm") == 5  # the paper's Appendix E.2
-    assert proto.filter_order("wiki", 0, "spectral-norm") is None  # no paper value: adaptive
+    assert kcagc.filter_order("cora", 0) == 9 and kcagc.filter_order("wiki", 0) == 2
+    assert kcagc.filter_order("sbm", 0) is None and kcagc.filter_order("cora", -1) is None
+    assert kcagc.filter_order("cora", 3) == 3
+    assert kcagc.filter_order("citeseer", 0, "spectral-norm") == 5  # the paper's Appendix E.2
+    assert kcagc.filter_order("wiki", 0, "spectral-norm") is None  # no paper value: adaptive
     with pytest.raises(ValueError, match="unknown graph filter 'heat'; valid choices: agc, spectral-norm"):
-        proto.filter_order("cora", 3, "heat")
+        kcagc.filter_order("cora", 3, "heat")
     # no client alone above the leaves: an odd one joins the last pair
-    assert proto.tree_groups(5) == [[[0], [1], [2], [3], [4]], [[0, 1], [2, 3, 4]], [[0, 1, 2, 3, 4]]]
-    assert proto.tree_groups(3) == [[[0], [1], [2]], [[0, 1, 2]]]
+    assert kcagc.tree_groups(5) == [[[0], [1], [2], [3], [4]], [[0, 1], [2, 3, 4]], [[0, 1, 2, 3, 4]]]
+    assert kcagc.tree_groups(3) == [[[0], [1], [2]], [[0, 1, 2]]]
 
 
 # --------------------------------------------------------------------------- end to end
@@ -256,7 +256,7 @@ def test_basic_at_the_default_adaptive_order_equals_centralised_kmeans(out_dir):
     result = run_experiment("kcagc-basic", "sbm", 2, {"kcagc.restarts": 1, "kcagc.iterations": q}, out_dir)
     check_page(out_dir, figures=3)
     shards = partition(load_dataset("sbm", seed=0), "vertical", 2, seed=0)
-    z = np.hstack([proto.embedding(s.x, s.adj, 4, None, 0, k_adaptive=4)[0] for s in shards])
+    z = np.hstack([kcagc.embedding(s.x, s.adj, 4, None, 0, k_adaptive=4)[0] for s in shards])
     seeds = next(h["seeds"] for h in result["history"] if h.get("stage") == "seeds")[0]
     gaps = ((z[:, None] - z[seeds][None]) ** 2).sum(2)
     assert np.median(gaps) < 4 * 2.0 ** -20  # a few steps of the default resolution: rounding would decide
@@ -332,7 +332,7 @@ def test_restarts_run_side_by_side_and_converged_ones_stop_uploading(out_dir):
             if prev is not None and np.array_equal(a, prev):
                 break
             prev = a
-            centres = proto.update_centres(z, np.ones(N), a[None], centres[None])[0]
+            centres = kcagc.update_centres(z, np.ones(N), a[None], centres[None])[0]
         return prev, d.min(axis=1).sum()
 
     refs = [plain_restart(z[s]) for s in seeds]
@@ -380,10 +380,10 @@ def test_secure_sum_equals_plain_sum_and_server_sees_only_masked_distances(out_d
                for r in grid.pulled if r.metadata.reply_to_message_id in ids}
     encoder = FixedPointEncoder(values["secagg_scale"], values["secagg_bound"], values["secagg_parties"])
     summed = unmask_sum(replies, {0, 1}, encoder)
-    parts = [proto.point_distances(zl, zl[seeds[-1:]]).ravel() for zl in z]
+    parts = [kcagc.point_distances(zl, zl[seeds[-1:]]).ravel() for zl in z]
     assert np.allclose(summed, parts[0] + parts[1], atol=1e-5)
     # unit rows: every part is at most 4, so the sums travel in the 32-bit ring
-    assert values["secagg_bound"] == proto.UNIT_ROW_DISTANCE_BOUND and encoder.dtype == np.uint32
+    assert values["secagg_bound"] == kcagc.UNIT_ROW_DISTANCE_BOUND and encoder.dtype == np.uint32
     for p, d in replies.items():
         assert d.dtype == np.uint32
         assert not np.array_equal(d, encoder.encode(parts[p]))  # never the client's own distances
@@ -504,9 +504,9 @@ def test_adaptive_filter_order_is_chosen_per_client_and_not_uploaded(out_dir):
     # protocol: each client picks psi by AGC's adaptive rule on its own columns
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
     for shard in partition(data, "vertical", 2, seed=0):
-        z, order = proto.embedding(shard.x, shard.adj, 4, None, 0, k_adaptive=4)
+        z, order = kcagc.embedding(shard.x, shard.adj, 4, None, 0, k_adaptive=4)
         assert order == agc(shard.x, shard.adj, 4, 0, order=None, n_init=3)[1]
-        assert np.array_equal(z, proto.embedding(shard.x, shard.adj, 4, order, 0)[0])
+        assert np.array_equal(z, kcagc.embedding(shard.x, shard.adj, 4, order, 0)[0])
     # run: the order stays on the client; only the local labels go up
     raw = {**SBM, "strategy": "kcagc", "dataset": "sbm", "num-clients": 2, "kcagc.filter-order": -1,
            "out-dir": str(out_dir)}

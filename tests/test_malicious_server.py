@@ -49,7 +49,7 @@ from app.inprocess import InProcessGrid
 from app.server_app import run_server
 from app.session import PrivacyRefused
 from app.privacy.policy import MIN_ROWS
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from malicious_server import Capture, counted_statistics, leaks
 
 #: The node-policy rule the defence names: the least number of a party's rows behind any
@@ -228,7 +228,7 @@ def test_the_row_search_finds_a_planted_row_and_a_one_row_mean():
     assert equal_rows(rows * (1 + 1e-4), rows).size == 0  # a scaled row is no row
     capture = Capture()
     k = 2
-    stats = proto.join_statistics(np.vstack([rows[2], rows[0] + rows[1]]), np.array([1.0, 2.0]), 0.0, 0.5)
+    stats = fedkmeans.join_statistics(np.vstack([rows[2], rows[0] + rows[1]]), np.array([1.0, 2.0]), 0.0, 0.5)
     capture.reads.append(Read("kmeans_step", None, "stats", np.stack([stats, stats]), "sum", 1))  # two starts
     counted = counted_statistics(capture, k)
     assert [count for _, count in counted] == [1]

@@ -16,7 +16,7 @@ from app.client_app import build_client_app
 from app.config import ConfigError
 from app.inprocess import InProcessGrid
 from app.privacy.policy import MIN_ROWS, PrivacyRefusal, node_policy
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.server_app import run_server
 from app.session import PrivacyRefused
 
@@ -29,25 +29,25 @@ def blobs(sizes, width=3, seed=0) -> np.ndarray:
 
 def test_every_initial_centre_is_the_mean_of_at_least_min_rows_rows():
     x = blobs([1, 2, 30, 40])  # a one-row and a two-row group: k-means++ with k=4 isolates them
-    centres, counts, _ = proto.local_seeds(x, 4, seed=0, min_rows=5)
+    centres, counts, _ = fedkmeans.local_seeds(x, 4, seed=0, min_rows=5)
     assert counts.min() >= 5 and counts.sum() == len(x)
     # each centre is the mean of the rows it counts: the rows nearest to it
-    labels = proto.assign(x, centres)[0]
+    labels = fedkmeans.assign(x, centres)[0]
     np.testing.assert_allclose(centres, np.stack([x[labels == j].mean(0) for j in range(len(centres))]))
     assert not any(np.allclose(c, row) for c in centres for row in x)
 
 
 def test_at_most_rows_over_min_rows_centres_even_when_the_server_asks_for_one_per_row():
     x = blobs([6, 6, 6, 6, 6])
-    centres, counts, _ = proto.local_seeds(x, len(x), seed=0, min_rows=5)
+    centres, counts, _ = fedkmeans.local_seeds(x, len(x), seed=0, min_rows=5)
     assert len(centres) <= len(x) // 5 and counts.min() >= 5
     with pytest.raises(ValueError, match="4 rows cannot give a centre of at least 5 rows"):
-        proto.local_seeds(x[:4], 2, seed=0, min_rows=5)
+        fedkmeans.local_seeds(x[:4], 2, seed=0, min_rows=5)
 
 
 def test_with_min_rows_one_the_initial_centres_are_local_k_means_plus_plus():
     x = blobs([1, 2, 30, 40])
-    centres, counts, labels = proto.local_seeds(x, 4, seed=3, min_rows=1)
+    centres, counts, labels = fedkmeans.local_seeds(x, 4, seed=3, min_rows=1)
     km = KMeans(4, init="k-means++", n_init=1, random_state=3).fit(x)
     np.testing.assert_allclose(centres, km.cluster_centers_)
     np.testing.assert_array_equal(counts, np.bincount(km.labels_, minlength=4))
@@ -57,37 +57,37 @@ def test_with_min_rows_one_the_initial_centres_are_local_k_means_plus_plus():
 def test_a_cluster_of_fewer_than_min_rows_rows_is_withheld_from_the_sums():
     x = blobs([1, 2, 30])
     centres = np.stack([x[0], x[1], x[10]])  # a centre on one row: the server's probe
-    sums, counts, withheld, inertia, audit = proto.lloyd_statistics(x, centres, 5, proto.Audit.empty(len(x)))
+    sums, counts, withheld, inertia, audit = fedkmeans.lloyd_statistics(x, centres, 5, fedkmeans.Audit.empty(len(x)))
     assert counts.tolist() == [0, 0, 30] and withheld == 3 and audit.basis.shape == (33, 1)
     np.testing.assert_allclose(sums[:2], 0.0)
     np.testing.assert_allclose(sums[2], x[3:].sum(0))
     assert inertia == pytest.approx(((x[3:] - x[10]) ** 2).sum())  # the rows sent only
-    plain = proto.lloyd_statistics(x, centres)
+    plain = fedkmeans.lloyd_statistics(x, centres)
     assert plain[1].tolist() == [1, 2, 30] and plain[2] == 0.0 and plain[4] is None
     np.testing.assert_allclose(plain[0][0], x[0])  # what the rule stops: a one-row sum is the row
 
 
 def test_a_sum_that_would_determine_a_row_with_the_sums_sent_before_is_withheld():
     """Differencing: the sums of rows {0..9} and then {1..9} would give row 0."""
-    rows, basis = np.arange(20), proto.Audit.empty(20).basis
-    basis, sent = proto.admit(basis, rows < 10, 5)
+    rows, basis = np.arange(20), fedkmeans.Audit.empty(20).basis
+    basis, sent = fedkmeans.admit(basis, rows < 10, 5)
     assert sent
-    basis, sent = proto.admit(basis, (rows >= 1) & (rows < 10), 5)
+    basis, sent = fedkmeans.admit(basis, (rows >= 1) & (rows < 10), 5)
     assert not sent and basis.shape == (20, 1)
-    basis, sent = proto.admit(basis, rows < 10, 5)  # the same set again adds nothing: sent
+    basis, sent = fedkmeans.admit(basis, rows < 10, 5)  # the same set again adds nothing: sent
     assert sent and basis.shape == (20, 1)
 
 
 def test_a_row_that_alone_would_change_cluster_stays_in_its_last_one():
     first = np.repeat([0, 1, 2], 10)
-    labels, sent, audit = proto.release(first, 3, 5, proto.Audit.empty(30))
+    labels, sent, audit = fedkmeans.release(first, 3, 5, fedkmeans.Audit.empty(30))
     assert sent.all() and (labels == first).all() and audit.basis.shape == (30, 3)
     moved = first.copy()
     moved[0] = 1  # row 0 alone leaves cluster 0: the difference of its two sums would be that row
-    labels, sent, again = proto.release(moved, 3, 5, audit)
+    labels, sent, again = fedkmeans.release(moved, 3, 5, audit)
     assert (labels == first).all() and sent.all() and again.basis.shape == (30, 3)
     moved[20:25] = 1  # five rows leave cluster 2 together: no row follows from those sums
-    labels, sent, after = proto.release(moved, 3, 5, audit)
+    labels, sent, after = fedkmeans.release(moved, 3, 5, audit)
     assert labels[0] == 0 and (labels[20:25] == 1).all() and (labels[1:20] == first[1:20]).all()
     assert after.basis.shape == (30, 4)
 
@@ -103,10 +103,10 @@ def in_span(queries: list[np.ndarray], i: int) -> bool:
 @pytest.mark.parametrize("seed", range(5))
 def test_no_row_is_ever_in_the_span_of_the_sums_admitted(seed):
     rng = np.random.default_rng(seed)
-    n, min_rows, basis, sent = 24, 3, proto.Audit.empty(24).basis, []
+    n, min_rows, basis, sent = 24, 3, fedkmeans.Audit.empty(24).basis, []
     for _ in range(200):  # random row sets, as a server choosing centres would make them
         member = rng.random(n) < rng.uniform(0.1, 0.9)
-        basis, ok = proto.admit(basis, member, min_rows)
+        basis, ok = fedkmeans.admit(basis, member, min_rows)
         if ok:
             sent.append(member.astype(float))
     assert len(sent) > 10  # the audit is not a refusal of everything
@@ -116,8 +116,8 @@ def test_no_row_is_ever_in_the_span_of_the_sums_admitted(seed):
 
 def test_statistics_round_trip_through_one_vector():
     sums, counts = np.arange(6.0).reshape(2, 3), np.array([4.0, 5.0])
-    stats = proto.join_statistics(sums, counts, 2.0, 7.5)
-    back = proto.split_statistics(stats, 2)
+    stats = fedkmeans.join_statistics(sums, counts, 2.0, 7.5)
+    back = fedkmeans.split_statistics(stats, 2)
     np.testing.assert_array_equal(back[0], sums)
     np.testing.assert_array_equal(back[1], counts)
     assert back[2:] == (2.0, 7.5)
@@ -125,30 +125,30 @@ def test_statistics_round_trip_through_one_vector():
 
 def test_fewer_local_centres_than_clusters_split_the_heaviest():
     centres, weights = np.array([[0.0, 0.0], [10.0, 10.0], [20.0, 0.0]]), np.array([5.0, 30.0, 8.0])
-    merged = proto.merge_seeds(centres, weights, 5, seed=0)
+    merged = fedkmeans.merge_seeds(centres, weights, 5, seed=0)
     assert merged.shape == (5, 2)
     np.testing.assert_array_equal(merged[:3], centres)
     # the two extra centres start next to the heaviest ones (30, then 8 rows), apart from each other
     assert np.abs(merged[3] - centres[1]).max() < 0.1 and np.abs(merged[4] - centres[2]).max() < 0.1
     assert len(np.unique(merged, axis=0)) == 5
     with pytest.raises(ConfigError, match="num-clusters=2 needs at least one local centre"):
-        proto.merge_seeds(np.empty((0, 2)), np.empty(0), 2, seed=0)
+        fedkmeans.merge_seeds(np.empty((0, 2)), np.empty(0), 2, seed=0)
 
 
 def test_the_starts_begin_at_the_merged_seeds_then_differ_and_the_least_inertia_per_row_sent_wins():
     rng = np.random.default_rng(0)
     centres, weights = rng.normal(size=(12, 3)), rng.integers(5, 40, size=12).astype(float)
-    starts = proto.starting_centres(centres, weights, 3, seed=0, restarts=4)
+    starts = fedkmeans.starting_centres(centres, weights, 3, seed=0, restarts=4)
     assert starts.shape == (4, 3, 3)
-    np.testing.assert_array_equal(starts[0], proto.merge_seeds(centres, weights, 3, seed=0))
+    np.testing.assert_array_equal(starts[0], fedkmeans.merge_seeds(centres, weights, 3, seed=0))
     assert len({s.tobytes() for s in starts}) == 4
-    np.testing.assert_array_equal(starts, proto.starting_centres(centres, weights, 3, seed=0, restarts=4))
+    np.testing.assert_array_equal(starts, fedkmeans.starting_centres(centres, weights, 3, seed=0, restarts=4))
     sums = np.zeros((2, 3))
     # start 1 has the smaller inertia but withheld half its rows: per row sent, start 2 is better
-    totals = np.stack([proto.join_statistics(sums, np.array(c, float), w, i) for c, w, i in
+    totals = np.stack([fedkmeans.join_statistics(sums, np.array(c, float), w, i) for c, w, i in
                        [([10, 10, 10], 0, 90.0), ([5, 5, 5], 15, 60.0), ([10, 10, 10], 0, 75.0)]])
-    assert proto.best_start(totals, 3) == 2
-    assert proto.best_start(totals[[0, 0]], 3) == 0  # the first of equals
+    assert fedkmeans.best_start(totals, 3) == 2
+    assert fedkmeans.best_start(totals[[0, 0]], 3) == 0  # the first of equals
 
 
 # -- the policy ------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_the_rule_applies_to_every_registered_strategy():
 
 def test_the_hello_centres_start_the_audit_with_their_local_clusters():
     labels = np.repeat([0, 1, 2], [5, 7, 8])
-    audit = proto.Audit.of_seeds(labels, 3, 5)
+    audit = fedkmeans.Audit.of_seeds(labels, 3, 5)
     assert audit.basis.shape == (20, 3) and audit.labels is None
     np.testing.assert_allclose(np.einsum("ij,ij->i", audit.basis, audit.basis), 1 / np.bincount(labels)[labels])
 
@@ -225,15 +225,15 @@ def sweep(session, rows: dict[int, int], f: int, rng) -> dict[int, list[np.ndarr
 
     u = rng.normal(size=f)
     u /= np.linalg.norm(u)
-    spec = proto.step_reply(1, 2 * f + 2 + 2, False)
+    spec = fedkmeans.step_reply(1, 2 * f + 2 + 2, False)
     readings: dict[float, dict] = {}
 
     def read(theta: float) -> dict[int, tuple]:
         if theta not in readings:
             centres = np.stack([(theta - 1.0) * u, (theta + 1.0) * u])
-            replies = session.broadcast(proto.KMEANS_STEP, pack({"starts": np.array([0]), "centres": centres[None]}),
+            replies = session.broadcast(fedkmeans.KMEANS_STEP, pack({"starts": np.array([0]), "centres": centres[None]}),
                                         spec)
-            readings[theta] = {node: proto.split_statistics(unpack(c)[0]["stats"][0], 2)
+            readings[theta] = {node: fedkmeans.split_statistics(unpack(c)[0]["stats"][0], 2)
                                for node, c in replies.items()}
         return readings[theta]
 

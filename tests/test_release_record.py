@@ -17,7 +17,7 @@ from flwr.app import RecordDict
 
 from app.config import ConfigError
 from app.privacy.releases import ReleaseRecord, dataset_key, record_dir, server_learns
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.registry import STRATEGIES
 from rogue_server import Member, shard_files
 
@@ -69,7 +69,7 @@ def test_a_request_sent_again_gets_its_first_reply_and_no_second_line(member):
     m = member()
     hello = m.send("hello", values={"k": 2, "seed": 0})
     centres = hello.arrays["centres"][:2]
-    first, again = (m.send(proto.KMEANS_STEP, step(centres)) for _ in range(2))
+    first, again = (m.send(fedkmeans.KMEANS_STEP, step(centres)) for _ in range(2))
     np.testing.assert_array_equal(first.arrays["stats"], again.arrays["stats"])
     assert m.send("hello", values={"k": 2, "seed": 0}).values == hello.values
     record = next(Path(m.node_config["shard"]).parent.glob("*.releases"))
@@ -79,16 +79,16 @@ def test_a_request_sent_again_gets_its_first_reply_and_no_second_line(member):
 
 def test_each_step_at_most_as_often_as_the_run_needs_and_a_restarted_node_continues(member):
     m = member()
-    assert m.send(proto.KMEANS_STEP, step(np.zeros((2, 4)))).refused == "protocol-order"
+    assert m.send(fedkmeans.KMEANS_STEP, step(np.zeros((2, 4)))).refused == "protocol-order"
     assert m.send("hello", values={"k": 2, "seed": 0}).answered
     assert m.send("hello", values={"k": 2, "seed": 1}).refused == "protocol-order"
     for i in range(3):
-        assert m.send(proto.KMEANS_STEP, step(np.full((2, 4), float(i)))).answered
-    assert m.send(proto.KMEANS_STEP, step(np.full((2, 4), 9.0))).refused == "protocol-count"
+        assert m.send(fedkmeans.KMEANS_STEP, step(np.full((2, 4), float(i)))).answered
+    assert m.send(fedkmeans.KMEANS_STEP, step(np.full((2, 4), 9.0))).refused == "protocol-count"
     m.restart()  # the same run, a fresh context: the record says what was answered
     assert m.send("hello", values={"k": 2, "seed": 1}).refused == "protocol-order"
     assert m.send("hello", values={"k": 2, "seed": 0}).answered
-    assert m.send(proto.KMEANS_STEP, step(np.full((2, 4), 8.0))).refused == "protocol-count"
+    assert m.send(fedkmeans.KMEANS_STEP, step(np.full((2, 4), 8.0))).refused == "protocol-count"
 
 
 def test_the_final_centres_follow_from_the_last_step_and_a_total_holding_the_members_counts(member):
@@ -96,8 +96,8 @@ def test_the_final_centres_follow_from_the_last_step_and_a_total_holding_the_mem
     m.send("hello", values={"k": 2, "seed": 0})
     centres = np.array([[-1.0, 0, 0, 0], [1.0, 0, 0, 0]])
     other = centres[::-1].copy()
-    stats = m.send(proto.KMEANS_STEP, step(np.stack([centres, other]), starts=[0, 1])).arrays["stats"]
-    assign = lambda c, total, start=0: m.send(proto.KMEANS_ASSIGN, {"centres": c, "stats": total}, {"start": start})
+    stats = m.send(fedkmeans.KMEANS_STEP, step(np.stack([centres, other]), starts=[0, 1])).arrays["stats"]
+    assign = lambda c, total, start=0: m.send(fedkmeans.KMEANS_ASSIGN, {"centres": c, "stats": total}, {"start": start})
     assert assign(centres + 1, stats[0]).refused == "server-input"
     assert assign(centres, stats[0], start=1).refused == "server-input"  # another start's centres
     assert assign(other, stats[1], start=2).refused == "server-input"  # a start beyond fedkmeans.restarts
@@ -105,8 +105,8 @@ def test_the_final_centres_follow_from_the_last_step_and_a_total_holding_the_mem
     short[8] -= 1  # fewer rows in cluster 0 than this member sent alone
     assert assign(centres, short).refused == "server-input"
     labels = assign(centres, stats[0]).arrays["labels"]
-    sums, counts, _, _ = proto.split_statistics(stats[0], 2)
-    expected = proto.assign(m.features(), proto.update_centres(centres, sums, counts))[0]
+    sums, counts, _, _ = fedkmeans.split_statistics(stats[0], 2)
+    expected = fedkmeans.assign(m.features(), fedkmeans.update_centres(centres, sums, counts))[0]
     np.testing.assert_array_equal(labels, expected)
     assert assign(other, stats[1], start=1).refused == "protocol-count"
 
@@ -117,8 +117,8 @@ def test_label_releases_caps_a_datasets_label_replies_over_runs(member):
         m.new_run()
         m.send("hello", values={"k": 2, "seed": 0})
         centres = np.array([[-1.0, 0, 0, 0], [1.0, 0, 0, 0]])
-        stats = m.send(proto.KMEANS_STEP, step(centres)).arrays["stats"]
-        reply = m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": stats[0]}, {"start": 0})
+        stats = m.send(fedkmeans.KMEANS_STEP, step(centres)).arrays["stats"]
+        reply = m.send(fedkmeans.KMEANS_ASSIGN, {"centres": centres, "stats": stats[0]}, {"start": 0})
         assert reply.answered if run == 0 else reply.refused == "label-releases"
 
 

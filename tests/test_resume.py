@@ -13,7 +13,7 @@ import pytest
 from app import journal as J
 from app.config import ConfigError
 from app.inprocess import InProcessGrid
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from app.run import main, run_experiment
 from app.transport import bundle, pack, unpack
 from app.wire import SECAGG_ENDORSED, SECAGG_PEER, ProtocolError
@@ -81,7 +81,7 @@ def pushed_contents(monkeypatch):
 
 
 def lloyd_requests(contents) -> list[dict]:
-    return [arrays for kind, arrays in contents if kind == f"query.{proto.KMEANS_STEP}"]
+    return [arrays for kind, arrays in contents if kind == f"query.{fedkmeans.KMEANS_STEP}"]
 
 
 def labels(out) -> str:
@@ -148,12 +148,12 @@ def test_a_resumed_fedkmeans_client_withholds_what_the_uninterrupted_one_withhel
     assert len(sent) == 2 * 3 + 3 and len(live) == 3
     for arrays in live:
         assert np.array_equal(arrays["centres"], sent[3]["centres"])
-        assert np.array_equal(arrays[proto.REPLAYED_CENTRES], sent[0]["centres"])  # every start's block
-        assert np.array_equal(arrays[proto.REPLAYED_STARTS], sent[0]["starts"])
+        assert np.array_equal(arrays[fedkmeans.REPLAYED_CENTRES], sent[0]["centres"])  # every start's block
+        assert np.array_equal(arrays[fedkmeans.REPLAYED_STARTS], sent[0]["starts"])
     if secure:
         return
     # a client whose audit started afresh lets out what the uninterrupted run withheld
-    monkeypatch.setattr(proto, "replay_audit", lambda x, replayed, starts, min_rows, audits: audits)
+    monkeypatch.setattr(fedkmeans, "replay_audit", lambda x, replayed, starts, min_rows, audits: audits)
     fresh = run_experiment("fedkmeans", "sbm", 3, {**overrides, "resume": True}, tmp_path / "fresh",
                            node_configs=STRICT_NODES)
     assert fresh["history"][1]["withheld"] != full["history"][1]["withheld"]
@@ -175,7 +175,7 @@ def test_a_run_interrupted_again_after_resuming_resumes_again(case, first, secon
     assert result["resumed"]["replayed_steps"] == second
     assert labels(tmp_path / "cut") == labels(tmp_path / "full")
     assert result.get("history") == full.get("history")
-    assert proto.REPLAYED_CENTRES.startswith(J.REPLAYED)  # what a step's digest leaves out
+    assert fedkmeans.REPLAYED_CENTRES.startswith(J.REPLAYED)  # what a step's digest leaves out
 
 
 def test_a_step_that_differs_from_the_journal_and_every_later_one_run_live(tmp_path, monkeypatch, pushed):
@@ -416,9 +416,9 @@ def client_rows(seed: int = 3, min_rows: int = 5):
     step withhold)."""
     rng = np.random.default_rng(seed)
     x = np.vstack([rng.normal(c, 0.8, size=(14, 2)) for c in ((0, 0), (3, 0), (0, 3))])
-    _, _, seed_labels = proto.local_seeds(x, 3, 0, min_rows)
-    audit = proto.Audit.of_seeds(seed_labels, int(seed_labels.max()) + 1, min_rows)
-    audits = proto.StartAudits.starting(audit.basis, RESTARTS, 3)
+    _, _, seed_labels = fedkmeans.local_seeds(x, 3, 0, min_rows)
+    audit = fedkmeans.Audit.of_seeds(seed_labels, int(seed_labels.max()) + 1, min_rows)
+    audits = fedkmeans.StartAudits.starting(audit.basis, RESTARTS, 3)
     steps = [np.array([[0, 0], [3, 0], [0, 3.0]]) + rng.normal(0, 0.7, size=(RESTARTS, 3, 2)) for _ in range(3)]
     return x, audits, steps
 
@@ -427,12 +427,12 @@ def lloyd_run(x, audits, steps, min_rows: int = 5):
     """Every step's statistics (starts x size) and the audit after them."""
     out = []
     for centres in steps:
-        stats, _, audits = proto.start_statistics(x, centres, np.arange(len(centres)), min_rows, audits)
+        stats, _, audits = fedkmeans.start_statistics(x, centres, np.arange(len(centres)), min_rows, audits)
         out.append(stats)
     return out, audits
 
 
-def same_audit(a: proto.StartAudits, b: proto.StartAudits) -> bool:
+def same_audit(a: fedkmeans.StartAudits, b: fedkmeans.StartAudits) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("basis", "labels", "sent"))
 
 
@@ -444,14 +444,14 @@ def replayed_blocks(steps) -> tuple[np.ndarray, np.ndarray]:
 def test_an_audit_rebuilt_from_the_replayed_centres_is_the_uninterrupted_one():
     x, seeds, steps = client_rows()
     uninterrupted, after = lloyd_run(x, seeds, steps)
-    rebuilt = proto.replay_audit(x, *replayed_blocks(steps[:2]), 5, seeds)
+    rebuilt = fedkmeans.replay_audit(x, *replayed_blocks(steps[:2]), 5, seeds)
     resumed, resumed_after = lloyd_run(x, rebuilt, steps[2:])
     assert (uninterrupted[2][:, -2] > 0).any()  # the live step withholds rows
     assert np.array_equal(resumed[0], uninterrupted[2])
     assert same_audit(resumed_after, after)
     fresh, _ = lloyd_run(x, seeds, steps[2:])  # without the rebuild another release goes out
     assert not np.array_equal(fresh[0], uninterrupted[2])
-    assert proto.replay_audit(x, *replayed_blocks(steps[:2]), 1, None) is None  # min-rows 1: no audit
+    assert fedkmeans.replay_audit(x, *replayed_blocks(steps[:2]), 1, None) is None  # min-rows 1: no audit
 
 
 def leverage(basis: np.ndarray) -> float:
@@ -474,11 +474,11 @@ def test_replayed_centres_a_server_crafts_only_make_the_audit_stricter(attack):
     crafted = {"a row's neighbourhood": [np.vstack([x[i], x.mean(0), far[0]]) for i in range(0, 42, 7)],
                "every row in one cluster": [np.vstack([x.mean(0), far])] * 3,
                "random far centres": [rng.normal(0, 50, size=(3, 2)) for _ in range(6)]}[attack]
-    audits = proto.replay_audit(x, np.stack(crafted), np.arange(len(crafted)) % RESTARTS, 5, seeds)
+    audits = fedkmeans.replay_audit(x, np.stack(crafted), np.arange(len(crafted)) % RESTARTS, 5, seeds)
     assert in_span(audits.basis, seeds.basis) and leverage(audits.basis) < 1 - 1e-9
     for i in range(len(x) - 1):
         probes = np.stack([np.vstack([x[i], x.mean(0), far[0]]), np.vstack([x[i + 1], x.mean(0), far[0]])])
-        stats, counts, audits = proto.start_statistics(x, probes, np.arange(RESTARTS), 5, audits)
+        stats, counts, audits = fedkmeans.start_statistics(x, probes, np.arange(RESTARTS), 5, audits)
         for start in range(RESTARTS):
             sent = np.eye(3)[audits.labels[start]][:, audits.sent[start]]
             assert in_span(audits.basis, sent) and leverage(audits.basis) < 1 - 1e-9
@@ -498,7 +498,7 @@ def test_replayed_centres_a_server_crafts_only_make_the_audit_stricter(attack):
 ])
 def test_malformed_replayed_centres_are_refused(replayed, starts, why):
     with pytest.raises(ValueError, match=why):
-        proto.check_replayed(replayed, np.asarray(starts), (3, 2), RESTARTS, 19)
+        fedkmeans.check_replayed(replayed, np.asarray(starts), (3, 2), RESTARTS, 19)
 
 
 def test_replayed_centres_after_the_first_lloyd_statistics_are_refused():
@@ -506,7 +506,7 @@ def test_replayed_centres_after_the_first_lloyd_statistics_are_refused():
     x, seeds, steps = client_rows()
     _, audit = lloyd_run(x, seeds, steps[:1])
     with pytest.raises(ValueError, match="after this client's first Lloyd statistics"):
-        proto.replay_audit(x, *replayed_blocks(steps[1:]), 5, audit)
+        fedkmeans.replay_audit(x, *replayed_blocks(steps[1:]), 5, audit)
 
 
 def test_a_steps_digest_leaves_out_the_relayed_keys_and_their_endorsements():
@@ -515,6 +515,6 @@ def test_a_steps_digest_leaves_out_the_relayed_keys_and_their_endorsements():
 
     def digest(k, key, endorsement):
         values = {"k": k, f"{SECAGG_PEER}1": key, f"{SECAGG_ENDORSED}1": endorsement}
-        return J.request_digest(proto.KMEANS_STEP, "train", {0: pack(centres, values)})
+        return J.request_digest(fedkmeans.KMEANS_STEP, "train", {0: pack(centres, values)})
     assert digest(2, b"a" * 32, b"x" * 96) == digest(2, b"b" * 32, b"y" * 96)
     assert digest(2, b"a" * 32, b"x" * 96) != digest(3, b"a" * 32, b"x" * 96)

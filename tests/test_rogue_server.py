@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from app.protocols import fedavg_dmon as dmon
-from app.protocols import fedkmeans as proto
+from app.protocols import fedkmeans
 from rogue_server import Member, shard_files
 
 CLIENTS, NODES, FEATURES = 3, 300, 8
@@ -89,23 +89,23 @@ def test_a_server_reads_no_row_through_fedkmeans_labels_of_its_centres(member):
     a run: one coordinate, no row."""
     m = member({"strategy": "fedkmeans", "num-clusters": 3})
     x = m.features()
-    estimate = np.column_stack([read_axis(lambda c: m.send(proto.KMEANS_ASSIGN, {"centres": c}), d, len(x))
+    estimate = np.column_stack([read_axis(lambda c: m.send(fedkmeans.KMEANS_ASSIGN, {"centres": c}), d, len(x))
                                 for d in range(FEATURES)])
     assert pinned(estimate, x, 2.5e-3) == 0
-    assert m.send(proto.KMEANS_ASSIGN, {"centres": grid_centres(0, 0)[0]}).refused == "protocol-order"
+    assert m.send(fedkmeans.KMEANS_ASSIGN, {"centres": grid_centres(0, 0)[0]}).refused == "protocol-order"
 
     m.new_run({**RUN, "strategy": "fedkmeans", "num-clusters": GRID, "num-rounds": 20})
     assert m.send("hello", values={"k": GRID, "seed": 0}).answered
-    refused = m.send(proto.KMEANS_STEP, one_start(np.zeros((5, FEATURES)))).refused
+    refused = m.send(fedkmeans.KMEANS_STEP, one_start(np.zeros((5, FEATURES)))).refused
     assert refused == "server-input"  # centres of another k than the run's
 
     def forged(centres):
-        step = m.send(proto.KMEANS_STEP, one_start(centres))
+        step = m.send(fedkmeans.KMEANS_STEP, one_start(centres))
         if not step.answered:
             return step
-        _, counts, withheld, inertia = proto.split_statistics(step.arrays["stats"][0], GRID)
-        total = proto.join_statistics(centres * (counts + 1)[:, None], counts + 1, withheld, inertia)
-        return m.send(proto.KMEANS_ASSIGN, {"centres": centres, "stats": total}, {"start": 0})
+        _, counts, withheld, inertia = fedkmeans.split_statistics(step.arrays["stats"][0], GRID)
+        total = fedkmeans.join_statistics(centres * (counts + 1)[:, None], counts + 1, withheld, inertia)
+        return m.send(fedkmeans.KMEANS_ASSIGN, {"centres": centres, "stats": total}, {"start": 0})
 
     assert np.isnan(read_axis(forged, 0, len(x))).all()  # one label reply a run: one grid, half a read
 
@@ -148,7 +148,7 @@ def below_of(stats: np.ndarray, rows: int, seen: dict) -> tuple[int, np.ndarray]
     """The rows below a plane and their sum, from one start's statistics (the total less the upper
     side when the lower is withheld; ``seen`` keeps the total once a reading gives it), None when
     they do not follow."""
-    sums, counts, _, _ = proto.split_statistics(stats, 2)
+    sums, counts, _, _ = fedkmeans.split_statistics(stats, 2)
     if counts.sum() == rows or (counts[0] > 0 and counts[1] == 0):  # all sent, or the upper side withheld
         below = (int(counts[0]), sums[0])
     elif counts[1] > 0 and counts[0] == 0 and "total" in seen:
@@ -167,7 +167,7 @@ def below_reader(m: Member, u: np.ndarray, fresh, rows: int):
     seen = {}
 
     def read(theta):
-        reply = m.send(proto.KMEANS_STEP, one_start(plane(u, theta), fresh() or 0))
+        reply = m.send(fedkmeans.KMEANS_STEP, one_start(plane(u, theta), fresh() or 0))
         return below_of(reply.arrays["stats"][0], rows, seen) if reply.answered else None
 
     return read
@@ -214,7 +214,7 @@ def test_differencing_takes_no_row_with_every_start_of_one_step(member):
     side = np.sort(x @ u)
     thetas = np.concatenate([[side[0] - 1.0], (side[1:] + side[:-1]) / 2, [side[-1] + 1.0]])
     m.send("hello", values={"k": 2, "seed": 0})
-    reply = m.send(proto.KMEANS_STEP, {"starts": np.arange(len(thetas)),
+    reply = m.send(fedkmeans.KMEANS_STEP, {"starts": np.arange(len(thetas)),
                                        "centres": np.stack([plane(u, t) for t in thetas])})
     assert reply.answered and reply.arrays["stats"].shape[0] == len(thetas)
     seen, below = {}, {}
@@ -225,7 +225,7 @@ def test_differencing_takes_no_row_with_every_start_of_one_step(member):
     hits = [t for t in taken if np.isclose(x, t, rtol=1e-9, atol=1e-9).all(axis=1).any()]
     assert not hits, f"{len(hits)} row(s) taken"
     over = {"starts": np.arange(starts + 1), "centres": np.zeros((starts + 1, 2, FEATURES))}
-    assert m.send(proto.KMEANS_STEP, over).refused == "server-input"  # more starts than fedkmeans.restarts
+    assert m.send(fedkmeans.KMEANS_STEP, over).refused == "server-input"  # more starts than fedkmeans.restarts
 
 
 # -- fedavg-dmon: labels of weights the server picks ----------------------------------------------

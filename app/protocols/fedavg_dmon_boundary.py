@@ -85,8 +85,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from app.data.types import Boundary
-from app.protocols import boundary as links_proto
-from app.protocols import fedavg_dmon as proto
+from app.protocols import boundary as boundary_protocol
+from app.protocols import fedavg_dmon
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 DMON_FEATURES = "dmon_features"
@@ -129,7 +129,7 @@ def train_reply(shapes: dict, epochs: int, secure: bool, scored: bool) -> ReplyS
     if secure:
         size = sum(int(np.prod(s)) for s in shapes.values())
         return ReplySpec(arrays={"weights": ArraySpec((size,), kind="u", masked=True)}, numbers=numbers)
-    return ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f") for n in proto.PARAM_NAMES}, numbers=numbers)
+    return ReplySpec(arrays={n: ArraySpec(shapes[n], kind="f") for n in fedavg_dmon.PARAM_NAMES}, numbers=numbers)
 
 
 EVAL_REPLY = ReplySpec(numbers=VAL_INTRA)
@@ -162,21 +162,21 @@ class Cut:
 def boundary_codes(boundary: Boundary, row_keys: np.ndarray, seed: int, val: float, test: float) -> np.ndarray:
     """TRAIN / VAL / TEST code of each boundary edge (the global split, as its other end's party computes)."""
     ids = split_ids(row_keys)
-    return proto.edge_split_codes(ids[boundary.rows], split_ids(boundary.keys), seed, val, test)
+    return fedavg_dmon.edge_split_codes(ids[boundary.rows], split_ids(boundary.keys), seed, val, test)
 
 
-def _part(boundary: Boundary, links: links_proto.Links, keep: np.ndarray) -> tuple[Boundary, links_proto.Links]:
+def _part(boundary: Boundary, links: boundary_protocol.Links, keep: np.ndarray) -> tuple[Boundary, boundary_protocol.Links]:
     return (Boundary(boundary.rows[keep], boundary.keys[keep], boundary.weight[keep]),
-            links_proto.Links(links.offset, links.total, links.far[keep]))
+            boundary_protocol.Links(links.offset, links.total, links.far[keep]))
 
 
 def cut(adj_train: sp.csr_matrix, adj_val: sp.csr_matrix, boundary: Boundary, codes: np.ndarray,
-        links: links_proto.Links) -> Cut:
+        links: boundary_protocol.Links) -> Cut:
     """The party's :class:`Cut` from its split local adjacencies and its coded, linked boundary."""
     out = []
-    for adj, code in ((adj_train, proto.TRAIN), (adj_val, proto.VAL)):
+    for adj, code in ((adj_train, fedavg_dmon.TRAIN), (adj_val, fedavg_dmon.VAL)):
         part, where = _part(boundary, links, codes == code)
-        out += [links_proto.column_block(adj, part, where), links_proto.degrees(adj, part)]
+        out += [boundary_protocol.column_block(adj, part, where), boundary_protocol.degrees(adj, part)]
     return Cut(out[0], out[2], out[1], out[3])
 
 
@@ -223,11 +223,11 @@ class PartyGraph:
     degrees: "object"
 
     @property
-    def layer(self) -> proto.Graph:
+    def layer(self) -> fedavg_dmon.Graph:
         """What :func:`app.protocols.fedavg_dmon.assign` runs the model on (identity propagation)."""
         import torch
 
-        return proto.Graph(self.x, self.no_edges, torch.zeros(0, dtype=torch.float32))
+        return fedavg_dmon.Graph(self.x, self.no_edges, torch.zeros(0, dtype=torch.float32))
 
 
 def party_graph(p: np.ndarray, adj_train: sp.csr_matrix, degrees: np.ndarray) -> PartyGraph:
@@ -302,16 +302,16 @@ def soft_assign(weights, g: PartyGraph, k: int, hidden: int) -> np.ndarray:
     """``S_c`` under ``weights`` in eval mode (no dropout), float64."""
     import torch
 
-    model = proto.shared_model(g.x.shape[1], k, hidden, 0.0)
-    proto.set_weights(model, weights)
+    model = fedavg_dmon.shared_model(g.x.shape[1], k, hidden, 0.0)
+    fedavg_dmon.set_weights(model, weights)
     model.eval()
     with torch.no_grad():
         return model(g.x, g.no_edges).numpy().astype(np.float64)
 
 
-def party_train(state: proto.LocalState, g: PartyGraph, frozen: Frozen, k: int, epochs: int, lr: float,
+def party_train(state: fedavg_dmon.LocalState, g: PartyGraph, frozen: Frozen, k: int, epochs: int, lr: float,
                 hidden: int, dropout: float, collapse: float, weights, keep_optimizer: bool
-                ) -> tuple[proto.LocalState, list[float]]:
+                ) -> tuple[fedavg_dmon.LocalState, list[float]]:
     """``epochs`` full-batch Adam steps on :func:`party_loss` from ``weights`` (as
     :func:`app.protocols.fedavg_dmon.local_train`: Adam moments and dropout stream from ``state``)."""
     def body(model, opt):
@@ -325,7 +325,7 @@ def party_train(state: proto.LocalState, g: PartyGraph, frozen: Frozen, k: int, 
             losses.append(float(loss.detach()))
         return losses
 
-    return proto.train_from(state, weights, k, lr, hidden, dropout, keep_optimizer, body)
+    return fedavg_dmon.train_from(state, weights, k, lr, hidden, dropout, keep_optimizer, body)
 
 
 # --------------------------------------------------------------------------- validation

@@ -52,8 +52,8 @@ from typing import Mapping
 
 import numpy as np
 
-from app.protocols import fedavg_dmon as proto
-from app.protocols import fedavg_dmon_boundary as bproto
+from app.protocols import fedavg_dmon
+from app.protocols import fedavg_dmon_boundary
 from app.wire import ArraySpec, ReplySpec, ValueSpec
 
 DMON_GRADIENT = "dmon_gradient"
@@ -65,7 +65,7 @@ TRAIN_FLAG = "train"
 
 def gradient_mode(config) -> bool:
     """Whether a run trains by exact gradients (whole-graph mode with ``aggregate=gradient``)."""
-    return bproto.boundary_run(config) and str(config["fedavg-dmon.aggregate"]) == "gradient"
+    return fedavg_dmon_boundary.boundary_run(config) and str(config["fedavg-dmon.aggregate"]) == "gradient"
 
 
 def gradient_size(shapes: Mapping[str, tuple[int, ...]]) -> int:
@@ -78,7 +78,7 @@ def gradient_reply(shapes: Mapping[str, tuple[int, ...]], masked: bool, scored: 
     size = gradient_size(shapes)
     if masked:
         return ReplySpec(arrays={GRADIENT: ArraySpec((size + 2,), "u", masked=True)})
-    numbers = {"loss": ValueSpec(), **(proto.SCORE_SPEC if scored else {})}
+    numbers = {"loss": ValueSpec(), **(fedavg_dmon.SCORE_SPEC if scored else {})}
     return ReplySpec(arrays={GRADIENT: ArraySpec((size,), "f")}, numbers=numbers)
 
 
@@ -89,21 +89,21 @@ class ServerAdam:
     def __init__(self, weights: Mapping[str, np.ndarray], lr: float):
         import torch
 
-        self.shapes = {n: tuple(np.shape(weights[n])) for n in proto.PARAM_NAMES}
+        self.shapes = {n: tuple(np.shape(weights[n])) for n in fedavg_dmon.PARAM_NAMES}
         self.params = [torch.nn.Parameter(torch.tensor(np.asarray(weights[n], dtype=np.float32)))
-                       for n in proto.PARAM_NAMES]
+                       for n in fedavg_dmon.PARAM_NAMES]
         self.opt = torch.optim.Adam(self.params, lr=lr, weight_decay=0.0)
 
     @property
     def weights(self) -> dict[str, np.ndarray]:
-        return {n: p.detach().numpy().copy() for n, p in zip(proto.PARAM_NAMES, self.params)}
+        return {n: p.detach().numpy().copy() for n, p in zip(fedavg_dmon.PARAM_NAMES, self.params)}
 
     def step(self, gradient: np.ndarray) -> dict[str, np.ndarray]:
         """One Adam step on ``gradient`` (flat, :func:`app.protocols.fedavg_dmon.flatten` order,
         taken as float32 like a parameter's ``.grad``); returns the new weights."""
         import torch
 
-        for p, (name, g) in zip(self.params, proto.unflatten(np.asarray(gradient), self.shapes).items()):
+        for p, (name, g) in zip(self.params, fedavg_dmon.unflatten(np.asarray(gradient), self.shapes).items()):
             p.grad = torch.from_numpy(g)
         self.opt.step()
         return self.weights
@@ -141,8 +141,8 @@ def step_noise(rng, n: int, k: int, dropout: float, rows: np.ndarray):
 
 
 def _loaded(weights, f: int, k: int, hidden: int, dropout: float):
-    model = proto.shared_model(f, k, hidden, dropout)
-    proto.set_weights(model, weights)
+    model = fedavg_dmon.shared_model(f, k, hidden, dropout)
+    fedavg_dmon.set_weights(model, weights)
     model.train()
     model.zero_grad(set_to_none=True)
     return model
@@ -159,10 +159,10 @@ def _assign(model, x, no_edges, noise):
 
 def _flat_gradient(model) -> np.ndarray:
     named = dict(model.named_parameters())
-    return np.concatenate([named[n].grad.detach().numpy().astype(np.float64).ravel() for n in proto.PARAM_NAMES])
+    return np.concatenate([named[n].grad.detach().numpy().astype(np.float64).ravel() for n in fedavg_dmon.PARAM_NAMES])
 
 
-def dropped_assign(weights, g: bproto.PartyGraph, k: int, hidden: int, noise) -> np.ndarray:
+def dropped_assign(weights, g: fedavg_dmon_boundary.PartyGraph, k: int, hidden: int, noise) -> np.ndarray:
     """``S_c`` under ``weights`` and this step's dropout multipliers ``noise`` (its rows), float64: what
     the party's gradient-mode spread multiplies."""
     import torch
@@ -172,7 +172,7 @@ def dropped_assign(weights, g: bproto.PartyGraph, k: int, hidden: int, noise) ->
         return _assign(model, g.x, g.no_edges, noise).numpy().astype(np.float64)
 
 
-def party_gradient(weights, g: bproto.PartyGraph, neighbour_sums: np.ndarray, adj_train, totals: np.ndarray,
+def party_gradient(weights, g: fedavg_dmon_boundary.PartyGraph, neighbour_sums: np.ndarray, adj_train, totals: np.ndarray,
                    n: int, k: int, hidden: int, noise, collapse: float) -> tuple[np.ndarray, float]:
     """``(grad_W L_c(W_t), <S_c, (A S)_c>)``: the party's share of the whole graph's gradient (flat
     float64) under the dropout multipliers ``noise``, from its rows ``(A S)_c`` of the spread and the
@@ -180,12 +180,12 @@ def party_gradient(weights, g: bproto.PartyGraph, neighbour_sums: np.ndarray, ad
     model = _loaded(weights, g.x.shape[1], k, hidden, 0.0)
     s = _assign(model, g.x, g.no_edges, noise)
     s_np = s.detach().numpy().astype(np.float64)
-    frozen = bproto.frozen_terms(neighbour_sums, s_np, adj_train, g.degrees.numpy(), totals, n)
-    bproto.party_loss(s, g, frozen, collapse).backward()
+    frozen = fedavg_dmon_boundary.frozen_terms(neighbour_sums, s_np, adj_train, g.degrees.numpy(), totals, n)
+    fedavg_dmon_boundary.party_loss(s, g, frozen, collapse).backward()
     return _flat_gradient(model), float((s_np * neighbour_sums).sum())
 
 
-def local_gradient(weights, graph: proto.Graph, k: int, hidden: int, dropout: float, collapse: float, rng):
+def local_gradient(weights, graph: fedavg_dmon.Graph, k: int, hidden: int, dropout: float, collapse: float, rng):
     """``(grad_W L(W_t), L(W_t), rng after)`` on the party's own graph (one party: the whole graph),
     the forward and loss of :func:`app.models.dmon_epochs`."""
     from app.models import dmon_loss
