@@ -11,12 +11,12 @@
     # pre-split: one piece per party, each holding only its own data (no partitioner)
     result = cluster("kcagc", [columns_a, columns_b], num_clusters=7)
 
-``data`` is anything :func:`app.data.formats.as_graph` takes (a ``GraphData`` /
+``data`` is anything :func:`fedgraphcore.data.formats.as_graph` takes (a ``GraphData`` /
 ``GraphCollection``, a PyG ``Data``, a ``networkx`` graph, scipy / numpy
 arrays, a file or directory path), or a list of such pieces, one per party.
 The run is the same ServerApp and ClientApp as ``python -m app.run``
 (:func:`app.run.run_experiment`); in-memory data is never written to disk: it
-is registered in this process (:mod:`app.data.memory`), which the in-process
+is registered in this process (:mod:`fedgraphcore.data.memory`), which the in-process
 engine reads, so only a path can also run on Flower's simulation engine.
 """
 
@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from app.config import ConfigError
-from app.data import memory
-from app.data.params import dataset_kwargs
-from app.data.parties import PARTIES, SHARED_NODES, family
-from app.result import LABELS_FILE, REFERENCE_LABELS_FILE, REPORT_FILE, RESULT_FILE
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import memory
+from fedgraphcore.data.params import dataset_kwargs
+from fedgraphcore.data.parties import PARTIES, SHARED_NODES, family
+from fedgraphcore.result import LABELS_FILE, REFERENCE_LABELS_FILE, REPORT_FILE, RESULT_FILE
 
 if TYPE_CHECKING:
     from app.comparison import Comparison
@@ -141,11 +141,11 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
     strategy : str
         A strategy of :data:`app.registry.STRATEGIES` (``fedkmeans``, ``kcagc``, ...).
     data : graph-like or list of graph-like
-        One graph or collection (anything :func:`app.data.formats.as_graph` takes; a list of
+        One graph or collection (anything :func:`fedgraphcore.data.formats.as_graph` takes; a list of
         PyG ``Data`` is one collection: pass ``as_graph(graphs)``), split over ``num_clients``
         clients by the run's partitioner (``partitioner``, default the strategy's own). Or a
         list of pieces, one per party, each holding only its own share (``dataset =
-        'parties'``, :mod:`app.data.parties`; the partitioner then only names the split
+        'parties'``, :mod:`fedgraphcore.data.parties`; the partitioner then only names the split
         family, e.g. ``vertical`` for pieces that are feature columns of the same nodes).
     num_clients : int, optional
         Clients to split ``data`` over (default 4); with pieces, None or their number.
@@ -173,14 +173,14 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
 
     Raises
     ------
-    app.config.ConfigError
+    fedgraphcore.config.ConfigError
         One line naming the bad argument, key or value and the valid choices (also for data
         that cannot be read).
-    app.wire.ProtocolError
+    fedgraphcore.wire.ProtocolError
         The run stopped: a client's reply was refused, a client left, a privacy policy refused
         a step; the message names the client and why.
     """
-    from app.quiet import plain_console, silenced
+    from fedgraphcore.quiet import plain_console, silenced
 
     plain_console()  # the run's log lines without colour codes where they go to a file
     with silenced(quiet):
@@ -189,7 +189,7 @@ def cluster(strategy: str, data, num_clients: int | None = None, *, config: Mapp
 
 def _cluster(strategy: str, data, num_clients: int | None, config, engine: str, out_dir, keywords) -> Result:
     """:func:`cluster`, its output already silenced or not."""
-    from app.data.formats import as_graph
+    from fedgraphcore.data.formats import as_graph
     from app.run import ENGINES
 
     if engine not in ENGINES:
@@ -238,7 +238,7 @@ def _cluster_whole(strategy: str, whole, data, num_clients: int | None, raw: dic
 
 
 def _presplit(strategy: str, pieces: list, raw: dict, out_dir) -> Result:
-    """Each piece as one party's own data (module docstring of :mod:`app.data.parties`)."""
+    """Each piece as one party's own data (module docstring of :mod:`fedgraphcore.data.parties`)."""
     names = [memory.register(piece) for piece in pieces]
     try:
         node_configs = [{"data": name, "partition-id": i, "num-partitions": len(pieces),
@@ -336,7 +336,7 @@ def compare(data, strategies: Sequence[str] | None = None, num_clients: int | No
 
     Raises
     ------
-    app.config.ConfigError
+    fedgraphcore.config.ConfigError
         A strategy that does not exist, data that cannot be read, a bad key; one line.
     """
     from app.comparison import compare_runs

@@ -4,7 +4,7 @@ Each handler validates the run-config, finds this node's shard (a shard file
 named by the node-config key ``shard`` in a deployment, or the partition
 ``partition-id`` of ``num-partitions`` built from the dataset in simulation,
 cached per process; with ``dataset = 'parties'`` the party's own data named by
-the node-config key ``data``, see :mod:`app.data.parties`) and hands the
+the node-config key ``data``, see :mod:`fedgraphcore.data.parties`) and hands the
 message to the configured method's client class. Whatever the client must keep
 between steps lives in ``context.state``.
 """
@@ -21,20 +21,20 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from app import registry
-from app.config import ConfigError, RunConfig, SharedConfig
-from app.data.datasets import dataset_label, is_builtin
-from app.data.params import data_root, dataset_kwargs, partition_kwargs
-from app.data.memory import is_memory
-from app.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard
-from app.party_outputs import taken
-from app.data.shards import client_shard, load_shard_file
-from app.data.types import Shard
-from app.disclosure import disclosing, log_failure, party_failure
+from fedgraphcore.config import ConfigError, RunConfig, SharedConfig
+from fedgraphcore.data.datasets import dataset_label, is_builtin
+from fedgraphcore.data.params import data_root, dataset_kwargs, partition_kwargs
+from fedgraphcore.data.memory import is_memory
+from fedgraphcore.data.parties import DATA_KEY, OUT_KEY, PARTIES, PARTITION_KEY, party_node_shard
+from fedgraphcore.party_outputs import taken
+from fedgraphcore.data.shards import client_shard, load_shard_file
+from fedgraphcore.data.types import Shard
+from fedgraphcore.disclosure import disclosing, log_failure, party_failure
 from app.engine import pick_up_on_push_in_simulation
-from app.privacy.policy import PrivacyRefusal
-from app.result import unwritable
-from app.transport import refusal, unpack
-from app.wire import HELLO, LABELS
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.result import unwritable
+from fedgraphcore.transport import refusal, unpack
+from fedgraphcore.wire import HELLO, LABELS
 
 PARTY_STATE = "party"
 #: with this environment variable set to 1 (``deploy.flower_shim.TIMING_SETTING``), every
@@ -48,9 +48,9 @@ def check_party_data(config: RunConfig, node_config: Mapping[str, Any]) -> list[
     collection, edges, features, no edge weights where the method counts every edge as 1):
     a one-line ConfigError naming the data otherwise (its public part without the data's path).
     Returns the reader's notes."""
-    from app.data.datasets import DataProfile
-    from app.data.memory import shown
-    from app.data.parties import load_piece, read_options, reads_boundary
+    from fedgraphcore.data.datasets import DataProfile
+    from fedgraphcore.data.memory import shown
+    from fedgraphcore.data.parties import load_piece, read_options, reads_boundary
 
     spec = str(node_config.get(DATA_KEY) or "")
     piece = load_piece(spec, read_options(node_config), reads_boundary(config.as_dict()))
@@ -167,10 +167,10 @@ def _partition_of_run_data(config: RunConfig, node_config: Mapping[str, Any]) ->
 def keep_member_record(context: Context, action: str, request: RecordDict, reply: RecordDict,
                        shared: SharedConfig) -> None:
     """A party with an out-dir keeps what each reply carried; when its labels come (the run's last
-    step), it writes its own page beside its labels.csv (:mod:`app.report.member`)."""
-    from app.data.parties import family
-    from app.party_outputs import run_dir
-    from app.report.member import record_sent, write_member_page
+    step), it writes its own page beside its labels.csv (:mod:`fedgraphcore.report.member`)."""
+    from fedgraphcore.data.parties import family
+    from fedgraphcore.party_outputs import run_dir
+    from fedgraphcore.report.member import record_sent, write_member_page
 
     record_sent(context, action, reply)
     if action == LABELS:

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from app import registry
-from app.config import ArgumentParser, ConfigError, parse_assignments
-from app.data import memory
-from app.errors import FedGraphError
+from fedgraphcore.config import ArgumentParser, ConfigError, parse_assignments
+from fedgraphcore.data import memory
+from fedgraphcore.errors import FedGraphError
 
 COMPARE_FILE, COMPARE_JSON = "compare.html", "compare.json"
 DEFAULT_NUM_CLIENTS = 3
@@ -74,7 +74,7 @@ def _cell(value) -> str:
 def fitting_partitioner(strategy: str, dataset: str, data, overrides: Mapping[str, Any]) -> str:
     """The first of ``strategy``'s partitioners (the default first) that its settings and ``data``
     allow (a partitioner given in ``overrides``: that one); a ConfigError with the default's reason."""
-    from app.data.datasets import DataProfile
+    from fedgraphcore.data.datasets import DataProfile
 
     cls = registry.get(strategy).strategy
     given = overrides.get("partitioner", "auto")
@@ -117,9 +117,9 @@ def compare_runs(run, data, strategies: Sequence[str] | None, num_clients: int |
                  note=None) -> Comparison:
     """Run every strategy that fits ``data`` (or ``strategies``) with ``run`` (:func:`app.run.run_experiment`);
     the :class:`Comparison` (:func:`app.api.compare` documents the arguments)."""
-    from app.data.formats import as_graph
-    from app.data.params import data_root, dataset_kwargs
-    from app.data.shards import server_data
+    from fedgraphcore.data.formats import as_graph
+    from fedgraphcore.data.params import data_root, dataset_kwargs
+    from fedgraphcore.data.shards import server_data
 
     names = list(strategies) if strategies else list(registry.STRATEGIES)
     for name in names:
@@ -153,7 +153,7 @@ def _dataset_name(data, overrides: dict, as_graph) -> tuple[str, bool]:
 def _one(run, name: str, dataset: str, pooled, overrides: dict, num_clients: int | None, out: Path | None,
          engine: str, quiet: bool, note) -> dict:
     """One strategy's row: run (with ``run``), refused (does not fit) or stopped."""
-    from app import quiet as silence
+    from fedgraphcore import quiet as silence
 
     try:
         partitioner = fitting_partitioner(name, dataset, pooled, overrides)
@@ -180,7 +180,7 @@ def _one(run, name: str, dataset: str, pooled, overrides: dict, num_clients: int
 
 
 def _write(comparison: Comparison, out: Path) -> Path:
-    from app.report.compare_page import render
+    from fedgraphcore.report.compare_page import render
 
     out.mkdir(parents=True, exist_ok=True)
     (out / COMPARE_JSON).write_text(json.dumps({"dataset": comparison.dataset, "rows": comparison.rows}, indent=2,
@@ -208,8 +208,8 @@ def _parser() -> ArgumentParser:
 def main(argv: list[str], run) -> int:
     """``python -m app.run compare ...`` with ``run`` (:func:`app.run.run_experiment`): exit code 0, or 2
     with one line for a bad option."""
-    from app.data.datasets import dataset_label
-    from app.result import default_out_dir
+    from fedgraphcore.data.datasets import dataset_label
+    from fedgraphcore.result import default_out_dir
 
     try:
         args = _parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """What ``python -m app.run --help``, ``list`` and ``describe`` print.
 
-Generated from the strategy registry and the run-config schema (:class:`app.config.Param`),
+Generated from the strategy registry and the run-config schema (:class:`fedgraphcore.config.Param`),
 so the text cannot drift from what a run reads: every strategy's description is its class
 docstring, every key's line its Param (type, default, valid values, meaning).
 """
@@ -11,9 +11,9 @@ import inspect
 import textwrap
 
 from app import registry
-from app.config import ConfigError, Param
-from app.data import DATASETS
-from app.data.datasets import BUILTIN_PROFILES, FILE_DATASETS
+from fedgraphcore.config import ConfigError, Param
+from fedgraphcore.data import DATASETS
+from fedgraphcore.data.datasets import BUILTIN_PROFILES, FILE_DATASETS
 
 WIDTH = 100
 GROUPS = {"shared": "shared", "strategy": "{strategy}", "data": "data (dataset {dataset}, partitioner {partitioner})"}

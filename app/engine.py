@@ -27,7 +27,7 @@ the replies, waits again. :func:`pick_up_on_push` makes it event-driven within o
 process: Flower's in-memory LinkState signals every message and reply it stores
 (:data:`MESSAGES_STORED`, :data:`REPLIES_STORED`), the runtime's pick-up waits for the
 first signal (Flower's 0.1 s stays the longest wait), and a :class:`WatchedGrid` over
-Flower's in-memory grid offers the reply signal to :func:`app.transport.exchange`, which
+Flower's in-memory grid offers the reply signal to :func:`fedgraphcore.transport.exchange`, which
 then pulls as soon as a reply is stored. :func:`simulate` (``python -m app.run``,
 :func:`app.api.cluster`) applies it before the engine starts; under ``flwr run`` the
 simulation process applies it when it loads the ClientApp (:mod:`app.client_app`), which
@@ -58,8 +58,8 @@ from typing import Callable, Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid, ServerApp
 
-from app import quiet
-from app.errors import FedGraphError
+from fedgraphcore import quiet
+from fedgraphcore.errors import FedGraphError
 
 RAY_START_ATTEMPTS = 2
 #: the longest the simulation runtime's pick-up waits for a stored message (Flower's tick)
@@ -252,7 +252,7 @@ def _picks_up_on_push(grid: Grid) -> bool:
 class WatchedGrid(Grid):
     """``grid`` whose calls raise :class:`EngineStopped` once ``stopped`` is set. Over Flower's
     in-memory grid of a runtime changed by :func:`pick_up_on_push`, :attr:`replies_stored` is
-    the signal of stored replies, on which :func:`app.transport.exchange` waits; over another grid,
+    the signal of stored replies, on which :func:`fedgraphcore.transport.exchange` waits; over another grid,
     that grid's own ``replies_stored`` if it has one (a deployed ServerApp's, where its SuperLink
     signals replies: :mod:`deploy.flower_shim`), else None."""
 

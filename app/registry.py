@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from app.config import ConfigError, NoiseConfig, Param, RunConfig, Schema, SecAggConfig, SharedConfig
-from app.data.datasets import DATASETS, check_dataset_value, is_builtin
-from app.data.params import DATA_PARAMS, data_keys_read
-from app.data import memory
-from app.data.parties import PARTIES
-from app.data.partition import PARTITIONERS
-from app.transport import POLL_MODES
+from fedgraphcore.config import ConfigError, NoiseConfig, Param, RunConfig, Schema, SecAggConfig, SharedConfig
+from fedgraphcore.data.datasets import DATASETS, check_dataset_value, is_builtin
+from fedgraphcore.data.params import DATA_PARAMS, data_keys_read
+from fedgraphcore.data import memory
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.data.partition import PARTITIONERS
+from fedgraphcore.transport import POLL_MODES
 from clients.fedavg_dmon import FedAvgDMoNClient
 from clients.fedkmeans import FedKMeansClient
 from strategies.fedavg_dmon import FedAvgDMoN
@@ -52,8 +52,8 @@ STRATEGIES: dict[str, Entry] = {
 
 
 def check_dataset(dataset: str) -> None:
-    """The ``dataset`` value: a built-in name, a path (:func:`app.data.datasets.check_dataset_value`),
-    the reserved ``parties``, or data registered in this process (``memory:...``, :mod:`app.data.memory`)."""
+    """The ``dataset`` value: a built-in name, a path (:func:`fedgraphcore.data.datasets.check_dataset_value`),
+    the reserved ``parties``, or data registered in this process (``memory:...``, :mod:`fedgraphcore.data.memory`)."""
     if dataset == PARTIES:
         return
     if memory.is_memory(dataset):
@@ -81,10 +81,10 @@ def get(name: str) -> Entry:
 
 
 def core_params(disk: bool = True) -> list[Param]:
-    """Keys every method shares, as :class:`app.config.SharedConfig`, :class:`app.config.SecAggConfig`
-    and :class:`app.config.NoiseConfig` declare them (secure aggregation's and the noise seed after
+    """Keys every method shares, as :class:`fedgraphcore.config.SharedConfig`, :class:`fedgraphcore.config.SecAggConfig`
+    and :class:`fedgraphcore.config.NoiseConfig` declare them (secure aggregation's and the noise seed after
     ``transport``), with
-    what only the layers above app.config know: the strategy names, the partitioners, the reply
+    what only the layers above fedgraphcore.config know: the strategy names, the partitioners, the reply
     polling modes and the dataset check (``disk`` False: :func:`check_dataset_name`)."""
     supplied = {"strategy": {"choices": tuple(STRATEGIES)},
                 "dataset": {"check": check_dataset if disk else check_dataset_name},

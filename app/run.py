@@ -15,16 +15,17 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from app import quiet, registry
-from app.config import ArgumentParser, ConfigError, RunConfig, SharedConfig, parse_assignments
-from app.data import memory
-from app.errors import FedGraphError
-from app.data.datasets import absolute_dataset, dataset_label, is_builtin
-from app.data.params import data_root, dataset_kwargs
-from app.data.parties import PARTIES
-from app.journal import JOURNAL, MANIFEST
-from app.result import REPORT_FILE, RESULT_FILE, check_out_dir, default_out_dir
-from app.wire import ProtocolError
+from fedgraphcore import quiet
+from app import registry
+from fedgraphcore.config import ArgumentParser, ConfigError, RunConfig, SharedConfig, parse_assignments
+from fedgraphcore.data import memory
+from fedgraphcore.errors import FedGraphError
+from fedgraphcore.data.datasets import absolute_dataset, dataset_label, is_builtin
+from fedgraphcore.data.params import data_root, dataset_kwargs
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.journal import JOURNAL, MANIFEST
+from fedgraphcore.result import REPORT_FILE, RESULT_FILE, check_out_dir, default_out_dir
+from fedgraphcore.wire import ProtocolError
 
 ENGINES = ("simulation", "inprocess")
 DEFAULT_NUM_CLIENTS = 4
@@ -48,7 +49,7 @@ def run_experiment(
     called with each note of the data reader (repairs such as dropped self-loops), before the run;
     result.json lists them too. ``node_configs`` (in-process engine only): each node's node
     config, e.g. a party's own data with ``dataset = 'parties'`` (``data``, ``partition-id``,
-    ``out-dir``; :mod:`app.data.parties`); default: partition i of ``num_clients``. ``write=False``
+    ``out-dir``; :mod:`fedgraphcore.data.parties`); default: partition i of ``num_clients``. ``write=False``
     (in-process engine, no out-dir; :func:`app.api.cluster`): nothing is written, and the result
     dict also holds the labels (``labels``) and no ``path``."""
     if engine not in ENGINES:
@@ -136,10 +137,10 @@ def _check_against_data(config, num_clients: int):
     of other data is a one-line config error, not client errors or a result scored against the
     wrong labels."""
     from app.client_app import node_shard
-    from app.data.datasets import DataProfile
-    from app.data.evaluation import check_evaluation
-    from app.data.shards import server_data
-    from app.data.types import GraphCollection
+    from fedgraphcore.data.datasets import DataProfile
+    from fedgraphcore.data.evaluation import check_evaluation
+    from fedgraphcore.data.shards import server_data
+    from fedgraphcore.data.types import GraphCollection
 
     shared = SharedConfig.of(config)
     data = server_data(shared.dataset, data_root(config), shared.seed, dataset_kwargs(config.as_dict()))
@@ -163,7 +164,7 @@ def _check_parties(config, node_configs) -> list[str]:
     naming it before the run (a party's client tells the server only which rule failed). Returns the
     readers' notes."""
     from app.client_app import check_party_data, check_party_out_dir
-    from app.data.parties import OUT_KEY, party_node_shard
+    from fedgraphcore.data.parties import OUT_KEY, party_node_shard
 
     if node_configs is None:
         raise ConfigError(f"dataset={PARTIES!r} needs parties that bring their own data: deployed SuperNodes with "

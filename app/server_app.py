@@ -23,23 +23,23 @@ from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid, ServerApp
 
 from app import registry
-from app.config import ConfigError, RunConfig, SharedConfig
-from app.data import memory
-from app.data.datasets import DataProfile, dataset_label
-from app.data.params import data_root, dataset_kwargs
-from app.data.evaluation import load_evaluation
-from app.data.parties import PARTIES
-from app.data.shards import server_data
-from app.data.types import GraphCollection
+from fedgraphcore.config import ConfigError, RunConfig, SharedConfig
+from fedgraphcore.data import memory
+from fedgraphcore.data.datasets import DataProfile, dataset_label
+from fedgraphcore.data.params import data_root, dataset_kwargs
+from fedgraphcore.data.evaluation import load_evaluation
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.data.shards import server_data
+from fedgraphcore.data.types import GraphCollection
 from app.engine import EngineStopped, EngineWatch
-from app.errors import FedGraphError
-from app.journal import Journal
-from app.metrics import agreement, evaluate
-from app.quality import assess
-from app.result import check_out_dir, default_out_dir, summary_table, write_result
-from app.session import ServerSession
-from app.wire import LABELS, ReplySpec, ValueSpec
-from app.transport import pack
+from fedgraphcore.errors import FedGraphError
+from fedgraphcore.journal import Journal
+from fedgraphcore.metrics import agreement, evaluate
+from fedgraphcore.quality import assess
+from fedgraphcore.result import check_out_dir, default_out_dir, summary_table, write_result
+from fedgraphcore.session import ServerSession
+from fedgraphcore.wire import LABELS, ReplySpec, ValueSpec
+from fedgraphcore.transport import pack
 
 
 def evaluation_data(config: RunConfig):
@@ -279,10 +279,10 @@ def _write(result: dict, shared: SharedConfig, labels: tuple[np.ndarray, np.ndar
 
 
 def write_run_report(run: Path, data, labels: np.ndarray, output, shared: SharedConfig) -> str | None:
-    """The run's page (:mod:`app.report`) beside its result, and what it draws of the data; its path.
+    """The run's page (:mod:`fedgraphcore.report`) beside its result, and what it draws of the data; its path.
     A page that cannot be written is a warning: the result is kept (``python -m app.report RUN``)."""
-    from app.report import build_view, write_report
-    from app.report.view import VIEW_FILE, dense_distances
+    from fedgraphcore.report import build_view, write_report
+    from fedgraphcore.report.view import VIEW_FILE, dense_distances
 
     try:
         distances = None
@@ -321,7 +321,7 @@ def build_server_app(overrides: Mapping[str, Any] | None = None, errors: list | 
     simulation engine only logs it), for the caller to report once the engine is done;
     a config error then ends the ServerApp quietly. Without it (``flwr run``) every
     error propagates, so that Flower marks the run as failed with its reason; a
-    :class:`app.errors.FedGraphError` (its message says it all) is logged as the line
+    :class:`fedgraphcore.errors.FedGraphError` (its message says it all) is logged as the line
     ``python -m app.run`` prints, without Flower's traceback. ``watch`` (:func:`app.engine.simulate`): the grid it gives stops
     the run once the engine has failed, and it is told when the ServerApp ends. ``announce``: the
     summary logs the paths written (:func:`run_server`)."""

@@ -3,7 +3,7 @@
     python benchmarks/agc.py [--data-root DIR] [--seeds N]
 
 For each dataset: the fixed filter order of the kCAGC paper (psi = 9 / 15 / 2)
-with the implicit Lanczos SVD of ``app.graph_filters.agc``, the same with an explicit
+with the implicit Lanczos SVD of ``fedgraphcore.graph_filters.agc``, the same with an explicit
 filtered matrix and ARPACK's SVD (``fixed-dense-svd``, the straightforward
 version, for comparison), and AGC's adaptive order. Prints ACC / NMI / F1 and wall time (filter + SVD +
 k-means, data loading excluded; best of 3 timings for the fixed order; wall
@@ -33,8 +33,8 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import metrics  # noqa: E402
-from app.graph_filters import agc  # noqa: E402
+from fedgraphcore import metrics  # noqa: E402
+from fedgraphcore.graph_filters import agc  # noqa: E402
 
 FIXED = {"cora": 9, "citeseer": 15, "wiki": 2}
 PAPER = {"cora": 68.17, "citeseer": 68.40, "wiki": 46.50}  # kCAGC Table II, AGC row
@@ -71,9 +71,9 @@ def dense_agc(x, A, k: int, seed: int, order: int):
     """The straightforward version, for comparison: explicit G^psi X, ARPACK SVD, k-means."""
     import scipy.sparse.linalg as sla
 
-    from app.clustering import kmeans
+    from fedgraphcore.clustering import kmeans
 
-    from app.graph_filters import low_pass_filter
+    from fedgraphcore.graph_filters import low_pass_filter
 
     F = low_pass_filter(x, A, order)
     u, _, _ = sla.svds(F, k=k, which="LM", random_state=seed)

@@ -1,4 +1,4 @@
-"""Reading a user's edge list: app.data.formats.read_graph on a 1,000,000-edge CSV.
+"""Reading a user's edge list: fedgraphcore.data.formats.read_graph on a 1,000,000-edge CSV.
 
     python benchmarks/data_loading.py [--edges M] [--nodes N] [--repeat R] [--report]
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness import run_script, value_arg  # noqa: E402
-from app.data.formats import read_graph  # noqa: E402
+from fedgraphcore.data.formats import read_graph  # noqa: E402
 from data_partition import JSON_PATH, page  # noqa: E402
 
 

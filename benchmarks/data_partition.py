@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from app.data.partition import edge_replicas, partition  # noqa: E402
-from app.data.sbm import generate_sbm  # noqa: E402
+from fedgraphcore.data.partition import edge_replicas, partition  # noqa: E402
+from fedgraphcore.data.sbm import generate_sbm  # noqa: E402
 from pages import figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
 JSON_PATH = ROOT / "benchmarks" / "results" / "data_partition.json"
@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
         "seed": args.seed,
     }
     if args.write:
-        from app.data.shards import write_shards
+        from fedgraphcore.data.shards import write_shards
 
         with tempfile.TemporaryDirectory() as tmp:
             t3 = time.perf_counter()
@@ -151,7 +151,7 @@ def loading_section(res: dict) -> str:
     return "\n\n".join([
         "## Reading a user's edge list",
         paragraph(f"`{LOADING_MEASURE}`: {res['edges']:,} distinct edges over {res['nodes']:,} nodes, best of "
-                  f"{res['repeat']}: `app.data.formats.read_graph` (parse, IDs to rows in ID order, every check, "
+                  f"{res['repeat']}: `fedgraphcore.data.formats.read_graph` (parse, IDs to rows in ID order, every check, "
                   "the symmetric CSR adjacency) beside pandas' `read_csv` of the same file alone, the floor any "
                   f"reader pays. The machine ran at load average {load:.0f} on {res['machine']['cpus']} CPUs, so "
                   "wall clock is mostly waiting: CPU time is the fair figure."),

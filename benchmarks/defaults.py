@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 from harness import list_arg, run_script, value_arg  # noqa: E402
 from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
@@ -121,9 +121,9 @@ def heldout_file(name: str, tmp: Path) -> Path:
     """Write the held-out data set ``name`` (not a built-in) under ``tmp``; its path."""
     from sklearn import datasets as skd
 
-    from app.data.datasets import empty_adjacency
-    from app.data.formats import write_npz
-    from app.data.types import GraphData
+    from fedgraphcore.data.datasets import empty_adjacency
+    from fedgraphcore.data.formats import write_npz
+    from fedgraphcore.data.types import GraphData
 
     if name == "wine":
         b = skd.load_wine()

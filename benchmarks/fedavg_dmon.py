@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.append(str(HERE))  # pages; opacus installs a top-level ``benchmarks`` package
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import (config_list, fresh_dir, list_arg, run_script,  # noqa: E402
                        strategy_datasets)
 
@@ -61,7 +61,7 @@ RESULTS = HERE / "results"
 RUNS = RESULTS / "fedavg_dmon_runs"
 JSON_PATH = RESULTS / "fedavg_dmon.json"
 
-#: measured here with app.models.train_dmon (NOTES.md), Cora, k = 7, 1000 epochs, full graph
+#: measured here with fedgraphcore.models.train_dmon (NOTES.md), Cora, k = 7, 1000 epochs, full graph
 CENTRAL_CORA = {"f1": 55.8, "nmi": 47.8, "modularity": 0.747}
 COST_TARGET_S = 120.0
 SUITES = ("figures", "cost", "dp")
@@ -72,10 +72,10 @@ def _key(r: dict) -> str:
 
 
 def model_variant() -> str:
-    """Where app.models.DMoNModel applies dropout (the shared model changed during this work)."""
+    """Where fedgraphcore.models.DMoNModel applies dropout (the shared model changed during this work)."""
     import inspect
 
-    from app.models import DMoNModel
+    from fedgraphcore.models import DMoNModel
 
     return "dropout on logits" if "logits" in inspect.getsource(DMoNModel.forward) else "dropout on GCN output"
 

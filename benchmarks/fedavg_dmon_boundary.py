@@ -4,14 +4,14 @@ Three settings per dataset, every run through ``app.run.run_experiment`` (in-pro
 the run-config defaults otherwise):
 
 * ``centralised``: ``fedavg-dmon.mode=centralised``, one client (with the strategy's reference,
-  ``app.models.train_dmon`` on the pooled training edges, last weights);
+  ``fedgraphcore.models.train_dmon`` on the pooled training edges, last weights);
 * ``paper``: ``mode=federated`` with ``partition.boundary=false``, the paper's federated mode
   (each client trains on its own subgraph; cut edges lost);
 * ``boundary``: ``mode=federated`` with ``partition.boundary=true`` (the default) and
   ``fedavg-dmon.aggregate=weights``: the whole graph's GCN layer and DMoN loss
-  (``app.protocols.fedavg_dmon_boundary``), local Adam epochs, FedAvg of the weights;
+  (``fedgraphcore.protocols.fedavg_dmon_boundary``), local Adam epochs, FedAvg of the weights;
 * ``gradient``: the same with ``aggregate=gradient`` (the default): the server takes one Adam step
-  per epoch on the parties' summed exact gradients (``app.protocols.fedavg_dmon_gradient``).
+  per epoch on the parties' summed exact gradients (``fedgraphcore.protocols.fedavg_dmon_gradient``).
 
 Usage::
 

@@ -5,7 +5,7 @@ With many clients and no shared nodes a client holds few edges (Cora, 15
 clients: ~180 nodes, ~2 validation edges each; 45 validation edges in the whole
 federation), so that score is mostly noise. This script replays the training of
 ``fedavg-dmon`` with the protocol's own plain functions
-(``app.protocols.fedavg_dmon``: same partition, edge split, initial weights,
+(``fedgraphcore.protocols.fedavg_dmon``: same partition, edge split, initial weights,
 dropout streams, Adam state and FedAvg as the app, so the trajectory is the app's;
 the ``= app`` column checks the replayed validation-selected F1 against the
 app's record of the same run), scores every round's weights on every client, and
@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import list_arg, run_script, strategy_datasets  # noqa: E402
 from fedavg_dmon import run_dir  # noqa: E402  (this directory's grid: where the app's records are)
 
@@ -58,10 +58,10 @@ def replay(dataset: str, clients: int, overlap: float, seed: int, mode: str, rou
     is the strategy's default (``FedAvgDMoN.params``), as in the grid's runs."""
     import torch
 
-    from app.data.datasets import load_dataset
-    from app.data.partition import partition
-    from app.metrics import macro_f1
-    from app.protocols import fedavg_dmon
+    from fedgraphcore.data.datasets import load_dataset
+    from fedgraphcore.data.partition import partition
+    from fedgraphcore.metrics import macro_f1
+    from fedgraphcore.protocols import fedavg_dmon
     from strategies.fedavg_dmon import P, FedAvgDMoN
 
     cfg = {p.key[len(P):]: p.default for p in FedAvgDMoN.params}
@@ -103,7 +103,7 @@ def selected_f1(run: dict, mode: str, rule: str) -> float:
         return float(f1[-1].mean())
     score = f1 if rule == "oracle" else np.asarray(run[rule])
     if mode == "federated" and rule != "oracle":  # the server's rule: fedavg_dmon.combine_scores per round
-        from app.protocols.fedavg_dmon import combine_scores
+        from fedgraphcore.protocols.fedavg_dmon import combine_scores
 
         combined = [combine_scores(row, run["edges"][rule]) for row in score]
         return float(f1[int(np.argmax(combined))].mean())

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import get_suite, render_markdown, run_script, run_suite, suite_figures, value_arg  # noqa: E402
 from pages import (ScoreRow, anchor, figure, paragraph, read_results, write_page,  # noqa: E402
                    write_scoreboard_rows)

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from pages import RESULTS_DIR, paragraph, table, write_page  # noqa: E402
 
 MEASURE = "python benchmarks/fedkmeans_restarts.py --seeds 5"
@@ -69,7 +69,7 @@ def _default() -> int:
     """``fedkmeans.restarts``' default."""
     from dataclasses import fields
 
-    from app.protocols.fedkmeans import FedKMeansConfig
+    from fedgraphcore.protocols.fedkmeans import FedKMeansConfig
 
     return next(f.default for f in fields(FedKMeansConfig) if f.name == "restarts")
 

@@ -15,7 +15,7 @@
    accuracy vs total epsilon on Iris.
 4. Reconstruction error ``||K - C'K(Z,Z)C||_F / ||K||_F`` vs rounds. The
    server cannot compute it (it needs the pooled samples), so it is measured
-   with the protocol functions in memory (``app.protocols.fedsc.simulate``,
+   with the protocol functions in memory (``fedgraphcore.protocols.fedsc.simulate``,
    the same functions the clients and server run; ``tests/test_fedsc.py``
    checks the Flower run gives identical labels and objective values).
 5. Cost: protocol time and bytes per round of the digits runs.
@@ -43,16 +43,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level ``benchmarks`` package
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import list_arg, run_script, value_arg  # noqa: E402
-from app.clustering import kmeans  # noqa: E402
-from app.data import load_dataset  # noqa: E402
-from app.data.partition import partition  # noqa: E402
-from app.metrics import evaluate  # noqa: E402
-from app.protocols import fedsc  # noqa: E402
+from fedgraphcore.clustering import kmeans  # noqa: E402
+from fedgraphcore.data import load_dataset  # noqa: E402
+from fedgraphcore.data.partition import partition  # noqa: E402
+from fedgraphcore.metrics import evaluate  # noqa: E402
+from fedgraphcore.protocols import fedsc  # noqa: E402
 from app.registry import validate  # noqa: E402
 from app.run import run_experiment  # noqa: E402
-from app.protocols.fedsc import pooled_features  # noqa: E402
+from fedgraphcore.protocols.fedsc import pooled_features  # noqa: E402
 
 import pages  # noqa: E402
 
@@ -212,11 +212,11 @@ def error_curves(rounds: int = 30) -> dict:
 
 def attack(alphas=ALPHAS) -> list[dict]:
     """What the server learns from C_p: samples recovered by
-    :func:`app.protocols.fedsc.invert_coefficients` from the final factors, with
+    :func:`fedgraphcore.protocols.fedsc.invert_coefficients` from the final factors, with
     each client's C_p perturbed by alpha_c as in the protocol (seed 0, 8 clients).
     Relative error ||X_rec - X||_F / ||X||_F next to the trivial guess (every
     sample = the mean)."""
-    from app.privacy.gaussian import noise_ratio_perturb
+    from fedgraphcore.privacy.gaussian import noise_ratio_perturb
 
     rows = []
     for ds in ("iris", "digits"):
@@ -402,7 +402,7 @@ def markdown(summary: dict) -> str:
     if summary.get("attack"):
         lines += ["", "## Reconstruction attack", "", pages.paragraph(
             "The server recovers each sample from Z, sigma and its coefficient column "
-            "(`app.protocols.fedsc.invert_coefficients`: k(Z, x_i) = (K_zz + lambda I) c_i gives the distances "
+            "(`fedgraphcore.protocols.fedsc.invert_coefficients`: k(Z, x_i) = (K_zz + lambda I) c_i gives the distances "
             "to the d >= m + 1 landmarks). Relative error ||X_rec - X||_F / ||X||_F with C_p perturbed by "
             "alpha_c (8 clients, seed 0); 'mean' guesses every sample as the mean."), "",
             "| data | alpha_c = 0 | 0.05 | 0.1 | 0.15 | mean |", "|---|---|---|---|---|---|"]

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level ``benchmarks`` package
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import config_value, fresh_dir, run_script, value_arg  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
@@ -364,7 +364,7 @@ def _reference_readings(adj, k: int, seed: int) -> dict:
     import numpy as np
     from sklearn.cluster import KMeans, SpectralClustering
 
-    from app.clustering import spectral_graph
+    from fedgraphcore.clustering import spectral_graph
 
     lap = nx.normalized_laplacian_matrix(nx.from_scipy_sparse_array(adj), nodelist=range(adj.shape[0]))
     _, vecs = np.linalg.eigh(lap.toarray())
@@ -388,8 +388,8 @@ def readings(seeds: list[int]) -> dict:
     """
     import numpy as np
 
-    from app.data import load_dataset
-    from app.metrics import agreement
+    from fedgraphcore.data import load_dataset
+    from fedgraphcore.metrics import agreement
 
     rows = []
     for dataset in ("ego-facebook", "email-eu-core"):
@@ -517,7 +517,7 @@ def _page_table(table: dict) -> list[str]:
     return ["## Paper table: clusterSimilarity", "", pages.paragraph(
         f"`python benchmarks/fedspectral.py table` (`python benchmarks/harness.py fedspectral`): seeds {table['seeds']}, "
         "5 clients, K = 10, 40% overlap (each edge on 2 of 5 clients); reference: centralised spectral "
-        "clustering (`app.clustering.spectral_graph`). NMI vs departments is against email-Eu-core's ground "
+        "clustering (`fedgraphcore.clustering.spectral_graph`). NMI vs departments is against email-Eu-core's ground "
         "truth (ego-Facebook has none)."), ""] + _table_rows(table) + [
         "", "Traffic and time of the same runs (mean over seeds):", "",
         "| strategy | dataset | up | down | messages | protocol s | centralised s |", "|---|---|---:|---:|---:|---:|---:|"] + [

@@ -115,7 +115,7 @@ def _messages(rows: int, count: int = 4):
     from flwr.app import Message
     from flwr.supercore.task_identity import TaskIdentity
 
-    from app.transport import pack
+    from fedgraphcore.transport import pack
 
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 1, 1, 1
     content = pack({"block": np.random.default_rng(0).random(rows)})
@@ -126,7 +126,7 @@ def record_ids(rows: int) -> dict[str, float]:
     """CPU seconds to count four messages' bytes (their objects deflated), Flower's way and in one context."""
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-    from app.transport import messages_bytes
+    from fedgraphcore.transport import messages_bytes
 
     def flowers(messages):
         return sum(len(o.deflate()) for m in messages for o in get_all_nested_objects(m).values())
@@ -217,7 +217,7 @@ def section(result: dict) -> str:
         table(["content", "Flower's", "in one no-recompute context"],
               [[k, f"{v[FLOWERS]:.3f}", f"{v[PATCHED]:.3f}"] for k, v in ids.items()]),
         paragraph("Proposal: track changes in these records as `ArrayRecord` and `Array` do. This project counts "
-                  "its bytes inside one context (`app.transport.messages_bytes`)."),
+                  "its bytes inside one context (`fedgraphcore.transport.messages_bytes`)."),
         paragraph("3. **A ClientApp hashes its reply two to three times** "
                   "(`flwr/supernode/runtime/run_clientapp.py`, `push_message`: the reply's ID outside the "
                   "`no_object_id_recompute` context, every ID again inside it, an array's chunks made anew each "

@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level ``benchmarks`` package
 
-from app.protocols import gw_ldp  # noqa: E402
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.protocols import gw_ldp  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import (config_list, existing_file, list_arg,  # noqa: E402
                        run_script, strategy_datasets, value_arg)
 from app.run import run_experiment  # noqa: E402
-from app.wire import ProtocolError# noqa: E402
+from fedgraphcore.wire import ProtocolError# noqa: E402
 
 import pages  # noqa: E402
 
@@ -115,7 +115,7 @@ def centralised_gw_a(dataset: str, folds: list[int], workers: int, alphas: list[
     node features (one-hot atom/residue labels) in the fused term when the
     dataset has them; one matrix per alpha, reused by all folds; alpha, C and
     gamma picked on each fold's validation graphs."""
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     data = load_dataset(dataset)
     has_x = data.graphs[0].x is not None
@@ -417,7 +417,7 @@ def part_size_only(args, data: dict) -> None:
     LDP-encoded at epsilon = 1/|V| as in the protocol, then the same fused GW (``--alpha``) and
     validated SVC on the ten folds of the pooled graphs. What this reaches, the codes reach from the
     size (number of rows) alone."""
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     out = data.setdefault("information_free_codes", {})
     for dataset in args.datasets:
@@ -439,7 +439,7 @@ def part_size_only(args, data: dict) -> None:
 
 def central_gnn(kind: str, batch, y: np.ndarray, train: np.ndarray, epochs: int, classes: int):
     """A GNN trained centrally (full batch, Adam lr 0.01, seed 0) on the graphs ``train``."""
-    from app.models import build_model
+    from fedgraphcore.models import build_model
 
     model = build_model(kind, int(batch.x.shape[1]), classes, 0)
     gw_ldp.local_train(model, batch, y, train, "graph", epochs, 0.01, 0)
@@ -457,7 +457,7 @@ def part_features(args, data: dict) -> None:
     FGW (alpha ``--alpha``) with the embedding's intra-distances as structure and as feature term either the
     embedding itself (what ``gw-ldp`` does) or the graphs' one-hot atom labels, for the plain embeddings
     (H) and the LDP-coded ones at epsilon = 1/|V| (H*)."""
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     graphs_data = load_dataset("mutag")
     graphs, y = graphs_data.graphs, np.asarray(graphs_data.y)
@@ -489,7 +489,7 @@ def part_seen_labels(args, data: dict) -> None:
     each fold's training graphs (``unseen``, one model per fold) or once on every graph including the
     test graphs (``seen``); hidden-layer embeddings (the default ``gw-ldp.embedding``), fused GW (alpha
     ``--alpha``) and the validated SVC of Table 1 on the same ten folds."""
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     out = data.setdefault("seen_labels", {})
     for dataset in args.datasets:
@@ -539,7 +539,7 @@ def ldp_bound(dataset: str) -> dict:
     size/label distribution (plug-in; the max over small groups makes it
     optimistic, i.e. the true bound is lower).
     """
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     data = load_dataset(dataset)
     y = np.asarray(data.y)
@@ -596,7 +596,7 @@ def part_cluster(args, data: dict) -> None:
 
 def part_timing(args, data: dict) -> None:
     """MUTAG GW matrix: shortest paths (GW_A), 1 vs 2 workers; PROTEINS/IMDB-B estimate from a pair sample."""
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     t = data.setdefault("timing", {})
     mutag = load_dataset("mutag")

@@ -1,5 +1,5 @@
 """The GW matrix's solvers side by side on the same inputs: ``cg`` (the project's conditional
-gradient, :mod:`app.protocols.gw_ldp.solver`) against ``pot`` (``ot.gromov.gromov_wasserstein2``).
+gradient, :mod:`fedgraphcore.protocols.gw_ldp.solver`) against ``pot`` (``ot.gromov.gromov_wasserstein2``).
 
     python benchmarks/gw_solver.py [--pairs 300] [--datasets mutag,proteins,imdb-binary]
 
@@ -25,8 +25,8 @@ from threadpoolctl import threadpool_limits
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.data import load_dataset  # noqa: E402
-from app.protocols import gw_ldp  # noqa: E402
+from fedgraphcore.data import load_dataset  # noqa: E402
+from fedgraphcore.protocols import gw_ldp  # noqa: E402
 
 JSON_PATH = ROOT / "benchmarks" / "results" / "gw_solver.json"
 

@@ -21,7 +21,7 @@ bottom of this file). Label metrics (acc, f1, nmi, ari, cluster_similarity)
 are shown in percent like the papers.
 
 The scripts in ``benchmarks/`` parse their arguments with
-:class:`app.config.ArgumentParser` and the ``type=`` helpers :func:`value_arg`, :func:`list_arg`,
+:class:`fedgraphcore.config.ArgumentParser` and the ``type=`` helpers :func:`value_arg`, :func:`list_arg`,
 :func:`config_value`, :func:`config_list`: every value, and every item of a
 comma-separated list, is checked before the first run starts. They run
 ``main`` through :func:`run_script`, which ends on a later bad input (a
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from app.result import jsonable
+from fedgraphcore.result import jsonable
 from pages import IMAGE_DIR, RESULTS_DIR, paragraph, table
 
 PERCENT_METRICS = ("acc", "f1", "nmi", "ari", "cluster_similarity")
@@ -445,7 +445,7 @@ def _embedding_figure(plots, suite: Suite, exps: list[dict], path: Path) -> Path
     """The first run whose labels are on disk, beside the ground truth and the centralised labels."""
     import numpy as np
 
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     for e in exps:
         for r in e["runs"]:
@@ -473,16 +473,16 @@ def _embedding_figure(plots, suite: Suite, exps: list[dict], path: Path) -> Path
 # ---------------------------------------------------------------------------
 def fresh_dir(path: Path) -> Path:
     """``path`` emptied for a new run: a benchmark owns its run directories, and a run never
-    replaces a result.json (:func:`app.result.write_result`)."""
+    replaces a result.json (:func:`fedgraphcore.result.write_result`)."""
     shutil.rmtree(path, ignore_errors=True)
     return path
 
 
 def run_script(main: Callable[[], int]) -> int:
     """A benchmark script's exit code: bad input (a ConfigError: a bad argument, which
-    :class:`app.config.ArgumentParser` raises, or a dataset whose files disagree, found by the first
+    :class:`fedgraphcore.config.ArgumentParser` raises, or a dataset whose files disagree, found by the first
     run) ends it with one line and exit code 2."""
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
 
     try:
         return main()
@@ -572,8 +572,8 @@ def strategy_datasets(strategy: str) -> tuple[str, ...]:
     """The datasets ``strategy`` runs on with its default partitioner: those the run-config check accepts,
     so a benchmark's ``--datasets`` fails at parse time, not at its first run of that dataset."""
     from app import registry
-    from app.config import ConfigError
-    from app.data import DATASETS
+    from fedgraphcore.config import ConfigError
+    from fedgraphcore.data import DATASETS
 
     def fits(dataset: str) -> bool:
         try:

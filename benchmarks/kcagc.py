@@ -9,7 +9,7 @@ Each part writes its own JSON under ``benchmarks/results`` and then re-renders
 every part found there; ``--report`` only re-renders, without runs:
 
 * ``table2`` (``kcagc.json``): ``kcagc`` per (dataset, L, k_hat),
-  ``kcagc-basic`` per (dataset, L), centralised AGC (``app.graph_filters.agc``,
+  ``kcagc-basic`` per (dataset, L), centralised AGC (``fedgraphcore.graph_filters.agc``,
   same psi, 10 k-means restarts) per seed; ACC / NMI / F1 mean and std over
   seeds with the paper's Table II beside; scalars aggregated and uploaded
   bytes of ``kcagc`` vs ``kcagc-basic`` (paper: 1.8% of basic, Cora L=2).
@@ -74,14 +74,14 @@ sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level 
 
 import pages  # noqa: E402
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from harness import (existing_file, list_arg, run_script,  # noqa: E402
                        strategy_datasets, value_arg)
-from app.clustering import kmeans  # noqa: E402
-from app.graph_filters import agc  # noqa: E402
-from app.data import load_dataset  # noqa: E402
-from app.metrics import evaluate  # noqa: E402
-from app.protocols.kcagc import EMBEDDINGS, PAPER_ORDER, embedding  # noqa: E402
+from fedgraphcore.clustering import kmeans  # noqa: E402
+from fedgraphcore.graph_filters import agc  # noqa: E402
+from fedgraphcore.data import load_dataset  # noqa: E402
+from fedgraphcore.metrics import evaluate  # noqa: E402
+from fedgraphcore.protocols.kcagc import EMBEDDINGS, PAPER_ORDER, embedding  # noqa: E402
 from app.run import run_experiment  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -188,10 +188,10 @@ def agc_runs(dataset: str, seeds: list[int], kind: str = "agc", order: int | Non
 def all_columns_runs(dataset: str, orders: list[int], dims: list[int], embeddings: tuple[str, ...],
                      seeds: list[int], restarts: int) -> list[dict]:
     """k-means of the whole filtered feature matrix, as one holder of every column would run it: for each
-    filter order psi in ``orders`` and embedding (``app.protocols.kcagc.embedding`` on all columns,
+    filter order psi in ``orders`` and embedding (``fedgraphcore.protocols.kcagc.embedding`` on all columns,
     L = 1) at projection dimension ``d = dim x k`` and each seed, k-means++ with ``restarts`` seedings
     into k clusters (the seed drives both the SVD's start and the seedings, as in
-    :func:`app.graph_filters.agc`: ``svd`` at d = k with ``restarts`` = 10 is exactly ``agc``)."""
+    :func:`fedgraphcore.graph_filters.agc`: ``svd`` at d = k with ``restarts`` = 10 is exactly ``agc``)."""
     data = load_dataset(dataset)
     k = data.num_classes
     out = []
@@ -352,7 +352,7 @@ def render_all_columns(part: dict, main: dict) -> list[str]:
 def render_agc(ref: dict) -> list[str]:
     """Centralised AGC (``benchmarks/agc.py``): the reference of every Table II row, its accuracy and time."""
     lines = ["## Centralised AGC", "", pages.paragraph(
-        f"`python benchmarks/agc.py`: `app.graph_filters.agc` (Lanczos SVD of the implicit filtered operator) at the "
+        f"`python benchmarks/agc.py`: `fedgraphcore.graph_filters.agc` (Lanczos SVD of the implicit filtered operator) at the "
         f"paper's psi, {ref['seeds']} seeds; the dense-SVD AGC gives the same labels. Time: seed 0, best of "
         "three, wall / CPU."), "",
         "| dataset | psi | ACC % (mean ± std) | paper | NMI % | wall s | CPU s |", "|---|---|---|---|---|---|---|"]

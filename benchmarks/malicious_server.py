@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from pages import RESULTS_DIR, paragraph, read_results, table, write_page  # noqa: E402
 
 MEASURE = "python benchmarks/malicious_server.py --sequences 8 --length 24"

@@ -1,4 +1,4 @@
-"""Metrics at scale: every metric of app.metrics on a 1,000,000-node graph.
+"""Metrics at scale: every metric of fedgraphcore.metrics on a 1,000,000-node graph.
 
     python benchmarks/metrics_scale.py [--nodes N] [--edges M] [--clusters K] [--report]
 
@@ -26,7 +26,7 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import metrics as M  # noqa: E402
+from fedgraphcore import metrics as M  # noqa: E402
 from pages import RESULTS_DIR, figure, image_path, paragraph, read_results, table, write_page  # noqa: E402
 
 JSON_PATH = RESULTS_DIR / "metrics_scale.json"
@@ -154,7 +154,7 @@ def page() -> Path:
     body = "\n\n".join([
         paragraph(f"`{MEASURE}`: a random graph of {res['nodes']:,} nodes and {res['undirected_edges']:,} undirected "
                   f"edges (70% local, 30% uniform), a ground truth of {res['clusters']} classes and a prediction "
-                  "that agrees with it on about 80% of the nodes; each metric of `app.metrics` timed, best of 3, "
+                  "that agrees with it on about 80% of the nodes; each metric of `fedgraphcore.metrics` timed, best of 3, "
                   f"wall clock at load average {load:.0f} on {res['machine']['cpus']} CPUs."),
         table(["metric", "seconds"], rows),
         figure(bars, "seconds per metric on a 1,000,000-node graph"),

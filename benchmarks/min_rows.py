@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.config import ArgumentParser, ConfigError  # noqa: E402
+from fedgraphcore.config import ArgumentParser, ConfigError  # noqa: E402
 from pages import RESULTS_DIR, paragraph, read_results, table, write_page  # noqa: E402
 
 MEASURE = "python benchmarks/min_rows.py --seeds 2"
@@ -35,7 +35,7 @@ MIN_ROWS = (1, 5)
 def run_case(dataset: str, clients: int, order: int, min_rows: int, seed: int) -> dict:
     """One in-process fedkmeans run; its ACC, the rows withheld over its rounds, or why it stopped."""
     from app.run import run_experiment
-    from app.session import PrivacyRefused
+    from fedgraphcore.session import PrivacyRefused
 
     nodes = [{"partition-id": i, "num-partitions": clients, "privacy.all.min-rows": min_rows}
              for i in range(clients)]

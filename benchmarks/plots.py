@@ -179,7 +179,7 @@ def embedding_2d(
         return TSNE(2, random_state=seed, init="pca", perplexity=min(30.0, max(5.0, (n - 1) / 3))).fit_transform(X)
     if adj is None:
         raise ValueError("method 'spectral' needs an adjacency adj")
-    from app.clustering import spectral_embedding
+    from fedgraphcore.clustering import spectral_embedding
 
     A = sp.csr_matrix(adj, dtype=np.float64)
     kk = min(3, n)
@@ -223,7 +223,7 @@ def plot_embedding(
         if first is None:
             first = codes
         elif align:
-            from app.metrics import hungarian_map
+            from fedgraphcore.metrics import hungarian_map
 
             mapping = hungarian_map(first, codes)
             spare = iter(range(int(first.max()) + 1, int(first.max()) + 2 + int(codes.max())))

@@ -80,7 +80,7 @@ def render(results: dict) -> str:
              "met" if r["share"] < TIME_SHARE and r["page_bytes"] < MAX_BYTES else "not met"]
             for r in results["rows"]]
     body = [paragraph(
-        "Every run with an out-dir writes report.html beside result.json (app/report/). The page draws at most "
+        "Every run with an out-dir writes report.html beside result.json (fedgraphcore/report/). The page draws at most "
         "2,000 items of a large graph (every cluster kept) and its cluster-level graph, so its cost and size do not "
         "grow with the graph past what reading the labels and counting the edges between clusters take. Targets: "
         f"the page in under {TIME_SHARE:.0%} of the run's time and under {MAX_BYTES / 1e6:.0f} MB. Seconds are wall "

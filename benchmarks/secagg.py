@@ -27,13 +27,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from app.privacy.secagg import (  # noqa: E402
+from fedgraphcore.privacy.secagg import (  # noqa: E402
     FixedPointEncoder,
     SecAggParty,
     relay_public_keys,
     unmask_sum,
 )
-from app.privacy.secagg_recovery import mask_recoverable, recover_sum, unmask_response  # noqa: E402
+from fedgraphcore.privacy.secagg_recovery import mask_recoverable, recover_sum, unmask_response  # noqa: E402
 from secure_scale import RESULTS_DIR, page  # noqa: E402
 
 

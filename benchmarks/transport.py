@@ -106,7 +106,7 @@ def page() -> Path:
     clients = next(iter(results.values()))["clients"]
     body = "\n\n".join([
         paragraph(f"`{MEASURE}`: {clients} clients echo an 8-float payload. The fast back-off poll "
-                  "(`app.transport`, 2 ms doubling to 50 ms) and Flower's `Grid.send_and_receive` alternate "
+                  "(`fedgraphcore.transport`, 2 ms doubling to 50 ms) and Flower's `Grid.send_and_receive` alternate "
                   f"round by round in the same Flower run, {rounds} rounds each; the first round (engine "
                   "warm-up) is shown apart. Seconds" + (f", flwr {results['flwr']}" if "flwr" in results else "")
                   + "."),

@@ -117,8 +117,8 @@ def reference_spread(case: Case, dataset: str, seed: int) -> float | None:
     at the run's seed with the same reference at the next seed, on the same data (a method whose
     reference depends on its seed cannot agree with it more closely than this, whatever it computes)."""
     from app import registry
-    from app.config import RunConfig
-    from app.metrics import agreement
+    from fedgraphcore.config import RunConfig
+    from fedgraphcore.metrics import agreement
     from app.server_app import with_cluster_count, evaluation_data
 
     name, keys, _ = DATASETS[dataset]

@@ -23,23 +23,23 @@ from typing import Callable, ClassVar, Generic
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
-from app.config import ConfigError, ConfigView, NoConfig, NoiseConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
-from app.data import parties
-from app.party_outputs import write_party_labels
-from app.data.memory import is_memory
-from app.data.types import Shard
-from app.privacy.budget import NodeLedger, composed_epsilon
-from app.privacy.roster import (CONSISTENCY_RULE, IDENTITY_KEY, ROSTER_KEY, check_consistency, check_endorsed,
+from fedgraphcore.config import ConfigError, ConfigView, NoConfig, NoiseConfig, RunConfig, SecAggConfig, SharedConfig, ViewT
+from fedgraphcore.data import parties
+from fedgraphcore.party_outputs import write_party_labels
+from fedgraphcore.data.memory import is_memory
+from fedgraphcore.data.types import Shard
+from fedgraphcore.privacy.budget import NodeLedger, composed_epsilon
+from fedgraphcore.privacy.roster import (CONSISTENCY_RULE, IDENTITY_KEY, ROSTER_KEY, check_consistency, check_endorsed,
                                 consistency_statement, endorse, key_statement, load_identity, load_roster, public_bytes)
-from app.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
-from app.privacy.releases import ReleaseRecord, dataset_key, record_dir
-from app.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
-from app.privacy.secagg_recovery import (RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, told_split,
+from fedgraphcore.privacy.policy import PrivacyRefusal, StrategyPolicy, node_policy
+from fedgraphcore.privacy.releases import ReleaseRecord, dataset_key, record_dir
+from fedgraphcore.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_id_bytes
+from fedgraphcore.privacy.secagg_recovery import (RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, told_split,
                                          unmask_response)
-from app.transport import pack, unpack
-from app.wire import HELLO, KEY_ENDORSEMENT, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
-from app.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_THRESHOLD, SECAGG_UNMASK
-from app.wire import SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_SIGNED, SURVIVOR_SIGNATURE
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import HELLO, KEY_ENDORSEMENT, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
+from fedgraphcore.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_THRESHOLD, SECAGG_UNMASK
+from fedgraphcore.wire import SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_SIGNED, SURVIVOR_SIGNATURE
 from clients.steps import StepGuard
 
 Reply = tuple[dict, dict]  # (arrays, values) of a reply
@@ -102,7 +102,7 @@ class ClusteringClient(Generic[ViewT]):
         action : str
             The step (the message type without its category), one of :meth:`steps`.
         content : RecordDict
-            The server's request (:func:`app.transport.pack`): arrays and values, with the
+            The server's request (:func:`fedgraphcore.transport.pack`): arrays and values, with the
             peers' relayed public keys where the run is secure.
 
         Returns
@@ -113,7 +113,7 @@ class ClusteringClient(Generic[ViewT]):
 
         Raises
         ------
-        app.privacy.policy.PrivacyRefusal
+        fedgraphcore.privacy.policy.PrivacyRefusal
             This node's privacy policy forbids the step, or sets a rule the strategy cannot meet
             (every step refused); the ClientApp answers with a refusal naming the rule.
         """
@@ -151,7 +151,7 @@ class ClusteringClient(Generic[ViewT]):
 
     @cached_property
     def release_record(self) -> ReleaseRecord:
-        """This node's release record of the rows it holds (:mod:`app.privacy.releases`)."""
+        """This node's release record of the rows it holds (:mod:`fedgraphcore.privacy.releases`)."""
         s = self.shard
         cols = () if s.feature_cols is None else tuple(np.asarray(s.feature_cols).tolist())
         shape = (s.num_nodes, s.num_graphs, *np.shape(s.x if s.x is not None else ()))
@@ -183,7 +183,7 @@ class ClusteringClient(Generic[ViewT]):
         empty for a shard cut in this process), so that shards of different cuts are refused at
         once. A party with its own data (``dataset = 'parties'``), where every party must hold
         the same nodes (edge, vertical), also sends the digest of its ordered node IDs
-        (:func:`app.data.parties.node_set_digest`), never the IDs."""
+        (:func:`fedgraphcore.data.parties.node_set_digest`), never the IDs."""
         s = self.shard
         summary = {
             "partition_id": s.client_id,
@@ -252,7 +252,7 @@ class ClusteringClient(Generic[ViewT]):
                                                "and draws its privacy noise from OS entropy only; valid: a run "
                                                "without privacy.noise-seed (simulation and in-process runs only)")
 
-    # -- this node's privacy policy (app.privacy.policy) ----------------------
+    # -- this node's privacy policy (fedgraphcore.privacy.policy) ----------------------
     @cached_property
     def policy(self) -> StrategyPolicy:
         """This node's rules for the run's strategy, from its node config (never the run's)."""
@@ -267,11 +267,11 @@ class ClusteringClient(Generic[ViewT]):
         """The masking groups the protocol defines among ``parties`` clients (default: all of them)."""
         return [set(range(parties))]
 
-    # -- secure aggregation (see app.privacy.secagg) -------------------------
+    # -- secure aggregation (see fedgraphcore.privacy.secagg) -------------------------
     @answers(SECAGG_SETUP)
     def on_secagg_setup(self, arrays, values, step: str = SECAGG_SETUP) -> Reply:
         """Create this party's X25519 key pair; upload the public key and, on a node with an
-        identity key, the key's endorsement for ``step`` (:mod:`app.privacy.roster`; else empty)."""
+        identity key, the key's endorsement for ``step`` (:mod:`fedgraphcore.privacy.roster`; else empty)."""
         session = str(values["session_id"])
         party = SecAggParty.generate(self.shard.client_id, session)
         self._save_party(party)
@@ -284,7 +284,7 @@ class ClusteringClient(Generic[ViewT]):
     def on_secagg_agree(self, arrays, values) -> Reply:
         """Derive the pairwise mask seeds from the relayed public keys: those of every
         other client of the run (``num_partitions`` of the shard), no fewer; on a node with a
-        roster, each endorsed by a different member (:mod:`app.privacy.roster`)."""
+        roster, each endorsed by a different member (:mod:`fedgraphcore.privacy.roster`)."""
         return self._agree(values, SECAGG_SETUP)
 
     def _agree(self, values, step: str) -> Reply:
@@ -300,7 +300,7 @@ class ClusteringClient(Generic[ViewT]):
         self._save_party(party)
         return {}, {"peers": len(party.peers)}
 
-    # -- the member roster (app.privacy.roster) -------------------------------
+    # -- the member roster (fedgraphcore.privacy.roster) -------------------------------
     @cached_property
     def membership(self) -> tuple:
         """(identity key, roster) of this node (its node config's ``identity-key`` and ``roster``),
@@ -396,7 +396,7 @@ class ClusteringClient(Generic[ViewT]):
 
     def _masked_recoverable(self, party: SecAggParty, clipped: np.ndarray, values,
                             encoder: FixedPointEncoder) -> np.ndarray:
-        """A masked upload that survives dropouts (app.privacy.secagg_recovery), among the parties
+        """A masked upload that survives dropouts (fedgraphcore.privacy.secagg_recovery), among the parties
         the request names (this node's ``min-group`` checked on their number): its sealed shares
         go with the reply (``secagg_shares``)."""
         group = {int(p) for p in values[SECAGG_PARTICIPANTS]}
@@ -424,7 +424,7 @@ class ClusteringClient(Generic[ViewT]):
     def on_secagg_unmask(self, arrays, values) -> Reply:
         """A recoverable sum's unmask round: this party's shares of the survivors' self-mask seeds
         (opened from the ``secagg_inbox`` rows sealed for it) and its pair masks with the dropped
-        parties; never both for one party of a tag (:func:`app.privacy.secagg_recovery.unmask_response`)."""
+        parties; never both for one party of a tag (:func:`fedgraphcore.privacy.secagg_recovery.unmask_response`)."""
         party = self._load_party()
         tag = str(values["secagg_tag"])
         survivors, dropped = self._told(party, tag, values)

@@ -1,4 +1,4 @@
-"""Client side of the boundary links (:mod:`app.protocols.boundary`): the three linking steps,
+"""Client side of the boundary links (:mod:`fedgraphcore.protocols.boundary`): the three linking steps,
 this party's column block of the whole adjacency, and its padded uploads.
 
 A method whose client uses boundary edges inherits :class:`BoundaryClient` beside
@@ -15,11 +15,11 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from app.config import ConfigError
-from app.data.types import no_boundary
-from app.privacy.secagg import FixedPointEncoder
-from app.protocols import boundary as boundary_protocol
-from app.wire import ProtocolError
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data.types import no_boundary
+from fedgraphcore.privacy.secagg import FixedPointEncoder
+from fedgraphcore.protocols import boundary as boundary_protocol
+from fedgraphcore.wire import ProtocolError
 from clients.base import answers
 
 #: The state record of this party's links (kept for the run: its offset, N and the positions of

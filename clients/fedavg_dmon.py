@@ -11,11 +11,11 @@ from functools import cached_property
 
 import numpy as np
 
-from app.privacy.policy import PrivacyRefusal
-from app.protocols import fedavg_dmon
-from app.protocols import fedavg_dmon_boundary
-from app.protocols import fedavg_dmon_gradient
-from app.wire import ProtocolError
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.protocols import fedavg_dmon
+from fedgraphcore.protocols import fedavg_dmon_boundary
+from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.fedavg_dmon_boundary import DMoNBoundaryClient
 

@@ -12,11 +12,11 @@ from logging import WARNING
 import numpy as np
 from flwr.common.logger import log
 
-from app.data.shards import remember
-from app.protocols import fedkmeans
-from app.protocols.boundary import PADDED_ROWS
-from app.privacy.policy import PrivacyRefusal
-from app.wire import ProtocolError
+from fedgraphcore.data.shards import remember
+from fedgraphcore.protocols import fedkmeans
+from fedgraphcore.protocols.boundary import PADDED_ROWS
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers, request_digest
 from clients.boundary import BoundaryClient
 
@@ -25,7 +25,7 @@ from clients.boundary import BoundaryClient
 #: process of every message, and filtering a shard's rows again costs less than moving them twice
 _FEATURES: OrderedDict = OrderedDict()
 _KEPT_FEATURES = 64  # an in-process run keeps every client in one process
-#: ``context.state`` record of this node's :class:`app.protocols.fedkmeans.Audit` (what it has sent of its rows)
+#: ``context.state`` record of this node's :class:`fedgraphcore.protocols.fedkmeans.Audit` (what it has sent of its rows)
 AUDIT = "fedkmeans-audit"
 #: ``context.state`` record of the rows filtered over the whole graph so far (``rows`` after ``hops`` hops)
 FILTERED = "fedkmeans-filtered"
@@ -63,7 +63,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
 
     def _centres(self, centres: np.ndarray, step: str, starts: int | None = None) -> np.ndarray:
         """The server's ``centres`` when they are centres of this run (with ``starts``, that many blocks:
-        :func:`app.protocols.fedkmeans.centres_problem`), else refused (rule ``server-input``)."""
+        :func:`fedgraphcore.protocols.fedkmeans.centres_problem`), else refused (rule ``server-input``)."""
         problem = fedkmeans.centres_problem(centres, self._k(), self.features().shape[1], starts)
         if problem:
             raise PrivacyRefusal("server-input", f"'{step}' sent {problem}")
@@ -130,7 +130,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
     def seeds(self, values) -> dict[str, np.ndarray]:
         """This client's local k-means centres (best of ``fedkmeans.restarts`` k-means++ runs; ``values``: ``k``, the run's num-clusters, and ``seed``)
         and their sizes, each centre the mean of at least this node's ``min-rows`` rows. Their sums join
-        the audit of every sum sent of these rows in earlier runs (:func:`app.protocols.fedkmeans.released_seeds`:
+        the audit of every sum sent of these rows in earlier runs (:func:`fedgraphcore.protocols.fedkmeans.released_seeds`:
         local clusters that would determine a row with those go out as the ones sent before)."""
         self._check_rows()
         x, min_rows, k = self.features(), int(self.policy["min-rows"]), self._k(int(values["k"]))
@@ -224,7 +224,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
     def _check_bound(self, features: np.ndarray, bound: float) -> None:
         """Log (here only: the server hears nothing) when this party's uploads may exceed the hop
         bound and be clipped: a feature beyond ``secagg.bound`` or a node whose edges into this
-        party weigh more than the bound allows (:func:`app.protocols.fedkmeans.hop_bound`)."""
+        party weigh more than the bound allows (:func:`fedgraphcore.protocols.fedkmeans.hop_bound`)."""
         heaviest = float(np.asarray(self.column_block.sum(axis=1)).max(initial=0.0))
         largest = float(np.abs(features).max(initial=0.0))
         if largest > self.secagg.bound or heaviest * self.secagg.bound > bound:
@@ -236,9 +236,9 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
     def on_kmeans_step(self, arrays, values) -> Reply:
         """Per start it advances (``starts``, one block of ``centres`` each): per-cluster sums, counts,
         rows withheld and inertia; above ``min-rows`` 1 only the clusters this node's audit of every
-        sum it has sent, with any start, lets go out (:func:`app.protocols.fedkmeans.start_statistics`).
+        sum it has sent, with any start, lets go out (:func:`fedgraphcore.protocols.fedkmeans.start_statistics`).
         A resumed run's first live step also carries the blocks of the steps replayed from its
-        journal: the audit first takes in the sums they give (:func:`app.protocols.fedkmeans.replay_audit`,
+        journal: the audit first takes in the sums they give (:func:`fedgraphcore.protocols.fedkmeans.replay_audit`,
         which can only make it stricter)."""
         min_rows = int(self.policy["min-rows"])
         starts = self._starts(arrays.get("starts"))
@@ -260,7 +260,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
 
     def _replayed(self, arrays, shape: tuple) -> tuple[np.ndarray, np.ndarray] | None:
         """The blocks and starts of a resumed run's replayed Lloyd steps in ``arrays``, checked
-        (:func:`app.protocols.fedkmeans.check_replayed`); only before this client's first live Lloyd step."""
+        (:func:`fedgraphcore.protocols.fedkmeans.check_replayed`); only before this client's first live Lloyd step."""
         if fedkmeans.REPLAYED_CENTRES not in arrays:
             return None
         if LAST_STEP in self.context.state.array_records:
@@ -309,7 +309,7 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
     def on_kmeans_assign(self, arrays, values) -> Reply:
         """The labels of this client's rows under the final centres of the chosen ``start``, which it
         derives from the last Lloyd step that advanced that start and the summed statistics the
-        server returns (:func:`app.protocols.fedkmeans.final_centres`); anything else refused (rule
+        server returns (:func:`fedgraphcore.protocols.fedkmeans.final_centres`); anything else refused (rule
         ``server-input``)."""
         last, own = self._last_step(arrays, values)
         centres = fedkmeans.final_centres(last, own, arrays.get("stats", np.zeros(0)))

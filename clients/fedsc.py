@@ -5,7 +5,7 @@ distance statistics (two numbers, only when ``fedsc.sigma`` is estimated), a
 landmark count (one number, only when ``fedsc.landmarks = 0``), its landmark
 copy ``Z_p`` each round (optionally masked and/or noised) and, once, its
 coefficients ``C_p`` (from which, noise-free, the server can recover ``X_p``:
-see strategies/fedsc.py; what it clusters: :func:`app.protocols.fedsc.client_features`).
+see strategies/fedsc.py; what it clusters: :func:`fedgraphcore.protocols.fedsc.client_features`).
 Noise for ``fedsc.data-noise/noise-z/noise-c/dp-epsilon`` comes from the
 operating system's entropy (the server, which knows the seed and the client
 id, cannot regenerate it). The data noise is drawn once per run and kept; the
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.privacy.policy import PrivacyRefusal
-from app.protocols import fedsc
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.protocols import fedsc
 from clients.base import ClusteringClient, Reply, answers, request_digest
 
 
@@ -39,7 +39,7 @@ class FedSCClient(ClusteringClient[fedsc.FedSCConfig]):
 
     def hello_figures(self, values) -> dict:
         """With hello, the feature dimension; when sigma is estimated also two un-noised
-        statistics of the samples (one release, :data:`app.protocols.fedsc.FEDSC_BANDWIDTH`,
+        statistics of the samples (one release, :data:`fedgraphcore.protocols.fedsc.FEDSC_BANDWIDTH`,
         in this node's ledger)."""
         x = self.features()
         if not values["estimate"]:  # sigma is given: no statistic of the samples leaves

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.privacy.policy import PrivacyRefusal
-from app.protocols.fedspectral import baseline, plus, wire
-from app.wire import ProtocolError
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.protocols.fedspectral import baseline, plus, wire
+from fedgraphcore.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers
 from clients.boundary import BoundaryClient
 
@@ -55,7 +55,7 @@ class FedSpectralClient(ClusteringClient[wire.FedSpectralConfig]):
 class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlusConfig]):
     """Power iteration steps on the local graph (see the strategy docstring). On a node split
     with boundary edges the client's operator is its column block of the whole adjacency
-    (:mod:`app.protocols.boundary`): it answers for the columns of its own nodes."""
+    (:mod:`fedgraphcore.protocols.boundary`): it answers for the columns of its own nodes."""
 
     settings = wire.FedSpectralPlusConfig
 
@@ -79,7 +79,7 @@ class FedSpectralPlusClient(BoundaryClient, ClusteringClient[wire.FedSpectralPlu
 
     def _spread_block(self, action: str, arrays) -> np.ndarray:
         """The request's block, refused when a column sits on fewer nodes than this node's
-        ``min-block-support`` (:func:`app.protocols.fedspectral.plus.block_support`): its product
+        ``min-block-support`` (:func:`fedgraphcore.protocols.fedspectral.plus.block_support`): its product
         would read those nodes' rows of the adjacency (an identity block: every edge). On a node
         split the products are always masked, so the server sees only their sum ``A Y``, the
         same product as on an edge split: the whole block's support is what counts."""

@@ -32,9 +32,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from app.config import ConfigError
-from app.privacy.policy import PrivacyRefusal
-from app.protocols import gw_ldp
+from fedgraphcore.config import ConfigError
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.protocols import gw_ldp
 from clients.base import ClusteringClient, Reply, answers
 
 #: (shard, batch, labels, split) per shard and settings, the newest few kept
@@ -80,7 +80,7 @@ class GWLDPClient(ClusteringClient[gw_ldp.GWLDPConfig]):
 
     def _model(self, arrays, num_classes: int | None = None):
         """The shared GNN with the message's weights ``w.<name>``."""
-        from app.models import build_model
+        from fedgraphcore.models import build_model
 
         batch, _, _ = self._local()
         weights = gw_ldp.message_weights(arrays)

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.config import ConfigError
-from app.protocols import kcagc
-from app.protocols import kcagc_exact as exact
-from app.wire import ProtocolError
+from fedgraphcore.config import ConfigError
+from fedgraphcore.protocols import kcagc
+from fedgraphcore.protocols import kcagc_exact as exact
+from fedgraphcore.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers
 
 _FILTERED: dict[tuple[int, str], tuple] = {}
@@ -57,7 +57,7 @@ class KCAGCClient(ClusteringClient[kcagc.KCAGCConfig]):
 
     def masking_groups(self, parties: int) -> list[set[int]]:
         """All clients; with ``kcagc.tree`` (more than two clients) every internal node of
-        :func:`app.protocols.kcagc.tree_groups`, none of which leaves a client alone."""
+        :func:`fedgraphcore.protocols.kcagc.tree_groups`, none of which leaves a client alone."""
         if self.cfg.tree and parties > 2:
             return [set(g) for level in kcagc.tree_groups(parties)[1:] for g in level]
         return [set(range(parties))]
@@ -94,7 +94,7 @@ class KCAGCClient(ClusteringClient[kcagc.KCAGCConfig]):
         """The joint row scaling of ``projection-joint-unit`` / ``projection-mixed-unit``.
         ``stage="sum"``: this client's squared row norms (n), masked for the sum over
         all clients; ``stage="scale"``: scale the rows with the square root of that sum
-        (``sq_norms``, from the server; :func:`app.protocols.kcagc.joint_unit_rows`,
+        (``sq_norms``, from the server; :func:`fedgraphcore.protocols.kcagc.joint_unit_rows`,
         own-norm exponent ``mix`` for the mixed embedding, 0 for the joint one)."""
         z = self.features(values, unscaled=True)
         if values["stage"] == "sum":

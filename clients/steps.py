@@ -14,7 +14,7 @@ answered:
 * a request sent again (the same digest as the step's last one: a retry after a lost reply) is
   answered with the first reply, no second release;
 * a reply that labels the node's rows is a label release of its dataset, counted over every run
-  in the node's release record (:mod:`app.privacy.releases`) and capped by its policy's
+  in the node's release record (:mod:`fedgraphcore.privacy.releases`) and capped by its policy's
   ``label-releases`` (rule ``label-releases``).
 
 The counts live in ``context.state``; a node whose context is fresh within a run it already
@@ -31,9 +31,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-from app.party_outputs import run_number
-from app.privacy.policy import PrivacyRefusal
-from app.wire import HELLO
+from fedgraphcore.party_outputs import run_number
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.wire import HELLO
 
 #: ``context.state`` record of the steps answered in this run: the hello's request digest, counts
 PROTOCOL = "protocol-steps"

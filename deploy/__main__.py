@@ -58,12 +58,12 @@ import time
 from pathlib import Path
 
 from app import registry
-from app.config import ConfigError, parse_assignments
-from app.data import prepare
-from app.data.datasets import absolute_dataset
-from app.data.parties import PARTIES
-from app.errors import FedGraphError
-from app.result import REPORT_FILE, summary_table
+from fedgraphcore.config import ConfigError, parse_assignments
+from fedgraphcore.data import prepare
+from fedgraphcore.data.datasets import absolute_dataset
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.errors import FedGraphError
+from fedgraphcore.result import REPORT_FILE, summary_table
 from deploy import faults, submit, superlink
 from deploy.app_versions import app_versions
 from deploy.bundle import stage_app
@@ -129,7 +129,7 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
     (``dataset='parties'``, partition id i; ``read``: reader options, ``KEY=VALUE``, as node config
     ``read.KEY``); return the path of its result.json. Each party's files are checked as
     ``python -m app.data.check`` does before anything starts; its labels.csv goes to ``OUT/party-i/run-<run id>``."""
-    from app.data.check import check_party
+    from fedgraphcore.data.check import check_party
 
     out = out.resolve()
     folders = party_folders(parties)
@@ -192,7 +192,7 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
 def with_members(pki: Path, node_configs: list[str]) -> list[str]:
     """The node configs with each node a member of the federation: an identity key of its own
     (``member-<i>`` in the key directory ``pki``) and the roster of every member's public key
-    (:mod:`app.privacy.roster`), as each member would hold them on its own machine."""
+    (:mod:`fedgraphcore.privacy.roster`), as each member would hold them on its own machine."""
     keys = [make_signing_key(pki, f"member-{i}") for i in range(len(node_configs))]
     roster = write_roster([public for _, public in keys], pki / "roster.yaml")
     return [f"{config} identity-key={toml_value(str(private))} roster={toml_value(str(roster))}"

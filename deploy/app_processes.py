@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from app.quiet import plain_console
+from fedgraphcore.quiet import plain_console
 from deploy.flower_resilience import Namespace, report_task_end
 
 #: imported once by a SuperNode's fork server, before any ClientApp process forks from it: Flower's
@@ -109,7 +109,7 @@ def patch_serverapp(module: ModuleType, environ=os.environ) -> None:
     """Make ``module`` (``flwr.superlink.grid.http_grid``), the ServerApp's grid, poll for
     the parts of a reply with :func:`short_object_polls`, and, where its SuperLink signals the
     replies it stores (:data:`REPLY_SIGNALS_SETTING`), offer them as ``replies_stored``
-    (:class:`ReplySignal`), on which :func:`app.transport.exchange` waits instead of polling."""
+    (:class:`ReplySignal`), on which :func:`fedgraphcore.transport.exchange` waits instead of polling."""
     module.pull_objects = short_object_polls(module.pull_objects)
     if REPLY_SIGNALS_SETTING in environ:
         directory = Path(environ[REPLY_SIGNALS_SETTING])

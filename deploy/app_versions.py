@@ -31,7 +31,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from app.errors import FedGraphError
+from fedgraphcore.errors import FedGraphError
 
 #: the trust file's entry holding the rules (every other entry is a trusted key)
 VERSIONS_KEY = "app-versions"

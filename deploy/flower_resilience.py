@@ -6,7 +6,7 @@ status but 502-504; Flower drops the message or the reply, or ends the loop):
 * a message received whose run, app bundle or objects cannot be pulled is
   answered with an error reply saying it was not received and why
   (:func:`answer_what_is_not_received`), which the ServerApp
-  (:mod:`app.transport`) answers by sending the message again; a failed
+  (:mod:`fedgraphcore.transport`) answers by sending the message again; a failed
   pull-messages is an empty one, a failed confirm-message-received leaves the
   message processed;
 * a reply whose push-messages or push-object fails is pushed again, an object
@@ -60,7 +60,7 @@ def answer_what_is_not_received(module: ModuleType):
       stops): no message this time, the loop polls again;
     * the message received, then its run, app bundle or objects not (the message is dropped,
       and the ServerApp waits for a reply until its timeout): the message is answered with an
-      error reply, code ``MESSAGE_UNAVAILABLE``, reason :data:`app.transport.NOT_RECEIVED` and the
+      error reply, code ``MESSAGE_UNAVAILABLE``, reason :data:`fedgraphcore.transport.NOT_RECEIVED` and the
       cause, pushed like any reply (as Flower answers an app bundle that fails verification):
       the ServerApp sends the message again at once;
     * confirm-message-received failing once every object is in (the message is dropped): the
@@ -111,11 +111,11 @@ def answer_what_is_not_received(module: ModuleType):
 
 def _answer_not_received(module: ModuleType, message, cause: str, state, store) -> int:
     """Store the error reply to ``message`` (code ``MESSAGE_UNAVAILABLE``, reason
-    :data:`app.transport.NOT_RECEIVED` and ``cause``) as Flower stores any reply; its run id."""
+    :data:`fedgraphcore.transport.NOT_RECEIVED` and ``cause``) as Flower stores any reply; its run id."""
     from flwr.app import Error, Message
     from flwr.common.constant import ErrorCode
 
-    from app.transport import NOT_RECEIVED
+    from fedgraphcore.transport import NOT_RECEIVED
 
     reason = f"{NOT_RECEIVED}: {cause}"
     module._insert_message(Message(Error(ErrorCode.MESSAGE_UNAVAILABLE, reason), reply_to=message), state, store)

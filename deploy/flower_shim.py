@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from app.quiet import plain_console
+from fedgraphcore.quiet import plain_console
 from deploy.app_processes import (REPLY_SIGNALS_SETTING, fork_serverapps, patch_executor, patch_serverapp,
                                    short_object_polls, signal_reply, wait_until_preloaded)
 from deploy.app_versions import enforce as enforce_app_versions

@@ -118,7 +118,7 @@ SMALL = 16 * KIB
 #: one message's metadata and object tree (push-messages; pull-messages answers one message)
 MESSAGES = MIB
 #: one object: at most one of Flower's array chunks (or an inline bundle of that size,
-#: :data:`app.transport.INLINE_BUNDLE_MAX_BYTES`) and the other values of its record
+#: :data:`fedgraphcore.transport.INLINE_BUNDLE_MAX_BYTES`) and the other values of its record
 OBJECT = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE + MIB
 
 

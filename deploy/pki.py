@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from app.errors import FedGraphError
+from fedgraphcore.errors import FedGraphError
 
 VALID_DAYS = 365
 

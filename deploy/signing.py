@@ -167,7 +167,7 @@ def write_trusted_entities(public_keys: list[Path], path: Path, versions: AppVer
 
 
 def write_roster(public_keys: list[Path], path: Path) -> Path:
-    """The federation's roster (node config ``roster``, :mod:`app.privacy.roster`): each member's
+    """The federation's roster (node config ``roster``, :mod:`fedgraphcore.privacy.roster`): each member's
     identity public key (``python -m deploy keygen --name NAME`` writes ``NAME.pub``) under its name,
     the file name without ``.pub``. Written like the trusted entities (:func:`write_trusted_entities`)."""
     entries = {Path(public).name.removesuffix(".pub"): _openssh(_load_public(Path(public))) for public in public_keys}

@@ -54,8 +54,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.errors import FedGraphError
-from app.transport import LEFT, NO_REPLY
+from fedgraphcore.errors import FedGraphError
+from fedgraphcore.transport import LEFT, NO_REPLY
 from deploy.superlink import BIN
 
 #: exit codes by cause (see the module docstring)
@@ -64,9 +64,9 @@ COMPLETED, BAD_INPUT, NOT_SUBMITTED, APP_REFUSED, POLICY_REFUSED, NODE_LOST, FAI
 #: what a SuperNode with trusted entities replies to every message of an app it cannot verify
 #: (Flower's ``FAB_VERIFICATION_ERROR``; a test checks it against the pinned Flower)
 FAB_REFUSED = "The FAB could not be verified."
-#: how the ServerApp names a privacy-policy refusal (:class:`app.session.PrivacyRefused`)
+#: how the ServerApp names a privacy-policy refusal (:class:`fedgraphcore.session.PrivacyRefused`)
 POLICY_MARKER = "refused by the privacy policy of"
-#: how the ServerApp names a client it lost (:mod:`app.transport`, :mod:`app.session`, secure aggregation)
+#: how the ServerApp names a client it lost (:mod:`fedgraphcore.transport`, :mod:`fedgraphcore.session`, secure aggregation)
 LOST_MARKERS = (LEFT, NO_REPLY, "SuperNodes connected within timeout",
                 "below min-clients", "secure aggregation aborted: missing upload")
 #: Flower's prefix of a failed ServerApp's status details
@@ -150,8 +150,8 @@ def checked_out_dir(run_config: list[str]) -> Path:
     from flwr.common.config import parse_config_args
 
     from app import registry
-    from app.config import ConfigError
-    from app.result import check_out_dir
+    from fedgraphcore.config import ConfigError
+    from fedgraphcore.result import check_out_dir
 
     try:
         values = parse_config_args(run_config)
@@ -280,7 +280,7 @@ def run(app: Path | None, connection: str | None, run_config: list[str], federat
     elif state is None:
         code, line = SUPERLINK_LOST, f"run {run_id}: the SuperLink stopped answering before the run finished"
     else:
-        from app.result import RESULT_FILE
+        from fedgraphcore.result import RESULT_FILE
 
         code, line = verdict(state, out_dir / RESULT_FILE)
     line += f" (log: {saved})" if saved else ""

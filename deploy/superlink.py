@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from app.errors import FedGraphError
+from fedgraphcore.errors import FedGraphError
 
 BIN = Path(sys.executable).parent
 PORT_VARIABLE = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
@@ -154,7 +154,7 @@ def _move_aside(database: Path) -> Path:
 def _environment() -> dict[str, str]:
     """The SuperLink's environment: this one, with the app's data root made absolute (Flower
     runs an installed copy of the app, where the repository's default does not apply)."""
-    from app.data.datasets import ENV_DATA_ROOT, resolve_data_root
+    from fedgraphcore.data.datasets import ENV_DATA_ROOT, resolve_data_root
 
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_DISABLE_UPDATE_CHECK": "1",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -1,6 +1,6 @@
 """Base class of every clustering strategy (the server side of a method).
 
-A strategy drives its whole protocol through a :class:`app.session.ServerSession`
+A strategy drives its whole protocol through a :class:`fedgraphcore.session.ServerSession`
 (``session.broadcast`` / ``session.exchange``) and returns a
 :class:`StrategyOutput`. It also names the centralised method a user would run
 if the data could be pooled (:meth:`reference`), computed on the same data and
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, ClassVar, Generic, Mapping
 
 import numpy as np
 
-from app.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecAggConfig, SharedConfig, ViewT
-from app.data import memory
-from app.data.parties import PARTIES
-from app.data.types import GraphCollection, GraphData
-from app.wire import ProtocolError, ReplySpec
+from fedgraphcore.config import ConfigError, ConfigView, NoConfig, Param, RunConfig, SecAggConfig, SharedConfig, ViewT
+from fedgraphcore.data import memory
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.data.types import GraphCollection, GraphData
+from fedgraphcore.wire import ProtocolError, ReplySpec
 
 if TYPE_CHECKING:
-    from app.session import HelloAsk, ServerSession
+    from fedgraphcore.session import HelloAsk, ServerSession
 
 
 @dataclass
@@ -112,7 +112,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
     local_graphs: ClassVar[bool] = False
     #: The method's secure sums still mean what they should over the clients that answered
     #: (per-client sums, averages): such a sum goes on without a client that drops
-    #: (:meth:`app.session.ServerSession.recovers`). Sums that need every party's rows (whole-graph
+    #: (:meth:`fedgraphcore.session.ServerSession.recovers`). Sums that need every party's rows (whole-graph
     #: modes, padded sums) never do, whatever this says.
     tolerates_dropouts: ClassVar[bool] = False
 
@@ -151,7 +151,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
             raise ConfigError(f"{secure[0]}=true with num-clients=1: secure aggregation needs at least 2 clients; "
                               f"valid: num-clients >= 2 or {secure[0]}=false")
         if secure and clients:
-            from app.privacy.secagg import FixedPointEncoder, SecAggOverflowError
+            from fedgraphcore.privacy.secagg import FixedPointEncoder, SecAggOverflowError
 
             try:
                 FixedPointEncoder(config["secagg.scale"], config["secagg.bound"], clients)
@@ -165,7 +165,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
         """What this method asks of every client with hello (its :meth:`hello_values`, what its
         clients add, :meth:`hello_reply`, and the secure-aggregation key when
         :meth:`masks_uploads`), so that its protocol needs no round of its own for them."""
-        from app.session import HelloAsk
+        from fedgraphcore.session import HelloAsk
 
         return HelloAsk(cls.hello_values(config), cls.hello_reply(config), cls.masks_uploads(config, clients))
 
@@ -205,7 +205,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
         """A built-in dataset fits the method (:meth:`check_data` on its known profile, before anything
         loads); a dataset given by path is checked once loaded (``app.run`` loads it before any engine
         starts, the ServerApp before it connects)."""
-        from app.data.datasets import builtin_profile, is_builtin
+        from fedgraphcore.data.datasets import builtin_profile, is_builtin
 
         dataset = SharedConfig.of(config).dataset
         if is_builtin(dataset):
@@ -213,10 +213,10 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
     @classmethod
     def check_data(cls, config: RunConfig, profile) -> None:
-        """The data (its :class:`app.data.datasets.DataProfile`) has what the method and the partitioner
+        """The data (its :class:`fedgraphcore.data.datasets.DataProfile`) has what the method and the partitioner
         use: one graph or a collection, edges, node features, labels or a cluster count, and edge weights
         only where the method uses them."""
-        from app.data.datasets import BUILTIN_PROFILES, COLLECTION_PARTITIONERS
+        from fedgraphcore.data.datasets import BUILTIN_PROFILES, COLLECTION_PARTITIONERS
 
         shared = SharedConfig.of(config)
         dataset = memory.shown(shared.dataset)
@@ -244,11 +244,11 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
     @classmethod
     def check_shards(cls, clients) -> list[str]:
-        """What the shards announced in the hello handshake (``clients``: :class:`app.session.ClientInfo`)
+        """What the shards announced in the hello handshake (``clients``: :class:`fedgraphcore.session.ClientInfo`)
         allow: a client holding no items, or a structure method without a single edge, stops the run
         (a :class:`ProtocolError` naming the clients); returns warnings where the data merely supports
         the method weakly (:data:`ISOLATED_WARN`, :data:`ISOLATED_STOP`)."""
-        from app.data.parties import family
+        from fedgraphcore.data.parties import family
 
         if not clients:
             return []
@@ -286,9 +286,9 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
         Parameters
         ----------
-        session : app.session.ServerSession
+        session : fedgraphcore.session.ServerSession
             The connected clients (hello done) and the exchange every step goes through:
-            :meth:`~app.session.ServerSession.exchange` / ``broadcast`` for a step,
+            :meth:`~fedgraphcore.session.ServerSession.exchange` / ``broadcast`` for a step,
             ``secagg_values`` / ``secure_sum`` for a masked sum, ``round_done`` for progress.
 
         Returns
@@ -299,7 +299,7 @@ class ClusteringStrategy(ABC, Generic[ViewT]):
 
         Raises
         ------
-        app.wire.ProtocolError
+        fedgraphcore.wire.ProtocolError
             A step cannot go on: a rejected reply, too few clients, a malformed upload (one line
             naming the client and why).
         """

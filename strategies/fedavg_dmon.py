@@ -5,7 +5,7 @@ Detection" (2023). Clients hold node-partitioned subgraphs of one graph
 (cross-client edges lost; ``partition.overlap`` lets clients share nodes),
 all with the same features. The paper's shared-node setting (Figure 2; its
 code gives every client 1.5 N/C nodes) is ``partition.overlap=0.5``. Math and the edge split / model selection rules:
-``app.protocols.fedavg_dmon``.
+``fedgraphcore.protocols.fedavg_dmon``.
 
 Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
 
@@ -13,11 +13,11 @@ Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
   with boundary edges (``partition.boundary=true``, the default of the
   ``node-*`` partitioners) the parties train on the whole graph: its GCN
   layer and its DMoN loss, cut edges included, with padded secure sums
-  (strategies/fedavg_dmon_boundary.py, :mod:`app.protocols.fedavg_dmon_boundary`).
+  (strategies/fedavg_dmon_boundary.py, :mod:`fedgraphcore.protocols.fedavg_dmon_boundary`).
   There ``aggregate=gradient`` (the default) is centralised full-batch training:
   the server keeps the model and Adam and takes num-rounds x local-epochs steps
   on the parties' summed exact gradients (strategies/fedavg_dmon_gradient.py,
-  :mod:`app.protocols.fedavg_dmon_gradient`); ``aggregate=weights`` trains
+  :mod:`fedgraphcore.protocols.fedavg_dmon_gradient`); ``aggregate=weights`` trains
   local Adam epochs and averages the weights (steps 2-3 below).
   The paper's federated mode, each client on its own subgraph, is
   ``partition.boundary=false``;
@@ -82,21 +82,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, RunConfig, SharedConfig
-from app.data.types import GraphData
-from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
-from app.protocols import fedavg_dmon
-from app.protocols import fedavg_dmon_boundary
-from app.protocols import fedavg_dmon_gradient
-from app.transport import pack, unpack
-from app.wire import ProtocolError, ReplySpec
+from fedgraphcore.config import ConfigError, RunConfig, SharedConfig
+from fedgraphcore.data.types import GraphData
+from fedgraphcore.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
+from fedgraphcore.protocols import fedavg_dmon
+from fedgraphcore.protocols import fedavg_dmon_boundary
+from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import ProtocolError, ReplySpec
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
 from strategies.fedavg_dmon_boundary import BoundaryRounds
 from strategies.fedavg_dmon_gradient import GradientRounds
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 DP_PROTECTS = ("each client's whole local subgraph (client-level DP) in its training-round uploads: one release "
                "of its noised model update per round, no validation score or loss sent; not covered: its feature "
@@ -365,10 +365,10 @@ class FedAvgDMoN(ClusteringStrategy[fedavg_dmon.FedAvgDMoNConfig]):
                 concat_int64(arrays["labels"][owned[node]] for node, (arrays, _) in replies.items()), metrics)
 
     def reference(self, data: GraphData) -> np.ndarray:
-        """Centralised DMoN (``app.models.train_dmon``) on the pooled graph's training
+        """Centralised DMoN (``fedgraphcore.models.train_dmon``) on the pooled graph's training
         edges (same global edge split and seed), num-rounds x local-epochs epochs,
         last weights (no model selection)."""
-        from app.models import train_dmon
+        from fedgraphcore.models import train_dmon
 
         c, seed = self.cfg, self.shared.seed
         train, _, _ = fedavg_dmon.split_adjacency(data.adj, np.arange(data.num_nodes), seed, c.val_fraction,

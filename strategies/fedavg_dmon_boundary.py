@@ -1,6 +1,6 @@
 """Server side of ``fedavg-dmon`` on a node split with boundary edges (``partition.boundary=true``,
 ``mode=federated``, several clients): the parties train on the whole graph's GCN layer and
-DMoN loss (math: :mod:`app.protocols.fedavg_dmon_boundary`). Below: ``aggregate=weights``; with
+DMoN loss (math: :mod:`fedgraphcore.protocols.fedavg_dmon_boundary`). Below: ``aggregate=weights``; with
 ``aggregate=gradient`` steps 1, 2 and 4 are shared and step 3 is the server's Adam step on the
 summed gradients (strategies/fedavg_dmon_gradient.py).
 
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.protocols import boundary
-from app.protocols import fedavg_dmon
-from app.protocols import fedavg_dmon_boundary
-from app.protocols.fedavg_dmon_gradient import TRAIN_FLAG
-from app.transport import pack, unpack
+from fedgraphcore.protocols import boundary
+from fedgraphcore.protocols import fedavg_dmon
+from fedgraphcore.protocols import fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon_gradient import TRAIN_FLAG
+from fedgraphcore.transport import pack, unpack
 from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 
 class BoundaryRounds:

@@ -1,6 +1,6 @@
 """Server side of ``fedavg-dmon.aggregate=gradient`` on the whole graph: the server keeps the model
 and one Adam optimiser and takes ``num-rounds x local-epochs`` full-batch steps on the summed
-exact gradient (math: :mod:`app.protocols.fedavg_dmon_gradient`).
+exact gradient (math: :mod:`fedgraphcore.protocols.fedavg_dmon_gradient`).
 
 Wire protocol, several parties (after the boundary links and ``dmon_features`` of
 strategies/fedavg_dmon_boundary.py; what leaves a client in **bold**, every array masked), per
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.protocols import boundary
-from app.protocols import fedavg_dmon_boundary
-from app.protocols import fedavg_dmon_gradient
-from app.transport import pack, unpack
+from fedgraphcore.protocols import boundary
+from fedgraphcore.protocols import fedavg_dmon_boundary
+from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.transport import pack, unpack
 from strategies.fedavg_dmon_boundary import BoundaryRounds
 from strategies.links import relayed
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 
 class GradientRounds:

@@ -4,7 +4,7 @@ Qiao, Ding & Fan (2023). Samples (rows) are split over the clients; together
 they factorise the Gaussian kernel's feature map, ``phi(X_p) ~ phi(Z) C_p``,
 with shared landmarks ``Z`` (d x m) and private coefficients ``C_p``
 (d x N_p); the server then clusters ``C' K(Z, Z) C``, an approximation of the
-full n x n kernel matrix. Math in ``app.protocols.fedsc``.
+full n x n kernel matrix. Math in ``fedgraphcore.protocols.fedsc``.
 
 Wire protocol (what leaves a client, step by step):
 
@@ -38,7 +38,7 @@ No sample ``x`` is ever sent, but the factors are functions of the samples,
 and noise-free they reveal them: from ``Z``, sigma and a column ``c_i`` the
 server gets ``k(Z, x_i) = (K_zz + lambda I) c_i``, i.e. the distances of
 ``x_i`` to ``d >= m + 1`` landmarks, and recovers ``x_i`` exactly
-(:func:`app.protocols.fedsc.invert_coefficients`, tested). Secure
+(:func:`fedgraphcore.protocols.fedsc.invert_coefficients`, tested). Secure
 aggregation hides the individual ``Z_p`` only. Protection against the server
 therefore needs one of the noise variants, all drawn from the client's own
 operating-system entropy (nothing the server knows, such as the seed or the
@@ -65,16 +65,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, RunConfig
-from app.data.types import GraphData
-from app.protocols import fedsc
-from app.wire import LABELS, ProtocolError, ReplySpec
-from app.transport import pack, unpack
+from fedgraphcore.config import ConfigError, RunConfig
+from fedgraphcore.data.types import GraphData
+from fedgraphcore.protocols import fedsc
+from fedgraphcore.wire import LABELS, ProtocolError, ReplySpec
+from fedgraphcore.transport import pack, unpack
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, common_feature_dimension,
                              check_item_ids, concat_int64)
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 
 class FedSC(ClusteringStrategy[fedsc.FedSCConfig]):
@@ -267,7 +267,7 @@ class FedSC(ClusteringStrategy[fedsc.FedSCConfig]):
         return fedsc.combine_landmark_counts(counts.values())
 
     def _record_noise(self, session: ServerSession) -> None:
-        from app.privacy.gaussian import record_noise_ratio
+        from fedgraphcore.privacy.gaussian import record_noise_ratio
 
         if self.cfg.data_noise > 0:
             record_noise_ratio(session.ledger, "fedsc:data-noise",
@@ -321,7 +321,7 @@ class FedSC(ClusteringStrategy[fedsc.FedSCConfig]):
         With ``fedsc.data-noise`` > 0 the clients' noise comes from their own
         entropy and cannot be reproduced here: the reference perturbs the
         pooled samples with its own draw of the same mechanism (seeded, see
-        :func:`app.protocols.fedsc.pooled_features`), so agreement figures then compare two draws
+        :func:`fedgraphcore.protocols.fedsc.pooled_features`), so agreement figures then compare two draws
         of the same perturbation, not the same perturbed data (and an
         estimated sigma is the estimate on the reference's draw).
         """
@@ -348,6 +348,6 @@ def _estimates_sigma(config: RunConfig) -> bool:
 @lru_cache(maxsize=64)
 def _noise_multiplier(epsilon: float, delta: float, steps: int) -> float:
     """Opacus calibration (a binary search, ~1 s), cached per process."""
-    from app.privacy.gaussian import calibrate_noise_multiplier
+    from fedgraphcore.privacy.gaussian import calibrate_noise_multiplier
 
     return calibrate_noise_multiplier(epsilon, delta, steps)

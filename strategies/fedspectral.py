@@ -4,7 +4,7 @@ graph whose edges are split over clients (Thakkar & Joshi, FedSpectral+).
 Every client knows all N node ids and holds some edges (partitioner ``edge``;
 each edge goes to ``r`` clients, ``partition.overlap`` / ``partition.replicas``;
 the paper uses 5 clients, 40% overlap, i.e. r = 2). The math is in
-``app.protocols.fedspectral``; this module only moves blocks.
+``fedgraphcore.protocols.fedspectral``; this module only moves blocks.
 
 ``fedspectral`` (baseline) wire protocol
     1. ``fedspectral_local`` (down: k, seed) -> up: ``labels`` (N int64), the
@@ -59,18 +59,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, RunConfig, SharedConfig
-from app.data.types import GraphData
-from app.privacy.gaussian import GaussianMechanism
-from app.progress import Convergence
-from app.protocols.fedspectral import baseline, block_iteration, plus, wire
-from app.wire import LABELS, ProtocolError
-from app.transport import pack, unpack
+from fedgraphcore.config import ConfigError, RunConfig, SharedConfig
+from fedgraphcore.data.types import GraphData
+from fedgraphcore.privacy.gaussian import GaussianMechanism
+from fedgraphcore.progress import Convergence
+from fedgraphcore.protocols.fedspectral import baseline, block_iteration, plus, wire
+from fedgraphcore.wire import LABELS, ProtocolError
+from fedgraphcore.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 from strategies.links import link_boundaries, uses_boundary
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 # Paper settings (Experimental Setting): (iters, rounds) per dataset.
 PAPER_SETTINGS = {"ego-facebook": (6, 20), "email-eu-core": (1, 1)}
@@ -80,7 +80,7 @@ EXACT_MAX_ROUNDS = 2000
 
 def _reference(strategy: FedSpectral | FedSpectralPlus, data: GraphData) -> np.ndarray:
     """Centralised normalised spectral clustering of the pooled graph, regularised as the run says."""
-    from app.clustering import regularisation, spectral_graph
+    from fedgraphcore.clustering import regularisation, spectral_graph
 
     k, cfg = strategy.shared.num_clusters, strategy.cfg
     tau = regularisation(data.adj, k, cfg.regularise, cfg.tau)
@@ -423,7 +423,7 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         """``apply(X) = D^-1/2 sum_c (A_c / r) D^-1/2 X``, the global normalised adjacency applied to X:
         one ``fedspectral_product`` round (down ``Y = D^-1/2 X`` scaled to max |entry| 1, up ``block`` =
         ``(A_c / r) Y``); with ``tau`` > 0 ``D_tau^-1/2 (sum_c (A_c / r) Y + (tau/N) 1 1^T Y)``,
-        ``Y = D_tau^-1/2 X`` (:func:`app.protocols.fedspectral.plus.regularised_sum`); ``residuals``:
+        ``Y = D_tau^-1/2 X`` (:func:`fedgraphcore.protocols.fedspectral.plus.regularised_sum`); ``residuals``:
         what the eigensolver stops on, for the progress line."""
         dinv = plus.inverse_sqrt_degrees(d + tau, floor=0.5 if tau == 0 else 0.0)
         dmax = float(d.max(initial=0.0)) + 1.0 + 12.0 * deg_noise  # a client's row sum is <= the true degree

@@ -5,12 +5,12 @@ Clients hold whole graphs: a Dirichlet share of a graph collection (MUTAG,
 PROTEINS, IMDB-BINARY; partitioner ``graph-dirichlet``) or k-hop subgraphs
 around centre nodes of one big graph (``khop``; the centre label is the
 subgraph's pseudo-label). Every client splits its graphs 7:2:1 into
-train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``):
+train/validation/test (seeded). Wire protocol (math in ``fedgraphcore.protocols.gw_ldp``):
 
 1. With ``hello`` (down: ``num_classes``, the GNN's outputs; a client whose
    labels need more refuses) -> up: values ``in_dim``, ``graphs``, ``train``
    (feature width and counts only; whole numbers, ``train <= graphs``, else the
-   run stops, :func:`app.protocols.gw_ldp.describe_problem`).
+   run stops, :func:`fedgraphcore.protocols.gw_ldp.describe_problem`).
 2. ``fit`` (message category ``train``) x ``num-rounds`` (down: the global
    GNN weights ``w.<name>``, epochs, learning rate) -> up: the locally
    trained weights ``w.<name>`` (same shapes), ``num_examples`` (training
@@ -63,7 +63,7 @@ train/validation/test (seeded). Wire protocol (math in ``app.protocols.gw_ldp``)
    summing to 1; NaN or inf included), split codes outside 0..2, labels
    outside -1..k-1, a label on a test graph, repeated graph ids or sizes that
    do not add up stops the run
-   (:func:`app.protocols.gw_ldp.embedding_upload_problem`), as does a graph id
+   (:func:`fedgraphcore.protocols.gw_ldp.embedding_upload_problem`), as does a graph id
    two clients both upload or a periodic release whose graph ids, sizes,
    splits or labels differ from the client's release before. A client
    encodes at its own ``gw-ldp.epsilon`` and refuses a request for another;
@@ -114,17 +114,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, RunConfig, SharedConfig
-from app.data.types import GraphCollection, GraphData
-from app.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
-from app.privacy.ldp import LDPAccountant, default_m
-from app.protocols import gw_ldp
-from app.transport import pack, unpack
-from app.wire import ProtocolError, ReplySpec, whole_number
+from fedgraphcore.config import ConfigError, RunConfig, SharedConfig
+from fedgraphcore.data.types import GraphCollection, GraphData
+from fedgraphcore.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
+from fedgraphcore.privacy.ldp import LDPAccountant, default_m
+from fedgraphcore.protocols import gw_ldp
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import ProtocolError, ReplySpec, whole_number
 from strategies.base import ClusteringStrategy, StrategyOutput
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 #: Ledger entry (mechanism name, what it protects) per training-DP mode.
 DP_LEDGER = {  # name, what it protects, the unit of one neighbouring change
@@ -191,7 +191,7 @@ class GWLDP(ClusteringStrategy[gw_ldp.GWLDPConfig]):
 
     # ------------------------------------------------------------------ protocol
     def run(self, session: ServerSession) -> StrategyOutput:
-        from app.models import build_model
+        from fedgraphcore.models import build_model
 
         k, seed = self.shared.num_clusters, self.shared.seed
         described = self._describe(session)
@@ -313,7 +313,7 @@ class GWLDP(ClusteringStrategy[gw_ldp.GWLDPConfig]):
 
         Down: the weights (earlier layers already pooled) and the layer name.
         Up: ``moments`` = ``[N_c, sum a_v, sum a_v^2]`` of that layer's input over
-        the client's training-graph nodes (:func:`app.protocols.gw_ldp.norm_input_moments`).
+        the client's training-graph nodes (:func:`fedgraphcore.protocols.gw_ldp.norm_input_moments`).
         A malformed reply stops the run; a client that does not answer is dropped
         and the statistics are those of the clients that did."""
         for layer in layers:
@@ -512,8 +512,8 @@ def pooled_graphs(data: GraphData | GraphCollection, config: RunConfig) -> tuple
     """All graphs of the run in graph-id order, with their (pseudo-)labels."""
     if isinstance(data, GraphCollection):
         return list(data.graphs), np.asarray(data.y)
-    from app.data.params import partition_kwargs
-    from app.data.partition import partition
+    from fedgraphcore.data.params import partition_kwargs
+    from fedgraphcore.data.partition import partition
 
     shared = SharedConfig.of(config)
     shards = partition(data, "khop", shared.num_clients, seed=shared.seed,

@@ -2,9 +2,9 @@
 
 Setting (partitioner ``vertical``): every client holds all n nodes, the shared
 graph and its own block of feature columns. The math is in
-``app.protocols.kcagc``; this module only moves data. ``kcagc.mode = exact`` (the default:
+``fedgraphcore.protocols.kcagc``; this module only moves data. ``kcagc.mode = exact`` (the default:
 centralised AGC's labels from secure sums of the clients' Gram products) is
-``strategies.kcagc_exact`` with ``app.protocols.kcagc_exact``. Wire protocol of
+``strategies.kcagc_exact`` with ``fedgraphcore.protocols.kcagc_exact``. Wire protocol of
 ``kcagc.mode = paper`` and of ``kcagc-basic``:
 
 ``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
@@ -13,7 +13,7 @@ centralised AGC's labels from secure sums of the clients' Gram products) is
    filters its columns (AGC's filter or the paper's spectral-norm filter,
    ``kcagc.filter``, order psi), projects the filtered block on
    its top-k singular vectors and scales the rows to unit length
-   (``kcagc.embedding``; see ``app.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
+   (``kcagc.embedding``; see ``fedgraphcore.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
    with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
    features leaves it: with AGC's adaptive filter order the client picks psi
    from its own features and does not report it (``metrics["filter_order"]``
@@ -72,11 +72,11 @@ centralised AGC's labels from secure sums of the clients' Gram products) is
    with an odd number of clients the last three form one group, so that no
    client is ever alone), not only of all clients (ledger entry
    ``kcagc:tree-group-sums``). Each client masks only within the groups
-   :func:`app.protocols.kcagc.tree_groups` defines and refuses any other.
+   :func:`fedgraphcore.protocols.kcagc.tree_groups` defines and refuses any other.
 
    Masked distances travel in the 32-bit ring (uint32) with the unit-row
    embeddings, whose parts are provably at most 4, else in the 64-bit ring
-   (``secagg.bound``); the decoded sums are the same (``app.privacy.secagg``).
+   (``secagg.bound``); the decoded sums are the same (``fedgraphcore.privacy.secagg``).
    Each sum uses the finest power-of-two fixed-point scale its ring allows
    for that bound and the number of clients (never coarser than
    ``secagg.scale``; ``metrics["secagg_scale"]``): 2^27 with two clients in
@@ -98,17 +98,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import ConfigError, RunConfig
-from app.data.types import GraphData
-from app.protocols import kcagc
-from app.protocols import kcagc_exact as exact
-from app.wire import LABELS, ProtocolError
-from app.transport import pack, unpack
+from fedgraphcore.config import ConfigError, RunConfig
+from fedgraphcore.data.types import GraphData
+from fedgraphcore.protocols import kcagc
+from fedgraphcore.protocols import kcagc_exact as exact
+from fedgraphcore.wire import LABELS, ProtocolError
+from fedgraphcore.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
 from strategies.kcagc_exact import ExactAGC
 
 if TYPE_CHECKING:
-    from app.session import ServerSession
+    from fedgraphcore.session import ServerSession
 
 #: ``metrics["filter_order"]`` when each client picks psi by AGC's adaptive rule (never uploaded).
 ADAPTIVE_ORDER = "adaptive (per client, not disclosed)"
@@ -117,7 +117,7 @@ ADAPTIVE_ORDER = "adaptive (per client, not disclosed)"
 def _check_nonnegative(total: np.ndarray, step: str, what: str) -> None:
     """Reject a negative unmasked sum: every client's part is a squared norm (>= 0), so
     one below 0 means a client uploaded something else. (A sum above the clients'
-    declared bounds is refused by :meth:`app.session.ServerSession.secure_sum`.)"""
+    declared bounds is refused by :meth:`fedgraphcore.session.ServerSession.secure_sum`.)"""
     if total.size and total.min() < 0:
         raise ProtocolError(f"step '{step}': a {what} summed over the clients is {total.min():.6g} < 0; "
                             "every client's part is >= 0, so an upload is malformed")
@@ -268,7 +268,7 @@ class KCAGC(ClusteringStrategy[kcagc.KCAGCConfig]):
 
     def reference(self, data: GraphData) -> np.ndarray:
         """Centralised AGC on the pooled features (same filter and order, top-k singular vectors, k-means)."""
-        from app.graph_filters import agc
+        from fedgraphcore.graph_filters import agc
 
         labels, _ = agc(data.x, data.adj, self.shared.num_clusters, self.shared.seed, order=self._filter_order(),
                         kind=self.cfg.filter)

@@ -1,4 +1,4 @@
-"""Server side of the boundary links (:mod:`app.protocols.boundary`): link the parties' boundary
+"""Server side of the boundary links (:mod:`fedgraphcore.protocols.boundary`): link the parties' boundary
 edges once, then padded sums over neighbours held elsewhere.
 
 The server relays sealed shares and tags it cannot read; it learns N and each party's row
@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import RecordDict
 
-from app.config import RunConfig
-from app.privacy.ledger import GUARANTEE_SECAGG
-from app.privacy.secagg import sum_masked
-from app.protocols import boundary
-from app.session import ServerSession
-from app.transport import pack, unpack
-from app.wire import ArraySpec, ProtocolError, ReplySpec
+from fedgraphcore.config import RunConfig
+from fedgraphcore.privacy.ledger import GUARANTEE_SECAGG
+from fedgraphcore.privacy.secagg import sum_masked
+from fedgraphcore.protocols import boundary
+from fedgraphcore.session import ServerSession
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import ArraySpec, ProtocolError, ReplySpec
 
 
 def uses_boundary(config: RunConfig) -> bool:
@@ -45,7 +45,7 @@ class ServerLinks:
 
 
 def link_boundaries(session: ServerSession) -> ServerLinks:
-    """The three linking steps (module docstring of :mod:`app.protocols.boundary`); needs the
+    """The three linking steps (module docstring of :mod:`fedgraphcore.protocols.boundary`); needs the
     secure-aggregation key exchange done (:meth:`ServerSession.setup_secure_aggregation`)."""
     parties = len(session.clients)
     sealed_spec = ReplySpec(arrays={"sealed": ArraySpec((parties, boundary.SEALED_BYTES), "u")})

@@ -72,7 +72,7 @@ def _pages_where_looked_at(request, monkeypatch):
     shipped default). Likewise fedkmeans' graph filter (eight more rounds on a node split): the others run
     with fedkmeans.filter-order=0 unless they set it; tests/test_fedkmeans_boundary.py runs the filter."""
     if request.node.get_closest_marker("shipped_defaults") is None:
-        from app.config import Schema
+        from fedgraphcore.config import Schema
 
         shipped = Schema.defaults
 
@@ -83,7 +83,7 @@ def _pages_where_looked_at(request, monkeypatch):
         monkeypatch.setattr(Schema, "defaults", without_pages)  # every schema, however registry caches them
 
 
-#: the sections of every run's page, in order (app.report.page.render)
+#: the sections of every run's page, in order (fedgraphcore.report.page.render)
 PAGE_SECTIONS = ("The run", "The clusters", "Federated, centralised and the truth", "Rounds",
                  "Privacy ledger: what left each client", "Notes", "Settings")
 

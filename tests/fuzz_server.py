@@ -25,11 +25,11 @@ import numpy as np
 
 from app.client_app import build_client_app
 from app.inprocess import FIRST_CLIENT_NODE_ID, InProcessGrid
-from app.privacy.policy import MIN_ROWS
+from fedgraphcore.privacy.policy import MIN_ROWS
 from app.registry import STRATEGIES
 from app.server_app import run_server
-from app.transport import unpack
-from app.wire import HELLO, SECAGG_PEER
+from fedgraphcore.transport import unpack
+from fedgraphcore.wire import HELLO, SECAGG_PEER
 from clients.base import request_digest
 from malicious_server import Capture, Read, Request, counted_statistics, leaks
 from rogue_server import Member, Reply

@@ -25,9 +25,9 @@ from typing import Mapping
 
 import numpy as np
 
-from app.session import ServerSession
-from app.transport import unpack
-from app.wire import ArraySpec
+from fedgraphcore.session import ServerSession
+from fedgraphcore.transport import unpack
+from fedgraphcore.wire import ArraySpec
 from clients.base import ClusteringClient
 
 #: Relative tolerance of "equal": values within ``RTOL x max(1, |row|)`` of a party row.
@@ -163,7 +163,7 @@ def party_rows(client: ClusteringClient) -> dict[str, np.ndarray]:
 def _filtered(client: ClusteringClient, strategy: str) -> np.ndarray | None:
     """What the strategy's client clusters, as it computed it (fedsc: before its data noise, which
     only stands between the server and the party's rows when it is on)."""
-    from app.graph_filters import filtered_features
+    from fedgraphcore.graph_filters import filtered_features
 
     state = client.context.state.array_records
     if strategy == "fedkmeans":
@@ -234,8 +234,8 @@ def _views(read: Read, capture: Capture, k: int) -> list[tuple[str, np.ndarray]]
 
 def _statistics(read: Read, a: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """fedkmeans' Lloyd statistics (``stats``: one vector, or one per start) as (sums, counts) per
-    start (:func:`app.protocols.fedkmeans.split_statistics`); none for any other array."""
-    from app.protocols.fedkmeans import split_statistics
+    start (:func:`fedgraphcore.protocols.fedkmeans.split_statistics`); none for any other array."""
+    from fedgraphcore.protocols.fedkmeans import split_statistics
 
     if read.name != "stats" or k < 1 or a.ndim not in (1, 2) or not a.size or (a.shape[-1] - k - 2) % k:
         return []
@@ -306,8 +306,8 @@ def _merged(found: list[Leak]) -> list[Leak]:
 
 def _fedsc_inversion(capture: Capture, parties) -> list[Leak]:
     """fedsc: each clear ``c`` inverted with the landmarks and sigma the server sent
-    (:func:`app.protocols.fedsc.invert_coefficients`)."""
-    from app.protocols.fedsc import invert_coefficients
+    (:func:`fedgraphcore.protocols.fedsc.invert_coefficients`)."""
+    from fedgraphcore.protocols.fedsc import invert_coefficients
 
     found = []
     for read in capture.reads:

@@ -23,14 +23,14 @@ import numpy as np
 from app.client_app import build_client_app
 from app.inprocess import InProcessGrid
 from app.registry import STRATEGIES
-from app.transport import pack, refused_rule, unpack
+from fedgraphcore.transport import pack, refused_rule, unpack
 
 NODE = 1001
 
 
 def shard_files(out: Path, clients: int, partitioner: str = "node-random", **data) -> list[Path]:
     """One shard file per member under ``out`` (sbm, ``data``: its ``sbm.*`` / ``partition.*`` keys)."""
-    from app.data import prepare
+    from fedgraphcore.data import prepare
 
     prepare.run(["--dataset", "sbm", "--partitioner", partitioner, "--num-clients", str(clients), "--out", str(out),
                  *sum((["--set", f"{k}={v}"] for k, v in data.items()), [])])
@@ -106,7 +106,7 @@ class Member:
 
     def features(self) -> np.ndarray:
         """The member's feature rows (what the attacks try to read)."""
-        from app.data.shards import load_shard_file
+        from fedgraphcore.data.shards import load_shard_file
 
         shard = load_shard_file(self.node_config["shard"])
         x = shard.x

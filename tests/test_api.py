@@ -1,5 +1,5 @@
 """``app.cluster``: every input type, the Result, pre-split pieces against the partitioner's
-split, bad arguments, and ``app.data.check``."""
+split, bad arguments, and ``fedgraphcore.data.check``."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 import scipy.sparse as sp
 
 from app import Result, cluster
-from app.config import ConfigError
-from app.data import load_dataset, memory
-from app.data.check import main as check_main
-from app.data.formats import read_graph
-from app.data.partition import partition
-from app.data.prepare import run as prepare
-from app.data.types import GraphData
-from app.result import LABELS_CSV
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset, memory
+from fedgraphcore.data.check import main as check_main
+from fedgraphcore.data.formats import read_graph
+from fedgraphcore.data.partition import partition
+from fedgraphcore.data.prepare import run as prepare
+from fedgraphcore.data.types import GraphData
+from fedgraphcore.result import LABELS_CSV
 from tests.conftest import run_labels, shared_datasets_or_skip
 
 SMALL = {"num_clusters": 4, "num_rounds": 5, "config": {"fedkmeans.filter-order": 1}}
@@ -211,7 +211,7 @@ def test_check_prints_what_a_party_will_hold_and_refuses_bad_files(sbm, tmp_path
 
 
 def test_a_graph_read_from_a_path_is_named_by_it_not_as_data_in_memory(sbm, tmp_path, caplog):
-    from app.data.formats import write_npz
+    from fedgraphcore.data.formats import write_npz
 
     path = write_npz(sbm, tmp_path / "graph.npz")
     with caplog.at_level("INFO"):

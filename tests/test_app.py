@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from app.data import load_dataset
-from app.metrics import ari
-from app.protocols import fedkmeans
-from app.result import RESULT_FILE
+from fedgraphcore.data import load_dataset
+from fedgraphcore.metrics import ari
+from fedgraphcore.protocols import fedkmeans
+from fedgraphcore.result import RESULT_FILE
 from app.client_app import build_client_app
 from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import unpack
+from fedgraphcore.transport import unpack
 from conftest import check_page, patch_reply
 
 TOP_KEYS = {"strategy", "dataset", "num_clients", "config", "metrics", "reference", "timing",
@@ -110,7 +110,7 @@ def test_side_by_side_time_counts_only_the_slowest_client_per_round(out_dir, tmp
 
 
 def test_bad_config_inside_the_run_writes_nothing(out_dir):
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
 
     with pytest.raises(ConfigError, match="valid choices"):
         run_experiment("fedkmeans", "sbm", 2, {"partitioner": "vertical"}, out_dir)
@@ -132,7 +132,7 @@ def test_bad_config_inside_the_run_writes_nothing(out_dir):
 def test_fedkmeans_statistics_of_data_a_client_does_not_hold_stop_the_run(out_dir, monkeypatch, action, tamper,
                                                                           reason):
     """Sizes steer the merged seeds and the centres: they must add up to the rows each client announced."""
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -142,7 +142,7 @@ def test_fedkmeans_statistics_of_data_a_client_does_not_hold_stop_the_run(out_di
 
 
 def test_fedkmeans_refuses_overlapping_rows(out_dir):
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"invalid value 0.5 for 'partition.overlap' with strategy 'fedkmeans': "
                                           r"Lloyd's sums would count a row held by two clients twice; valid: 0"):
@@ -168,7 +168,7 @@ def test_fedkmeans_refuses_overlapping_rows(out_dir):
     ids=["negative-id", "repeated-id", "short-labels", "label-out-of-range", "short-counts", "narrow-centres"],
 )
 def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, monkeypatch, action, tamper, reason):
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, action, lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -195,7 +195,7 @@ def test_fedkmeans_malformed_replies_stop_the_run_naming_the_client(out_dir, mon
 def test_fedkmeans_final_ids_that_cannot_be_the_clients_stop_the_run(out_dir, monkeypatch, tamper, reason):
     """Each per-client check passes; only ids set against the other clients' and the hello show the lie
     (before: the first label won, or the client's rows went unlabelled, and coverage fell silently)."""
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, "kmeans_assign", lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -207,7 +207,7 @@ def test_fedkmeans_final_ids_that_cannot_be_the_clients_stop_the_run(out_dir, mo
 def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(out_dir, monkeypatch):
     """Finite centres of 1e300 pass the array checks, but every client's distances to them overflow:
     the run stops at once, naming the client that sent them, not a step later blaming all clients."""
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from clients.fedkmeans import FedKMeansClient
 
     patch_reply(monkeypatch, FedKMeansClient, "hello",
@@ -218,7 +218,7 @@ def test_fedkmeans_initial_centres_every_client_would_square_to_inf_are_refused(
 
 
 def test_final_labels_with_item_ids_outside_the_dataset_are_refused():
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from strategies.base import StrategyOutput
 
     out = StrategyOutput(labels=np.array([0, 1, 1]), ids=np.array([2, 0, 1]))
@@ -295,7 +295,7 @@ def test_the_server_app_lets_flower_see_a_config_error_unless_app_run_collects_i
     raising (no SystemExit in the engine's thread)."""
     from flwr.app import Context, RecordDict
 
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
     from app.server_app import build_server_app
 
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
@@ -321,7 +321,7 @@ def test_unsigned_node_ids_from_one_client_give_the_same_labels(tmp_path, monkey
 
 @pytest.mark.parametrize("with_hello", [True, False], ids=["key-with-hello", "key-in-its-own-round"])
 def test_a_malformed_public_key_stops_secure_aggregation_naming_the_party(tmp_path, monkeypatch, with_hello):
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from clients.base import ClusteringClient
     from strategies.fedkmeans import FedKMeans
 

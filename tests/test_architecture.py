@@ -1,7 +1,7 @@
 """The rules of the code's layout (docs/architecture.md), checked on the source.
 
 A method is three rooms: ``strategies/<name>.py`` (server), ``clients/<name>.py`` (client) and
-``app/protocols/<name>.py`` or ``app/protocols/<name>/`` (its math and wire spec); everything else
+``fedgraphcore/protocols/<name>.py`` or ``fedgraphcore/protocols/<name>/`` (its math and wire spec); everything else
 under ``app/`` is the spine they share. Imports are read from the syntax tree, those inside
 functions included, so a deferred import cannot slip past.
 Each rule's assertion message lists every offender.
@@ -20,13 +20,13 @@ import pytest
 
 
 from app import registry
-from app.config import ConfigView, NoiseConfig, SecAggConfig, SharedConfig
+from fedgraphcore.config import ConfigView, NoiseConfig, SecAggConfig, SharedConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 50
 
 #: What a protocol module may not import: the transport, Flower, the server and client rooms.
-PROTOCOL_FORBIDDEN = ("app.transport", "app.session", "app.inprocess", "app.server_app", "app.client_app",
+PROTOCOL_FORBIDDEN = ("fedgraphcore.transport", "fedgraphcore.session", "app.inprocess", "app.server_app", "app.client_app",
                       "flwr", "strategies", "clients")
 #: Modules the ClientApp must not import when it loads: a SuperNode starts a fresh ClientApp process
 #: for every message, so they would be paid on every message (the steps that use them import them).
@@ -109,8 +109,8 @@ def test_imports_are_found_in_functions_and_relative_ones_resolved(tmp_path):
     sample.write_text("def step():\n    from app import transport\n    import flwr.app\n"
                       "from . import fedkmeans\nfrom ..wire import ReplySpec\n")
     found = imported_modules(sample, tmp_path)
-    assert (2, "app.transport") in found and (3, "flwr.app") in found
-    assert (4, "app.protocols.fedkmeans") in found and (5, "app.wire") in found
+    assert (2, "fedgraphcore.transport") in found and (3, "flwr.app") in found
+    assert (4, "fedgraphcore.protocols.fedkmeans") in found and (5, "fedgraphcore.wire") in found
     assert is_within("flwr.app", PROTOCOL_FORBIDDEN) and not is_within("app.transporter", PROTOCOL_FORBIDDEN)
 
 
@@ -122,7 +122,7 @@ def test_clients_never_import_strategies():
 
 # -- (b) a protocol module imports no transport --------------------------------------------------
 def test_protocol_modules_import_no_transport_server_or_client():
-    offenders = forbidden_imports(python_files("app/protocols"), PROTOCOL_FORBIDDEN)
+    offenders = forbidden_imports(python_files("fedgraphcore/protocols"), PROTOCOL_FORBIDDEN)
     assert not offenders, "protocol modules import the transport or another room: " + "; ".join(offenders)
 
 
@@ -180,9 +180,9 @@ def test_the_shared_view_covers_every_shared_key_but_secure_aggregation_s_and_th
     assert [f.name for f in dataclasses.fields(SecAggConfig)] == ["scale", "bound"]
 
 
-#: The modules that write a Param: app.config builds the views' (from their fields), the data's keys and the
+#: The modules that write a Param: fedgraphcore.config builds the views' (from their fields), the data's keys and the
 #: node privacy policy's are read through no view.
-PARAM_WRITERS = ("app/config.py", "app/data/params.py", "app/privacy/policy.py")
+PARAM_WRITERS = ("fedgraphcore/config.py", "fedgraphcore/data/params.py", "fedgraphcore/privacy/policy.py")
 
 
 def param_calls(files) -> list[str]:
@@ -214,7 +214,7 @@ def test_a_strategy_declares_exactly_the_fields_of_the_view_it_names():
 
 
 def test_every_run_config_key_is_a_view_field_or_a_data_key_and_only_one_of_them():
-    from app.data.params import DATA_PARAMS
+    from fedgraphcore.data.params import DATA_PARAMS
 
     view_keys = [key for view in all_views() for key in view.keys()]
     data_keys = [p.key for p in DATA_PARAMS]
@@ -224,7 +224,7 @@ def test_every_run_config_key_is_a_view_field_or_a_data_key_and_only_one_of_them
 
 
 def test_a_strategy_that_writes_params_or_a_view_field_without_setting_is_refused():
-    from app.config import Param, setting
+    from fedgraphcore.config import Param, setting
     from strategies.base import ClusteringStrategy
 
     with pytest.raises(TypeError, match="Twice writes params; declare its keys as fields of its settings view"):
@@ -236,7 +236,7 @@ def test_a_strategy_that_writes_params_or_a_view_field_without_setting_is_refuse
         declared: int = setting(1, "declared")
         plain: int = 0
 
-    with pytest.raises(TypeError, match=r"^Bare.plain is not declared with app.config.setting\(\)$"):
+    with pytest.raises(TypeError, match=r"^Bare.plain is not declared with fedgraphcore.config.setting\(\)$"):
         Bare.params()
 
 
@@ -255,11 +255,11 @@ def test_no_function_is_longer_than_50_lines():
 
 
 def test_every_error_the_app_raises_on_purpose_has_one_root():
-    """The server and the command-line tools catch :class:`app.errors.FedGraphError` alone: every
+    """The server and the command-line tools catch :class:`fedgraphcore.errors.FedGraphError` alone: every
     public exception class the code defines is one (its message one line, its exit code 2 or 1, or
     a command's own code). A private class (``_Name``) is a module's own control flow, caught where
     it is raised."""
-    from app.errors import FedGraphError
+    from fedgraphcore.errors import FedGraphError
 
     found = []
     for path in python_files("app", "clients", "strategies", "deploy"):

@@ -1,4 +1,4 @@
-"""app.clustering / app.graph_filters / app.models: k-means, spectral clustering, AGC, DMoN."""
+"""fedgraphcore.clustering / fedgraphcore.graph_filters / fedgraphcore.models: k-means, spectral clustering, AGC, DMoN."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from app import clustering, graph_filters, models
-from app import metrics as M
+from fedgraphcore import clustering, graph_filters, models
+from fedgraphcore import metrics as M
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
@@ -282,7 +282,7 @@ def _dense_dmon_loss(S, A, lam):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_dmon_loss_equals_dense_computation(weighted):
     torch = pytest.importorskip("torch")
-    from app.models import adj_to_edge_index, dmon_loss
+    from fedgraphcore.models import adj_to_edge_index, dmon_loss
 
     rng = np.random.default_rng(0)
     A, _, _ = planted_partition(n=80, k=4, seed=5)
@@ -303,7 +303,7 @@ def test_dmon_loss_matches_pyg_dmon_pooling():
     torch = pytest.importorskip("torch")
     from torch_geometric.nn import DMoNPooling
 
-    from app.models import adj_to_edge_index, dmon_loss
+    from fedgraphcore.models import adj_to_edge_index, dmon_loss
 
     A, x, _ = planted_partition(n=60, k=3, seed=6, f=8)
     torch.manual_seed(0)
@@ -317,7 +317,7 @@ def test_dmon_loss_matches_pyg_dmon_pooling():
 
 def test_dmon_model_and_training():
     torch = pytest.importorskip("torch")
-    from app.models import DMoNModel
+    from fedgraphcore.models import DMoNModel
 
     A, x, y = planted_partition(n=200, k=4, p_in=0.15, p_out=0.005, seed=7, feat_noise=2.0)
     model = DMoNModel(20, 4)

@@ -1,4 +1,4 @@
-"""Boundary edges of node splits and the boundary links (app.data.boundary, app.protocols.boundary,
+"""Boundary edges of node splits and the boundary links (fedgraphcore.data.boundary, fedgraphcore.protocols.boundary,
 clients/boundary.py, strategies/links.py), and fedspectral-plus on node splits, which uses them."""
 
 from __future__ import annotations
@@ -8,21 +8,21 @@ import pytest
 import scipy.sparse as sp
 
 from app.api import cluster
-from app.clustering import spectral_graph
-from app.config import ConfigError
-from app.data import load_dataset
-from app.data.boundary import pool
-from app.data.formats import read_graph
-from app.data.assemble import DataFileError
-from app.data.partition import partition
-from app.data.shards import shard_from_arrays, shard_to_arrays
-from app.data.types import Boundary, GraphData
+from fedgraphcore.clustering import spectral_graph
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.boundary import pool
+from fedgraphcore.data.formats import read_graph
+from fedgraphcore.data.assemble import DataFileError
+from fedgraphcore.data.partition import partition
+from fedgraphcore.data.shards import shard_from_arrays, shard_to_arrays
+from fedgraphcore.data.types import Boundary, GraphData
 from app.inprocess import InProcessGrid
 from app.client_app import build_client_app
-from app.privacy.secagg import FixedPointEncoder, SecAggParty, sum_masked
-from app.protocols import boundary
+from fedgraphcore.privacy.secagg import FixedPointEncoder, SecAggParty, sum_masked
+from fedgraphcore.protocols import boundary
 from app.server_app import run_server
-from app.transport import unpack
+from fedgraphcore.transport import unpack
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_a_boundary_edge_with_two_weights_is_refused(tmp_path):
 
 
 def test_data_check_counts_a_partys_boundary_edges(tmp_path):
-    from app.data.check import run
+    from fedgraphcore.data.check import run
 
     edges, _ = _party_files(tmp_path, "a", [1, 2, 3], [(1, 2), (2, 3), (3, 10), (1, 11)])
     lines = run([str(edges), "--partitioner", "node-random", "--read", f"node-table={tmp_path / 'a_nodes.csv'}"])
@@ -265,7 +265,7 @@ def test_fedspectral_plus_on_parties_pieces_with_boundary_edges_equals_the_poole
     whole = pool(pieces)
     reference = spectral_graph(whole.adj, 4, 0, n_init=10)
     assert np.array_equal(result.ids, whole.keys)
-    from app.metrics import agreement
+    from fedgraphcore.metrics import agreement
 
     assert agreement(reference, result.labels)["ari"] == 1.0
 

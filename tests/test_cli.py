@@ -16,10 +16,11 @@ import pytest
 from flwr.app import Context, RecordDict
 from flwr.common.logger import FLOWER_LOGGER, log, warn_deprecated_feature
 
-from app import describe, quiet, registry
-from app.config import ConfigError
-from app.data import DATASETS
-from app.progress import Convergence, Progress, expected_rounds, progress_line
+from fedgraphcore import quiet
+from app import describe, registry
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import DATASETS
+from fedgraphcore.progress import Convergence, Progress, expected_rounds, progress_line
 from app.run import main, run_experiment
 from conftest import HANG_GUARD_S, REPO
 

@@ -10,9 +10,9 @@ import tomllib
 import pytest
 
 from app import registry
-from app.config import ConfigError, Param, Schema
-from app.data import DATASETS
-from app.data.formats import FORMAT_HELP
+from fedgraphcore.config import ConfigError, Param, Schema
+from fedgraphcore.data import DATASETS
+from fedgraphcore.data.formats import FORMAT_HELP
 from conftest import HANG_GUARD_S, REPO
 
 
@@ -152,11 +152,11 @@ def test_registry_round_trip():
 
 
 def test_the_dataset_help_names_the_reserved_value_parties_and_the_layers_add_their_choices():
-    """app.config cannot import the data layer or the registry: the help spells out
-    app.data.parties.PARTIES, and app.registry adds the choices and the check only it knows."""
-    from app.data.parties import PARTIES
-    from app.data.partition import PARTITIONERS
-    from app.transport import POLL_MODES
+    """fedgraphcore.config cannot import the data layer or the registry: the help spells out
+    fedgraphcore.data.parties.PARTIES, and app.registry adds the choices and the check only it knows."""
+    from fedgraphcore.data.parties import PARTIES
+    from fedgraphcore.data.partition import PARTITIONERS
+    from fedgraphcore.transport import POLL_MODES
 
     params = registry.schema().params
     assert f"{PARTIES!r}: every SuperNode brings its own data" in params["dataset"].help
@@ -263,7 +263,7 @@ def test_cli_empty_values_are_refused_not_taken_for_the_default(args, key, tmp_p
 def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
     """Refused before the run, not once it is over (when the result would be lost)."""
     import app.inprocess
-    from app.result import unwritable
+    from fedgraphcore.result import unwritable
     from app.run import main
 
     monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start
@@ -278,7 +278,7 @@ def test_write_result_never_replaces_a_result_json(tmp_path):
     """A second run into the same directory never replaces the first one's result and labels."""
     import numpy as np
 
-    from app.result import write_result
+    from fedgraphcore.result import write_result
 
     out = tmp_path / "r"
     write_result({"run": 1}, out, np.array([0, 1]))
@@ -322,7 +322,7 @@ def test_default_out_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
     import time
 
     from app.run import run_experiment
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from strategies.fedkmeans import FedKMeans
 
     monkeypatch.chdir(tmp_path)
@@ -343,7 +343,7 @@ def test_default_out_dirs_of_runs_started_in_the_same_second_differ(tmp_path, mo
 @pytest.fixture
 def sbm34_eval_file(tmp_path, capsys) -> str:
     """An eval-file as the reviewer made it: SBM labels of 34 nodes, karate's size."""
-    from app.data.prepare import main as prepare
+    from fedgraphcore.data.prepare import main as prepare
 
     path = str(tmp_path / "sbm34.npz")
     assert prepare(["--dataset", "sbm", "--partitioner", "node-random", "--num-clients", "2", "--set",
@@ -358,7 +358,7 @@ SAME_DATA = "valid: an eval-file written by python -m app.data.prepare --dataset
 
 @pytest.mark.parametrize("args, message", [
     (["--dataset", "karate"], "was made for dataset 'sbm', not 'karate'; valid: one written by python -m "
-                              "app.data.prepare --dataset karate ... --eval-file PATH"),
+                              "fedgraphcore.data.prepare --dataset karate ... --eval-file PATH"),
     (["--dataset", "sbm"], f"holds 34 nodes of 'sbm', the run's 'sbm' has 1000; {SAME_DATA}"),
     (["--dataset", "sbm", "--set", "sbm.nodes=34", "--set", "seed=1"],
      f"was made from other 'sbm' data than the run's (another seed or dataset setting); {SAME_DATA}"),
@@ -379,7 +379,7 @@ def test_an_eval_file_of_other_data_is_refused_before_the_run(sbm34_eval_file, a
 
 def test_a_server_refuses_an_eval_file_of_another_dataset_and_takes_its_own(sbm34_eval_file, tmp_path):
     """A deployed ServerApp has no dataset to compare with, but knows the run's dataset name."""
-    from app.data.evaluation import load_evaluation
+    from fedgraphcore.data.evaluation import load_evaluation
     from app.run import main
 
     with pytest.raises(ConfigError, match="^eval-file .* was made for dataset 'sbm', not 'karate'; valid: "):

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from app.config import ConfigError
-from app.data import DatasetNotFound, load_dataset
-from app.data import fetch
-from app.data.fetch import FILES, FetchError
-from app.data.fingerprint import data_hash
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import DatasetNotFound, load_dataset
+from fedgraphcore.data import fetch
+from fedgraphcore.data.fetch import FILES, FetchError
+from fedgraphcore.data.fingerprint import data_hash
 from tests.conftest import REPO, DatasetMirror, closed_port_url, shared_datasets_or_skip, wait_until
 
 
@@ -221,7 +221,7 @@ def test_concurrent_fetches_without_file_locks_each_rename_whole_verified_files(
 @pytest.fixture
 def upstream(shared, cache, monkeypatch, tmp_path):
     """A loopback server shaped like the publishers (Planetoid's raw files, a TU zip, SNAP's gzips,
-    the AGC file), named in :data:`app.data.fetch.UPSTREAM`; no mirror set."""
+    the AGC file), named in :data:`fedgraphcore.data.fetch.UPSTREAM`; no mirror set."""
     site = tmp_path / "site"
     shutil.copytree(shared / "planetoid" / "Cora" / "raw", site / "planetoid")
     (site / "tu").mkdir()
@@ -311,7 +311,7 @@ def test_the_cache_folder_follows_the_platform_and_its_override(monkeypatch, tmp
 
 def test_pubmed_without_a_data_root_is_one_line_and_not_downloaded(cache, monkeypatch):
     monkeypatch.delenv("FEDGRAPH_DATA_ROOT")
-    monkeypatch.setattr("app.data.datasets.REPO_ROOT", cache / "nowhere" / "repo")
+    monkeypatch.setattr("fedgraphcore.data.datasets.REPO_ROOT", cache / "nowhere" / "repo")
     with pytest.raises(DatasetNotFound) as err:
         load_dataset("pubmed")
     assert str(err.value) == ("dataset 'pubmed' needs a data root: set run-config 'data-root' or $FEDGRAPH_DATA_ROOT "

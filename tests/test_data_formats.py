@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from app.config import ConfigError
-from app.data import GraphCollection, load_dataset
-from app.data.datasets import resolve_data_root
-from app.data.formats import as_graph, read_graph, write_npz
-from app.data.shards import data_hash
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import GraphCollection, load_dataset
+from fedgraphcore.data.datasets import resolve_data_root
+from fedgraphcore.data.formats import as_graph, read_graph, write_npz
+from fedgraphcore.data.shards import data_hash
 
 N = 24  # two communities of 12
 
@@ -461,7 +461,7 @@ def _planetoid(raw: Path, prefix: str, gap: bool) -> None:
 def test_planetoid_files_read_as_pyg_reads_them(tmp_path, prefix, gap):
     from torch_geometric.io.planetoid import read_planetoid_data
 
-    from app.data.datasets import symmetric_adjacency
+    from fedgraphcore.data.datasets import symmetric_adjacency
 
     raw = tmp_path / "raw"
     _planetoid(raw, prefix, gap)
@@ -510,7 +510,7 @@ def test_dataset_values(tmp_path):
 # ----------------------------------------------------------------------------- built-ins
 
 
-#: data_hash of every built-in as loaded before the readers of app.data.formats replaced PyG's loaders.
+#: data_hash of every built-in as loaded before the readers of fedgraphcore.data.formats replaced PyG's loaders.
 BUILTIN_HASHES = {
     "karate": "acf7db2fd8aacabc65c7759fc091d467af0ea397035402e0f1ffba2910dfcb64",
     "sbm": "00daba138082d165d15db8dac0f9c013ccded8f07c3c48799c7129bd42cb84e9",
@@ -529,7 +529,7 @@ BUILTIN_HASHES = {
 
 
 def test_builtins_load_to_the_same_arrays_and_profiles():
-    from app.data.datasets import BUILTIN_PROFILES, FILE_DATASETS, DataProfile
+    from fedgraphcore.data.datasets import BUILTIN_PROFILES, FILE_DATASETS, DataProfile
 
     root = resolve_data_root(None)
     if root is None or not (root / "planetoid" / "Cora").is_dir():

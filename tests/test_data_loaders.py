@@ -13,9 +13,9 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.config import ConfigError  # noqa: E402
-from app.data import DATASETS, DatasetNotFound, GraphCollection, GraphData, load_dataset  # noqa: E402
-from app.data.datasets import resolve_data_root, symmetric_adjacency  # noqa: E402
+from fedgraphcore.config import ConfigError  # noqa: E402
+from fedgraphcore.data import DATASETS, DatasetNotFound, GraphCollection, GraphData, load_dataset  # noqa: E402
+from fedgraphcore.data.datasets import resolve_data_root, symmetric_adjacency  # noqa: E402
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 SHARED = Path(os.environ.get("FEDGRAPH_DATA_ROOT") or DEFAULT_ROOT)

@@ -11,9 +11,9 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.config import ConfigError  # noqa: E402
-from app.data import GraphCollection, GraphData, load_dataset  # noqa: E402
-from app.data.partition import PARTITIONERS, edge_replicas, khop_nodes, partition  # noqa: E402
+from fedgraphcore.config import ConfigError  # noqa: E402
+from fedgraphcore.data import GraphCollection, GraphData, load_dataset  # noqa: E402
+from fedgraphcore.data.partition import PARTITIONERS, edge_replicas, khop_nodes, partition  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,14 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.config import ConfigError, Schema  # noqa: E402
-from app.data import GraphCollection, GraphData, Shard, load_dataset  # noqa: E402
-from app.data import shards as shards_mod  # noqa: E402
-from app.data.params import DATA_PARAMS, data_root, dataset_kwargs, partition_kwargs  # noqa: E402
-from app.data.partition import PARTITION_PARAMS, PARTITIONERS, partition  # noqa: E402
-from app.data.prepare import main as prepare_main  # noqa: E402
+from fedgraphcore.config import ConfigError, Schema  # noqa: E402
+from fedgraphcore.data import GraphCollection, GraphData, Shard, load_dataset  # noqa: E402
+from fedgraphcore.data import shards as shards_mod  # noqa: E402
+from fedgraphcore.data.params import DATA_PARAMS, data_root, dataset_kwargs, partition_kwargs  # noqa: E402
+from fedgraphcore.data.partition import PARTITION_PARAMS, PARTITIONERS, partition  # noqa: E402
+from fedgraphcore.data.prepare import main as prepare_main  # noqa: E402
 from conftest import shared_datasets_or_skip  # noqa: E402
-from app.data.shards import (ShardError, client_shard, clear_caches, data_hash, load_shard_file,  # noqa: E402
+from fedgraphcore.data.shards import (ShardError, client_shard, clear_caches, data_hash, load_shard_file,  # noqa: E402
                              server_data, write_shards)
 
 SHARED = ROOT.parent / "shared" / "datasets"
@@ -358,18 +358,18 @@ def test_prepare_refuses_an_out_dir_it_cannot_write(tmp_path, capsys):
 
 
 def test_prepare_module_entry_point(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "app.data.prepare", "--dataset", "iris", "--partitioner",
+    r = subprocess.run([sys.executable, "-m", "fedgraphcore.data.prepare", "--dataset", "iris", "--partitioner",
                         "sample", "--num-clients", "2", "--out", str(tmp_path / "o")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "o" / "client-1.npz").is_file()
-    r = subprocess.run([sys.executable, "-m", "app.data.prepare", "--dataset", "iris"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "fedgraphcore.data.prepare", "--dataset", "iris"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 
 
 def test_a_bad_eval_file_is_named_with_what_is_wrong(tmp_path):
-    from app.data.evaluation import load_evaluation
+    from fedgraphcore.data.evaluation import load_evaluation
 
     (tmp_path / "notes.txt").write_text("labels\n")
     for path, state in ((tmp_path, "is a directory"), (tmp_path / "none.npz", "does not exist"),
@@ -382,7 +382,7 @@ def test_a_bad_eval_file_is_named_with_what_is_wrong(tmp_path):
 def test_a_labels_only_eval_file_keeps_one_id_per_label(tmp_path):
     """The deployed server writes labels.csv from the evaluation file alone: a collection's labels
     without their graphs still name every graph, and the user's IDs come back as written."""
-    from app.data.evaluation import load_evaluation, write_evaluation
+    from fedgraphcore.data.evaluation import load_evaluation, write_evaluation
 
     mutag = load_dataset("mutag", data_root=str(shared_datasets_or_skip()))
     labels_only = load_evaluation(write_evaluation(mutag, tmp_path / "mutag.npz"))

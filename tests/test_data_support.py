@@ -10,16 +10,16 @@ import json
 import numpy as np
 import pytest
 
-from app.config import ConfigError
-from app.data.partition import partition
-from app.data.datasets import load_dataset
-from app.data.shards import data_hash, write_shards
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data.partition import partition
+from fedgraphcore.data.datasets import load_dataset
+from fedgraphcore.data.shards import data_hash, write_shards
 from app.inprocess import InProcessGrid
-from app.privacy.secagg import FixedPointEncoder
-from app.protocols.fedkmeans import statistics_bound
+from fedgraphcore.privacy.secagg import FixedPointEncoder
+from fedgraphcore.protocols.fedkmeans import statistics_bound
 from app.run import run_experiment
-from app.session import ClientInfo, ServerSession
-from app.wire import ProtocolError
+from fedgraphcore.session import ClientInfo, ServerSession
+from fedgraphcore.wire import ProtocolError
 from strategies.fedkmeans import FedKMeans
 from strategies.fedspectral import FedSpectral, FedSpectralPlus
 from app import registry

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.result import summary_table
+from fedgraphcore.result import summary_table
 from deploy.__main__ import RUN_TIMING, _ended_processes, main
 from deploy.pki import make_all
 

@@ -38,7 +38,7 @@ DEPLOYED = {
 
 def test_a_bad_run_config_stops_before_any_certificate_shard_or_process(tmp_path):
     """Nothing starts: a bad key stops the federation before its first certificate, shard or process."""
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
 
     with pytest.raises(ConfigError, match="^dataset 'mutag' is a graph collection; strategy 'kcagc'"):
         run_local(2, "kcagc", "mutag", "auto", [], tmp_path / "deployed")
@@ -125,7 +125,7 @@ def _small_federation_files(out, nodes: int, partitioner: str = "node-random", s
                             overrides=None):
     """PKI, shards and eval file of the small SBM for ``nodes`` SuperNodes under ``out``; the run config
     (``overrides``: the strategy's settings, default 3 rounds)."""
-    from app.data import prepare
+    from fedgraphcore.data import prepare
 
     make_all(out / "pki", nodes)
     prepare.run(["--dataset", "sbm", "--partitioner", partitioner, "--num-clients", str(nodes), "--out",

@@ -9,11 +9,11 @@ import pytest
 from flwr.app import Message
 
 from app.client_app import build_client_app
-from app.data import prepare
+from fedgraphcore.data import prepare
 from app.inprocess import FIRST_CLIENT_NODE_ID, InProcessGrid
 from app.registry import check_dataset_name
-from app.transport import pack
-from app.wire import HELLO
+from fedgraphcore.transport import pack
+from fedgraphcore.wire import HELLO
 
 NODE = FIRST_CLIENT_NODE_ID
 

@@ -18,13 +18,14 @@ from flwr.clientapp import ClientApp
 from flwr.server.superlink.fleet.vce.backend.backend import Backend
 from flwr.server.superlink.fleet.vce.metrics import VceMetrics
 
-from app import engine, transport
+from fedgraphcore import transport
+from app import engine
 from app.client_app import build_client_app
 from app.engine import EngineStopped, EngineWatch, WatchedGrid
 from app.inprocess import InProcessGrid
 from app.run import main, run_experiment
 from app.server_app import run_server
-from app.wire import ArraySpec, ReplySpec
+from fedgraphcore.wire import ArraySpec, ReplySpec
 from tests.conftest import REPO
 
 HANG_GUARD_S = 900  # minutes-scale: only a hang exceeds it (Ray can need minutes to start on a busy machine)

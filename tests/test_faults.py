@@ -30,9 +30,9 @@ from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectPu
 
 from app import registry
 from app.inprocess import InProcessGrid
-from app.session import ServerSession
-from app.transport import NOT_RECEIVED, NOT_RECEIVED_RESENDS, pack
-from app.wire import ProtocolError
+from fedgraphcore.session import ServerSession
+from fedgraphcore.transport import NOT_RECEIVED, NOT_RECEIVED_RESENDS, pack
+from fedgraphcore.wire import ProtocolError
 from conftest import HANG_GUARD_S
 from deploy import flower_resilience, flower_shim
 from deploy.faults import FAULT, RESET_WITHIN_BYTES, Faults, ProxyTLS, serve

@@ -1,7 +1,7 @@
 """fedavg-dmon: FedAvg of DMoN weights over node-partitioned subgraphs.
 
 Protocol math is tested directly (edge split, FedAvg weighting, local training
-against app.models.train_dmon); the Flower layer end to end on the
+against fedgraphcore.models.train_dmon); the Flower layer end to end on the
 in-process grid (same ServerApp/ClientApp code, no Ray).
 """
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from app.models import train_dmon
-from app.config import ConfigError
-from app.data import load_dataset
-from app.metrics import ari
-from app.protocols import fedavg_dmon
+from fedgraphcore.models import train_dmon
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.metrics import ari
+from fedgraphcore.protocols import fedavg_dmon
 from app.run import run_experiment
 from clients.fedavg_dmon import FedAvgDMoNClient
 from conftest import check_page
@@ -57,7 +57,7 @@ def test_edge_split_is_a_symmetric_disjoint_partition_restricted_consistently():
 def test_overlap_half_gives_each_client_the_authors_share_of_nodes(clients):
     """Figure 2 setting: the authors' ``random_overlapping`` gives every client 1.5 N/C nodes;
     ``partition.overlap=0.5`` must do the same (ownership and copies: test_data_partition)."""
-    from app.data.partition import partition
+    from fedgraphcore.data.partition import partition
 
     graph = load_dataset("sbm")  # embedded: the rule does not depend on the graph
     shards = partition(graph, "node-random", clients, seed=0, overlap=0.5)
@@ -229,7 +229,7 @@ def test_a_supernode_that_comes_back_with_another_shard_stays_out(out_dir):
     ids=["short-owned", "negative-label", "repeated-id"],
 )
 def test_malformed_final_labels_stop_the_run_naming_the_client(out_dir, monkeypatch, tamper, reason):
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from conftest import patch_reply
 
     patch_reply(monkeypatch, FedAvgDMoNClient, "dmon_assign", lambda shard, out, vals: (tamper(out), vals), client=1)
@@ -238,7 +238,7 @@ def test_malformed_final_labels_stop_the_run_naming_the_client(out_dir, monkeypa
 
 
 def test_owned_ids_that_cannot_be_the_clients_stop_the_run(out_dir, monkeypatch):
-    from app.wire import ProtocolError
+    from fedgraphcore.wire import ProtocolError
     from conftest import patch_reply
 
     # client 1 claims to own the first nodes, which client 0 owns
@@ -324,7 +324,7 @@ def test_dp_sends_only_noised_weights_and_selects_the_last_round(out_dir):
 
 def test_client_and_server_build_one_dp_mechanism():
     from app import registry
-    from app.privacy.gaussian import calibrate_noise_multiplier
+    from fedgraphcore.privacy.gaussian import calibrate_noise_multiplier
     from strategies.fedavg_dmon import FedAvgDMoN
 
     config = registry.validate({"strategy": "fedavg-dmon", "dataset": "sbm", "num-rounds": 4,
@@ -338,7 +338,7 @@ def test_client_and_server_build_one_dp_mechanism():
 
 
 def test_client_refuses_validation_score_under_dp():
-    from app.privacy.policy import PrivacyRefusal
+    from fedgraphcore.privacy.policy import PrivacyRefusal
 
     from app import registry
 

@@ -11,19 +11,19 @@ import scipy.sparse as sp
 import torch
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data import load_dataset
-from app.data.partition import partition
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
 from app.inprocess import InProcessGrid
-from app.models import DMoNModel, adj_to_edge_index, dmon_loss
-from app.protocols import boundary
-from app.protocols import fedavg_dmon
-from app.protocols import fedavg_dmon_boundary
-from app.protocols import fedavg_dmon_gradient
+from fedgraphcore.models import DMoNModel, adj_to_edge_index, dmon_loss
+from fedgraphcore.protocols import boundary
+from fedgraphcore.protocols import fedavg_dmon
+from fedgraphcore.protocols import fedavg_dmon_boundary
+from fedgraphcore.protocols import fedavg_dmon_gradient
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import unpack
+from fedgraphcore.transport import unpack
 
 N, K, F = 240, 4, 8
 SBM = {"sbm.nodes": N, "sbm.blocks": K, "sbm.features": F, "sbm.signal": 3.0, "sbm.p-in": 0.1, "sbm.p-out": 0.01}
@@ -179,7 +179,7 @@ def test_the_parties_local_loss_gradients_add_up_to_the_whole_graph_loss_gradien
 
 
 def test_validation_modularity_from_the_parties_counts_is_the_whole_graphs():
-    from app.metrics import modularity
+    from fedgraphcore.metrics import modularity
 
     data = sbm()
     vadj = fedavg_dmon.split_adjacency(data.adj, np.arange(N), SEED, VAL, TEST)[1]
@@ -201,7 +201,7 @@ def _sent_weights(grid, action: str) -> dict:
 
 def _centralised(steps: int, dropout: float):
     """Centralised DMoN (``train_dmon``) on the whole graph's training edges: ``steps`` epochs."""
-    from app.models import train_dmon
+    from fedgraphcore.models import train_dmon
 
     data = sbm()
     return train_dmon(data.x, whole_train(data), K, SEED, epochs=steps, dropout=dropout, sparse_features=True)

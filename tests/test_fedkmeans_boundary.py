@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 
 from app.client_app import build_client_app
-from app.data import load_dataset
-from app.data.partition import partition
-from app.graph_filters import low_pass_filter
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
+from fedgraphcore.graph_filters import low_pass_filter
 from app.inprocess import InProcessGrid
-from app.privacy.policy import MIN_ROWS
-from app.privacy.secagg import FixedPointEncoder, sum_masked
-from app.protocols import boundary
-from app.protocols import fedkmeans
-from app.protocols.boundary import PADDED_ROWS
+from fedgraphcore.privacy.policy import MIN_ROWS
+from fedgraphcore.privacy.secagg import FixedPointEncoder, sum_masked
+from fedgraphcore.protocols import boundary
+from fedgraphcore.protocols import fedkmeans
+from fedgraphcore.protocols.boundary import PADDED_ROWS
 from app.server_app import run_server
-from app.session import PrivacyRefused, ServerSession
-from app.transport import pack, unpack
-from app.wire import ProtocolError
+from fedgraphcore.session import PrivacyRefused, ServerSession
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import ProtocolError
 from clients.fedkmeans import FILTERED, FedKMeansClient
 
 N, K, F = 240, 4, 8

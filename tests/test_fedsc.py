@@ -8,20 +8,20 @@ import numpy as np
 import pytest
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data import load_dataset
-from app.data.partition import partition
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
 from app.inprocess import InProcessGrid
-from app.metrics import ari
-from app.protocols import fedsc
+from fedgraphcore.metrics import ari
+from fedgraphcore.protocols import fedsc
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
 from conftest import LeavingGrid, check_page, patch_reply
-from app.wire import ProtocolError
-from app.transport import unpack
+from fedgraphcore.wire import ProtocolError
+from fedgraphcore.transport import unpack
 from clients.fedsc import FedSCClient
-from app.protocols.fedsc import pooled_features
+from fedgraphcore.protocols.fedsc import pooled_features
 
 
 def reconstruction_error(x: np.ndarray, z: np.ndarray, c: np.ndarray, sigma: float) -> float:
@@ -161,7 +161,7 @@ def test_knn_affinity_matches_a_brute_force_construction():
 
 def test_noise_free_factors_reveal_the_samples_and_factor_noise_hides_them():
     """The honest limit of 'no sample leaves a client': the server can invert C_p."""
-    from app.privacy.gaussian import noise_ratio_perturb
+    from fedgraphcore.privacy.gaussian import noise_ratio_perturb
 
     _, _, xs = iris_blocks(8)
     x = np.vstack(xs)
@@ -285,7 +285,7 @@ def test_a_client_refuses_a_request_for_less_noise_than_its_own_budget_allows():
     (or sends a smaller one) must not get un-noised (or less noised) Z_p and C_p."""
     from flwr.app import Context, RecordDict
 
-    from app.privacy.policy import PrivacyRefusal
+    from fedgraphcore.privacy.policy import PrivacyRefusal
     from strategies.fedsc import _noise_multiplier
 
     config = validate({"strategy": "fedsc", "dataset": "iris", "num-rounds": 3, "fedsc.sigma": 2.5,

@@ -7,20 +7,20 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from app.clustering import spectral_affinity, spectral_graph
+from fedgraphcore.clustering import spectral_affinity, spectral_graph
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data import load_dataset
-from app.data.partition import partition
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
 from app.inprocess import InProcessGrid
-from app.metrics import ari
-from app.privacy.gaussian import GaussianMechanism
-from app.protocols.fedspectral import baseline, block_iteration, plus
+from fedgraphcore.metrics import ari
+from fedgraphcore.privacy.gaussian import GaussianMechanism
+from fedgraphcore.protocols.fedspectral import baseline, block_iteration, plus
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server
-from app.wire import ProtocolError
-from app.transport import pack, unpack
+from fedgraphcore.wire import ProtocolError
+from fedgraphcore.transport import pack, unpack
 from conftest import LeavingGrid, check_page, patch_reply
 
 SBM = {"sbm.nodes": 300, "sbm.blocks": 4, "sbm.p-in": 0.12, "sbm.p-out": 0.01, "sbm.features": 0}
@@ -430,7 +430,7 @@ def test_paper_mode_recovers_planted_blocks_and_float32_wire(tmp_path):
 def test_client_noise_has_the_requested_std_and_a_re_sent_request_gets_the_same_draw():
     from flwr.app import Context, RecordDict
 
-    from app.privacy.policy import PrivacyRefusal
+    from fedgraphcore.privacy.policy import PrivacyRefusal
     from app.registry import validate
     from clients.fedspectral import FedSpectralPlusClient
 

@@ -5,7 +5,7 @@ folder, as the user made it (tests/test_input_corpus.py tries the bad and tricky
 the summary says what its verdict compares; ``cluster(quiet=True)`` prints nothing; errors name
 the user's data; Ctrl-C is one line and the resume hint; PyG leaves nothing in the temporary
 folder; ``deploy local`` takes a relative path; ``prepare`` keeps the user's column names and
-labels; ``app.data.check`` asks for the split in one line; ``list`` gives every dataset's size.
+labels; ``fedgraphcore.data.check`` asks for the split in one line; ``list`` gives every dataset's size.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from app import cluster, describe
-from app.config import ConfigError
+from fedgraphcore.config import ConfigError
 from app.run import main as run_main
 
 pytestmark = pytest.mark.shipped_defaults  # these tests look at the runs' pages
@@ -64,7 +64,7 @@ def test_cluster_quiet_shows_nothing(mygraph, capsys, caplog):
 
 
 def test_errors_name_the_users_data(mygraph):
-    from app.data.formats import read_graph
+    from fedgraphcore.data.formats import read_graph
 
     with pytest.raises(ConfigError, match=rf"exceeds the 120 nodes of dataset '{mygraph}'"):
         cluster("fedkmeans", str(mygraph), 2, quiet=True, num_clusters=500)
@@ -102,7 +102,7 @@ def test_ctrl_c_is_one_line_and_names_the_resume_command(tmp_path, monkeypatch, 
 
 def test_building_the_gnns_leaves_no_generated_module_in_the_temporary_folder(monkeypatch):
     """PyG generates a layer class's module once per process: whichever test built it first, its file is gone."""
-    from app.models import GCN, GIN, GENERATED, DMoNModel
+    from fedgraphcore.models import GCN, GIN, GENERATED, DMoNModel
 
     for name in [n for n in sys.modules if n.endswith(GENERATED)]:  # where PyG would generate them again
         monkeypatch.delitem(sys.modules, name)
@@ -122,7 +122,7 @@ def test_deploy_local_takes_a_relative_path(mygraph, tmp_path, monkeypatch):
 
 
 def test_prepare_keeps_the_users_column_names_and_labels(mygraph, tmp_path):
-    from app.data.prepare import main as prepare
+    from fedgraphcore.data.prepare import main as prepare
 
     for partitioner, header in (("node-random", "id,age,income,score,label"), ("vertical", "id,age,income,label")):
         out = tmp_path / partitioner
@@ -133,7 +133,7 @@ def test_prepare_keeps_the_users_column_names_and_labels(mygraph, tmp_path):
 
 
 def test_check_asks_for_the_split_in_one_line(mygraph, capsys):
-    from app.data.check import main as check
+    from fedgraphcore.data.check import main as check
 
     assert check([str(mygraph)]) == 2
     assert capsys.readouterr().err == (f"error: {mygraph}: which split is this party's data part of? valid: "
@@ -144,7 +144,7 @@ def test_check_asks_for_the_split_in_one_line(mygraph, capsys):
 
 @pytest.mark.parametrize("name", ["karate", "sbm", "iris", "digits", "circles"])
 def test_list_gives_each_embedded_datasets_size_as_it_loads(name):
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     data = load_dataset(name, seed=0)
     items, edges, features, classes = describe.SIZES[name]

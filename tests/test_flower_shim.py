@@ -425,7 +425,7 @@ def test_a_clientapp_hashes_each_byte_of_its_reply_once(monkeypatch, rows):
     from flwr.supercore.inflatable import inflatable_object
     from flwr.supercore.task_identity import TaskIdentity
 
-    from app.transport import pack
+    from fedgraphcore.transport import pack
 
     for name in ("_run_id", "_node_id", "_task_id"):
         monkeypatch.setattr(TaskIdentity, name, 1)

@@ -11,16 +11,16 @@ import pytest
 import scipy.sparse as sp
 
 from app.client_app import build_client_app
-from app.config import ConfigError
+from fedgraphcore.config import ConfigError
 from app.inprocess import InProcessGrid
-from app.models import build_model
-from app.privacy.ldp import default_m, multibit_probabilities
-from app.privacy.policy import PrivacyRefusal
-from app.protocols import gw_ldp
+from fedgraphcore.models import build_model
+from fedgraphcore.privacy.ldp import default_m, multibit_probabilities
+from fedgraphcore.privacy.policy import PrivacyRefusal
+from fedgraphcore.protocols import gw_ldp
 from app.run import run_experiment
 from app.server_app import run_server
-from app.wire import ProtocolError
-from app.transport import unpack
+from fedgraphcore.wire import ProtocolError
+from fedgraphcore.transport import unpack
 from tests.conftest import HANG_GUARD_S, shared_datasets_or_skip, wait_until
 
 
@@ -146,7 +146,7 @@ def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
     script.write_text(
         "import sys, numpy as np\n"
         f"sys.path.insert(0, {str(gw_ldp.__file__.rsplit('/app/', 1)[0])!r})\n"
-        "from app.protocols import gw_ldp\n"
+        "from fedgraphcore.protocols import gw_ldp\n"
         "rng = np.random.default_rng(0)\n"
         "mats = [gw_ldp.intra_distance(rng.random((30, 3))) for _ in range(400)]\n"
         "print('start', flush=True)\n"
@@ -246,7 +246,7 @@ def test_fedavg_weights_by_sample_count():
         gw_ldp.fedavg([a], [0])
     # the strategy aggregates with Flower's aggregate_arrayrecords: same result
     from app import registry
-    from app.transport import pack
+    from fedgraphcore.transport import pack
     from strategies.gw_ldp import GWLDP
 
     strategy = GWLDP(registry.validate({"strategy": "gw-ldp", "dataset": "mutag"}))
@@ -296,7 +296,7 @@ def test_duplicate_graph_ids_across_clients_name_both_clients():
 
 
 def test_local_training_reduces_the_loss_for_both_models():
-    from app.data.types import GraphData
+    from fedgraphcore.data.types import GraphData
 
     rng = np.random.default_rng(6)
     graphs, y = [], []
@@ -424,7 +424,7 @@ def test_svc_and_kmedoids_recover_separable_groups():
         gw_ldp.svc_select(dist, y, split, "test")
     with pytest.raises(ValueError, match="too few train/validation graphs per class"):
         gw_ldp.svc_select(dist, np.isin(np.arange(60), np.flatnonzero(split == 0)[:3]).astype(int), split, "cv")
-    from app.metrics import ari
+    from fedgraphcore.metrics import ari
 
     assert ari(y, gw_ldp.kmedoids(dist, 3, seed=0)) == 1.0
     assert ari(y, gw_ldp.cluster_gw(dist, 3, "spectral", seed=0)) == 1.0
@@ -474,7 +474,7 @@ def test_khop_citeseer_end_to_end_plain_embeddings_are_the_model_output(out_dir)
 @pytest.mark.integration
 def test_mutag_run_uploads_no_raw_graph_and_records_ldp_epsilon(out_dir):
     shared_datasets_or_skip()
-    from app.data import load_dataset
+    from fedgraphcore.data import load_dataset
 
     raw = {"strategy": "gw-ldp", "dataset": "mutag", "num-clients": 4, "num-rounds": 2, "reference": False,
            "gw-ldp.svc-selection": "cv", "out-dir": str(out_dir)}
@@ -731,7 +731,7 @@ def test_a_release_that_names_other_graphs_than_the_one_before_stops_the_run(out
 def _trained_gin_and_client_batches(clients: int):
     """A GIN trained a few full-batch steps on 60 random graphs (so its statistics and
     weights are not at their initial values), the graphs cut into ``clients`` batches."""
-    from app.data.types import GraphData
+    from fedgraphcore.data.types import GraphData
 
     rng = np.random.default_rng(11)
     graphs = [GraphData(name="g", adj=random_graph(rng, int(rng.integers(5, 12)), 0.4), x=None, y=None, meta={})
@@ -855,8 +855,8 @@ def test_malformed_batchnorm_moments_stop_the_run_and_dp_keeps_averaged_statisti
 
 
 def test_client_level_dp_update_is_clipped_and_leaves_batchnorm_statistics_alone():
-    from app.data.types import GraphData
-    from app.privacy.gaussian import GaussianMechanism
+    from fedgraphcore.data.types import GraphData
+    from fedgraphcore.privacy.gaussian import GaussianMechanism
 
     rng = np.random.default_rng(4)
     graphs = [GraphData(name="g", adj=random_graph(rng, 7, 0.5), x=None, y=None, meta={}) for _ in range(10)]
@@ -898,7 +898,7 @@ def test_local_dp_sgd_clips_per_graph_and_its_epsilon_is_opacus_rdp(out_dir):
     shared_datasets_or_skip()
     from opacus.accountants import RDPAccountant
 
-    from app.data.types import GraphData
+    from fedgraphcore.data.types import GraphData
 
     # per-graph clipping: with a tiny clip and no noise, one step moves the
     # weights by at most lr per coordinate (Adam) and the result is reproducible

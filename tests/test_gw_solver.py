@@ -10,8 +10,8 @@ import pytest
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from app.protocols import gw_ldp
-from app.protocols.gw_ldp.solver import cg_discrepancy
+from fedgraphcore.protocols import gw_ldp
+from fedgraphcore.protocols.gw_ldp.solver import cg_discrepancy
 
 
 def random_graph(rng: np.random.Generator, n: int) -> sp.csr_matrix:

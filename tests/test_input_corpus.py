@@ -1,7 +1,7 @@
 """A corpus of bad and tricky inputs, each read as a new user's files would be, with the outcome it must give.
 
 Every case writes a small dataset (a folder ``g/`` with ``edges.csv`` and ``nodes.csv``, or one file)
-and reads it as ``python -m app.run --dataset PATH`` does (:func:`app.data.formats.read_graph`). The
+and reads it as ``python -m app.run --dataset PATH`` does (:func:`fedgraphcore.data.formats.read_graph`). The
 outcome is either read (then a check on what was read: the rows, the labels, the notes) or refused
 with one line that names the file, the line where there is one, and the value as written. No case
 may end in another exception (a traceback), read a label as a feature, drop a row silently, or run
@@ -28,8 +28,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from app.config import ConfigError
-from app.data.formats import read_graph
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data.formats import read_graph
 
 HEADER = "id,age,income,label"
 NODES = ["a,1.0,2.0,x", "b,1.5,2.5,x", "c,9.0,8.0,y", "d,9.5,8.5,y", "e,5.0,5.0,x"]

@@ -6,21 +6,21 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from app.graph_filters import agc
+from fedgraphcore.graph_filters import agc
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data import load_dataset
-from app.data.partition import partition
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
 from app.inprocess import InProcessGrid
-from app.metrics import ari
-from app.privacy.secagg import FixedPointEncoder, unmask_sum
-from app.protocols import kcagc
-from app.result import RESULT_FILE
+from fedgraphcore.metrics import ari
+from fedgraphcore.privacy.secagg import FixedPointEncoder, unmask_sum
+from fedgraphcore.protocols import kcagc
+from fedgraphcore.result import RESULT_FILE
 from app.run import main as run_main
 from app.run import run_experiment
 from app.server_app import run_server
-from app.wire import ProtocolError
-from app.transport import unpack
+from fedgraphcore.wire import ProtocolError
+from fedgraphcore.transport import unpack
 from clients.kcagc import KCAGCClient
 from conftest import check_page, patch_reply
 
@@ -128,7 +128,7 @@ def test_moved_centres_are_those_whose_member_set_changed():
 
 def test_embeddings_of_the_filtered_block():
     data = load_dataset("sbm", seed=0, nodes=N, features=12, blocks=4, signal=3.0)
-    from app.graph_filters import agc_embedding, low_pass_filter
+    from fedgraphcore.graph_filters import agc_embedding, low_pass_filter
 
     f = low_pass_filter(data.x, data.adj, 2)
     u = kcagc.embedding(data.x, data.adj, 4, 2, 0, "svd")[0]  # 12 columns: exact SVD of the dense block

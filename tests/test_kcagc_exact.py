@@ -7,21 +7,21 @@ import numpy as np
 import pytest
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data import load_dataset
-from app.data.partition import partition
-from app.graph_filters import agc, agc_intra_distance, low_pass_filter
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
+from fedgraphcore.graph_filters import agc, agc_intra_distance, low_pass_filter
 from app.inprocess import InProcessGrid
-from app.metrics import ari
-from app.privacy.secagg import FixedPointEncoder
-from app.protocols import kcagc_exact as exact
+from fedgraphcore.metrics import ari
+from fedgraphcore.privacy.secagg import FixedPointEncoder
+from fedgraphcore.protocols import kcagc_exact as exact
 from app.registry import STRATEGIES, schema
-from app.session import PrivacyRefused
-from app.transport import refused_rule
+from fedgraphcore.session import PrivacyRefused
+from fedgraphcore.transport import refused_rule
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import pack, unpack
-from app.wire import ProtocolError
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import ProtocolError
 from clients.kcagc import KCAGCClient
 from conftest import patch_reply
 from strategies.kcagc_exact import ExactAGC

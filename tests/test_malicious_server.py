@@ -14,7 +14,7 @@ and through the attacks the protocols admit:
 * every statistic's count of rows (fedkmeans' cluster sizes, gw-ldp's BatchNorm node
   counts) at least the node policy's ``min-rows`` (its default);
 * fedsc: each ``C_p`` inverted with the landmarks ``Z`` and sigma the server sent
-  (:func:`app.protocols.fedsc.invert_coefficients`);
+  (:func:`fedgraphcore.protocols.fedsc.invert_coefficients`);
 * fedspectral-plus: what "determines a row" means for a block that is a linear image of the
   edges, ``S = A Y`` with ``Y`` the server's own blocks: a party's adjacency row is determined
   when the blocks it was sent have rank N (then ``A = S Y^+``, every row; under secure
@@ -44,12 +44,12 @@ import numpy as np
 import pytest
 
 from app.client_app import build_client_app
-from app.config import ConfigError
+from fedgraphcore.config import ConfigError
 from app.inprocess import InProcessGrid
 from app.server_app import run_server
-from app.session import PrivacyRefused
-from app.privacy.policy import MIN_ROWS
-from app.protocols import fedkmeans
+from fedgraphcore.session import PrivacyRefused
+from fedgraphcore.privacy.policy import MIN_ROWS
+from fedgraphcore.protocols import fedkmeans
 from malicious_server import Capture, counted_statistics, leaks
 
 #: The node-policy rule the defence names: the least number of a party's rows behind any
@@ -238,7 +238,7 @@ def test_the_row_search_finds_a_planted_row_and_a_one_row_mean():
 
 def test_the_fedsc_inversion_recovers_samples_from_noise_free_factors():
     """The attack the fedsc check runs, on its own: noise-free C_p and Z give the samples."""
-    from app.protocols.fedsc import init_landmarks, invert_coefficients, solve_coefficients
+    from fedgraphcore.protocols.fedsc import init_landmarks, invert_coefficients, solve_coefficients
     from malicious_server import equal_rows
 
     x = np.random.default_rng(0).normal(size=(20, 4))

@@ -1,4 +1,4 @@
-"""app.metrics: hand-computed cases, scikit-learn / networkx agreement, invariances."""
+"""fedgraphcore.metrics: hand-computed cases, scikit-learn / networkx agreement, invariances."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from sklearn import metrics as skm
 
-from app import metrics as M
+from fedgraphcore import metrics as M
 
 
 # ---------------------------------------------------------------------------

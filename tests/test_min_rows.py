@@ -13,12 +13,12 @@ import pytest
 from sklearn.cluster import KMeans
 
 from app.client_app import build_client_app
-from app.config import ConfigError
+from fedgraphcore.config import ConfigError
 from app.inprocess import InProcessGrid
-from app.privacy.policy import MIN_ROWS, PrivacyRefusal, node_policy
-from app.protocols import fedkmeans
+from fedgraphcore.privacy.policy import MIN_ROWS, PrivacyRefusal, node_policy
+from fedgraphcore.protocols import fedkmeans
 from app.server_app import run_server
-from app.session import PrivacyRefused
+from fedgraphcore.session import PrivacyRefused
 
 
 def blobs(sizes, width=3, seed=0) -> np.ndarray:
@@ -153,7 +153,7 @@ def test_the_starts_begin_at_the_merged_seeds_then_differ_and_the_least_inertia_
 
 # -- the policy ------------------------------------------------------------------------------
 def test_the_rule_applies_to_every_registered_strategy():
-    from app.privacy.policy import EVERY
+    from fedgraphcore.privacy.policy import EVERY
     from app.registry import STRATEGIES
 
     assert set(EVERY) == set(STRATEGIES)
@@ -221,7 +221,7 @@ def sweep(session, rows: dict[int, int], f: int, rng) -> dict[int, list[np.ndarr
     theta bisected, per node, until one row changes side between two readings, whose difference of
     below-sums (a side's sum, or the total less the other side's when it is withheld) is that row.
     Returns, per node, every vector it took for a row."""
-    from app.transport import pack, unpack
+    from fedgraphcore.transport import pack, unpack
 
     u = rng.normal(size=f)
     u /= np.linalg.norm(u)

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from app.client_app import build_client_app
-from app.data import load_dataset
-from app.data.partition import partition
-from app.data.shards import data_hash, write_shards
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
+from fedgraphcore.data.shards import data_hash, write_shards
 from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
-from app.session import PrivacyRefused
+from fedgraphcore.session import PrivacyRefused
 
 SBM = {"sbm.nodes": 160, "sbm.blocks": 3, "sbm.p-in": 0.15, "sbm.p-out": 0.01, "sbm.features": 4, "num-rounds": 2}
 #: strategy -> (dataset, clients, run-config): each small, with noise where the method has any

@@ -13,7 +13,7 @@ import pytest
 from app.client_app import build_client_app
 from app.inprocess import FIRST_CLIENT_NODE_ID
 from app.server_app import run_server
-from app.transport import unpack
+from fedgraphcore.transport import unpack
 from conftest import LateReplyGrid, shared_datasets_or_skip
 
 DMON = {"strategy": "fedavg-dmon", "dataset": "karate", "num-clusters": 2, "partitioner": "node-random",

@@ -21,9 +21,9 @@ from flwr.cli.ls import _to_json
 from flwr.cli.run_utils import format_runs
 from flwr.supercore.run import Run, RunStatus
 
-from app.session import PrivacyRefused
-from app.transport import LEFT, NO_REPLY
-from app.wire import ProtocolError
+from fedgraphcore.session import PrivacyRefused
+from fedgraphcore.transport import LEFT, NO_REPLY
+from fedgraphcore.wire import ProtocolError
 from conftest import HANG_GUARD_S, wait_until
 from deploy import submit
 from deploy.submit import (APP_REFUSED, BAD_INPUT, COMPLETED, FAILED, NO_RESULT, NODE_LOST, NOT_SUBMITTED,
@@ -141,7 +141,7 @@ SMALL = {"strategy": "fedkmeans", "dataset": "sbm", "partitioner": "node-random"
 
 
 def _shards(out: Path, nodes: int) -> list[Path]:
-    from app.data import prepare
+    from fedgraphcore.data import prepare
 
     prepare.run(["--dataset", "sbm", "--partitioner", "node-random", "--num-clients", str(nodes), "--out",
                  str(out / "shards"), "--eval-file", str(out / "eval.npz"), "--set", "sbm.nodes=300",

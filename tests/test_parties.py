@@ -12,18 +12,18 @@ import pytest
 import scipy.sparse as sp
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data import load_dataset, memory
-from app.result import LABELS_CSV
-from app.data.parties import PARTIES, item_offsets, node_set_digest, party_shard, to_positions
-from app.party_outputs import write_party_labels
-from app.data.partition import partition
-from app.data.types import GraphCollection, GraphData
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset, memory
+from fedgraphcore.result import LABELS_CSV
+from fedgraphcore.data.parties import PARTIES, item_offsets, node_set_digest, party_shard, to_positions
+from fedgraphcore.party_outputs import write_party_labels
+from fedgraphcore.data.partition import partition
+from fedgraphcore.data.types import GraphCollection, GraphData
 from app.inprocess import InProcessGrid
 from app.run import run_experiment
 from app.server_app import run_server
-from app.transport import unpack
-from app.wire import ProtocolError
+from fedgraphcore.transport import unpack
+from fedgraphcore.wire import ProtocolError
 from clients.fedkmeans import FedKMeansClient
 from tests.conftest import patch_reply, run_labels
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from app import cluster
-from app.data.formats import read_graph
-from app.data.prepare import run as prepare
+from fedgraphcore.data.formats import read_graph
+from fedgraphcore.data.prepare import run as prepare
 from deploy.__main__ import run_local_parties
 from tests.conftest import RUN_GUARD_S, run_labels, shared_datasets_or_skip
 

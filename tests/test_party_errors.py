@@ -10,16 +10,16 @@ import pandas as pd
 import pytest
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data.check import main as check_main
-from app.data.parties import PARTIES
-from app.disclosure import LOGGER, PartyError, disclosed
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data.check import main as check_main
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.disclosure import LOGGER, PartyError, disclosed
 from app.inprocess import InProcessGrid
-from app.privacy.policy import PrivacyRefusal
+from fedgraphcore.privacy.policy import PrivacyRefusal
 from app.run import run_experiment
 from app.server_app import run_server
-from app.session import PrivacyRefused
-from app.wire import ProtocolError
+from fedgraphcore.session import PrivacyRefused
+from fedgraphcore.wire import ProtocolError
 from clients.fedkmeans import FedKMeansClient
 
 SECRET_DIR = "ward7-oncology-cohort"  # a directory name that says more than it should

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data.parties import PARTIES
-from app.party_outputs import run_dir, write_party_labels
-from app.data import load_dataset
-from app.data.partition import partition
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data.parties import PARTIES
+from fedgraphcore.party_outputs import run_dir, write_party_labels
+from fedgraphcore.data import load_dataset
+from fedgraphcore.data.partition import partition
 from app.inprocess import InProcessGrid
-from app.result import LABELS_CSV
+from fedgraphcore.result import LABELS_CSV
 from app.server_app import run_server
-from app.wire import LABELS, ProtocolError
+from fedgraphcore.wire import LABELS, ProtocolError
 from tests.test_parties import forget_registered_pieces, pieces_of, register  # noqa: F401 (autouse fixture)
 
 RUN = {"strategy": "fedkmeans", "dataset": PARTIES, "num-clients": 2, "partitioner": "node-random",

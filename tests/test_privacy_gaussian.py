@@ -8,14 +8,14 @@ import pytest
 from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
-from app.privacy.gaussian import (
+from fedgraphcore.privacy.gaussian import (
     GaussianMechanism,
     calibrate_noise_multiplier,
     clip_l2,
     noise_ratio_perturb,
     record_noise_ratio,
 )
-from app.privacy.ledger import PrivacyLedger
+from fedgraphcore.privacy.ledger import PrivacyLedger
 
 # Opacus internals: log(0) in the PRV code at sample_rate=1; RDP "largest alpha" hint
 pytestmark = [
@@ -102,7 +102,7 @@ def test_calibration():
     m2.step(steps)
     assert target - 0.05 <= m2.epsilon() <= target + 1e-9
     # a budget below what any noise multiplier Opacus searches reaches: one line naming it, not Opacus' bare error
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"a target epsilon of 0.05 at delta 5e-06 over 20 release\(s\) is too "
                                           r"small for the accountant to calibrate noise .*valid: a larger epsilon"):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from app.privacy.ldp import (
+from fedgraphcore.privacy.ldp import (
     LDPAccountant,
     default_m,
     multibit_encode,
@@ -13,7 +13,7 @@ from app.privacy.ldp import (
     multibit_probabilities,
     record_ldp,
 )
-from app.privacy.ledger import PrivacyLedger
+from fedgraphcore.privacy.ledger import PrivacyLedger
 
 
 def test_default_m():

@@ -6,7 +6,7 @@ import math
 import numpy as np
 from opacus.accountants import RDPAccountant
 
-from app.privacy.ledger import GUARANTEE_NONE, GUARANTEE_SECAGG, PrivacyLedger
+from fedgraphcore.privacy.ledger import GUARANTEE_NONE, GUARANTEE_SECAGG, PrivacyLedger
 
 
 def test_uploads_aggregated_with_count():

@@ -20,21 +20,21 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from app.client_app import build_client_app
-from app.config import ConfigError
-from app.data.params import dataset_kwargs, partition_kwargs
-from app.data.shards import client_shard
-from app.disclosure import LOGGER
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data.params import dataset_kwargs, partition_kwargs
+from fedgraphcore.data.shards import client_shard
+from fedgraphcore.disclosure import LOGGER
 from app.inprocess import InProcessGrid
-from app.privacy.budget import NodeLedger, composed_epsilon
-from app.privacy.policy import PrivacyRefusal, node_policy
-from app.privacy.secagg import FixedPointEncoder, pack_id_bytes, unmask_sum
-from app.protocols.kcagc import tree_groups
+from fedgraphcore.privacy.budget import NodeLedger, composed_epsilon
+from fedgraphcore.privacy.policy import PrivacyRefusal, node_policy
+from fedgraphcore.privacy.secagg import FixedPointEncoder, pack_id_bytes, unmask_sum
+from fedgraphcore.protocols.kcagc import tree_groups
 from app.registry import validate
 from app.server_app import run_server
-from app.session import PrivacyRefused
-from app.transport import refused_rule
-from app.wire import SECAGG_PEER, ProtocolError
-from app.transport import pack, unpack
+from fedgraphcore.session import PrivacyRefused
+from fedgraphcore.transport import refused_rule
+from fedgraphcore.wire import SECAGG_PEER, ProtocolError
+from fedgraphcore.transport import pack, unpack
 from clients.fedkmeans import FedKMeansClient
 from clients.fedsc import FedSCClient
 
@@ -414,7 +414,7 @@ def test_a_refusal_travels_as_a_reply_naming_its_rule_not_as_error_text():
     the rule and nothing of what the policy saw."""
     from flwr.app import Error, Message
 
-    from app.transport import REFUSAL, Exchange, _checked_replies, refusal
+    from fedgraphcore.transport import REFUSAL, Exchange, _checked_replies, refusal
 
     asked = [Message(RecordDict(), dst_node_id=n, message_type="query.fedsc_round") for n in (1, 2)]
     for m, i in zip(asked, "ab"):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from app.privacy.secagg_recovery import mask_recoverable, recover_sum, unmask_response
-from app.privacy.secagg import (
+from fedgraphcore.privacy.secagg_recovery import mask_recoverable, recover_sum, unmask_response
+from fedgraphcore.privacy.secagg import (
     FixedPointEncoder,
     SecAggDropoutError,
     SecAggError,
@@ -345,7 +345,7 @@ def test_participant_subset_per_round():
 def test_roundtrip_through_flower_records():
     """State, keys, masked arrays and share ciphertexts survive Flower records."""
     flwr_app = pytest.importorskip("flwr.app")
-    from app.privacy.secagg import pack_id_bytes, unpack_id_bytes
+    from fedgraphcore.privacy.secagg import pack_id_bytes, unpack_id_bytes
 
     ids = [101, 202, 303]
     parties = [SecAggParty.generate(i, "flwr-run") for i in ids]

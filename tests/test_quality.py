@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from app import registry
-from app.data import DATASETS
-from app.data.evaluation import write_evaluation
-from app.data.shards import server_data
-from app.quality import CLOSE_ARI, PAPER_FIGURES, assess, notes, paper, verdict
-from app.result import privacy_lines, summary_table, write_result
+from fedgraphcore.data import DATASETS
+from fedgraphcore.data.evaluation import write_evaluation
+from fedgraphcore.data.shards import server_data
+from fedgraphcore.quality import CLOSE_ARI, PAPER_FIGURES, assess, notes, paper, verdict
+from fedgraphcore.result import privacy_lines, summary_table, write_result
 from app.run import run_experiment
 
 AGREEING = {"ari": 0.95, "nmi": 0.9, "cluster_similarity": 0.99}

@@ -8,11 +8,11 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
-from app.clustering import components_with_edges, regularisation, spectral_embedding, spectral_graph
-from app.config import ConfigError
-from app.data import load_dataset
-from app.metrics import ari
-from app.protocols.fedspectral import block_iteration, plus
+from fedgraphcore.clustering import components_with_edges, regularisation, spectral_embedding, spectral_graph
+from fedgraphcore.config import ConfigError
+from fedgraphcore.data import load_dataset
+from fedgraphcore.metrics import ari
+from fedgraphcore.protocols.fedspectral import block_iteration, plus
 from app.registry import validate
 from app.run import run_experiment
 

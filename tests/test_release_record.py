@@ -1,4 +1,4 @@
-"""A member's release record and the protocol's order and count (app/privacy/releases.py, clients/steps.py).
+"""A member's release record and the protocol's order and count (fedgraphcore/privacy/releases.py, clients/steps.py).
 
 The record keeps every reply per member and dataset over runs and restarts (JSON lines, arrays in
 ``.npz`` read without pickle); the guard answers hello once, each step at most as often as the
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from app.config import ConfigError
-from app.privacy.releases import ReleaseRecord, dataset_key, record_dir, server_learns
-from app.protocols import fedkmeans
+from fedgraphcore.config import ConfigError
+from fedgraphcore.privacy.releases import ReleaseRecord, dataset_key, record_dir, server_learns
+from fedgraphcore.protocols import fedkmeans
 from app.registry import STRATEGIES
 from rogue_server import Member, shard_files
 

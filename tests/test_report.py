@@ -1,4 +1,4 @@
-"""A page per run (app.report), a member's page, and comparing methods (app.comparison).
+"""A page per run (fedgraphcore.report), a member's page, and comparing methods (app.comparison).
 
 The page of each strategy is checked on a run its own tests already make (``check_page`` in
 test_app, test_fedspectral, test_fedsc, test_kcagc, test_fedavg_dmon); gw-ldp's, on a small
@@ -16,9 +16,9 @@ import pytest
 import scipy.sparse as sp
 
 from app import cluster, compare, registry
-from app.data.types import GraphCollection, GraphData
-from app.report import main as report_main
-from app.report.view import (PER_CLUSTER, SAMPLE, SMALL_GRAPH, View, build_view, classical_scaling, cluster_edges,
+from fedgraphcore.data.types import GraphCollection, GraphData
+from fedgraphcore.report import main as report_main
+from fedgraphcore.report.view import (PER_CLUSTER, SAMPLE, SMALL_GRAPH, View, build_view, classical_scaling, cluster_edges,
                              dense_distances, sample_items)
 from app.run import run_experiment
 from conftest import check_page
@@ -162,7 +162,7 @@ def test_compare_runs_the_methods_that_fit_and_says_why_the_others_do_not(tmp_pa
 
 
 def test_compare_refuses_an_unknown_strategy_in_one_line():
-    from app.config import ConfigError
+    from fedgraphcore.config import ConfigError
 
     with pytest.raises(ConfigError, match="unknown strategy 'kmeans'"):
         compare("iris", ["kmeans"])

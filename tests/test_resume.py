@@ -1,4 +1,4 @@
-"""Resuming an interrupted run from its journal (app/journal.py): the labels of an uninterrupted run,
+"""Resuming an interrupted run from its journal (fedgraphcore/journal.py): the labels of an uninterrupted run,
 nothing sent for a replayed step, and every resume that cannot be exact refused in one line."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import shutil
 import numpy as np
 import pytest
 
-from app import journal as J
-from app.config import ConfigError
+from fedgraphcore import journal as J
+from fedgraphcore.config import ConfigError
 from app.inprocess import InProcessGrid
-from app.protocols import fedkmeans
+from fedgraphcore.protocols import fedkmeans
 from app.run import main, run_experiment
-from app.transport import bundle, pack, unpack
-from app.wire import SECAGG_ENDORSED, SECAGG_PEER, ProtocolError
+from fedgraphcore.transport import bundle, pack, unpack
+from fedgraphcore.wire import SECAGG_ENDORSED, SECAGG_PEER, ProtocolError
 
 #: a small graph, no centralised reference: runs of a few seconds
 SMALL = {"sbm.nodes": 240, "reference": False}
-#: fedavg-dmon's clients keep nothing between rounds only so (app.journal.resume_refusal)
+#: fedavg-dmon's clients keep nothing between rounds only so (fedgraphcore.journal.resume_refusal)
 DMON_STATELESS = {**SMALL, "partition.boundary": False, "fedavg-dmon.optimizer-state": "reset",
                   "fedavg-dmon.dropout": 0.0, "num-rounds": 4, "fedavg-dmon.local-epochs": 2, "fedavg-dmon.hidden": 8}
 #: strategy, run-config, the journal's entries when the run stops, the steps its resumption replays:

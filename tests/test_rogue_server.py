@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.protocols import fedavg_dmon as dmon
-from app.protocols import fedkmeans
+from fedgraphcore.protocols import fedavg_dmon as dmon
+from fedgraphcore.protocols import fedkmeans
 from rogue_server import Member, shard_files
 
 CLIENTS, NODES, FEATURES = 3, 300, 8

@@ -2,7 +2,7 @@
 registers, survivor sets it splits. Each attack runs the real ServerApp and ClientApps in-process;
 the attacker is the server (its relay, its unmask round) and, where it says so, a node of its
 own. Every member holds an identity key and the federation's roster in its node config
-(:mod:`app.privacy.roster`)."""
+(:mod:`fedgraphcore.privacy.roster`)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from app.client_app import build_client_app
 from app.inprocess import FIRST_CLIENT_NODE_ID, InProcessGrid
-from app.privacy.secagg import FixedPointEncoder, SecAggParty
-from app.privacy.secagg_recovery import self_mask, shamir_reconstruct, share_x
-from app.secure_session import SecureAggregation
+from fedgraphcore.privacy.secagg import FixedPointEncoder, SecAggParty
+from fedgraphcore.privacy.secagg_recovery import self_mask, shamir_reconstruct, share_x
+from fedgraphcore.secure_session import SecureAggregation
 from app.server_app import run_server
-from app.session import PrivacyRefused, ServerSession
-from app.transport import pack, unpack
-from app.wire import (SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_INBOX, SECAGG_PEER, SECAGG_SIGNED, SECAGG_UNMASK,
+from fedgraphcore.session import PrivacyRefused, ServerSession
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import (SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_INBOX, SECAGG_PEER, SECAGG_SIGNED, SECAGG_UNMASK,
                       SURVIVOR_SIGNATURE, ProtocolError)
 from clients.base import ClusteringClient
 
@@ -310,8 +310,8 @@ def test_an_endorsement_holds_for_its_run_session_step_party_and_parties_only(tm
     """An endorsement replayed in another run, session, step, for another party or another set of
     parties, or over another key, is refused naming the party; so is one by an identity not on the
     roster, a missing one, and one member endorsing two parties."""
-    from app.config import ConfigError
-    from app.privacy.roster import check_endorsed, endorse, key_statement, load_identity, load_roster, public_bytes
+    from fedgraphcore.config import ConfigError
+    from fedgraphcore.privacy.roster import check_endorsed, endorse, key_statement, load_identity, load_roster, public_bytes
 
     configs = member_configs(tmp_path)
     ids = [load_identity(c["identity-key"]) for c in configs]

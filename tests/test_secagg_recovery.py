@@ -11,13 +11,13 @@ import pytest
 
 from app.client_app import build_client_app
 from app.inprocess import FIRST_CLIENT_NODE_ID, InProcessGrid
-from app.privacy.secagg import FixedPointEncoder, SecAggDropoutError, SecAggError, SecAggParty, relay_public_keys
-from app.privacy.secagg import sum_masked
-from app.privacy.secagg_recovery import (SEALED_SHARE_BYTES, check_threshold, inbox, inbox_shares, mask_recoverable,
+from fedgraphcore.privacy.secagg import FixedPointEncoder, SecAggDropoutError, SecAggError, SecAggParty, relay_public_keys
+from fedgraphcore.privacy.secagg import sum_masked
+from fedgraphcore.privacy.secagg_recovery import (SEALED_SHARE_BYTES, check_threshold, inbox, inbox_shares, mask_recoverable,
                                          recover_sum, recovery_threshold, sealed_rows, unmask_response)
 from app.server_app import run_server
-from app.transport import pack, unpack
-from app.wire import SECAGG_SHARES, SECAGG_UNMASK
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import SECAGG_SHARES, SECAGG_UNMASK
 from conftest import LateReplyGrid, LeavingGrid, RestartingGrid, wait_until
 
 
@@ -289,7 +289,7 @@ def test_fedkmeans_goes_on_without_a_client_that_dropped_after_masking(tmp_path)
 def test_a_server_asking_a_client_for_both_kinds_of_share_is_refused(tmp_path, monkeypatch):
     """The attack through Flower: after an honest unmask round, the server asks again naming
     survivor 2 dropped (its pair masks would unmask the upload whose self mask it just rebuilt)."""
-    from app.session import PrivacyRefused, ServerSession
+    from fedgraphcore.session import PrivacyRefused, ServerSession
 
     honest = ServerSession.exchange
 
@@ -313,7 +313,7 @@ def test_a_server_asking_a_client_for_both_kinds_of_share_is_refused(tmp_path, m
 def test_a_strategy_that_needs_every_party_says_so():
     """A sum that cannot be recovered stops on a dropout naming the strategy's need."""
     from app import registry
-    from app.session import ClientInfo, ServerSession
+    from fedgraphcore.session import ClientInfo, ServerSession
 
     session = ServerSession(None, registry.validate({"strategy": "kcagc", "num-clients": 3}))
     session.clients = [ClientInfo(1000 + i, i, {}, {}) for i in range(3)]

@@ -11,11 +11,12 @@ from flwr.app import Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from app import registry, transport
+from fedgraphcore import transport
+from app import registry
 from app.inprocess import InProcessGrid
-from app.session import ServerSession
-from app.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
-from app.transport import (BUNDLE, BUNDLE_KEY, BUNDLE_STYPE, INLINE_BUNDLE_MAX_BYTES, message_bytes, messages_bytes,
+from fedgraphcore.session import ServerSession
+from fedgraphcore.wire import ArraySpec, ProtocolError, ReplySpec, ValueSpec
+from fedgraphcore.transport import (BUNDLE, BUNDLE_KEY, BUNDLE_STYPE, INLINE_BUNDLE_MAX_BYTES, message_bytes, messages_bytes,
                            pack, reply_problem, unpack)
 from conftest import HANG_GUARD_S
 
@@ -502,8 +503,8 @@ def test_a_lost_message_is_retried_when_retries_allow():
 
 def test_a_reply_refused_when_asked_again_reaches_the_ledger(monkeypatch):
     """A client silent at first, then malformed when asked again: its upload is in the ledger."""
-    from app.session import ClientInfo
-    from app.transport import NO_REPLY, Exchange
+    from fedgraphcore.session import ClientInfo
+    from fedgraphcore.transport import NO_REPLY, Exchange
 
     session = ServerSession(None, registry.validate({"num-clients": 2, "retries": 1}))
     session.clients = [ClientInfo(10, 0, {"num_rows": 5}), ClientInfo(11, 1, {"num_rows": 5})]

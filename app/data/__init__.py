@@ -1,20 +1,4 @@
-"""Data layer: datasets, partitioners and per-client shards (see docs/architecture.md).
+"""The data layer's documented commands: ``python -m app.data.prepare``, ``python -m app.data.check``.
 
-``load_dataset(name, data_root=None, seed=0, **params)`` returns a
-:class:`GraphData` or :class:`GraphCollection`; ``app.data.partition.partition``
-cuts it into per-client :class:`Shard` objects; ``app.data.shards`` caches,
-writes and loads shards.
+The data layer itself is :mod:`fedgraphcore.data`.
 """
-
-from .datasets import DATASETS, DatasetNotFound, load_dataset, resolve_data_root
-from .types import GraphCollection, GraphData, Shard
-
-__all__ = [
-    "DATASETS",
-    "DatasetNotFound",
-    "GraphCollection",
-    "GraphData",
-    "Shard",
-    "load_dataset",
-    "resolve_data_root",
-]

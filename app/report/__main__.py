@@ -3,7 +3,7 @@
 import sys
 
 from app import registry
-from app.report import main
+from fedgraphcore.report import main
 
 if __name__ == "__main__":
     sys.exit(main(summaries={name: entry.strategy.summary for name, entry in registry.STRATEGIES.items()}))

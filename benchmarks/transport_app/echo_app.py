@@ -1,7 +1,7 @@
 """Echo app for the transport benchmark (see benchmarks/transport.py).
 
 One warm-up round, then ``rounds`` rounds for each polling mode, alternating
-(back-off poll of ``app.transport`` vs Flower's ``Grid.send_and_receive``), so
+(back-off poll of ``fedgraphcore.transport`` vs Flower's ``Grid.send_and_receive``), so
 both see the same engine state. Writes the timings as JSON to ``out``.
 """
 
@@ -16,8 +16,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from app.engine import EngineWatch, pick_up_on_push_in_simulation
-from app.transport import CommStats, exchange, pack, unpack
-from app.wire import ArraySpec, ReplySpec
+from fedgraphcore.transport import CommStats, exchange, pack, unpack
+from fedgraphcore.wire import ArraySpec, ReplySpec
 
 SPEC = ReplySpec(arrays={"x": ArraySpec((8,))})
 
