@@ -32,7 +32,7 @@ from fedgraphcore.data.types import Shard
 from fedgraphcore.disclosure import disclosing, log_failure, party_failure
 from app.engine import pick_up_on_push_in_simulation
 from fedgraphcore.privacy.policy import PrivacyRefusal
-from fedgraphcore.result import unwritable
+from fedgraphcore.files import unwritable
 from fedgraphcore.transport import refusal, unpack
 from fedgraphcore.wire import HELLO, LABELS
 

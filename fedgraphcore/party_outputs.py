@@ -14,7 +14,8 @@ import numpy as np
 
 from fedgraphcore.config import ConfigError
 from fedgraphcore.data.parties import OUT_KEY
-from fedgraphcore.result import LABELS_CSV, labels_table, temporary_file
+from fedgraphcore.files import temporary_file
+from fedgraphcore.result import LABELS_CSV, labels_table
 
 
 #: A party's outputs of one run go to ``<out-dir>/run-<Flower's run id>/``: a later run, whoever

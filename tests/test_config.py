@@ -263,7 +263,7 @@ def test_cli_empty_values_are_refused_not_taken_for_the_default(args, key, tmp_p
 def test_an_out_dir_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
     """Refused before the run, not once it is over (when the result would be lost)."""
     import app.inprocess
-    from fedgraphcore.result import unwritable
+    from fedgraphcore.files import unwritable
     from app.run import main
 
     monkeypatch.setattr(app.inprocess, "InProcessGrid", None)  # no engine may start

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from fedgraphcore.config import ArgumentParser, ConfigError, exit_code, parse_assignments
-from fedgraphcore.result import unwritable
+from fedgraphcore.files import unwritable
 
 from .datasets import DATASETS, FILE_DATASETS, check_dataset_value, dataset_root
 from .evaluation import CONTENTS
