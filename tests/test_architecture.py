@@ -1,9 +1,10 @@
 """The rules of the code's layout (docs/architecture.md), checked on the source.
 
 A method is three rooms: ``strategies/<name>.py`` (server), ``clients/<name>.py`` (client) and
-``fedgraphcore/protocols/<name>.py`` or ``fedgraphcore/protocols/<name>/`` (its math and wire spec); everything else
-under ``app/`` is the spine they share. Imports are read from the syntax tree, those inside
-functions included, so a deferred import cannot slip past.
+``fedgraphcore/protocols/<name>.py`` or ``fedgraphcore/protocols/<name>/`` (its math and wire spec);
+the rest of the core package ``fedgraphcore/`` is the library they share, and ``app/`` on top composes
+them into the Flower app. Imports are read from the syntax tree, those inside functions included, so
+a deferred import cannot slip past.
 Each rule's assertion message lists every offender.
 """
 
@@ -99,19 +100,19 @@ def all_views() -> list[type[ConfigView]]:
             if sub not in found:
                 found.append(sub)
                 todo.append(sub)
-    return [view for view in found if view.__module__.startswith("app.")]
+    return [view for view in found if view.__module__.startswith(("fedgraphcore.", "app.", "strategies.", "clients."))]
 
 
 # -- the helpers above ---------------------------------------------------------------------------
 def test_imports_are_found_in_functions_and_relative_ones_resolved(tmp_path):
-    sample = tmp_path / "app" / "protocols" / "sample.py"
+    sample = tmp_path / "fedgraphcore" / "protocols" / "sample.py"
     sample.parent.mkdir(parents=True)
-    sample.write_text("def step():\n    from app import transport\n    import flwr.app\n"
+    sample.write_text("def step():\n    from fedgraphcore import transport\n    import flwr.app\n"
                       "from . import fedkmeans\nfrom ..wire import ReplySpec\n")
     found = imported_modules(sample, tmp_path)
     assert (2, "fedgraphcore.transport") in found and (3, "flwr.app") in found
     assert (4, "fedgraphcore.protocols.fedkmeans") in found and (5, "fedgraphcore.wire") in found
-    assert is_within("flwr.app", PROTOCOL_FORBIDDEN) and not is_within("app.transporter", PROTOCOL_FORBIDDEN)
+    assert is_within("flwr.app", PROTOCOL_FORBIDDEN) and not is_within("fedgraphcore.transporter", PROTOCOL_FORBIDDEN)
 
 
 # -- (a) a client never imports the server room ------------------------------------------------
@@ -197,7 +198,7 @@ def param_calls(files) -> list[str]:
 
 def test_keys_are_written_as_params_only_where_no_view_declares_them():
     """A key a view reads is declared by the view's field alone, never by a second Param elsewhere."""
-    calls = param_calls(python_files("app", "strategies", "clients", "deploy", "scripts", "benchmarks"))
+    calls = param_calls(python_files("fedgraphcore", "app", "strategies", "clients", "deploy", "scripts", "benchmarks"))
     assert calls, "the scan finds no Param call at all"
     offenders = [call for call in calls if not call.startswith(PARAM_WRITERS)]
     assert not offenders, "Params written outside " + ", ".join(PARAM_WRITERS) + ": " + "; ".join(offenders)
@@ -250,7 +251,7 @@ def test_the_client_app_module_loads_without_torch_sklearn_or_matplotlib():
 
 # -- (e) small functions ------------------------------------------------------------------------
 def test_no_function_is_longer_than_50_lines():
-    offenders = long_functions(python_files("app", "strategies", "clients"))
+    offenders = long_functions(python_files("fedgraphcore", "app", "strategies", "clients"))
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(offenders)
 
 
@@ -262,7 +263,7 @@ def test_every_error_the_app_raises_on_purpose_has_one_root():
     from fedgraphcore.errors import FedGraphError
 
     found = []
-    for path in python_files("app", "clients", "strategies", "deploy"):
+    for path in python_files("fedgraphcore", "app", "clients", "strategies", "deploy"):
         module = None
         for node in ast.parse(path.read_text(), str(path)).body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
@@ -280,7 +281,7 @@ MAX_MODULE_LINES = 600
 
 def test_every_module_is_under_600_lines():
     """A module a reader takes in whole: one topic, under MAX_MODULE_LINES lines."""
-    long = [f"{p.relative_to(ROOT)} ({n})" for p in python_files("app", "clients", "strategies", "deploy")
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in python_files("fedgraphcore", "app", "clients", "strategies", "deploy")
             if (n := len(p.read_text().splitlines())) >= MAX_MODULE_LINES]
     assert long == []
 
@@ -350,7 +351,7 @@ def test_the_circle_finder_finds_a_planted_circle():
 def test_no_modules_import_each_other_in_a_circle():
     """The registry hands the layers below it what they need; helpers live in the module that
     owns them: no two modules of the project import each other, directly or around a circle."""
-    graph = import_graph(python_files("app", "strategies", "clients", "deploy"))
+    graph = import_graph(python_files("fedgraphcore", "app", "strategies", "clients", "deploy"))
     assert len(graph) > 100
     assert circles(graph) == []
 
@@ -375,12 +376,97 @@ def test_every_package_the_code_imports_is_a_declared_dependency():
                          if re.search(rf"extra\s*==\s*['\"]{extra}['\"]", r)}
     providers = importlib.metadata.packages_distributions()
     found = {}
-    for path in python_files("app", "deploy", "strategies", "clients"):
+    for path in python_files("fedgraphcore", "app", "deploy", "strategies", "clients"):
         for _, module in imported_modules(path):
             top = module.split(".")[0]
-            if top in sys.stdlib_module_names or top in ("app", "deploy", "strategies", "clients", ""):
+            if top in sys.stdlib_module_names or top in ("fedgraphcore", "app", "deploy", "strategies", "clients", ""):
                 continue
             dists = {d.lower().replace("_", "-") for d in providers.get(top, [top])}
             if not dists & declared:
                 found.setdefault(top, str(path.relative_to(ROOT)))
     assert found == {}, f"imported but not declared in pyproject.toml: {found}"
+
+
+# -- (h) the layers: every arrow points down ---------------------------------------------------------
+#: The top-level packages from the bottom up; a package imports only its own layer's and those below,
+#: and ``strategies/`` and ``clients/`` (one layer) never each other.
+LAYERS = (("fedgraphcore",), ("strategies", "clients"), ("app",), ("deploy",), ("benchmarks", "scripts"))
+
+
+def layer_of(module: str) -> int | None:
+    top = module.split(".")[0]
+    return next((i for i, layer in enumerate(LAYERS) if top in layer), None)
+
+
+def upward_imports() -> list[str]:
+    """``file:line imports module`` of every import of a package on a higher layer, or of the
+    other package on the same one (strategies/ <-> clients/)."""
+    found = []
+    for i, layer in enumerate(LAYERS):
+        for top in layer:
+            above = [p for higher in LAYERS[i + 1:] for p in higher] + [p for p in layer if p != top]
+            found += forbidden_imports(python_files(top), above)
+    return found
+
+
+def test_the_layer_check_finds_an_import_that_runs_up(tmp_path):
+    assert layer_of("fedgraphcore.data.parties") == 0 and layer_of("clients.base") == 1
+    assert layer_of("app.registry") == 2 and layer_of("numpy") is None
+
+
+def test_every_import_points_down_the_layers():
+    """The core imports nothing of the Flower app above it; ``strategies/`` and ``clients/`` import the
+    core only (not ``app/``); ``app/`` composes them; ``deploy/``, then ``benchmarks/`` and
+    ``scripts/`` sit on top (docs/architecture.md)."""
+    offenders = upward_imports()
+    assert not offenders, "imports that run up a layer: " + "; ".join(offenders)
+
+
+def package_graph(graph: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """``graph`` with every module folded into its package ``depth`` names deep (fedgraphcore.data)."""
+    fold = lambda m: ".".join(m.split(".")[:depth])  # noqa: E731
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(fold(module), set()).update(fold(t) for t in targets if fold(t) != fold(module))
+    return out
+
+
+def test_no_circle_between_the_parts_of_the_core():
+    """Inside the core, its parts (``data``, ``privacy``, ``protocols``, ``report`` and the modules
+    beside them) import each other one way only: no two of them around a circle."""
+    graph = package_graph(import_graph(python_files("fedgraphcore")), 2)
+    assert {"fedgraphcore.data", "fedgraphcore.protocols", "fedgraphcore.privacy"} <= set(graph)
+    assert circles(graph) == []
+    assert circles(package_graph(import_graph(python_files("app", "strategies", "clients", "deploy",
+                                                           "fedgraphcore")), 1)) == []
+
+
+# -- (i) nothing private crosses a module's border ---------------------------------------------------
+PROJECT = ("fedgraphcore", "app", "strategies", "clients", "deploy")
+
+
+def private_uses(files) -> list[str]:
+    """``file:line name`` of every private name (``_x``, not ``__x__``) of a project module that another
+    module imports (``from m import _x``) or reaches through the module or a class it imported (``m._x``)."""
+    private = lambda name: name.startswith("_") and not name.startswith("__")  # noqa: E731
+    found = []
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PROJECT:
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                          if private(a.name)]
+                imported |= {a.asname or a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.split(".")[0] in PROJECT}
+        found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Name)
+                  and node.value.id in imported]
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A helper two modules share is public in the module that owns it (tests may reach inside)."""
+    offenders = private_uses(python_files(*PROJECT, "benchmarks", "scripts"))
+    assert not offenders, "private names used across modules: " + "; ".join(offenders)

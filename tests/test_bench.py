@@ -279,7 +279,7 @@ def test_app_strategies_clients_and_deploy_load_matplotlib_only_to_draw():
     code = (
         "import importlib, pkgutil, sys\n"
         "names = []\n"
-        "for pkg in ('app', 'strategies', 'clients', 'deploy'):\n"
+        "for pkg in ('fedgraphcore', 'app', 'strategies', 'clients', 'deploy'):\n"
         "    names.append(importlib.import_module(pkg).__name__)\n"
         "    for info in pkgutil.walk_packages(sys.modules[pkg].__path__, pkg + '.'):\n"
         "        names.append(importlib.import_module(info.name).__name__)\n"

@@ -145,7 +145,7 @@ def test_gw_pool_workers_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "pool.py"
     script.write_text(
         "import sys, numpy as np\n"
-        f"sys.path.insert(0, {str(gw_ldp.__file__.rsplit('/app/', 1)[0])!r})\n"
+        f"sys.path.insert(0, {str(gw_ldp.__file__.rsplit('/fedgraphcore/', 1)[0])!r})\n"
         "from fedgraphcore.protocols import gw_ldp\n"
         "rng = np.random.default_rng(0)\n"
         "mats = [gw_ldp.intra_distance(rng.random((30, 3))) for _ in range(400)]\n"
