@@ -9,9 +9,9 @@ the run-config defaults otherwise):
   (each client trains on its own subgraph; cut edges lost);
 * ``boundary``: ``mode=federated`` with ``partition.boundary=true`` (the default) and
   ``fedavg-dmon.aggregate=weights``: the whole graph's GCN layer and DMoN loss
-  (``fedgraphcore.protocols.fedavg_dmon_boundary``), local Adam epochs, FedAvg of the weights;
+  (``fedgraphcore.protocols.fedavg_dmon.boundary``), local Adam epochs, FedAvg of the weights;
 * ``gradient``: the same with ``aggregate=gradient`` (the default): the server takes one Adam step
-  per epoch on the parties' summed exact gradients (``fedgraphcore.protocols.fedavg_dmon_gradient``).
+  per epoch on the parties' summed exact gradients (``fedgraphcore.protocols.fedavg_dmon.gradient``).
 
 Usage::
 

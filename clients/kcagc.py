@@ -1,4 +1,4 @@
-"""Client side of ``kcagc`` / ``kcagc-basic`` (wire protocol: strategies/kcagc.py).
+"""Client side of ``kcagc`` / ``kcagc-basic`` (wire protocol: strategies/kcagc/).
 
 What leaves this client: the local cluster of every node (``kcagc_local``,
 kcagc only; not the filter order, which AGC's adaptive rule picks from the
@@ -21,7 +21,7 @@ import numpy as np
 
 from fedgraphcore.config import ConfigError
 from fedgraphcore.protocols import kcagc
-from fedgraphcore.protocols import kcagc_exact as exact
+from fedgraphcore.protocols.kcagc import exact
 from fedgraphcore.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers
 

@@ -18,8 +18,8 @@ from app.inprocess import InProcessGrid
 from fedgraphcore.models import DMoNModel, adj_to_edge_index, dmon_loss
 from fedgraphcore.protocols import boundary
 from fedgraphcore.protocols import fedavg_dmon
-from fedgraphcore.protocols import fedavg_dmon_boundary
-from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon import gradient as fedavg_dmon_gradient
 from app.registry import validate
 from app.run import run_experiment
 from app.server_app import run_server

@@ -14,7 +14,7 @@ from fedgraphcore.graph_filters import agc, agc_intra_distance, low_pass_filter
 from app.inprocess import InProcessGrid
 from fedgraphcore.metrics import ari
 from fedgraphcore.privacy.secagg import FixedPointEncoder
-from fedgraphcore.protocols import kcagc_exact as exact
+from fedgraphcore.protocols.kcagc import exact
 from app.registry import STRATEGIES, schema
 from fedgraphcore.session import PrivacyRefused
 from fedgraphcore.transport import refused_rule
@@ -24,7 +24,7 @@ from fedgraphcore.transport import pack, unpack
 from fedgraphcore.wire import ProtocolError
 from clients.kcagc import KCAGCClient
 from conftest import patch_reply
-from strategies.kcagc_exact import ExactAGC
+from strategies.kcagc.exact import ExactAGC
 
 N = 240
 SBM = {"sbm.nodes": N, "sbm.features": 12, "sbm.blocks": 4, "sbm.signal": 3.0}

@@ -1,9 +1,9 @@
 """Server side of ``fedavg-dmon.aggregate=gradient`` on the whole graph: the server keeps the model
 and one Adam optimiser and takes ``num-rounds x local-epochs`` full-batch steps on the summed
-exact gradient (math: :mod:`fedgraphcore.protocols.fedavg_dmon_gradient`).
+exact gradient (math: :mod:`fedgraphcore.protocols.fedavg_dmon.gradient`).
 
 Wire protocol, several parties (after the boundary links and ``dmon_features`` of
-strategies/fedavg_dmon_boundary.py; what leaves a client in **bold**, every array masked), per
+strategies/fedavg_dmon/boundary.py; what leaves a client in **bold**, every array masked), per
 server step t:
 
 1. ``query.dmon_spread`` with ``train``: down ``W_t`` (first step: with the features' padded
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedgraphcore.protocols import boundary
-from fedgraphcore.protocols import fedavg_dmon_boundary
-from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon import gradient as fedavg_dmon_gradient
 from fedgraphcore.transport import pack, unpack
-from strategies.fedavg_dmon_boundary import BoundaryRounds
+from strategies.fedavg_dmon.boundary import BoundaryRounds
 from strategies.links import relayed
 
 if TYPE_CHECKING:

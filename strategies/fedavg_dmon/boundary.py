@@ -1,8 +1,8 @@
 """Server side of ``fedavg-dmon`` on a node split with boundary edges (``partition.boundary=true``,
 ``mode=federated``, several clients): the parties train on the whole graph's GCN layer and
-DMoN loss (math: :mod:`fedgraphcore.protocols.fedavg_dmon_boundary`). Below: ``aggregate=weights``; with
+DMoN loss (math: :mod:`fedgraphcore.protocols.fedavg_dmon.boundary`). Below: ``aggregate=weights``; with
 ``aggregate=gradient`` steps 1, 2 and 4 are shared and step 3 is the server's Adam step on the
-summed gradients (strategies/fedavg_dmon_gradient.py).
+summed gradients (strategies/fedavg_dmon/gradient.py).
 
 Wire protocol after the boundary links (:func:`strategies.links.link_boundaries`; what leaves a
 client in **bold**, every array masked):
@@ -34,8 +34,8 @@ import numpy as np
 
 from fedgraphcore.protocols import boundary
 from fedgraphcore.protocols import fedavg_dmon
-from fedgraphcore.protocols import fedavg_dmon_boundary
-from fedgraphcore.protocols.fedavg_dmon_gradient import TRAIN_FLAG
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon.gradient import TRAIN_FLAG
 from fedgraphcore.transport import pack, unpack
 from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed
 

@@ -57,7 +57,7 @@ the parties' gradients add up to the centralised one (as they do on a shared gra
 any cut edge, where ``N_c, g, u`` are 0 and ``L_c`` is the party's own DMoN loss). Within a
 round the frozen terms go stale; the party's own block moves exactly. With one party
 ``L_c = L``. With ``fedavg-dmon.aggregate=gradient`` nothing goes stale: the server sums the
-parties' gradients at ``W_t`` and takes the Adam step itself (:mod:`fedgraphcore.protocols.fedavg_dmon_gradient`).
+parties' gradients at ``W_t`` and takes the Adam step itself (:mod:`fedgraphcore.protocols.fedavg_dmon.gradient`).
 
 **Model selection.** The validation modularity of the hard labels ``Y`` (one-hot) on the whole
 graph's validation edges ``A^v`` (degrees ``d^v``, ``2m_v``) ::

@@ -1,6 +1,6 @@
 """Server side of ``kcagc.mode = exact``: centralised AGC's labels over vertically split features.
 
-The math is in :mod:`fedgraphcore.protocols.kcagc_exact`; this module only moves data. Every
+The math is in :mod:`fedgraphcore.protocols.kcagc.exact`; this module only moves data. Every
 request is one ``kcagc_exact`` broadcast (values: ``stage``, the filter ``filter`` and
 order ``order`` psi, ``gain`` t, a power of two every upload is multiplied by so that
 its declared bound lies in (2^31, 2^32] and picks the 64-bit ring at its finest scale;
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedgraphcore.graph_filters import AGC_MAX_ORDER
-from fedgraphcore.protocols import kcagc_exact as exact
+from fedgraphcore.protocols.kcagc import exact
 from fedgraphcore.transport import pack, unpack
 from fedgraphcore.wire import LABELS, ProtocolError, ReplySpec
 from strategies.base import StrategyOutput

@@ -13,11 +13,11 @@ Modes (``fedavg-dmon.mode``), so the paper's comparison is one command each:
   with boundary edges (``partition.boundary=true``, the default of the
   ``node-*`` partitioners) the parties train on the whole graph: its GCN
   layer and its DMoN loss, cut edges included, with padded secure sums
-  (strategies/fedavg_dmon_boundary.py, :mod:`fedgraphcore.protocols.fedavg_dmon_boundary`).
+  (strategies/fedavg_dmon/boundary.py, :mod:`fedgraphcore.protocols.fedavg_dmon.boundary`).
   There ``aggregate=gradient`` (the default) is centralised full-batch training:
   the server keeps the model and Adam and takes num-rounds x local-epochs steps
-  on the parties' summed exact gradients (strategies/fedavg_dmon_gradient.py,
-  :mod:`fedgraphcore.protocols.fedavg_dmon_gradient`); ``aggregate=weights`` trains
+  on the parties' summed exact gradients (strategies/fedavg_dmon/gradient.py,
+  :mod:`fedgraphcore.protocols.fedavg_dmon.gradient`); ``aggregate=weights`` trains
   local Adam epochs and averages the weights (steps 2-3 below).
   The paper's federated mode, each client on its own subgraph, is
   ``partition.boundary=false``;
@@ -86,14 +86,14 @@ from fedgraphcore.config import ConfigError, RunConfig, SharedConfig
 from fedgraphcore.data.types import GraphData
 from fedgraphcore.privacy.gaussian import CLIENT_LEVEL, GaussianMechanism
 from fedgraphcore.protocols import fedavg_dmon
-from fedgraphcore.protocols import fedavg_dmon_boundary
-from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon import gradient as fedavg_dmon_gradient
 from fedgraphcore.transport import pack, unpack
 from fedgraphcore.wire import ProtocolError, ReplySpec
 from strategies.base import (ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids,
                              common_feature_dimension, concat_int64)
-from strategies.fedavg_dmon_boundary import BoundaryRounds
-from strategies.fedavg_dmon_gradient import GradientRounds
+from strategies.fedavg_dmon.boundary import BoundaryRounds
+from strategies.fedavg_dmon.gradient import GradientRounds
 
 if TYPE_CHECKING:
     from fedgraphcore.session import ServerSession

@@ -1,6 +1,6 @@
 """FedAvg-DMoN's exact-gradient training on the whole graph (``fedavg-dmon.aggregate=gradient``).
 
-In the whole-graph mode (:mod:`fedgraphcore.protocols.fedavg_dmon_boundary`) every party's loss ``L_c``
+In the whole-graph mode (:mod:`fedgraphcore.protocols.fedavg_dmon.boundary`) every party's loss ``L_c``
 is the whole graph's DMoN loss with the other parties' rows frozen, and at the weights the
 frozen terms were computed under ::
 
@@ -53,7 +53,7 @@ from typing import Mapping
 import numpy as np
 
 from fedgraphcore.protocols import fedavg_dmon
-from fedgraphcore.protocols import fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
 from fedgraphcore.wire import ArraySpec, ReplySpec, ValueSpec
 
 DMON_GRADIENT = "dmon_gradient"

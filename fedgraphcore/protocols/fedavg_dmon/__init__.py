@@ -3,7 +3,7 @@
 Every client ``c`` holds a subgraph ``G_c = (X_c, A_c)`` of one global graph
 (node partition; edges between clients are lost, the paper's setting; with
 boundary edges the clients train on the whole graph instead:
-:mod:`fedgraphcore.protocols.fedavg_dmon_boundary`) and trains the same model,
+:mod:`fedgraphcore.protocols.fedavg_dmon.boundary`) and trains the same model,
 :class:`fedgraphcore.models.DMoNModel` (one GCN layer with SELU to ``hidden`` dims,
 dropout, linear head to ``k``, softmax), on the DMoN loss
 (:func:`fedgraphcore.models.dmon_loss`)::
@@ -68,7 +68,7 @@ DMON_TRAIN = "dmon_train"
 PARAM_NAMES = ("conv.bias", "conv.lin.weight", "head.weight", "head.bias")
 
 MODES = ("federated", "isolated", "centralised")
-#: whole-graph mode: what the server aggregates (:mod:`fedgraphcore.protocols.fedavg_dmon_gradient`)
+#: whole-graph mode: what the server aggregates (:mod:`fedgraphcore.protocols.fedavg_dmon.gradient`)
 AGGREGATE = ("gradient", "weights")
 SELECT = ("val-modularity", "last")
 OPT_STATE = ("keep", "reset")

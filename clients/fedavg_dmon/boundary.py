@@ -1,12 +1,12 @@
 """Client side of ``fedavg-dmon`` on a node split with boundary edges (the math:
-:mod:`fedgraphcore.protocols.fedavg_dmon_boundary`; the wire: strategies/fedavg_dmon_boundary.py).
+:mod:`fedgraphcore.protocols.fedavg_dmon.boundary`; the wire: strategies/fedavg_dmon/boundary.py).
 
 What leaves the party: with hello one power of two (its ``magnitude``, the bound of its masked
 uploads); once, the padded ``B_c D~_c^-1/2 X_c``; every round the padded ``B_c [S_c | Y_c]``
 and the masked ``[S_c'd_c, sum S_c, Y_c'd^v_c, 1'd_c, 1'd^v_c]`` under the global weights, then
 its trained weights, its local losses and its validation count ``val_intra``
 (``aggregate=gradient``: per server step instead the masked ``[grad L_c, <S_c, (A S)_c>,
-val_intra_c]``, :mod:`fedgraphcore.protocols.fedavg_dmon_gradient`).
+val_intra_c]``, :mod:`fedgraphcore.protocols.fedavg_dmon.gradient`).
 
 Kept in ``context.state``: its propagated features ``P_c`` (``dmon_propagated``; they need the
 other parties' features, so they cannot be recomputed locally) and the round's global weights
@@ -21,8 +21,8 @@ import numpy as np
 from fedgraphcore.data.types import no_boundary
 from fedgraphcore.protocols import boundary as boundary_protocol
 from fedgraphcore.protocols import fedavg_dmon
-from fedgraphcore.protocols import fedavg_dmon_boundary
-from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon import gradient as fedavg_dmon_gradient
 from clients.base import answers, request_digest
 from clients.boundary import BoundaryClient
 
@@ -43,7 +43,7 @@ class DMoNBoundaryClient(BoundaryClient):
         return super().linked and self.shard.num_clients > 1
 
     def boundary_mode(self) -> bool:
-        """Whether the run trains on the whole graph (:func:`fedgraphcore.protocols.fedavg_dmon_boundary.boundary_run`)."""
+        """Whether the run trains on the whole graph (:func:`fedgraphcore.protocols.fedavg_dmon.boundary.boundary_run`)."""
         return fedavg_dmon_boundary.boundary_run(self.config)
 
     def _split(self):
@@ -168,7 +168,7 @@ class DMoNBoundaryClient(BoundaryClient):
 
     def _step_noise(self, k: int, weights):
         """``(noise rows, stream after)``: this step's dropout multipliers of the party's nodes
-        (:func:`fedgraphcore.protocols.fedavg_dmon_gradient.step_noise`), the mask rows being the nodes' global
+        (:func:`fedgraphcore.protocols.fedavg_dmon.gradient.step_noise`), the mask rows being the nodes' global
         row numbers (``dataset=parties``: their positions)."""
         s = self.shard
         rows = s.node_ids if s.keys is None else self.links.offset + np.arange(s.num_nodes)

@@ -1,4 +1,4 @@
-"""Client side of ``fedavg-dmon`` (see strategies/fedavg_dmon.py for the wire protocol).
+"""Client side of ``fedavg-dmon`` (see strategies/fedavg_dmon/ for the wire protocol).
 
 Kept in ``context.state`` between rounds: the local model, the Adam moments
 (``fedavg-dmon.optimizer-state=keep``), the torch generator state that drives
@@ -13,18 +13,18 @@ import numpy as np
 
 from fedgraphcore.privacy.policy import PrivacyRefusal
 from fedgraphcore.protocols import fedavg_dmon
-from fedgraphcore.protocols import fedavg_dmon_boundary
-from fedgraphcore.protocols import fedavg_dmon_gradient
+from fedgraphcore.protocols.fedavg_dmon import boundary as fedavg_dmon_boundary
+from fedgraphcore.protocols.fedavg_dmon import gradient as fedavg_dmon_gradient
 from fedgraphcore.wire import ProtocolError
 from clients.base import ClusteringClient, Reply, answers, request_digest
-from clients.fedavg_dmon_boundary import DMoNBoundaryClient
+from clients.fedavg_dmon.boundary import DMoNBoundaryClient
 
 _GRAPHS: dict = {}  # per process: (key) -> (shard, Graph, val adj, test adj, train adj)
 
 
 class FedAvgDMoNClient(DMoNBoundaryClient, ClusteringClient[fedavg_dmon.FedAvgDMoNConfig]):
     """Local DMoN training; on a linked node split the whole graph's layer and loss
-    (:class:`clients.fedavg_dmon_boundary.DMoNBoundaryClient`)."""
+    (:class:`clients.fedavg_dmon.boundary.DMoNBoundaryClient`)."""
 
     settings = fedavg_dmon.FedAvgDMoNConfig
     label_steps = (fedavg_dmon.DMON_ASSIGN,)

@@ -4,7 +4,7 @@ Setting: L parties hold different feature columns ``X^l`` of the same n nodes
 and share the graph. Every function here is plain numpy (no Flower); the
 strategies ``kcagc`` / ``kcagc-basic`` only move their inputs and outputs. This is
 the paper's protocol (``kcagc.mode = paper``, and ``kcagc-basic``); the default exact
-mode's math is :mod:`fedgraphcore.protocols.kcagc_exact`.
+mode's math is :mod:`fedgraphcore.protocols.kcagc.exact`.
 
 Per party (Protocol 1, local):
   * :func:`embedding` - AGC filter ``G = (I + D~^-1/2 (A+I) D~^-1/2) / 2``
@@ -80,7 +80,7 @@ import scipy.sparse as sp
 
 from fedgraphcore.config import ConfigView, setting
 from fedgraphcore.graph_filters import FILTERS
-from fedgraphcore.protocols.kcagc_exact import MODES
+from fedgraphcore.protocols.kcagc.exact import MODES
 from fedgraphcore.wire import ArraySpec, ReplySpec
 
 # -- wire: the protocol's steps and what a valid reply holds ------------------------------
@@ -112,7 +112,7 @@ EMBEDDINGS = ("normalized", "svd", "projection", "projection-unit", "filtered", 
 class KCAGCConfig(ConfigView):
     """The ``kcagc.*`` keys of :class:`strategies.kcagc.KCAGC` and its client (``kcagc-basic`` reads
     all but ``mode``, ``local_factor``, ``local_restarts`` and ``tree``; ``mode = exact``
-    reads ``filter`` and ``filter_order`` only, :mod:`fedgraphcore.protocols.kcagc_exact`), declared here."""
+    reads ``filter`` and ``filter_order`` only, :mod:`fedgraphcore.protocols.kcagc.exact`), declared here."""
 
     prefix: ClassVar[str] = "kcagc"
     mode: str = setting("exact", "kcagc: exact = centralised AGC's labels (top-k eigenvectors of F F^T, F = [G^psi "

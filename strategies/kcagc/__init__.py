@@ -4,7 +4,7 @@ Setting (partitioner ``vertical``): every client holds all n nodes, the shared
 graph and its own block of feature columns. The math is in
 ``fedgraphcore.protocols.kcagc``; this module only moves data. ``kcagc.mode = exact`` (the default:
 centralised AGC's labels from secure sums of the clients' Gram products) is
-``strategies.kcagc_exact`` with ``fedgraphcore.protocols.kcagc_exact``. Wire protocol of
+``strategies.kcagc.exact`` with ``fedgraphcore.protocols.kcagc.exact``. Wire protocol of
 ``kcagc.mode = paper`` and of ``kcagc-basic``:
 
 ``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
@@ -101,11 +101,11 @@ import numpy as np
 from fedgraphcore.config import ConfigError, RunConfig
 from fedgraphcore.data.types import GraphData
 from fedgraphcore.protocols import kcagc
-from fedgraphcore.protocols import kcagc_exact as exact
+from fedgraphcore.protocols.kcagc import exact
 from fedgraphcore.wire import LABELS, ProtocolError
 from fedgraphcore.transport import pack, unpack
 from strategies.base import ClusteringStrategy, StrategyOutput, common_node_count
-from strategies.kcagc_exact import ExactAGC
+from strategies.kcagc.exact import ExactAGC
 
 if TYPE_CHECKING:
     from fedgraphcore.session import ServerSession
