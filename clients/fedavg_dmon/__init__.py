@@ -1,4 +1,4 @@
-"""Client side of ``fedavg-dmon`` (see strategies/fedavg_dmon/ for the wire protocol).
+"""Client side of ``fedavg-dmon`` (wire protocol: :mod:`fedgraphcore.protocols.fedavg_dmon`).
 
 Kept in ``context.state`` between rounds: the local model, the Adam moments
 (``fedavg-dmon.optimizer-state=keep``), the torch generator state that drives

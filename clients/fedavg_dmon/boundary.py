@@ -1,12 +1,6 @@
-"""Client side of ``fedavg-dmon`` on a node split with boundary edges (the math:
-:mod:`fedgraphcore.protocols.fedavg_dmon.boundary`; the wire: strategies/fedavg_dmon/boundary.py).
-
-What leaves the party: with hello one power of two (its ``magnitude``, the bound of its masked
-uploads); once, the padded ``B_c D~_c^-1/2 X_c``; every round the padded ``B_c [S_c | Y_c]``
-and the masked ``[S_c'd_c, sum S_c, Y_c'd^v_c, 1'd_c, 1'd^v_c]`` under the global weights, then
-its trained weights, its local losses and its validation count ``val_intra``
-(``aggregate=gradient``: per server step instead the masked ``[grad L_c, <S_c, (A S)_c>,
-val_intra_c]``, :mod:`fedgraphcore.protocols.fedavg_dmon.gradient`).
+"""Client side of ``fedavg-dmon`` on a node split with boundary edges (math and wire protocol, what
+leaves the party step by step: :mod:`fedgraphcore.protocols.fedavg_dmon.boundary` and
+:mod:`fedgraphcore.protocols.fedavg_dmon.gradient`).
 
 Kept in ``context.state``: its propagated features ``P_c`` (``dmon_propagated``; they need the
 other parties' features, so they cannot be recomputed locally) and the round's global weights

@@ -1,29 +1,7 @@
 """Server side of ``fedavg-dmon`` on a node split with boundary edges (``partition.boundary=true``,
 ``mode=federated``, several clients): the parties train on the whole graph's GCN layer and
-DMoN loss (math: :mod:`fedgraphcore.protocols.fedavg_dmon.boundary`). Below: ``aggregate=weights``; with
-``aggregate=gradient`` steps 1, 2 and 4 are shared and step 3 is the server's Adam step on the
-summed gradients (strategies/fedavg_dmon/gradient.py).
-
-Wire protocol after the boundary links (:func:`strategies.links.link_boundaries`; what leaves a
-client in **bold**, every array masked):
-
-1. ``query.dmon_features`` (once) -> **the padded ``B_c D~_c^-1/2 X_c``** (N x f ring); the
-   server's ring sum is uniform to it (every party's pad on its own rows).
-2. per round r: ``query.dmon_spread``. Down: ``W_r`` and ``k`` (round 1: with each party's rows
-   of step 1's sum). Up: **the padded ``B_c [S_c | Y_c]``** (N x 2k) and **the masked
-   ``[S_c'd_c, sum S_c, Y_c'd^v_c, 1'd_c, 1'd^v_c]``** (3k + 2) under ``W_r``: the server learns
-   the summed vector (the whole graph's ``S'd``, cluster sizes, validation label volumes, 2m,
-   2m_v), nothing per client.
-3. per round r: ``train.dmon_train``. Down: each party's rows of step 2's padded sum and the
-   summed vector. Up: **the trained weights** (masked with ``fedavg-dmon.secure``), **the local
-   losses** and (``select=val-modularity``) **the validation count ``val_intra`` of W_r**; the
-   server forms the whole graph's validation modularity of ``W_r`` and averages the weights
-   (FedAvg by node count).
-4. (``select=val-modularity``) a ``dmon_spread`` of the final weights, then ``query.dmon_eval``
-   with the rows -> **val_intra**.
-
-The bound of every masked upload is the largest power of two the clients announced with hello
-(``magnitude``), at least ``secagg.bound``; sums use the finest fixed-point scale it allows.
+DMoN loss; ``aggregate=gradient``: strategies/fedavg_dmon/gradient.py. Math and wire protocol:
+:mod:`fedgraphcore.protocols.fedavg_dmon.boundary`.
 """
 
 from __future__ import annotations

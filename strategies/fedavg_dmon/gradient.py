@@ -2,25 +2,7 @@
 and one Adam optimiser and takes ``num-rounds x local-epochs`` full-batch steps on the summed
 exact gradient (math: :mod:`fedgraphcore.protocols.fedavg_dmon.gradient`).
 
-Wire protocol, several parties (after the boundary links and ``dmon_features`` of
-strategies/fedavg_dmon/boundary.py; what leaves a client in **bold**, every array masked), per
-server step t:
-
-1. ``query.dmon_spread`` with ``train``: down ``W_t`` (first step: with the features' padded
-   rows); up **the padded ``B_c [S_c | Y_c]``** (``S_c`` under the step's dropout mask, ``Y_c`` the
-   hard labels of ``W_t``) and **the masked sums** (as in weights mode).
-2. ``train.dmon_gradient``: down each party's rows of 1's padded sum, the summed vector and the
-   secure-sum values; up **the masked ``[grad_W L_c(W_t), <S_c, (A S)_c>, val_intra_c]``**
-   (``val_intra_c`` 0 except at a round's first step with ``select=val-modularity``). The server
-   learns the whole graph's gradient, its ``Tr(S'AS)`` (hence its loss) and validation count,
-   nothing per party; one Adam step gives ``W_{t+1}``.
-
-One party (it holds the whole graph): step 2 only, down ``W_t``; up **its float gradient and
-loss** (and at a round's first step its validation score), nothing masked (the sum of one is
-the upload).
-
-Model selection as in ``mode=centralised``: ``W_t`` at every round's first step and the final
-weights compete on the whole graph's validation modularity.
+Wire protocol: :mod:`fedgraphcore.protocols.fedavg_dmon.gradient`.
 """
 
 from __future__ import annotations

@@ -44,6 +44,53 @@ uploads ``W_bar + noised update`` (:func:`dp_mechanism`, which client and
 server both build, the server to account). One release per client per round, and
 nothing else data-dependent in the training rounds: the validation scores
 and losses, which the noise does not cover, are not sent.
+
+Wire protocol (what leaves each client in **bold**):
+
+1. With ``hello``: **sizes only**: feature dimension (``num_features``)
+   beside the number of nodes held (``num_rows``, the FedAvg weight ``N_c``).
+2. ``train.dmon_train`` x num-rounds. Down: the global weights ``W_r`` (4
+   float32 arrays, ``DMoNModel.state_dict()`` names; isolated/centralised:
+   round 1 only, the common initialisation) and ``k``. The client trains
+   ``local-epochs`` Adam epochs and replies, except with ``dp-clip > 0``
+   (see below), **the validation modularity of W_r (in [-1/2, 1]) and its
+   validation-edge count (a whole number), the per-epoch losses (one finite
+   number per local epoch)**, and in federated mode **its trained
+   weights W_c** (exact shapes, finite; a bad upload is rejected and that
+   client left out of the average and, as ``ServerSession`` does for every
+   rejected reply, dropped for the rest of the run; one whose SuperNode left
+   and came back with the same shard is taken back at the next round,
+   ``ServerSession.take_back``). With ``dp-clip > 0`` the weights are
+   ``W_r + clip(W_c - W_r) + N(0, (z C)^2)`` (client-level DP-FedAvg); with
+   ``secure`` the upload is instead one ring vector, the pairwise-masked
+   fixed-point ``(N_c/N) * W_c`` (the server learns only the weighted sum,
+   i.e. the new global model; every client must answer).
+3. ``query.dmon_eval`` (federated, ``select=val-modularity``, so never with
+   DP; down: the final global weights) -> up: **validation modularity and
+   validation-edge count**.
+4. ``query.dmon_assign`` (down: the selected global weights; isolated:
+   nothing) -> up: **node ids, cluster labels, owned flags and the client's
+   own metrics** (ACC/NMI/ARI/macro-F1 on its nodes, modularity/conductance
+   on its test edges and on its whole local graph; without DP also the
+   validation modularity of those weights): evaluation outputs, like every
+   strategy's, outside the DP guarantee.
+
+Client-level DP (``dp-clip > 0``, federated only): in the training rounds a
+client sends nothing but its noised weights, so the epsilon reported
+(``metrics["dp_epsilon"]``, Opacus RDP accountant, one release per round)
+covers its whole local subgraph there. The validation scores and losses are
+functions of that subgraph the noise does not cover, so they are not sent
+(and ``dmon_eval`` is refused); the server cannot select a round by
+validation modularity and requires ``select=last`` (anything else is a
+ConfigError before any message is sent). The round history then records
+``val_modularity``, ``loss`` and ``losses`` as None. Not covered, sent in
+clear: the feature dimension and node count (step 1, needed for the FedAvg
+weights) and the evaluation outputs of step 4.
+
+Server: ``W_{r+1} = sum_c (N_c/N) W_c`` over the valid uploads; model
+selection (``select=val-modularity``) keeps the global weights with the
+best validation-edge-weighted mean validation modularity (federated), or
+each client keeps its own best (isolated/centralised).
 """
 
 from __future__ import annotations
