@@ -1,5 +1,5 @@
 """``app.cluster``: every input type, the Result, pre-split pieces against the partitioner's
-split, bad arguments, and ``fedgraphcore.data.check``."""
+split, bad arguments, and ``app.data.check``."""
 
 from __future__ import annotations
 

@@ -358,7 +358,7 @@ SAME_DATA = "valid: an eval-file written by python -m app.data.prepare --dataset
 
 @pytest.mark.parametrize("args, message", [
     (["--dataset", "karate"], "was made for dataset 'sbm', not 'karate'; valid: one written by python -m "
-                              "fedgraphcore.data.prepare --dataset karate ... --eval-file PATH"),
+                              "app.data.prepare --dataset karate ... --eval-file PATH"),
     (["--dataset", "sbm"], f"holds 34 nodes of 'sbm', the run's 'sbm' has 1000; {SAME_DATA}"),
     (["--dataset", "sbm", "--set", "sbm.nodes=34", "--set", "seed=1"],
      f"was made from other 'sbm' data than the run's (another seed or dataset setting); {SAME_DATA}"),

@@ -358,12 +358,12 @@ def test_prepare_refuses_an_out_dir_it_cannot_write(tmp_path, capsys):
 
 
 def test_prepare_module_entry_point(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "fedgraphcore.data.prepare", "--dataset", "iris", "--partitioner",
+    r = subprocess.run([sys.executable, "-m", "app.data.prepare", "--dataset", "iris", "--partitioner",
                         "sample", "--num-clients", "2", "--out", str(tmp_path / "o")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "o" / "client-1.npz").is_file()
-    r = subprocess.run([sys.executable, "-m", "fedgraphcore.data.prepare", "--dataset", "iris"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "app.data.prepare", "--dataset", "iris"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
 

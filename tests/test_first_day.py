@@ -5,7 +5,7 @@ folder, as the user made it (tests/test_input_corpus.py tries the bad and tricky
 the summary says what its verdict compares; ``cluster(quiet=True)`` prints nothing; errors name
 the user's data; Ctrl-C is one line and the resume hint; PyG leaves nothing in the temporary
 folder; ``deploy local`` takes a relative path; ``prepare`` keeps the user's column names and
-labels; ``fedgraphcore.data.check`` asks for the split in one line; ``list`` gives every dataset's size.
+labels; ``app.data.check`` asks for the split in one line; ``list`` gives every dataset's size.
 """
 
 from __future__ import annotations
