@@ -398,20 +398,29 @@ def layer_of(module: str) -> int | None:
     return next((i for i, layer in enumerate(LAYERS) if top in layer), None)
 
 
-def upward_imports() -> list[str]:
+def upward_imports(root: Path = ROOT) -> list[str]:
     """``file:line imports module`` of every import of a package on a higher layer, or of the
-    other package on the same one (strategies/ <-> clients/)."""
-    found = []
+    other package on the same one (strategies/ <-> clients/), in the tree at ``root``."""
+    found: dict[tuple[str, int], str] = {}
     for i, layer in enumerate(LAYERS):
         for top in layer:
             above = [p for higher in LAYERS[i + 1:] for p in higher] + [p for p in layer if p != top]
-            found += forbidden_imports(python_files(top), above)
-    return found
+            for path in sorted((root / top).rglob("*.py")):
+                for line, module in imported_modules(path, root):
+                    if is_within(module, above):
+                        found.setdefault((str(path.relative_to(root)), line), module)
+    return [f"{file}:{line} imports {module}" for (file, line), module in sorted(found.items())]
 
 
 def test_the_layer_check_finds_an_import_that_runs_up(tmp_path):
     assert layer_of("fedgraphcore.data.parties") == 0 and layer_of("clients.base") == 1
     assert layer_of("app.registry") == 2 and layer_of("numpy") is None
+    (tmp_path / "fedgraphcore").mkdir()
+    (tmp_path / "fedgraphcore" / "data.py").write_text("def late():\n    from app import registry\n")
+    (tmp_path / "clients").mkdir()
+    (tmp_path / "clients" / "kmeans.py").write_text("from fedgraphcore import data\nimport strategies.base\n")
+    assert upward_imports(tmp_path) == ["clients/kmeans.py:2 imports strategies.base",
+                                        "fedgraphcore/data.py:2 imports app"]
 
 
 def test_every_import_points_down_the_layers():
