@@ -1,4 +1,4 @@
-"""Client side of ``fedkmeans`` (see strategies/fedkmeans.py for the wire protocol).
+"""Client side of ``fedkmeans`` (wire protocol: :mod:`fedgraphcore.protocols.fedkmeans`).
 
 On a node split with boundary edges and several clients the filter runs over the whole graph
 (:class:`clients.boundary.BoundaryClient`'s padded sums); the filtered rows then live in

@@ -1,4 +1,4 @@
-"""Client side of ``fedsc`` (see strategies/fedsc.py for the wire protocol).
+"""Client side of ``fedsc`` (wire protocol: :mod:`fedgraphcore.protocols.fedsc`).
 
 The client's samples ``X_p`` are never sent: it uploads the feature dimension,
 distance statistics (two numbers, only when ``fedsc.sigma`` is estimated), a

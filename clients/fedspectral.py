@@ -1,5 +1,5 @@
-"""Client side of ``fedspectral`` and ``fedspectral-plus`` (wire protocol in
-strategies/fedspectral.py). The client's edges (``shard.adj``) never leave it:
+"""Client side of ``fedspectral`` and ``fedspectral-plus`` (wire protocol:
+:mod:`fedgraphcore.protocols.fedspectral`). The client's edges (``shard.adj``) never leave it:
 it uploads local spectral labels (baseline), or products of its local operator
 with the block the server sent, optionally noised (once per release: a re-sent
 request gets the same draw back) and pairwise masked."""

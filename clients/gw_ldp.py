@@ -1,4 +1,4 @@
-"""Client side of ``gw-ldp`` (see strategies/gw_ldp.py for the wire protocol).
+"""Client side of ``gw-ldp`` (wire protocol: :mod:`fedgraphcore.protocols.gw_ldp`).
 
 What leaves this client: its feature width and graph counts, locally trained
 GNN weights each round (optionally clipped and noised) with its number of

@@ -1,4 +1,4 @@
-"""Client side of ``kcagc`` / ``kcagc-basic`` (wire protocol: strategies/kcagc/).
+"""Client side of ``kcagc`` / ``kcagc-basic`` (wire protocol: :mod:`fedgraphcore.protocols.kcagc`).
 
 What leaves this client: the local cluster of every node (``kcagc_local``,
 kcagc only; not the filter order, which AGC's adaptive rule picks from the

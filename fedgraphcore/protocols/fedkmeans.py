@@ -34,6 +34,70 @@ so that the filter runs on ``X R`` and a hop moves ``dims`` columns, not f. The 
 the columns (``G^t (X R) = (G^t X) R``), ``R`` is public and data-free, and every sum sent of ``X R``
 is a sum of ``X`` times ``R``: the projection releases nothing the unprojected rows' sums would not.
 The centralised reference projects with the same ``R``.
+
+Wire protocol (what leaves each client, step by step):
+
+1. with ``hello`` (down: k, seed) -> up: ``centres`` (at most k x f local
+   k-means++ centres, each the mean of at least the node's ``min-rows`` rows:
+   a smaller local cluster joins its nearest one; a node holding fewer rows
+   refuses) and their sizes ``counts``, which add up to the rows the client
+   announced in hello. Coarse data summaries, sent in clear.
+2. ``kmeans_step`` x num-rounds (down: ``starts``, the starts it advances, and
+   their ``centres``, starts x k x f) -> up: ``stats``, per start the
+   per-cluster sums (k x f), counts (k), the rows withheld and the inertia in
+   one vector (starts x (k f + k + 2)). ``fedkmeans.restarts`` starts (10, as
+   scikit-learn's ``n_init``) begin from the merged local centres (start 0:
+   their weighted k-means; the others: weighted k-means++ seeds of them); a
+   start whose centres move no more than ``fedkmeans.tol`` drops out of the
+   messages, so R starts cost R times one start's bytes per round at most.
+   Under a node's ``min-rows`` above 1 a new assignment goes out
+   only when every cluster's rows pass the node's audit of every sum it has
+   sent: at least ``min-rows`` rows, and no row of the node determined by any
+   combination of those sums (differencing across rounds included); else the
+   node sends its last statistics again (in a start's first round: the
+   clusters that pass, the others withheld with sum and count 0, their rows
+   counted apart, the inertia over the rows sent). One audit covers every
+   start: whatever centres the server sends, with however many starts, it
+   reads no row this way (:func:`fedgraphcore.protocols.fedkmeans.release`). Stops
+   early when no centre of any start moves more than ``fedkmeans.tol``. With
+   ``fedkmeans.secure`` the vectors are
+   pairwise-masked (secure aggregation, set up once with two extra rounds) and
+   the server learns only the sum over clients. The sizes and withheld rows
+   must add up to the client's rows (secure: all rows) and the inertia be
+   >= 0, else the run stops naming the client. Rows held by
+   two clients (``partition.overlap`` > 0) would count twice: refused.
+   A resumed run's first live step also carries ``replayed_centres`` and
+   ``replayed_starts``, the blocks of every step replayed from the journal
+   (which no client saw) and their starts, so that each client's audit takes
+   in the sums it sent in them first.
+3. ``kmeans_assign`` (down: the ``start`` of least inertia per row sent, read
+   from the (secure) sums, its last step's ``centres`` and summed statistics
+   ``stats``) -> up: ``node_ids`` and ``labels`` of the client's rows under the
+   final centres, which the client derives itself (that start's last centres
+   moved by ``stats``); for evaluation only, labels stay on the client as
+   well. A client refuses centres that are not those of the last step of that
+   start it answered and a total whose counts do not hold its own (rule
+   ``server-input``), and answers once per run.
+
+Every step's centres are exactly ``num-clusters`` finite rows of the clients' width per start, its
+starts at most ``fedkmeans.restarts`` distinct indices below it (rule ``server-input``), hello comes
+first and once, ``kmeans_step`` at most ``num-rounds`` times (rules ``protocol-order``,
+``protocol-count``; :mod:`clients.steps`).
+
+On a node split with boundary edges (``partition.boundary``), several clients and
+``filter-order`` > 0, the filter runs over the whole graph, so that every client's rows are
+its nodes' rows of the centralised filtered features. Hello then carries the clients' public
+keys, whether each holds an edge (``has_edges``) and no centres. Where none does, the filter
+is the identity: ``kmeans_init`` (hops 0) asks for the seeds of the features as they are, then
+steps 2 and 3. Else the boundary links are set up (three rounds, :mod:`strategies.links`);
+then ``kmeans_filter`` x filter-order (down: ``hop`` and, from hop 2 on, the client's rows of
+the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x w masked
+ring elements whose sum the server cannot read) and ``kmeans_init`` (down: hops, the last sum's rows,
+k, seed -> up: step 1's centres and counts, of the filtered rows); then steps 2 and 3.
+Where the filter runs (``filter-order`` > 0; over the whole graph, only where a party holds an
+edge) every client's rows (everywhere above) are its features times the
+projection drawn from the run's seed when they are wider than ``fedkmeans.dims`` (w = dims, else
+w = f; :func:`fedgraphcore.protocols.fedkmeans.projected`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,57 @@ the full kernel matrix ``K(X, X)`` without receiving any ``x``, though
 noise-free factors determine the samples: :func:`invert_coefficients`), scales it to
 [0, 1], keeps the ``ceil(ln n)`` largest entries of each row (symmetrised by
 max) and runs normalised spectral clustering (:func:`cluster_affinity`).
+
+Wire protocol (what leaves a client, step by step):
+
+1. with ``hello`` (down: whether to estimate) -> up: value ``features``
+   (the dimension m) and, only when ``fedsc.sigma = 0``, ``distance_sum`` and
+   ``pairs`` (sum and number of the pairwise distances among the client's
+   own samples, in the clear). The server sets sigma = sum / pairs.
+2. ``fedsc_rank`` (down: sigma, mass), only when ``fedsc.landmarks = 0`` ->
+   up: value ``landmarks``, the spectral-mass count of the client's own kernel
+   matrix, in the clear (a whole number from 1 to the client's own samples,
+   its kernel's largest possible rank, else the run stops naming the client).
+   The server takes the largest.
+3. ``fedsc_round`` x ``num-rounds`` (down: ``z`` = current landmarks Z, sigma,
+   lambda) -> up: ``update`` = ``[Z_p.ravel(), f_p]``: the client's landmarks
+   after its C-step and one preconditioned Z-step, and its objective value
+   (one number; left out under ``fedsc.dp-epsilon`` and ``fedsc.noise-z``,
+   which noise only Z_p). With ``fedsc.secure``
+   the vector is pairwise masked (secagg ring) and the server learns only the sum
+   over clients, i.e. the average Z. With ``fedsc.noise-z`` / ``dp-epsilon``
+   Z_p is noised before it leaves.
+4. ``fedsc_final`` (down: final Z) -> up: ``c`` = C_p (d x N_p, noised with
+   ``fedsc.noise-c`` / ``dp-epsilon``) and ``node_ids`` (global ids of the
+   client's samples, for evaluation only; below the samples announced in
+   hello and, without ``partition.overlap``, on one client each). The server forms
+   ``C' K(Z, Z) C``, scales it to [0, 1], keeps ceil(ln n) neighbours per row
+   (symmetrised by max) and runs normalised spectral clustering (a
+   non-finite ``C' K(Z, Z) C``, from uploads far out of range, stops the run).
+5. ``labels`` (down: the labels of the client's own samples) -> up: a count.
+
+No sample ``x`` is ever sent, but the factors are functions of the samples,
+and noise-free they reveal them: from ``Z``, sigma and a column ``c_i`` the
+server gets ``k(Z, x_i) = (K_zz + lambda I) c_i``, i.e. the distances of
+``x_i`` to ``d >= m + 1`` landmarks, and recovers ``x_i`` exactly
+(:func:`fedgraphcore.protocols.fedsc.invert_coefficients`, tested). Secure
+aggregation hides the individual ``Z_p`` only. Protection against the server
+therefore needs one of the noise variants, all drawn from the client's own
+operating-system entropy (nothing the server knows, such as the seed or the
+client id, can regenerate them):
+
+* ``fedsc.data-noise``: each client perturbs its own samples once,
+  ``X + ratio * std(X) * N(0,1)``, and then runs the protocol on them. With
+  noise-free factors the server still recovers the *perturbed* samples
+  exactly; only this noise stands between it and ``X``. Recorded in the
+  ledger as heuristic noise with no formal guarantee.
+* ``fedsc.noise-z`` / ``fedsc.noise-c``: the paper's factor-perturbation
+  ratios on Z_p and C_p; heuristic as well (no formal guarantee).
+* ``fedsc.dp-epsilon``: clip + calibrated Gaussian noise on every Z_p upload
+  and on C_p; the Opacus accountant reports (epsilon, delta), see
+  :meth:`FedSC._dp_mechanisms`. It requires ``fedsc.sigma`` and
+  ``fedsc.landmarks`` to be given, so that steps 1 and 2 upload no statistic
+  of the samples.
 """
 
 from __future__ import annotations

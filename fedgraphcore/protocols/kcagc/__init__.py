@@ -68,6 +68,92 @@ Server, on the summed distances:
 
 With every node its own virtual node (``kcagc-basic``, Protocol 2) the same
 loop is Lloyd's algorithm on the concatenation ``[Z^1, ..., Z^L]``.
+
+Wire protocol of ``kcagc.mode = paper`` and of ``kcagc-basic``:
+
+``kcagc`` only - 1. ``kcagc_local`` (down: k_hat, filter/embedding settings,
+   seed) -> up: ``labels`` (n int64): the local cluster of every node, i.e.
+   the node-ID set of each of the client's k_hat local clusters. The client
+   filters its columns (AGC's filter or the paper's spectral-norm filter,
+   ``kcagc.filter``, order psi), projects the filtered block on
+   its top-k singular vectors and scales the rows to unit length
+   (``kcagc.embedding``; see ``fedgraphcore.protocols.kcagc``) and runs k-means++ / Lloyd locally (optionally
+   with Protocol 1's 1/9 pruning, ``kcagc.prune``). Nothing else about its
+   features leaves it: with AGC's adaptive filter order the client picks psi
+   from its own features and does not report it (``metrics["filter_order"]``
+   then says so).
+
+``projection-joint-unit`` / ``projection-mixed-unit`` embeddings only, before
+   step 1 (kcagc) or 3 (kcagc-basic) - ``kcagc_joint``: stage ``sum`` (down:
+   filter/embedding settings) -> up ``s`` (uint64, masked): the client's
+   squared row norms (n); the server unmasks only their sum over all clients
+   and sends it back (stage ``scale``, down ``sq_norms``, n) so that every
+   client scales its rows with the joint norm. The server and every client
+   learn these n sums (a client, the sum over the others); nothing else.
+
+2. The server intersects the local clusters into virtual nodes (a node's
+   virtual node = the tuple of its local clusters; weight = member count),
+   numbered by their smallest node ID, so that the ``members`` every client
+   receives in step 3 give it the intersection of all local clusterings as a
+   partition of the nodes, not which cluster of another client a part came from.
+   ``kcagc-basic`` uses every node as its own virtual node (weight 1).
+
+3. Weighted k-means on the virtual nodes, distances only under secure
+   aggregation (``kcagc_step``; pairwise masks set up once, two rounds;
+   with a single client there is nothing to mask and its distances, the
+   sum itself, go up in clear):
+
+   * seeding (k-means++, ``kcagc.restarts`` independent seedings run side by
+     side in the same messages): down ``members`` (n, the virtual node of
+     every node; first message only) and ``index`` (R, the newest seed of
+     each restart) -> up ``d`` (masked): the client's part of the
+     squared distance of every virtual node to each new seed (R x m). The
+     server unmasks only the sum over clients and samples the next seed.
+   * Lloyd: down ``moved`` (the P centres, flat restart x centre indices,
+     whose distances the server lacks) with ``seeds`` (R x kk, first
+     iteration) or ``assign`` (A x m, int8 up to 128 clusters: the clusters of the A <= R restarts
+     those centres belong to, i.e. whose assignment changed) -> the client
+     sets / updates its block of those restarts' centres (weighted means of
+     its block of the virtual nodes) and uploads ``d`` (masked): its
+     part of the squared distance of every virtual node to every moved
+     centre (P x m; first iteration: the last seed of each restart, R x m,
+     since the seeding rounds summed the distances to the other seeds). The
+     server keeps the sums of the unmoved centres from earlier rounds,
+     learns the summed distances, assigns each virtual node to the nearest
+     centre and broadcasts the assignment (with ``kcagc.prune``, the first
+     assignment leaves out (-1) virtual nodes not 9x closer to their nearest
+     seed than to any other, Protocol 2 line 17). One message round per iteration;
+     at most ``kcagc.iterations`` (Q) updates, fewer when every restart's
+     assignment repeats. The restart with the smallest weighted inertia wins.
+
+   With ``kcagc.tree`` the parties sit at the leaves of a binary tree: each
+   level runs step 3 for all its internal nodes in the same messages, one
+   secure sum per internal node among its own clients (``group``: a client
+   masks with its group's members only and uploads only its group's part),
+   each internal node re-clustering the intersection of its children's
+   clusters into k_hat clusters, the root into k. The server then learns the
+   summed distances of every group (e.g. of each pair of clients at level 1;
+   with an odd number of clients the last three form one group, so that no
+   client is ever alone), not only of all clients (ledger entry
+   ``kcagc:tree-group-sums``). Each client masks only within the groups
+   :func:`fedgraphcore.protocols.kcagc.tree_groups` defines and refuses any other.
+
+   Masked distances travel in the 32-bit ring (uint32) with the unit-row
+   embeddings, whose parts are provably at most 4, else in the 64-bit ring
+   (``secagg.bound``); the decoded sums are the same (``fedgraphcore.privacy.secagg``).
+   Each sum uses the finest power-of-two fixed-point scale its ring allows
+   for that bound and the number of clients (never coarser than
+   ``secagg.scale``; ``metrics["secagg_scale"]``): 2^27 with two clients in
+   the 32-bit ring, 2^24 with sixteen.
+
+4. ``labels`` (down: the final cluster of every node) -> the clients keep it.
+
+The server never sees a client's features, centres or individual distances:
+only node-ID sets of local clusters, and sums over all clients (tree variant:
+over each group of at least two clients). Every client learns the intersection
+of all clients' local clusterings (``members``: which nodes share a virtual
+node, as Protocol 3's centre blocks need), every restart's assignment of the
+virtual nodes in every Lloyd round, and the final labels.
 """
 
 from __future__ import annotations
