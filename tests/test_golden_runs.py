@@ -52,8 +52,14 @@ def pinned_config(strategy: str, dataset: str, clients: int, overrides: dict) ->
     return {key: config[key] for key in registry.keys_read(config)}
 
 
+def untimed_text(record: dict) -> str:
+    """A record as text without its timing: the key that orders a list of records."""
+    return json.dumps({k: v for k, v in record.items() if not str(k).endswith(TIMED)}, sort_keys=True, default=str)
+
+
 def figures(result: dict) -> dict:
-    """``section.path -> number`` of every number in the behaviour's sections of ``result``."""
+    """``section.path -> number`` of every number in the behaviour's sections of ``result``; a list of
+    records (the privacy ledger's uploads) in a fixed order, not in the order the clients' replies came."""
     out: dict = {}
 
     def walk(prefix: str, value) -> None:
@@ -62,6 +68,8 @@ def figures(result: dict) -> dict:
                 if not str(key).endswith(TIMED):
                     walk(f"{prefix}.{key}", sub)
         elif isinstance(value, list):
+            if value and all(isinstance(sub, dict) for sub in value):
+                value = sorted(value, key=untimed_text)
             for i, sub in enumerate(value):
                 walk(f"{prefix}[{i}]", sub)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
