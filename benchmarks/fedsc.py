@@ -93,7 +93,7 @@ def run(dataset: str, seed: int, **overrides) -> dict:
     """One in-process run; its privacy noise (data, factor or DP noise) drawn from ``privacy.noise-seed`` =
     ``seed``, so that every figure repeats (a run without noise draws none)."""
     cfg = {"seed": seed, "privacy.noise-seed": seed, "fedsc.landmarks": LANDMARKS[dataset],
-           "fedsc.mass": proto.AUTHORS_MASS, **overrides}
+           "fedsc.mass": fedsc.AUTHORS_MASS, **overrides}
     with tempfile.TemporaryDirectory() as tmp:
         return run_experiment("fedsc", dataset, CLIENTS, cfg, Path(tmp) / "out")
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pages  # noqa: E402,F401 - tests point its directories elsewhere
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from pages import (RESULTS_DIR, ScoreRow, figure, image_path, mean_spread, paragraph, seed_list, table,  # noqa: E402
                    write_page, write_scoreboard_rows)
 
@@ -138,9 +138,9 @@ def kmeans_landscape(starts: int = KMEANS_RESTARTS) -> dict:
     best's), the ARI between them and the share of starts that end at the best's clustering (ARI >= 0.95)."""
     from sklearn.cluster import KMeans
 
-    from app.clustering import regularisation, spectral_embedding
-    from app.data import load_dataset
-    from app.metrics import agreement
+    from fedgraphcore.clustering import regularisation, spectral_embedding
+    from fedgraphcore.data import load_dataset
+    from fedgraphcore.metrics import agreement
 
     data = load_dataset("cora", seed=0)
     k = data.num_classes
