@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.config import ArgumentParser  # noqa: E402
+from fedgraphcore.config import ArgumentParser  # noqa: E402
 from pages import RESULTS_DIR, ScoreRow, paragraph, table, write_page, write_scoreboard_rows  # noqa: E402
 
 MEASURE = "python benchmarks/fedkmeans_filter.py"
@@ -51,10 +51,10 @@ def centralised(dataset: str, seed: int) -> dict:
     first projected to the default ``fedkmeans.dims`` (the shared projection of ``seed``)."""
     import numpy as np
 
-    from app.clustering import kmeans
-    from app.data import load_dataset
-    from app.metrics import accuracy
-    from app.protocols import fedkmeans
+    from fedgraphcore.clustering import kmeans
+    from fedgraphcore.data import load_dataset
+    from fedgraphcore.metrics import accuracy
+    from fedgraphcore.protocols import fedkmeans
 
     data = load_dataset(dataset, seed=seed)
     k, acc = int(np.max(data.y)) + 1, {}

@@ -10,21 +10,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.clustering import kmeans
-from app.config import ConfigError, RunConfig
-from app.data.types import GraphData
-from app.journal import last_step_replayed
-from app.privacy.ledger import GUARANTEE_SECAGG
-from app.progress import Convergence
-from app.protocols import fedkmeans
-from app.protocols.boundary import PADDED_ROWS
-from app.transport import pack, unpack
-from app.wire import HELLO, ProtocolError, ReplySpec, ValueSpec
+from fedgraphcore.clustering import kmeans
+from fedgraphcore.config import ConfigError, RunConfig
+from fedgraphcore.data.types import GraphData
+from fedgraphcore.journal import last_step_replayed
+from fedgraphcore.privacy.ledger import GUARANTEE_SECAGG
+from fedgraphcore.progress import Convergence
+from fedgraphcore.protocols import fedkmeans
+from fedgraphcore.protocols.boundary import PADDED_ROWS
+from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import HELLO, ProtocolError, ReplySpec, ValueSpec
 from strategies.base import ClusteringStrategy, StrategyOutput, announced_rows, check_item_ids, concat_int64
 from strategies.links import ServerLinks, link_boundaries, padded_spec, padded_sum, relayed, uses_boundary
 
 if TYPE_CHECKING:
-    from app.session import HelloAsk, ServerSession
+    from fedgraphcore.session import HelloAsk, ServerSession
 
 
 class FedKMeans(ClusteringStrategy[fedkmeans.FedKMeansConfig]):
@@ -298,7 +298,7 @@ class FedKMeans(ClusteringStrategy[fedkmeans.FedKMeansConfig]):
 
     def reference(self, data: GraphData) -> np.ndarray:
         """Centralised k-means (k-means++, ``fedkmeans.restarts`` restarts) on the pooled features, projected
-        and filtered as the clients do (:func:`app.protocols.fedkmeans.local_features`)."""
+        and filtered as the clients do (:func:`fedgraphcore.protocols.fedkmeans.local_features`)."""
         x = fedkmeans.local_features(data.x, data.adj, self.cfg, self.shared.seed, self._order())
         return kmeans(x, self.shared.num_clusters, seed=self.shared.seed, n_init=self.cfg.restarts)
 
