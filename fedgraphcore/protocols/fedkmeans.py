@@ -93,11 +93,8 @@ steps 2 and 3. Else the boundary links are set up (three rounds, :mod:`strategie
 then ``kmeans_filter`` x filter-order (down: ``hop`` and, from hop 2 on, the client's rows of
 the last hop's padded sum -> up: ``neighbours``, its padded ``B_c D~^-1/2 F_c``, N x w masked
 ring elements whose sum the server cannot read) and ``kmeans_init`` (down: hops, the last sum's rows,
-k, seed -> up: step 1's centres and counts, of the filtered rows); then steps 2 and 3.
-Where the filter runs (``filter-order`` > 0; over the whole graph, only where a party holds an
-edge) every client's rows (everywhere above) are its features times the
-projection drawn from the run's seed when they are wider than ``fedkmeans.dims`` (w = dims, else
-w = f; :func:`fedgraphcore.protocols.fedkmeans.projected`).
+k, seed -> up: step 1's centres and counts, of the filtered rows); then steps 2 and 3. Where the
+filter runs, every row above is projected as said (w = ``dims``, else w = f; :func:`projected`).
 """
 
 from __future__ import annotations
