@@ -62,6 +62,8 @@ PAPER = {
 }
 
 
+#: Table 1's conditional-gradient cap: converged, POT's values
+CONVERGED = 10_000
 #: Table 1 rows per model: GW_H (plain embeddings) and GW_H* (LDP-coded, epsilon = 1/|V|).
 VARIANTS = {"": "plain", "*": "ldp"}
 
@@ -95,13 +97,15 @@ def fed_run(dataset: str, overrides: dict, clients: int = 10) -> dict:
 def fold_run(dataset: str, fold: int, model: str, eps: float, args, rounds: int | None = None, **extra) -> dict:
     """``fed_run`` of one ten-fold split with the benchmark's training settings
     (seed 0, ``--alpha``, ``--rounds`` unless ``rounds`` is given, ``--epochs``, ``--workers``)
-    and any ``extra`` run-config overrides. The embedding is the class-score softmax and the GIN's
+    and any ``extra`` run-config overrides; the GW matrix converged (``benchmarks/gw_solver.py`` compares
+    the default's). The embedding is the class-score softmax and the GIN's
     BatchNorm statistics the FedAvg of the clients' running statistics, Table 1's settings;
     ``--parts hidden`` and ``--parts norm`` override them."""
     return fed_run(dataset, {"seed": 0, "gw-ldp.fold": fold, "gw-ldp.model": model, "gw-ldp.epsilon": eps,
                              "gw-ldp.embedding": "classes", "gw-ldp.norm-statistics": "averaged",
                              "gw-ldp.alpha": args.alpha, "num-rounds": args.rounds if rounds is None else rounds,
-                             "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers, **extra})
+                             "gw-ldp.local-epochs": args.epochs, "gw-ldp.workers": args.workers,
+                             "gw-ldp.gw-max-iter": CONVERGED, **extra})
 
 
 def fold_split(n: int, fold: int) -> np.ndarray:
@@ -1020,7 +1024,8 @@ def render(data: dict, centres: int) -> str:
         "embeddings as features; GW_A is the centralised FGW_AX (shortest paths and one-hot node labels; "
         "shortest-path GW on IMDB-B). Table 1 uses the class-score embedding (`classes`). Machine shared "
         f"(load 8-12 on 2 cores): times are indicative. The {len(data.get('commands', []))} runs that produced "
-        "the JSON are listed in it (`commands`)."), ""]
+        "the JSON are listed in it (`commands`). These GW matrices are converged (POT's values); the default "
+        "stops each pair's iteration early, at a fifth of the time: [gw-solver.md](gw-solver.md)."), ""]
     t1 = data.get("table1", {})
     lines += render_table1(data) if t1 else []
     lines += render_seeds(data)

@@ -17,6 +17,7 @@ from fedgraphcore.models import build_model
 from fedgraphcore.privacy.ldp import default_m, multibit_probabilities
 from fedgraphcore.privacy.policy import PrivacyRefusal
 from fedgraphcore.protocols import gw_ldp
+from fedgraphcore.protocols.gw_ldp.solver import MATRIX_CG_ITERATIONS
 from app.run import run_experiment
 from app.server_app import run_server
 from fedgraphcore.wire import ProtocolError
@@ -53,10 +54,13 @@ def test_gw_matrix_is_symmetric_zero_diagonal_and_equals_pot_directly():
     assert np.allclose(big[:9, :9], d) and np.allclose(big[9:18, :9], d)
 
 
-def test_gw_pool_matches_sequential_on_many_distinct_pairs():
+@pytest.mark.parametrize("max_iter", [10_000, MATRIX_CG_ITERATIONS])
+def test_gw_pool_matches_sequential_on_many_distinct_pairs(max_iter):
     rng = np.random.default_rng(5)
     mats = [gw_ldp.intra_distance(rng.random((int(n), 3))) for n in rng.integers(3, 7, 30)]  # 435 pairs
-    assert np.array_equal(gw_ldp.gw_matrix(mats, workers=2), gw_ldp.gw_matrix(mats, workers=1))
+    d = gw_ldp.gw_matrix(mats, workers=1, max_iter=max_iter)
+    assert np.array_equal(gw_ldp.gw_matrix(mats, workers=2, max_iter=max_iter), d)
+    assert np.array_equal(d, d.T) and np.all(np.diag(d) == 0) and np.all(d[np.triu_indices(30, 1)] > 0)
 
 
 def random_tree(rng, n):

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from fedgraphcore.protocols import gw_ldp
-from fedgraphcore.protocols.gw_ldp.solver import cg_discrepancy
+from fedgraphcore.protocols.gw_ldp.solver import MATRIX_CG_ITERATIONS, cg_discrepancy
 
 
 def random_graph(rng: np.random.Generator, n: int) -> sp.csr_matrix:
@@ -42,10 +42,21 @@ def test_the_conditional_gradient_gives_pots_values_bit_for_bit(alpha):
                 assert gw_ldp.gw_pair(c1, c2, p, q, solver="pot") == float(pot)
 
 
-def test_a_capped_iteration_and_an_unknown_solver():
+def test_a_capped_iteration_is_pots_capped_iteration_and_bounds_the_converged_value():
+    rng = np.random.default_rng(4)
+    with threadpool_limits(limits=1):
+        for _ in range(8):
+            c1, c2 = (gw_ldp.shortest_path_matrix(random_graph(rng, int(k))) for k in rng.integers(8, 30, size=2))
+            converged = gw_ldp.gw_pair(c1, c2)
+            for cap in (1, MATRIX_CG_ITERATIONS):
+                capped = ot.gromov.gromov_wasserstein2(c1, c2, symmetric=True, max_iter=cap)
+                assert gw_ldp.gw_pair(c1, c2, max_iter=cap) == pytest.approx(float(capped), rel=1e-12)
+                assert gw_ldp.gw_pair(c1, c2, max_iter=cap) >= converged
+
+
+def test_the_run_config_defaults_to_the_capped_matrix_and_an_unknown_solver_is_refused():
+    assert {p.key: p.default for p in gw_ldp.GWLDPConfig.params()}["gw-ldp.gw-max-iter"] == MATRIX_CG_ITERATIONS
     rng = np.random.default_rng(4)
     c1, c2 = (gw_ldp.shortest_path_matrix(random_graph(rng, k)) for k in (12, 15))
-    capped = ot.gromov.gromov_wasserstein2(c1, c2, symmetric=True, max_iter=1)
-    assert gw_ldp.gw_pair(c1, c2, max_iter=1) == pytest.approx(float(capped), rel=1e-12)
     with pytest.raises(ValueError, match="unknown GW solver 'sinkhorn'; valid choices: cg, pot"):
         gw_ldp.gw_pair(c1, c2, solver="sinkhorn")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from fedgraphcore.config import ConfigView, setting
-from fedgraphcore.protocols.gw_ldp.solver import GW_SOLVERS
+from fedgraphcore.protocols.gw_ldp.solver import GW_SOLVERS, MATRIX_CG_ITERATIONS
 from fedgraphcore.wire import ArraySpec, ReplySpec, ValueSpec
 
 # -- the protocol's steps ------------------------------------------------------------------
@@ -44,9 +44,13 @@ class GWLDPConfig(ConfigView):
                                low=0, high=1_000_000)
     clustering: str = setting("spectral", "clustering of the GW matrix", choices=CLUSTERINGS)
     workers: int = setting(2, "processes for the GW matrix (0 = all cores)", low=0, high=256)
-    gw_max_iter: int = setting(10_000, "POT conditional-gradient iterations per pair", low=1, high=1_000_000)
+    gw_max_iter: int = setting(MATRIX_CG_ITERATIONS, "conditional-gradient iterations (linear programs) per pair "
+                               "of the GW matrix: 2 is a fifth of POT's time with the converged matrix's SVC "
+                               "accuracy (docs/results/gw-solver.md); 10000 = converged, POT's values",
+                               low=1, high=1_000_000)
     gw_solver: str = setting("cg", "the GW matrix's solver: cg (POT's conditional gradient without its per-call "
-                             "cost: the same values, bit for bit) or pot (ot.gromov.*gromov_wasserstein2)",
+                             "cost: the same values at the same gw-max-iter, bit for bit) or pot "
+                             "(ot.gromov.*gromov_wasserstein2)",
                              choices=GW_SOLVERS)
     merge_duplicates: bool = setting(True, "GW on distinct embedding rows weighted by multiplicity (same "
                                      "metric-measure space: exact for LDP codes; float rows are compared after "
