@@ -58,11 +58,14 @@ def cg_discrepancy(c1: np.ndarray, c2: np.ndarray, p: np.ndarray, q: np.ndarray,
     h1, h2 = c1, 2 * c2
     lin, reg = (0.0, 1.0) if m is None else ((1 - alpha) * m, alpha)
     g = p[:, None] * q[None, :]
-    cost = np.sum(lin * g) + reg * np.sum((constC + (-np.dot(np.dot(h1, g), h2.T))) * g)
+    tensor = constC + (-np.dot(np.dot(h1, g), h2.T))  # L x G: the first cost's and the first gradient's
+    cost = np.sum(lin * g) + reg * np.sum(tensor * g)
     b = q * p.sum() / q.sum()  # ot.emd's mass balance
-    for _ in range(max_iter):
+    for it in range(max_iter):
         old = cost
-        gradient = 2 * (constC + (-np.dot(np.dot(h1, g), h2.T)))
+        if it:
+            tensor = constC + (-np.dot(np.dot(h1, g), h2.T))
+        gradient = 2 * tensor
         target = np.asarray(lin + reg * gradient, dtype=np.float64, order="C")
         delta = emd_c(p, b, target, EMD_MAX_ITER, 1, None, None)[0] - g
         dot = np.dot(np.dot(h1, delta), h2.T)
