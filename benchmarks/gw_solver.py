@@ -233,7 +233,7 @@ def accuracy_rows(result: dict, today: dict) -> list[list[str]]:
     for key, acc in result.get("accuracy", {}).items():
         name, matrix = key.split("/")
         cells = [name, matrix]
-        for folds in (3, len(acc["accs"])):
+        for folds in (min(3, len(acc["accs"])), len(acc["accs"])):
             before = 100 * float(np.mean(today[key]["accs"][:folds]))
             after = 100 * float(np.mean(acc["accs"][:folds]))
             cells += [f"0-{folds - 1}", f"{before:.1f} / {after:.1f} ({after - before:+.1f})"]
