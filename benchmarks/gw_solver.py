@@ -38,7 +38,6 @@ sys.path.append(str(ROOT / "benchmarks"))  # pages; opacus installs a top-level 
 from fedgraphcore.config import ArgumentParser  # noqa: E402
 from fedgraphcore.data import load_dataset  # noqa: E402
 from fedgraphcore.protocols import gw_ldp  # noqa: E402
-from fedgraphcore.protocols.gw_ldp.gw import _as_item, _distinct  # noqa: E402
 from fedgraphcore.protocols.gw_ldp.solver import MATRIX_CG_ITERATIONS  # noqa: E402
 from harness import list_arg, run_script  # noqa: E402
 
@@ -71,7 +70,7 @@ def pair_sample(n: int, count: int, seed: int = 0) -> list[tuple[int, int]]:
 
 def compare(spaces: list, alpha: float, pairs: list) -> dict:
     """Every arm on every pair in turn: CPU ms per pair, the ratios to POT, how the values differ."""
-    items = [_as_item(s, alpha) for s in spaces]
+    items = [as_item(s, alpha) for s in spaces]
     cpu, values = dict.fromkeys(ARMS, 0.0), {arm: [] for arm in ARMS}
     with threadpool_limits(limits=1):
         for arm, kw in ARMS.items():  # first calls pay imports and backend set-up: not timed
@@ -99,9 +98,19 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(spearmanr(a, b)[0])
 
 
+def as_item(space: tuple, alpha: float) -> tuple:
+    """``(distance, weights, features or None)`` of a space as :func:`gw_ldp.gw_matrix` solves it
+    (float64, uniform weights unless given, features only for fused GW)."""
+    c = np.ascontiguousarray(space[0], dtype=np.float64)
+    w = space[1] if len(space) > 1 and space[1] is not None else np.full(c.shape[0], 1.0 / c.shape[0])
+    x = None if alpha >= 1.0 or len(space) < 3 or space[2] is None else np.ascontiguousarray(space[2], np.float64)
+    return c, np.ascontiguousarray(w, dtype=np.float64), x
+
+
 def solved_pairs(spaces: list, alpha: float) -> int:
     """The pairs :func:`gw_ldp.gw_matrix` solves for ``spaces``: those of distinct spaces."""
-    u = len(_distinct([_as_item(s, alpha) for s in spaces])[0])
+    items = [as_item(s, alpha) for s in spaces]
+    u = len({c.tobytes() + (b"" if x is None else x.tobytes()) + bytes(str(c.shape), "ascii") for c, _, x in items})
     return u * (u - 1) // 2
 
 
