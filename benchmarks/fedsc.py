@@ -363,7 +363,8 @@ def markdown(summary: dict) -> str:
         alphas = sorted({c["alpha_z"] for c in summary["grid"]})
         lines += ["", "## Perturbed factors", "", pages.paragraph(
             f"Digits, ACC %, mean ± std over seeds {pages.seed_list(list(range(len(summary['grid'][0]['runs']))))}; "
-            f"{_noise(summary, 'grid')}; a cell reads paper / ours, the paper's values are COIL20's (layout only)."), "",
+            f"{_noise(summary, 'grid')}" + (f" (`{summary['grid_command']}`)" if summary.get("grid_command") else "")
+            + "; a cell reads paper / ours, the paper's values are COIL20's (layout only)."), "",
             "| alpha_z \\ alpha_c | " + " | ".join(f"{a:g}" for a in alphas) + " |", "|---|" + "---|" * len(alphas)]
         for az in alphas:
             cells = []
@@ -510,8 +511,12 @@ def main(argv=None) -> int:
             summary["dp_command"] = command
     # which noised parts drew their noise from privacy.noise-seed (the rest: fresh OS entropy)
     summary["noise_seeded"] = {**old.get("noise_seeded", {}), **{p: True for p in ("table", "dp", "grid") if p not in skip}}
-    if args.noised:  # the noise-free figures keep naming the run that measured them
-        summary.update(command=old.get("command", command), noised_command=command, dp_command=command)
+    if args.noised:  # the noise-free figures keep naming the run that measured them; each noised part its own
+        summary["command"] = old.get("command", command)
+        for part, key in (("table", "noised_command"), ("dp", "dp_command"), ("grid", "grid_command")):
+            summary[key] = command if part not in skip else old.get(key)
+    elif "grid" in skip and old.get("grid_command"):
+        summary["grid_command"] = old["grid_command"]
     RESULTS.mkdir(parents=True, exist_ok=True)
     for row in summary["table"]:
         for r in row["runs"]:
