@@ -322,9 +322,9 @@ def dp_table(runs: list[dict]) -> tuple[str, list]:
     dp = [r for r in runs if r["suite"] == "dp"]
     if not dp:
         return "", []
-    lines = ["| target epsilon (delta 1e-5) | seeds | rounds | epsilon spent | noise multiplier | clip | client F1 | "
-             "union F1 | union NMI |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| target epsilon (delta 1e-5) | seeds | noise | rounds | epsilon spent | noise multiplier | clip | "
+             "client F1 | union F1 | union NMI |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for eps in sorted({r["eps"] for r in dp}, key=lambda e: (e == 0, e)):
         rs = [r for r in dp if r["eps"] == eps]
@@ -333,17 +333,34 @@ def dp_table(runs: list[dict]) -> tuple[str, list]:
         spent = "-" if rs[0]["dp_epsilon"] is None else f"{_mean(r['dp_epsilon'] for r in rs):.3g}"
         nm = "-" if rs[0]["dp_noise_multiplier"] is None else f"{rs[0]['dp_noise_multiplier']:.3g}"
         label = "no DP" if eps == 0 else f"{eps:g}"
-        lines.append(f"| {label} | {row['seeds']} | {sorted({r['rounds'] for r in rs})} | {spent} | {nm} | "
+        lines.append(f"| {label} | {row['seeds']} | {_row_noise(rs)} | {sorted({r['rounds'] for r in rs})} | "
+                     f"{spent} | {nm} | "
                      f"{rs[0]['clip'] or '-'} | {_pm([r['client']['f1'] for r in rs])} | "
                      f"{_pm([r['union']['f1'] for r in rs])} | {_pm([r['union']['nmi'] for r in rs])} |")
     return "\n".join(lines), rows
 
 
+def _row_noise(rs: list[dict]) -> str:
+    """A DP row's noise: none, seeded (each run's noise drawn from its seed), fresh (OS entropy), or which seeds are which."""
+    if rs[0]["eps"] == 0:
+        return "none"
+    seeded = sorted(r["seed"] for r in rs if r.get("noise_seed") is not None)
+    fresh = sorted(r["seed"] for r in rs if r.get("noise_seed") is None)
+    if not fresh:
+        return "seeded"
+    return f"seeded {seeded}, fresh {fresh}" if seeded else "fresh"
+
+
 def _noise(runs: list[dict]) -> str:
     """Where the DP rows' noise came from: each run's seed (the rows repeat) or fresh OS entropy."""
     noised = [r for r in runs if r["suite"] == "dp" and r["eps"] > 0]
-    if noised and all(r.get("noise_seed") is not None for r in noised):
+    seeded = [r.get("noise_seed") is not None for r in noised]
+    if noised and all(seeded):
         return "each noised run draws its noise from its seed (`privacy.noise-seed` = seed), so every row repeats."
+    if any(seeded):
+        return ("the noise column says where each row's noise came from: seeded rows draw each run's noise from "
+                "its seed (`privacy.noise-seed` = seed), so they repeat; fresh rows drew it from OS entropy, so a "
+                "re-run moves them (`--suites dp --force --epsilons E` measures a row seeded).")
     return ("the noise is fresh at every run (OS entropy), so a re-run moves the rows; `--suites dp --force` "
             "measures them with `privacy.noise-seed` = seed, which repeats.")
 
