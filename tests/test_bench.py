@@ -324,3 +324,16 @@ def test_simulation_steps_splits_a_message_into_its_hops_and_pairs_the_engines_r
     collected = steps.collect(lines)["x"]
     assert collected["pairs"] == 2 and collected["step_ratio"] == pytest.approx(2.75)  # median of 3.0 and 2.5
     assert collected["median"]["simulation"]["later_step_ms"] == pytest.approx(40.0) and collected["trace"] is None
+
+
+def test_gw_solver_page_names_the_accuracy_rows_it_did_not_measure():
+    import gw_solver
+
+    result = {"accuracy": {"imdb-binary/GW_A": {"measured_by": gw_solver.MEASURED_BY},
+                           "proteins/GW_A": {}, "proteins/GW_H(GIN)": {"timing": {"pairs": 2}}}}
+    text = gw_solver.provenance(result)
+    measured, entered = text.split(" Entered from separate runs, not measured by this script: ")
+    assert measured.endswith(": imdb-binary GW_A.")
+    assert entered == "proteins GW_A, proteins GW_H(GIN) (and the time table's proteins GW_H(GIN) row)."
+    result["accuracy"] = {"imdb-binary/GW_A": {"measured_by": gw_solver.MEASURED_BY}}
+    assert "Entered" not in gw_solver.provenance(result)
