@@ -337,3 +337,18 @@ def test_gw_solver_page_names_the_accuracy_rows_it_did_not_measure():
     assert entered == "proteins GW_A, proteins GW_H(GIN) (and the time table's proteins GW_H(GIN) row)."
     result["accuracy"] = {"imdb-binary/GW_A": {"measured_by": gw_solver.MEASURED_BY}}
     assert "Entered" not in gw_solver.provenance(result)
+
+
+def test_defaults_rerun_of_some_strategies_keeps_the_other_strategies_rows():
+    import defaults
+
+    def row(strategy, dataset, acc):
+        return {"strategy": strategy, "dataset": dataset, "federated": acc}
+
+    kept = {"runs": [row("fedkmeans", "wine", 0.1), row("fedsc", "wine", 0.2), row("gw-ldp", "two-families", 0.3)],
+            "alternatives": [row("fedsc", "iris", 0.4), row("gw-ldp", "two-families", 0.5)]}
+    merged = defaults.merge(kept, [row("gw-ldp", "cora-khop", 0.6), row("fedkmeans", "wine", 0.7)],
+                            [row("gw-ldp", "two-families", 0.8)], ["fedkmeans", "gw-ldp"])
+    assert [(r["strategy"], r["federated"]) for r in merged["runs"]] == [
+        ("fedkmeans", 0.7), ("fedsc", 0.2), ("gw-ldp", 0.6)]
+    assert [(r["strategy"], r["federated"]) for r in merged["alternatives"]] == [("fedsc", 0.4), ("gw-ldp", 0.8)]
