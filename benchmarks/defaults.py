@@ -233,7 +233,7 @@ def page() -> Path:
                   "(every method key at its default), on two data sets its own benchmarks neither use nor tune "
                   f"to, against its centralised reference. {METRIC.upper()} in percent; gap = federated - "
                   "centralised; ARI = agreement of the federated with the centralised labels; verdict as in "
-                  "`result.json`; s = seconds per run."),
+                  "`result.json`; s = wall seconds per run on a shared 2-core machine (read them as a rough size)."),
         paragraph("Data sets: `sbm-fresh` = the built-in SBM at seed 11, 600 nodes, 5 blocks; `wine` = "
                   "scikit-learn's wine samples; `digits-knn` = scikit-learn's digits with their symmetric 10-NN "
                   "graph; `two-families` = 120 small Barabasi-Albert vs Watts-Strogatz graphs; `cora-khop` = "
