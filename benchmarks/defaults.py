@@ -18,8 +18,9 @@ default. The data sets are ones the strategy's own benchmarks do not use or tune
 Prints strategy, dataset, the federated and the centralised reference's ACC, their agreement
 (ARI between the two labelings), the run's quality verdict and seconds; then, for the keys in
 :data:`ALTERNATIVES`, the default beside the key's other value on the held-out data and on the
-strategy's benchmark data. Writes ``benchmarks/results/defaults.json`` and, when every strategy
-ran, renders the page docs/results/defaults.md from it (``--report``: only the page).
+strategy's benchmark data. Writes ``benchmarks/results/defaults.json`` (the strategies run replace their
+rows, the others' rows stay) and, when it holds every strategy, renders the page docs/results/defaults.md
+from it (``--report``: only the page).
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ def page() -> Path:
                   "(every method key at its default), on two data sets its own benchmarks neither use nor tune "
                   f"to, against its centralised reference. {METRIC.upper()} in percent; gap = federated - "
                   "centralised; ARI = agreement of the federated with the centralised labels; verdict as in "
-                  "`result.json`; s = seconds per run."),
+                  "`result.json`; s = wall seconds per run on a shared 2-core machine (read them as a rough size)."),
         paragraph("Data sets: `sbm-fresh` = the built-in SBM at seed 11, 600 nodes, 5 blocks; `wine` = "
                   "scikit-learn's wine samples; `digits-knn` = scikit-learn's digits with their symmetric 10-NN "
                   "graph; `two-families` = 120 small Barabasi-Albert vs Watts-Strogatz graphs; `cora-khop` = "
@@ -258,6 +259,17 @@ def page() -> Path:
     return write_page("defaults", "Defaults on held-out data", body, "python benchmarks/defaults.py --report")
 
 
+def merge(kept: dict, runs: list[dict], alternatives: list[dict], strategies) -> dict:
+    """``runs`` and ``alternatives`` of ``strategies`` with ``kept``'s rows of every other strategy, in the
+    order of :data:`HELD_OUT` (runs) and :data:`ALTERNATIVES` (alternatives)."""
+    def ordered(new: list[dict], old: list[dict], order: list[str]) -> list[dict]:
+        rows = new + [r for r in old if r["strategy"] not in strategies]
+        return sorted(rows, key=lambda r: order.index(r["strategy"]))  # stable: each strategy's rows keep their order
+
+    return {"runs": ordered(runs, kept.get("runs", []), list(HELD_OUT)),
+            "alternatives": ordered(alternatives, kept.get("alternatives", []), [s for s, _, _ in ALTERNATIVES])}
+
+
 def main(argv=None) -> int:
     ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strategies", default=",".join(HELD_OUT),
@@ -277,9 +289,11 @@ def main(argv=None) -> int:
         alternatives = alternative_rows(Path(tmp), args.strategies, list(rows))
     print(table(header(), rows_of(rows)))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    JSON_PATH.write_text(json.dumps({"clients": args.clients, "metric": METRIC, "runs": rows,
-                                     "alternatives": alternatives}, indent=1, default=str) + "\n")
-    if set(args.strategies) == set(HELD_OUT):
+    kept = json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else {}
+    merged = merge(kept if kept.get("clients") == args.clients else {}, rows, alternatives, args.strategies)
+    JSON_PATH.write_text(json.dumps({"clients": args.clients, "metric": METRIC, **merged}, indent=1, default=str)
+                         + "\n")
+    if {r["strategy"] for r in merged["runs"]} == set(HELD_OUT):
         print(f"wrote {page()}")
     return 0
 

@@ -324,3 +324,31 @@ def test_simulation_steps_splits_a_message_into_its_hops_and_pairs_the_engines_r
     collected = steps.collect(lines)["x"]
     assert collected["pairs"] == 2 and collected["step_ratio"] == pytest.approx(2.75)  # median of 3.0 and 2.5
     assert collected["median"]["simulation"]["later_step_ms"] == pytest.approx(40.0) and collected["trace"] is None
+
+
+def test_gw_solver_page_names_the_accuracy_rows_it_did_not_measure():
+    import gw_solver
+
+    result = {"accuracy": {"imdb-binary/GW_A": {"measured_by": gw_solver.MEASURED_BY},
+                           "proteins/GW_A": {}, "proteins/GW_H(GIN)": {"timing": {"pairs": 2}}}}
+    text = gw_solver.provenance(result)
+    measured, entered = text.split(" Entered from separate runs, not measured by this script: ")
+    assert measured.endswith(": imdb-binary GW_A.")
+    assert entered == "proteins GW_A, proteins GW_H(GIN) (and the time table's proteins GW_H(GIN) row)."
+    result["accuracy"] = {"imdb-binary/GW_A": {"measured_by": gw_solver.MEASURED_BY}}
+    assert "Entered" not in gw_solver.provenance(result)
+
+
+def test_defaults_rerun_of_some_strategies_keeps_the_other_strategies_rows():
+    import defaults
+
+    def row(strategy, dataset, acc):
+        return {"strategy": strategy, "dataset": dataset, "federated": acc}
+
+    kept = {"runs": [row("fedkmeans", "wine", 0.1), row("fedsc", "wine", 0.2), row("gw-ldp", "two-families", 0.3)],
+            "alternatives": [row("fedsc", "iris", 0.4), row("gw-ldp", "two-families", 0.5)]}
+    merged = defaults.merge(kept, [row("gw-ldp", "cora-khop", 0.6), row("fedkmeans", "wine", 0.7)],
+                            [row("gw-ldp", "two-families", 0.8)], ["fedkmeans", "gw-ldp"])
+    assert [(r["strategy"], r["federated"]) for r in merged["runs"]] == [
+        ("fedkmeans", 0.7), ("fedsc", 0.2), ("gw-ldp", 0.6)]
+    assert [(r["strategy"], r["federated"]) for r in merged["alternatives"]] == [("fedsc", 0.4), ("gw-ldp", 0.8)]
