@@ -30,7 +30,7 @@ from fedgraphcore.party_outputs import taken
 from fedgraphcore.data.shards import client_shard, load_shard_file
 from fedgraphcore.data.types import Shard
 from fedgraphcore.disclosure import disclosing, log_failure, party_failure
-from app.engine import pick_up_on_push_in_simulation
+from app.engine import speed_up_runtime_in_simulation
 from fedgraphcore.privacy.policy import PrivacyRefusal
 from fedgraphcore.files import unwritable
 from fedgraphcore.transport import refusal, unpack
@@ -244,4 +244,4 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
 
 
 app = build_client_app()
-pick_up_on_push_in_simulation()  # flwr run's simulation process loads this module before its runtime starts
+speed_up_runtime_in_simulation()  # flwr run's simulation process loads this module before its runtime starts

@@ -234,7 +234,7 @@ def speed_up_runtime() -> None:
     ray_backend_per_message()
 
 
-def pick_up_on_push_in_simulation() -> None:
+def speed_up_runtime_in_simulation() -> None:
     """:func:`speed_up_runtime` in a process that runs Flower's simulation runtime (one that has
     imported it: ``flwr run``'s simulation process loads the ClientApp before it starts the
     runtime's threads); nothing elsewhere (a SuperNode's ClientApp)."""

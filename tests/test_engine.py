@@ -297,10 +297,10 @@ def test_only_a_process_running_flowers_simulation_runtime_is_changed(monkeypatc
     calls = []
     monkeypatch.setattr(engine, "speed_up_runtime", lambda: calls.append(1))
     monkeypatch.delitem(sys.modules, engine.VCE_API)
-    engine.pick_up_on_push_in_simulation()
+    engine.speed_up_runtime_in_simulation()
     assert calls == []
     monkeypatch.setitem(sys.modules, engine.VCE_API, VCE_API)
-    engine.pick_up_on_push_in_simulation()
+    engine.speed_up_runtime_in_simulation()
     assert calls == [1]
 
 

@@ -15,7 +15,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from app.engine import EngineWatch, pick_up_on_push_in_simulation
+from app.engine import EngineWatch, speed_up_runtime_in_simulation
 from fedgraphcore.transport import CommStats, exchange, pack, unpack
 from fedgraphcore.wire import ArraySpec, ReplySpec
 
@@ -23,7 +23,7 @@ SPEC = ReplySpec(arrays={"x": ArraySpec((8,))})
 
 server = ServerApp()
 client = ClientApp()
-pick_up_on_push_in_simulation()  # under flwr run: as the project's ClientApp does (app.client_app)
+speed_up_runtime_in_simulation()  # under flwr run: as the project's ClientApp does (app.client_app)
 
 
 @client.query("echo")
