@@ -191,15 +191,15 @@ class FedKMeansClient(BoundaryClient, ClusteringClient[fedkmeans.FedKMeansConfig
         (no party holds an edge: the filter is the identity) the seeds of its unfiltered features."""
         hops = int(values.get("hops", -1))
         if FILTERED not in self.context.state.array_records:
-            raise ValueError(f"'{fedkmeans.KMEANS_INIT}' in a run whose hello carried the seeds")
+            raise ProtocolError(f"'{fedkmeans.KMEANS_INIT}' in a run whose hello carried the seeds")
         if hops not in (0, self.cfg.filter_order):
-            raise ValueError(f"'{fedkmeans.KMEANS_INIT}' after {hops} filter hop(s); valid: 0 or "
-                             f"{self.cfg.filter_order} (filter-order)")
+            raise ProtocolError(f"'{fedkmeans.KMEANS_INIT}' after {hops} filter hop(s); valid: 0 or "
+                                f"{self.cfg.filter_order} (filter-order)")
         if hops:
             self._filtered(arrays, values, hops)
         elif PADDED_ROWS in arrays or int(self.load(FILTERED)["hops"][0]) or self._holds_edges():
-            raise ValueError(f"'{fedkmeans.KMEANS_INIT}' without the filter, after a hop or for a party that "
-                             "holds an edge; valid: the filter's hops first where the graph has edges")
+            raise ProtocolError(f"'{fedkmeans.KMEANS_INIT}' without the filter, after a hop or for a party that "
+                                "holds an edge; valid: the filter's hops first where the graph has edges")
         else:
             self.save(UNFILTERED, hops=np.array([0]))
         return self.seeds(values), {}

@@ -121,6 +121,16 @@ def test_clients_never_import_strategies():
     assert not offenders, "clients import the server room: " + "; ".join(offenders)
 
 
+def test_clients_refuse_with_the_project_s_errors_not_a_bare_value_error():
+    """A request a client refuses is the server's fault (ProtocolError) or the member's setting
+    (ConfigError); a bare ValueError would be reported as a bug in the client."""
+    offenders = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in python_files("clients")
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                 and getattr(node.exc.func, "id", None) == "ValueError"]
+    assert offenders == []
+
+
 # -- (b) a protocol module imports no transport --------------------------------------------------
 def test_protocol_modules_import_no_transport_server_or_client():
     offenders = forbidden_imports(python_files("fedgraphcore/protocols"), PROTOCOL_FORBIDDEN)
