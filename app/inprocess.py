@@ -44,7 +44,7 @@ class InProcessGrid(Grid):
     ``partition-id`` i of ``num-partitions``, as in simulation). With
     ``record`` every message pushed and every reply pulled is kept in
     ``pushed`` / ``pulled``, so tests can check what went over the wire. Its run id is random
-    (63 bits), as a SuperLink's is: a party's outputs and ledger rows are kept apart by run id,
+    (62 bits, as a SuperLink's is random; the 63rd is set so the id, and every message, has one size): a party's outputs and ledger rows are kept apart by run id,
     which a count restarting in every process would repeat.
     """
 
@@ -53,7 +53,8 @@ class InProcessGrid(Grid):
         self.record = record
         self.pushed: list[Message] = []
         self.pulled: list[Message] = []
-        self.run_id = secrets.randbits(63)
+        # the top bit set keeps the run id's varint length, and so every message's size, fixed
+        self.run_id = secrets.randbits(62) | 1 << 62
         configs = node_configs or [
             {"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)
         ]

@@ -169,7 +169,7 @@ def test_a_download_over_its_limit_is_refused(shared, cache, monkeypatch):
 
 
 def _concurrent_loads(shared, monkeypatch, fetchers: int, locks: bool) -> tuple[DatasetMirror, list[str]]:
-    """``fetchers`` threads load cora at once into one empty cache: the mirror holds its first reply
+    """``fetchers`` threads load cora at once into one empty cache: the mirror holds its replies
     until every one of them has seen the files missing and reached the cache lock (``locks``) or,
     with no lock to wait on, has listed the files it is to download."""
     arrived = set()
@@ -185,16 +185,17 @@ def _concurrent_loads(shared, monkeypatch, fetchers: int, locks: bool) -> tuple[
         arrived.add(threading.current_thread().name)
         return real_fetch_url(*args)
 
-    def hold_first(path):
-        if len(mirror.requests) == 1:
-            wait_until(lambda: len(arrived) == fetchers, "every fetcher about to download")
+    def hold_replies(path):
+        # every reply waits (not only the first request's: two requests can arrive before either is
+        # checked), so no file is in the cache before each fetcher has listed the ones it lacks
+        wait_until(lambda: len(arrived) == fetchers, "every fetcher about to download")
 
     if locks:
         monkeypatch.setattr(fetch, "_cache_lock", counted_lock)
     else:
         monkeypatch.setitem(sys.modules, "fcntl", None)  # a platform without advisory locks
         monkeypatch.setattr(fetch, "_fetch_url", counted_fetch_url)
-    with serving(shared, monkeypatch, hold_first) as mirror, ThreadPoolExecutor(fetchers) as pool:
+    with serving(shared, monkeypatch, hold_replies) as mirror, ThreadPoolExecutor(fetchers) as pool:
         hashes = [f.result() for f in [pool.submit(lambda: data_hash(load_dataset("cora"))) for _ in range(fetchers)]]
     return mirror, hashes
 
