@@ -227,7 +227,7 @@ def page() -> Path:
     import plots
 
     report = read_results("deployment.json", MEASURE)
-    cases = sorted(report["cases"], key=lambda c: list(CASES).index(c["strategy"]))  # a re-measured one in its place
+    cases = in_order(report["cases"])
     wall = [[f"`{c['strategy']}`", c["dataset"], f"{c['simulation_s']:.1f}", f"{c['deployed_s']:.1f}",
              f"{c['ratio']:.2f}", f"{c['federation_start_s']:.1f}", "yes" if c["same_labels"] else "no",
              c.get("load_average", "-")] for c in cases]
@@ -329,6 +329,11 @@ def netns_main(strategies: list[str], args) -> None:
     print(f"written {out}")
 
 
+def in_order(cases: list[dict]) -> list[dict]:
+    """``cases`` in :data:`CASES` order (a strategy measured again keeps its place)."""
+    return sorted(cases, key=lambda c: list(CASES).index(c["strategy"]))
+
+
 def own_sets(case: dict) -> str:
     """The settings a case set beyond ``reference=false`` (``-``: the defaults)."""
     return ", ".join(f"`{x}`" for x in case["sets"] if x != NO_REFERENCE) or "-"
@@ -350,7 +355,7 @@ def netns_section() -> list[str]:
     rows = [[f"`{c['strategy']}`", c["dataset"], own_sets(c), str(c["rounds"]), f"{c['deployed_s']:.1f}",
              f"{c['median_round_s']:.2f}",
              f"{loopback[c['strategy']]['median_round_s']:.2f}" if same_settings(c, loopback) else "-",
-             "yes" if c["same_labels"] else "no", c["load_average"]] for c in report["cases"]]
+             "yes" if c["same_labels"] else "no", c["load_average"]] for c in in_order(report["cases"])]
     return ["## Separate hosts behind a delay",
             paragraph(f"`{MEASURE} --netns --latency-ms {report['latency_ms']:g}`: the SuperLink host and each of "
                       f"{report['nodes']} SuperNodes in a network namespace of its own (`deploy/netns.py`), every "
