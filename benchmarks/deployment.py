@@ -227,7 +227,7 @@ def page() -> Path:
     import plots
 
     report = read_results("deployment.json", MEASURE)
-    cases = report["cases"]
+    cases = in_order(report["cases"])
     wall = [[f"`{c['strategy']}`", c["dataset"], f"{c['simulation_s']:.1f}", f"{c['deployed_s']:.1f}",
              f"{c['ratio']:.2f}", f"{c['federation_start_s']:.1f}", "yes" if c["same_labels"] else "no",
              c.get("load_average", "-")] for c in cases]
@@ -329,6 +329,22 @@ def netns_main(strategies: list[str], args) -> None:
     print(f"written {out}")
 
 
+def in_order(cases: list[dict]) -> list[dict]:
+    """``cases`` in :data:`CASES` order (a strategy measured again keeps its place)."""
+    return sorted(cases, key=lambda c: list(CASES).index(c["strategy"]))
+
+
+def own_sets(case: dict) -> str:
+    """The settings a case set beyond ``reference=false`` (``-``: the defaults)."""
+    return ", ".join(f"`{x}`" for x in case["sets"] if x != NO_REFERENCE) or "-"
+
+
+def same_settings(case: dict, loopback: dict[str, dict]) -> bool:
+    """Whether the loopback run of ``case``'s strategy was measured with the same settings."""
+    other = loopback.get(case["strategy"])
+    return other is not None and sorted(other["sets"]) == sorted(case["sets"])
+
+
 def netns_section() -> list[str]:
     """The cases measured across network namespaces behind a delay, if any, beside the loopback ones."""
     path = RESULTS_DIR / NETNS_RESULTS
@@ -336,17 +352,18 @@ def netns_section() -> list[str]:
         return []
     report = json.loads(path.read_text())
     loopback = {c["strategy"]: c for c in read_results("deployment.json", MEASURE)["cases"]}
-    rows = [[f"`{c['strategy']}`", c["dataset"], str(c["rounds"]), f"{c['deployed_s']:.1f}",
+    rows = [[f"`{c['strategy']}`", c["dataset"], own_sets(c), str(c["rounds"]), f"{c['deployed_s']:.1f}",
              f"{c['median_round_s']:.2f}",
-             f"{loopback[c['strategy']]['median_round_s']:.2f}" if c["strategy"] in loopback else "-",
-             "yes" if c["same_labels"] else "no", c["load_average"]] for c in report["cases"]]
+             f"{loopback[c['strategy']]['median_round_s']:.2f}" if same_settings(c, loopback) else "-",
+             "yes" if c["same_labels"] else "no", c["load_average"]] for c in in_order(report["cases"])]
     return ["## Separate hosts behind a delay",
             paragraph(f"`{MEASURE} --netns --latency-ms {report['latency_ms']:g}`: the SuperLink host and each of "
                       f"{report['nodes']} SuperNodes in a network namespace of its own (`deploy/netns.py`), every "
                       f"SuperNode's link to the gateway delayed {report['latency_ms']:g} ms each way by a TCP relay "
-                      "(`deploy/faults.py`), TLS end to end; labels compared with the in-process run's."),
-            table(["strategy", "dataset", "rounds", "deployed s", "median round s", "median round s on loopback",
-                   "same labels", "load"], rows)]
+                      "(`deploy/faults.py`), TLS end to end; labels compared with the in-process run's; the loopback "
+                      "round where the loopback run had the same settings."),
+            table(["strategy", "dataset", "settings", "rounds", "deployed s", "median round s",
+                   "median round s on loopback", "same labels", "load"], rows)]
 
 
 def kept_cases(out: Path, strategies: list[str], args) -> list[dict]:

@@ -72,7 +72,8 @@ def render(results: dict) -> Path:
                   "fewest of the member's rows behind a statistic the server read. Label bits: of each row, the "
                   "most in one run (log2 of the classes of a label reply; at most one a run). Errors: requests "
                   "the member could not answer (a step whose earlier steps it never saw, a masking tag used "
-                  "before), which reach the server as the error's kind."),
+                  "before), which reach the server as the error's kind. A fedkmeans case names its filter order "
+                  "(4, the default, sets up the boundary links and runs the filter's hops before any Lloyd step)."),
         table(["case", "node policy", "messages", "answered", "refused (rule: count)", "rows found", "fewest rows",
                "label bits in a run"], rows),
         paragraph("The attacks of the security page, one by one: `tests/test_rogue_server.py`; what each reply "

@@ -3,8 +3,9 @@
     python benchmarks/report_scale.py [--nodes 1000000] [--strategy fedkmeans] [--clients 4] [--report]
 
 One in-process run of the cheapest strategy that fits a planted-partition graph (fedkmeans, on
-rows with features) at each size, with its out-dir: the server writes the page when the run ends
-(what the page draws of the data, ``report-data.npz``, then ``report.html``). The script times
+rows with features, in its cheapest settings: :data:`CHEAPEST`) at each size, with its out-dir:
+the server writes the page when the run ends (what the page draws of the data,
+``report-data.npz``, then ``report.html``). The script times
 that step inside the run (wall and CPU seconds, the server's ``write_run_report``) and the whole run
 (``run_experiment``, data generation included), and reads the page's size. Targets: the page in
 under 10% of the run's time and under 5 MB. Writes ``benchmarks/results/report_scale.json`` and
@@ -32,6 +33,8 @@ MEASURE = "python benchmarks/report_scale.py"
 RESULTS = "report_scale.json"
 TIME_SHARE, MAX_BYTES = 0.10, 5_000_000
 BLOCKS, DEGREE_IN, DEGREE_OUT = 8, 16.0, 4.0
+#: the strategy's cheapest run: fedkmeans unfiltered, one k-means start (the page's cost is the figure)
+CHEAPEST = {"fedkmeans": {"fedkmeans.filter-order": 0, "fedkmeans.restarts": 1}}
 
 
 def settings(nodes: int) -> dict:
@@ -61,10 +64,11 @@ def measure(nodes: int, strategy: str, clients: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="report-scale-")) / "run"
     try:
         wall, cpu = time.perf_counter(), time.process_time()
-        result = run_experiment(strategy, "sbm", clients, settings(nodes), out, "inprocess")
+        config = {**settings(nodes), **CHEAPEST.get(strategy, {})}
+        result = run_experiment(strategy, "sbm", clients, config, out, "inprocess")
         run_s, run_cpu_s = time.perf_counter() - wall, time.process_time() - cpu
         page = out / "report.html"
-        return {"nodes": nodes, "strategy": strategy, "clients": clients, "settings": settings(nodes),
+        return {"nodes": nodes, "strategy": strategy, "clients": clients, "settings": config,
                 "run_s": run_s, "run_cpu_s": run_cpu_s, **timed, "page_bytes": page.stat().st_size,
                 "view_bytes": (out / "report-data.npz").stat().st_size, "written": bool(result.get("report")),
                 "share": timed["page_s"] / run_s, "cpu_share": timed["page_cpu_s"] / run_cpu_s,
@@ -74,8 +78,14 @@ def measure(nodes: int, strategy: str, clients: int) -> dict:
         shutil.rmtree(out.parent, ignore_errors=True)
 
 
+def own_settings(row: dict) -> str:
+    """The strategy's settings the run set (beyond the graph's), or ``defaults``."""
+    own = [f"`{k}={v}`" for k, v in row["settings"].items() if k.startswith(f"{row['strategy']}.")]
+    return ", ".join(own) or "defaults"
+
+
 def render(results: dict) -> str:
-    rows = [[f"{r['nodes']:,}", r["strategy"], f"{r['run_s']:.1f}", f"{r['page_s']:.2f}",
+    rows = [[f"{r['nodes']:,}", r["strategy"], own_settings(r), f"{r['run_s']:.1f}", f"{r['page_s']:.2f}",
              f"{100 * r['share']:.1f}%", f"{100 * r['cpu_share']:.1f}%", f"{r['page_bytes'] / 1e6:.2f} MB",
              "met" if r["share"] < TIME_SHARE and r["page_bytes"] < MAX_BYTES else "not met"]
             for r in results["rows"]]
@@ -86,7 +96,7 @@ def render(results: dict) -> str:
         f"the page in under {TIME_SHARE:.0%} of the run's time and under {MAX_BYTES / 1e6:.0f} MB. Seconds are wall "
         "time on a shared 2-core machine; the share is the page's seconds over its own run's, measured side by side "
         "(CPU share: the same with CPU seconds)."),
-        table(["nodes", "strategy", "run s", "page s", "page share", "CPU share", "page size", "targets"], rows),
+        table(["nodes", "strategy", "settings", "run s", "page s", "page share", "CPU share", "page size", "targets"], rows),
         paragraph(f"Measured on {results.get('machine', 'this machine')}.")]
     return "\n\n".join(body)
 

@@ -67,7 +67,7 @@ def run_one(strategy: str, nodes: int, clients: int, cap_s: float) -> dict:
             result = Path(out) / "run" / "result.json"
             if result.exists():
                 done = json.loads(result.read_text())
-                outcome = {"ok": True, "ari": done["metrics"].get("ari"),
+                outcome = {"ok": True, "ari": done["metrics"].get("ari"), "config": done["config"],
                            "secure_aggregations": done["communication"]["secure_aggregations"]}
             else:
                 lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.startswith("error:")]
@@ -160,6 +160,16 @@ def merged_runs() -> tuple[dict, list[str]]:
     return runs, [p.name for p in files]
 
 
+def own_settings(run: dict) -> str:
+    """The settings a run set beyond the SBM, secure aggregation and the reference (``-``: none; ``not
+    recorded``: its file keeps no settings)."""
+    if "settings" not in run:
+        return "not recorded"
+    common = {**SECURE[run["strategy"]], "reference": False}
+    own = [f"`{k}={v}`" for k, v in run.get("settings", {}).items() if not k.startswith("sbm.") and k not in common]
+    return ", ".join(own) or "-"
+
+
 def scale_section() -> str:
     import plots
 
@@ -172,7 +182,8 @@ def scale_section() -> str:
         for (s, nodes), run in sorted(runs.items(), key=lambda item: item[0][1]):
             if s == strategy:
                 outcome = f"ARI {run['ari']:.3f}" if run["ok"] else run["error"]
-                rows.append([strategy, f"{nodes:,}", f"{run['seconds']:.0f}", outcome, run["load_average"]])
+                rows.append([strategy, f"{nodes:,}", own_settings(run), f"{run['seconds']:.0f}", outcome,
+                             run["load_average"]])
     ok = {s: sorted((n, r["seconds"]) for (t, n), r in runs.items() if t == s and r["ok"]) for s in strategies}
     fig = plots.plot_scaling({s: ([n for n, _ in v], [t for _, t in v]) for s, v in ok.items() if v},
                              image_path("secure_scale.png"), "SBM nodes", "seconds per run",
@@ -182,12 +193,13 @@ def scale_section() -> str:
         paragraph("`python benchmarks/secure_scale.py`: each strategy with secure aggregation on "
                   "(`fedkmeans.secure`, `fedspectral-plus.secure`, `fedsc.secure`, `fedavg-dmon.secure`; "
                   "`kcagc` and `kcagc-basic` always mask) on a sparse SBM (4 blocks, mean degree 10, 16 features), "
-                  "2 clients, in-process engine, every other setting at its default, no centralised reference; "
+                  "2 clients, in-process engine, no centralised reference; settings: what a run set beyond these "
+                  "(`-`: every other setting at its default; not recorded: its file keeps no settings); "
                   "each run is one process stopped after the file's `--cap-s`. Seconds are wall clock on a "
                   "shared 2-core machine at the load average shown, so \"stopped\" means the cap, not a failure "
                   f"of the method. Rows from {', '.join(f'`{f}`' for f in files)}; where two files hold the same "
                   "strategy and size, the later file in name order counts."),
-        table(["strategy", "nodes", "s", "outcome", "load"], rows),
+        table(["strategy", "nodes", "settings", "s", "outcome", "load"], rows),
         figure(fig, "seconds per secure run against SBM nodes"),
         paragraph("No secure strategy fails on its bounds at these sizes: fedkmeans declares its step's bound as "
                   "the client's rows x `secagg.bound` (one row's feature or squared distance), with a scale "

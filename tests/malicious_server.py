@@ -27,8 +27,9 @@ import numpy as np
 
 from fedgraphcore.session import ServerSession
 from fedgraphcore.transport import unpack
-from fedgraphcore.wire import ArraySpec
+from fedgraphcore.wire import ArraySpec, ProtocolError
 from clients.base import ClusteringClient
+from clients.fedkmeans import FILTERED
 
 #: Relative tolerance of "equal": values within ``RTOL x max(1, |row|)`` of a party row.
 RTOL = 1e-6
@@ -167,7 +168,11 @@ def _filtered(client: ClusteringClient, strategy: str) -> np.ndarray | None:
 
     state = client.context.state.array_records
     if strategy == "fedkmeans":
-        return _dense(client.features())
+        try:
+            return _dense(client.features())
+        except ProtocolError:  # its filter over the whole graph stopped part-way: the rows of the last hop it ran
+            kept = client.load(FILTERED)
+            return _dense(kept["rows"]) if "rows" in kept else None
     if strategy == "fedsc" and client.shard.x is not None:
         return filtered_features(client.shard.x, client.shard.adj, client.cfg.filter_order)
     if strategy in ("kcagc", "kcagc-basic") and "kcagc_z" in state:

@@ -28,8 +28,12 @@ LABEL_STEPS = {"fedkmeans": "kmeans_assign", "fedavg-dmon": "dmon_assign", "feds
 
 #: (case, strategy, run-config, node policy)
 CASES = [
-    ("fedkmeans", "fedkmeans", {"num-rounds": 3}, {}),
-    pytest.param("fedkmeans-secure", "fedkmeans", {"num-rounds": 3, "fedkmeans.secure": True}, {},
+    # filter-order 0: the Lloyd steps; the default filter-order 4 (its boundary set-up and hops first) is slow
+    ("fedkmeans-filter0", "fedkmeans", {"num-rounds": 3, "fedkmeans.filter-order": 0}, {}),
+    pytest.param("fedkmeans-filter4", "fedkmeans", {"num-rounds": 3, "fedkmeans.filter-order": 4}, {},
+                 marks=pytest.mark.slow),
+    pytest.param("fedkmeans-secure-filter0", "fedkmeans", {"num-rounds": 3, "fedkmeans.secure": True,
+                                                           "fedkmeans.filter-order": 0}, {},
                  marks=pytest.mark.slow),  # masked sums: tests/test_malicious_server.py runs them in the default set
     ("kcagc", "kcagc", KCAGC, {}),
     pytest.param("kcagc-basic", "kcagc-basic", KCAGC, {}, marks=pytest.mark.slow),  # kcagc's client, fewer steps
