@@ -37,6 +37,7 @@ from fedgraphcore.privacy.secagg import FixedPointEncoder, SecAggParty, unpack_i
 from fedgraphcore.privacy.secagg_recovery import (RecoveryRefused, inbox_shares, mask_recoverable, sealed_rows, told_split,
                                          unmask_response)
 from fedgraphcore.transport import pack, unpack
+from fedgraphcore.wire import ProtocolError
 from fedgraphcore.wire import HELLO, KEY_ENDORSEMENT, LABELS, SECAGG_AGREE, SECAGG_PEER, SECAGG_SESSION, SECAGG_SETUP
 from fedgraphcore.wire import SECAGG_INBOX, SECAGG_PARTICIPANTS, SECAGG_SHARES, SECAGG_THRESHOLD, SECAGG_UNMASK
 from fedgraphcore.wire import SECAGG_CONSISTENCY, SECAGG_ENDORSED, SECAGG_SIGNED, SURVIVOR_SIGNATURE
@@ -455,7 +456,7 @@ class ClusteringClient(Generic[ViewT]):
         self.context.state["secagg"] = ArrayRecord({"party": Array(party.to_array())})
 
     def _load_party(self) -> SecAggParty:
-        return SecAggParty.from_array(self.context.state.array_records["secagg"]["party"].numpy())
+        return SecAggParty.from_array(self._kept("secagg")["party"].numpy())
 
     # -- state between steps --------------------------------------------------
     def save(self, record: str, **arrays: np.ndarray) -> None:
@@ -463,8 +464,14 @@ class ClusteringClient(Generic[ViewT]):
         self.context.state[record] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
     def load(self, record: str) -> dict[str, np.ndarray]:
-        """Arrays saved by :meth:`save` (KeyError if the step before was skipped)."""
-        return {k: v.numpy() for k, v in self.context.state.array_records[record].items()}
+        """Arrays saved by :meth:`save`; :class:`ProtocolError` when the step that keeps them has not
+        run (a server that skipped or reordered steps)."""
+        return {k: v.numpy() for k, v in self._kept(record).items()}
+
+    def _kept(self, record: str) -> ArrayRecord:
+        if record not in self.context.state.array_records:
+            raise ProtocolError(f"a step that needs '{record}' came before the step that keeps it")
+        return self.context.state.array_records[record]
 
     def released_once(self, action: str, arrays, values, compute) -> tuple[dict, dict]:
         """The reply to a request whose answer carries fresh privacy noise, computed once:

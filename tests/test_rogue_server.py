@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedgraphcore.protocols import boundary
 from fedgraphcore.protocols import fedavg_dmon as dmon
 from fedgraphcore.protocols import fedkmeans
 from rogue_server import Member, shard_files
@@ -262,3 +263,13 @@ def test_a_server_reads_no_row_through_fedavg_dmon_labels_of_its_weights(member)
             found.append(positions[reply.arrays["labels"]] if reply.answered else np.full(len(x), np.nan))
         estimate[:, d] = (found[0] + found[1]) / 2
     assert pinned(estimate, x, 6e-3) == 0
+
+
+# -- a step before the one that keeps its state ----------------------------------------------------
+def test_a_step_sent_before_the_step_that_keeps_its_state_is_refused_as_a_protocol_error(member):
+    """``boundary_links`` with no ``boundary_tags`` before: the member names the protocol fault, not a
+    ``KeyError`` (a bug) from its empty state."""
+    m = member({"fedkmeans.filter-order": 4})
+    assert m.send("hello", values={"k": 3, "seed": 0}).answered
+    reply = m.send(boundary.BOUNDARY_LINKS, {"directory": np.zeros((1, 16), np.uint8)}, {"offset": 0})
+    assert "ProtocolError in step 'boundary_links'" in (reply.error or ""), reply
