@@ -8,7 +8,10 @@
   a sleep lasts :data:`IDLE_FRACTION` of the time since the last message, at
   least :data:`FIRST_IDLE_POLL_S` and at most Flower's 3 s (a message that
   comes t seconds after the last one waits about t / 8 longer; an idle
-  SuperNode polls every 3 s);
+  SuperNode polls every 3 s), less the time the pull itself took: a SuperLink
+  started through this shim holds a pull that finds nothing until a message for
+  the node is stored (:mod:`deploy.fleet_pulls`), so the message is answered
+  when it is stored and the next pull follows at once;
 * while a ClientApp runs it checks for the reply (and then for each of the
   reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`;
 * a ClientApp process asks for a part of its message that its SuperNode does
@@ -35,7 +38,8 @@ seconds when it was pulled and its reply pushed), which
 ``python -m deploy.flower_shim superlink ARGS`` runs ``flower-superlink ARGS``
 whose SuperExec (``superlink-superexec``) asks for a run's ServerApp task as
 soon as the SuperLink has created the run (:func:`patch_superlink`) and forks
-each ServerApp from a process that imported its runtime once.
+each ServerApp from a process that imported its runtime once; its Fleet API holds
+an empty pull until a message for the node is stored (:mod:`deploy.fleet_pulls`).
 
 ``deploy.federation`` starts SuperNodes and the SuperLink this way unless the
 environment sets ``FEDGRAPH_FLOWER_SHIM=0`` (then: plain ``flower-supernode``,
@@ -61,6 +65,8 @@ from fedgraphcore.quiet import plain_console
 from deploy.app_processes import (REPLY_SIGNALS_SETTING, fork_serverapps, patch_executor, patch_serverapp,
                                    short_object_polls, signal_reply, wait_until_preloaded)
 from deploy.app_versions import enforce as enforce_app_versions
+from deploy.fleet_pulls import hold_empty_pulls
+from deploy.plain_asgi import patch_superlink_app, patch_supernode_app
 from deploy.flower_resilience import Namespace, answer_what_is_not_received, push_until_stored, survive_error_statuses
 
 #: the environment variable that switches the shim off ("0")
@@ -99,14 +105,20 @@ class PollClock:
     def __init__(self, sleep=time.sleep, clock=time.monotonic) -> None:
         self._sleep, self._clock = sleep, clock
         self.last_message = clock()  # a SuperNode that just started polls soon
+        self.pulled_for = 0.0
 
     def active(self) -> None:
         """A message came or a reply left: poll soon again."""
         self.last_message = self._clock()
 
+    def pulled(self, seconds: float) -> None:
+        """The last pull took ``seconds`` (a SuperLink holds an empty one, :mod:`deploy.fleet_pulls`):
+        the next idle wait is that much shorter."""
+        self.pulled_for = seconds
+
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_IDLE_POLL_S:
-            self._sleep(idle_poll_s(self._clock() - self.last_message))
+            self._sleep(max(idle_poll_s(self._clock() - self.last_message) - self.pulled_for, 0.0))
         elif seconds == FLOWER_REPLY_POLL_S:
             self._sleep(REPLY_POLL_S)
         else:
@@ -136,7 +148,9 @@ def patch_supernode(module: ModuleType) -> PollClock:
 
     def pull_and_store_message(*args, **kwargs):
         fleet["pull_object"] = kwargs["pull_object"]
+        start = time.monotonic()
         run_id = pull(*args, **kwargs)
+        clock.pulled(time.monotonic() - start)
         if run_id is not None:
             clock.active()
             _timing("pulled")
@@ -231,11 +245,7 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
     the run (:class:`deploy.app_processes.ReplySignal`; Flower's ServerApp polls for replies); and
     keeps an idle connection open :data:`SUPERLINK_KEEPALIVE_S` (uvicorn's 5 s: the gateway
     reconnected, with a TLS handshake on both sides, for most of a SuperNode's polls)."""
-    if states is None:
-        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-        from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
-
-        states = (InMemoryLinkState, SqlLinkState)
+    states = link_states() if states is None else states
     tasks, signals = TaskPipe(), reply_signals_dir()
     module.uvicorn = Namespace(module.uvicorn, run=functools.partial(module.uvicorn.run,
                                                                      timeout_keep_alive=SUPERLINK_KEEPALIVE_S))
@@ -243,6 +253,14 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
         state.create_run = _then(state.create_run, tasks.wake)
         state.store_message_res = _signalling_replies(state.store_message_res, signals)
     tasks.start_superexec(module, "superlink-superexec", **{REPLY_SIGNALS_SETTING: str(signals)})
+
+
+def link_states() -> tuple[type, ...]:
+    """Flower's LinkState classes: in memory and SQL."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    return InMemoryLinkState, SqlLinkState
 
 
 def reply_signals_dir() -> Path:
@@ -292,6 +310,8 @@ def _patch(role: str) -> None:
     module = importlib.import_module
     if role == "superlink":
         patch_superlink(module("flwr.superlink.cli.flower_superlink"))
+        hold_empty_pulls(module("flwr.superlink.servicer.fleet.fleet_handlers"), link_states())
+        patch_superlink_app(module("flwr.superlink.main"))
     elif role == "superlink-superexec":
         wait_until_preloaded(fork_serverapps(module("flwr.supercore.superexec.executor.subprocess_executor")))
         wake_on_tasks(module("flwr.supercore.superexec.run_superexec"))
@@ -300,6 +320,7 @@ def _patch(role: str) -> None:
     elif role == "supernode":
         patch_supernode(module("flwr.supernode.start_client_internal"))
         survive_error_statuses(module("flwr.supernode.fleet_http_connection"))
+        patch_supernode_app(module("flwr.supernode.main"))
         enforce_app_versions(module("flwr.supernode.cli.flower_supernode"), module("flwr.supernode.start_client_internal"))
     else:
         wait_until_preloaded(patch_executor(module("flwr.supercore.superexec.executor.subprocess_executor")))
