@@ -79,10 +79,14 @@ IDLE_FRACTION = 1 / 4
 REPLY_POLL_S = 0.01
 #: a SuperNode started through the shim tells its SuperExec that a message's task exists by writing
 #: a byte into a pipe (its read end's descriptor in this environment variable); the SuperExec asks
-#: for tasks at once then, else every TASK_POLL_S (Flower's default interval) in case a byte is lost
+#: for tasks at once then, once per byte, and otherwise every TASK_POLL_S (Flower asks every
+#: FLOWER_TASK_POLL_S; each ask is an HTTP request that costs the SuperExec and its SuperNode CPU)
 TASK_PIPE_SETTING = "FEDGRAPH_TASK_PIPE"
 TASK_POLL_SETTING = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
-TASK_POLL_S = 1.0
+FLOWER_TASK_POLL_S = 1.0
+TASK_POLL_S = 10.0
+#: wake-ups a SuperExec answers with an ask each when it reads them together
+WAKES_AT_ONCE = 16
 #: seconds the SuperLink keeps an idle HTTP connection open (uvicorn's ``timeout_keep_alive``): longer
 #: than its clients keep one (the gateway :data:`deploy.gateway.UPSTREAM_KEEPALIVE_S`, httpx 5 s), so
 #: that a client never sends on a connection the SuperLink is closing
@@ -220,17 +224,25 @@ def _through_shim(module: ModuleType, flower_command: str, role: str, **popen_kw
 def wake_on_tasks(module: ModuleType, environ=os.environ) -> None:
     """Make ``module`` (``flwr.supercore.superexec.run_superexec``), a SuperExec's main loop,
     end its wait between task polls as soon as its SuperNode (or SuperLink) writes into the pipe
-    named by :data:`TASK_PIPE_SETTING`; without that setting, or once the writer closed the pipe,
-    it waits as Flower does."""
+    named by :data:`TASK_PIPE_SETTING`, and ask once per byte written (up to
+    :data:`WAKES_AT_ONCE` read together); without that setting, or once the writer closed the
+    pipe, it waits as Flower does."""
     if TASK_PIPE_SETTING not in environ:
         return
     read_end = int(environ[TASK_PIPE_SETTING])
     os.set_inheritable(read_end, False)  # not the ClientApps' to read
 
+    owed = 0  # wake-ups read together beyond the first: one more ask each, at once
+
     def sleep(seconds: float) -> None:
-        if select.select([read_end], [], [], seconds)[0]:
-            if not os.read(read_end, 4096):  # the writer is gone: Flower's own wait from now on
+        nonlocal owed
+        if owed:
+            owed -= 1
+        elif select.select([read_end], [], [], seconds)[0]:
+            woken = os.read(read_end, 4096)
+            if not woken:  # the writer is gone: Flower's own wait from now on
                 module.time = time
+            owed = min(len(woken) - 1, WAKES_AT_ONCE) if woken else 0
 
     module.time = Namespace(time, sleep=sleep)
 
