@@ -13,7 +13,8 @@
   the node is stored (:mod:`deploy.fleet_pulls`), so the message is answered
   when it is stored and the next pull follows at once;
 * while a ClientApp runs it checks for the reply (and then for each of the
-  reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`;
+  reply's objects) every 0.5 s; here when its state stores a message or its
+  object store an object, and at the latest after :data:`REPLY_POLL_S`;
 * a ClientApp process asks for a part of its message that its SuperNode does
   not hold yet again after 1 s (doubling up to 10 s); here after
   :data:`deploy.app_processes.OBJECT_POLL_S` (doubling up to 0.1 s).
@@ -57,6 +58,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -76,7 +78,7 @@ FLOWER_IDLE_POLL_S = 3
 FLOWER_REPLY_POLL_S = 0.5
 FIRST_IDLE_POLL_S = 0.05
 IDLE_FRACTION = 1 / 4
-REPLY_POLL_S = 0.01
+REPLY_POLL_S = 0.1
 #: a SuperNode started through the shim tells its SuperExec that a message's task exists by writing
 #: a byte into a pipe (its read end's descriptor in this environment variable); the SuperExec asks
 #: for tasks at once then, once per byte, and otherwise every TASK_POLL_S (Flower asks every
@@ -104,10 +106,11 @@ def enabled(environ=os.environ) -> bool:
 class PollClock:
     """Stands in for the ``time`` module inside Flower's SuperNode loop: Flower's idle wait
     (3 s) is :func:`idle_poll_s` of the time since the last message; its reply wait (0.5 s)
-    is :data:`REPLY_POLL_S`; everything else is the ``time`` module's."""
+    lasts until ``stored`` is set (something was stored), at most :data:`REPLY_POLL_S`;
+    everything else is the ``time`` module's."""
 
-    def __init__(self, sleep=time.sleep, clock=time.monotonic) -> None:
-        self._sleep, self._clock = sleep, clock
+    def __init__(self, sleep=time.sleep, clock=time.monotonic, stored: threading.Event | None = None) -> None:
+        self._sleep, self._clock, self.stored = sleep, clock, stored
         self.last_message = clock()  # a SuperNode that just started polls soon
         self.pulled_for = 0.0
 
@@ -123,6 +126,9 @@ class PollClock:
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_IDLE_POLL_S:
             self._sleep(max(idle_poll_s(self._clock() - self.last_message) - self.pulled_for, 0.0))
+        elif seconds == FLOWER_REPLY_POLL_S and self.stored is not None:
+            if self.stored.wait(REPLY_POLL_S):  # cleared once woken: the caller looks again after this
+                self.stored.clear()
         elif seconds == FLOWER_REPLY_POLL_S:
             self._sleep(REPLY_POLL_S)
         else:
@@ -145,7 +151,7 @@ def _timing(event: str) -> None:
 def patch_supernode(module: ModuleType) -> PollClock:
     """Apply the SuperNode changes (module docstring) to ``module``
     (``flwr.supernode.start_client_internal``); returns its clock."""
-    clock = PollClock()
+    clock = PollClock(stored=threading.Event())
     fleet = {}  # the connection's pull-object, which Flower's loop hands to the pull only
     pull = answer_what_is_not_received(module)
     push = push_until_stored(module._push_messages, lambda run_id, object_id: fleet["pull_object"](run_id, object_id))
@@ -267,6 +273,22 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
     tasks.start_superexec(module, "superlink-superexec", **{REPLY_SIGNALS_SETTING: str(signals)})
 
 
+def set_when_stored(stored: threading.Event, stores: list[tuple[type, str]] | None = None) -> None:
+    """Set ``stored`` each time a SuperNode stores what its ClientApp sends (``stores``: class and
+    method; default :func:`node_stores`)."""
+    for store, method in node_stores() if stores is None else stores:
+        setattr(store, method, _then(getattr(store, method), stored.set))
+
+
+def node_stores() -> list[tuple[type, str]]:
+    """Where a SuperNode stores what its ClientApp sends: its state's messages, its objects."""
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+    from flwr.supercore.object_store.sql_object_store import SqlObjectStore
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    return [(InMemoryNodeState, "store_message"), (InMemoryObjectStore, "put"), (SqlObjectStore, "put")]
+
+
 def link_states() -> tuple[type, ...]:
     """Flower's LinkState classes: in memory and SQL."""
     from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
@@ -330,7 +352,7 @@ def _patch(role: str) -> None:
     elif role == "serverapp":
         patch_serverapp(module("flwr.superlink.grid.http_grid"))
     elif role == "supernode":
-        patch_supernode(module("flwr.supernode.start_client_internal"))
+        set_when_stored(patch_supernode(module("flwr.supernode.start_client_internal")).stored)
         survive_error_statuses(module("flwr.supernode.fleet_http_connection"))
         patch_supernode_app(module("flwr.supernode.main"))
         enforce_app_versions(module("flwr.supernode.cli.flower_supernode"), module("flwr.supernode.start_client_internal"))

@@ -169,3 +169,28 @@ def test_a_supernodes_runtime_api_answers_as_flowers_with_plain_asgi_middlewares
     assert [layer.cls for layer in app.user_middleware] == [Direct, ProtobufTranslated]
     assert not any(issubclass(layer.cls, BaseHTTPMiddleware) for layer in app.user_middleware)
     assert answered(app) == flowers and [status for status, _ in flowers] == [415, 400, 404]
+
+
+def test_a_supernode_looks_for_its_clientapps_reply_when_something_is_stored():
+    """Flower's wait for a reply (0.5 s) ends when the SuperNode stores a message or an object,
+    at the latest after REPLY_POLL_S; the stores are Flower's."""
+    slept = []
+    clock = flower_shim.PollClock(slept.append, stored=threading.Event())
+
+    class Store:
+        def put(self, object_id, content):
+            return object_id
+
+    flower_shim.set_when_stored(clock.stored, [(Store, "put")])
+    assert Store().put("a", b"") == "a" and clock.stored.is_set()
+    start = time.monotonic()
+    clock.sleep(flower_shim.FLOWER_REPLY_POLL_S)  # something was stored: no wait
+    assert time.monotonic() - start < HANG_GUARD_S and not clock.stored.is_set() and slept == []
+    waker = threading.Timer(0.01, Store().put, ("b", b""))
+    waker.start()
+    clock.sleep(flower_shim.FLOWER_REPLY_POLL_S)
+    waker.join()
+    for store, method in flower_shim.node_stores():
+        assert callable(getattr(store, method))
+    push = inspect.getsource(importlib.import_module("flwr.supernode.start_client_internal")._push_messages)
+    assert push.count(f"time.sleep({flower_shim.FLOWER_REPLY_POLL_S})") == 2  # the reply, then its objects
