@@ -233,7 +233,13 @@ def _groups(row: dict) -> dict[str, float]:
     cpu = row["cpu_s"]
     return {"in-process run": cpu[INPROCESS], "SuperLink with its ServerApp": cpu.get(SUPERLINK, 0.0),
             "gateway": cpu.get(GATEWAY, 0.0), f"{row['supernodes']} SuperNodes with their ClientApps": _supernodes(cpu),
-            "set-up (keys, registration)": cpu.get(SET_UP, 0.0), "deployed, all processes": row["deployed_cpu_s"]}
+            "set-up (keys, registration)": cpu.get(SET_UP, 0.0), "deployed, all processes": row["deployed_cpu_s"],
+            "deployed, less the ServerApp's and ClientApps' own": row["deployed_cpu_s"] - _apps(row)}
+
+
+def _apps(row: dict) -> float:
+    """CPU seconds of the forked apps (the ServerApp, the ClientApps): the protocol's own work."""
+    return sum(kinds.get("forked apps", 0.0) for role, kinds in row["cpu_by_kind"].items() if role != SET_UP)
 
 
 def _kinds(row: dict) -> list[tuple[str, float]]:
@@ -302,7 +308,9 @@ def section(rows: list[dict]) -> str:
                   "the other on this machine's "
                   f"{last['cores']} cores. Each process runs in the control group of its role, so the kernel counts "
                   "its CPU seconds, the short-lived ClientApps included. The columns are checkouts measured with the "
-                  "same command; the load average (other users of the machine) is beside each."),
+                  "same command; the load average (other users of the machine) is beside each. CPU seconds grow "
+                  "with the load (caches, frequency): compare the rows of one checkout with each other, and the "
+                  "deployed run less the apps' own work (what the transport costs) across checkouts."),
         table(["checkout", "protocol s in-process / deployed", "ratio", "end to end ratio", "CPU ratio",
                "SuperLink host MB per CPU s", "federation start s", "load", "same labels"], summary),
         table(head, cpu_rows),

@@ -8,9 +8,13 @@
   a sleep lasts :data:`IDLE_FRACTION` of the time since the last message, at
   least :data:`FIRST_IDLE_POLL_S` and at most Flower's 3 s (a message that
   comes t seconds after the last one waits about t / 8 longer; an idle
-  SuperNode polls every 3 s);
+  SuperNode polls every 3 s), less the time the pull itself took: a SuperLink
+  started through this shim holds a pull that finds nothing until a message for
+  the node is stored (:mod:`deploy.fleet_pulls`), so the message is answered
+  when it is stored and the next pull follows at once;
 * while a ClientApp runs it checks for the reply (and then for each of the
-  reply's objects) every 0.5 s; here every :data:`REPLY_POLL_S`;
+  reply's objects) every 0.5 s; here when its state stores a message or its
+  object store an object, and at the latest after :data:`REPLY_POLL_S`;
 * a ClientApp process asks for a part of its message that its SuperNode does
   not hold yet again after 1 s (doubling up to 10 s); here after
   :data:`deploy.app_processes.OBJECT_POLL_S` (doubling up to 0.1 s).
@@ -35,7 +39,8 @@ seconds when it was pulled and its reply pushed), which
 ``python -m deploy.flower_shim superlink ARGS`` runs ``flower-superlink ARGS``
 whose SuperExec (``superlink-superexec``) asks for a run's ServerApp task as
 soon as the SuperLink has created the run (:func:`patch_superlink`) and forks
-each ServerApp from a process that imported its runtime once.
+each ServerApp from a process that imported its runtime once; its Fleet API holds
+an empty pull until a message for the node is stored (:mod:`deploy.fleet_pulls`).
 
 ``deploy.federation`` starts SuperNodes and the SuperLink this way unless the
 environment sets ``FEDGRAPH_FLOWER_SHIM=0`` (then: plain ``flower-supernode``,
@@ -53,6 +58,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +67,8 @@ from fedgraphcore.quiet import plain_console
 from deploy.app_processes import (REPLY_SIGNALS_SETTING, fork_serverapps, patch_executor, patch_serverapp,
                                    short_object_polls, signal_reply, wait_until_preloaded)
 from deploy.app_versions import enforce as enforce_app_versions
+from deploy.fleet_pulls import hold_empty_pulls
+from deploy.plain_asgi import patch_superlink_app, patch_supernode_app
 from deploy.flower_resilience import Namespace, answer_what_is_not_received, push_until_stored, survive_error_statuses
 
 #: the environment variable that switches the shim off ("0")
@@ -70,13 +78,17 @@ FLOWER_IDLE_POLL_S = 3
 FLOWER_REPLY_POLL_S = 0.5
 FIRST_IDLE_POLL_S = 0.05
 IDLE_FRACTION = 1 / 4
-REPLY_POLL_S = 0.01
+REPLY_POLL_S = 0.1
 #: a SuperNode started through the shim tells its SuperExec that a message's task exists by writing
 #: a byte into a pipe (its read end's descriptor in this environment variable); the SuperExec asks
-#: for tasks at once then, else every TASK_POLL_S (Flower's default interval) in case a byte is lost
+#: for tasks at once then, once per byte, and otherwise every TASK_POLL_S (Flower asks every
+#: FLOWER_TASK_POLL_S; each ask is an HTTP request that costs the SuperExec and its SuperNode CPU)
 TASK_PIPE_SETTING = "FEDGRAPH_TASK_PIPE"
 TASK_POLL_SETTING = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
-TASK_POLL_S = 1.0
+FLOWER_TASK_POLL_S = 1.0
+TASK_POLL_S = 10.0
+#: wake-ups a SuperExec answers with an ask each when it reads them together
+WAKES_AT_ONCE = 16
 #: seconds the SuperLink keeps an idle HTTP connection open (uvicorn's ``timeout_keep_alive``): longer
 #: than its clients keep one (the gateway :data:`deploy.gateway.UPSTREAM_KEEPALIVE_S`, httpx 5 s), so
 #: that a client never sends on a connection the SuperLink is closing
@@ -94,19 +106,29 @@ def enabled(environ=os.environ) -> bool:
 class PollClock:
     """Stands in for the ``time`` module inside Flower's SuperNode loop: Flower's idle wait
     (3 s) is :func:`idle_poll_s` of the time since the last message; its reply wait (0.5 s)
-    is :data:`REPLY_POLL_S`; everything else is the ``time`` module's."""
+    lasts until ``stored`` is set (something was stored), at most :data:`REPLY_POLL_S`;
+    everything else is the ``time`` module's."""
 
-    def __init__(self, sleep=time.sleep, clock=time.monotonic) -> None:
-        self._sleep, self._clock = sleep, clock
+    def __init__(self, sleep=time.sleep, clock=time.monotonic, stored: threading.Event | None = None) -> None:
+        self._sleep, self._clock, self.stored = sleep, clock, stored
         self.last_message = clock()  # a SuperNode that just started polls soon
+        self.pulled_for = 0.0
 
     def active(self) -> None:
         """A message came or a reply left: poll soon again."""
         self.last_message = self._clock()
 
+    def pulled(self, seconds: float) -> None:
+        """The last pull took ``seconds`` (a SuperLink holds an empty one, :mod:`deploy.fleet_pulls`):
+        the next idle wait is that much shorter."""
+        self.pulled_for = seconds
+
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_IDLE_POLL_S:
-            self._sleep(idle_poll_s(self._clock() - self.last_message))
+            self._sleep(max(idle_poll_s(self._clock() - self.last_message) - self.pulled_for, 0.0))
+        elif seconds == FLOWER_REPLY_POLL_S and self.stored is not None:
+            if self.stored.wait(REPLY_POLL_S):  # cleared once woken: the caller looks again after this
+                self.stored.clear()
         elif seconds == FLOWER_REPLY_POLL_S:
             self._sleep(REPLY_POLL_S)
         else:
@@ -129,14 +151,16 @@ def _timing(event: str) -> None:
 def patch_supernode(module: ModuleType) -> PollClock:
     """Apply the SuperNode changes (module docstring) to ``module``
     (``flwr.supernode.start_client_internal``); returns its clock."""
-    clock = PollClock()
+    clock = PollClock(stored=threading.Event())
     fleet = {}  # the connection's pull-object, which Flower's loop hands to the pull only
     pull = answer_what_is_not_received(module)
     push = push_until_stored(module._push_messages, lambda run_id, object_id: fleet["pull_object"](run_id, object_id))
 
     def pull_and_store_message(*args, **kwargs):
         fleet["pull_object"] = kwargs["pull_object"]
+        start = time.monotonic()
         run_id = pull(*args, **kwargs)
+        clock.pulled(time.monotonic() - start)
         if run_id is not None:
             clock.active()
             _timing("pulled")
@@ -206,17 +230,25 @@ def _through_shim(module: ModuleType, flower_command: str, role: str, **popen_kw
 def wake_on_tasks(module: ModuleType, environ=os.environ) -> None:
     """Make ``module`` (``flwr.supercore.superexec.run_superexec``), a SuperExec's main loop,
     end its wait between task polls as soon as its SuperNode (or SuperLink) writes into the pipe
-    named by :data:`TASK_PIPE_SETTING`; without that setting, or once the writer closed the pipe,
-    it waits as Flower does."""
+    named by :data:`TASK_PIPE_SETTING`, and ask once per byte written (up to
+    :data:`WAKES_AT_ONCE` read together); without that setting, or once the writer closed the
+    pipe, it waits as Flower does."""
     if TASK_PIPE_SETTING not in environ:
         return
     read_end = int(environ[TASK_PIPE_SETTING])
     os.set_inheritable(read_end, False)  # not the ClientApps' to read
 
+    owed = 0  # wake-ups read together beyond the first: one more ask each, at once
+
     def sleep(seconds: float) -> None:
-        if select.select([read_end], [], [], seconds)[0]:
-            if not os.read(read_end, 4096):  # the writer is gone: Flower's own wait from now on
+        nonlocal owed
+        if owed:
+            owed -= 1
+        elif select.select([read_end], [], [], seconds)[0]:
+            woken = os.read(read_end, 4096)
+            if not woken:  # the writer is gone: Flower's own wait from now on
                 module.time = time
+            owed = min(len(woken) - 1, WAKES_AT_ONCE) if woken else 0
 
     module.time = Namespace(time, sleep=sleep)
 
@@ -231,11 +263,7 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
     the run (:class:`deploy.app_processes.ReplySignal`; Flower's ServerApp polls for replies); and
     keeps an idle connection open :data:`SUPERLINK_KEEPALIVE_S` (uvicorn's 5 s: the gateway
     reconnected, with a TLS handshake on both sides, for most of a SuperNode's polls)."""
-    if states is None:
-        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-        from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
-
-        states = (InMemoryLinkState, SqlLinkState)
+    states = link_states() if states is None else states
     tasks, signals = TaskPipe(), reply_signals_dir()
     module.uvicorn = Namespace(module.uvicorn, run=functools.partial(module.uvicorn.run,
                                                                      timeout_keep_alive=SUPERLINK_KEEPALIVE_S))
@@ -243,6 +271,30 @@ def patch_superlink(module: ModuleType, states: tuple[type, ...] | None = None) 
         state.create_run = _then(state.create_run, tasks.wake)
         state.store_message_res = _signalling_replies(state.store_message_res, signals)
     tasks.start_superexec(module, "superlink-superexec", **{REPLY_SIGNALS_SETTING: str(signals)})
+
+
+def set_when_stored(stored: threading.Event, stores: list[tuple[type, str]] | None = None) -> None:
+    """Set ``stored`` each time a SuperNode stores what its ClientApp sends (``stores``: class and
+    method; default :func:`node_stores`)."""
+    for store, method in node_stores() if stores is None else stores:
+        setattr(store, method, _then(getattr(store, method), stored.set))
+
+
+def node_stores() -> list[tuple[type, str]]:
+    """Where a SuperNode stores what its ClientApp sends: its state's messages, its objects."""
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+    from flwr.supercore.object_store.sql_object_store import SqlObjectStore
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    return [(InMemoryNodeState, "store_message"), (InMemoryObjectStore, "put"), (SqlObjectStore, "put")]
+
+
+def link_states() -> tuple[type, ...]:
+    """Flower's LinkState classes: in memory and SQL."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+
+    return InMemoryLinkState, SqlLinkState
 
 
 def reply_signals_dir() -> Path:
@@ -292,14 +344,17 @@ def _patch(role: str) -> None:
     module = importlib.import_module
     if role == "superlink":
         patch_superlink(module("flwr.superlink.cli.flower_superlink"))
+        hold_empty_pulls(module("flwr.superlink.servicer.fleet.fleet_handlers"), link_states())
+        patch_superlink_app(module("flwr.superlink.main"))
     elif role == "superlink-superexec":
         wait_until_preloaded(fork_serverapps(module("flwr.supercore.superexec.executor.subprocess_executor")))
         wake_on_tasks(module("flwr.supercore.superexec.run_superexec"))
     elif role == "serverapp":
         patch_serverapp(module("flwr.superlink.grid.http_grid"))
     elif role == "supernode":
-        patch_supernode(module("flwr.supernode.start_client_internal"))
+        set_when_stored(patch_supernode(module("flwr.supernode.start_client_internal")).stored)
         survive_error_statuses(module("flwr.supernode.fleet_http_connection"))
+        patch_supernode_app(module("flwr.supernode.main"))
         enforce_app_versions(module("flwr.supernode.cli.flower_supernode"), module("flwr.supernode.start_client_internal"))
     else:
         wait_until_preloaded(patch_executor(module("flwr.supercore.superexec.executor.subprocess_executor")))

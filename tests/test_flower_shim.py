@@ -41,7 +41,7 @@ def test_the_patched_names_and_waits_are_the_pinned_flowers():
     # the SuperExec's wait between task polls, and the SuperNode's task made before its parts are pulled
     assert RUN_SUPEREXEC.time is time and RUN_SUPEREXEC._TASK_POLL_INTERVAL_ENV == flower_shim.TASK_POLL_SETTING
     assert "time.sleep(task_poll_interval)" in inspect.getsource(RUN_SUPEREXEC.run_superexec)
-    assert RUN_SUPEREXEC._DEFAULT_TASK_POLL_INTERVAL_SECONDS == flower_shim.TASK_POLL_S
+    assert RUN_SUPEREXEC._DEFAULT_TASK_POLL_INTERVAL_SECONDS == flower_shim.FLOWER_TASK_POLL_S
     pull = inspect.getsource(SUPERNODE._pull_and_store_message)
     assert pull.index("state.create_task(") < pull.index("state.store_message(") < pull.index("pull_objects(")
     from flwr.supercore.constant import PULL_INITIAL_BACKOFF, TASK_TYPE_TO_COMMAND, TaskType
@@ -165,8 +165,16 @@ def test_a_superexec_asks_for_a_task_as_soon_as_its_supernode_has_one():
     superexec.time.sleep(HANG_GUARD_S)
     assert time.monotonic() - start < HANG_GUARD_S  # woken, not timed out
     assert superexec.time.monotonic is time.monotonic
+    supernode.pull_objects([], None)
+    supernode.pull_objects([], None)  # two tasks made before the SuperExec reads: it asks twice at once
+    superexec.time.sleep(HANG_GUARD_S)
+    superexec.time.sleep(HANG_GUARD_S)
+    assert time.monotonic() - start < HANG_GUARD_S
     for _ in range(100_000):  # wake-ups nobody reads (more than a pipe holds) do not block the SuperNode
         supernode.pull_objects([], None)
+    superexec.time.sleep(HANG_GUARD_S)  # read together: at most WAKES_AT_ONCE more asks at once
+    for _ in range(flower_shim.WAKES_AT_ONCE):
+        superexec.time.sleep(HANG_GUARD_S)
 
 
 def test_a_superexec_waits_as_flower_does_without_its_supernodes_pipe_or_once_it_is_closed():
