@@ -2,7 +2,8 @@
 
 Plain functions (no Flower) that take a ``seed`` and are deterministic for it:
 
-* :func:`kmeans` - scikit-learn k-means (k-means++ init, ``n_init`` restarts).
+* :func:`kmeans` - scikit-learn k-means (k-means++ init, ``n_init`` restarts; 0:
+  :func:`auto_restarts`).
 * :func:`spectral_graph` / :func:`spectral_affinity` - normalised spectral
   clustering (Ng, Jordan & Weiss): top-k eigenvectors of
   ``D^-1/2 W D^-1/2``, rows normalised to unit length, k-means; on a graph,
@@ -86,6 +87,31 @@ def as_features(x: Any, n: int | None = None) -> np.ndarray | sp.csr_matrix:
 # ---------------------------------------------------------------------------
 # k-means
 # ---------------------------------------------------------------------------
+#: :func:`auto_restarts`: one start per this many row-cluster pairs ...
+ROWS_PER_START = 50
+#: ... until the starts' work (rows x clusters x starts, per Lloyd sweep) reaches this budget
+#: (about 2 CPU-seconds of Lloyd on one core at k of about 7) ...
+RESTART_WORK = 10_000_000
+#: ... and never fewer or more starts than these
+RESTARTS_RANGE = (10, 1000)
+
+
+def auto_restarts(n: int, k: int) -> int:
+    """k-means++ starts for ``n`` rows and ``k`` clusters (a key's ``n-init`` 0): ``n k / 50``, at most
+    ``1e7 / (n k)``, within [10, 1000].
+
+    A k-means problem has more local optima the more rows and clusters it has, so that one start
+    reaches the best less often: on Cora's regularised spectral embedding (2,708 rows, k = 7) one
+    k-means++ start in thirty does, and 10 starts land in different optima at different seeds. The
+    starts grow with ``n k`` until their work, ``n k`` per start and Lloyd sweep, reaches a fixed
+    budget: small problems keep scikit-learn's 10, and large ones (a million rows) too, rather than
+    paying minutes.
+    """
+    work = max(int(n), 1) * max(int(k), 1)
+    low, high = RESTARTS_RANGE
+    return int(min(high, max(low, min(-(-work // ROWS_PER_START), RESTART_WORK // work))))
+
+
 def kmeans(
     X: Any,
     k: int,
@@ -98,7 +124,7 @@ def kmeans(
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """k-means (Lloyd, scikit-learn) minimising ``sum_i w_i ||x_i - mu_{c_i}||^2``.
 
-    ``init=None`` -> k-means++ with ``n_init`` restarts (best inertia kept);
+    ``init=None`` -> k-means++ with ``n_init`` restarts (best inertia kept; 0: :func:`auto_restarts`);
     an explicit ``(k, d)`` array of initial centres runs once from there.
     ``sample_weight`` gives each row a weight (kCAGC's virtual nodes).
     Returns int64 labels ``0..k-1`` (and the ``(k, d)`` centres if ``return_centers``).
@@ -110,8 +136,9 @@ def kmeans(
     n = X.shape[0]
     k = check_k(k, n)
     seed = check_seed(seed)
-    if int(n_init) < 1:
-        raise ValueError(f"invalid n_init={n_init}; need n_init >= 1")
+    if int(n_init) < 0:
+        raise ValueError(f"invalid n_init={n_init}; need n_init >= 1, or 0 for auto_restarts")
+    n_init = int(n_init) or auto_restarts(n, k)
     if sample_weight is not None:
         sample_weight = np.asarray(sample_weight, dtype=np.float64)
         if sample_weight.shape != (n,):

@@ -44,7 +44,8 @@ def _reference(strategy: FedSpectral | FedSpectralPlus, data: GraphData) -> np.n
 
 
 def _reference_method(strategy: FedSpectral | FedSpectralPlus) -> str:
-    restarts, cfg = strategy.cfg.n_init, strategy.cfg
+    cfg = strategy.cfg
+    restarts = cfg.n_init or "n k / 50 (10 to 1000, at most 1e7 / (n k))"
     tau = f"tau={cfg.tau:g}" if cfg.tau > 0 else "tau = the average degree"
     regularised = {"on": f", regularised ({tau})", "off": "",
                    "auto": f", regularised ({tau}) where the graph has more components with an edge than k"}

@@ -74,9 +74,25 @@ def test_kmeans_weights_equal_duplicated_rows():
     assert np.array_equal(np.repeat(lw, w), ld)
 
 
+def test_auto_restarts_grow_with_rows_and_clusters_within_a_work_budget(monkeypatch):
+    from sklearn.cluster import KMeans
+
+    assert clustering.auto_restarts(34, 2) == 10  # small problems keep scikit-learn's 10
+    assert clustering.auto_restarts(2708, 7) == 380  # Cora's embedding: one start per 50 rows x clusters
+    assert clustering.auto_restarts(19717, 3) == 10_000_000 // (19717 * 3)  # the work budget binds
+    assert clustering.auto_restarts(10**6, 10) == 10  # a million rows: no more than 10
+    asked = []
+    monkeypatch.setattr(clustering, "auto_restarts", lambda n, k: asked.append((n, k)) or 24)
+    X = np.random.default_rng(2).normal(size=(60, 3))
+    labels = clustering.kmeans(X, 4, 5, n_init=0)
+    assert asked == [(60, 4)]
+    assert np.array_equal(labels, KMeans(4, n_init=24, random_state=5).fit_predict(X))
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
+        (lambda: clustering.kmeans(np.zeros((5, 2)), 2, 0, n_init=-1), "n_init=-1"),
         (lambda: clustering.kmeans(np.zeros((5, 2)), 0, 0), "k=0"),
         (lambda: clustering.kmeans(np.zeros((5, 2)), 6, 0), "k=6"),
         (lambda: clustering.kmeans(np.zeros((5, 2)), 2, -1), "seed"),

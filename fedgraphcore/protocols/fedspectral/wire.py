@@ -40,7 +40,8 @@ class FedSpectralConfig(ConfigView):
     """The ``fedspectral.*`` keys of :class:`strategies.fedspectral.FedSpectral` and its client, declared here."""
 
     prefix: ClassVar[str] = "fedspectral"
-    n_init: int = setting(10, "k-means restarts (clients and server)", low=1, high=1000)
+    n_init: int = setting(0, "k-means restarts (clients and server; 0: auto, one per 50 rows x clusters until "
+                          "1e7 of them per Lloyd sweep, within [10, 1000])", low=0, high=1000)
     regularise: str = setting("auto", "regularised spectral clustering of each client's graph (tau/N added to "
                               "every entry of A, tau to every degree): on, off, or auto (on where that graph has "
                               "more connected components with an edge than clusters)", choices=REGULARISE,
@@ -78,7 +79,9 @@ class FedSpectralPlusConfig(ConfigView):
                                       "edge-level DP", low=0.0, high=1e6)
     delta: float = setting(1e-5, "delta of the edge-level (epsilon, delta)-DP guarantee", low=1e-12, high=0.5)
     wire_dtype: str = setting("float64", "dtype of plain blocks on the wire (both directions)", choices=WIRE_DTYPES)
-    n_init: int = setting(10, "k-means restarts on the final embedding", low=1, high=1000)
+    n_init: int = setting(0, "k-means restarts on the final embedding, the centralised reference's too (0: auto, "
+                          "one per 50 rows x clusters until 1e7 of them per Lloyd sweep, within [10, 1000])",
+                          low=0, high=1000)
     regularise: str = setting("auto", "regularised spectral clustering (tau/N added to every entry of A, tau to "
                               "every degree): on, off, or auto (on where the graph has more connected components "
                               "with an edge than clusters; exact mode finds out from the (k+1)-th eigenvalue and "
