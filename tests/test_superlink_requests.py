@@ -10,6 +10,7 @@ import time
 import types
 
 import pytest
+from starlette.responses import Response
 
 from conftest import HANG_GUARD_S
 from deploy import flower_shim
@@ -194,3 +195,25 @@ def test_a_supernode_looks_for_its_clientapps_reply_when_something_is_stored():
         assert callable(getattr(store, method))
     push = inspect.getsource(importlib.import_module("flwr.supernode.start_client_internal")._push_messages)
     assert push.count(f"time.sleep({flower_shim.FLOWER_REPLY_POLL_S})") == 2  # the reply, then its objects
+
+
+def test_an_extensions_own_dispatch_keeps_what_it_does_with_the_answer():
+    """Only Flower's error translator runs as :class:`Direct`: an extension's middleware that sets
+    headers on, or reads, call_next's answer stays as Flower gives it."""
+    from fastapi.testclient import TestClient
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.routing import Route
+
+    async def checked(request, call_next):
+        response = await call_next(request)
+        response.headers["x-checked"] = str(response.status_code)
+        return response
+
+    layers = plain_asgi([Middleware(BaseHTTPMiddleware, dispatch=checked)])
+    app = Starlette(routes=[Route("/", lambda request: Response(status_code=418))], middleware=layers)
+    with TestClient(app) as client:
+        assert client.get("/").headers.get("x-checked") == "418"
+    assert [layer.cls for layer in plain_asgi(MAIN._get_middleware())].count(Direct) == 6
+
