@@ -217,3 +217,24 @@ def test_an_extensions_own_dispatch_keeps_what_it_does_with_the_answer():
         assert client.get("/").headers.get("x-checked") == "418"
     assert [layer.cls for layer in plain_asgi(MAIN._get_middleware())].count(Direct) == 6
 
+
+def test_one_node_holds_one_pull_at_a_time_and_leaves_the_other_slots_to_other_nodes():
+    """A node that sends many pulls at once (from many connections) gets one held: the others are
+    answered at once, and every other slot stays free for other nodes' pulls."""
+    arrivals, held = Arrivals(held_at_once=2), {}
+
+    def hold(name, node_id, waiting):
+        def wait():
+            held[name] = arrivals.wait_past(node_id, arrivals.mark(node_id), HANG_GUARD_S)
+        thread = threading.Thread(target=wait)
+        thread.start()
+        while thread.is_alive() and len(arrivals._changed._waiters) < waiting:  # held, or answered
+            time.sleep(0.001)
+        return thread
+
+    pulls = [hold("first", 1, 1), hold("again", 1, 2), hold("another node's", 2, 2)]
+    arrivals.stored(1)
+    arrivals.stored(2)
+    for pull in pulls:
+        pull.join(HANG_GUARD_S)
+    assert held == {"first": True, "again": False, "another node's": True}
