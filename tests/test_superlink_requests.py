@@ -123,7 +123,7 @@ def test_a_pull_is_held_no_longer_than_its_limit_and_no_more_pulls_than_the_slot
     holder = threading.Thread(target=lambda: (taken.set(), arrivals.wait_past(1, arrivals.mark(1), HANG_GUARD_S)))
     holder.start()
     taken.wait(HANG_GUARD_S)
-    while arrivals._slots._value:  # the holder has its slot
+    while not arrivals._holding:  # the holder has its slot
         time.sleep(0.001)
     assert not arrivals.wait_past(2, arrivals.mark(2), HANG_GUARD_S)  # no slot: answered at once
     arrivals.stored(1)
