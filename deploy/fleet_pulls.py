@@ -13,7 +13,8 @@ as before.
 What a pull returns is Flower's handler's answer, looked up again after the wait: the node's
 authentication (checked before the handler runs), the gateway's allow-list and the messages
 themselves are untouched. A held pull holds one of the SuperLink's worker threads: at most
-:data:`HELD_AT_ONCE` are held at a time, others are answered at once as Flower does.
+:data:`HELD_AT_ONCE` are held at a time, and one per node (a node that sends many pulls at once
+takes no other node's slot); others are answered at once as Flower does.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Arrivals:
     def __init__(self, held_at_once: int = HELD_AT_ONCE) -> None:
         self._changed = threading.Condition()
         self._stored: collections.Counter[int] = collections.Counter()
-        self._slots = threading.BoundedSemaphore(held_at_once)
+        self._held_at_once = held_at_once
+        self._holding: set[int] = set()  # the nodes whose pull waits
 
     def stored(self, node_id: int) -> None:
         with self._changed:
@@ -49,14 +51,17 @@ class Arrivals:
 
     def wait_past(self, node_id: int, mark: int, timeout: float) -> bool:
         """Whether a message for ``node_id`` was stored after :meth:`mark` gave ``mark``, waiting
-        up to ``timeout`` seconds for one; False at once when :data:`HELD_AT_ONCE` pulls wait."""
-        if not self._slots.acquire(blocking=False):
-            return False
-        try:
-            with self._changed:
+        up to ``timeout`` seconds for one; without waiting when ``held_at_once`` pulls wait, or
+        one of the same node does (a SuperNode sends one pull at a time: more at once would only
+        take the slots of others)."""
+        with self._changed:
+            if node_id in self._holding or len(self._holding) >= self._held_at_once:
+                return self._stored[node_id] != mark
+            self._holding.add(node_id)
+            try:
                 return self._changed.wait_for(lambda: self._stored[node_id] != mark, timeout)
-        finally:
-            self._slots.release()
+            finally:
+                self._holding.discard(node_id)
 
 
 def hold_empty_pulls(handlers: ModuleType, states: tuple[type, ...], arrivals: Arrivals | None = None,

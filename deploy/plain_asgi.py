@@ -17,8 +17,9 @@ the same checks:
 * :class:`ProtobufTranslated` parses the protobuf request and answers the handler's protobuf
   result with the same static methods and the same rules as ``ProtobufTranslationMiddleware``.
 
-A middleware this module does not know (an extension's, or one a later Flower adds) stays as
-Flower gives it.
+A middleware this module does not know (an extension's, or one a later Flower adds, a plain
+``BaseHTTPMiddleware`` whose ``dispatch`` is not Flower's error translator too) stays as Flower
+gives it: its ``dispatch`` may read or change ``call_next``'s answer.
 """
 
 from __future__ import annotations
@@ -177,14 +178,18 @@ def plain_asgi(middleware: list[Middleware]) -> list[Middleware]:
                                                             ControlLicenseMiddleware, ControlSensitiveResponseMiddleware)
     from flwr.superlink.routers.fleet.middlewares import FleetEventLogMiddleware
     from flwr.superlink.routers.fleet.node_auth import NodeAuthMiddleware
+    from flwr.supercore.error import http_error_translator
     from flwr.supercore.protobuf.translation import ProtobufTranslationMiddleware
 
-    direct = {BaseHTTPMiddleware, ControlAuthenticationMiddleware, ControlEventLogMiddleware, ControlLicenseMiddleware,
-              NodeAuthMiddleware, FleetEventLogMiddleware}
+    direct = {ControlAuthenticationMiddleware, ControlEventLogMiddleware, ControlLicenseMiddleware, NodeAuthMiddleware,
+              FleetEventLogMiddleware}
     plain = {ControlSensitiveResponseMiddleware: NoStoreSensitive, ProtobufTranslationMiddleware: ProtobufTranslated}
     out = []
     for layer in middleware:
-        if layer.cls in direct:
+        # a plain BaseHTTPMiddleware runs the dispatch it is given: Flower's error translator is known,
+        # another's (an extension's) may use call_next's answer
+        translator = layer.cls is BaseHTTPMiddleware and layer.kwargs.get("dispatch") is http_error_translator
+        if layer.cls in direct or translator:
             out.append(Middleware(Direct, *layer.args, flower=layer.cls, **layer.kwargs))
         else:
             out.append(Middleware(plain[layer.cls], *layer.args, **layer.kwargs) if layer.cls in plain else layer)

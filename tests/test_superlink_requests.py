@@ -10,6 +10,7 @@ import time
 import types
 
 import pytest
+from starlette.responses import Response
 
 from conftest import HANG_GUARD_S
 from deploy import flower_shim
@@ -122,7 +123,7 @@ def test_a_pull_is_held_no_longer_than_its_limit_and_no_more_pulls_than_the_slot
     holder = threading.Thread(target=lambda: (taken.set(), arrivals.wait_past(1, arrivals.mark(1), HANG_GUARD_S)))
     holder.start()
     taken.wait(HANG_GUARD_S)
-    while arrivals._slots._value:  # the holder has its slot
+    while not arrivals._holding:  # the holder has its slot
         time.sleep(0.001)
     assert not arrivals.wait_past(2, arrivals.mark(2), HANG_GUARD_S)  # no slot: answered at once
     arrivals.stored(1)
@@ -194,3 +195,46 @@ def test_a_supernode_looks_for_its_clientapps_reply_when_something_is_stored():
         assert callable(getattr(store, method))
     push = inspect.getsource(importlib.import_module("flwr.supernode.start_client_internal")._push_messages)
     assert push.count(f"time.sleep({flower_shim.FLOWER_REPLY_POLL_S})") == 2  # the reply, then its objects
+
+
+def test_an_extensions_own_dispatch_keeps_what_it_does_with_the_answer():
+    """Only Flower's error translator runs as :class:`Direct`: an extension's middleware that sets
+    headers on, or reads, call_next's answer stays as Flower gives it."""
+    from fastapi.testclient import TestClient
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware
+    from starlette.routing import Route
+
+    async def checked(request, call_next):
+        response = await call_next(request)
+        response.headers["x-checked"] = str(response.status_code)
+        return response
+
+    layers = plain_asgi([Middleware(BaseHTTPMiddleware, dispatch=checked)])
+    app = Starlette(routes=[Route("/", lambda request: Response(status_code=418))], middleware=layers)
+    with TestClient(app) as client:
+        assert client.get("/").headers.get("x-checked") == "418"
+    assert [layer.cls for layer in plain_asgi(MAIN._get_middleware())].count(Direct) == 6
+
+
+def test_one_node_holds_one_pull_at_a_time_and_leaves_the_other_slots_to_other_nodes():
+    """A node that sends many pulls at once (from many connections) gets one held: the others are
+    answered at once, and every other slot stays free for other nodes' pulls."""
+    arrivals, held = Arrivals(held_at_once=2), {}
+
+    def hold(name, node_id, waiting):
+        def wait():
+            held[name] = arrivals.wait_past(node_id, arrivals.mark(node_id), HANG_GUARD_S)
+        thread = threading.Thread(target=wait)
+        thread.start()
+        while thread.is_alive() and len(arrivals._changed._waiters) < waiting:  # held, or answered
+            time.sleep(0.001)
+        return thread
+
+    pulls = [hold("first", 1, 1), hold("again", 1, 2), hold("another node's", 2, 2)]
+    arrivals.stored(1)
+    arrivals.stored(2)
+    for pull in pulls:
+        pull.join(HANG_GUARD_S)
+    assert held == {"first": True, "again": False, "another node's": True}
