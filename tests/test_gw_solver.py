@@ -57,7 +57,10 @@ def test_a_capped_iteration_is_pots_capped_iteration_and_bounds_the_converged_va
 def test_the_run_config_defaults_to_the_capped_matrix_and_an_unknown_solver_is_refused():
     defaults = {p.key: p.default for p in gw_ldp.GWLDPConfig.params()}
     assert defaults["gw-ldp.gw-max-iter"] == MATRIX_CG_ITERATIONS
-    assert defaults["gw-ldp.merge-decimals"] == gw_ldp.MATRIX_MERGE_DECIMALS
+    assert defaults["gw-ldp.merge-decimals"] == gw_ldp.AUTO_MERGE_DECIMALS
+    assert gw_ldp.merge_decimals(gw_ldp.AUTO_MERGE_DECIMALS, "classes") == gw_ldp.MATRIX_MERGE_DECIMALS
+    assert gw_ldp.merge_decimals(gw_ldp.AUTO_MERGE_DECIMALS, "hidden") == gw_ldp.EXACT_MERGE_DECIMALS
+    assert gw_ldp.merge_decimals(3, "hidden") == 3
     rng = np.random.default_rng(4)
     c1, c2 = (gw_ldp.shortest_path_matrix(random_graph(rng, k)) for k in (12, 15))
     with pytest.raises(ValueError, match="unknown GW solver 'sinkhorn'; valid choices: cg, pot"):

@@ -43,8 +43,20 @@ def shortest_path_matrix(adj) -> np.ndarray:
 
 #: decimals at which :func:`merge_duplicates` merges only rows equal up to float noise (exact merging)
 EXACT_MERGE_DECIMALS = 9
-#: a GW matrix's embedding rows are merged at these decimals by default (``gw-ldp.merge-decimals``)
+#: a GW matrix's class-score rows are merged at these decimals by default (``gw-ldp.merge-decimals``)
 MATRIX_MERGE_DECIMALS = 2
+#: ``gw-ldp.merge-decimals`` that picks the decimals by the embedding (:func:`merge_decimals`)
+AUTO_MERGE_DECIMALS = -1
+
+
+def merge_decimals(setting: int, embedding: str) -> int:
+    """The decimals embedding rows are merged at: ``setting``, or for :data:`AUTO_MERGE_DECIMALS`
+    :data:`MATRIX_MERGE_DECIMALS` on class-score rows (``embedding`` "classes", whose coarse matrix
+    keeps the converged one's accuracy: docs/results/gw-solver.md) and :data:`EXACT_MERGE_DECIMALS`
+    on any other rows, whose coarse merge is not measured."""
+    if setting != AUTO_MERGE_DECIMALS:
+        return setting
+    return MATRIX_MERGE_DECIMALS if embedding == "classes" else EXACT_MERGE_DECIMALS
 
 
 def merge_duplicates(h: np.ndarray, decimals: int = EXACT_MERGE_DECIMALS) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from fedgraphcore.config import ConfigView, setting
-from fedgraphcore.protocols.gw_ldp.gw import EXACT_MERGE_DECIMALS, MATRIX_MERGE_DECIMALS
+from fedgraphcore.protocols.gw_ldp.gw import AUTO_MERGE_DECIMALS, EXACT_MERGE_DECIMALS, MATRIX_MERGE_DECIMALS
 from fedgraphcore.protocols.gw_ldp.solver import GW_SOLVERS, MATRIX_CG_ITERATIONS
 from fedgraphcore.wire import ArraySpec, ReplySpec, ValueSpec
 
@@ -55,11 +55,12 @@ class GWLDPConfig(ConfigView):
                              choices=GW_SOLVERS)
     merge_duplicates: bool = setting(True, "GW on distinct embedding rows weighted by multiplicity, rows compared "
                                      "after rounding to gw-ldp.merge-decimals (exact for LDP codes)")
-    merge_decimals: int = setting(MATRIX_MERGE_DECIMALS, "decimals the embedding rows are rounded to before equal "
+    merge_decimals: int = setting(AUTO_MERGE_DECIMALS, "decimals the embedding rows are rounded to before equal "
                                   f"rows merge: {EXACT_MERGE_DECIMALS} merges only equal rows (the same metric-measure "
                                   "space); fewer put float rows on a coarser grid, fewer points per graph for a "
-                                  "faster, approximate matrix (docs/results/gw-solver.md)", low=0,
-                                  high=EXACT_MERGE_DECIMALS)
+                                  f"faster, approximate matrix; {AUTO_MERGE_DECIMALS}: {MATRIX_MERGE_DECIMALS} on "
+                                  f"class-score rows, {EXACT_MERGE_DECIMALS} on hidden ones (docs/results/gw-solver.md)",
+                                  low=AUTO_MERGE_DECIMALS, high=EXACT_MERGE_DECIMALS)
     degree_dim: int = setting(64, "one-hot degree features for graphs without features", low=2, high=10_000)
     fold: int = setting(-1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a ten-fold cross-validation "
                         "(validation = the next two folds)", low=-1, high=FOLDS - 1)
