@@ -299,7 +299,8 @@ class GWLDP(ClusteringStrategy[gw_ldp.GWLDPConfig]):
     def _gw_matrix(self, uploads: dict) -> tuple[np.ndarray, dict]:
         """The GW matrix between the uploaded graphs' embedding spaces and its figures."""
         alpha = self.cfg.alpha
-        spaces = [gw_ldp.embedding_space(h, self.cfg.merge_duplicates, features=alpha < 1)
+        decimals = gw_ldp.merge_decimals(self.cfg.merge_decimals, self.cfg.embedding)
+        spaces = [gw_ldp.embedding_space(h, self.cfg.merge_duplicates, features=alpha < 1, decimals=decimals)
                   for h in uploads["embeddings"]]
         stats: dict = {}
         dist = gw_ldp.gw_matrix(spaces, self.cfg.workers, self.cfg.gw_max_iter, stats, alpha=alpha,

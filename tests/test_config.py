@@ -35,6 +35,7 @@ def test_defaults_validate_and_resolve_auto_partitioner():
           "describe [STRATEGY]"]),
         ({"num-rounds": 0}, ["0", "'num-rounds'", "out of range", "[1, 1000000]"]),
         ({"num-clients": 5000}, ["5000", "'num-clients'", "valid range", "1024"]),
+        ({"gw-ldp.merge-decimals": 12}, ["12", "'gw-ldp.merge-decimals'", "out of range", "[-1, 9]"]),
         ({"seed": "abc"}, ["'abc'", "'seed'", "integer"]),
         ({"seed": 1.5}, ["1.5", "'seed'", "integer"]),
         ({"seed": 2**32}, ["4294967296", "'seed'", "valid range: [0, 4294967295]"]),  # scikit-learn's limit

@@ -54,12 +54,14 @@ def test_gw_matrix_is_symmetric_zero_diagonal_and_equals_pot_directly():
     assert np.allclose(big[:9, :9], d) and np.allclose(big[9:18, :9], d)
 
 
-@pytest.mark.parametrize("max_iter", [10_000, MATRIX_CG_ITERATIONS])
-def test_gw_pool_matches_sequential_on_many_distinct_pairs(max_iter):
+@pytest.mark.parametrize("max_iter, decimals", [(10_000, gw_ldp.EXACT_MERGE_DECIMALS),
+                                               (MATRIX_CG_ITERATIONS, gw_ldp.MATRIX_MERGE_DECIMALS)])
+def test_gw_pool_matches_sequential_on_many_distinct_pairs(max_iter, decimals):
     rng = np.random.default_rng(5)
-    mats = [gw_ldp.intra_distance(rng.random((int(n), 3))) for n in rng.integers(3, 7, 30)]  # 435 pairs
-    d = gw_ldp.gw_matrix(mats, workers=1, max_iter=max_iter)
-    assert np.array_equal(gw_ldp.gw_matrix(mats, workers=2, max_iter=max_iter), d)
+    mats = [gw_ldp.embedding_space(rng.dirichlet(np.ones(3), int(n)), features=True, decimals=decimals)
+            for n in rng.integers(3, 7, 30)]  # 435 pairs of fused spaces, as a matrix by default merges them
+    d = gw_ldp.gw_matrix(mats, workers=1, max_iter=max_iter, alpha=0.5)
+    assert np.array_equal(gw_ldp.gw_matrix(mats, workers=2, max_iter=max_iter, alpha=0.5), d)
     assert np.array_equal(d, d.T) and np.all(np.diag(d) == 0) and np.all(d[np.triu_indices(30, 1)] > 0)
 
 

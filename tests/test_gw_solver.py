@@ -55,8 +55,32 @@ def test_a_capped_iteration_is_pots_capped_iteration_and_bounds_the_converged_va
 
 
 def test_the_run_config_defaults_to_the_capped_matrix_and_an_unknown_solver_is_refused():
-    assert {p.key: p.default for p in gw_ldp.GWLDPConfig.params()}["gw-ldp.gw-max-iter"] == MATRIX_CG_ITERATIONS
+    defaults = {p.key: p.default for p in gw_ldp.GWLDPConfig.params()}
+    assert defaults["gw-ldp.gw-max-iter"] == MATRIX_CG_ITERATIONS
+    assert defaults["gw-ldp.merge-decimals"] == gw_ldp.AUTO_MERGE_DECIMALS
+    assert gw_ldp.merge_decimals(gw_ldp.AUTO_MERGE_DECIMALS, "classes") == gw_ldp.MATRIX_MERGE_DECIMALS
+    assert gw_ldp.merge_decimals(gw_ldp.AUTO_MERGE_DECIMALS, "hidden") == gw_ldp.EXACT_MERGE_DECIMALS
+    assert gw_ldp.merge_decimals(3, "hidden") == 3
     rng = np.random.default_rng(4)
     c1, c2 = (gw_ldp.shortest_path_matrix(random_graph(rng, k)) for k in (12, 15))
     with pytest.raises(ValueError, match="unknown GW solver 'sinkhorn'; valid choices: cg, pot"):
         gw_ldp.gw_pair(c1, c2, solver="sinkhorn")
+
+
+def test_coarser_merge_decimals_put_the_rows_on_a_grid_whose_weights_add_up():
+    rng = np.random.default_rng(6)
+    h = rng.dirichlet(np.ones(2), size=150)  # 2-class softmax rows: a segment
+    rows, w = gw_ldp.merge_duplicates(h, 2)
+    assert len(rows) <= 101 and w.sum() == pytest.approx(1.0) and np.array_equal(rows, np.round(rows, 2))
+    cell = np.round(h, 2)
+    assert all(w[k] * 150 == pytest.approx(np.all(cell == rows[k], axis=1).sum()) for k in range(len(rows)))
+    # LDP codes are on every grid: the merge stays exact
+    codes = rng.integers(-1, 2, size=(50, 4)).astype(np.float64)
+    for decimals in (0, gw_ldp.EXACT_MERGE_DECIMALS):
+        assert np.array_equal(gw_ldp.merge_duplicates(codes, decimals)[0], np.unique(codes, axis=0))
+    # the coarse space approximates the exact one: fused GW between them far below a different graph's
+    exact, coarse = (gw_ldp.embedding_space(h, features=True, decimals=d) for d in (gw_ldp.EXACT_MERGE_DECIMALS, 2))
+    other = gw_ldp.embedding_space(rng.dirichlet([1.0, 4.0], size=100), features=True)
+    near = gw_ldp.gw_pair(exact[0], coarse[0], exact[1], coarse[1], x1=exact[2], x2=coarse[2], alpha=0.5)
+    far = gw_ldp.gw_pair(exact[0], other[0], exact[1], other[1], x1=exact[2], x2=other[2], alpha=0.5)
+    assert near < 0.01 * far

@@ -130,7 +130,8 @@ from __future__ import annotations
 
 from .embeddings import embedding_width, encode_graph, graph_epsilon, node_embeddings
 from .graphs import GraphBatch, graph_slices, make_batch, node_features, split_items
-from .gw import embedding_space, gw_matrix, gw_pair, intra_distance, merge_duplicates, shortest_path_matrix
+from .gw import (AUTO_MERGE_DECIMALS, EXACT_MERGE_DECIMALS, MATRIX_MERGE_DECIMALS, embedding_space, gw_matrix, gw_pair,
+                 intra_distance, merge_decimals, merge_duplicates, shortest_path_matrix)
 from .norms import (freeze_norm_statistics, moments_problem, norm_input_moments, norm_layers,
                     pooled_norm_statistics, with_norm_statistics)
 from .selection import C_GRID, CV_FOLDS, GAMMA_GRID, cluster_gw, kmedoids, normalise, svc_problem, svc_select
@@ -144,7 +145,8 @@ from .wire import (CLUSTERINGS, DP_MODES, EMBEDDING_LAYERS, FIT, FOLDS, HELLO_NU
 __all__ = [
     "embedding_width", "encode_graph", "graph_epsilon", "node_embeddings",
     "GraphBatch", "graph_slices", "make_batch", "node_features", "split_items",
-    "embedding_space", "gw_matrix", "gw_pair", "intra_distance", "merge_duplicates", "shortest_path_matrix",
+    "AUTO_MERGE_DECIMALS", "EXACT_MERGE_DECIMALS", "MATRIX_MERGE_DECIMALS", "embedding_space", "gw_matrix", "gw_pair",
+    "intra_distance", "merge_decimals", "merge_duplicates", "shortest_path_matrix",
     "freeze_norm_statistics", "moments_problem", "norm_input_moments", "norm_layers", "pooled_norm_statistics",
     "with_norm_statistics",
     "C_GRID", "CV_FOLDS", "GAMMA_GRID", "cluster_gw", "kmedoids", "normalise", "svc_problem", "svc_select",

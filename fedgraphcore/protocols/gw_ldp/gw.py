@@ -1,7 +1,8 @@
 """The Gromov-Wasserstein matrix between graphs, in a process pool.
 
-Per graph the Euclidean intra-distance matrix of the (encoded) embeddings
-(:func:`intra_distance`, :func:`embedding_space`) or all-pairs shortest paths
+Per graph the Euclidean intra-distance matrix of the (encoded) embeddings, over their
+distinct rows weighted by multiplicity (:func:`intra_distance`, :func:`embedding_space`;
+rows rounded to ``decimals`` first, :func:`merge_duplicates`) or all-pairs shortest paths
 (:func:`shortest_path_matrix`, topology-only baseline GW_A), uniform node
 weights, POT's conditional gradient (square loss) for every pair
 (:func:`gw_matrix`): :func:`fedgraphcore.protocols.gw_ldp.solver.cg_discrepancy`, the value
@@ -40,8 +41,26 @@ def shortest_path_matrix(adj) -> np.ndarray:
     return c
 
 
-def merge_duplicates(h: np.ndarray, decimals: int = 9) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct rows of ``h`` and their weights (multiplicity / n).
+#: decimals at which :func:`merge_duplicates` merges only rows equal up to float noise (exact merging)
+EXACT_MERGE_DECIMALS = 9
+#: a GW matrix's class-score rows are merged at these decimals by default (``gw-ldp.merge-decimals``)
+MATRIX_MERGE_DECIMALS = 2
+#: ``gw-ldp.merge-decimals`` that picks the decimals by the embedding (:func:`merge_decimals`)
+AUTO_MERGE_DECIMALS = -1
+
+
+def merge_decimals(setting: int, embedding: str) -> int:
+    """The decimals embedding rows are merged at: ``setting``, or for :data:`AUTO_MERGE_DECIMALS`
+    :data:`MATRIX_MERGE_DECIMALS` on class-score rows (``embedding`` "classes", whose coarse matrix
+    keeps the converged one's accuracy: docs/results/gw-solver.md) and :data:`EXACT_MERGE_DECIMALS`
+    on any other rows, whose coarse merge is not measured."""
+    if setting != AUTO_MERGE_DECIMALS:
+        return setting
+    return MATRIX_MERGE_DECIMALS if embedding == "classes" else EXACT_MERGE_DECIMALS
+
+
+def merge_duplicates(h: np.ndarray, decimals: int = EXACT_MERGE_DECIMALS) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of ``h`` after rounding to ``decimals``, and their weights (multiplicity / n).
 
     Nodes with identical embeddings are at distance 0 from each other and
     equidistant from every other node, so the uniform metric-measure space of
@@ -51,23 +70,28 @@ def merge_duplicates(h: np.ndarray, decimals: int = 9) -> tuple[np.ndarray, np.n
     have at most ``C(d,m) 2^m`` distinct rows, so this shrinks the GW problem
     from ``n`` to a handful of points.
 
-    Float embeddings are compared after rounding to ``decimals`` (rows of
-    nodes with the same GNN colour can differ in the last float32 bits from
-    the summation order); the rounding moves a point by < 1e-9 per coordinate.
-    """
+    Float embeddings are compared after rounding to ``decimals``: at 9 (the
+    default) that only merges rows of nodes with the same GNN colour, which can
+    differ in the last float32 bits from the summation order. Fewer decimals
+    put the rows on a grid of step ``10^-decimals``: each row moves by at most
+    half a step per coordinate, and the nodes of a cell merge into one point
+    whose weight is their total, a coarser approximation of the same measure
+    with fewer points (a 2-class softmax row has at most ``10^decimals + 1``)."""
     h = np.round(np.asarray(h, dtype=np.float64), decimals)
     rows, counts = np.unique(h, axis=0, return_counts=True)
     return rows, counts / counts.sum()
 
 
-def embedding_space(h: np.ndarray, merge: bool = True, features: bool = False) -> tuple:
+def embedding_space(h: np.ndarray, merge: bool = True, features: bool = False,
+                    decimals: int = EXACT_MERGE_DECIMALS) -> tuple:
     """(intra-distance matrix, node weights) of one graph's embedding: uniform
-    weights over nodes, or over distinct rows weighted by multiplicity.
+    weights over nodes, or over distinct rows (at ``decimals``, see
+    :func:`merge_duplicates`) weighted by multiplicity.
     ``features=True`` appends the (distinct) rows themselves as node features
     for fused GW (:func:`gw_pair` with ``alpha < 1``); merging stays exact
     there because merged nodes also have equal features."""
     if merge:
-        rows, w = merge_duplicates(h)
+        rows, w = merge_duplicates(h, decimals)
     else:
         rows = np.asarray(h, dtype=np.float64)
         w = np.full(len(rows), 1.0 / len(rows))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping
 
 from fedgraphcore.config import ConfigView, setting
+from fedgraphcore.protocols.gw_ldp.gw import AUTO_MERGE_DECIMALS, EXACT_MERGE_DECIMALS, MATRIX_MERGE_DECIMALS
 from fedgraphcore.protocols.gw_ldp.solver import GW_SOLVERS, MATRIX_CG_ITERATIONS
 from fedgraphcore.wire import ArraySpec, ReplySpec, ValueSpec
 
@@ -45,16 +46,21 @@ class GWLDPConfig(ConfigView):
     clustering: str = setting("spectral", "clustering of the GW matrix", choices=CLUSTERINGS)
     workers: int = setting(2, "processes for the GW matrix (0 = all cores)", low=0, high=256)
     gw_max_iter: int = setting(MATRIX_CG_ITERATIONS, "conditional-gradient iterations (linear programs) per pair "
-                               "of the GW matrix: 2 takes 2.4 to 5.3 times less CPU than POT with the converged "
-                               "matrix's SVC accuracy (docs/results/gw-solver.md); 10000 = converged, POT's values",
+                               "of the GW matrix: 2 takes a fraction of POT's CPU time with the converged matrix's SVC "
+                               "accuracy (docs/results/gw-solver.md); 10000 = converged, POT's values",
                                low=1, high=1_000_000)
     gw_solver: str = setting("cg", "the GW matrix's solver: cg (POT's conditional gradient without its per-call "
                              "cost: the same values at the same gw-max-iter, bit for bit) or pot "
                              "(ot.gromov.*gromov_wasserstein2)",
                              choices=GW_SOLVERS)
-    merge_duplicates: bool = setting(True, "GW on distinct embedding rows weighted by multiplicity (same "
-                                     "metric-measure space: exact for LDP codes; float rows are compared after "
-                                     "rounding to 9 decimals)")
+    merge_duplicates: bool = setting(True, "GW on distinct embedding rows weighted by multiplicity, rows compared "
+                                     "after rounding to gw-ldp.merge-decimals (exact for LDP codes)")
+    merge_decimals: int = setting(AUTO_MERGE_DECIMALS, "decimals the embedding rows are rounded to before equal "
+                                  f"rows merge: {EXACT_MERGE_DECIMALS} merges only equal rows (the same metric-measure "
+                                  "space); fewer put float rows on a coarser grid, fewer points per graph for a "
+                                  f"faster, approximate matrix; {AUTO_MERGE_DECIMALS}: {MATRIX_MERGE_DECIMALS} on "
+                                  f"class-score rows, {EXACT_MERGE_DECIMALS} on hidden ones (docs/results/gw-solver.md)",
+                                  low=AUTO_MERGE_DECIMALS, high=EXACT_MERGE_DECIMALS)
     degree_dim: int = setting(64, "one-hot degree features for graphs without features", low=2, high=10_000)
     fold: int = setting(-1, "each client's 7:2:1 split: -1 random, 0..9 = test fold of a ten-fold cross-validation "
                         "(validation = the next two folds)", low=-1, high=FOLDS - 1)
