@@ -299,19 +299,22 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         # an unconverged solve's last measure bounds no eigenvalue: only a Ritz value at 1 itself shows a component
         error = result.history[-1][measure] if result.converged and result.history else None
         components = plus.more_components_than(result.values, self.k, None if result.stop == "settled" else error)
-        converged = result.converged or (result.stop == "settled" and not components)  # top-k converged
+        stop, final = result.stop, result.history[-1][measure] if result.history else None
+        if stop == "settled" and not components:  # the top k converged, the (k+1)-th is bounded below 1
+            stop, final = "converged", float(result.norms[:self.k].max())
         if auto and components:
             tau = self._tau(d)
             result, solver, measure = self._solve(session, d, deg_noise, tau, self.k, used=rounds)
-            rounds, history, converged = rounds + result.rounds, history + result.history, result.converged
+            rounds, history, stop = rounds + result.rounds, history + result.history, result.stop
+            final = result.history[-1][measure] if result.history else None
         connected = d > 0.5 if tau == 0 else np.ones(self.n, dtype=bool)  # exact degrees are integers
         labels = plus.embedding_labels(result.vectors[:, :self.k], self.k, self.seed, self.cfg.n_init,
                                        connected=connected)
         return StrategyOutput(labels=labels, history=history, metrics={
-            "mode": "exact", "solver": solver, "protocol_rounds": rounds, "converged": converged,
-            "tol": self.effective_tol(len(session.clients), self.secure), "stop": result.stop,
+            "mode": "exact", "solver": solver, "protocol_rounds": rounds, "converged": stop == "converged",
+            "tol": self.effective_tol(len(session.clients), self.secure), "stop": stop,
             "block": self._block_width(self.k), "ritz_values": [float(t) for t in result.values[:self.k]],
-            f"final_{measure}": result.history[-1][measure] if result.history else None,
+            f"final_{measure}": final,
             "regularised": tau > 0, "tau": tau,
         })
 

@@ -53,6 +53,7 @@ class IterationResult:
     converged: bool
     stop: str  # "converged" | "stagnated" | "max-rounds"
     history: list[dict] = field(default_factory=list)
+    norms: np.ndarray | None = None  # the final Ritz residual norms (block Krylov), one per vector
 
 
 @dataclass
@@ -274,7 +275,7 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
             break
         if basis.width + pending.shape[1] > max_cols:
             h = basis.restart(h, max(k, (max_cols - pending.shape[1]) // 2))
-    return IterationResult(basis.combine(s[:, :k]), theta[:k], rounds, stop == "converged", stop, history)
+    return IterationResult(basis.combine(s[:, :k]), theta[:k], rounds, stop == "converged", stop, history, norms)
 
 
 def lanczos_step(basis: KrylovBasis, h: np.ndarray, pending: np.ndarray, w: np.ndarray, k: int, block: int,
