@@ -289,7 +289,8 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         """Exact mode: the global degrees by one secure sum, then an eigensolver on the global operator
         whose every product is one ``fedspectral_product`` round; k-means on its top-k vectors.
         Regularised (``regularise=on``, or ``auto`` once the unregularised solve shows a (k+1)-th
-        eigenvalue 1: more components than clusters), the operator is ``M_tau``."""
+        eigenvalue 1: more components than clusters), the operator is ``M_tau``; ``auto`` keeps the
+        unregularised top-k once they have converged and the (k+1)-th eigenvalue is bounded below 1."""
         d, deg_noise = self._global_degrees(session)
         auto = self.cfg.regularise == "auto" and self.k < self.n  # k = N: every node its own cluster
         tau = self._tau(d) if self.cfg.regularise == "on" else 0.0
@@ -297,18 +298,23 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         rounds, history = result.rounds, list(result.history)
         # an unconverged solve's last measure bounds no eigenvalue: only a Ritz value at 1 itself shows a component
         error = result.history[-1][measure] if result.converged and result.history else None
-        if auto and (result.stop == "settled" or plus.more_components_than(result.values, self.k, error)):
+        components = plus.more_components_than(result.values, self.k, None if result.stop == "settled" else error)
+        stop, final = result.stop, result.history[-1][measure] if result.history else None
+        if stop == "settled" and not components:  # the top k converged, the (k+1)-th is bounded below 1
+            stop, final = "converged", float(result.norms[:self.k].max())
+        if auto and components:
             tau = self._tau(d)
             result, solver, measure = self._solve(session, d, deg_noise, tau, self.k, used=rounds)
-            rounds, history = rounds + result.rounds, history + result.history
+            rounds, history, stop = rounds + result.rounds, history + result.history, result.stop
+            final = result.history[-1][measure] if result.history else None
         connected = d > 0.5 if tau == 0 else np.ones(self.n, dtype=bool)  # exact degrees are integers
         labels = plus.embedding_labels(result.vectors[:, :self.k], self.k, self.seed, self.cfg.n_init,
                                        connected=connected)
         return StrategyOutput(labels=labels, history=history, metrics={
-            "mode": "exact", "solver": solver, "protocol_rounds": rounds, "converged": result.converged,
-            "tol": self.effective_tol(len(session.clients), self.secure), "stop": result.stop,
+            "mode": "exact", "solver": solver, "protocol_rounds": rounds, "converged": stop == "converged",
+            "tol": self.effective_tol(len(session.clients), self.secure), "stop": stop,
             "block": self._block_width(self.k), "ritz_values": [float(t) for t in result.values[:self.k]],
-            f"final_{measure}": result.history[-1][measure] if result.history else None,
+            f"final_{measure}": final,
             "regularised": tau > 0, "tau": tau,
         })
 
@@ -324,10 +330,15 @@ class FedSpectralPlus(ClusteringStrategy[wire.FedSpectralPlusConfig]):
         """The top-``k`` eigenvectors of ``M_tau`` (``tau`` 0: ``M``) by the run's eigensolver, in at most
         the schedule's rounds less ``used``: (result, solver, the measure it stops on). ``detect``: stop
         ("settled") as soon as a k-th Ritz value reaches 1, which bounds the k-th eigenvalue from below:
-        at least k components with an edge."""
-        settled = (lambda theta: plus.more_components_than(theta, k - 1, None)) if detect else (lambda theta: False)
-        block = self._block_width(k)
+        at least k components with an edge; or, once the top k - 1 have converged, as soon as the k-th
+        eigenvalue is bounded below 1 (:func:`fedgraphcore.protocols.fedspectral.plus.at_most_components`)."""
         tol = self.effective_tol(len(session.clients), self.secure)
+
+        def settled(theta: np.ndarray, norms: np.ndarray | None) -> bool:
+            return detect and (plus.more_components_than(theta, k - 1, None)
+                               or plus.at_most_components(theta, norms, k - 1, tol))
+
+        block = self._block_width(k)
         solver = self.solver()
         residuals = Convergence(tol) if solver == "krylov" else None  # chebyshev measures once a cycle
         apply = self._global_operator(session, d, deg_noise, residuals, tau)

@@ -85,16 +85,6 @@ def test_the_servers_rank_one_term_gives_the_regularised_product():
     assert np.array_equal(plus.regularised_sum(data.adj @ y, y, 0.0), data.adj @ y)
 
 
-def test_ritz_values_settle_the_component_question_before_convergence():
-    data = graph(FRAGMENTED)
-    m = plus.local_normalised_operator(data.adj)
-    result = block_iteration.block_krylov_iteration(lambda x: m @ x, data.num_nodes, 5, 10, 1e-9, 500, seed=0,
-                                                    settled=lambda theta: plus.more_components_than(theta, 4, None))
-    assert result.stop == "settled" and result.values[4] >= 1 - plus.DEGENERATE
-    assert plus.more_components_than(np.array([1.0, 1.0, 0.9]), 2, 1e-3) is False
-    assert plus.more_components_than(np.array([1.0, 1.0, 0.9995]), 2, 1e-3) is True
-
-
 def test_paper_mode_regularises_each_clients_own_graph_and_needs_a_fixed_tau_under_noise():
     data = graph(FRAGMENTED)
     local = regularisation(data.adj, 4, "auto")
@@ -151,3 +141,27 @@ def test_auto_does_not_take_an_unconverged_solve_for_extra_components(tmp_path):
     result = run_experiment("fedspectral-plus", "sbm", 2, over, tmp_path)
     assert result["metrics"]["stop"] == "max-rounds" and not result["metrics"]["converged"]
     assert not result["metrics"]["regularised"] and result["metrics"]["tau"] == 0.0
+
+
+@pytest.mark.parametrize("data, components", [(FRAGMENTED, True), (CONNECTED, False)])
+def test_the_detection_solve_stops_once_the_top_k_converge_below_a_bounded_kth_plus_one(data, components):
+    """k + 1 components: a (k+1)-th Ritz value at 1 settles it. Connected: the top k converge and the (k+1)-th
+    eigenvalue is bounded below 1 by its residual before its own pair converges."""
+    g, tol = graph(data), 1e-8
+    m = plus.local_normalised_operator(g.adj)
+    result = block_iteration.block_krylov_iteration(
+        lambda x: m @ x, g.num_nodes, 5, 10, tol, 500, seed=0,
+        settled=lambda theta, norms: plus.more_components_than(theta, 4, None)
+        or plus.at_most_components(theta, norms, 4, tol))
+    assert result.stop == "settled"
+    assert plus.more_components_than(result.values, 4, None) is components
+    assert (components_with_edges(g.adj) > 4) is components
+    if not components:  # the top k are the eigenvalues, the (k+1)-th pair had not converged yet
+        exact = np.sort(sla.eigsh(m, k=5, which="LA", tol=1e-12)[0])[::-1]
+        assert np.allclose(result.values[:4], exact[:4], atol=1e-6) and exact[4] < 1 - plus.DEGENERATE
+        assert result.history[-1]["residual"] > tol
+    assert plus.at_most_components(np.array([1.0, 0.9, 0.5]), np.array([0.0, 1e-9, 0.6]), 2, 1e-8) is False
+    assert plus.at_most_components(np.array([1.0, 0.9, 0.5]), np.array([0.0, 1e-7, 0.1]), 2, 1e-8) is False
+    assert plus.at_most_components(np.array([1.0, 0.9, 0.5]), np.array([0.0, 1e-9, 0.1]), 2, 1e-8) is True
+    assert plus.more_components_than(np.array([1.0, 1.0, 0.9]), 2, 1e-3) is False
+    assert plus.more_components_than(np.array([1.0, 1.0, 0.9995]), 2, 1e-3) is True

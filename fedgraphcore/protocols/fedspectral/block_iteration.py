@@ -53,6 +53,7 @@ class IterationResult:
     converged: bool
     stop: str  # "converged" | "stagnated" | "max-rounds"
     history: list[dict] = field(default_factory=list)
+    norms: np.ndarray | None = None  # the final Ritz residual norms (block Krylov), one per vector
 
 
 @dataclass
@@ -82,7 +83,8 @@ class StopRule:
 
 def chebyshev_subspace_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k: int, block: int, degree: int,
                                  tol: float, max_rounds: int, seed: int, lower: float = -1.0,
-                                 patience: int = 8, settled: Callable[[np.ndarray], bool] = lambda theta: False
+                                 patience: int = 8,
+                                 settled: Callable[[np.ndarray, np.ndarray | None], bool] = lambda theta, norms: False
                                  ) -> IterationResult:
     """Top-k eigenvectors of a symmetric ``M`` with spectrum in ``[lower, 1]``,
     given only ``apply(X) = M X`` (one call = one federated round).
@@ -98,7 +100,7 @@ def chebyshev_subspace_iteration(apply: Callable[[np.ndarray], np.ndarray], n: i
     ("converged"), when that distance has not halved for ``patience`` cycles
     because the products carry noise (fixed-point rounding of secure
     aggregation, DP noise: "stagnated"), before a cycle would exceed
-    ``max_rounds`` products ("max-rounds"), or once ``settled(theta)`` says the
+    ``max_rounds`` products ("max-rounds"), or once ``settled(theta, None)`` says the
     caller has what it needs from the Ritz values ("settled"; each is at most its eigenvalue).
     """
     _check_block(k, block, n)
@@ -116,7 +118,7 @@ def chebyshev_subspace_iteration(apply: Callable[[np.ndarray], np.ndarray], n: i
         history.append({"round": rounds, "subspace_change": None if prev_u is None else dist,
                         "ritz_k": float(theta[k - 1]), "ritz_cut": float(theta[-1])})
         prev_u = u
-        verdict = "settled" if settled(theta) else stop_rule(dist)
+        verdict = "settled" if settled(theta, None) else stop_rule(dist)
         if verdict:
             stop = verdict
             break
@@ -221,7 +223,8 @@ class KrylovBasis:
 def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k: int, block: int, tol: float,
                            max_rounds: int, seed: int, basis_blocks: int = 20, patience: int = 16,
                            on_round: Callable[[dict], None] = lambda entry: None,
-                           settled: Callable[[np.ndarray], bool] = lambda theta: False) -> IterationResult:
+                           settled: Callable[[np.ndarray, np.ndarray], bool] = lambda theta, norms: False
+                           ) -> IterationResult:
     """Top-k eigenvectors of a symmetric ``M`` with ``||M||_2 <= 1``, given only
     ``apply(X) = M X`` (one call = one federated round).
 
@@ -239,9 +242,10 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
     Stops when the top-k residuals are all <= ``tol`` ("converged"), when the
     largest has not halved for ``patience`` rounds because the products carry
     noise (fixed-point rounding of secure aggregation, DP noise: "stagnated"),
-    after ``max_rounds`` rounds ("max-rounds"), or once ``settled(theta)`` says the caller has
-    what it needs from the top-k Ritz values ("settled": each only grows towards its eigenvalue
-    as the basis grows); ``on_round`` gets each round's history.
+    after ``max_rounds`` rounds ("max-rounds"), or once ``settled(theta, norms)`` says the caller has
+    what it needs from the top-k Ritz values and their residual norms ("settled": each Ritz value only
+    grows towards its eigenvalue as the basis grows, and has an eigenvalue within its residual norm);
+    ``on_round`` gets each round's history.
     Before the Krylov space reaches the top-k eigenvectors their residuals hover (on the
     1M-node SBM between 0.1 and 0.4 for 8 rounds), hence the patience of 16. A basis that would exceed
     ``basis_blocks`` blocks is restarted thickly (Krylov-Schur): its top Ritz
@@ -259,10 +263,11 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
     while True:
         w = apply(pending)
         rounds += 1
-        h, theta, s, pending, residual = lanczos_step(basis, h, pending, w, k, block, rng)
+        h, theta, s, pending, norms = lanczos_step(basis, h, pending, w, k, block, rng)
+        residual = float(norms.max(initial=0.0))
         history.append({"round": rounds, "residual": residual, "ritz_k": float(theta[k - 1]), "basis": basis.width})
         on_round(history[-1])
-        verdict = "settled" if settled(theta) else stop_rule(residual)
+        verdict = "settled" if settled(theta, norms) else stop_rule(residual)
         if verdict:
             stop = verdict
             break
@@ -270,7 +275,7 @@ def block_krylov_iteration(apply: Callable[[np.ndarray], np.ndarray], n: int, k:
             break
         if basis.width + pending.shape[1] > max_cols:
             h = basis.restart(h, max(k, (max_cols - pending.shape[1]) // 2))
-    return IterationResult(basis.combine(s[:, :k]), theta[:k], rounds, stop == "converged", stop, history)
+    return IterationResult(basis.combine(s[:, :k]), theta[:k], rounds, stop == "converged", stop, history, norms)
 
 
 def lanczos_step(basis: KrylovBasis, h: np.ndarray, pending: np.ndarray, w: np.ndarray, k: int, block: int,
@@ -278,12 +283,11 @@ def lanczos_step(basis: KrylovBasis, h: np.ndarray, pending: np.ndarray, w: np.n
     """One round of :func:`block_krylov_iteration` on the server, given ``w = M pending``: ``pending``
     joins the basis, ``H = Q^T M Q`` grows by its coefficients, Rayleigh-Ritz gives the top-k Ritz
     values ``theta`` and vectors (coefficients ``s``); the rest of ``w`` becomes the next block.
-    Returns ``(H, theta, s, next block, largest top-k residual)``."""
+    Returns ``(H, theta, s, next block, the top-k residual norms)``."""
     m = basis.width
     basis.blocks.append(pending)
     c, f = basis.project_out(w)
     h = np.block([[h, c[:m]], [c[:m].T, (c[m:] + c[m:].T) * 0.5]])
     theta, s = top_eigenpairs(h, k)
     pending, r = basis.extend(f, min(block, basis.n - basis.width), rng)
-    residual = float(np.linalg.norm(r @ s[m:, :k], axis=0).max(initial=0.0))
-    return h, theta, s, pending, residual
+    return h, theta, s, pending, np.linalg.norm(r @ s[m:, :k], axis=0)

@@ -83,6 +83,17 @@ def more_components_than(theta: np.ndarray, k: int, error: float | None) -> bool
     return len(theta) > k and float(theta[k]) >= 1.0 - max(DEGENERATE, float(error or 0.0))
 
 
+def at_most_components(theta: np.ndarray, norms: np.ndarray | None, k: int, tol: float) -> bool:
+    """Whether Ritz values ``theta`` (decreasing, at least ``k + 1``) of ``D^-1/2 A D^-1/2`` with residual
+    norms ``norms`` (None: not measured) settle at most ``k`` connected components with an edge before the
+    (k+1)-th pair converges: the top-k residuals are at most ``tol`` and the (k+1)-th eigenvalue is below 1,
+    because the eigenvalue within ``norms[k]`` of ``theta[k]`` (a residual bound) lies below ``1 - DEGENERATE``
+    and ``theta[k]`` is at most the (k+1)-th eigenvalue (interlacing); like every Krylov stop, this takes
+    the basis to hold the top eigenvectors it approximates."""
+    return (norms is not None and len(theta) > k and float(np.max(norms[:k], initial=0.0)) <= tol
+            and float(theta[k] + norms[k]) < 1.0 - DEGENERATE)
+
+
 def weighted_local_adjacency(adj: sp.csr_matrix, edge_weight: np.ndarray | None) -> sp.csr_matrix:
     """``A_c / r``: each local edge divided by the number of clients holding it
     (``edge_weight`` aligned with ``adj.data``); None means r = 1."""
