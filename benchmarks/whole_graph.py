@@ -289,7 +289,10 @@ def _fedkmeans(runs: dict) -> list[str]:
         "agreement the centralised reference (10 k-means++ starts on the pooled rows, the same projection and "
         "filter) has with itself at the next seed. On Cora the next seed also draws another projection of its "
         "1,433 columns, so the reference's spread there includes the projection's; planted-2100 has 16 columns "
-        "and is not projected."),
+        "and is not projected. Under the default node policy (`min-rows` 5) the row audit refuses Lloyd's late "
+        "moves of one or two of a party's rows, and per seed the target is partly a draw of the starts: what the "
+        "audit costs, and how the reference's own algorithm with another draw agrees with it, are measured in "
+        "[fedkmeans-restarts](fedkmeans-restarts.md#the-target-and-what-the-row-audit-allows)."),
         table(["data", "seed", "ACC", "centralised ACC", "agreement ARI", "centralised vs itself", "at least"], rows)]
 
 
