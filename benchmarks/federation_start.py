@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 HERE = Path(__file__).resolve().parent
 RESULTS = "federation_start.json"
 MEASURE = "python benchmarks/federation_start.py"
@@ -67,6 +69,7 @@ class Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.out, self.t0, self.stopped = out, t0, threading.Event()
         self.processes: dict[int, dict] = {}
+        self.own_cmdline = psutil.Process().cmdline()  # a fork not yet exec'd has it
         self.ready: dict[str, float] = {}
         self.first_message: float | None = None
 
@@ -75,8 +78,6 @@ class Watcher(threading.Thread):
             self.look()
 
     def look(self) -> None:
-        import psutil
-
         me = psutil.Process()
         for proc in me.children(recursive=True):
             try:
@@ -86,10 +87,10 @@ class Watcher(threading.Thread):
         self._read_logs()
 
     def _seen(self, proc) -> None:
-        entry = self.processes.get(proc.pid)
-        if entry is None:
-            parent = self.processes.get(proc.ppid(), {"kind": "deploy", "cmdline": []})
-            cmdline = proc.cmdline()
+        entry, cmdline = self.processes.get(proc.pid), proc.cmdline()
+        # seen between its fork and its exec (its parent's command line): looked at again once it has its own
+        if entry is None or (cmdline and entry["cmdline"] != cmdline and entry["kind"].startswith("fork of")):
+            parent = self.processes.get(proc.ppid(), {"kind": "deploy", "cmdline": self.own_cmdline})
             kind = f"fork of {parent['kind']}" if cmdline == parent["cmdline"] else kind_of(cmdline, parent["kind"])
             entry = self.processes[proc.pid] = {
                 "pid": proc.pid, "kind": kind, "cmdline": cmdline,
@@ -146,7 +147,8 @@ def stop_at_first_round(federation_cls, watcher: Watcher) -> None:
         proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while watcher.first_message is None and proc.poll() is None:
             time.sleep(WATCH_S)
-        watcher.look()
+        watcher.stopped.set()  # before the processes are stopped: their CPU is that of the start
+        watcher.join()
         proc.kill()
         proc.wait()
         raise FirstRound
@@ -156,8 +158,6 @@ def stop_at_first_round(federation_cls, watcher: Watcher) -> None:
 
 def measure_once(size: str, supernodes: int, out: Path) -> dict:
     """One deployed run, from this process's launch (as ``python -m deploy local``'s) to the first round."""
-    import psutil
-
     t0 = psutil.Process().create_time()
     os.environ["FEDGRAPH_TIMING"] = "1"  # each SuperNode logs when it pulled a message
     import deploy.__main__ as local
@@ -224,6 +224,11 @@ def cpu_by_kind(row: dict) -> dict[str, tuple[int, float]]:
     return kinds
 
 
+def federation_cpu(row: dict) -> float:
+    """CPU seconds of every process of the federation until the first round."""
+    return sum(cpu for _, cpu in cpu_by_kind(row).values())
+
+
 def print_row(row: dict) -> None:
     print(f"{row['label']} ({row['commit']}), {row['size']}, load {row['load_average']}: federation start "
           f"{row['federation_start_s']:.1f} s, first round {row['first_round_s']:.1f} s after launch")
@@ -233,6 +238,86 @@ def print_row(row: dict) -> None:
         print(f"  ready: {event:<28}{at:8.2f} s")
     for kind, (count, cpu) in cpu_by_kind(row).items():
         print(f"  {kind:<28}{count:3d} processes{cpu:8.2f} CPU s")
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def step_span(row: dict, *names: str) -> tuple[float, float] | None:
+    """First start and last end of the steps ``names`` in ``row`` (None: none ran)."""
+    spans = [(s["start_s"], s["end_s"]) for s in row["steps"] if s["step"] in names]
+    return (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+
+
+def timeline(row: dict) -> list[list[str]]:
+    """One line per stage and process kind: launched (first of its kind), ready (the last), CPU seconds."""
+    kinds, ready = cpu_by_kind(row), row["ready"]
+    launched = {}
+    for proc in row["processes"]:
+        launched.setdefault(proc["kind"], proc["launched_s"])
+    last = {what: max((t for e, t in ready.items() if e.startswith("supernode-") and e.endswith(what)), default=None)
+            for what in ("joined", "preloaded")}
+    registered = step_span(row, "register", "registered")
+    lines = [("`python -m deploy local` imports", 0.0, step_span(row, "imports")[1], None),
+             ("data cut into shards", *step_span(row, "run"), None),
+             ("certificates, keys, app signature", step_span(row, "stage_app")[0], step_span(row, "with_members")[1],
+              None),
+             ("SuperLink", launched.get("superlink"), ready.get("superlink"), "superlink"),
+             ("gateway", launched.get("gateway"), ready.get("gateway"), "gateway"),
+             ("registration of the SuperNodes' keys", launched.get("registration"),
+              registered[1] if registered else None, "registration"),
+             ("SuperNodes (joined)", launched.get("supernode"), last["joined"], "supernode"),
+             ("their SuperExecs", launched.get("superexec"), None, "superexec"),
+             ("the SuperLink's SuperExec", launched.get("superlink's superexec"), None, "superlink's superexec"),
+             ("fork servers (app runtime preloaded)", launched.get("fork server"),
+              max(filter(None, [last["preloaded"], ready.get("superlink preloaded")]), default=None), "fork server"),
+             ("`flwr run` to the first message at a SuperNode", launched.get("flwr run"), row["first_round_s"],
+              "flwr run")]
+
+    def seconds(value):
+        return "-" if value is None else f"{value:.1f}"
+
+    return [[what, seconds(start), seconds(end), str(kinds[kind][0]) if kind in kinds else "1",
+             f"{kinds[kind][1]:.1f}" if kind in kinds else "-"] for what, start, end, kind in lines]
+
+
+def section(rows: list[dict]) -> str:
+    """The start section of the deployment page: before and after side by side, then each label's timeline."""
+    from pages import paragraph, table
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["size"], row["label"]), []).append(row)
+    summary = [[size if size == "embedded" else f"{int(size):,} nodes", label,
+                str(len(runs)), f"{median([r['federation_start_s'] for r in runs]):.1f}",
+                f"{median([r['first_round_s'] for r in runs]):.1f}",
+                f"{median([federation_cpu(r) for r in runs]):.1f}",
+                f"{median([federation_cpu(r) / r['cores'] for r in runs]):.1f}",
+                ", ".join(r["load_average"] for r in runs)] for (size, label), runs in groups.items()]
+    parts = [paragraph(f"`{MEASURE} [--size 20000] --label L --checkout DIR`: one `python -m deploy local` run "
+                       f"({rows[0]['supernodes']} SuperNodes; embedded: `fedkmeans` on karate; 20,000: "
+                       "`fedspectral-plus` exact on the planted partition), stopped when the first message reaches "
+                       "a SuperNode; the checkouts' runs alternate on this shared 2-core machine (load column). "
+                       "Federation start: certificates to every SuperNode joined with its app runtime preloaded "
+                       "(`run-timing.json`); first round: seconds from launch; CPU: every process of the federation "
+                       "until the first round (not `deploy local` itself)."),
+             table(["size", "processes launched", "runs", "federation start s (median)", "first round s (median)",
+                    "federation CPU s (median)", "CPU s / cores", "load"], summary),
+             paragraph("CPU s / cores: the first round's floor on an idle machine when every process runs at once "
+                       "(the federation's own CPU, without `deploy local`'s imports and data cut). Where the "
+                       "processes are launched one after another (SuperLink, then gateway, then the registration, "
+                       "then the SuperNodes, each once the one before serves), the start is the sum of their "
+                       "start-ups; where they are launched at once, each waiting at a gate (a pipe, "
+                       "`deploy/gates.py`) for what it needs, it is bounded by the CPU they need together.")]
+    for (size, label), runs in groups.items():
+        if size == "embedded":
+            parts += [paragraph(f"Timeline of one run, processes launched {label} (load {runs[-1]['load_average']}): "
+                                "seconds from launch, CPU seconds until the first round."),
+                      table(["stage or process", "launched s", "ready s", "processes", "CPU s"], timeline(runs[-1]))]
+    return "\n\n".join(["## Starting a federation", *parts])
 
 
 def main() -> None:
