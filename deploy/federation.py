@@ -370,7 +370,12 @@ class LocalFederation:
             self.await_line("gateway", gateway.READY, "the Fleet gateway", timeout)
             if relay is not None:
                 self.await_line("faults", fault_proxy.READY, "the fault proxy", timeout)
-        finally:  # on an error every process is killed: no gate stays shut on a process that waits
+        except BaseException:  # the SuperNodes are killed with the federation, the registration here
+            if registration is not None and registration.poll() is None:
+                registration.kill()
+                registration.wait()
+            raise
+        finally:  # no gate stays shut on a process that waits
             for gate in node_gates:
                 gate.open()
 
