@@ -285,6 +285,7 @@ def page() -> Path:
                   "and one ClientApp per node and message) share 2 cores."),
         *plain_section(),
         *netns_section(),
+        *start_section(),
     ])
     return write_page("deployment", "Deployment vs simulation", body, "python benchmarks/deployment.py --report")
 
@@ -337,6 +338,14 @@ def in_order(cases: list[dict]) -> list[dict]:
 def own_sets(case: dict) -> str:
     """The settings a case set beyond ``reference=false`` (``-``: the defaults)."""
     return ", ".join(f"`{x}`" for x in case["sets"] if x != NO_REFERENCE) or "-"
+
+
+def start_section() -> list[str]:
+    """Where a federation's start goes (``benchmarks/federation_start.py``), if measured."""
+    import federation_start
+
+    path = RESULTS_DIR / federation_start.RESULTS
+    return [federation_start.section(json.loads(path.read_text())["rows"])] if path.exists() else []
 
 
 def same_settings(case: dict, loopback: dict[str, dict]) -> bool:

@@ -57,13 +57,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from app import registry
 from fedgraphcore.config import ConfigError, parse_assignments
-from fedgraphcore.data import prepare
-from fedgraphcore.data.datasets import absolute_dataset
-from fedgraphcore.data.parties import PARTIES
 from fedgraphcore.errors import FedGraphError
-from fedgraphcore.result import REPORT_FILE, summary_table
 from deploy import faults, submit, superlink
 from deploy.app_versions import app_versions
 from deploy.bundle import stage_app
@@ -90,6 +85,10 @@ def run_local(nodes: int, strategy: str, dataset: str, partitioner: str, sets: l
     is stopped (None: no limit; the run bounds each step with its ``timeout`` key and ends by
     itself). ``netns``: every host in a network namespace
     of its own (:mod:`deploy.netns`), ``latency_ms`` added each way on every SuperNode's link."""
+    from app import registry  # here, not at the top: ``python -m deploy gateway`` needs none of the app
+    from fedgraphcore.data import prepare
+    from fedgraphcore.data.datasets import absolute_dataset
+
     out = out.resolve()
     dataset = absolute_dataset(dataset)  # the ServerApp runs in another folder: a relative path would miss
     shards, result_dir, eval_file = out / "shards", out / "result", out / "eval.npz"
@@ -129,7 +128,9 @@ def run_local_parties(parties: Path, strategy: str, partitioner: str, sets: list
     (``dataset='parties'``, partition id i; ``read``: reader options, ``KEY=VALUE``, as node config
     ``read.KEY``); return the path of its result.json. Each party's files are checked as
     ``python -m app.data.check`` does before anything starts; its labels.csv goes to ``OUT/party-i/run-<run id>``."""
+    from app import registry
     from fedgraphcore.data.check import check_party
+    from fedgraphcore.data.parties import PARTIES
 
     out = out.resolve()
     folders = party_folders(parties)
@@ -165,11 +166,9 @@ def _deploy(out: Path, run_config: dict, node_configs: list[str], timeout: float
         sign_app(app_dir, signing_key, pki / "signatures")
         node_configs = with_members(pki, node_configs)
         with LocalFederation(out, pki, network=network) as federation:
-            federation.start_superlink()
-            federation.start_gateway(pki / "signatures", nodes=len(node_configs))
-            if latency_ms:  # a TCP relay on the SuperLink host: every SuperNode's link delayed each way
-                federation.start_fault_proxy(faults.Faults(latency_s=latency_ms / 1000), http=False)
-            federation.start_configured_nodes(node_configs, trusted_entities=trusted)
+            # latency: a TCP relay on the SuperLink host, every SuperNode's link delayed each way
+            federation.start_federation(pki / "signatures", node_configs, trusted,
+                                        faults.Faults(latency_s=latency_ms / 1000) if latency_ms else None)
             federation.wait_until_ready([f"supernode-{i}" for i in range(len(node_configs))])
             ready = time.monotonic()
             try:
@@ -338,6 +337,8 @@ def _run_command(args) -> None:
     elif args.command == "faults":
         faults.run(args)
     else:
+        from fedgraphcore.result import REPORT_FILE, summary_table
+
         check_options(args.netns, args.latency_ms)
         hosts = {"netns": args.netns, "latency_ms": args.latency_ms}
         out, sets = _local_out(args)

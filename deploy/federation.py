@@ -34,7 +34,7 @@ import psutil
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
 from deploy import faults as fault_proxy
-from deploy import app_processes, flower_shim, gateway
+from deploy import app_processes, flower_shim, gateway, gates
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -151,10 +151,10 @@ class LocalFederation:
 
     # -- processes --------------------------------------------------------------
     def spawn(self, name: str, cmd: list[str], env: Mapping[str, str] | None = None,
-               append: bool = False) -> subprocess.Popen:
+               append: bool = False, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "a" if append else "w")
         proc = subprocess.Popen(self.inside(name, cmd), stdout=log, stderr=subprocess.STDOUT, env=env or self.env,
-                                cwd=self.workdir, start_new_session=True)
+                                cwd=self.workdir, start_new_session=True, pass_fds=pass_fds)
         self.processes[name] = proc
         return proc
 
@@ -167,6 +167,12 @@ class LocalFederation:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start_superlink(self, timeout: float = 120.0) -> None:
+        """Start the SuperLink and return once it serves."""
+        self.launch_superlink()
+        self.await_line("superlink", "Uvicorn running", "SuperLink", timeout)
+
+    def launch_superlink(self) -> None:
+        """Start the SuperLink (:meth:`await_line` ``"Uvicorn running"``: it serves)."""
         cmd = [*flower_command("superlink", self.env), "--port", str(self.port),
                "--disable-runtime-dependency-installation"]
         if self.state_file:
@@ -179,18 +185,19 @@ class LocalFederation:
             cmd += ["--insecure"]
         if self.auth:
             cmd += ["--enable-supernode-auth"]
-        proc = self.spawn("superlink", cmd)
-        deadline = time.monotonic() + timeout
-        while "Uvicorn running" not in self.log("superlink"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"SuperLink did not start:\n{self.log('superlink')[-2000:]}")
-            time.sleep(0.2)
+        self.spawn("superlink", cmd)
 
     def start_gateway(self, signatures: Path, timeout: float = 120.0, nodes: int = 1) -> None:
-        """Start the Fleet gateway on its own port; SuperNodes started afterwards connect to it.
-        ``nodes``: the SuperNodes to come (``--nodes``), which may reach it from its own address
-        (loopback, or a relay in front of it): the gateway gives that address, and only it, the
-        connections of that many (``--shared-address``, at most 8)."""
+        """Start the Fleet gateway on its own port and return once it serves; SuperNodes started
+        afterwards connect to it (``nodes``: :meth:`launch_gateway`)."""
+        self.launch_gateway(signatures, nodes)
+        self.await_line("gateway", gateway.READY, "the Fleet gateway", timeout)
+
+    def launch_gateway(self, signatures: Path, nodes: int = 1) -> None:
+        """Start the Fleet gateway on its own port (it needs no SuperLink to start); SuperNodes
+        started afterwards connect to it. ``nodes``: the SuperNodes to come (``--nodes``), which
+        may reach it from its own address (loopback, or a relay in front of it): the gateway gives
+        that address, and only it, the connections of that many (``--shared-address``, at most 8)."""
         port, host = free_port(), self.network.link_host if self.network else "127.0.0.1"
         cmd = [sys.executable, "-m", "deploy", "gateway", "--listen", f"{host}:{port}",
                "--superlink", self.address, "--ca", str(self.pki / "ca.crt"),
@@ -198,10 +205,15 @@ class LocalFederation:
                "--signatures", str(Path(signatures).resolve()),
                "--nodes", str(max(1, min(nodes, gateway.MOST_NODES))),
                "--shared-address", f"{host}={max(1, min(nodes, 8))}"]
-        self._start_server("gateway", cmd, gateway.READY, "the Fleet gateway", timeout)
+        self.spawn("gateway", cmd)
         self.fleet_address = f"{host}:{port}"
 
     def start_fault_proxy(self, faults: fault_proxy.Faults, timeout: float = 120.0, http: bool = True) -> None:
+        """:meth:`launch_fault_proxy` and return once it serves."""
+        self.launch_fault_proxy(faults, http)
+        self.await_line("faults", fault_proxy.READY, "the fault proxy", timeout)
+
+    def launch_fault_proxy(self, faults: fault_proxy.Faults, http: bool = True) -> None:
         """Put the fault proxy (:mod:`deploy.faults`, HTTP mode, presenting the SuperLink's certificate
         as the gateway does; ``http=False``: a TCP relay, TLS end to end between SuperNode and gateway)
         in front of the Fleet address; SuperNodes started afterwards connect through it. Its fault
@@ -209,14 +221,13 @@ class LocalFederation:
         host, port = self.fleet_address.rpartition(":")[0], free_port()
         tls = (fault_proxy.ProxyTLS(self.pki / "superlink.crt", self.pki / "superlink.key", self.pki / "ca.crt")
                if http else None)
-        self._start_server("faults", fault_proxy.command(f"{host}:{port}", self.fleet_address, faults, tls),
-                           fault_proxy.READY, "the fault proxy", timeout)
+        self.spawn("faults", fault_proxy.command(f"{host}:{port}", self.fleet_address, faults, tls))
         self.fleet_address = f"{host}:{port}"
 
-    def _start_server(self, name: str, cmd: list[str], ready: str, what: str, timeout: float) -> None:
-        """Start process ``name`` and return once its log says ``ready``."""
-        proc = self.spawn(name, cmd)
-        deadline = time.monotonic() + timeout
+    def await_line(self, name: str, ready: str, what: str, timeout: float = 120.0) -> None:
+        """Return once started process ``name``'s log says ``ready`` (a one-line error naming ``what``
+        if it ends first or ``timeout`` seconds pass)."""
+        proc, deadline = self.processes[name], time.monotonic() + timeout
         while ready not in self.log(name):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not start:\n{self.log(name)[-2000:]}")
@@ -225,17 +236,36 @@ class LocalFederation:
     def register(self, *public_keys: Path) -> None:
         """Register SuperNode public keys (only registered SuperNodes may join) with Flower's ``flwr
         supernode register``, all in one process (:mod:`deploy.registration`)."""
-        cmd = [sys.executable, "-m", "deploy.registration", CONNECTION, *(str(key) for key in public_keys)]
-        proc = subprocess.run(self.inside("flwr", cmd), env=self.env, capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0 or proc.stdout.count("registered successfully") != len(public_keys):
-            raise RuntimeError(f"registering {len(public_keys)} SuperNode keys failed:\n{proc.stdout}\n{proc.stderr}")
+        self.registered(self.launch_registration(list(public_keys)), len(public_keys))
+
+    def launch_registration(self, public_keys: list[Path], gate: gates.Gate | None = None) -> subprocess.Popen:
+        """Start :meth:`register`'s process (``gate``: it registers once the gate is opened)."""
+        cmd = self.inside("flwr", [sys.executable, "-m", "deploy.registration", CONNECTION,
+                                   *(str(key) for key in public_keys)])
+        env, fds = ({**self.env, **gate.environ()}, (gate.read_end,)) if gate else (self.env, ())
+        proc = subprocess.Popen(cmd, env=env, pass_fds=fds, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if gate:
+            gate.handed_over()
+        return proc
+
+    def registered(self, proc: subprocess.Popen, count: int, timeout: float = 300.0) -> None:
+        """Return once the registration ``proc`` registered ``count`` keys (a RuntimeError otherwise)."""
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        if proc.returncode != 0 or out.count("registered successfully") != count:
+            raise RuntimeError(f"registering {count} SuperNode keys failed:\n{out}\n{err}")
 
     def start_supernode(self, name: str, shard: Path | None, *, private_key: Path | None = None,
                         root_certificates: Path | None = None, node_config: str | None = None,
-                        trusted_entities: Path | None = None) -> subprocess.Popen:
+                        trusted_entities: Path | None = None,
+                        gate: gates.Gate | None = None) -> subprocess.Popen:
         """Start Flower's SuperNode (through :mod:`deploy.flower_shim` unless it is switched off); it
         stops reconnecting ``superlink_wait_s`` seconds after losing the SuperLink (Flower logs
-        "Giving up reconnection after ... seconds")."""
+        "Giving up reconnection after ... seconds"). ``gate`` (the shim on): it joins once the gate
+        is opened (:func:`deploy.flower_shim.join_after_gate`)."""
         cmd = [*flower_command("supernode", self.env), "--superlink", self.fleet_address, "--port", str(free_port()),
                "--max-wait-time", repr(float(self.superlink_wait_s))]
         cmd += ["--root-certificates", str(root_certificates)] if root_certificates else ["--insecure"]
@@ -246,7 +276,11 @@ class LocalFederation:
         config = node_config if node_config is not None else f"shard='{Path(shard).resolve()}'"
         cmd += ["--node-config", config]
         self.commands[name] = cmd
-        return self.spawn(name, cmd)
+        if gate is None:
+            return self.spawn(name, cmd)
+        proc = self.spawn(name, cmd, env={**self.env, **gate.environ()}, pass_fds=(gate.read_end,))
+        gate.handed_over()
+        return proc
 
     def restart_supernode(self, name: str, timeout: float = REJOIN_S + 60.0, first_wait_s: float = 2.0) -> int:
         """Start SuperNode ``name`` again with its command and key (after it was killed) and return once it
@@ -287,12 +321,63 @@ class LocalFederation:
         text, e.g. ``data='/abs/party-0' out-dir='/abs/out-0'``), running only apps signed by a
         key in ``trusted_entities``, when given."""
         if self.auth:
-            self.register(*(self.pki / f"supernode-{i}.pub" for i in range(len(node_configs))))
-        for i, node_config in enumerate(node_configs):
+            self.register(*self._node_keys(len(node_configs)))
+        self._launch_nodes(node_configs, trusted_entities, gated=False)
+
+    def _node_keys(self, count: int) -> list[Path]:
+        return [self.pki / f"supernode-{i}.pub" for i in range(count)]
+
+    def _launch_nodes(self, node_configs: list[str], trusted_entities: Path | None,
+                      gated: bool) -> list[gates.Gate]:
+        """Start SuperNode i with node config i (``gated``: each behind a gate of its own, returned)."""
+        node_gates = [gates.Gate() if gated else None for _ in node_configs]
+        for i, (node_config, gate) in enumerate(zip(node_configs, node_gates)):
             key = self.pki / f"supernode-{i}" if self.auth else None
             root = self.pki / "ca.crt" if self.pki else None
             self.start_supernode(f"supernode-{i}", None, private_key=key, root_certificates=root,
-                                 node_config=node_config, trusted_entities=trusted_entities)
+                                 node_config=node_config, trusted_entities=trusted_entities, gate=gate)
+        return [gate for gate in node_gates if gate is not None]
+
+    def start_federation(self, signatures: Path, node_configs: list[str], trusted_entities: Path | None = None,
+                         relay: fault_proxy.Faults | None = None, timeout: float = 120.0) -> None:
+        """The SuperLink, the Fleet gateway (with ``relay``, a TCP relay adding its faults in front of
+        it), the registration of the SuperNodes' keys and one SuperNode per node config (as
+        :meth:`start_configured_nodes`), all started at once: each imports its code while the others
+        start, then waits at its gate (:mod:`deploy.gates`): the registration until the SuperLink
+        serves, each SuperNode (having started its SuperExec) until its key is registered and the
+        gateway serves. Plain Flower (the shim off) cannot wait so: then one after the other."""
+        if not flower_shim.enabled(self.env):
+            self.start_superlink(timeout)
+            self.start_gateway(signatures, timeout, nodes=len(node_configs))
+            if relay is not None:
+                self.start_fault_proxy(relay, timeout, http=False)
+            self.start_configured_nodes(node_configs, trusted_entities)
+            return
+        self.launch_superlink()
+        self.launch_gateway(signatures, nodes=len(node_configs))
+        if relay is not None:
+            self.launch_fault_proxy(relay, http=False)
+        keys, registration_gate = self._node_keys(len(node_configs)) if self.auth else [], gates.Gate()
+        registration = self.launch_registration(keys, registration_gate) if keys else None
+        node_gates = [registration_gate, *self._launch_nodes(node_configs, trusted_entities, gated=True)]
+        try:
+            self.await_line("superlink", "Uvicorn running", "SuperLink", timeout)
+            registration_gate.open()
+            if registration is not None:
+                self.registered(registration, len(keys))
+            else:
+                registration_gate.handed_over()  # nothing to register: nobody holds its read end
+            self.await_line("gateway", gateway.READY, "the Fleet gateway", timeout)
+            if relay is not None:
+                self.await_line("faults", fault_proxy.READY, "the fault proxy", timeout)
+        except BaseException:  # the SuperNodes are killed with the federation, the registration here
+            if registration is not None and registration.poll() is None:
+                registration.kill()
+                registration.wait()
+            raise
+        finally:  # no gate stays shut on a process that waits
+            for gate in node_gates:
+                gate.open()
 
     def wait_until_ready(self, names: list[str], timeout: float = 300.0) -> None:
         """Return once every SuperNode of ``names`` has joined the federation and, with the shim

@@ -66,6 +66,7 @@ from types import ModuleType
 from fedgraphcore.quiet import plain_console
 from deploy.app_processes import (REPLY_SIGNALS_SETTING, fork_serverapps, patch_executor, patch_serverapp,
                                    short_object_polls, signal_reply, wait_until_preloaded)
+from deploy import gates
 from deploy.app_versions import enforce as enforce_app_versions
 from deploy.fleet_pulls import hold_empty_pulls
 from deploy.plain_asgi import patch_superlink_app, patch_supernode_app
@@ -207,6 +208,25 @@ class TaskPipe:
         _through_shim(module, "flower-superexec", role, pass_fds=(self.read_end,),
                       env={**os.environ, TASK_PIPE_SETTING: str(self.read_end), TASK_POLL_SETTING: str(TASK_POLL_S),
                            **environ})
+
+
+def join_after_gate(module: ModuleType, environ=os.environ) -> None:
+    """Make ``module`` (``flwr.supernode.start_client_internal``) open its connection to the Fleet
+    API (``_init_connection``, after Flower has started the runtime API and the SuperExec) only once
+    the SuperNode's gate (:mod:`deploy.gates`) is opened; without a gate, at once, as Flower does.
+    Only the SuperNode holds the gate (not its SuperExec or ClientApps)."""
+    init_connection = module._init_connection
+    gate = gates.taken(environ)
+    if gate is None:
+        return
+
+    def init_connection_once_open(*args, **kwargs):
+        nonlocal gate
+        gates.pass_through(gate)
+        gate = None
+        return init_connection(*args, **kwargs)
+
+    module._init_connection = init_connection_once_open
 
 
 def command(role: str) -> list[str]:
@@ -356,6 +376,7 @@ def _patch(role: str) -> None:
         survive_error_statuses(module("flwr.supernode.fleet_http_connection"))
         patch_supernode_app(module("flwr.supernode.main"))
         enforce_app_versions(module("flwr.supernode.cli.flower_supernode"), module("flwr.supernode.start_client_internal"))
+        join_after_gate(module("flwr.supernode.start_client_internal"))
     else:
         wait_until_preloaded(patch_executor(module("flwr.supercore.superexec.executor.subprocess_executor")))
         wake_on_tasks(module("flwr.supercore.superexec.run_superexec"))
@@ -379,6 +400,7 @@ def run_plain(role: str, argv: list[str], why: str) -> None:
     (a member's node keeps running whatever Flower it has)."""
     command = COMMANDS[role]
     print(f"deploy.flower_shim: {why}; running plain {command}", file=sys.stderr, flush=True)
+    gates.pass_through(gates.taken())  # plain Flower joins at once: not before the starting process lets it
     os.execv(str(Path(sys.executable).parent / command), [command, *argv])
 
 

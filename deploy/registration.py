@@ -4,12 +4,15 @@
 supernode register KEY.pub CONNECTION`` once per key in this one interpreter: a ``flwr`` process
 costs about 1.5 s of CPU to start, so registering four keys one process each cost six. It prints
 what Flower prints, and for a key Flower did not register one line ``not registered: KEY.pub
-(why)``; the exit code is 1 when any key was not registered, else 0.
+(why)``; the exit code is 1 when any key was not registered, else 0. Started with a gate
+(:mod:`deploy.gates`), it imports Flower's CLI, then waits at the gate before it registers.
 """
 
 from __future__ import annotations
 
 import sys
+
+from deploy import gates
 
 NOT_REGISTERED = "not registered"
 
@@ -32,6 +35,9 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: python -m deploy.registration CONNECTION KEY.pub ...", file=sys.stderr)
         return 2
+    from flwr.cli.app import app  # noqa: F401 - imported while the SuperLink starts, before its gate opens
+
+    gates.pass_through(gates.taken())
     failed = 0
     for key in argv[1:]:
         why = register(argv[0], key)

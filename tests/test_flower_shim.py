@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HANG_GUARD_S
-from deploy import app_processes, flower_resilience, flower_shim
+from deploy import app_processes, flower_resilience, flower_shim, gates
 from deploy.federation import BIN, flower_command
 
 SUPERNODE = importlib.import_module("flwr.supernode.start_client_internal")
@@ -34,6 +35,8 @@ def test_the_patched_names_and_waits_are_the_pinned_flowers():
     assert f"time.sleep({flower_shim.FLOWER_IDLE_POLL_S})" in loop  # the idle wait after an empty pull
     assert "_pull_and_store_message(" in loop and "_push_messages(" in loop
     assert 'command = ["flower-superexec"]' in loop and "subprocess.Popen(command)" in loop
+    # a gated SuperNode has started its SuperExec when it waits to join
+    assert loop.index("subprocess.Popen(command)") < loop.index("with _init_connection(")
     assert f"time.sleep({flower_shim.FLOWER_REPLY_POLL_S})" in inspect.getsource(SUPERNODE._push_messages)
     assert inspect.signature(SUPERNODE._pull_and_store_message).return_annotation in ("int | None", int | None)
     assert EXECUTOR.subprocess is subprocess
@@ -151,6 +154,32 @@ def test_patched_supernode_polls_soon_after_a_message_and_starts_the_shims_super
     assert superexec["env"][flower_shim.TASK_POLL_SETTING] == str(flower_shim.TASK_POLL_S)
     assert superexec["pass_fds"] == (int(superexec["env"][flower_shim.TASK_PIPE_SETTING]),)
     assert module.started_with[1] == {}
+
+
+def test_a_gated_supernode_joins_once_its_gate_is_opened_or_its_starter_is_gone():
+    for let_go in ("open", "starter gone"):
+        module, joined = types.ModuleType("fake_supernode"), []
+        module._init_connection = lambda *args, **kwargs: joined.append(args)
+        gate, environ = gates.Gate(), {}
+        environ.update(gate.environ())
+        flower_shim.join_after_gate(module, environ)
+        assert environ == {} and not os.get_inheritable(gate.read_end)  # its SuperExec does not hold the gate
+        joining = threading.Thread(target=module._init_connection, args=("fleet",))
+        joining.start()
+        joining.join(0.05)
+        assert joining.is_alive() and joined == []  # waits at the gate, however long
+        if let_go == "open":
+            gate.open()
+        else:
+            os.close(gate.write_end)
+        joining.join(HANG_GUARD_S)
+        assert joined == [("fleet",)]
+        module._init_connection("again")  # a reconnection does not wait again
+        assert joined == [("fleet",), ("again",)]
+    plain = types.ModuleType("fake_supernode")
+    plain._init_connection = connect = object()
+    flower_shim.join_after_gate(plain, {})
+    assert plain._init_connection is connect  # no gate: Flower's own
 
 
 def test_a_superexec_asks_for_a_task_as_soon_as_its_supernode_has_one():
