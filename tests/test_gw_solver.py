@@ -54,6 +54,23 @@ def test_a_capped_iteration_is_pots_capped_iteration_and_bounds_the_converged_va
                 assert gw_ldp.gw_pair(c1, c2, max_iter=cap) >= converged
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_a_matrix_solving_equal_sizes_in_stacks_gives_each_pairs_own_values_bit_for_bit(alpha):
+    rng = np.random.default_rng(7)
+    if alpha < 1:  # merged class-score spaces of few sizes, one of a single point
+        spaces = [gw_ldp.embedding_space(rng.dirichlet(np.ones(2), int(n)), features=True, decimals=1)
+                  for n in rng.integers(2, 9, 13)] + [gw_ldp.embedding_space(np.full((4, 2), 0.5), features=True)]
+    else:  # shortest paths: integer distances, where the linear programs tie
+        spaces = [gw_ldp.shortest_path_matrix(random_graph(rng, int(n))) for n in rng.choice([6, 7, 9], 14)]
+    items = [s if isinstance(s, tuple) else (s, np.full(len(s), 1 / len(s)), None) for s in spaces]
+    assert len({len(s[1]) for s in items}) < 8  # stacks of several pairs
+    with threadpool_limits(limits=1):
+        for cap in (MATRIX_CG_ITERATIONS, 10_000):
+            d = gw_ldp.gw_matrix(spaces, workers=1, max_iter=cap, alpha=alpha)
+            assert all(d[i, j] == gw_ldp.gw_pair(a[0], b[0], a[1], b[1], cap, a[2], b[2], alpha)
+                       for i, a in enumerate(items) for j, b in enumerate(items) if i < j)
+
+
 def test_the_run_config_defaults_to_the_capped_matrix_and_an_unknown_solver_is_refused():
     defaults = {p.key: p.default for p in gw_ldp.GWLDPConfig.params()}
     assert defaults["gw-ldp.gw-max-iter"] == MATRIX_CG_ITERATIONS

@@ -7,19 +7,24 @@ rows rounded to ``decimals`` first, :func:`merge_duplicates`) or all-pairs short
 weights, POT's conditional gradient (square loss) for every pair
 (:func:`gw_matrix`): :func:`fedgraphcore.protocols.gw_ldp.solver.cg_discrepancy`, the value
 ``ot.gromov.gromov_wasserstein2`` gives with the same ``max_iter``, bit for bit, in a
-fraction of its time (``solver="pot"`` calls POT itself). Every process runs its linear
+fraction of its time (``solver="pot"`` calls POT itself). The matrix solves pairs of spaces
+of equal sizes together, as stacks (:func:`~fedgraphcore.protocols.gw_ldp.solver.cg_discrepancies`,
+the same values), with each space's own terms computed once. Every process runs its linear
 algebra on one thread, so a pair's value does not depend on the number of workers.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
-from .solver import GW_SOLVERS, cg_discrepancy
+from .solver import GW_SOLVERS, cg_discrepancies, cg_discrepancy, constant_terms
+
+#: entries (pairs x points x points) of one stack of equal-shape pairs the matrix solves together
+STACK_ENTRIES = 1 << 16
 
 
 def intra_distance(h: np.ndarray) -> np.ndarray:
@@ -108,6 +113,15 @@ def feature_cost(x1: np.ndarray, x2: np.ndarray) -> np.ndarray:
     return np.maximum(c, 0)
 
 
+def feature_costs(x1: np.ndarray, x2: np.ndarray, norms1: np.ndarray, norms2: np.ndarray) -> np.ndarray:
+    """:func:`feature_cost` of each pair of a stack, ``x1`` ``(B, n, d)``, ``x2`` ``(B, k, d)``, with
+    their rows' squared norms ``norms1``, ``norms2`` (each space's own ``einsum``): the same values."""
+    c = -2 * np.matmul(x1, x2.transpose(0, 2, 1))
+    c += norms1[:, :, None]
+    c += norms2[:, None, :]
+    return np.maximum(c, 0)
+
+
 def gw_pair(c1: np.ndarray, c2: np.ndarray, p=None, q=None, max_iter: int = 10_000,
             x1=None, x2=None, alpha: float = 1.0, solver: str = "cg") -> float:
     """GW discrepancy (square loss; uniform node weights unless ``p``/``q``
@@ -141,18 +155,51 @@ def gw_pair(c1: np.ndarray, c2: np.ndarray, p=None, q=None, max_iter: int = 10_0
                                                      alpha=float(alpha), max_iter=max_iter))
 
 
+class _Space(NamedTuple):
+    """A distinct space of a matrix and what it contributes to every pair it is in, computed once."""
+
+    c: np.ndarray
+    w: np.ndarray
+    x: np.ndarray | None
+    column: np.ndarray  # constC's term as a pair's first space (:func:`constant_terms`)
+    row: np.ndarray  # ... and as its second
+    norms: np.ndarray | None  # its features' squared norms (:func:`feature_cost`)
+
+
+def _space(c: np.ndarray, w: np.ndarray, x: np.ndarray | None) -> _Space:
+    return _Space(c, w, x, *constant_terms(c, w), None if x is None else np.einsum("ij,ij->i", x, x))
+
+
 _POOL_SPACES: list = []
 
 
+def _stack_values(stack: list, max_iter: int, alpha: float, solver: str) -> list[tuple[int, int, float]]:
+    """``(i, j, GW)`` of a stack of pairs whose spaces have equal sizes: POT per pair (``solver="pot"``)
+    or :func:`cg_discrepancies` on the whole stack."""
+    sp_ = _POOL_SPACES
+    if solver != "cg":
+        return [(i, j, gw_pair(sp_[i].c, sp_[j].c, sp_[i].w, sp_[j].w, max_iter, sp_[i].x, sp_[j].x, alpha, solver))
+                for i, j in stack]
+    first, second = [sp_[i] for i, _ in stack], [sp_[j] for _, j in stack]
+
+    def stacked(spaces: list, field: str) -> np.ndarray:
+        return np.stack([getattr(s, field) for s in spaces])
+
+    m = None if alpha >= 1.0 else feature_costs(stacked(first, "x"), stacked(second, "x"),
+                                                 stacked(first, "norms"), stacked(second, "norms"))
+    const = stacked(first, "column") + stacked(second, "row")
+    values = cg_discrepancies(stacked(first, "c"), stacked(second, "c"), stacked(first, "w"), stacked(second, "w"),
+                              const, m, alpha, max_iter)
+    return [(i, j, v) for (i, j), v in zip(stack, values.tolist())]
+
+
 def _gw_chunk(args) -> list[tuple[int, int, float]]:
-    """The values of a chunk of pairs, on one BLAS thread (the same arithmetic in every process)."""
+    """The values of a chunk of stacks, on one BLAS thread (the same arithmetic in every process)."""
     from threadpoolctl import threadpool_limits
 
-    pairs, max_iter, alpha, solver = args
-    sp_ = _POOL_SPACES
+    stacks, max_iter, alpha, solver = args
     with threadpool_limits(limits=1):
-        return [(i, j, gw_pair(sp_[i][0], sp_[j][0], sp_[i][1], sp_[j][1], max_iter, sp_[i][2], sp_[j][2], alpha,
-                               solver)) for i, j in pairs]
+        return [r for stack in stacks for r in _stack_values(stack, max_iter, alpha, solver)]
 
 
 def _pool_init(spaces) -> None:
@@ -206,24 +253,26 @@ def gw_matrix(spaces: Sequence, workers: int = 2, max_iter: int = 10_000,
     features)`` (needed for fused GW, ``alpha < 1``, see :func:`gw_pair`).
     Items with identical spaces get 0 (the exact value) and each distinct pair
     of spaces is solved once with :func:`gw_pair` (``solver``), in ``workers``
-    processes (0 = all cores); pairs are dealt to the workers in
-    cost-balanced chunks, and the matrix is the same for every ``workers``. The pool is terminated on any exception,
+    processes (0 = all cores); pairs of spaces of equal sizes are solved in
+    stacks (:func:`_stacks`), dealt to the workers in cost-balanced chunks,
+    and the matrix is the same for every ``workers``. The pool is terminated on any exception,
     Ctrl-C or SIGTERM, and its workers die with the parent. ``stats``
     (optional dict) receives ``pairs``, ``distinct_spaces`` and
     ``solved_pairs``.
     """
     items = [_as_item(s, alpha) for s in spaces]
     uniq, which = _distinct(items)
+    uniq = [_space(*item) for item in uniq]
     u = len(uniq)
     small = np.zeros((u, u))
     iu, ju = np.triu_indices(u, k=1)
     if stats is not None:
         stats.update({"pairs": len(items) * (len(items) - 1) // 2, "distinct_spaces": u, "solved_pairs": int(iu.size)})
     if iu.size:
-        sizes = np.array([c.shape[0] for c, _, _ in uniq], dtype=np.float64)
+        sizes = np.array([s.c.shape[0] for s in uniq], dtype=np.int64)
         order = np.argsort(-(sizes[iu] * sizes[ju]), kind="stable")
-        pairs = list(zip(iu[order].tolist(), ju[order].tolist()))
-        for i, j, v in _solve(uniq, pairs, workers, max_iter, alpha, solver):
+        stacks = _stacks(sizes, zip(iu[order].tolist(), ju[order].tolist()))
+        for i, j, v in _solve(uniq, stacks, workers, max_iter, alpha, solver):
             small[i, j] = small[j, i] = v
     return small[np.ix_(which, which)]
 
@@ -256,18 +305,31 @@ def _distinct(items: list) -> tuple[list, np.ndarray]:
     return uniq, which
 
 
-def _solve(uniq: list, pairs: list, workers: int, max_iter: int, alpha: float,
+def _stacks(sizes: np.ndarray, pairs) -> list[list[tuple[int, int]]]:
+    """``pairs`` (largest first) grouped by the sizes of their two spaces into stacks of at most
+    :data:`STACK_ENTRIES` entries (one pair at least), the most costly stacks first."""
+    groups: dict[tuple[int, int], list] = {}
+    for i, j in pairs:
+        groups.setdefault((int(sizes[i]), int(sizes[j])), []).append((i, j))
+    stacks = []
+    for (n, k), group in groups.items():
+        step = max(1, STACK_ENTRIES // (n * k))
+        stacks += [(len(group[s:s + step]) * n * k, group[s:s + step]) for s in range(0, len(group), step)]
+    return [stack for _, stack in sorted(stacks, key=lambda cs: -cs[0])]
+
+
+def _solve(uniq: list, stacks: list, workers: int, max_iter: int, alpha: float,
            solver: str) -> list[tuple[int, int, float]]:
-    """``(i, j, GW)`` of every pair, in this process for few pairs or one worker, else in a
-    pool of ``workers`` processes (0 = all cores) fed cost-balanced chunks."""
+    """``(i, j, GW)`` of every pair of ``stacks``, in this process for few pairs or one worker, else
+    in a pool of ``workers`` processes (0 = all cores) fed cost-balanced chunks of stacks."""
     global _POOL_SPACES
     workers = int(workers) or (os.cpu_count() or 1)
-    if workers <= 1 or len(pairs) < 256:
+    if workers <= 1 or sum(map(len, stacks)) < 256:
         _POOL_SPACES = uniq
-        return _gw_chunk((pairs, max_iter, alpha, solver))
+        return _gw_chunk((stacks, max_iter, alpha, solver))
     import multiprocessing as mp
 
     chunks = workers * 16
-    parts = [(pairs[c::chunks], max_iter, alpha, solver) for c in range(chunks)]
+    parts = [(stacks[c::chunks], max_iter, alpha, solver) for c in range(chunks)]
     with _TermAsInterrupt(), mp.get_context("fork").Pool(workers, _pool_init, (uniq,)) as pool:
         return [r for part in pool.imap_unordered(_gw_chunk, parts) for r in part]
