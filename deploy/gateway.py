@@ -109,6 +109,7 @@ from google.protobuf.message import DecodeError
 from deploy.gateway_limits import HANDSHAKES_PER_S, Arrivals, LogBudget, Members, Quota, Slot, Slots, client_of
 from deploy.redelivery import ACTIVATE, CONFIRM, PULL_MESSAGES, PUSH_MESSAGES, Activations, Deliveries
 from deploy.signing import verifications
+from deploy.upstream import UpstreamTransport
 
 #: the gateway's log line once it accepts connections
 READY = "Fleet gateway: serving"
@@ -288,9 +289,9 @@ class FleetGateway:
         self.urls = {target: f"https://{superlink}{target.decode('ascii')}" for target in FLEET_ENDPOINTS}
         self.signatures, self.tls = Path(signatures), tls
         self.client = httpx.AsyncClient(
-            verify=ssl.create_default_context(cafile=str(ca_cert)), timeout=UPSTREAM_TIMEOUT_S,
-            limits=httpx.Limits(max_connections=max_connections, keepalive_expiry=UPSTREAM_KEEPALIVE_S),
-            follow_redirects=False, trust_env=False)  # trust_env: no proxy from the environment
+            transport=UpstreamTransport(ssl.create_default_context(cafile=str(ca_cert)), httpx.Limits(
+                max_connections=max_connections, keepalive_expiry=UPSTREAM_KEEPALIVE_S)),
+            timeout=UPSTREAM_TIMEOUT_S, follow_redirects=False, trust_env=False)  # trust_env: no proxy from the environment
         self.connections = Slots(max_connections, max_client_connections, shared)
         self.arrivals = Arrivals(max_client_connections, shared=shared)
         self.bodies = Quota(body_budget, client_body_budget, "bytes of request bodies")  # by registered node
