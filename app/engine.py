@@ -10,11 +10,12 @@ minutes. Here:
 * Ray is started before the engine, with the engine's own settings (Flower's
   ``RayBackend`` starts it; the engine then finds it running), and a start that fails is
   tried once more after ``ray.shutdown()``: a node that timed out during start-up on a
-  busy machine usually starts the second time. Ray stays up after a run that did not fail
-  (Flower's engine ends it after every run), and the next run of the process uses it
-  again while the environment is the same: :func:`app.api.cluster` called again, a test
-  suite. Each of Ray's worker processes imports the ClientApp's modules as it starts
-  (:func:`preload_worker`), so a simulated client's first message does not wait for them.
+  busy machine usually starts the second time. Ray and the run's ClientApp actors stay up
+  after a run that did not fail (Flower's engine ends both after every run), and the next
+  run of the process uses them again while the environment is the same: :func:`app.api.cluster`
+  called again, a test suite (a run on kept actors starts no process). Each of Ray's worker
+  processes imports the ClientApp's modules as it starts (:func:`preload_worker`), so a
+  simulated client's first message does not wait for them.
 * The ServerApp talks to its clients through a :class:`WatchedGrid`: once the engine
   has failed, every grid call raises :class:`EngineStopped`, so the ServerApp thread
   ends at its next call instead of at its timeout; the engine's failure is raised as
@@ -74,6 +75,9 @@ VCE_API = "flwr.server.superlink.fleet.vce.vce_api"
 #: shared-memory object store (Ray's default is 100 KiB): a ClientApp's context and message travel
 #: with every simulated message, and the store costs them ~10 ms each way
 INLINE_OBJECT_BYTES = 2**20
+#: variables a library sets in its own process as it loads, whatever the environment: torch's cache folder
+#: (set on the first import of ``torch._dynamo``, e.g. by PyG); no reason to start Ray afresh
+SELF_SET_ENV = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 SERVER_STOP_S = 300.0  # bound on the wait for the ServerApp thread after a failure; it ends at its next grid call
 
 
@@ -194,6 +198,7 @@ def load_shipped(ref):
     if key not in SHIPPED:
         import ray
 
+        SHIPPED.clear()  # an actor kept between runs keeps the current run's loader only
         SHIPPED[key] = ray.get(ref)
     return SHIPPED[key]()
 
@@ -212,10 +217,10 @@ def ray_backend_per_message() -> None:
 
     if getattr(RayBackend.build, "ships_once", False):
         return
-    build, init_ray = RayBackend.build, RayBackend.init_ray
+    init_ray = RayBackend.init_ray
 
     def build_shipping_once(self, app_fn) -> None:
-        build(self, app_fn)
+        self.pool = actor_pool(self.client_resources, self.actor_kwargs)
         self.app_fn = ShippedOnce(app_fn)
 
     def init_ray_inlining(self, backend_config) -> None:
@@ -225,6 +230,21 @@ def ray_backend_per_message() -> None:
 
     build_shipping_once.ships_once = True
     RayBackend.build, RayBackend.init_ray = build_shipping_once, init_ray_inlining
+
+
+def actor_pool(client_resources: dict, actor_kwargs: dict):
+    """Flower's pool of ClientApp actors for a run (``RayBackend.build``'s): the actors the last run
+    of this process left (:func:`keep_ray_between_runs`), topped up to the pool's capacity with new ones.
+    A kept actor's process has imported the ClientApp's modules and its first message no longer waits
+    for them; it keeps nothing of a run but the run's loader (:func:`load_shipped`)."""
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool, ClientAppActor
+
+    pool = BasicActorPool(actor_type=ClientAppActor, client_resources=client_resources, actor_kwargs=actor_kwargs)
+    kept, _Ray.actors = _Ray.actors[:pool.actors_capacity], []
+    pool.pool.extend(kept)
+    pool.num_actors = len(kept)
+    pool.add_actors_to_pool(pool.actors_capacity - len(kept))
+    return pool
 
 
 def speed_up_runtime() -> None:
@@ -319,9 +339,16 @@ class _Ray:
     processes started with (a new actor inherits Ray's, not this process's), None when none runs."""
 
     environment: dict | None = None
+    #: the idle ClientApp actors the last run left, for the next (:func:`actor_pool`)
+    actors: list = []
     #: the folder of its session files (logs, sockets), removed when it ends (Ray's default, /tmp/ray,
     #: keeps every session)
     temp_dir: str | None = None
+
+
+def environment() -> dict:
+    """This process's environment as a Ray started now would pass it on, less :data:`SELF_SET_ENV`."""
+    return {key: value for key, value in os.environ.items() if key not in SELF_SET_ENV}
 
 
 def start_ray(config: dict) -> None:
@@ -332,7 +359,7 @@ def start_ray(config: dict) -> None:
     import ray
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-    if ray.is_initialized() and _Ray.environment == dict(os.environ):
+    if ray.is_initialized() and _Ray.environment == environment():
         return
     stop_ray()
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
@@ -342,7 +369,7 @@ def start_ray(config: dict) -> None:
         ray.init = _preloading_workers(init)
         try:
             RayBackend(own_folder)  # starts Ray; the engine's own backend finds it running
-            _Ray.environment = dict(os.environ)  # Flower's start sets PYTHONPATH: after it
+            _Ray.environment = environment()  # Flower's start sets PYTHONPATH: after it
             return
         except Exception as err:  # Ray raises bare Exceptions, e.g. "node timed out during startup"
             stop_ray()  # processes a failed start left behind
@@ -379,7 +406,7 @@ def stop_ray() -> None:
     import ray
 
     ray.shutdown()
-    _Ray.environment = None
+    _Ray.environment, _Ray.actors = None, []
     if _Ray.temp_dir is not None:
         shutil.rmtree(_Ray.temp_dir, ignore_errors=True)
         _Ray.temp_dir = None
@@ -395,9 +422,10 @@ atexit.register(_stop_kept_ray)
 
 
 def keep_ray_between_runs() -> None:
-    """Make Flower's ``RayBackend.terminate``, called at the end of every simulation, end the
-    run's actors and leave Ray running (Flower's also ends Ray) for :func:`start_ray` to use
-    again; Ray ends itself when the process exits. Idempotent."""
+    """Make Flower's ``RayBackend.terminate``, called at the end of every simulation (after its
+    workers have ended, so no actor is busy), leave Ray and the run's idle actors running (Flower's
+    ends both) for :func:`start_ray` and :func:`actor_pool` to use again; Ray ends them when the
+    process exits. Idempotent."""
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
     if getattr(RayBackend.terminate, "keeps_ray", False):
@@ -405,7 +433,7 @@ def keep_ray_between_runs() -> None:
 
     def terminate(self) -> None:
         if self.pool:
-            self.pool.terminate_all_actors()
+            _Ray.actors = list(self.pool.pool)
 
     terminate.keeps_ray = True
     RayBackend.terminate = terminate

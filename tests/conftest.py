@@ -31,6 +31,27 @@ RUN_GUARD_S = 3600.0
 
 #: markers that make a test an integration test (``make test-integration``, which CI runs too)
 INTEGRATION_KINDS = ("simulation", "deployment")
+#: how a test module applies a marker of an integration test: by its name, in the module
+#: (tests/test_architecture.py holds every test module to it)
+INTEGRATION_MARK = re.compile(r"\bmark\.(?:integration|" + "|".join(INTEGRATION_KINDS) + r")\b")
+
+
+def only_integration_selected(config) -> bool:
+    """The ``-m`` expression selects integration tests only: ``integration``, alone or in a conjunction
+    (``make test-integration``'s ``integration and not slow``)."""
+    expr = " ".join((config.getoption("markexpr") or "").split())
+    return expr == "integration" or (expr.startswith("integration and ") and " or " not in f" {expr} ")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A test module that applies no integration marker is not collected when only integration tests
+    are selected: it holds none, and every xdist worker would import it (half the CPU a worker spends
+    collecting for ``make test-integration``)."""
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+            and only_integration_selected(config)
+            and not INTEGRATION_MARK.search(collection_path.read_text(encoding="utf-8"))):
+        return True
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -260,6 +261,19 @@ def test_the_client_app_module_loads_without_torch_sklearn_or_matplotlib():
 
 
 # -- (e) small functions ------------------------------------------------------------------------
+def test_an_integration_marker_is_applied_where_it_is_named():
+    """``make test-integration`` collects only the test modules that name an integration marker
+    (conftest.pytest_ignore_collect): each is a decorator, ``pytestmark`` or a ``marks=`` of the module
+    that names it, never a name another module imports."""
+    from conftest import INTEGRATION_MARK
+
+    applied = re.compile(r"^\s*(@pytest\.mark\.|pytestmark = )|marks=|item\.add_marker\(")
+    misused = [f"{path.name}:{number}: {line.strip()}" for path in sorted((ROOT / "tests").glob("*.py"))
+               for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               if INTEGRATION_MARK.search(line) and not applied.search(line)]
+    assert misused == []
+
+
 def test_no_function_is_longer_than_50_lines():
     offenders = long_functions(python_files("fedgraphcore", "app", "strategies", "clients"))
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines: " + "; ".join(offenders)

@@ -421,24 +421,6 @@ def test_a_split_or_cluster_count_the_data_does_not_allow_stops_before_any_clien
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.simulation
-def test_simulation_reports_a_run_time_config_error_and_writes_no_result(tmp_path, monkeypatch):
-    """Flower's simulation engine only logs the ServerApp's error (which runs in this process,
-    the clients in Ray's); run_experiment raises it, and no result.json appears. (An earlier
-    result in the out-dir is refused before the run: test_cli_refuses_an_out_dir_that_holds_a_result...)"""
-    from app.run import run_experiment
-    from strategies.fedkmeans import FedKMeans
-
-    def refuse(self, session):
-        raise ConfigError("found only once the run started")
-
-    monkeypatch.setattr(FedKMeans, "run", refuse)
-    with pytest.raises(ConfigError, match="^found only once the run started$"):
-        run_experiment("fedkmeans", "karate", 2, {}, tmp_path / "r", engine="simulation")
-    assert not (tmp_path / "r" / "result.json").exists()
-
-
-
 def test_cli_warns_about_settings_nothing_reads(tmp_path, capsys):
     from app.run import main
 

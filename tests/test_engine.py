@@ -142,7 +142,8 @@ def test_a_ray_start_that_fails_once_is_retried_and_the_run_completes(monkeypatc
 
 def test_a_ray_started_for_a_run_serves_the_next_while_the_environment_is_the_same(monkeypatch):
     """Flower's backend ends Ray after every run; kept here, a second run in the process starts no
-    Ray, and one whose environment changed (new actors inherit Ray's) starts it afresh. Each Ray keeps
+    Ray (torch's setting its own cache folder is no change), and one whose environment changed (new
+    actors inherit Ray's) starts it afresh. Each Ray keeps
     its session files in a folder of its own, removed when it ends."""
     import ray
     from flwr.server.superlink.fleet.vce.backend import raybackend
@@ -159,6 +160,7 @@ def test_a_ray_started_for_a_run_serves_the_next_while_the_environment_is_the_sa
     monkeypatch.setattr(ray, "shutdown", lambda: running.__setitem__(0, False))
     monkeypatch.setattr(engine._Ray, "environment", None)
     engine.start_ray({"run": 1, "init_args": {}})
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torch-cache")  # torch's own, on PyG's first import
     engine.start_ray({"run": 2, "init_args": {}})
     assert [c["run"] for c in started] == [1] and running[0]
     first = Path(started[0]["init_args"]["_temp_dir"])
@@ -171,18 +173,45 @@ def test_a_ray_started_for_a_run_serves_the_next_while_the_environment_is_the_sa
     assert not running[0] and engine._Ray.environment is None and not second.exists()
 
 
-def test_flowers_backend_ends_the_runs_actors_and_leaves_ray_running(monkeypatch):
+def test_a_run_leaves_ray_and_its_idle_actors_to_the_next_which_tops_them_up(monkeypatch):
+    """Flower's backend builds a run's pool with new actors and ends them and Ray after the run; here
+    the run's idle actors are kept, the next run's pool takes them (up to its capacity) and adds new
+    ones only for what is missing, and ending Ray forgets them."""
     from flwr.server.superlink.fleet.vce.backend import raybackend
+    from flwr.simulation.ray_transport import ray_actor
 
-    # Flower's terminate ends the actors, then Ray
-    assert "self.pool.terminate_all_actors()\n        ray.shutdown()" in inspect.getsource(raybackend)
+    source = inspect.getsource(raybackend)
+    assert "self.pool.terminate_all_actors()\n        ray.shutdown()" in source  # Flower's terminate
+    assert "actor_type=ClientAppActor," in source and "add_actors_to_pool(self.pool.actors_capacity)" in source
+    started = []
+
+    class Actor:
+        @staticmethod
+        def options(**resources):
+            return types.SimpleNamespace(remote=lambda: started.append(f"actor-{len(started)}") or started[-1])
+
+    capacity = [2]
+    monkeypatch.setattr(ray_actor, "ClientAppActor", Actor)
+    monkeypatch.setattr(ray_actor, "pool_size_from_resources", lambda resources: capacity[0])
     monkeypatch.setattr(raybackend.RayBackend, "terminate", raybackend.RayBackend.terminate)
+    monkeypatch.setattr(engine._Ray, "actors", [])
     engine.keep_ray_between_runs()
-    ended = []
     backend = object.__new__(raybackend.RayBackend)
-    backend.pool = types.SimpleNamespace(terminate_all_actors=lambda: ended.append("actors"))
+
+    backend.pool = engine.actor_pool({"num_cpus": 1}, {})
+    assert backend.pool.pool == ["actor-0", "actor-1"] and backend.pool.num_actors == 2
+    backend.pool.pool.pop()  # busy with a message when the run ended: not kept
     backend.terminate()
-    assert ended == ["actors"]
+    assert engine._Ray.actors == ["actor-0"]
+    backend.pool = engine.actor_pool({"num_cpus": 1}, {})
+    assert backend.pool.pool == ["actor-0", "actor-2"] and backend.pool.num_actors == 2 and engine._Ray.actors == []
+    backend.terminate()
+    capacity[0] = 1  # a smaller cluster: one kept actor, none started
+    backend.pool = engine.actor_pool({"num_cpus": 1}, {})
+    assert backend.pool.pool == ["actor-0"] and len(started) == 3
+    backend.terminate()
+    engine.stop_ray()  # no Ray runs in this process: forgets the kept actors only
+    assert engine._Ray.actors == []
 
 
 VCE_API = importlib.import_module(engine.VCE_API)

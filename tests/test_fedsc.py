@@ -475,19 +475,6 @@ def test_clients_disagreeing_on_the_feature_dimension_stop_the_run(out_dir, monk
         run_experiment("fedsc", "iris", 2, {"num-rounds": 1, "fedsc.landmarks": 5}, out_dir)
 
 
-@pytest.mark.simulation
-def test_run_simulation_smoke(out_dir):
-    result = run_experiment("fedsc", "iris", 2, {"num-rounds": 2, "fedsc.landmarks": 10}, out_dir,
-                            engine="simulation")
-    assert result["num_clients"] == 2 and len(result["history"]) == 2
-    # Ray actors run the same client code: identical to the in-memory protocol
-    _, shards, xs = iris_blocks(2)
-    expected = fedsc.simulate(xs, 3, 0, rounds=2, landmarks=10)
-    ids = np.concatenate([s.node_ids for s in shards])
-    assert np.array_equal(np.load(out_dir / "labels.npy")[ids], expected["labels"])
-    assert [h["objective"] for h in result["history"]] == pytest.approx(expected["objective"], rel=1e-9)
-
-
 def test_without_secure_aggregation_a_dropped_client_is_left_out(out_dir):
     raw = {"strategy": "fedsc", "dataset": "iris", "num-clients": 4, "num-rounds": 5, "min-clients": 3,
            "fedsc.landmarks": 30, "timeout": 30.0, "out-dir": str(out_dir)}

@@ -539,19 +539,6 @@ def test_gaussian_noise_is_accounted_per_edge(tmp_path):
 # --------------------------------------------------------------------------- Flower simulation engine
 
 
-@pytest.mark.simulation
-def test_simulation_secure_exact_run_uploads_only_masked_blocks(out_dir):
-    over = exact(**{"fedspectral-plus.secure": True, "partition.replicas": 2, "secagg.scale": 2.0**32,
-                    "fedspectral-plus.tol": 1e-4, "fedspectral-plus.degree": 4})
-    result = run_experiment("fedspectral-plus", "sbm", 2, over, out_dir, engine="simulation")
-    assert result["reference"]["agreement"]["ari"] == 1.0
-    uploads = [u for u in result["privacy"]["uploads"] if u["action"].startswith("fedspectral")]
-    assert {u["name"] for u in uploads} == {"block", "degrees"}
-    for u in uploads:  # every array a client sent: masked uint64, N rows, never an edge list
-        assert u["masked"] and u["dtype"] == "uint64" and u["shape"][0] == 300
-        assert u["shape"] in ([300], [300, 2 * K])
-
-
 def test_paper_mode_continues_without_a_dropped_client_and_exact_mode_stops(out_dir, tmp_path):
     base = {"strategy": "fedspectral-plus", "dataset": "sbm", "num-clients": 3, "partitioner": "edge",
             "partition.overlap": 0.67, "fedspectral-plus.mode": "paper", "fedspectral-plus.rounds": 4,

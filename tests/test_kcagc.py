@@ -580,18 +580,6 @@ def test_a_secure_sum_above_the_clients_bounds_is_rejected_as_malformed(out_dir,
     assert not (out_dir / RESULT_FILE).exists()
 
 
-@pytest.mark.simulation
-def test_run_simulation_gives_the_in_process_labels(tmp_path):
-    """Flower's simulation engine (Ray actors) runs the same client code as the in-process grid."""
-    common = {**SBM, "kcagc.filter-order": 2, "kcagc.local-factor": 2, "kcagc.restarts": 2}
-    sim = run_experiment("kcagc", "sbm", 2, common, tmp_path / "sim", engine="simulation")
-    ref = run_experiment("kcagc", "sbm", 2, common, tmp_path / "ref")
-    assert sim["num_clients"] == 2 and sim["communication"]["rejected"] == []
-    assert np.array_equal(np.load(tmp_path / "sim" / "labels.npy"), np.load(tmp_path / "ref" / "labels.npy"))
-    assert sim["metrics"]["virtual_nodes"] == ref["metrics"]["virtual_nodes"]
-    assert sim["communication"]["secure_aggregations"] == ref["communication"]["secure_aggregations"] > 0
-
-
 def _kcagc_benchmark():
     """benchmarks/kcagc.py as a module (the benchmarks directory is not a package)."""
     import importlib.util
