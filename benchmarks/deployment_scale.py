@@ -67,7 +67,7 @@ def role(process: psutil.Process) -> str:
         words = [w for arg in process.cmdline() if not arg.startswith("-") for w in re.split(r"[-_./ ]", arg)]
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return "other"
-    if "register" in words:  # flwr supernode register: the set-up's CLI, not a SuperNode
+    if "register" in words or "registration" in words:  # the set-up's key registration, not a SuperNode
         return "other"
     kind = next((word for word in words if word in ROLES), "other")  # the program's own name comes first
     return f"supernode-{process.pid}" if kind == "supernode" else kind
