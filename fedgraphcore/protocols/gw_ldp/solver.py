@@ -61,33 +61,9 @@ def cg_discrepancy(c1: np.ndarray, c2: np.ndarray, p: np.ndarray, q: np.ndarray,
     With ``f(a) = a^2``, ``h2(b) = 2b``: ``constC = c1^2 p 1^T + 1 q^T (c2^2)^T``, the tensor product
     ``L x T = constC - c1 T (2 c2)^T``, the objective ``<lin, T> + reg <L x T, T>`` and its gradient
     ``lin + 2 reg L x T`` (``lin = (1 - alpha) m``, ``reg = alpha``; plain GW: 0 and 1)."""
-    from ot.lp.emd_wrap import emd_c  # POT's network simplex, as ot.emd calls it
-
-    constC = constant_terms(c1, p)[0] + constant_terms(c2, q)[1]  # POT's products of ones, the same values
-    h1, h2 = c1, 2 * c2
-    fused = m is not None  # plain GW skips lin = 0 and reg = 1, which change no bit
-    lin, reg = ((1 - alpha) * m, alpha) if fused else (0.0, 1.0)
-    g = p[:, None] * q[None, :]
-    tensor = constC + (-np.dot(np.dot(h1, g), h2.T))  # L x G: the first cost's and the first gradient's
-    cost = np.sum(lin * g) + reg * np.sum(tensor * g) if fused else np.sum(tensor * g)
-    b = q * p.sum() / q.sum()  # ot.emd's mass balance
-    for it in range(max_iter):
-        old = cost
-        if it:
-            tensor = constC + (-np.dot(np.dot(h1, g), h2.T))
-        gradient = 2 * tensor
-        target = lin + reg * gradient if fused else gradient
-        delta = emd_c(p, b, target, EMD_MAX_ITER, 1, None, None)[0] - g
-        dot = np.dot(np.dot(h1, delta), h2.T)
-        a_ = -reg * np.sum(dot * delta)
-        b_ = (np.sum(lin * delta) if fused else 0.0) - 2 * reg * np.sum(dot * g)
-        step = _line_search(a_, b_)
-        cost = cost + a_ * (step ** 2) + b_ * step
-        g = g + step * delta
-        change = abs(cost - old)
-        if change < tol_abs or (cost != 0.0 and change / abs(cost) < tol_rel):
-            break
-    return float(cost)
+    const = constant_terms(c1, p)[0] + constant_terms(c2, q)[1]  # POT's products of ones, the same values
+    return float(cg_discrepancies(c1[None], c2[None], p[None], q[None], const[None], None if m is None else m[None],
+                                  alpha, max_iter, tol_rel, tol_abs)[0])
 
 
 def _sums(a: np.ndarray) -> np.ndarray:
@@ -107,7 +83,7 @@ def cg_discrepancies(c1: np.ndarray, c2: np.ndarray, p: np.ndarray, q: np.ndarra
     ``(B, n)``, ``q`` ``(B, k)``, ``m`` ``(B, n, k)`` or None, with ``const`` ``(B, n, k)`` the pairs'
     ``constC`` (:func:`constant_terms` added): the same operations per pair, so the same values bit for
     bit. A pair whose objective has stopped changing leaves the stack; the others go on."""
-    from ot.lp.emd_wrap import emd_c
+    from ot.lp.emd_wrap import emd_c  # POT's network simplex, as ot.emd calls it
 
     h2t = (2 * c2).transpose(0, 2, 1)
     fused = m is not None
